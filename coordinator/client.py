@@ -1,0 +1,115 @@
+"""The one interface agents (and tests, and Spark) use to talk to a coordinator.
+
+Two implementations: ``coordinator.local.LocalCoordinator`` (in-process, over a
+metadata store) and ``coordinator.http_client.HttpCoordinator`` (over the
+coordinator's HTTP API). Both raise the same ``segments.errors`` classes. The
+interface is synchronous and thread-safe; async callers run it in a thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCommit:
+    """One chunk of a flushed segment object, as the agent reports it at commit."""
+
+    topic_id: bytes
+    partition: int
+    position: int
+    length: int
+    record_count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+
+
+class Coordinator(Protocol):
+    def cluster_id(self) -> str:
+        """The cluster's stable id: 22 characters of URL-safe base64, as Kafka's."""
+        ...
+
+    # -- topics ---------------------------------------------------------------
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        configs: Mapping[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        """Raises InvalidTopicNameError, InvalidPartitionsError, InvalidConfigError,
+        TopicExistsError."""
+        ...
+
+    def get_topic(self, name: str) -> TopicInfo:
+        """Raises TopicNotFoundError."""
+        ...
+
+    def get_topic_by_id(self, topic_id: bytes) -> TopicInfo:
+        """Raises TopicNotFoundError."""
+        ...
+
+    def list_topics(self) -> list[TopicInfo]: ...
+
+    def delete_topic(self, name: str) -> None:
+        """Raises TopicNotFoundError. Its index rows go; its objects become garbage."""
+        ...
+
+    def add_partitions(self, name: str, partitions: int) -> TopicInfo:
+        """Grow to ``partitions`` in total. Raises InvalidPartitionsError unless it grows."""
+        ...
+
+    def alter_configs(
+        self,
+        name: str,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        """Set and reset overrides in one step. Raises InvalidConfigError."""
+        ...
+
+    # -- the log --------------------------------------------------------------
+    def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
+        """Assign base offsets to every chunk of one object in ONE transaction.
+
+        Returns the base offset of each chunk, in the order given. A retry with
+        the same object key and chunks returns the same offsets. Raises
+        TopicNotFoundError / PartitionNotFoundError (nothing committed) and
+        CommitConflictError (same key, other chunks).
+        """
+        ...
+
+    def offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        """Log-start offset and high watermark. Raises Topic/PartitionNotFoundError."""
+        ...
+
+    def lookup(self, topic: str, partition: int, offset: int, max_chunks: int = 16) -> list[ChunkRef]:
+        """Index entries covering ``offset`` and after, in offset order, at most
+        ``max_chunks``; empty when ``offset`` >= high watermark. An offset below
+        log-start returns entries from log-start."""
+        ...
+
+    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
+        """The first index entry whose max timestamp is >= ``timestamp_ms`` (the
+        chunk holding the first record with timestamp >= t), or None."""
+        ...
+
+    def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` are committed objects (for orphan detection)."""
+        ...
+
+    # -- agents (the cluster's "brokers") -------------------------------------
+    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
+        """Register or refresh an agent; returns its stable integer broker id."""
+        ...
+
+    def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
+        """Agents heard from within ``max_age_s``, by broker id."""
+        ...

@@ -1,0 +1,105 @@
+"""Value types shared by every layer. Frozen, named once, used everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+#: Record headers: (key, value) pairs; values are nullable bytes, as in Kafka.
+Headers = tuple[tuple[str, bytes | None], ...]
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record as a producer sends it. ``timestamp_ms`` is CreateTime in epoch ms."""
+
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    headers: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedRecord:
+    """A committed record as a reader sees it: a Record plus where it sits."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    headers: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """One footer entry of a segment object: where one topic-partition's chunk lies.
+
+    ``topic_id`` is the coordinator's 16-byte topic UUID (``uuid.UUID.bytes``).
+    """
+
+    topic_id: bytes
+    partition: int
+    position: int
+    length: int
+    record_count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    """An index entry: records [base_offset, base_offset + record_count) of a partition.
+
+    ``kind`` is ``"segment"`` (a chunk of Kafka RecordBatches at [position,
+    position + length) in ``object_key``) or, once tiering exists, ``"parquet"``.
+    """
+
+    object_key: str
+    position: int
+    length: int
+    base_offset: int
+    record_count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+    kind: str = "segment"
+
+    @property
+    def end_offset(self) -> int:
+        """One past the last offset this chunk holds."""
+        return self.base_offset + self.record_count
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    """``log_start``: first readable offset; ``high_watermark``: next offset to assign."""
+
+    log_start: int
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic as the coordinator stores it. ``configs`` holds only the overrides."""
+
+    name: str
+    topic_id: bytes
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    """A live agent, shown to REST clients as a Kafka broker."""
+
+    broker_id: int
+    agent_id: str
+    host: str
+    port: int
+    last_seen: float  # epoch seconds

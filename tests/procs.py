@@ -1,0 +1,86 @@
+"""Start and stop real processes for integration tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers below 500; fail early if ``proc`` died."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError as e:
+            last = e
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not answer within {timeout}s: {last}")
+
+
+class Proc:
+    """A child process whose output goes to a log file, killed on stop()."""
+
+    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.log = log
+        self._log_f = log.open("ab")
+        self.popen = subprocess.Popen(
+            self.args,
+            stdout=self._log_f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: the crash a test wants to survive."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(10)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self._log_f.close()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def lakelog_cmd(*args: str) -> list[str]:
+    """The ``lakelog`` CLI of this interpreter, whatever the PATH."""
+    return [sys.executable, "-m", "service.cli", *args]
+
+
+def start_moto(tmp: Path) -> tuple[Proc, str]:
+    """A moto S3 server process on a free port; returns (proc, endpoint_url)."""
+    port = free_port()
+    proc = Proc(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        tmp / f"moto-{port}.log",
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    wait_http(f"{endpoint}/moto-api/", proc=proc.popen)
+    return proc, endpoint
