@@ -17,8 +17,20 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── InvalidPartitionsError
     │   ├── InvalidConfigError
     │   ├── CommitConflictError       same object key committed with other chunks
-    │   └── CoordinatorUnavailableError  retriable: the coordinator cannot be reached
-    └── RequestError                  a client's request is malformed (web layer)
+    │   ├── CoordinatorUnavailableError  retriable: the coordinator cannot be reached
+    │   ├── ClusterNotFoundError      a cluster id other than ours
+    │   ├── ConfigNotFoundError       a config name the topic does not have
+    │   ├── BrokerNotFoundError       no live agent with that broker id
+    │   └── ConsumerNotFoundError     no consumer instance of that group and name
+    ├── BufferFullError               retriable: the agent's write buffer stayed full
+    └── RequestError                  a client's request is not acceptable (web layer)
+        ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
+        ├── UnsupportedMediaTypeError
+        ├── NotAcceptableError        an Accept header we cannot answer
+        ├── RequestTooLargeError      the request body is over the limit
+        ├── RecordTooLargeError       one record is over max.message.bytes
+        ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
+        └── UnsupportedFormatError    avro/jsonschema/protobuf without a schema registry
 
 ``retriable`` says whether the same request may succeed if sent again unchanged.
 """
@@ -96,8 +108,58 @@ class CoordinatorUnavailableError(MetadataError):
     retriable = True
 
 
+class ClusterNotFoundError(MetadataError):
+    """A cluster id other than this cluster's."""
+
+
+class ConfigNotFoundError(MetadataError):
+    """A config name the topic does not have."""
+
+
+class BrokerNotFoundError(MetadataError):
+    """No live agent (broker) with that id."""
+
+
+class ConsumerNotFoundError(MetadataError):
+    """No consumer instance of that group and name."""
+
+
+class BufferFullError(LakelogError):
+    """The agent's write buffer stayed full for longer than the wait bound."""
+
+    retriable = True
+
+
 class RequestError(LakelogError):
-    """A client's request is malformed or not acceptable."""
+    """A client's request is not acceptable."""
+
+
+class MalformedRequestError(RequestError):
+    """Bad JSON, wrong JSON types, bad base64."""
+
+
+class UnsupportedMediaTypeError(RequestError):
+    """A Content-Type this endpoint does not take."""
+
+
+class NotAcceptableError(RequestError):
+    """An Accept header this endpoint cannot answer."""
+
+
+class RequestTooLargeError(RequestError):
+    """The request body is larger than the configured maximum."""
+
+
+class RecordTooLargeError(RequestError):
+    """One record is larger than the topic's max.message.bytes."""
+
+
+class UnprocessableRequestError(RequestError):
+    """Well-formed but unusable: empty records, missing fields, ..."""
+
+
+class UnsupportedFormatError(RequestError):
+    """An embedded format that needs a schema registry, which lakelog does not have yet."""
 
 
 #: Name -> class, so the coordinator's HTTP client can re-raise what the server raised.
@@ -119,6 +181,18 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         InvalidConfigError,
         CommitConflictError,
         CoordinatorUnavailableError,
+        ClusterNotFoundError,
+        ConfigNotFoundError,
+        BrokerNotFoundError,
+        ConsumerNotFoundError,
+        BufferFullError,
         RequestError,
+        MalformedRequestError,
+        UnsupportedMediaTypeError,
+        NotAcceptableError,
+        RequestTooLargeError,
+        RecordTooLargeError,
+        UnprocessableRequestError,
+        UnsupportedFormatError,
     )
 }
