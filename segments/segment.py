@@ -1,0 +1,484 @@
+"""The segment object format: one flush of many topic-partitions in one object.
+
+A pure codec: bytes in, values out. No I/O, no clock, no event loop. Records are
+encoded and decoded by aiokafka's Kafka v2 RecordBatch codec (its C extension when
+installed); this module only frames batches into chunks and chunks into an object.
+
+Byte layout (all integers big-endian; u = unsigned, i = signed)::
+
+    segment object = chunk[0] chunk[1] ... chunk[n-1] footer trailer
+
+    chunk            one topic-partition: >= 1 Kafka v2 RecordBatches, back to back.
+                     Chunks tile [0, footer start) in footer order: no gaps, no overlap.
+
+    RecordBatch      (Kafka's layout, written by aiokafka; 61-byte header, then records)
+      0   i64  BaseOffset            RELATIVE: records of this chunk before this batch
+                                     (first batch 0). NOT covered by the batch CRC, so a
+                                     reader may patch it; we only check it for contiguity.
+      8   i32  Length                bytes after this field; >= 49, inside the chunk
+      12  i32  PartitionLeaderEpoch  always -1 (NOT covered by the CRC: checked == -1)
+      16  i8   Magic                 always 2 (checked)
+      17  u32  CRC                   CRC-32C of bytes [21, 12 + Length): attributes
+                                     through the last record
+      21  i16  Attributes            compression codec in bits 0-2 (0 none, 1 gzip,
+                                     2 snappy, 3 lz4, 4 zstd); every other bit 0
+      23  i32  LastOffsetDelta       record count - 1
+      27  i64  FirstTimestamp        CreateTime of the first record (epoch ms)
+      35  i64  MaxTimestamp
+      43  i64  ProducerId            -1 (no idempotence: offsets come from the coordinator)
+      51  i16  ProducerEpoch         -1
+      53  i32  BaseSequence          -1
+      57  i32  RecordCount           >= 1
+      61  ...  records               Kafka's varint records, compressed as a whole when
+                                     the codec is not none and compression helps
+
+    footer           covered, with the trailer's first 12 bytes, by the trailer CRC
+      u32  chunk count n
+      n x 60-byte entries, in chunk (= first-appended) order:
+        16 bytes  topic id (uuid.UUID.bytes)
+        i32       partition            >= 0
+        i64       position             byte offset of the chunk in the object
+        i64       length               bytes of the chunk
+        i64       record count         >= 1
+        i64       min timestamp (ms)   over the chunk's records
+        i64       max timestamp (ms)
+
+    trailer          the object's last 16 bytes
+      u32     footer length      bytes of the footer (4 + 60 n)
+      8 bytes magic              b"LKLSEG" + u16 format version (now 1)
+      u32     CRC-32C            of [footer start, object length - 4): the whole footer,
+                                 the footer length and the magic
+
+Every byte is checked by something: batch bytes from Attributes on by the batch CRC,
+BaseOffset by contiguity, Length by framing (and the CRC of the range it names),
+PartitionLeaderEpoch and Magic by value, footer and trailer by the trailer CRC and the
+tiling of chunks. One flipped byte therefore always raises ``CorruptSegmentError``.
+
+A ranged GET of one chunk ([position, position + length)) decodes on its own with
+:func:`decode_chunk`; pass the record count from the index so that a chunk cut exactly
+at a batch boundary is caught too.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from aiokafka.record.util import calc_crc32c
+
+from segments.errors import CorruptSegmentError
+from segments.types import ChunkInfo, Record
+
+__all__ = [
+    "COMPRESSIONS",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "SegmentBuilder",
+    "SegmentReader",
+    "decode_chunk",
+]
+
+COMPRESSIONS: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
+# Kafka's attribute codes, in the same order as COMPRESSIONS.
+_CODEC_IDS = {name: code for code, name in enumerate(COMPRESSIONS)}
+
+FORMAT_VERSION = 1
+_MAGIC_PREFIX = b"LKLSEG"
+MAGIC = _MAGIC_PREFIX + struct.pack(">H", FORMAT_VERSION)
+
+_BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")  # Kafka v2 RecordBatch header, 61 bytes
+_BATCH_HEADER_SIZE = _BATCH_HEADER.size
+_LENGTH_FIELD_END = 12  # BaseOffset + Length: the bytes Length does not count
+_BATCH_PREFIX = struct.Struct(">qiib")  # BaseOffset, Length, PartitionLeaderEpoch, Magic
+_BASE_OFFSET = struct.Struct(">q")
+_RECORD_BATCH_MAGIC = 2
+_NO_LEADER_EPOCH = -1
+_CODEC_MASK = 0x07
+
+_FOOTER_COUNT = struct.Struct(">I")
+_FOOTER_ENTRY = struct.Struct(">16siqqqqq")
+_TRAILER = struct.Struct(">I8sI")
+_CRC_SIZE = 4  # the trailer's last field
+
+_INT32_MAX = (1 << 31) - 1
+_INT64_MAX = (1 << 63) - 1
+_TOPIC_ID_LEN = 16
+
+
+class SegmentBuilder:
+    """Collects records of many topic-partitions and builds one segment object.
+
+    Records are encoded into Kafka batches as they are appended (so ``append`` is
+    where bad records are refused and ``estimated_size`` sees compressed batches);
+    ``build`` closes the open batches and writes the footer.
+
+    Args:
+        compression: one of :data:`COMPRESSIONS`, applied per batch.
+        max_batch_bytes: a batch is closed before it grows past this many
+            (uncompressed) bytes; a single larger record gets a batch of its own.
+
+    Raises:
+        ValueError: an unknown compression or a max_batch_bytes below a batch header.
+    """
+
+    def __init__(self, compression: str = "none", max_batch_bytes: int = 1 << 20) -> None:
+        if compression not in _CODEC_IDS:
+            raise ValueError(f"unknown compression {compression!r}; expected one of {COMPRESSIONS}")
+        if max_batch_bytes <= _BATCH_HEADER_SIZE:
+            raise ValueError(f"max_batch_bytes must exceed {_BATCH_HEADER_SIZE}")
+        self._codec = _CODEC_IDS[compression]
+        self._max_batch_bytes = max_batch_bytes
+        self._chunks: dict[tuple[bytes, int], _ChunkBuffer] = {}
+        self._record_count = 0
+        self._bytes = 0  # closed batches as built + open batches as written so far
+        self._built: tuple[bytes, list[ChunkInfo]] | None = None
+
+    @property
+    def estimated_size(self) -> int:
+        """Bytes the built object would take now; exact once built.
+
+        Closed batches count as built (compressed); open ones as written so far
+        (uncompressed), so with compression this overstates large open batches.
+        """
+        footer = _FOOTER_COUNT.size + _FOOTER_ENTRY.size * len(self._chunks) + _TRAILER.size
+        return self._bytes + footer
+
+    @property
+    def record_count(self) -> int:
+        """Records appended so far, over all topic-partitions."""
+        return self._record_count
+
+    def append(self, topic_id: bytes, partition: int, records: Sequence[Record]) -> None:
+        """Add records to the chunk of (topic_id, partition), after those appended before.
+
+        All-or-nothing: every record is checked before any is encoded, so a refused
+        call leaves the builder as it was. An empty ``records`` is a no-op.
+
+        Raises:
+            TypeError: a field of the wrong type (key/value not bytes or None, ...).
+            ValueError: topic_id not 16 bytes, partition or timestamp out of range.
+            RuntimeError: ``build`` was already called.
+        """
+        if self._built is not None:
+            raise RuntimeError("segment already built; start a new SegmentBuilder")
+        if not isinstance(topic_id, bytes) or len(topic_id) != _TOPIC_ID_LEN:
+            raise ValueError("topic_id must be 16 bytes (uuid.UUID.bytes)")
+        if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
+            raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
+        prepared = [_prepare(record) for record in records]
+        if not prepared:
+            return
+        chunk = self._chunks.get((topic_id, partition))
+        if chunk is None:
+            chunk = self._chunks[(topic_id, partition)] = _ChunkBuffer(topic_id, partition)
+        # Hot loop: state in locals, written back once (and around a batch close).
+        builder, in_batch, written = chunk.builder, chunk.batch_count, 0
+        for timestamp, key, value, headers in prepared:
+            if builder is None:
+                builder = self._new_batch()
+                written += _BATCH_HEADER_SIZE
+            meta = builder.append(in_batch, timestamp, key, value, headers)
+            if meta is None:  # the batch is full: close it, the record opens the next one
+                chunk.builder, chunk.batch_count = builder, in_batch
+                self._close_batch(chunk)
+                builder, in_batch = self._new_batch(), 0
+                written += _BATCH_HEADER_SIZE
+                meta = builder.append(0, timestamp, key, value, headers)
+            written += meta.size
+            in_batch += 1
+        chunk.builder, chunk.batch_count = builder, in_batch
+        timestamps = [p[0] for p in prepared]
+        chunk.min_ts = min(chunk.min_ts, *timestamps)
+        chunk.max_ts = max(chunk.max_ts, *timestamps)
+        chunk.record_count += len(prepared)
+        self._record_count += len(prepared)
+        self._bytes += written
+
+    def build(self) -> tuple[bytes, list[ChunkInfo]]:
+        """Close every open batch and return the object's bytes and its footer entries.
+
+        Calling it again returns the same result; ``append`` is refused afterwards.
+        """
+        if self._built is not None:
+            return self._built
+        parts: list[bytes | bytearray] = []
+        infos: list[ChunkInfo] = []
+        position = 0
+        for chunk in self._chunks.values():
+            self._close_batch(chunk)
+            length = sum(len(batch) for batch in chunk.batches)
+            parts.extend(chunk.batches)
+            infos.append(
+                ChunkInfo(
+                    topic_id=chunk.topic_id,
+                    partition=chunk.partition,
+                    position=position,
+                    length=length,
+                    record_count=chunk.record_count,
+                    min_timestamp_ms=chunk.min_ts,
+                    max_timestamp_ms=chunk.max_ts,
+                )
+            )
+            position += length
+        footer = _encode_footer(infos)
+        parts.append(footer)
+        self._built = (b"".join(parts), infos)
+        for chunk in self._chunks.values():  # the batches now live in the built object only
+            chunk.batches.clear()
+        return self._built
+
+    def _new_batch(self) -> DefaultRecordBatchBuilder:
+        # magic 2, not transactional, producer id/epoch/sequence -1 (no idempotence).
+        return DefaultRecordBatchBuilder(2, self._codec, 0, -1, -1, -1, self._max_batch_bytes)
+
+    def _close_batch(self, chunk: _ChunkBuffer) -> None:
+        builder = chunk.builder
+        if builder is None:
+            return
+        written = builder.size()
+        batch = builder.build()
+        # aiokafka writes BaseOffset 0; ours is the records of the chunk before the batch.
+        _BASE_OFFSET.pack_into(batch, 0, chunk.closed_records)
+        chunk.batches.append(batch)
+        chunk.closed_records += chunk.batch_count
+        chunk.batch_count = 0
+        chunk.builder = None
+        self._bytes += len(batch) - written
+
+
+class SegmentReader:
+    """Reads a whole segment object: the footer at once, each chunk on demand.
+
+    Raises:
+        CorruptSegmentError: bad magic or version, footer length, footer CRC, or
+            footer entries that do not tile the object's chunk region exactly.
+    """
+
+    chunks: list[ChunkInfo]
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self._data = _byte_view(data)
+        self.chunks = _decode_footer(self._data)
+
+    def records(self, chunk: ChunkInfo, base_offset: int = 0) -> list[tuple[int, Record]]:
+        """Decode one chunk of this object; offsets are ``base_offset`` + relative offset.
+
+        Raises:
+            CorruptSegmentError: the chunk's bytes fail any check of :func:`decode_chunk`,
+                lie outside the object, or disagree with the footer's timestamps.
+        """
+        end = chunk.position + chunk.length
+        if chunk.position < 0 or chunk.length <= 0 or end > len(self._data):
+            raise CorruptSegmentError(
+                f"chunk [{chunk.position}, {end}) lies outside the {len(self._data)}-byte object"
+            )
+        out = decode_chunk(self._data[chunk.position : end], base_offset, chunk.record_count)
+        timestamps = [record.timestamp_ms for _, record in out]
+        if (min(timestamps), max(timestamps)) != (chunk.min_timestamp_ms, chunk.max_timestamp_ms):
+            raise CorruptSegmentError("chunk timestamps disagree with the segment footer")
+        return out
+
+
+def decode_chunk(
+    data: bytes | memoryview,
+    base_offset: int,
+    record_count: int | None = None,
+) -> list[tuple[int, Record]]:
+    """Decode one chunk: the bytes [position, position + length) of a segment object.
+
+    Every batch is checked (framing, magic 2, leader epoch -1, attributes, CRC-32C),
+    relative offsets must run 0, 1, 2, ... across batches, every byte must be consumed
+    and, if ``record_count`` is given, the chunk must hold exactly that many records.
+    Without ``record_count`` a chunk cut exactly between two batches cannot be told
+    from a shorter chunk: callers that know the count (the footer, the index) pass it.
+
+    Returns:
+        (base_offset + relative offset, record) pairs, in offset order.
+
+    Raises:
+        CorruptSegmentError: on any inconsistency; never returns wrong records.
+    """
+    view = _byte_view(data)
+    size = len(view)
+    if size == 0:
+        raise CorruptSegmentError("empty chunk: a chunk holds at least one batch")
+    out: list[tuple[int, Record]] = []
+    append = out.append
+    expected = 0  # relative offset of the next record
+    pos = 0
+    while pos < size:
+        if size - pos < _BATCH_HEADER_SIZE:
+            raise CorruptSegmentError(f"truncated batch header at byte {pos} of the chunk")
+        batch_base, length, epoch, magic = _BATCH_PREFIX.unpack_from(view, pos)
+        end = pos + _LENGTH_FIELD_END + length
+        if length < _BATCH_HEADER_SIZE - _LENGTH_FIELD_END or end > size:
+            raise CorruptSegmentError(f"batch at byte {pos}: length {length} overruns the chunk")
+        if magic != _RECORD_BATCH_MAGIC:
+            raise CorruptSegmentError(f"batch at byte {pos}: magic {magic}, expected 2")
+        if epoch != _NO_LEADER_EPOCH:
+            raise CorruptSegmentError(f"batch at byte {pos}: leader epoch {epoch}, expected -1")
+        if batch_base != expected:
+            raise CorruptSegmentError(
+                f"batch at byte {pos}: base offset {batch_base}, expected {expected}"
+            )
+        header = _BATCH_HEADER.unpack_from(view, pos)
+        attributes, last_delta, count = header[5], header[6], header[12]
+        if attributes & ~_CODEC_MASK or attributes > _CODEC_IDS["zstd"]:
+            raise CorruptSegmentError(f"batch at byte {pos}: unsupported attributes {attributes}")
+        if count < 1 or last_delta != count - 1:
+            raise CorruptSegmentError(f"batch at byte {pos}: bad record count {count}")
+        # The C batch reader trusts its input (a short buffer crashes it), so it only ever
+        # sees a range whose header was checked above and whose CRC is checked first.
+        batch = DefaultRecordBatch(view[pos:end])
+        if not batch.validate_crc():
+            raise CorruptSegmentError(f"batch at byte {pos}: CRC-32C mismatch")
+        relative = batch_base  # == records of the chunk before this batch
+        try:
+            for record in batch:
+                if record.offset != relative:
+                    raise CorruptSegmentError(f"batch at byte {pos}: offsets not contiguous")
+                append(
+                    (
+                        base_offset + relative,
+                        Record(record.key, record.value, record.timestamp, tuple(record.headers)),
+                    )
+                )
+                relative += 1
+        except CorruptSegmentError:
+            raise
+        except Exception as err:  # each codec library raises its own types; all mean corrupt
+            raise CorruptSegmentError(f"batch at byte {pos}: undecodable: {err!r}") from err
+        expected += count
+        if relative != expected:
+            raise CorruptSegmentError(f"batch at byte {pos}: holds fewer records than {count}")
+        pos = end
+    if record_count is not None and len(out) != record_count:
+        raise CorruptSegmentError(f"chunk holds {len(out)} records, expected {record_count}")
+    return out
+
+
+@dataclass(slots=True, eq=False)
+class _ChunkBuffer:
+    """One topic-partition's batches while a segment is being built."""
+
+    topic_id: bytes
+    partition: int
+    batches: list[bytearray] = field(default_factory=list)
+    builder: DefaultRecordBatchBuilder | None = None
+    batch_count: int = 0  # records in the open batch
+    closed_records: int = 0  # records in closed batches
+    record_count: int = 0
+    min_ts: int = _INT64_MAX
+    max_ts: int = -1
+
+
+_BYTES_OR_NONE = (bytes, type(None))
+_NO_HEADERS: list[tuple[str, bytes | None]] = []  # shared: the batch builder only reads it
+_Prepared = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+def _prepare(record: Record) -> _Prepared:
+    """Check one record against what the batch codec accepts; return its codec arguments.
+
+    Raises:
+        TypeError, ValueError: as ``SegmentBuilder.append`` documents.
+    """
+    key, value, timestamp = record.key, record.value, record.timestamp_ms
+    # type() checks first: the common case costs two tuple lookups, subclasses still pass.
+    if type(key) not in _BYTES_OR_NONE and not isinstance(key, bytes):
+        raise TypeError(f"record key must be bytes or None, not {type(key).__name__}")
+    if type(value) not in _BYTES_OR_NONE and not isinstance(value, bytes):
+        raise TypeError(f"record value must be bytes or None, not {type(value).__name__}")
+    if type(timestamp) is not int:
+        raise TypeError(f"timestamp_ms must be an int, not {type(timestamp).__name__}")
+    # Negative timestamps are refused: Kafka allows only -1 ("none"), and aiokafka's C
+    # builder mistakes a first timestamp of -1 for "unset" and writes the wrong one.
+    if not 0 <= timestamp <= _INT64_MAX:
+        raise ValueError(f"timestamp_ms must be in [0, 2**63): {timestamp}")
+    if not record.headers:
+        return timestamp, key, value, _NO_HEADERS
+    headers: list[tuple[str, bytes | None]] = []
+    for h_key, h_value in record.headers:
+        if not isinstance(h_key, str):
+            raise TypeError(f"header key must be str, not {type(h_key).__name__}")
+        try:
+            h_key.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"header key {h_key!r} is not valid UTF-8 text") from err
+        if h_value is not None and not isinstance(h_value, bytes):
+            raise TypeError(f"header value must be bytes or None, not {type(h_value).__name__}")
+        headers.append((h_key, h_value))
+    return timestamp, key, value, headers
+
+
+def _encode_footer(infos: list[ChunkInfo]) -> bytes:
+    """Footer entries, footer length, magic and the CRC over all of them."""
+    footer = bytearray(_FOOTER_COUNT.pack(len(infos)))
+    for info in infos:
+        footer += _FOOTER_ENTRY.pack(
+            info.topic_id,
+            info.partition,
+            info.position,
+            info.length,
+            info.record_count,
+            info.min_timestamp_ms,
+            info.max_timestamp_ms,
+        )
+    footer_length = len(footer)
+    footer += _TRAILER.pack(footer_length, MAGIC, 0)
+    crc = calc_crc32c(bytes(footer[:-_CRC_SIZE]))
+    struct.pack_into(">I", footer, len(footer) - _CRC_SIZE, crc)
+    return bytes(footer)
+
+
+def _decode_footer(view: memoryview) -> list[ChunkInfo]:
+    """Validate the trailer and footer of a whole object and return its chunk entries."""
+    size = len(view)
+    if size < _TRAILER.size:
+        raise CorruptSegmentError(f"{size} bytes: too short for a segment object")
+    footer_length, magic, crc = _TRAILER.unpack_from(view, size - _TRAILER.size)
+    if magic[: len(_MAGIC_PREFIX)] != _MAGIC_PREFIX:
+        raise CorruptSegmentError("not a segment object: bad magic")
+    if magic != MAGIC:
+        (version,) = struct.unpack_from(">H", magic, len(_MAGIC_PREFIX))
+        raise CorruptSegmentError(f"unsupported segment format version {version}")
+    footer_start = size - _TRAILER.size - footer_length
+    if footer_length < _FOOTER_COUNT.size or footer_start < 0:
+        raise CorruptSegmentError(f"footer length {footer_length} does not fit the object")
+    if calc_crc32c(view[footer_start : size - _CRC_SIZE].tobytes()) != crc:
+        raise CorruptSegmentError("footer CRC-32C mismatch")
+    (count,) = _FOOTER_COUNT.unpack_from(view, footer_start)
+    if footer_length != _FOOTER_COUNT.size + count * _FOOTER_ENTRY.size:
+        raise CorruptSegmentError(f"footer length {footer_length} does not hold {count} chunks")
+    chunks: list[ChunkInfo] = []
+    seen: set[tuple[bytes, int]] = set()
+    position = 0
+    for i in range(count):
+        fields = _FOOTER_ENTRY.unpack_from(
+            view, footer_start + _FOOTER_COUNT.size + i * _FOOTER_ENTRY.size
+        )
+        info = ChunkInfo(*fields)
+        if (
+            info.position != position
+            or info.length < _BATCH_HEADER_SIZE
+            or info.partition < 0
+            or info.record_count < 1
+            or info.min_timestamp_ms > info.max_timestamp_ms
+            or (info.topic_id, info.partition) in seen
+        ):
+            raise CorruptSegmentError(f"footer entry {i} is inconsistent: {info}")
+        seen.add((info.topic_id, info.partition))
+        chunks.append(info)
+        position += info.length
+    if position != footer_start:
+        raise CorruptSegmentError(
+            f"chunks end at byte {position}, the footer starts at {footer_start}"
+        )
+    return chunks
+
+
+def _byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    view = memoryview(data)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
