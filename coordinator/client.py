@@ -90,7 +90,9 @@ class Coordinator(Protocol):
         """Log-start offset and high watermark. Raises Topic/PartitionNotFoundError."""
         ...
 
-    def lookup(self, topic: str, partition: int, offset: int, max_chunks: int = 16) -> list[ChunkRef]:
+    def lookup(
+        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+    ) -> list[ChunkRef]:
         """Index entries covering ``offset`` and after, in offset order, at most
         ``max_chunks``; empty when ``offset`` >= high watermark. An offset below
         log-start returns entries from log-start."""

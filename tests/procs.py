@@ -38,7 +38,13 @@ def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | N
 class Proc:
     """A child process whose output goes to a log file, killed on stop()."""
 
-    def __init__(self, args: Sequence[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.args = list(args)
         self.log = log
         self._log_f = log.open("ab")
@@ -47,6 +53,7 @@ class Proc:
             stdout=self._log_f,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
 
     def kill(self) -> None:
@@ -84,3 +91,33 @@ def start_moto(tmp: Path) -> tuple[Proc, str]:
     endpoint = f"http://127.0.0.1:{port}"
     wait_http(f"{endpoint}/moto-api/", proc=proc.popen)
     return proc, endpoint
+
+
+def start_coordinator(
+    tmp: Path,
+    db_url: str,
+    *,
+    port: int | None = None,
+    store_url: str | None = None,
+    store_endpoint: str | None = None,
+) -> tuple[Proc, str]:
+    """A coordinator HTTP process on ``db_url``; returns (proc, base_url) once /health answers.
+
+    Started as an operator would: ``lakelog coordinator --db ... --port ...``.
+    """
+    port = port or free_port()
+    args = lakelog_cmd("coordinator", "--db", db_url, "--port", str(port))
+    if store_url:
+        args += ["--store", store_url]
+    if store_endpoint:
+        args += ["--store-endpoint", store_endpoint]
+    # The repo root on the path, so the child imports this tree whatever its cwd.
+    root = str(Path(__file__).resolve().parents[1])
+    proc = Proc(args, tmp / f"coordinator-{port}.log", env={"PYTHONPATH": root})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health", proc=proc.popen)
+    except Exception:
+        proc.stop()
+        raise RuntimeError(f"coordinator did not start:\n{proc.output()}") from None
+    return proc, url

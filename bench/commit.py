@@ -1,0 +1,243 @@
+"""Commits per second of the coordinator, in-process on SQLite.
+
+For 1, 10 and 100 chunks per commit, with 1 writer and with 8 writer threads
+sharing one ``LocalCoordinator`` (as an agent's flushers would), prints one JSON
+line each:
+
+    {"bench": "commit", "chunks_per_commit": 10, "writers": 8, "write_mode": "lock",
+     "commits": ..., "seconds": ..., "commits_per_s": ..., "chunks_per_s": ...,
+     "p50_ms": ..., "p99_ms": ...}
+
+then the 8-thread cases again with ``write_mode="pool"`` (a connection per
+thread, serialised by SQLite's busy handler instead of a Python lock) and one
+case with ``synchronous=FULL`` (an fsync per commit), to show what those cost.
+
+``bench_commits`` takes any ``Coordinator``; the "http" section runs it over
+``HttpCoordinator`` against a ``lakelog coordinator`` process on SQLite (one
+shared client for all writer threads, as an agent has), printing
+``{"bench": "commit_http", ...}`` lines with the same figures.
+Run: ``.venv/bin/python bench/commit.py [--section local|http]`` (about a
+minute); progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coordinator.client import ChunkCommit, Coordinator  # noqa: E402
+from coordinator.db import WriteMode  # noqa: E402
+from coordinator.local import LocalCoordinator  # noqa: E402
+
+RECORDS_PER_CHUNK = 10
+CHUNK_BYTES = 16_384
+
+
+def bench_commits(
+    coordinator: Coordinator,
+    chunks_per_commit: int,
+    n_commits: int,
+    writers: int,
+    *,
+    partitions: int | None = None,
+) -> dict[str, Any]:
+    """Time ``n_commits`` commits of ``chunks_per_commit`` chunks from ``writers`` threads.
+
+    Creates a fresh topic with ``partitions`` partitions (default: max(chunks, 10))
+    and deletes it afterwards (not timed). Each commit covers distinct partitions,
+    rotating so that every partition is written.
+
+    Returns:
+        ``{"chunks_per_commit", "writers", "commits", "seconds", "commits_per_s",
+        "chunks_per_s", "cpu_s", "commits_per_cpu_s", "p50_ms", "p99_ms"}``; the caller
+        adds "bench" and the setup. ``cpu_s`` is this process's CPU time (for an HTTP
+        coordinator, the client's only).
+    """
+    n_partitions = partitions if partitions is not None else max(chunks_per_commit, 10)
+    if chunks_per_commit > n_partitions:
+        raise ValueError("chunks_per_commit cannot exceed the partition count")
+    run = uuid.uuid4().hex[:8]
+    topic = coordinator.create_topic(f"bench-commit-{run}", n_partitions)
+    per_writer = [n_commits // writers + (w < n_commits % writers) for w in range(writers)]
+    latencies: list[list[float]] = [[] for _ in range(writers)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(writers + 1)
+
+    def writer(w: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(per_writer[w]):
+                first = (w * 7 + i) % n_partitions
+                chunks = [
+                    ChunkCommit(
+                        topic_id=topic.topic_id,
+                        partition=(first + j) % n_partitions,
+                        position=j * CHUNK_BYTES,
+                        length=CHUNK_BYTES,
+                        record_count=RECORDS_PER_CHUNK,
+                        min_timestamp_ms=1_700_000_000_000 + i,
+                        max_timestamp_ms=1_700_000_000_000 + i,
+                    )
+                    for j in range(chunks_per_commit)
+                ]
+                t0 = time.perf_counter()
+                coordinator.commit(f"segments/{run}/{w:02d}/{i:08d}.seg", chunks)
+                latencies[w].append(time.perf_counter() - t0)
+        except BaseException as e:
+            errors.append(e)
+            raise
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    # CPU seconds of this whole process: on a shared machine, commits per CPU second
+    # says more about the code than wall-clock time does.
+    cpu = time.process_time() - cpu_start
+    if errors:
+        raise errors[0]
+    coordinator.delete_topic(topic.name)
+    lat = sorted(x for per in latencies for x in per)
+    return {
+        "chunks_per_commit": chunks_per_commit,
+        "writers": writers,
+        "commits": n_commits,
+        "seconds": round(seconds, 3),
+        "commits_per_s": round(n_commits / seconds, 1),
+        "chunks_per_s": round(n_commits * chunks_per_commit / seconds, 1),
+        "cpu_s": round(cpu, 3),
+        "commits_per_cpu_s": round(n_commits / cpu, 1) if cpu > 0 else None,
+        "p50_ms": round(statistics.median(lat) * 1000, 3),
+        "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 3),
+    }
+
+
+def _case(
+    tmp: Path,
+    chunks: int,
+    commits: int,
+    writers: int,
+    write_mode: WriteMode = "lock",
+    synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+) -> None:
+    db = tmp / f"c{chunks}-w{writers}-{write_mode}-{synchronous}.db"
+    print(
+        f"commit: {chunks} chunks x {commits} commits, {writers} writers, "
+        f"{write_mode}, synchronous={synchronous}",
+        file=sys.stderr,
+    )
+    with LocalCoordinator(
+        f"sqlite:///{db}", write_mode=write_mode, synchronous=synchronous
+    ) as coordinator:
+        # Warm up: connections, statement cache, the first pages of every table.
+        bench_commits(coordinator, chunks, max(commits // 20, writers), writers)
+        result = bench_commits(coordinator, chunks, commits, writers)
+    line = {
+        "bench": "commit",
+        "backend": "sqlite",
+        "write_mode": write_mode,
+        "synchronous": synchronous,
+        **result,
+    }
+    print(json.dumps(line), flush=True)
+
+
+def _http_cases(tmp: Path, scale: float) -> None:
+    """The same cases over HTTP, against a coordinator process on its own SQLite file."""
+    import os
+    import socket
+    import subprocess
+
+    import httpx
+
+    from coordinator.http_client import HttpCoordinator
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    url = f"http://127.0.0.1:{port}"
+    db_url = f"sqlite:///{tmp / 'http.db'}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "coordinator",
+            "--db",
+            db_url,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("coordinator process did not start")
+            time.sleep(0.05)
+        with HttpCoordinator(url, timeout=30) as coordinator:
+            for chunks, commits in {1: 2000, 10: 1500, 100: 300}.items():
+                for writers in (1, 8):
+                    n = max(int(commits * scale), 8)
+                    print(
+                        f"commit_http: {chunks} chunks x {n} commits, {writers} writers",
+                        file=sys.stderr,
+                    )
+                    bench_commits(coordinator, chunks, max(n // 20, writers), writers)
+                    result = bench_commits(coordinator, chunks, n, writers)
+                    line = {"bench": "commit_http", "backend": "sqlite", **result}
+                    print(json.dumps(line), flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run every case; ``--scale`` multiplies the commit counts."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the commit counts")
+    parser.add_argument(
+        "--section", choices=("all", "local", "http"), default="all", help="which cases to run"
+    )
+    args = parser.parse_args(argv)
+    counts = {1: 6000, 10: 4000, 100: 600}
+    with tempfile.TemporaryDirectory(prefix="lakelog-bench-commit-") as d:
+        tmp = Path(d)
+        if args.section in ("all", "http"):
+            _http_cases(tmp, args.scale)
+        if args.section == "http":
+            return
+        for chunks, commits in counts.items():
+            n = max(int(commits * args.scale), 8)
+            _case(tmp, chunks, n, 1)
+            _case(tmp, chunks, n, 8)
+        for chunks, commits in counts.items():
+            _case(tmp, chunks, max(int(commits * args.scale) // 2, 8), 8, write_mode="pool")
+        _case(tmp, 10, max(int(1000 * args.scale), 8), 1, synchronous="FULL")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""``HttpCoordinator``: the Coordinator Protocol over the coordinator's HTTP API.
+
+The wire format lives here too (``*_to_json`` / ``*_from_json``), so the server
+(``coordinator.server``) and this client cannot drift apart. On the wire:
+
+- bytes (topic ids) travel as lowercase hex strings;
+- value types travel as JSON objects whose keys are the dataclass field names;
+- errors travel as ``{"error": <class name>, "message": ..., "retriable": bool}``
+  and the client raises the same ``segments.errors`` class again.
+
+Failure handling: a request that never reached a coordinator (connection
+refused, connect timeout) is sent to the next URL, whatever it was. A request
+that may have reached one (read timeout, reset, a 5xx without our error body)
+is re-sent only when it is idempotent: reads, heartbeats, and commits, which
+the coordinator de-duplicates by object key. Anything else surfaces as
+``CoordinatorUnavailableError`` (retriable) for the caller to decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from coordinator.client import ChunkCommit
+from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
+from segments.store import ObjectInfo
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+# -- wire format ---------------------------------------------------------------
+
+
+def topic_to_json(t: TopicInfo) -> JSON:
+    return {
+        "name": t.name,
+        "topic_id": t.topic_id.hex(),
+        "partitions": t.partitions,
+        "configs": dict(t.configs),
+    }
+
+
+def topic_from_json(d: JSON) -> TopicInfo:
+    return TopicInfo(
+        name=d["name"],
+        topic_id=bytes.fromhex(d["topic_id"]),
+        partitions=int(d["partitions"]),
+        configs=dict(d["configs"]),
+    )
+
+
+def chunk_commit_to_json(c: ChunkCommit) -> JSON:
+    return {
+        "topic_id": c.topic_id.hex(),
+        "partition": c.partition,
+        "position": c.position,
+        "length": c.length,
+        "record_count": c.record_count,
+        "min_timestamp_ms": c.min_timestamp_ms,
+        "max_timestamp_ms": c.max_timestamp_ms,
+    }
+
+
+def chunk_commit_from_json(d: JSON) -> ChunkCommit:
+    """Raises KeyError, TypeError or ValueError on a malformed entry."""
+    return ChunkCommit(
+        topic_id=bytes.fromhex(d["topic_id"]),
+        partition=_int(d["partition"]),
+        position=_int(d["position"]),
+        length=_int(d["length"]),
+        record_count=_int(d["record_count"]),
+        min_timestamp_ms=_int(d["min_timestamp_ms"]),
+        max_timestamp_ms=_int(d["max_timestamp_ms"]),
+    )
+
+
+def _int(v: object) -> int:
+    # bool is an int subclass, and int("3") would accept strings: both are malformed here.
+    if type(v) is not int:
+        raise TypeError(f"expected an integer, got {v!r}")
+    return v
+
+
+def chunk_ref_to_json(c: ChunkRef) -> JSON:
+    return {
+        "object_key": c.object_key,
+        "position": c.position,
+        "length": c.length,
+        "base_offset": c.base_offset,
+        "record_count": c.record_count,
+        "min_timestamp_ms": c.min_timestamp_ms,
+        "max_timestamp_ms": c.max_timestamp_ms,
+        "kind": c.kind,
+    }
+
+
+def chunk_ref_from_json(d: JSON) -> ChunkRef:
+    return ChunkRef(**d)
+
+
+def agent_to_json(a: AgentInfo) -> JSON:
+    return {
+        "broker_id": a.broker_id,
+        "agent_id": a.agent_id,
+        "host": a.host,
+        "port": a.port,
+        "last_seen": a.last_seen,
+    }
+
+
+def agent_from_json(d: JSON) -> AgentInfo:
+    return AgentInfo(**d)
+
+
+def object_info_to_json(o: ObjectInfo) -> JSON:
+    return {"key": o.key, "size": o.size, "last_modified": o.last_modified}
+
+
+def object_info_from_json(d: JSON) -> ObjectInfo:
+    return ObjectInfo(**d)
+
+
+def topic_path(name: str) -> str:
+    """``/v1/topics/<name>`` with the name as one safe path segment.
+
+    ``/`` is percent-encoded; ``.`` and ``..`` are too, or URL normalisation would
+    turn them into a different path instead of reaching the server as names.
+    """
+    seg = quote(name, safe="")
+    if seg in (".", ".."):
+        seg = seg.replace(".", "%2E")
+    return f"/v1/topics/{seg}"
+
+
+# -- the client ----------------------------------------------------------------
+
+_COMMIT_ATTEMPTS = 4
+_BACKOFF_S = (0.05, 0.2, 0.5)
+
+
+class _MaybeDelivered(Exception):
+    """A transport failure after the request may have reached the server."""
+
+
+class HttpCoordinator:
+    """The Coordinator Protocol over HTTP; thread-safe, one connection pool.
+
+    Args:
+        urls: one base URL (``http://host:8083``) or several; on transport errors
+            the client fails over to the next one and stays there.
+        timeout: seconds for connect, read and write of one request.
+        client: an ``httpx.Client`` to use instead of building one (tests pass a
+            Starlette ``TestClient`` to run the real client against an app in-process).
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        timeout: float = 10.0,
+        *,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.urls = [urls] if isinstance(urls, str) else list(urls)
+        if not self.urls:
+            raise ValueError("HttpCoordinator needs at least one URL")
+        self.urls = [u.rstrip("/") for u in self.urls]
+        self._current = 0
+        self._lock = threading.Lock()
+        self._own_client = client is None
+        # ~32 agent threads share the pool; keep every connection alive between calls.
+        self._client = client or httpx.Client(
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+        )
+        self._cluster_id: str | None = None
+
+    def close(self) -> None:
+        if self._own_client:
+            self._client.close()
+
+    def __enter__(self) -> HttpCoordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transport ------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: Mapping[str, str | int | float] | None = None,
+        idempotent: bool,
+        attempts: int = 1,
+    ) -> Any:
+        """Send one request with failover; return the decoded JSON body (None for 204).
+
+        Raises the server's ``LakelogError`` class, or CoordinatorUnavailableError
+        when no coordinator answered.
+        """
+        content = None if body is None else orjson.dumps(body)
+        headers = {"content-type": "application/json"} if content is not None else None
+        last: Exception | None = None
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(_BACKOFF_S[min(attempt - 1, len(_BACKOFF_S) - 1)])
+            # One round tries each URL once, starting at the one that last worked.
+            with self._lock:
+                start = self._current
+            for i in range(len(self.urls)):
+                idx = (start + i) % len(self.urls)
+                url = self.urls[idx] + path
+                try:
+                    resp = self._client.request(
+                        method, url, content=content, headers=headers, params=params
+                    )
+                    result = self._decode(resp)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                    last = e  # never reached a server: any request may go elsewhere
+                    continue
+                except (httpx.TransportError, _MaybeDelivered) as e:
+                    last = e
+                    if not idempotent:
+                        raise CoordinatorUnavailableError(
+                            f"{method} {url} failed and may or may not have been applied: {e}"
+                        ) from e
+                    continue
+                if idx != start:
+                    with self._lock:
+                        self._current = idx
+                    log.warning("coordinator failover: now using %s", self.urls[idx])
+                return result
+        raise CoordinatorUnavailableError(
+            f"no coordinator answered {method} {path} (tried {', '.join(self.urls)}): {last}"
+        ) from last
+
+    @staticmethod
+    def _decode(resp: httpx.Response) -> Any:
+        if resp.status_code == 204:
+            return None
+        try:
+            data = orjson.loads(resp.content) if resp.content else None
+        except orjson.JSONDecodeError:
+            data = None
+        if resp.is_success:
+            return data
+        if isinstance(data, dict) and isinstance(data.get("error"), str):
+            cls = ERRORS_BY_NAME.get(data["error"], LakelogError)
+            raise cls(str(data.get("message", "")))
+        if resp.status_code >= 500:
+            # A proxy, a crash, anything that is not our coordinator speaking.
+            raise _MaybeDelivered(f"HTTP {resp.status_code} without an error body")
+        raise LakelogError(f"unexpected HTTP {resp.status_code}: {resp.text[:200]}")
+
+    # -- Coordinator Protocol -------------------------------------------------
+
+    def cluster_id(self) -> str:
+        # Stable for the life of the cluster, so one round trip is enough.
+        if self._cluster_id is None:
+            data = self._request("GET", "/v1/cluster", idempotent=True)
+            self._cluster_id = str(data["cluster_id"])
+        return self._cluster_id
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        configs: Mapping[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        body = {
+            "name": name,
+            "partitions": partitions,
+            "configs": dict(configs or {}),
+            "validate_only": validate_only,
+        }
+        return topic_from_json(
+            self._request("POST", "/v1/topics", body=body, idempotent=validate_only)
+        )
+
+    def get_topic(self, name: str) -> TopicInfo:
+        return topic_from_json(self._request("GET", topic_path(name), idempotent=True))
+
+    def get_topic_by_id(self, topic_id: bytes) -> TopicInfo:
+        data = self._request("GET", f"/v1/topic-ids/{topic_id.hex()}", idempotent=True)
+        return topic_from_json(data)
+
+    def list_topics(self) -> list[TopicInfo]:
+        data = self._request("GET", "/v1/topics", idempotent=True)
+        return [topic_from_json(t) for t in data["topics"]]
+
+    def delete_topic(self, name: str) -> None:
+        self._request("DELETE", topic_path(name), idempotent=False)
+
+    def add_partitions(self, name: str, partitions: int) -> TopicInfo:
+        data = self._request(
+            "POST",
+            topic_path(name) + "/partitions",
+            body={"partitions": partitions},
+            idempotent=False,
+        )
+        return topic_from_json(data)
+
+    def alter_configs(
+        self,
+        name: str,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        body = {
+            "set": dict(set_configs or {}),
+            "delete": list(delete_configs),
+            "validate_only": validate_only,
+        }
+        # Setting and deleting the same overrides twice ends in the same state.
+        data = self._request("POST", topic_path(name) + "/configs", body=body, idempotent=True)
+        return topic_from_json(data)
+
+    def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
+        body = {"object_key": object_key, "chunks": [chunk_commit_to_json(c) for c in chunks]}
+        # A commit that timed out may have been applied; the coordinator answers a
+        # repeat of the same object key and chunks with the same offsets.
+        data = self._request(
+            "POST", "/v1/commit", body=body, idempotent=True, attempts=_COMMIT_ATTEMPTS
+        )
+        return [int(o) for o in data["base_offsets"]]
+
+    def offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        data = self._request(
+            "GET", f"{topic_path(topic)}/partitions/{partition}/offsets", idempotent=True
+        )
+        return PartitionOffsets(log_start=data["log_start"], high_watermark=data["high_watermark"])
+
+    def lookup(
+        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+    ) -> list[ChunkRef]:
+        data = self._request(
+            "GET",
+            f"{topic_path(topic)}/partitions/{partition}/lookup",
+            params={"offset": offset, "max_chunks": max_chunks},
+            idempotent=True,
+        )
+        return [chunk_ref_from_json(c) for c in data["chunks"]]
+
+    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
+        data = self._request(
+            "GET",
+            f"{topic_path(topic)}/partitions/{partition}/lookup-timestamp",
+            params={"ts": timestamp_ms},
+            idempotent=True,
+        )
+        chunk = data["chunk"]
+        return None if chunk is None else chunk_ref_from_json(chunk)
+
+    def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
+        data = self._request(
+            "POST", "/v1/objects/committed", body={"keys": list(keys)}, idempotent=True
+        )
+        return set(data["committed"])
+
+    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
+        data = self._request(
+            "POST",
+            "/v1/agents/heartbeat",
+            body={"agent_id": agent_id, "host": host, "port": port},
+            idempotent=True,
+        )
+        return int(data["broker_id"])
+
+    def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
+        data = self._request("GET", "/v1/agents", params={"max_age_s": max_age_s}, idempotent=True)
+        return [agent_from_json(a) for a in data["agents"]]
+
+    # -- beyond the Protocol --------------------------------------------------
+
+    def find_orphans(self, grace_s: float, prefix: str = "segments/") -> list[ObjectInfo]:
+        """The server's orphan report (needs a coordinator started with a store)."""
+        data = self._request(
+            "GET",
+            "/v1/orphans",
+            params={"grace_s": grace_s, "prefix": prefix},
+            idempotent=True,
+        )
+        return [object_info_from_json(o) for o in data["orphans"]]

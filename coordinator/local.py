@@ -1,0 +1,141 @@
+"""The in-process coordinator: the Coordinator protocol over a SQLite metadata store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Literal
+
+from coordinator.client import ChunkCommit, Coordinator
+from coordinator.db import Database, WriteMode, parse_sqlite_url
+from coordinator.metadata import MetadataStore
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+
+
+class LocalCoordinator:
+    """A coordinator in this process, on a SQLite file that other processes may share.
+
+    Thread-safe. Each process that opens the same file gets the same cluster id,
+    topics and offsets; commits are serialised across all of them.
+    """
+
+    def __init__(
+        self,
+        db_url: str,
+        *,
+        cluster_id: str | None = None,
+        write_mode: WriteMode = "lock",
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+    ) -> None:
+        """Open (creating and migrating if needed) the database at ``db_url``.
+
+        Args:
+            db_url: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``;
+                missing parent directories are created.
+            cluster_id: the id a fresh database takes; for an existing one it must
+                match the stored id.
+            write_mode, synchronous: see ``coordinator.db``.
+
+        Raises:
+            ValueError: a bad URL, or ``cluster_id`` differs from the stored one.
+            CoordinatorUnavailableError: the database cannot be opened.
+        """
+        self._db = Database(
+            parse_sqlite_url(db_url), write_mode=write_mode, synchronous=synchronous
+        )
+        try:
+            self._store = MetadataStore(self._db, cluster_id=cluster_id)
+        except BaseException:
+            self._db.close()
+            raise
+
+    @property
+    def store(self) -> MetadataStore:
+        """The metadata store, for janitors that need more than the protocol."""
+        return self._store
+
+    def close(self) -> None:
+        """Close the database connections. Idempotent; later calls raise RuntimeError."""
+        self._db.close()
+
+    def __enter__(self) -> LocalCoordinator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def cluster_id(self) -> str:
+        return self._store.cluster_id()
+
+    # -- topics ---------------------------------------------------------------
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        configs: Mapping[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        return self._store.create_topic(name, partitions, configs, validate_only=validate_only)
+
+    def get_topic(self, name: str) -> TopicInfo:
+        return self._store.get_topic(name)
+
+    def get_topic_by_id(self, topic_id: bytes) -> TopicInfo:
+        return self._store.get_topic_by_id(topic_id)
+
+    def list_topics(self) -> list[TopicInfo]:
+        return self._store.list_topics()
+
+    def delete_topic(self, name: str) -> None:
+        self._store.delete_topic(name)
+
+    def add_partitions(self, name: str, partitions: int) -> TopicInfo:
+        return self._store.add_partitions(name, partitions)
+
+    def alter_configs(
+        self,
+        name: str,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        return self._store.alter_configs(
+            name, set_configs, delete_configs, validate_only=validate_only
+        )
+
+    # -- the log --------------------------------------------------------------
+    def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
+        return self._store.commit(object_key, chunks)
+
+    def offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        return self._store.offsets(topic, partition)
+
+    def lookup(
+        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+    ) -> list[ChunkRef]:
+        return self._store.lookup(topic, partition, offset, max_chunks)
+
+    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
+        return self._store.lookup_timestamp(topic, partition, timestamp_ms)
+
+    def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
+        return self._store.committed_object_keys(keys)
+
+    # -- agents ---------------------------------------------------------------
+    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
+        return self._store.heartbeat_agent(agent_id, host, port)
+
+    def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
+        return self._store.list_agents(max_age_s)
+
+
+def _conforms(c: LocalCoordinator) -> Coordinator:
+    # mypy checks here that LocalCoordinator implements the protocol exactly.
+    return c

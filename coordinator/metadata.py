@@ -1,0 +1,543 @@
+"""The coordinator's metadata store: topics, configs, offsets, the chunk index, agents.
+
+Every SQL statement the coordinator runs is in this module, written once for
+SQLite and PostgreSQL (``?`` placeholders, rewritten by ``Dialect.sql``).
+
+Offsets are assigned in :meth:`MetadataStore.commit`: one write transaction
+advances each touched partition's high watermark by the chunk's record count,
+in (topic id, partition) order so that on PostgreSQL two commits lock rows in
+the same order and cannot deadlock; on SQLite the transaction holds the
+database's write lock (``BEGIN IMMEDIATE``), which serialises commits across
+threads and processes. Offsets of a partition are therefore contiguous, and
+their order is commit order.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from coordinator.client import ChunkCommit
+from coordinator.db import Database
+from coordinator.topic_configs import (
+    check_consistent,
+    config_def,
+    validate_config,
+    validate_configs,
+    validate_topic_name,
+)
+from segments.errors import (
+    CommitConflictError,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    PartitionNotFoundError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+
+#: Partitions one topic may have. Kafka has no hard limit; this one keeps a typo
+#: (1e9 partitions) from filling the database.
+MAX_PARTITIONS = 100_000
+
+# Rows per "IN (...)" list: well under SQLite's default limit of 32,766 parameters.
+_IN_BATCH = 500
+
+_SELECT_TOPIC = "SELECT topic_id, name, partition_count FROM topics"
+_TOPIC_BY_NAME = _SELECT_TOPIC + " WHERE name = ?"
+_TOPIC_BY_ID = _SELECT_TOPIC + " WHERE topic_id = ?"
+_ALL_TOPICS = _SELECT_TOPIC + " ORDER BY name"
+_CONFIGS_OF = "SELECT name, value FROM topic_configs WHERE topic_id = ?"
+_ALL_CONFIGS = "SELECT topic_id, name, value FROM topic_configs"
+_INSERT_TOPIC = (
+    "INSERT INTO topics (topic_id, name, partition_count, created_at) VALUES (?, ?, ?, ?)"
+)
+_SET_PARTITION_COUNT = "UPDATE topics SET partition_count = ? WHERE topic_id = ?"
+_INSERT_PARTITION = (
+    "INSERT INTO partitions (topic_id, partition, log_start_offset, high_watermark) "
+    "VALUES (?, ?, 0, 0)"
+)
+_UPSERT_CONFIG = (
+    "INSERT INTO topic_configs (topic_id, name, value) VALUES (?, ?, ?) "
+    "ON CONFLICT (topic_id, name) DO UPDATE SET value = excluded.value"
+)
+_DELETE_CONFIG = "DELETE FROM topic_configs WHERE topic_id = ? AND name = ?"
+_DELETE_TOPIC = (
+    # Children first: explicit rather than relying on ON DELETE CASCADE being enabled.
+    "DELETE FROM index_entries WHERE topic_id = ?",
+    "DELETE FROM topic_configs WHERE topic_id = ?",
+    "DELETE FROM partitions WHERE topic_id = ?",
+    "DELETE FROM topics WHERE topic_id = ?",
+)
+_PARTITION_STATE = (
+    "SELECT t.topic_id, p.log_start_offset, p.high_watermark FROM topics t "
+    "LEFT JOIN partitions p ON p.topic_id = t.topic_id AND p.partition = ? "
+    "WHERE t.name = ?"
+)
+_TOPIC_EXISTS = "SELECT 1 FROM topics WHERE topic_id = ?"
+
+_INSERT_OBJECT = (
+    "INSERT INTO objects (object_key, size, committed_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (object_key) DO NOTHING RETURNING object_id"
+)
+_ADVANCE_HIGH_WATERMARK = (
+    "UPDATE partitions SET high_watermark = high_watermark + ? "
+    "WHERE topic_id = ? AND partition = ? RETURNING high_watermark"
+)
+_INSERT_ENTRY = (
+    "INSERT INTO index_entries (topic_id, partition, base_offset, record_count, object_id, "
+    "position, length, min_ts, max_ts, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'segment')"
+)
+_ENTRIES_OF_OBJECT = (
+    "SELECT e.topic_id, e.partition, e.position, e.length, e.record_count, e.base_offset "
+    "FROM index_entries e JOIN objects o ON o.object_id = e.object_id WHERE o.object_key = ?"
+)
+# Entries from the one holding offset ? (the last whose base is <= it) onwards. Falls back
+# to the offset itself when no entry starts at or below it.
+_ENTRIES_FROM = (
+    "SELECT o.object_key, e.position, e.length, e.base_offset, e.record_count, "
+    "e.min_ts, e.max_ts, e.kind "
+    "FROM index_entries e JOIN objects o ON o.object_id = e.object_id "
+    "WHERE e.topic_id = ? AND e.partition = ? AND e.base_offset >= COALESCE("
+    "(SELECT MAX(base_offset) FROM index_entries "
+    "WHERE topic_id = ? AND partition = ? AND base_offset <= ?), ?)"
+)
+_LOOKUP = _ENTRIES_FROM + " ORDER BY e.base_offset LIMIT ?"
+_LOOKUP_TIMESTAMP = _ENTRIES_FROM + " AND e.max_ts >= ? ORDER BY e.base_offset LIMIT 1"
+_OBJECTS_IN = "SELECT object_key FROM objects WHERE object_key IN ({marks})"
+
+_META_GET = "SELECT value FROM meta WHERE key = ?"
+_META_PUT = "INSERT INTO meta (key, value) VALUES (?, ?)"
+
+_TOUCH_AGENT = (
+    "UPDATE agents SET host = ?, port = ?, last_seen = ? WHERE agent_id = ? RETURNING broker_id"
+)
+_INSERT_AGENT = (
+    "INSERT INTO agents (broker_id, agent_id, host, port, last_seen) "
+    "SELECT COALESCE(MAX(broker_id) + 1, 0), ?, ?, ?, ? FROM agents RETURNING broker_id"
+)
+_LIVE_AGENTS = (
+    "SELECT broker_id, agent_id, host, port, last_seen FROM agents "
+    "WHERE last_seen >= ? ORDER BY broker_id"
+)
+
+
+def new_cluster_id() -> str:
+    """A cluster id as Kafka makes them: a random UUID in URL-safe base64, unpadded."""
+    return _b64(uuid.uuid4().bytes)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def format_topic_id(topic_id: bytes) -> str:
+    """A topic id as Kafka prints it (22 characters of URL-safe base64)."""
+    return _b64(topic_id)
+
+
+def _check_partition_count(partitions: object) -> int:
+    if isinstance(partitions, bool) or not isinstance(partitions, int):
+        raise InvalidPartitionsError(
+            f"Number of partitions must be an integer, not {partitions!r}."
+        )
+    if partitions < 1:
+        raise InvalidPartitionsError(
+            f"Number of partitions must be larger than 0, not {partitions}."
+        )
+    if partitions > MAX_PARTITIONS:
+        raise InvalidPartitionsError(
+            f"Number of partitions must be at most {MAX_PARTITIONS}, not {partitions}."
+        )
+    return partitions
+
+
+def check_chunks(object_key: str, chunks: Sequence[ChunkCommit]) -> None:
+    """Reject a malformed commit before touching the database.
+
+    Raises:
+        ValueError: empty key or chunk list, a record count below 1, a negative
+            position or length, or two chunks for one partition.
+    """
+    if not isinstance(object_key, str) or not object_key:
+        raise ValueError("object_key must be a non-empty string")
+    if not chunks:
+        raise ValueError(f"commit of {object_key!r} has no chunks")
+    seen: set[tuple[bytes, int]] = set()
+    for c in chunks:
+        if c.record_count < 1:
+            raise ValueError(f"chunk {c} has record_count {c.record_count}; must be >= 1")
+        if c.position < 0 or c.length < 0:
+            raise ValueError(f"chunk {c} has a negative position or length")
+        if c.partition < 0:
+            raise ValueError(f"chunk {c} has a negative partition")
+        tp = (c.topic_id, c.partition)
+        if tp in seen:
+            raise ValueError(
+                f"commit of {object_key!r} has two chunks for partition {c.partition} of "
+                f"topic id {format_topic_id(c.topic_id)}; one object holds one chunk each"
+            )
+        seen.add(tp)
+
+
+class MetadataStore:
+    """Topics, configs, offsets, the chunk index and agents over one :class:`Database`.
+
+    Thread-safe; each method is one transaction. Implements the
+    ``coordinator.client.Coordinator`` protocol.
+    """
+
+    def __init__(self, db: Database, *, cluster_id: str | None = None) -> None:
+        """Bind to ``db``, storing a cluster id on first use.
+
+        Args:
+            cluster_id: the id a fresh database takes (else a random one); for an
+                existing database it must equal the stored one.
+
+        Raises:
+            ValueError: ``cluster_id`` differs from the one the database has.
+        """
+        self._db = db
+        self._q = db.dialect.sql
+        self._cluster_id = self._init_cluster_id(cluster_id)
+
+    def _init_cluster_id(self, wanted: str | None) -> str:
+        if wanted is not None and (not isinstance(wanted, str) or not wanted.strip()):
+            raise ValueError(f"cluster_id must be a non-empty string, not {wanted!r}")
+        with self._db.write() as conn:
+            row = conn.execute(self._q(_META_GET), ("cluster_id",)).fetchone()
+            if row is None:
+                stored = wanted if wanted is not None else new_cluster_id()
+                conn.execute(self._q(_META_PUT), ("cluster_id", stored))
+                return stored
+        stored = str(row[0])
+        if wanted is not None and wanted != stored:
+            raise ValueError(
+                f"cluster id mismatch: the metadata database {self._db.path} belongs to "
+                f"cluster {stored!r}, not {wanted!r}"
+            )
+        return stored
+
+    def cluster_id(self) -> str:
+        """The cluster's stable id: 22 characters of URL-safe base64, as Kafka's."""
+        return self._cluster_id
+
+    # -- topics ---------------------------------------------------------------
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        configs: Mapping[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        """Create a topic with ``partitions`` empty partitions and config overrides.
+
+        With ``validate_only`` everything is checked, including that the name is
+        free, and nothing is written; the returned id is not stored.
+
+        Raises:
+            InvalidTopicNameError, InvalidPartitionsError, InvalidConfigError,
+            TopicExistsError.
+        """
+        validate_topic_name(name)
+        _check_partition_count(partitions)
+        overrides = validate_configs(configs)
+        info = TopicInfo(name, uuid.uuid4().bytes, partitions, overrides)
+        with self._db.read() if validate_only else self._db.write() as conn:
+            if conn.execute(self._q(_TOPIC_BY_NAME), (name,)).fetchone() is not None:
+                raise TopicExistsError(f"Topic '{name}' already exists.")
+            if validate_only:
+                return info
+            conn.execute(self._q(_INSERT_TOPIC), (info.topic_id, name, partitions, time.time()))
+            conn.executemany(
+                self._q(_INSERT_PARTITION), [(info.topic_id, p) for p in range(partitions)]
+            )
+            conn.executemany(
+                self._q(_UPSERT_CONFIG), [(info.topic_id, k, v) for k, v in overrides.items()]
+            )
+        return info
+
+    def get_topic(self, name: str) -> TopicInfo:
+        """Raises TopicNotFoundError."""
+        with self._db.read() as conn:
+            return self._topic(conn, name)
+
+    def get_topic_by_id(self, topic_id: bytes) -> TopicInfo:
+        """Raises TopicNotFoundError."""
+        with self._db.read() as conn:
+            row = conn.execute(self._q(_TOPIC_BY_ID), (bytes(topic_id),)).fetchone()
+            if row is None:
+                raise TopicNotFoundError(f"Topic with id {format_topic_id(topic_id)} not found.")
+            return self._topic_info(conn, row)
+
+    def list_topics(self) -> list[TopicInfo]:
+        """Every topic, by name, with its config overrides."""
+        with self._db.read() as conn:
+            topics = conn.execute(self._q(_ALL_TOPICS)).fetchall()
+            configs: dict[bytes, dict[str, str]] = {}
+            for topic_id, key, value in conn.execute(self._q(_ALL_CONFIGS)):
+                configs.setdefault(topic_id, {})[key] = value
+        return [
+            TopicInfo(name, topic_id, count, configs.get(topic_id, {}))
+            for topic_id, name, count in topics
+        ]
+
+    def delete_topic(self, name: str) -> None:
+        """Drop a topic with its partitions, configs and index entries.
+
+        Its objects stay in ``objects`` until garbage collection; the name can be
+        reused at once (with a new topic id).
+
+        Raises:
+            TopicNotFoundError.
+        """
+        with self._db.write() as conn:
+            topic_id = self._topic(conn, name, with_configs=False).topic_id
+            for statement in _DELETE_TOPIC:
+                conn.execute(self._q(statement), (topic_id,))
+
+    def add_partitions(self, name: str, partitions: int) -> TopicInfo:
+        """Grow a topic to ``partitions`` in total; new partitions start empty.
+
+        Raises:
+            TopicNotFoundError; InvalidPartitionsError unless the count grows.
+        """
+        _check_partition_count(partitions)
+        with self._db.write() as conn:
+            topic = self._topic(conn, name)
+            if partitions <= topic.partitions:
+                raise InvalidPartitionsError(f"Topic already has {topic.partitions} partitions.")
+            conn.executemany(
+                self._q(_INSERT_PARTITION),
+                [(topic.topic_id, p) for p in range(topic.partitions, partitions)],
+            )
+            conn.execute(self._q(_SET_PARTITION_COUNT), (partitions, topic.topic_id))
+        return TopicInfo(topic.name, topic.topic_id, partitions, topic.configs)
+
+    def alter_configs(
+        self,
+        name: str,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        """Set and reset config overrides in one step (reset = back to Kafka's default).
+
+        Raises:
+            TopicNotFoundError; InvalidConfigError for an unknown name, a bad value, a
+            name both set and reset, or a result that breaks a cross-config rule.
+        """
+        sets = {key: validate_config(key, value) for key, value in (set_configs or {}).items()}
+        if isinstance(delete_configs, str):
+            raise InvalidConfigError("delete_configs must be a sequence of names, not a string")
+        deletes = {config_def(key).name for key in delete_configs}
+        both = sorted(deletes & sets.keys())
+        if both:
+            raise InvalidConfigError(f"Config {both[0]} is both set and reset in one request.")
+        with self._db.read() if validate_only else self._db.write() as conn:
+            topic = self._topic(conn, name)
+            overrides = {k: v for k, v in topic.configs.items() if k not in deletes}
+            overrides.update(sets)
+            check_consistent(overrides)
+            if not validate_only:
+                conn.executemany(
+                    self._q(_DELETE_CONFIG), [(topic.topic_id, key) for key in sorted(deletes)]
+                )
+                conn.executemany(
+                    self._q(_UPSERT_CONFIG),
+                    [(topic.topic_id, k, v) for k, v in sets.items()],
+                )
+        return TopicInfo(
+            topic.name, topic.topic_id, topic.partitions, dict(sorted(overrides.items()))
+        )
+
+    def _topic(self, conn: Any, name: str, *, with_configs: bool = True) -> TopicInfo:
+        row = conn.execute(self._q(_TOPIC_BY_NAME), (name,)).fetchone()
+        if row is None:
+            raise TopicNotFoundError(f"Topic '{name}' not found.")
+        if not with_configs:
+            return TopicInfo(row[1], row[0], row[2])
+        return self._topic_info(conn, row)
+
+    def _topic_info(self, conn: Any, row: tuple[bytes, str, int]) -> TopicInfo:
+        topic_id, name, count = row
+        configs = dict(sorted(conn.execute(self._q(_CONFIGS_OF), (topic_id,)).fetchall()))
+        return TopicInfo(name, topic_id, count, configs)
+
+    # -- the log --------------------------------------------------------------
+    def commit(
+        self, object_key: str, chunks: Sequence[ChunkCommit], *, size: int | None = None
+    ) -> list[int]:
+        """Assign base offsets to every chunk of one object in ONE transaction.
+
+        Args:
+            object_key: the committed object; unique across commits.
+            chunks: at most one chunk per partition.
+            size: the object's size in bytes, if known (for garbage collection stats).
+
+        Returns:
+            The base offset of each chunk, in the order given. A retry with the same
+            key and chunks returns the offsets of the first commit and assigns none.
+
+        Raises:
+            ValueError: malformed chunks (see :func:`check_chunks`).
+            TopicNotFoundError, PartitionNotFoundError: nothing is committed.
+            CommitConflictError: the key is committed with other chunks.
+        """
+        check_chunks(object_key, chunks)
+        q = self._q
+        # Fixed lock order (see the module docstring); bytes sort like the stored BLOBs.
+        order = sorted(range(len(chunks)), key=lambda i: (chunks[i].topic_id, chunks[i].partition))
+        bases = [0] * len(chunks)
+        with self._db.write() as conn:
+            row = conn.execute(q(_INSERT_OBJECT), (object_key, size, time.time())).fetchone()
+            if row is None:
+                return self._retried_commit(conn, object_key, chunks)
+            object_id = row[0]
+            advance = q(_ADVANCE_HIGH_WATERMARK)
+            for i in order:
+                c = chunks[i]
+                hw = conn.execute(advance, (c.record_count, c.topic_id, c.partition)).fetchone()
+                if hw is None:
+                    raise self._missing_partition(conn, c.topic_id, c.partition)
+                bases[i] = hw[0] - c.record_count
+            conn.executemany(
+                q(_INSERT_ENTRY),
+                [
+                    (
+                        c.topic_id,
+                        c.partition,
+                        base,
+                        c.record_count,
+                        object_id,
+                        c.position,
+                        c.length,
+                        c.min_timestamp_ms,
+                        c.max_timestamp_ms,
+                    )
+                    for c, base in zip(chunks, bases, strict=True)
+                ],
+            )
+        return bases
+
+    def _retried_commit(
+        self, conn: Any, object_key: str, chunks: Sequence[ChunkCommit]
+    ) -> list[int]:
+        stored = {
+            (topic_id, partition): (position, length, count, base)
+            for topic_id, partition, position, length, count, base in conn.execute(
+                self._q(_ENTRIES_OF_OBJECT), (object_key,)
+            )
+        }
+        bases = []
+        for c in chunks:
+            entry = stored.get((c.topic_id, c.partition))
+            if entry is None or entry[:3] != (c.position, c.length, c.record_count):
+                break
+            bases.append(entry[3])
+        if len(bases) != len(chunks) or len(stored) != len(chunks):
+            raise CommitConflictError(
+                f"Object {object_key!r} is already committed with other chunks "
+                f"({len(stored)} index entries; this commit has {len(chunks)} chunks)."
+            )
+        return bases
+
+    def _missing_partition(self, conn: Any, topic_id: bytes, partition: int) -> Exception:
+        if conn.execute(self._q(_TOPIC_EXISTS), (topic_id,)).fetchone() is None:
+            return TopicNotFoundError(f"Topic with id {format_topic_id(topic_id)} not found.")
+        return PartitionNotFoundError(
+            f"Partition {partition} of topic id {format_topic_id(topic_id)} not found."
+        )
+
+    def _partition_state(self, conn: Any, topic: str, partition: int) -> tuple[bytes, int, int]:
+        row = conn.execute(self._q(_PARTITION_STATE), (partition, topic)).fetchone()
+        if row is None:
+            raise TopicNotFoundError(f"Topic '{topic}' not found.")
+        if row[1] is None:
+            raise PartitionNotFoundError(f"Partition {partition} of topic '{topic}' not found.")
+        return row[0], row[1], row[2]
+
+    def offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        """Log-start offset and high watermark. Raises Topic/PartitionNotFoundError."""
+        with self._db.read() as conn:
+            _, log_start, high_watermark = self._partition_state(conn, topic, partition)
+        return PartitionOffsets(log_start, high_watermark)
+
+    def lookup(
+        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+    ) -> list[ChunkRef]:
+        """Index entries from the one holding ``offset`` on, in offset order.
+
+        At most ``max_chunks``; empty when ``offset`` >= high watermark; an offset
+        below log-start reads from log-start.
+
+        Raises:
+            TopicNotFoundError, PartitionNotFoundError; ValueError if ``max_chunks`` < 1.
+        """
+        if max_chunks < 1:
+            raise ValueError(f"max_chunks must be >= 1, not {max_chunks}")
+        with self._db.read() as conn:
+            topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
+            if offset >= high_watermark:
+                return []
+            start = max(offset, log_start)
+            rows = conn.execute(
+                self._q(_LOOKUP),
+                (topic_id, partition, topic_id, partition, start, start, max_chunks),
+            ).fetchall()
+        return [ChunkRef(*row) for row in rows]
+
+    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
+        """The first entry (by offset, from log-start) whose max timestamp is >= ``timestamp_ms``.
+
+        Timestamps need not grow with offsets (CreateTime), so this scans the
+        partition's entries in offset order; SQLite does that at millions of rows
+        per second.
+
+        Raises:
+            TopicNotFoundError, PartitionNotFoundError.
+        """
+        with self._db.read() as conn:
+            topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
+            if log_start >= high_watermark:
+                return None
+            row = conn.execute(
+                self._q(_LOOKUP_TIMESTAMP),
+                (topic_id, partition, topic_id, partition, log_start, log_start, timestamp_ms),
+            ).fetchone()
+        return None if row is None else ChunkRef(*row)
+
+    def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` are committed objects (for orphan detection)."""
+        wanted = list(dict.fromkeys(keys))
+        found: set[str] = set()
+        with self._db.read() as conn:
+            for i in range(0, len(wanted), _IN_BATCH):
+                batch = wanted[i : i + _IN_BATCH]
+                sql = self._q(_OBJECTS_IN.format(marks=", ".join("?" * len(batch))))
+                found.update(key for (key,) in conn.execute(sql, batch))
+        return found
+
+    # -- agents ---------------------------------------------------------------
+    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
+        """Register or refresh an agent; returns its broker id (0, 1, ... in order of first
+        heartbeat, kept for good)."""
+        if not isinstance(agent_id, str) or not agent_id:
+            raise ValueError("agent_id must be a non-empty string")
+        now = time.time()
+        with self._db.write() as conn:
+            row = conn.execute(self._q(_TOUCH_AGENT), (host, port, now, agent_id)).fetchone()
+            if row is None:
+                row = conn.execute(self._q(_INSERT_AGENT), (agent_id, host, port, now)).fetchone()
+        return int(row[0])
+
+    def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
+        """Agents heard from within ``max_age_s``, by broker id."""
+        with self._db.read() as conn:
+            rows = conn.execute(self._q(_LIVE_AGENTS), (time.time() - max_age_s,)).fetchall()
+        return [AgentInfo(*row) for row in rows]

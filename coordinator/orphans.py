@@ -1,0 +1,55 @@
+"""Orphan objects: in the store, older than a grace period, never committed.
+
+A flush that crashed between its PUT and its commit leaves such an object
+(invariant 3). Nothing reads it, since the index never pointed at it; garbage
+collection (a later janitor) deletes it. This module only reports.
+"""
+
+from __future__ import annotations
+
+import time
+
+from coordinator.client import Coordinator
+from segments.store import ObjectInfo, ObjectStore
+
+#: Keys per ``committed_object_keys`` call: one round trip (and one SQL IN list) each.
+BATCH = 500
+
+
+def find_orphans(
+    store: ObjectStore,
+    coordinator: Coordinator,
+    grace_s: float,
+    prefix: str = "segments/",
+    *,
+    now: float | None = None,
+) -> list[ObjectInfo]:
+    """Objects under ``prefix`` older than ``grace_s`` that no commit names, in key order.
+
+    The grace period covers flushes in flight: an object PUT a moment ago whose
+    commit has not landed yet is not an orphan. Stores that keep modification
+    times in whole seconds (S3) make objects look up to a second older; keep
+    ``grace_s`` far above that for anything that deletes.
+
+    Args:
+        now: the clock, epoch seconds (tests pin it); default ``time.time()``.
+    """
+    cutoff = (time.time() if now is None else now) - grace_s
+    orphans: list[ObjectInfo] = []
+    batch: list[ObjectInfo] = []
+
+    def flush() -> None:
+        committed = coordinator.committed_object_keys([o.key for o in batch])
+        orphans.extend(o for o in batch if o.key not in committed)
+        batch.clear()
+
+    # Listing first, then asking: an object committed after the listing shows as
+    # committed; one PUT after the listing is simply not seen until next time.
+    for info in store.list(prefix):
+        if info.last_modified <= cutoff:
+            batch.append(info)
+            if len(batch) >= BATCH:
+                flush()
+    if batch:
+        flush()
+    return orphans

@@ -1,0 +1,384 @@
+"""The coordinator's HTTP API: the Coordinator Protocol as a small JSON API under ``/v1``.
+
+Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
+
+    GET    /health                           {"status": "ok"} when the db answers
+    GET    /metrics                          Prometheus text
+    GET    /v1/cluster                       {"cluster_id"}
+    GET    /v1/topics                        {"topics": [topic]}
+    POST   /v1/topics                        topic (201; 200 if validate_only)
+                                             <- {"name", "partitions", "configs", "validate_only"}
+    GET    /v1/topics/{name}                 topic
+    DELETE /v1/topics/{name}                 204
+    POST   /v1/topics/{name}/partitions      topic  <- {"partitions"}
+    POST   /v1/topics/{name}/configs         topic  <- {"set", "delete", "validate_only"}
+    GET    /v1/topics/{name}/partitions/{p}/offsets                 {"log_start", "high_watermark"}
+    GET    /v1/topics/{name}/partitions/{p}/lookup?offset=&max_chunks=   {"chunks": [ref]}
+    GET    /v1/topics/{name}/partitions/{p}/lookup-timestamp?ts=         {"chunk": ref | null}
+    GET    /v1/topic-ids/{hex}               topic
+    POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
+    POST   /v1/objects/committed             {"committed": [key]}  <- {"keys"}
+    POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port"}
+    GET    /v1/agents?max_age_s=             {"agents": [agent]}
+    GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
+
+Every ``LakelogError`` is answered as ``{"error": <class name>, "message", "retriable"}``
+with the status from ``_STATUS_BY_ERROR``; a malformed request is a ``MalformedRequestError``
+with status 422. The coordinator calls block (SQLite), so they run in the threadpool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+from pydantic import BaseModel, Field
+
+from coordinator.client import Coordinator
+from coordinator.http_client import (
+    agent_to_json,
+    chunk_commit_from_json,
+    chunk_ref_to_json,
+    object_info_to_json,
+    topic_to_json,
+)
+from coordinator.orphans import find_orphans
+from segments.errors import LakelogError, MalformedRequestError
+from segments.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+#: Status per error class name; a class without an entry takes its nearest base's.
+#: Keyed by name so this table survives additions to the error tree.
+_STATUS_BY_ERROR: dict[str, int] = {
+    "LakelogError": 500,
+    "StorageError": 500,
+    "ObjectNotFoundError": 404,
+    "PreconditionFailedError": 409,
+    "StorageUnavailableError": 503,
+    "MetadataError": 500,
+    "TopicNotFoundError": 404,
+    "PartitionNotFoundError": 404,
+    "TopicExistsError": 409,
+    "InvalidTopicNameError": 400,
+    "InvalidPartitionsError": 400,
+    "InvalidConfigError": 400,
+    "CommitConflictError": 409,
+    "CoordinatorUnavailableError": 503,
+    "ClusterNotFoundError": 404,
+    "ConfigNotFoundError": 404,
+    "ConsumerNotFoundError": 404,
+    "BufferFullError": 503,
+    "RequestError": 400,
+    "MalformedRequestError": 422,
+    "UnsupportedMediaTypeError": 415,
+    "NotAcceptableError": 406,
+    "RequestTooLargeError": 413,
+    "RecordTooLargeError": 413,
+    "UnprocessableRequestError": 422,
+}
+
+
+def status_for(exc: LakelogError) -> int:
+    """The HTTP status of an error: its own class's entry, else its nearest base's."""
+    for cls in type(exc).__mro__:
+        status = _STATUS_BY_ERROR.get(cls.__name__)
+        if status is not None:
+            return status
+    return 500
+
+
+def error_body(exc: LakelogError) -> dict[str, Any]:
+    return {"error": type(exc).__name__, "message": exc.message, "retriable": exc.retriable}
+
+
+def _json(data: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
+
+
+def _malformed(message: str) -> LakelogError:
+    return MalformedRequestError(message)
+
+
+# -- request bodies (the light routes; /v1/commit is parsed by hand, see below) --
+
+
+class CreateTopicBody(BaseModel):
+    name: str
+    partitions: int
+    configs: dict[str, str] = Field(default_factory=dict)
+    validate_only: bool = False
+
+
+class AddPartitionsBody(BaseModel):
+    partitions: int
+
+
+class AlterConfigsBody(BaseModel):
+    set: dict[str, str] = Field(default_factory=dict)
+    delete: list[str] = Field(default_factory=list)
+    validate_only: bool = False
+
+
+class KeysBody(BaseModel):
+    keys: list[str]
+
+
+class HeartbeatBody(BaseModel):
+    agent_id: str
+    host: str
+    port: int
+
+
+class _Metrics:
+    """One registry per app, so tests can build several apps in one process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.commits = Counter(
+            "lakelog_coordinator_commits",
+            "Commits answered, by outcome (ok or the error class).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.commit_seconds = Histogram(
+            "lakelog_coordinator_commit_seconds",
+            "Time to apply one commit, successful or not.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
+        self.chunks = Counter(
+            "lakelog_coordinator_committed_chunks",
+            "Chunks given offsets by successful commits.",
+            registry=self.registry,
+        )
+        self.records = Counter(
+            "lakelog_coordinator_committed_records",
+            "Records given offsets by successful commits.",
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "lakelog_coordinator_errors",
+            "Requests answered with a lakelog error, by class.",
+            ["error"],
+            registry=self.registry,
+        )
+
+
+def create_app(coordinator: Coordinator, store: ObjectStore | None = None) -> FastAPI:
+    """The coordinator's HTTP API over ``coordinator``; ``store`` enables /v1/orphans.
+
+    The caller owns both and closes them after the app stops.
+    """
+    app = FastAPI(title="lakelog coordinator", docs_url=None, redoc_url=None)
+    metrics = _Metrics()
+    app.state.metrics = metrics
+
+    @app.exception_handler(LakelogError)
+    async def lakelog_error(request: Request, exc: LakelogError) -> Response:
+        metrics.errors.labels(type(exc).__name__).inc()
+        return _json(error_body(exc), status_for(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        parts = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()))
+            parts.append(f"{where}: {err.get('msg', 'invalid')}")
+        return await lakelog_error(request, _malformed("; ".join(parts)))
+
+    # -- health and metrics -----------------------------------------------------
+
+    @app.get("/health")
+    def health() -> Response:
+        try:
+            # A real query (not a cached value) so a dead database shows here.
+            coordinator.committed_object_keys(["__health__"])
+        except Exception as e:
+            return _json({"status": "unavailable", "message": str(e)}, 503)
+        return _json({"status": "ok"})
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- cluster and topics -----------------------------------------------------
+
+    @app.get("/v1/cluster")
+    def cluster() -> Response:
+        return _json({"cluster_id": coordinator.cluster_id()})
+
+    @app.get("/v1/topics")
+    def list_topics() -> Response:
+        return _json({"topics": [topic_to_json(t) for t in coordinator.list_topics()]})
+
+    @app.post("/v1/topics")
+    def create_topic(body: CreateTopicBody) -> Response:
+        topic = coordinator.create_topic(
+            body.name, body.partitions, body.configs, validate_only=body.validate_only
+        )
+        return _json(topic_to_json(topic), 200 if body.validate_only else 201)
+
+    @app.get("/v1/topic-ids/{topic_id}")
+    def get_topic_by_id(topic_id: str) -> Response:
+        try:
+            raw = bytes.fromhex(topic_id)
+        except ValueError:
+            raise _malformed(f"topic id {topic_id!r} is not hex") from None
+        return _json(topic_to_json(coordinator.get_topic_by_id(raw)))
+
+    # The name is a ``path`` parameter so a (bad) name holding "/" still reaches the
+    # coordinator and gets its error; the longer routes are registered first.
+
+    @app.get("/v1/topics/{name:path}/partitions/{partition}/offsets")
+    def offsets(name: str, partition: int) -> Response:
+        o = coordinator.offsets(name, partition)
+        return _json({"log_start": o.log_start, "high_watermark": o.high_watermark})
+
+    @app.get("/v1/topics/{name:path}/partitions/{partition}/lookup")
+    def lookup(
+        name: str, partition: int, offset: int = Query(), max_chunks: int = Query(16, ge=1)
+    ) -> Response:
+        chunks = coordinator.lookup(name, partition, offset, max_chunks)
+        return _json({"chunks": [chunk_ref_to_json(c) for c in chunks]})
+
+    @app.get("/v1/topics/{name:path}/partitions/{partition}/lookup-timestamp")
+    def lookup_timestamp(name: str, partition: int, ts: int = Query()) -> Response:
+        chunk = coordinator.lookup_timestamp(name, partition, ts)
+        return _json({"chunk": None if chunk is None else chunk_ref_to_json(chunk)})
+
+    @app.post("/v1/topics/{name:path}/partitions")
+    def add_partitions(name: str, body: AddPartitionsBody) -> Response:
+        return _json(topic_to_json(coordinator.add_partitions(name, body.partitions)))
+
+    @app.post("/v1/topics/{name:path}/configs")
+    def alter_configs(name: str, body: AlterConfigsBody) -> Response:
+        topic = coordinator.alter_configs(
+            name, body.set, body.delete, validate_only=body.validate_only
+        )
+        return _json(topic_to_json(topic))
+
+    @app.get("/v1/topics/{name:path}")
+    def get_topic(name: str) -> Response:
+        return _json(topic_to_json(coordinator.get_topic(name)))
+
+    @app.delete("/v1/topics/{name:path}", status_code=204)
+    def delete_topic(name: str) -> Response:
+        coordinator.delete_topic(name)
+        return Response(status_code=204)
+
+    # -- the log ----------------------------------------------------------------
+
+    @app.post("/v1/commit")
+    async def commit(request: Request) -> Response:
+        # The hot route: orjson and explicit checks instead of a pydantic model.
+        try:
+            body = orjson.loads(await request.body())
+            object_key = body["object_key"]
+            if not isinstance(object_key, str) or not object_key:
+                raise TypeError("object_key must be a non-empty string")
+            chunks = [chunk_commit_from_json(c) for c in body["chunks"]]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            raise _malformed(f"bad commit body: {e!r}") from None
+        start = time.perf_counter()
+        try:
+            base_offsets = await run_in_threadpool(coordinator.commit, object_key, chunks)
+        except ValueError as e:  # chunks the store refuses: overlapping, empty, negative
+            metrics.commits.labels("MalformedRequestError").inc()
+            raise _malformed(f"bad commit: {e}") from None
+        except LakelogError as e:
+            metrics.commits.labels(type(e).__name__).inc()
+            raise
+        finally:
+            metrics.commit_seconds.observe(time.perf_counter() - start)
+        metrics.commits.labels("ok").inc()
+        metrics.chunks.inc(len(chunks))
+        metrics.records.inc(sum(c.record_count for c in chunks))
+        return _json({"base_offsets": base_offsets})
+
+    @app.post("/v1/objects/committed")
+    def committed_object_keys(body: KeysBody) -> Response:
+        return _json({"committed": sorted(coordinator.committed_object_keys(body.keys))})
+
+    # -- agents -----------------------------------------------------------------
+
+    @app.post("/v1/agents/heartbeat")
+    def heartbeat(body: HeartbeatBody) -> Response:
+        broker_id = coordinator.heartbeat_agent(body.agent_id, body.host, body.port)
+        return _json({"broker_id": broker_id})
+
+    @app.get("/v1/agents")
+    def list_agents(max_age_s: float = Query(30.0, ge=0)) -> Response:
+        return _json({"agents": [agent_to_json(a) for a in coordinator.list_agents(max_age_s)]})
+
+    # -- garbage report ---------------------------------------------------------
+
+    if store is not None:
+        object_store = store
+
+        @app.get("/v1/orphans")
+        def orphans(grace_s: float = Query(ge=0), prefix: str = Query("segments/")) -> Response:
+            found = find_orphans(object_store, coordinator, grace_s, prefix)
+            return _json({"orphans": [object_info_to_json(o) for o in found]})
+
+    return app
+
+
+def run(
+    db_url: str,
+    host: str = "127.0.0.1",
+    port: int = 8083,
+    store_url: str | None = None,
+    store_endpoint: str | None = None,
+    cluster_id: str | None = None,
+) -> None:
+    """Serve a coordinator over ``db_url`` with uvicorn until interrupted."""
+    import uvicorn
+
+    from coordinator.local import LocalCoordinator
+    from segments.store import open_store
+
+    coordinator = LocalCoordinator(db_url, cluster_id=cluster_id)
+    store = open_store(store_url, endpoint_url=store_endpoint) if store_url else None
+    try:
+        app = create_app(coordinator, store)
+        log.info(
+            "lakelog coordinator on http://%s:%d (db %s, store %s, cluster %s)",
+            host,
+            port,
+            db_url,
+            store_url or "none",
+            coordinator.cluster_id(),
+        )
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        if store is not None:
+            store.close()
+        coordinator.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m coordinator.server --db sqlite:///... --port 8083`` (until the CLI has it)."""
+    p = argparse.ArgumentParser(prog="python -m coordinator.server")
+    p.add_argument("--db", required=True, help="metadata store URL, e.g. sqlite:///./meta.db")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8083)
+    p.add_argument("--store", default=None, help="object store URL, enables /v1/orphans")
+    p.add_argument("--store-endpoint", default=None, help="S3 endpoint (MinIO, moto)")
+    p.add_argument("--cluster-id", default=None, help="cluster id for a new database")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    run(a.db, a.host, a.port, a.store, a.store_endpoint, a.cluster_id)
+
+
+if __name__ == "__main__":
+    main()

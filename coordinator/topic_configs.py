@@ -1,0 +1,361 @@
+"""Kafka's rules for topic names and topic configs, as pure functions.
+
+The config table follows Kafka 3.x ``LogConfig``: each entry has Kafka's
+default, type and documented valid range, so a client that works against
+Kafka gets the same answers here. Values are kept as the strings the client
+sent (trimmed): the coordinator stores overrides only, and
+:func:`effective_configs` / :func:`describe_configs` add the defaults.
+
+No I/O here; ``coordinator.metadata`` calls these inside its transactions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from segments.errors import InvalidConfigError, InvalidTopicNameError
+
+#: Kafka's limit: 249, so that ``<topic>-<partition>`` directory names fit in 255 bytes.
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+
+_INT_MAX = 2**31 - 1
+_INT_MIN = -(2**31)
+_LONG_MAX = 2**63 - 1
+_LONG_MIN = -(2**63)
+# Java's Integer/Long.parseLong accept an optional sign and ASCII digits only; Python's int()
+# would also take "1_000", " 5" and non-ASCII digits, which Kafka rejects.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DOUBLE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+SOURCE_OVERRIDE = "DYNAMIC_TOPIC_CONFIG"
+SOURCE_DEFAULT = "DEFAULT_CONFIG"
+
+
+def validate_topic_name(name: object) -> str:
+    """Check a topic name against Kafka's rules and return it.
+
+    Raises:
+        InvalidTopicNameError: not a string, empty, ``.`` or ``..``, longer than 249
+            characters, or a character outside ``[a-zA-Z0-9._-]``.
+    """
+    if not isinstance(name, str):
+        raise InvalidTopicNameError(f"Topic name must be a string, not {type(name).__name__}.")
+    if not name:
+        raise InvalidTopicNameError("Topic name is illegal, it can't be empty.")
+    if name in (".", ".."):
+        raise InvalidTopicNameError('Topic name cannot be "." or "..".')
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopicNameError(
+            f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME_LENGTH} characters, "
+            f"topic name: {name}"
+        )
+    if not _LEGAL_TOPIC_NAME.fullmatch(name):
+        raise InvalidTopicNameError(
+            f"Topic name {name!r} is illegal, it contains a character other than "
+            "ASCII alphanumerics, '.', '_' and '-'."
+        )
+    return name
+
+
+class ConfigType(StrEnum):
+    """Kafka's ``ConfigDef.Type`` names, as DescribeConfigs reports them."""
+
+    BOOLEAN = "BOOLEAN"
+    INT = "INT"
+    LONG = "LONG"
+    DOUBLE = "DOUBLE"
+    STRING = "STRING"
+    LIST = "LIST"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDef:
+    """One topic config: Kafka's type, default and valid values.
+
+    ``minimum``/``maximum`` bound numbers (inclusive); ``choices`` bounds strings and
+    each element of a list.
+    """
+
+    name: str
+    type: ConfigType
+    default: str
+    doc: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+
+    def validate(self, value: object) -> str:
+        """Check ``value`` and return it trimmed, as it will be stored.
+
+        Raises:
+            InvalidConfigError: the message names the config and the value.
+        """
+        if not isinstance(value, str):
+            raise InvalidConfigError(
+                f"Invalid value {value!r} for configuration {self.name}: must be a string"
+            )
+        text = value.strip()
+        check = _CHECKS[self.type]
+        problem = check(self, text)
+        if problem is not None:
+            raise InvalidConfigError(
+                f"Invalid value {value} for configuration {self.name}: {problem}"
+            )
+        return text
+
+    def describe_range(self) -> str:
+        """Kafka's wording of the valid values, for messages and docs."""
+        if self.choices is not None:
+            return "[" + ", ".join(self.choices) + "]"
+        if self.minimum is not None and self.maximum is not None:
+            return f"[{_num(self.minimum)},...,{_num(self.maximum)}]"
+        if self.minimum is not None:
+            return f"[{_num(self.minimum)},...]"
+        return ""
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _bounds(d: ConfigDef, n: float) -> str | None:
+    if d.minimum is not None and n < d.minimum:
+        return f"Value must be at least {_num(d.minimum)}"
+    if d.maximum is not None and n > d.maximum:
+        return f"Value must be no more than {_num(d.maximum)}"
+    return None
+
+
+def _check_integer(d: ConfigDef, text: str) -> str | None:
+    lo, hi = (_INT_MIN, _INT_MAX) if d.type is ConfigType.INT else (_LONG_MIN, _LONG_MAX)
+    if not _INTEGER.fullmatch(text) or not lo <= int(text) <= hi:
+        return f"Not a number of type {d.type.value}"
+    return _bounds(d, int(text))
+
+
+def _check_double(d: ConfigDef, text: str) -> str | None:
+    if not _DOUBLE.fullmatch(text):
+        return "Not a number of type DOUBLE"
+    return _bounds(d, float(text))
+
+
+def _check_boolean(d: ConfigDef, text: str) -> str | None:
+    if text.lower() not in ("true", "false"):
+        return "Expected value to be either true or false"
+    return None
+
+
+def _check_string(d: ConfigDef, text: str) -> str | None:
+    if d.choices is not None and text not in d.choices:
+        return f"String must be one of: {', '.join(d.choices)}"
+    return None
+
+
+def _check_list(d: ConfigDef, text: str) -> str | None:
+    items = [item.strip() for item in text.split(",")]
+    if not text or any(not item for item in items):
+        return f"Expected a comma-separated list of {d.describe_range()}"
+    if d.choices is not None:
+        bad = [item for item in items if item not in d.choices]
+        if bad:
+            return f"Invalid value {bad[0]}, must be one of {d.describe_range()}"
+    return None
+
+
+_CHECKS: dict[ConfigType, Callable[[ConfigDef, str], str | None]] = {
+    ConfigType.INT: _check_integer,
+    ConfigType.LONG: _check_integer,
+    ConfigType.DOUBLE: _check_double,
+    ConfigType.BOOLEAN: _check_boolean,
+    ConfigType.STRING: _check_string,
+    ConfigType.LIST: _check_list,
+}
+
+
+def _long(name: str, default: int, minimum: int | None, doc: str) -> ConfigDef:
+    return ConfigDef(name, ConfigType.LONG, str(default), doc, minimum=minimum)
+
+
+def _int(name: str, default: int, minimum: int, doc: str) -> ConfigDef:
+    return ConfigDef(name, ConfigType.INT, str(default), doc, minimum=minimum)
+
+
+def _bool(name: str, default: bool, doc: str) -> ConfigDef:
+    return ConfigDef(name, ConfigType.BOOLEAN, str(default).lower(), doc)
+
+
+#: Every topic config lakelog accepts, by name: Kafka 3.x defaults and valid ranges.
+CONFIG_DEFS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in (
+        ConfigDef(
+            "cleanup.policy",
+            ConfigType.LIST,
+            "delete",
+            "delete: drop old records by retention; compact: keep the latest record per key.",
+            choices=("compact", "delete"),
+        ),
+        ConfigDef(
+            "compression.type",
+            ConfigType.STRING,
+            "producer",
+            "Compression of stored batches; producer keeps what the producer sent.",
+            choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+        ),
+        _long("delete.retention.ms", 86_400_000, 0, "How long delete tombstones are kept."),
+        _long("file.delete.delay.ms", 60_000, 0, "Delay before deleting a dropped object."),
+        _long("flush.messages", _LONG_MAX, 1, "Kafka's fsync interval in messages (no effect)."),
+        _long("flush.ms", _LONG_MAX, 0, "Kafka's fsync interval in ms (no effect)."),
+        _int("index.interval.bytes", 4096, 0, "Kafka's offset index density (no effect)."),
+        _long("max.compaction.lag.ms", _LONG_MAX, 1, "Longest a record stays uncompacted."),
+        _int("max.message.bytes", 1_048_588, 0, "Largest record batch a topic accepts."),
+        _bool("message.downconversion.enable", True, "Down-conversion for old consumers."),
+        _long(
+            "message.timestamp.difference.max.ms",
+            _LONG_MAX,
+            0,
+            "Largest allowed gap between a CreateTime timestamp and the append time.",
+        ),
+        _long(
+            "message.timestamp.before.max.ms",
+            _LONG_MAX,
+            0,
+            "How far in the past a CreateTime timestamp may be.",
+        ),
+        _long(
+            "message.timestamp.after.max.ms",
+            _LONG_MAX,
+            0,
+            "How far in the future a CreateTime timestamp may be.",
+        ),
+        ConfigDef(
+            "message.timestamp.type",
+            ConfigType.STRING,
+            "CreateTime",
+            "Record timestamps: the producer's (CreateTime) or the append time.",
+            choices=("CreateTime", "LogAppendTime"),
+        ),
+        ConfigDef(
+            "min.cleanable.dirty.ratio",
+            ConfigType.DOUBLE,
+            "0.5",
+            "Dirty share of the log above which compaction runs.",
+            minimum=0.0,
+            maximum=1.0,
+        ),
+        _long("min.compaction.lag.ms", 0, 0, "Shortest a record stays uncompacted."),
+        _int("min.insync.replicas", 1, 1, "Kafka's ISR minimum (no effect: one object store)."),
+        _bool("preallocate", False, "Kafka's segment preallocation (no effect)."),
+        _long("retention.bytes", -1, -1, "Size a partition may keep before dropping old data."),
+        _long("retention.ms", 604_800_000, -1, "Age after which data is dropped; -1: forever."),
+        _int("segment.bytes", 1_073_741_824, 14, "Kafka's segment file size."),
+        _int("segment.index.bytes", 10_485_760, 4, "Kafka's offset index size (no effect)."),
+        _long("segment.jitter.ms", 0, 0, "Random jitter subtracted from segment.ms."),
+        _long("segment.ms", 604_800_000, 1, "Kafka's segment roll time."),
+        _bool("unclean.leader.election.enable", False, "Kafka's unclean election (no effect)."),
+    )
+}
+
+
+def config_def(name: object) -> ConfigDef:
+    """The definition of a topic config.
+
+    Raises:
+        InvalidConfigError: no topic config has that name.
+    """
+    d = CONFIG_DEFS.get(name) if isinstance(name, str) else None
+    if d is None:
+        raise InvalidConfigError(f"Unknown topic config name: {name}")
+    return d
+
+
+def validate_config(name: object, value: object) -> str:
+    """Check one config override; return the value as it will be stored (trimmed).
+
+    Raises:
+        InvalidConfigError: unknown name or a value it does not accept.
+    """
+    return config_def(name).validate(value)
+
+
+def validate_configs(configs: Mapping[str, str] | None) -> dict[str, str]:
+    """Check a set of overrides, each alone and together (see :func:`check_consistent`).
+
+    Returns:
+        The overrides with trimmed values.
+
+    Raises:
+        InvalidConfigError: the first bad name or value.
+    """
+    checked = {name: validate_config(name, value) for name, value in (configs or {}).items()}
+    check_consistent(checked)
+    return checked
+
+
+def check_consistent(overrides: Mapping[str, str]) -> None:
+    """Cross-config rules Kafka enforces on the effective configs of a topic.
+
+    Raises:
+        InvalidConfigError: ``min.compaction.lag.ms`` above ``max.compaction.lag.ms``.
+    """
+    effective = effective_configs(overrides)
+    min_lag = int(effective["min.compaction.lag.ms"])
+    max_lag = int(effective["max.compaction.lag.ms"])
+    if min_lag > max_lag:
+        raise InvalidConfigError(
+            f"conflict topic config setting min.compaction.lag.ms ({min_lag}) > "
+            f"max.compaction.lag.ms ({max_lag})"
+        )
+
+
+def effective_configs(overrides: Mapping[str, str]) -> dict[str, str]:
+    """Every config's value for a topic: Kafka's default unless overridden. Sorted by name."""
+    return {name: overrides.get(name, d.default) for name, d in sorted(CONFIG_DEFS.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One row of a topic's DescribeConfigs answer, as the REST v3 layer reports it."""
+
+    name: str
+    value: str
+    is_default: bool
+    source: str  # SOURCE_OVERRIDE ("DYNAMIC_TOPIC_CONFIG") or SOURCE_DEFAULT ("DEFAULT_CONFIG")
+    type: ConfigType
+    is_read_only: bool = False
+    is_sensitive: bool = False
+
+
+def describe_configs(
+    overrides: Mapping[str, str], names: Iterable[str] | None = None
+) -> list[ConfigEntry]:
+    """Every config of a topic (or those in ``names``) with its value and where it comes from.
+
+    Raises:
+        InvalidConfigError: a name in ``names`` is not a topic config.
+    """
+    wanted = sorted(CONFIG_DEFS) if names is None else [config_def(n).name for n in names]
+    entries = []
+    for name in wanted:
+        d = CONFIG_DEFS[name]
+        overridden = name in overrides
+        entries.append(
+            ConfigEntry(
+                name=name,
+                value=overrides[name] if overridden else d.default,
+                is_default=not overridden,
+                source=SOURCE_OVERRIDE if overridden else SOURCE_DEFAULT,
+                type=d.type,
+            )
+        )
+    return entries
+
+
+def is_default(overrides: Mapping[str, str], name: str) -> bool:
+    """Whether ``name`` takes Kafka's default for a topic with these overrides."""
+    config_def(name)
+    return name not in overrides
