@@ -21,7 +21,13 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── ClusterNotFoundError      a cluster id other than ours
     │   ├── ConfigNotFoundError       a config name the topic does not have
     │   ├── BrokerNotFoundError       no live agent with that broker id
-    │   └── ConsumerNotFoundError     no consumer instance of that group and name
+    │   ├── ConsumerNotFoundError     no consumer instance of that group and name
+    │   ├── ConsumerExistsError       a consumer instance of that name is in the group
+    │   ├── GroupNotFoundError        no consumer group of that id
+    │   ├── ConsumerStateError        subscribe vs assign conflict, seek of an unassigned partition
+    │   ├── StaleGenerationError      a commit from a generation the group has left behind
+    │   ├── InvalidConsumerConfigError
+    │   └── NoOffsetError             auto.offset.reset=none and no committed offset
     ├── BufferFullError               retriable: the agent's write buffer stayed full
     └── RequestError                  a client's request is not acceptable (web layer)
         ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
@@ -124,6 +130,30 @@ class ConsumerNotFoundError(MetadataError):
     """No consumer instance of that group and name."""
 
 
+class ConsumerExistsError(MetadataError):
+    """A consumer instance of that name already exists in the group."""
+
+
+class GroupNotFoundError(MetadataError):
+    """No consumer group of that id (no member and no committed offset)."""
+
+
+class ConsumerStateError(MetadataError):
+    """Illegal consumer state: subscribe vs assign, seek of an unassigned partition."""
+
+
+class StaleGenerationError(MetadataError):
+    """A commit or position update from a generation the group has moved past."""
+
+
+class InvalidConsumerConfigError(MetadataError):
+    """A consumer setting the instance cannot take (format, reset policy, sizes)."""
+
+
+class NoOffsetError(MetadataError):
+    """auto.offset.reset is none and the partition has no committed offset."""
+
+
 class BufferFullError(LakelogError):
     """The agent's write buffer stayed full for longer than the wait bound."""
 
@@ -185,6 +215,12 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         ConfigNotFoundError,
         BrokerNotFoundError,
         ConsumerNotFoundError,
+        ConsumerExistsError,
+        GroupNotFoundError,
+        ConsumerStateError,
+        StaleGenerationError,
+        InvalidConsumerConfigError,
+        NoOffsetError,
         BufferFullError,
         RequestError,
         MalformedRequestError,

@@ -1,0 +1,153 @@
+"""The consumer-group interface: REST consumer instances whose state lives in the coordinator.
+
+Any agent serves any instance because everything an instance is — its config,
+subscription or manual assignment, the group's generation and assignment, its
+fetch positions and the group's committed offsets — is stored here, never in
+an agent. ``LocalCoordinator`` and ``HttpCoordinator`` implement
+``GroupCoordinator`` beside ``Coordinator``.
+
+Rebalancing is eager and happens inside the coordinator's transaction: every
+change of membership or subscription (create, delete, subscribe, unsubscribe,
+session expiry, a subscribed topic's partition count) bumps the group's
+generation and recomputes the assignment over the live subscribed members
+(range by default, round-robin optional), so every partition of the union of
+subscriptions is owned by exactly one live member. There is no join/sync round
+trip: the first fetch after subscribing already has partitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from segments.types import TopicPartition
+
+FORMATS = ("binary", "json")
+RESET_POLICIES = ("earliest", "latest", "none")
+ASSIGNORS = ("range", "roundrobin")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    """What a client sets at ``POST /consumers/{group}`` (kafka-rest names in comments)."""
+
+    format: str = "binary"  # format
+    auto_offset_reset: str = "latest"  # auto.offset.reset (Kafka's default)
+    auto_commit: bool = True  # auto.commit.enable
+    fetch_min_bytes: int = -1  # fetch.min.bytes; -1 = return as soon as anything is there
+    request_timeout_ms: int = 1000  # consumer.request.timeout.ms: default fetch wait
+    session_timeout_ms: int = 30_000  # stop polling this long -> out of the assignment
+    instance_timeout_ms: int = 300_000  # consumer.instance.timeout.ms: idle -> deleted
+    assignor: str = "range"  # partition.assignment.strategy: range | roundrobin
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerState:
+    """One consumer instance as the coordinator sees it after expiry and rebalance.
+
+    ``positions`` holds the next offset to fetch for every partition in
+    ``assignment``, already resolved (committed offset, else the reset policy;
+    a position below log-start follows the reset policy too). A partition
+    whose policy is ``none`` and that has no committed offset is missing from
+    ``positions`` and listed in ``unresolved``.
+    """
+
+    group: str
+    name: str
+    config: ConsumerConfig
+    subscription: tuple[str, ...]  # topics subscribed (a pattern's current matches)
+    pattern: str | None
+    manual: bool  # True when partitions were assigned by hand (assign)
+    generation: int
+    assignment: tuple[TopicPartition, ...]
+    positions: dict[TopicPartition, int] = field(default_factory=dict)
+    unresolved: tuple[TopicPartition, ...] = ()
+    last_seen: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    offset: int
+    metadata: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A group's view for v3 consumer-groups: members, assignment, committed offsets."""
+
+    group: str
+    generation: int
+    state: str  # STABLE | EMPTY (no member)
+    assignor: str
+    members: tuple[ConsumerState, ...]
+    committed: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
+
+
+class GroupCoordinator(Protocol):
+    def create_consumer(self, group: str, name: str, config: ConsumerConfig) -> ConsumerState:
+        """Raises ConsumerExistsError, InvalidConsumerConfigError."""
+        ...
+
+    def delete_consumer(self, group: str, name: str) -> None:
+        """Leave the group (rebalances). Raises ConsumerNotFoundError."""
+        ...
+
+    def consumer(self, group: str, name: str, *, touch: bool = True) -> ConsumerState:
+        """The instance's current state; ``touch`` renews its session and idle timers.
+
+        Expires members past their session timeout (rebalance) and instances past
+        their instance timeout first. Raises ConsumerNotFoundError.
+        """
+        ...
+
+    def subscribe(
+        self, group: str, name: str, topics: Sequence[str] = (), pattern: str | None = None
+    ) -> ConsumerState:
+        """Replace the subscription (rebalances). Raises ConsumerStateError when partitions
+        are assigned by hand or both/neither of topics and pattern are given;
+        TopicNotFoundError for an unknown topic in ``topics``."""
+        ...
+
+    def unsubscribe(self, group: str, name: str) -> None: ...
+
+    def assign(self, group: str, name: str, partitions: Sequence[TopicPartition]) -> ConsumerState:
+        """Manual assignment. Raises ConsumerStateError when subscribed;
+        TopicNotFoundError / PartitionNotFoundError."""
+        ...
+
+    def seek(self, group: str, name: str, positions: Mapping[TopicPartition, int]) -> None:
+        """Set next-fetch offsets. Raises ConsumerStateError for an unassigned partition."""
+        ...
+
+    def advance(
+        self, group: str, name: str, generation: int, positions: Mapping[TopicPartition, int]
+    ) -> ConsumerState:
+        """Record fetch progress (next offsets). Raises StaleGenerationError when the group
+        has rebalanced since ``generation`` (the fetch's records must then not be returned),
+        ConsumerNotFoundError."""
+        ...
+
+    def commit_offsets(
+        self,
+        group: str,
+        name: str,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+        generation: int | None = None,
+    ) -> None:
+        """Store committed offsets (already +1: the next offset to consume). With a
+        ``generation`` older than the group's, raises StaleGenerationError; commits of
+        partitions the member does not own (subscribed mode) raise it too."""
+        ...
+
+    def committed_offsets(
+        self, group: str, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, CommittedOffset]:
+        """Committed offsets of the group for those partitions (missing ones absent)."""
+        ...
+
+    def list_groups(self) -> list[str]: ...
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """Raises GroupNotFoundError for a group with no member and no committed offset."""
+        ...
