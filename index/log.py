@@ -69,12 +69,21 @@ class UploadedSegment:
     chunks: list[ChunkInfo]
 
 
+#: Called after every committed write with the result and the object's bytes.
+WriteListener = Callable[[WriteResult, bytes], None]
+
+
 class LogWriter:
-    """Flush a SegmentBuilder as one object, then commit it (never the other way round)."""
+    """Flush a SegmentBuilder as one object, then commit it (never the other way round).
+
+    ``listeners`` run in the writing thread after the commit: the agent's read
+    cache keeps the bytes (write-through) and tailing readers are woken.
+    """
 
     def __init__(self, store: ObjectStore, coordinator: Coordinator) -> None:
         self.store = store
         self.coordinator = coordinator
+        self.listeners: list[WriteListener] = []
 
     def write(self, builder: SegmentBuilder) -> WriteResult:
         """PUT the built object, then commit its chunks; returns their base offsets.
