@@ -67,6 +67,8 @@ class UploadedSegment:
     object_key: str
     size: int
     chunks: list[ChunkInfo]
+    #: The object's bytes, handed to ``LogWriter.listeners`` after the commit.
+    data: bytes = b""
 
 
 #: Called after every committed write with the result and the object's bytes.
@@ -99,7 +101,7 @@ class LogWriter:
         data, chunks = builder.build()
         key = new_object_key()
         retry(lambda: self.store.put(key, data, if_none_match=True))
-        return UploadedSegment(key, len(data), chunks)
+        return UploadedSegment(key, len(data), chunks, data)
 
     def commit(self, uploaded: UploadedSegment) -> WriteResult:
         """Step 2 of ``write``: commit an uploaded object's chunks; returns base offsets."""
@@ -117,7 +119,14 @@ class LogWriter:
         ]
         # Safe to retry: the coordinator answers a repeated object key with the same offsets.
         offsets = retry(lambda: self.coordinator.commit(uploaded.object_key, commits))
-        return WriteResult(uploaded.object_key, uploaded.size, uploaded.chunks, offsets)
+        result = WriteResult(uploaded.object_key, uploaded.size, uploaded.chunks, offsets)
+        for listener in self.listeners:
+            try:
+                listener(result, uploaded.data)
+            except Exception:
+                # The write is committed and acked whatever a cache or wake-up does.
+                log.exception("write listener %r failed", listener)
+        return result
 
 
 class LogReader:

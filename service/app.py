@@ -1,0 +1,220 @@
+"""The agent's FastAPI app: ``create_app(settings)`` with a lifespan that owns every client.
+
+Nothing is built at import time. The lifespan opens the coordinator client
+(in-process ``LocalCoordinator`` when ``settings.coordinator`` is empty, else
+``HttpCoordinator``), the object store, the log writer, metrics and the write
+batcher; registers the agent with the coordinator (agents are the cluster's
+brokers) and keeps heartbeating; and closes all of it on shutdown, flushing the
+batcher first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse, Response
+
+from coordinator.client import Coordinator
+from index.log import LogWriter
+from segments.errors import CoordinatorUnavailableError, LakelogError
+from segments.store import open_store
+from service import errors
+from service.batcher import Batcher
+from service.metrics import Metrics
+from service.settings import Settings, get_settings
+from service.state import AgentState, get_state
+from service.topic_cache import TopicCache
+from service.v2 import metadata as v2_metadata
+from service.v2 import produce as v2_produce
+from service.v3 import brokers as v3_brokers
+from service.v3 import clusters as v3_clusters
+from service.v3 import configs as v3_configs
+from service.v3 import partitions as v3_partitions
+from service.v3 import records as v3_records
+from service.v3 import topics as v3_topics
+from service.v3.common import broker_max_age_s, call
+
+log = logging.getLogger(__name__)
+
+#: How long start-up waits for a coordinator that is not answering yet.
+COORDINATOR_WAIT_S = 30.0
+
+
+def build_coordinator(settings: Settings) -> Coordinator:
+    """The coordinator client the settings ask for."""
+    urls = settings.coordinator_urls()
+    if urls:
+        from coordinator.http_client import HttpCoordinator
+
+        return HttpCoordinator(urls)
+    from coordinator.local import LocalCoordinator
+
+    return LocalCoordinator(settings.db, cluster_id=settings.cluster_id)
+
+
+def broker_address(settings: Settings) -> tuple[str, int]:
+    """The host and port this agent registers as a broker: advertised, else listened on."""
+    if settings.advertised_url:
+        parts = urlsplit(settings.advertised_url)
+        default_port = 443 if parts.scheme == "https" else 80
+        return parts.hostname or "localhost", parts.port or default_port
+    host = settings.host
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return host, settings.port
+
+
+def _close(obj: object) -> None:
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()
+
+
+async def _wait_for_cluster_id(coordinator: Coordinator) -> str:
+    """The cluster id; waits up to COORDINATOR_WAIT_S for a coordinator still starting."""
+    deadline = time.monotonic() + COORDINATOR_WAIT_S
+    delay = 0.1
+    while True:
+        try:
+            return await call(coordinator.cluster_id)
+        except CoordinatorUnavailableError as e:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("coordinator not answering yet (%s); retrying", e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+async def heartbeat_once(state: AgentState) -> None:
+    """Register or refresh this agent; learn its broker id."""
+    host, port = broker_address(state.settings)
+    broker_id = await call(state.coordinator.heartbeat_agent, state.settings.agent_id, host, port)
+    if broker_id != state.broker_id:
+        log.info("agent %s is broker %d (%s:%d)", state.settings.agent_id, broker_id, host, port)
+        state.broker_id = broker_id
+
+
+async def heartbeat_loop(state: AgentState) -> None:
+    """Heartbeat every ``heartbeat_interval_s``; a failure is logged and retried next time."""
+    while True:
+        await asyncio.sleep(state.settings.heartbeat_interval_s)
+        try:
+            await heartbeat_once(state)
+        except LakelogError as e:
+            log.warning("heartbeat failed: %s", e)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    async with AsyncExitStack() as stack:
+        coordinator = build_coordinator(settings)
+        stack.callback(_close, coordinator)
+        store = open_store(
+            settings.store, endpoint_url=settings.store_endpoint, region=settings.store_region
+        )
+        stack.callback(store.close)
+        cluster_id = await _wait_for_cluster_id(coordinator)
+        writer = LogWriter(store, coordinator)
+        metrics = Metrics()
+        batcher = Batcher(writer, settings, metrics)
+        await batcher.start()
+        stack.push_async_callback(batcher.close)  # flushes what is buffered
+        topics = TopicCache(
+            coordinator,
+            settings.metadata_ttl_s,
+            auto_create=settings.auto_create_topics,
+            default_partitions=settings.default_partitions,
+        )
+        state = AgentState(
+            settings=settings,
+            coordinator=coordinator,
+            store=store,
+            writer=writer,
+            batcher=batcher,
+            topics=topics,
+            metrics=metrics,
+            broker_id=-1,
+            cluster_id=cluster_id,
+        )
+        try:
+            await heartbeat_once(state)
+        except LakelogError as e:
+            log.warning("first heartbeat failed, will retry: %s", e)
+        task = asyncio.create_task(heartbeat_loop(state), name="lakelog-heartbeat")
+
+        async def _stop_heartbeat() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        stack.push_async_callback(_stop_heartbeat)
+        app.state.agent = state
+        log.info(
+            "lakelog agent %s up: cluster %s, coordinator %s, store %s",
+            settings.agent_id,
+            cluster_id,
+            settings.coordinator or f"in-process ({settings.db})",
+            settings.store,
+        )
+        yield
+
+
+async def health(state: AgentState = Depends(get_state)) -> JSONResponse:
+    """200 while the coordinator answers, else 503."""
+    try:
+        agents = await call(state.coordinator.list_agents, broker_max_age_s(state))
+    except LakelogError as e:
+        return JSONResponse({"status": "unavailable", "error": e.message}, status_code=503)
+    body: dict[str, Any] = {
+        "status": "ok",
+        "cluster_id": state.cluster_id,
+        "broker_id": state.broker_id,
+        "agent_id": state.settings.agent_id,
+        "brokers": len(agents),
+    }
+    return JSONResponse(body)
+
+
+async def metrics(state: AgentState = Depends(get_state)) -> Response:
+    """Prometheus text format of this agent's metrics."""
+    body, content_type = state.metrics.render()
+    return Response(body, media_type=content_type)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The agent app. ``settings`` default to ``get_settings()`` (the environment)."""
+    settings = settings if settings is not None else get_settings()
+    app = FastAPI(
+        title="lakelog",
+        summary="A diskless Kafka-style log: Confluent REST Proxy API on an object store.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.dependency_overrides[get_settings] = lambda: settings
+    errors.install_error_handlers(app)
+    app.add_api_route("/health", health, methods=["GET"], tags=["ops"])
+    app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"])
+    # v3 first: the v2 root routes are all literal or under /topics, /brokers.
+    for router in (
+        v3_clusters.router,
+        v3_brokers.router,
+        v3_configs.router,  # before topics: /topics/-/configs
+        v3_partitions.router,
+        v3_topics.router,
+        v3_records.router,
+        v2_metadata.router,
+        v2_produce.router,
+    ):
+        app.include_router(router)
+    return app

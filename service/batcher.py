@@ -1,0 +1,375 @@
+"""The write batcher: ONE buffer per agent for every topic-partition (DESIGN.md "Write path").
+
+Requests append their records to the open ``SegmentBuilder`` and wait. The buffer is
+flushed as ONE segment object when ``flush_bytes`` is reached or ``linger_ms`` has
+passed since its first record; the LogWriter PUTs it and commits its chunks in a
+worker thread (``upload`` then ``commit``, timed separately), and only then is every
+request of that flush answered with its offsets (base offset of its partition's chunk
++ the record's index within that chunk).
+
+Flushes run one at a time, in append order: that keeps commit order = append order per
+partition without any bookkeeping, and while one flush is in flight the next buffer
+fills, so under load the flush size grows to what arrives during one PUT + commit.
+
+Memory is bounded: bytes buffered + bytes in flight never exceed ``max_buffer_bytes``.
+An append that does not fit waits up to ``buffer_wait_ms`` and then raises
+``BufferFullError`` (retriable); nothing queues without bound. A failed flush fails
+exactly the requests whose records it held, with a retriable error unless the store or
+coordinator said otherwise; no request is answered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from index.log import LogWriter, WriteResult
+from segments.errors import (
+    BufferFullError,
+    LakelogError,
+    MetadataError,
+    RecordTooLargeError,
+    StorageUnavailableError,
+)
+from segments.segment import SegmentBuilder
+from segments.types import Record
+from service.metrics import Metrics
+
+if TYPE_CHECKING:
+    from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Offsets of a flush: (topic id, partition) -> base offset of that chunk.
+BaseOffsets = dict[tuple[bytes, int], int]
+
+# Per-record bytes the batch codec adds around key, value and headers (varint lengths,
+# deltas, attributes): an estimate for memory accounting only.
+RECORD_OVERHEAD = 16
+
+
+def record_size(record: Record) -> int:
+    """Bytes a record holds in memory: key, value, header names and values, overhead."""
+    size = RECORD_OVERHEAD + len(record.key or b"") + len(record.value or b"")
+    for name, value in record.headers:
+        size += len(name) + len(value or b"")
+    return size
+
+
+@dataclass(eq=False)
+class _Buffer:
+    """One segment object being filled, and who waits for it."""
+
+    builder: SegmentBuilder
+    created: float = field(default_factory=time.monotonic)
+    size: int = 0  # accounted bytes (record_size), not the encoded size
+    records: int = 0
+    counts: dict[tuple[bytes, int], int] = field(default_factory=dict)
+    waiters: list[asyncio.Future[BaseOffsets]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    """The Settings fields the batcher reads (so unit tests need no Settings)."""
+
+    linger_ms: float = 50.0
+    flush_bytes: int = 4 << 20
+    max_buffer_bytes: int = 64 << 20
+    buffer_wait_ms: float = 5000.0
+    compression: str = "none"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BatcherConfig:
+        return cls(
+            linger_ms=float(settings.linger_ms),
+            flush_bytes=int(settings.flush_bytes),
+            max_buffer_bytes=int(settings.max_buffer_bytes),
+            buffer_wait_ms=float(settings.buffer_wait_ms),
+            compression=str(settings.compression),
+        )
+
+
+class Batcher:
+    """Buffers records of every topic-partition and flushes them as segment objects.
+
+    Args:
+        writer: PUTs and commits one SegmentBuilder (called from a worker thread).
+        settings: ``linger_ms``, ``flush_bytes``, ``max_buffer_bytes``,
+            ``buffer_wait_ms``, ``compression`` (a Settings or a BatcherConfig).
+        metrics: where flush and produce figures go.
+    """
+
+    def __init__(
+        self, writer: LogWriter, settings: Settings | BatcherConfig, metrics: Metrics
+    ) -> None:
+        self.writer = writer
+        self.config = (
+            settings
+            if isinstance(settings, BatcherConfig)
+            else BatcherConfig.from_settings(settings)
+        )
+        self.metrics = metrics
+        self._current = self._new_buffer()
+        self._sealed: deque[_Buffer] = deque()  # full buffers waiting for their flush
+        self._in_flight = 0  # accounted bytes of the flush being written
+        self._reserved = 0  # bytes of admitted waiters that have not appended yet
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()  # FIFO
+        self._wake = asyncio.Event()  # something to flush (or closing)
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the flush loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="lakelog-batcher")
+
+    async def close(self) -> None:
+        """Flush what is buffered, then stop; later appends raise BufferFullError."""
+        if self._closed:
+            return
+        self._closing = True
+        self._admit()  # waiters for space get BufferFullError now
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        else:  # never started: flush inline so nothing buffered is dropped
+            await self._drain()
+        self._closed = True
+        self._admit()
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Accounted bytes buffered plus in flight."""
+        return self._used()
+
+    # -- appending ------------------------------------------------------------
+    async def append(self, topic_id: bytes, records: Sequence[tuple[int, Record]]) -> list[int]:
+        """Buffer ``(partition, record)`` pairs of one topic; wait for their flush.
+
+        Records of one partition keep their order; the whole call lands in one flush.
+
+        Returns:
+            The offset of each record, in the order given.
+
+        Raises:
+            BufferFullError: no room within ``buffer_wait_ms`` (or the batcher is closed).
+            RecordTooLargeError: the records alone exceed ``max_buffer_bytes``.
+            LakelogError: the flush holding them failed (retriable unless the store
+                or coordinator said otherwise).
+        """
+        if not records:
+            return []
+        size = 0
+        # Group per partition, remembering each record's slot within its group.
+        groups: dict[int, list[Record]] = {}
+        slots: list[tuple[int, int]] = []
+        for partition, record in records:
+            size += record_size(record)
+            group = groups.get(partition)
+            if group is None:
+                group = groups[partition] = []
+            slots.append((partition, len(group)))
+            group.append(record)
+        await self._reserve(size)
+        # No await from here to the end of the appends: the request lands in one buffer.
+        buf = self._current
+        was_empty = buf.records == 0
+        if was_empty:
+            buf.created = time.monotonic()  # linger counts from the batch's first record
+        buf.size += size  # accounted before appending: whatever gets in is counted
+        starts: dict[int, int] = {}
+        for partition, group in groups.items():
+            # SegmentBuilder.append is all-or-nothing per call. Callers validate records
+            # first (types, timestamps), so a refusal here is a bug; if it happens after
+            # an earlier group went in, those records may be flushed unacked (never
+            # acked twice), and the caller gets the error.
+            key = (topic_id, partition)
+            start = buf.counts.get(key, 0)
+            buf.builder.append(topic_id, partition, group)
+            buf.counts[key] = start + len(group)
+            buf.records += len(group)
+            starts[partition] = start
+        future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
+        buf.waiters.append(future)
+        if buf.size >= self.config.flush_bytes:
+            self._seal()
+            self._wake.set()
+        elif was_empty:
+            self._wake.set()
+        self.metrics.buffer_bytes.set(self._used())
+        # shield: a cancelled request (client gone) must not cancel the shared future.
+        bases = await asyncio.shield(future)
+        self.metrics.produced_records.inc(len(records))
+        self.metrics.produced_bytes.inc(size - RECORD_OVERHEAD * len(records))
+        return [bases[(topic_id, p)] + starts[p] + i for p, i in slots]
+
+    # -- internals ------------------------------------------------------------
+    def _new_buffer(self) -> _Buffer:
+        return _Buffer(SegmentBuilder(self.config.compression))
+
+    def _used(self) -> int:
+        return (
+            self._in_flight
+            + self._reserved
+            + self._current.size
+            + sum(b.size for b in self._sealed)
+        )
+
+    async def _reserve(self, size: int) -> None:
+        """Wait until ``size`` more bytes fit under max_buffer_bytes, or raise.
+
+        Waiters are admitted strictly first come, first served (a later small append
+        never overtakes an earlier large one, which would also reorder a v3 stream),
+        and admission reserves their bytes at once so wake-ups never over-commit.
+        """
+        limit = self.config.max_buffer_bytes
+        if size > limit:
+            raise RecordTooLargeError(
+                f"Records of {size} bytes exceed the agent's buffer of {limit} bytes."
+            )
+        if self._closing:
+            raise BufferFullError("The agent is shutting down; retry against another agent.")
+        if not self._waiters and self._used() + size <= limit:
+            return
+        self._seal()  # a full buffer must not linger: let the flush loop free space
+        self._wake.set()
+        admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (size, admitted)
+        self._waiters.append(entry)
+        try:
+            await asyncio.wait_for(admitted, self.config.buffer_wait_ms / 1000.0)
+        except BaseException as exc:
+            if admitted.done() and not admitted.cancelled():
+                self._reserved -= size  # admitted, but leaving: give the bytes back
+            elif entry in self._waiters:
+                self._waiters.remove(entry)
+            self._admit()  # the head may have left: the next one may fit now
+            if isinstance(exc, TimeoutError):
+                self.metrics.buffer_full.inc()
+                raise BufferFullError(
+                    f"The agent's write buffer stayed full ({self._used()} of {limit} bytes) "
+                    f"for {self.config.buffer_wait_ms:g} ms; retry later."
+                ) from None
+            raise
+        self._reserved -= size  # the caller appends now, synchronously
+        if self._closing:
+            raise BufferFullError("The agent is shutting down; retry against another agent.")
+
+    def _admit(self) -> None:
+        """Admit waiters from the head of the queue while they fit (all when closing)."""
+        limit = self.config.max_buffer_bytes
+        while self._waiters:
+            size, admitted = self._waiters[0]
+            if admitted.done():  # timed out or cancelled
+                self._waiters.popleft()
+                continue
+            if not self._closing and self._used() + size > limit:
+                return
+            self._waiters.popleft()
+            self._reserved += size
+            admitted.set_result(None)
+
+    def _seal(self) -> None:
+        """Move the open buffer to the flush queue (if it holds anything)."""
+        if self._current.records:
+            self._sealed.append(self._current)
+            self._current = self._new_buffer()
+
+    def _next_due(self) -> tuple[_Buffer | None, float]:
+        """The buffer to flush now, or None and how long to wait for the open one."""
+        if self._sealed:
+            return self._sealed.popleft(), 0.0
+        if not self._current.records:
+            return None, float("inf")
+        due = self._current.created + self.config.linger_ms / 1000.0
+        now = time.monotonic()
+        if self._closing or now >= due:
+            buf = self._current
+            self._current = self._new_buffer()
+            return buf, 0.0
+        return None, due - now
+
+    async def _run(self) -> None:
+        while True:
+            buf, wait = self._next_due()
+            if buf is not None:
+                await self._flush(buf)
+                continue
+            if self._closing:
+                return
+            self._wake.clear()
+            timeout = None if wait == float("inf") else wait
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _drain(self) -> None:
+        self._seal()
+        while self._sealed:
+            await self._flush(self._sealed.popleft())
+
+    async def _flush(self, buf: _Buffer) -> None:
+        """Write one buffer and answer its waiters; never raises."""
+        self._in_flight = buf.size
+        self.metrics.buffer_bytes.set(self._used())
+        started = time.perf_counter()
+        try:
+            result = await asyncio.to_thread(self._write, buf.builder)
+        except BaseException as exc:
+            error = _as_flush_error(exc)
+            log.warning("flush of %d records failed: %s", buf.records, error.message)
+            self.metrics.flushes.labels(result="error").inc()
+            self.metrics.failed_records.inc(buf.records)
+            for future in buf.waiters:
+                if not future.done():
+                    future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise  # cancellation / interpreter exit: waiters are answered, now stop
+        else:
+            bases: BaseOffsets = {
+                (chunk.topic_id, chunk.partition): base
+                for chunk, base in zip(result.chunks, result.base_offsets, strict=True)
+            }
+            self.metrics.flushes.labels(result="ok").inc()
+            self.metrics.flush_bytes.observe(result.size)
+            self.metrics.flush_records.observe(buf.records)
+            self.metrics.flush_seconds.observe(time.perf_counter() - started)
+            for future in buf.waiters:
+                if not future.done():
+                    future.set_result(bases)
+        finally:
+            self._in_flight = 0
+            self.metrics.buffer_bytes.set(self._used())
+            self._admit()
+
+    def _write(self, builder: SegmentBuilder) -> WriteResult:
+        """Build + PUT, then commit (the two steps of LogWriter.write), timing each."""
+        started = time.perf_counter()
+        uploaded = self.writer.upload(builder)
+        put_done = time.perf_counter()
+        self.metrics.put_seconds.observe(put_done - started)
+        result = self.writer.commit(uploaded)
+        self.metrics.commit_seconds.observe(time.perf_counter() - put_done)
+        return result
+
+
+def _as_flush_error(exc: BaseException) -> LakelogError:
+    """The error every request of a failed flush gets.
+
+    Nothing of a failed flush was committed, so sending the same request again may
+    succeed: retriable errors pass through, and so do metadata errors that describe
+    the client's target (a topic deleted meanwhile); any other failure (a storage
+    error such as a missing bucket, an unexpected exception) becomes a retriable
+    StorageUnavailableError naming the cause.
+    """
+    if isinstance(exc, LakelogError) and (exc.retriable or isinstance(exc, MetadataError)):
+        return exc
+    cause = exc.message if isinstance(exc, LakelogError) else f"{type(exc).__name__}: {exc}"
+    return StorageUnavailableError(f"Flush failed: {cause}")

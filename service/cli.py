@@ -1,0 +1,464 @@
+"""The ``lakelog`` command line.
+
+Servers: ``lakelog serve`` (agent + in-process coordinator, SQLite and
+``file://./data`` by default), ``lakelog agent`` (against coordinator processes),
+``lakelog coordinator``. Clients over the REST API, like Kafka's tools:
+``lakelog topics create|list|describe|delete|alter-config`` and ``lakelog
+produce`` (a console producer). Server flags map to ``Settings`` fields and
+override ``LAKELOG_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+from pydantic import ValidationError
+
+from service.settings import Settings
+
+app = typer.Typer(
+    name="lakelog",
+    help="A diskless Kafka-style log service: Confluent REST Proxy API on an object store.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+topics_app = typer.Typer(help="Manage topics over the REST API (like kafka-topics).")
+app.add_typer(topics_app, name="topics")
+
+# -- shared options ---------------------------------------------------------------
+
+HostOpt = Annotated[str | None, typer.Option(help="Interface to listen on [default: 0.0.0.0].")]
+PortOpt = Annotated[int | None, typer.Option(help="Port to listen on [default: 8082].")]
+StoreOpt = Annotated[
+    str | None, typer.Option(help="Object store URL: s3://bucket/prefix, file:///path, memory://.")
+]
+EndpointOpt = Annotated[
+    str | None, typer.Option("--store-endpoint", help="S3 endpoint URL (MinIO, a moto server).")
+]
+RegionOpt = Annotated[str | None, typer.Option("--store-region", help="S3 region.")]
+ClusterOpt = Annotated[
+    str | None, typer.Option("--cluster-id", help="Cluster id (22 chars of base64) for a new db.")
+]
+AdvertisedOpt = Annotated[
+    str | None,
+    typer.Option("--advertised-url", help="Base URL clients reach this agent at."),
+]
+AutoCreateOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--auto-create-topics/--no-auto-create-topics", help="Create topics on first produce."
+    ),
+]
+PartitionsOpt = Annotated[
+    int | None,
+    typer.Option("--default-partitions", help="Partitions of auto-created topics and defaults."),
+]
+LingerOpt = Annotated[int | None, typer.Option("--linger-ms", help="Flush at least this often.")]
+FlushBytesOpt = Annotated[
+    int | None, typer.Option("--flush-bytes", help="Flush when this many bytes are buffered.")
+]
+CompressionOpt = Annotated[
+    str | None, typer.Option(help="Batch compression: none, gzip, snappy, lz4, zstd.")
+]
+LogLevelOpt = Annotated[str, typer.Option("--log-level", help="Python log level.")]
+AccessLogOpt = Annotated[bool, typer.Option("--access-log", help="Log every request.")]
+UrlOpt = Annotated[
+    str, typer.Option("--url", envvar="LAKELOG_URL", help="Base URL of a lakelog agent.")
+]
+
+DEFAULT_URL = "http://localhost:8082"
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"Error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings(**given: Any) -> Settings:
+    """Settings from the environment, overridden by the flags that were given."""
+    try:
+        return Settings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+            for err in e.errors()
+        )
+        _fail(f"invalid settings: {problems}", code=2)
+
+
+def _setup_logging(log_level: str) -> None:
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    # One line per coordinator call at INFO would drown everything else.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def _run_agent(settings: Settings, log_level: str, access_log: bool) -> None:
+    import uvicorn
+
+    from service.app import create_app
+
+    _setup_logging(log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level.lower(),
+        access_log=access_log,
+    )
+
+
+def _ensure_local_dirs(settings: Settings) -> None:
+    """``serve`` runs on local paths by default; create their directories."""
+    if settings.db.startswith("sqlite:///"):
+        path = settings.db.removeprefix("sqlite:///")
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if settings.store.startswith("file://"):
+        Path(settings.store.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+
+
+# -- servers ----------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    db: Annotated[str | None, typer.Option(help="Metadata store URL (sqlite:///...).")] = None,
+    store: StoreOpt = None,
+    store_endpoint: EndpointOpt = None,
+    store_region: RegionOpt = None,
+    cluster_id: ClusterOpt = None,
+    advertised_url: AdvertisedOpt = None,
+    auto_create_topics: AutoCreateOpt = None,
+    default_partitions: PartitionsOpt = None,
+    linger_ms: LingerOpt = None,
+    flush_bytes: FlushBytesOpt = None,
+    compression: CompressionOpt = None,
+    log_level: LogLevelOpt = "info",
+    access_log: AccessLogOpt = False,
+) -> None:
+    """Agent and coordinator in one process: SQLite and file://./data unless told otherwise."""
+    settings = _settings(
+        coordinator="",
+        host=host,
+        port=port,
+        db=db,
+        store=store,
+        store_endpoint=store_endpoint,
+        store_region=store_region,
+        cluster_id=cluster_id,
+        advertised_url=advertised_url,
+        auto_create_topics=auto_create_topics,
+        default_partitions=default_partitions,
+        linger_ms=linger_ms,
+        flush_bytes=flush_bytes,
+        compression=compression,
+    )
+    _ensure_local_dirs(settings)
+    _run_agent(settings, log_level, access_log)
+
+
+@app.command()
+def agent(
+    coordinator: Annotated[
+        str | None, typer.Option(help="Coordinator URL(s), comma-separated.")
+    ] = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    store: StoreOpt = None,
+    store_endpoint: EndpointOpt = None,
+    store_region: RegionOpt = None,
+    advertised_url: AdvertisedOpt = None,
+    agent_id: Annotated[
+        str | None, typer.Option("--agent-id", help="Stable agent id [default: random].")
+    ] = None,
+    auto_create_topics: AutoCreateOpt = None,
+    default_partitions: PartitionsOpt = None,
+    linger_ms: LingerOpt = None,
+    flush_bytes: FlushBytesOpt = None,
+    compression: CompressionOpt = None,
+    log_level: LogLevelOpt = "info",
+    access_log: AccessLogOpt = False,
+) -> None:
+    """A stateless agent serving the REST API against coordinator process(es)."""
+    settings = _settings(
+        coordinator=coordinator,
+        host=host,
+        port=port,
+        store=store,
+        store_endpoint=store_endpoint,
+        store_region=store_region,
+        advertised_url=advertised_url,
+        agent_id=agent_id,
+        auto_create_topics=auto_create_topics,
+        default_partitions=default_partitions,
+        linger_ms=linger_ms,
+        flush_bytes=flush_bytes,
+        compression=compression,
+    )
+    if not settings.coordinator_urls():
+        _fail("lakelog agent needs --coordinator URL (or LAKELOG_COORDINATOR); see lakelog serve")
+    _run_agent(settings, log_level, access_log)
+
+
+@app.command("coordinator")
+def coordinator_cmd(
+    db: Annotated[str, typer.Option(help="Metadata store URL.")] = "sqlite:///./data/lakelog.db",
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8083,
+    store: Annotated[
+        str | None, typer.Option(help="Object store URL (enables the orphan report).")
+    ] = None,
+    store_endpoint: EndpointOpt = None,
+    cluster_id: ClusterOpt = None,
+    log_level: LogLevelOpt = "info",
+) -> None:
+    """The coordinator process: orders commits, keeps topics, offsets and agents."""
+    from coordinator.server import run
+
+    _setup_logging(log_level)
+    if db.startswith("sqlite:///"):
+        Path(db.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    run(db, host, port, store, store_endpoint, cluster_id)
+
+
+# -- REST client ------------------------------------------------------------------
+
+
+class Rest:
+    """A small client of one agent's REST API that turns error bodies into exits."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=30.0)
+        self._cluster: str | None = None
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as e:
+            _fail(f"cannot reach {self.url}: {e}")
+        if resp.is_error:
+            try:
+                body = resp.json()
+                message = f"{body['message']} (error_code {body['error_code']})"
+            except (ValueError, KeyError, TypeError):
+                message = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            _fail(message)
+        return resp
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, path, **kwargs).json()
+
+    def cluster(self, suffix: str = "") -> str:
+        """``/v3/clusters/<id><suffix>``, discovering the id once."""
+        if self._cluster is None:
+            self._cluster = str(self.json("GET", "/v3/clusters")["data"][0]["cluster_id"])
+        return f"/v3/clusters/{self._cluster}{suffix}"
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            _fail(f"{what} must look like name=value, got {item!r}", code=2)
+        out[name] = value
+    return out
+
+
+def _last_segment(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+# -- topics -----------------------------------------------------------------------
+
+
+@topics_app.command("create")
+def topics_create(
+    topic: Annotated[str, typer.Argument(help="Topic name.")],
+    partitions: Annotated[
+        int | None, typer.Option("--partitions", "-p", help="Partition count.")
+    ] = None,
+    replication_factor: Annotated[
+        int | None, typer.Option("--replication-factor", "-r", help="Accepted and reported.")
+    ] = None,
+    config: Annotated[
+        list[str] | None, typer.Option("--config", "-c", help="name=value, repeatable.")
+    ] = None,
+    validate_only: Annotated[
+        bool, typer.Option("--validate-only", help="Check only; create nothing.")
+    ] = False,
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Create a topic."""
+    rest = Rest(url)
+    body: dict[str, Any] = {"topic_name": topic, "validate_only": validate_only}
+    if partitions is not None:
+        body["partitions_count"] = partitions
+    if replication_factor is not None:
+        body["replication_factor"] = replication_factor
+    configs = _pairs(config or [], "--config")
+    body["configs"] = [{"name": k, "value": v} for k, v in configs.items()]
+    data = rest.json("POST", rest.cluster("/topics"), json=body)
+    if validate_only:
+        typer.echo(f"Topic {topic} is valid ({data['partitions_count']} partitions); not created.")
+    else:
+        typer.echo(f"Created topic {topic}.")
+
+
+@topics_app.command("list")
+def topics_list(url: UrlOpt = DEFAULT_URL) -> None:
+    """List topic names, one a line."""
+    rest = Rest(url)
+    for t in rest.json("GET", rest.cluster("/topics"))["data"]:
+        typer.echo(t["topic_name"])
+
+
+def _describe(rest: Rest, topic: str) -> Iterator[str]:
+    t = rest.json("GET", rest.cluster(f"/topics/{topic}"))
+    configs = rest.json("GET", rest.cluster(f"/topics/{topic}/configs"))["data"]
+    overrides = ",".join(f"{c['name']}={c['value']}" for c in configs if not c["is_default"])
+    yield (
+        f"Topic: {topic}\tPartitionCount: {t['partitions_count']}\t"
+        f"ReplicationFactor: {t['replication_factor']}\tConfigs: {overrides}"
+    )
+    for p in rest.json("GET", rest.cluster(f"/topics/{topic}/partitions"))["data"]:
+        pid = p["partition_id"]
+        leader = _last_segment(p["leader"]["related"])
+        offsets = rest.json("GET", rest.cluster(f"/topics/{topic}/partitions/{pid}/offset"))
+        yield (
+            f"\tTopic: {topic}\tPartition: {pid}\tLeader: {leader}\tReplicas: {leader}\t"
+            f"Isr: {leader}\tLogStartOffset: {offsets['earliest_offset']}\t"
+            f"HighWatermark: {offsets['latest_offset']}"
+        )
+
+
+@topics_app.command("describe")
+def topics_describe(
+    topic: Annotated[str | None, typer.Argument(help="Topic name [default: every topic].")] = None,
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Partitions, leaders, offsets and config overrides of a topic (or of every topic)."""
+    rest = Rest(url)
+    names = (
+        [topic]
+        if topic is not None
+        else [t["topic_name"] for t in rest.json("GET", rest.cluster("/topics"))["data"]]
+    )
+    for name in names:
+        for line in _describe(rest, name):
+            typer.echo(line)
+
+
+@topics_app.command("delete")
+def topics_delete(
+    topic: Annotated[str, typer.Argument(help="Topic name.")], url: UrlOpt = DEFAULT_URL
+) -> None:
+    """Delete a topic and its data."""
+    rest = Rest(url)
+    rest.request("DELETE", rest.cluster(f"/topics/{topic}"))
+    typer.echo(f"Deleted topic {topic}.")
+
+
+@topics_app.command("alter-config")
+def topics_alter_config(
+    topic: Annotated[str, typer.Argument(help="Topic name.")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="name=value to set, repeatable.")
+    ] = None,
+    delete: Annotated[
+        list[str] | None, typer.Option("--delete", help="Config to reset, repeatable.")
+    ] = None,
+    validate_only: Annotated[
+        bool, typer.Option("--validate-only", help="Check only; change nothing.")
+    ] = False,
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Set and reset topic configs in one step."""
+    to_set = _pairs(set_ or [], "--set")
+    if not to_set and not delete:
+        _fail("give at least one --set name=value or --delete name", code=2)
+    data = [{"name": k, "value": v, "operation": "SET"} for k, v in to_set.items()]
+    data += [{"name": k, "operation": "DELETE"} for k in delete or []]
+    rest = Rest(url)
+    rest.request(
+        "POST",
+        rest.cluster(f"/topics/{topic}/configs:alter"),
+        json={"data": data, "validate_only": validate_only},
+    )
+    verb = "Validated" if validate_only else "Completed updating"
+    typer.echo(f"{verb} config for topic {topic}.")
+
+
+# -- console producer ---------------------------------------------------------------
+
+
+def _b64(data: str) -> str:
+    return base64.b64encode(data.encode()).decode()
+
+
+@app.command()
+def produce(
+    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to write to.")],
+    key_separator: Annotated[
+        str | None,
+        typer.Option("--key-separator", help="Split each line into key and value at this."),
+    ] = None,
+    partition: Annotated[
+        int | None, typer.Option("--partition", help="Write every line to this partition.")
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", help="Lines per request [default: 1 on a tty, else 500]."),
+    ] = None,
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Console producer: each stdin line becomes a record; prints its partition and offset."""
+    rest = Rest(url)
+    size = batch_size or (1 if sys.stdin.isatty() else 500)
+    path = f"/topics/{topic}" + (f"/partitions/{partition}" if partition is not None else "")
+    headers = {"Content-Type": "application/vnd.kafka.binary.v2+json"}
+    failed = 0
+
+    def send(lines: list[str]) -> None:
+        nonlocal failed
+        records = []
+        for line in lines:
+            key: str | None = None
+            value = line
+            if key_separator is not None and key_separator in line:
+                key, value = line.split(key_separator, 1)
+            records.append({"key": None if key is None else _b64(key), "value": _b64(value)})
+        body = rest.json("POST", path, json={"records": records}, headers=headers)
+        for entry in body["offsets"]:
+            if entry.get("error_code") is not None:
+                failed += 1
+                typer.echo(f"error {entry['error_code']}: {entry.get('error')}", err=True)
+            else:
+                typer.echo(f"partition {entry['partition']} offset {entry['offset']}")
+
+    batch: list[str] = []
+    for raw in sys.stdin:
+        batch.append(raw.rstrip("\r\n"))
+        if len(batch) >= size:
+            send(batch)
+            batch = []
+    if batch:
+        send(batch)
+    if failed:
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()

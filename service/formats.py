@@ -1,0 +1,200 @@
+"""Embedded formats of produce requests: content types and key/value decoding.
+
+v2 picks the format from the Content-Type
+(``application/vnd.kafka[.binary|.json|.avro|.jsonschema|.protobuf][.v1|.v2]+json``);
+following REST-API.md section 1.1 we are lenient like Karapace: ``application/json``,
+``application/octet-stream``, ``application/vnd.kafka.v2+json`` and a missing
+Content-Type all mean *binary*. v3 names the format per key/value (``BINARY``,
+``JSON``, ``STRING``). Schema formats need a schema registry, which lakelog does not
+have: they are refused with ``UnsupportedFormatError``.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from typing import Final
+
+import orjson
+from starlette.requests import Request
+
+from coordinator.topic_configs import config_def
+from segments.errors import (
+    MalformedRequestError,
+    NotAcceptableError,
+    RecordTooLargeError,
+    RequestTooLargeError,
+    UnsupportedFormatError,
+    UnsupportedMediaTypeError,
+)
+from segments.types import Record, TopicInfo
+
+BINARY: Final = "binary"
+JSON: Final = "json"
+SCHEMA_FORMATS: Final = frozenset({"avro", "jsonschema", "protobuf"})
+
+V2_CONTENT_TYPE: Final = "application/vnd.kafka.v2+json"
+
+_V2_TYPE = re.compile(
+    r"application/vnd\.kafka(?:\.(binary|json|avro|jsonschema|protobuf))?(?:\.v[12])?\+json"
+)
+_BINARY_ALIASES = frozenset({"application/json", "application/octet-stream"})
+_V2_ACCEPT = re.compile(
+    r"application/vnd\.kafka(?:\.(?:binary|json|avro|jsonschema|protobuf))?(?:\.v[12])?\+json"
+    r"|application/json|application/\*|\*/json|\*/\*"
+)
+
+
+def _media_type(header: str) -> str:
+    """The media type of a header value, lower-cased, without parameters."""
+    return header.split(";", 1)[0].strip().lower()
+
+
+def v2_format(content_type: str | None) -> str:
+    """The embedded format (``binary`` or ``json``) a v2 produce Content-Type selects.
+
+    Raises:
+        UnsupportedFormatError: avro, jsonschema or protobuf (no schema registry).
+        UnsupportedMediaTypeError: any other type.
+    """
+    if not content_type:
+        return BINARY
+    media = _media_type(content_type)
+    if media in _BINARY_ALIASES:
+        return BINARY
+    match = _V2_TYPE.fullmatch(media)
+    if match is None:
+        raise UnsupportedMediaTypeError("HTTP 415 Unsupported Media Type")
+    fmt = match.group(1) or BINARY
+    if fmt in SCHEMA_FORMATS:
+        raise UnsupportedFormatError(
+            f"Embedded format {fmt} needs a schema registry, which this service does not have; "
+            "use the binary or json format."
+        )
+    return fmt
+
+
+def check_v2_accept(accept: str | None) -> None:
+    """Refuse an Accept header that allows no JSON answer (Karapace's 406 behaviour).
+
+    Raises:
+        NotAcceptableError: no listed media range admits a v2 JSON response.
+    """
+    if not accept:
+        return
+    for part in accept.split(","):
+        media = _media_type(part)
+        if not media or _V2_ACCEPT.fullmatch(media):
+            return
+    raise NotAcceptableError("HTTP 406 Not Acceptable")
+
+
+def check_v3_content_type(content_type: str | None) -> None:
+    """v3 produce takes ``application/json`` only.
+
+    Raises:
+        UnsupportedMediaTypeError: any other (or no) Content-Type.
+        MalformedRequestError: a charset other than UTF-8.
+    """
+    if not content_type or _media_type(content_type) != "application/json":
+        raise UnsupportedMediaTypeError("HTTP 415 Unsupported Media Type")
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            raise MalformedRequestError(f"Bad Request: unsupported charset {value.strip()}")
+
+
+def decode_base64(data: object, what: str) -> bytes | None:
+    """Base64 text (standard alphabet, padded) to bytes; None stays None.
+
+    Raises:
+        MalformedRequestError: not a string, or not valid base64.
+    """
+    if data is None:
+        return None
+    if not isinstance(data, str):
+        raise MalformedRequestError(f"{what} must be a base64 string or null")
+    try:
+        return binascii.a2b_base64(data, strict_mode=True)
+    except (binascii.Error, ValueError):
+        shown = data if len(data) <= 40 else data[:40] + "..."
+        raise MalformedRequestError(
+            f"Bad Request: {what}={shown} is not a base64 string."
+        ) from None
+
+
+def encode_json(data: object) -> bytes:
+    """A JSON value as compact JSON bytes (formatting is not preserved, as in kafka-rest)."""
+    return orjson.dumps(data)
+
+
+def decode_v2(data: object, fmt: str, what: str) -> bytes | None:
+    """A v2 record key or value in the request's embedded format. JSON null is a null key/value.
+
+    Raises:
+        MalformedRequestError: binary data that is not a base64 string.
+    """
+    if data is None:
+        return None
+    if fmt == BINARY:
+        return decode_base64(data, what)
+    return encode_json(data)
+
+
+# -- limits --------------------------------------------------------------------
+
+#: Kafka's default ``max.message.bytes`` (the topic config table's default).
+DEFAULT_MAX_MESSAGE_BYTES: Final = int(config_def("max.message.bytes").default)
+#: A Kafka v2 RecordBatch header (61 bytes) plus the worst-case varint framing of one
+#: record: Kafka checks max.message.bytes against the batch, so a lone record's
+#: batch size is what we compare.
+BATCH_OVERHEAD: Final = 61 + 5 * 5 + 1
+
+
+def max_message_bytes(topic: TopicInfo) -> int:
+    """The topic's ``max.message.bytes`` (its override, else Kafka's default)."""
+    value = topic.configs.get("max.message.bytes")
+    return DEFAULT_MAX_MESSAGE_BYTES if value is None else int(value)
+
+
+def check_record_size(record: Record, limit: int) -> None:
+    """Refuse a record whose one-record batch would exceed ``limit`` bytes.
+
+    Raises:
+        RecordTooLargeError: key + value + headers + framing over the limit.
+    """
+    size = BATCH_OVERHEAD + len(record.key or b"") + len(record.value or b"")
+    for name, value in record.headers:
+        size += len(name) + len(value or b"") + 10
+    if size > limit:
+        raise RecordTooLargeError(
+            f"The record is {size} bytes when serialized, which is larger than the topic's "
+            f"max.message.bytes ({limit})."
+        )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole request body, refusing more than ``limit`` bytes as early as possible.
+
+    Content-Length is checked before reading; a chunked (or lying) body is counted
+    while it arrives, so an oversized upload is cut off instead of buffered.
+
+    Raises:
+        RequestTooLargeError: the body is (or announces to be) over ``limit``.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLargeError(
+            f"Request body of {declared} bytes exceeds the limit of {limit} bytes."
+        )
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
+        parts.append(chunk)
+    return b"".join(parts)

@@ -1,0 +1,82 @@
+"""A short-lived cache of topic metadata for the produce path.
+
+Produce looks up the same topics on every request; a round trip to the
+coordinator each time would cost more than the produce itself. Entries live
+for ``metadata_ttl_s`` so a topic created, grown or deleted through another
+agent is seen within that time. Misses are never cached: a topic created
+elsewhere is usable at once. Admin routes read the coordinator directly and
+call ``invalidate`` after they change a topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from coordinator.client import Coordinator
+from segments.errors import TopicExistsError, TopicNotFoundError
+from segments.types import TopicInfo
+
+
+class TopicCache:
+    """``TopicInfo`` by name, cached for ``ttl_s`` seconds; coordinator calls run in a thread."""
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        ttl_s: float,
+        *,
+        auto_create: bool = False,
+        default_partitions: int = 1,
+    ) -> None:
+        self.coordinator = coordinator
+        self.ttl_s = ttl_s
+        self.auto_create = auto_create
+        self.default_partitions = default_partitions
+        self._entries: dict[str, tuple[float, TopicInfo]] = {}
+
+    async def get(self, name: str) -> TopicInfo:
+        """The topic, from the cache if fresh enough.
+
+        Raises:
+            TopicNotFoundError: no such topic.
+        """
+        hit = self._entries.get(name)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        info = await asyncio.to_thread(self.coordinator.get_topic, name)
+        self._entries[name] = (now, info)
+        return info
+
+    async def get_or_create(self, name: str) -> TopicInfo:
+        """The topic; created with ``default_partitions`` first when auto-create is on.
+
+        Two agents (or two requests) may race to create it: the loser's
+        TopicExistsError just means the topic is there now.
+
+        Raises:
+            TopicNotFoundError: no such topic and auto-create is off.
+            InvalidTopicNameError: auto-create is on and the name is illegal.
+        """
+        try:
+            return await self.get(name)
+        except TopicNotFoundError:
+            if not self.auto_create:
+                raise
+        try:
+            info = await asyncio.to_thread(
+                self.coordinator.create_topic, name, self.default_partitions
+            )
+        except TopicExistsError:
+            info = await asyncio.to_thread(self.coordinator.get_topic, name)
+        self._entries[name] = (time.monotonic(), info)
+        return info
+
+    def put(self, info: TopicInfo) -> None:
+        """Remember a topic this agent just read or changed."""
+        self._entries[info.name] = (time.monotonic(), info)
+
+    def invalidate(self, name: str) -> None:
+        """Forget ``name`` so the next ``get`` asks the coordinator."""
+        self._entries.pop(name, None)

@@ -1,0 +1,196 @@
+"""REST v2 produce: ``POST /topics/{t}`` and ``POST /topics/{t}/partitions/{p}``.
+
+The hot path of the agent, so it stays lean (NOTES.md: pydantic request models halve
+its throughput): the body is read with a size bound, parsed with orjson and checked
+by hand, and the response is serialized by orjson.
+
+Everything about a request is checked before any record is buffered, so a refused
+request stores nothing:
+
+- Content-Type picks the embedded format (``service.formats.v2_format``): binary or
+  json; schema formats -> 422 42202; anything else -> 415.
+- Body over ``max_request_bytes`` -> 413 (Content-Length first, then while reading).
+- Malformed JSON, a body that is not an object, ``records`` not an array, a record
+  not an object, a wrong JSON type, bad base64 -> 400 (error_code 400).
+- Missing or empty ``records``, or a record with an unknown field -> 422 42206.
+- Unknown topic -> 404 40401 (unless auto-create); unknown partition in the URL, or
+  a record's explicit ``partition`` outside the topic -> 404 40402 for the whole
+  request. (kafka-rest would fail that one record inside a 200; refusing the request
+  keeps "all or nothing" for everything the client got wrong.)
+- A record over the topic's ``max.message.bytes`` -> 413 error_code 413 for the whole
+  request (Karapace answers 422 with the message in ``offsets[0].error``; a request
+  level 413 with the Confluent error body is the same "too large" status as the body
+  limit and keeps the other records out of the log too).
+
+Failures after buffering (the flush's PUT or commit failed, the buffer stayed full)
+are per record inside a 200, as kafka-rest does: ``error_code`` 50003 when retriable,
+50002 otherwise, ``partition`` and ``offset`` null.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, Request, Response
+
+from segments.errors import (
+    LakelogError,
+    MalformedRequestError,
+    PartitionNotFoundError,
+    UnprocessableRequestError,
+)
+from segments.types import Headers, Record
+from service.errors import kafka_error_code
+from service.formats import (
+    V2_CONTENT_TYPE,
+    check_record_size,
+    check_v2_accept,
+    decode_base64,
+    decode_v2,
+    max_message_bytes,
+    read_body,
+    v2_format,
+)
+from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
+from service.state import AgentState, get_state
+
+router = APIRouter(tags=["v2 produce"])
+
+_RECORD_FIELDS = frozenset({"key", "value", "partition", "headers"})
+_BODY_FIELDS = frozenset(
+    {"records", "key_schema", "key_schema_id", "value_schema", "value_schema_id"}
+)
+
+# A parsed record before partitioning: key, value, explicit partition, headers.
+_Parsed = tuple[bytes | None, bytes | None, int | None, Headers]
+
+
+@router.post("/topics/{topic}", summary="Produce records to a topic")
+async def produce_to_topic(
+    topic: str, request: Request, state: AgentState = Depends(get_state)
+) -> Response:
+    """Records go to their ``partition``, else by key hash, else spread over partitions."""
+    return await _produce(request, state, topic, None)
+
+
+@router.post("/topics/{topic}/partitions/{partition}", summary="Produce records to a partition")
+async def produce_to_partition(
+    topic: str, partition: int, request: Request, state: AgentState = Depends(get_state)
+) -> Response:
+    """Every record goes to ``partition``; a record's own ``partition`` field is ignored."""
+    return await _produce(request, state, topic, partition)
+
+
+async def _produce(
+    request: Request, state: AgentState, topic_name: str, url_partition: int | None
+) -> Response:
+    headers = request.headers
+    fmt = v2_format(headers.get("content-type"))
+    check_v2_accept(headers.get("accept"))
+    body = await read_body(request, state.settings.max_request_bytes)
+    parsed = _parse_body(body, fmt)
+
+    topic = await state.topics.get_or_create(topic_name)
+    partitions = topic.partitions
+    if url_partition is not None and not 0 <= url_partition < partitions:
+        raise PartitionNotFoundError(f"Partition {url_partition} of {topic_name} not found.")
+    limit = max_message_bytes(topic)
+    now_ms = int(time.time() * 1000)
+    sticky = -1
+    entries: list[tuple[int, Record]] = []
+    for key, value, explicit, rec_headers in parsed:
+        record = Record(key, value, now_ms, rec_headers)
+        check_record_size(record, limit)
+        if url_partition is not None:
+            partition = url_partition
+        elif explicit is not None:
+            if explicit >= partitions:
+                raise PartitionNotFoundError(f"Partition {explicit} of {topic_name} not found.")
+            partition = explicit
+        elif key is not None:
+            partition = partition_for_key(key, partitions)
+        else:
+            if sticky < 0:
+                sticky = DEFAULT_PARTITIONER.sticky_partition(topic_name, partitions)
+            partition = sticky
+        entries.append((partition, record))
+
+    state.metrics.produce_requests.labels(api="v2").inc()
+    offsets: list[dict[str, Any]]
+    try:
+        assigned = await state.batcher.append(topic.topic_id, entries)
+    except LakelogError as exc:
+        code = kafka_error_code(exc)
+        failed = {"partition": None, "offset": None, "error_code": code, "error": exc.message}
+        offsets = [failed] * len(entries)
+    else:
+        offsets = [
+            {"partition": p, "offset": off, "error_code": None, "error": None}
+            for (p, _), off in zip(entries, assigned, strict=True)
+        ]
+    payload = {"offsets": offsets, "key_schema_id": None, "value_schema_id": None}
+    return Response(orjson.dumps(payload), media_type=V2_CONTENT_TYPE)
+
+
+def _parse_body(body: bytes, fmt: str) -> list[_Parsed]:
+    """Check and decode a v2 produce body; nothing is buffered before this returns.
+
+    Raises:
+        MalformedRequestError: malformed JSON, wrong JSON types, bad base64 (400).
+        UnprocessableRequestError: missing/empty ``records``, unknown fields (422).
+    """
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise MalformedRequestError("Bad Request: malformed JSON.") from None
+    if not isinstance(doc, dict):
+        raise MalformedRequestError("Bad Request: the body must be a JSON object.")
+    unknown = doc.keys() - _BODY_FIELDS
+    if unknown:
+        raise UnprocessableRequestError(f"Unrecognized field: {sorted(unknown)[0]}")
+    records = doc.get("records")
+    if records is None:
+        raise UnprocessableRequestError("Payload error. The request has no records.")
+    if not isinstance(records, list):
+        raise MalformedRequestError("Bad Request: records must be an array.")
+    if not records:
+        raise UnprocessableRequestError("Payload error. The request has no records.")
+    out: list[_Parsed] = []
+    append = out.append
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise MalformedRequestError(f"Bad Request: records[{i}] must be an object.")
+        if not rec.keys() <= _RECORD_FIELDS:
+            bad = sorted(rec.keys() - _RECORD_FIELDS)[0]
+            raise UnprocessableRequestError(f"Unrecognized field: {bad} in records[{i}]")
+        partition = rec.get("partition")
+        if partition is not None and (type(partition) is not int or partition < 0):
+            if type(partition) is int:
+                raise PartitionNotFoundError(f"Partition {partition} not found.")
+            raise MalformedRequestError(f"Bad Request: records[{i}].partition must be an integer.")
+        raw_headers = rec.get("headers")
+        append(
+            (
+                decode_v2(rec.get("key"), fmt, "key"),
+                decode_v2(rec.get("value"), fmt, "value"),
+                partition,
+                _parse_headers(raw_headers, i) if raw_headers else (),
+            )
+        )
+    return out
+
+
+def _parse_headers(raw: object, i: int) -> Headers:
+    """Karapace's v2 header extension: ``[{"key": str, "value": base64 | null}]``."""
+    if not isinstance(raw, list):
+        raise MalformedRequestError(f"Bad Request: records[{i}].headers must be an array.")
+    out: list[tuple[str, bytes | None]] = []
+    for h in raw:
+        if not isinstance(h, dict) or not isinstance(h.get("key"), str):
+            raise MalformedRequestError(
+                f'Bad Request: records[{i}].headers entries must be {{"key": str, "value": ...}}.'
+            )
+        out.append((h["key"], decode_base64(h.get("value"), "header value")))
+    return tuple(out)

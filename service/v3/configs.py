@@ -1,0 +1,177 @@
+"""v3 topic configs: list (one topic or all), get, update (PUT), reset (DELETE), batch alter.
+
+Values are the effective ones (Kafka's default unless overridden); ``source``
+says which: ``DYNAMIC_TOPIC_CONFIG`` for an override, ``DEFAULT_CONFIG`` otherwise.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel
+
+from coordinator.topic_configs import CONFIG_DEFS, SOURCE_DEFAULT, ConfigEntry, describe_configs
+from segments.errors import ConfigNotFoundError, InvalidConfigError, MalformedRequestError
+from segments.types import TopicInfo
+from service.state import AgentState, get_state
+from service.v3.common import JSON, Links, call, cluster_links
+
+router = APIRouter(tags=["v3 topic configs"])
+
+
+class UpdateConfigRequest(BaseModel):
+    value: str | None = None
+
+
+class AlterConfigEntry(BaseModel):
+    name: str
+    value: str | None = None
+    operation: str | None = None
+
+
+class AlterConfigBatchRequest(BaseModel):
+    data: list[AlterConfigEntry]
+    validate_only: bool = False
+
+
+def config_data(links: Links, topic: str, entry: ConfigEntry) -> JSON:
+    """A KafkaTopicConfig resource, with Kafka's synonyms (override first, then default)."""
+    synonyms = [{"name": entry.name, "value": entry.value, "source": entry.source}]
+    if entry.source != SOURCE_DEFAULT:
+        default = CONFIG_DEFS[entry.name].default
+        synonyms.append({"name": entry.name, "value": default, "source": SOURCE_DEFAULT})
+    return Links.resource(
+        "KafkaTopicConfig",
+        links.topic(topic, f"/configs/{entry.name}"),
+        links.crn(("topic", topic), ("config", entry.name)),
+        cluster_id=links.cluster_id,
+        topic_name=topic,
+        name=entry.name,
+        value=entry.value,
+        is_default=entry.is_default,
+        is_read_only=entry.is_read_only,
+        is_sensitive=entry.is_sensitive,
+        source=entry.source,
+        synonyms=synonyms,
+    )
+
+
+def topic_configs(links: Links, info: TopicInfo) -> list[JSON]:
+    return [config_data(links, info.name, e) for e in describe_configs(info.configs)]
+
+
+def _not_found(links: Links, topic: str, name: str) -> ConfigNotFoundError:
+    return ConfigNotFoundError(
+        f"Config {name} cannot be found for topic {topic} in cluster {links.cluster_id}."
+    )
+
+
+# "-" must come before "{topic_name}": "-" is also a legal topic name.
+@router.get("/v3/clusters/{cluster_id}/topics/-/configs")
+async def list_all_topic_configs(
+    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
+) -> JSON:
+    """KafkaTopicConfigList of every topic, by topic then config name."""
+    topics = sorted(await call(state.coordinator.list_topics), key=lambda t: t.name)
+    data = [c for t in topics for c in topic_configs(links, t)]
+    return Links.collection("KafkaTopicConfigList", links.cluster("/topics/-/configs"), data)
+
+
+@router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/configs")
+async def list_topic_configs(
+    topic_name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
+) -> JSON:
+    """KafkaTopicConfigList: every config of the topic, defaults included."""
+    info = await call(state.coordinator.get_topic, topic_name)
+    return Links.collection(
+        "KafkaTopicConfigList", links.topic(topic_name, "/configs"), topic_configs(links, info)
+    )
+
+
+@router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}")
+async def get_topic_config(
+    topic_name: str,
+    name: str,
+    links: Links = Depends(cluster_links),
+    state: AgentState = Depends(get_state),
+) -> JSON:
+    """KafkaTopicConfig. Unknown config name: 404."""
+    info = await call(state.coordinator.get_topic, topic_name)
+    if name not in CONFIG_DEFS:
+        raise _not_found(links, topic_name, name)
+    (entry,) = describe_configs(info.configs, [name])
+    return config_data(links, topic_name, entry)
+
+
+@router.put("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}", status_code=204)
+async def update_topic_config(
+    topic_name: str,
+    name: str,
+    body: UpdateConfigRequest,
+    links: Links = Depends(cluster_links),
+    state: AgentState = Depends(get_state),
+) -> Response:
+    """Set an override: 204. A null value resets it. Bad value: 400 40002."""
+    if name not in CONFIG_DEFS:
+        await call(state.coordinator.get_topic, topic_name)  # unknown topic wins: 404 40403
+        raise _not_found(links, topic_name, name)
+    if body.value is None:
+        await call(state.coordinator.alter_configs, topic_name, None, [name])
+    else:
+        await call(state.coordinator.alter_configs, topic_name, {name: body.value})
+    state.topics.invalidate(topic_name)
+    return Response(status_code=204)
+
+
+@router.delete("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}", status_code=204)
+async def reset_topic_config(
+    topic_name: str,
+    name: str,
+    links: Links = Depends(cluster_links),
+    state: AgentState = Depends(get_state),
+) -> Response:
+    """Drop an override so the default applies again: 204."""
+    if name not in CONFIG_DEFS:
+        await call(state.coordinator.get_topic, topic_name)
+        raise _not_found(links, topic_name, name)
+    await call(state.coordinator.alter_configs, topic_name, None, [name])
+    state.topics.invalidate(topic_name)
+    return Response(status_code=204)
+
+
+@router.post("/v3/clusters/{cluster_id}/topics/{topic_name}/configs:alter", status_code=204)
+async def alter_topic_configs(
+    topic_name: str,
+    body: AlterConfigBatchRequest,
+    links: Links = Depends(cluster_links),
+    state: AgentState = Depends(get_state),
+) -> Response:
+    """Set and reset several configs in one step: 204 (also with ``validate_only``).
+
+    ``operation`` is SET (the default) or DELETE. Any bad entry fails the whole batch.
+    """
+    set_configs: dict[str, str] = {}
+    delete_configs: list[str] = []
+    for entry in body.data:
+        op = (entry.operation or "SET").upper()
+        if op == "DELETE":
+            delete_configs.append(entry.name)
+        elif op == "SET":
+            if entry.value is None:
+                raise InvalidConfigError(
+                    f"Invalid value null for configuration {entry.name}: SET needs a value"
+                )
+            set_configs[entry.name] = entry.value
+        else:
+            raise MalformedRequestError(
+                f"Bad Request: operation must be SET or DELETE, got {entry.operation!r}."
+            )
+    await call(
+        state.coordinator.alter_configs,
+        topic_name,
+        set_configs,
+        delete_configs,
+        validate_only=body.validate_only,
+    )
+    if not body.validate_only:
+        state.topics.invalidate(topic_name)
+    return Response(status_code=204)

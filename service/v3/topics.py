@@ -1,0 +1,140 @@
+"""v3 topics: list, get, create (with ``validate_only``), grow (PATCH) and delete."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from segments.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    TopicExistsError,
+)
+from segments.types import TopicInfo
+from service.state import AgentState, get_state
+from service.v3.common import JSON, Links, call, cluster_links, related
+
+router = APIRouter(tags=["v3 topics"])
+
+#: What every topic reports: one copy in the object store (the store replicates).
+DEFAULT_REPLICATION_FACTOR = 1
+
+
+class ConfigEntryIn(BaseModel):
+    name: str
+    value: str | None = None
+
+
+class CreateTopicRequest(BaseModel):
+    """CreateTopicRequestData of the v3 spec."""
+
+    topic_name: str
+    partitions_count: int | None = None
+    replication_factor: int | None = None
+    replicas_assignments: dict[str, list[int]] | None = None
+    configs: list[ConfigEntryIn] = Field(default_factory=list)
+    validate_only: bool = False
+
+
+class UpdatePartitionCountRequest(BaseModel):
+    partitions_count: int
+
+
+def topic_data(links: Links, info: TopicInfo, replication_factor: int | None = None) -> JSON:
+    """A KafkaTopic resource."""
+    t = info.name
+    return Links.resource(
+        "KafkaTopic",
+        links.topic(t),
+        links.crn(("topic", t)),
+        cluster_id=links.cluster_id,
+        topic_name=t,
+        is_internal=False,
+        replication_factor=replication_factor or DEFAULT_REPLICATION_FACTOR,
+        partitions_count=info.partitions,
+        partitions=related(links.topic(t, "/partitions")),
+        configs=related(links.topic(t, "/configs")),
+        partition_reassignments=related(links.topic(t, "/partitions/-/reassignment")),
+    )
+
+
+@router.get("/v3/clusters/{cluster_id}/topics")
+async def list_topics(
+    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
+) -> JSON:
+    """KafkaTopicList, by name."""
+    topics = sorted(await call(state.coordinator.list_topics), key=lambda t: t.name)
+    data = [topic_data(links, t) for t in topics]
+    return Links.collection("KafkaTopicList", links.cluster("/topics"), data)
+
+
+@router.post("/v3/clusters/{cluster_id}/topics", status_code=201)
+async def create_topic(
+    body: CreateTopicRequest,
+    links: Links = Depends(cluster_links),
+    state: AgentState = Depends(get_state),
+) -> JSONResponse:
+    """Create a topic: 201 with ``Location``, or 200 and nothing created with ``validate_only``.
+
+    ``replication_factor`` is accepted and reported back (the object store keeps
+    the copies); ``replicas_assignments`` sets the partition count.
+    """
+    partitions = body.partitions_count
+    if body.replicas_assignments:
+        partitions = len(body.replicas_assignments)
+    if partitions is None or partitions == -1:
+        partitions = state.settings.default_partitions
+    rf = body.replication_factor
+    if rf is not None and rf != -1 and rf < 1:
+        raise InvalidConfigError("Replication factor must be larger than 0.")
+    configs = {c.name: c.value for c in body.configs if c.value is not None}
+    try:
+        info = await call(
+            state.coordinator.create_topic,
+            body.topic_name,
+            partitions,
+            configs,
+            validate_only=body.validate_only,
+        )
+    except TopicExistsError as e:
+        raise TopicExistsError(f"Topic '{body.topic_name}' already exists.") from e
+    data = topic_data(links, info, rf if rf is not None and rf > 0 else None)
+    if body.validate_only:
+        return JSONResponse(data, status_code=200)
+    state.topics.invalidate(info.name)
+    return JSONResponse(data, status_code=201, headers={"Location": links.topic(info.name)})
+
+
+@router.get("/v3/clusters/{cluster_id}/topics/{topic_name}")
+async def get_topic(
+    topic_name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
+) -> JSON:
+    """KafkaTopic. Unknown topic: 404 40403."""
+    return topic_data(links, await call(state.coordinator.get_topic, topic_name))
+
+
+@router.patch("/v3/clusters/{cluster_id}/topics/{topic_name}")
+async def update_partition_count(
+    topic_name: str,
+    body: UpdatePartitionCountRequest,
+    links: Links = Depends(cluster_links),
+    state: AgentState = Depends(get_state),
+) -> JSON:
+    """Grow a topic to ``partitions_count`` partitions; the same or fewer is 400 40002."""
+    current = await call(state.coordinator.get_topic, topic_name)
+    if body.partitions_count <= current.partitions:
+        raise InvalidPartitionsError(f"Topic already has {current.partitions} partitions.")
+    info = await call(state.coordinator.add_partitions, topic_name, body.partitions_count)
+    state.topics.invalidate(topic_name)
+    return topic_data(links, info)
+
+
+@router.delete("/v3/clusters/{cluster_id}/topics/{topic_name}", status_code=204)
+async def delete_topic(
+    topic_name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
+) -> Response:
+    """Delete a topic: 204. Unknown topic: 404 40403."""
+    await call(state.coordinator.delete_topic, topic_name)
+    state.topics.invalidate(topic_name)
+    return Response(status_code=204)

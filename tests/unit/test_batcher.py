@@ -1,0 +1,337 @@
+"""The write batcher over a real LogWriter (memory store + SQLite LocalCoordinator)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.local import LocalCoordinator
+from index.log import LogReader, LogWriter
+from segments.errors import (
+    BufferFullError,
+    LakelogError,
+    RecordTooLargeError,
+    StorageUnavailableError,
+)
+from segments.memory import MemoryStore
+from segments.types import Record, TopicInfo
+from service.batcher import Batcher, BatcherConfig
+from service.metrics import Metrics
+
+
+class FlakyStore(MemoryStore):
+    """A memory store whose PUTs can be made to fail or to block."""
+
+    def __init__(self) -> None:
+        super().__init__("flaky")
+        self.failure: BaseException | None = None  # raised by every PUT while set
+        self.gate = threading.Event()
+        self.gate.set()
+        self.puts = 0
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
+        self.gate.wait(10)
+        self.puts += 1
+        if self.failure is not None:
+            raise self.failure
+        super().put(key, data, if_none_match=if_none_match)
+
+
+@pytest.fixture
+def coordinator(tmp_path: Path) -> Iterator[LocalCoordinator]:
+    c = LocalCoordinator(f"sqlite:///{tmp_path}/meta.db")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def store() -> FlakyStore:
+    return FlakyStore()
+
+
+def rec(value: bytes, ts: int = 1_700_000_000_000) -> Record:
+    return Record(b"k", value, ts)
+
+
+def run(
+    store: FlakyStore,
+    coordinator: LocalCoordinator,
+    config: BatcherConfig,
+    body: Callable[[Batcher], Awaitable[Any]],
+) -> tuple[Any, Metrics]:
+    """Run ``body`` against a started Batcher, closing it afterwards."""
+    metrics = Metrics()
+
+    async def main() -> Any:
+        batcher = Batcher(LogWriter(store, coordinator), config, metrics)
+        await batcher.start()
+        try:
+            return await body(batcher)
+        finally:
+            await batcher.close()
+
+    return asyncio.run(main()), metrics
+
+
+def metric(metrics: Metrics, name: str, labels: dict[str, str] | None = None) -> float:
+    value = metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def test_concurrent_appends_get_contiguous_offsets_in_one_object_per_flush(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """Race: 40 requests over 2 topics x 8 partitions append concurrently into one buffer.
+
+    Expected: every request gets offsets that read back its own records, offsets of
+    each partition are 0..n-1 with no gap or duplicate, and the flush count equals the
+    object count (one segment object per flush, however many partitions).
+    """
+    t1 = coordinator.create_topic("t1", 8)
+    t2 = coordinator.create_topic("t2", 8)
+
+    async def body(b: Batcher) -> list[tuple[TopicInfo, list[tuple[int, Record]], list[int]]]:
+        async def one(i: int) -> tuple[TopicInfo, list[tuple[int, Record]], list[int]]:
+            topic = (t1, t2)[i % 2]
+            records = [(j % 8, rec(f"{i}-{j}".encode())) for j in range(i % 5 + 1)]
+            return topic, records, await b.append(topic.topic_id, records)
+
+        return list(await asyncio.gather(*(one(i) for i in range(40))))
+
+    results, metrics = run(store, coordinator, BatcherConfig(linger_ms=20), body)
+    reader = LogReader(store, coordinator)
+    seen: dict[tuple[str, int], list[int]] = {}
+    for topic, records, offsets in results:
+        assert len(offsets) == len(records)
+        for (partition, record), offset in zip(records, offsets, strict=True):
+            got = reader.read(topic.name, partition, offset, max_bytes=1)[0]
+            assert (got.offset, got.value) == (offset, record.value)
+            seen.setdefault((topic.name, partition), []).append(offset)
+    for offsets in seen.values():
+        assert sorted(offsets) == list(range(len(offsets)))
+    flushes = metric(metrics, "lakelog_flushes_total", {"result": "ok"})
+    assert flushes >= 1
+    assert len(list(store.list("segments/"))) == flushes == store.puts
+    assert metric(metrics, "lakelog_produced_records_total") == sum(i % 5 + 1 for i in range(40))
+
+
+def test_one_request_over_many_partitions_is_one_object(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    topic = coordinator.create_topic("wide", 500)
+
+    async def body(b: Batcher) -> list[int]:
+        return await b.append(topic.topic_id, [(p, rec(b"x")) for p in range(500)])
+
+    offsets, _ = run(store, coordinator, BatcherConfig(linger_ms=5), body)
+    assert offsets == [0] * 500
+    assert len(list(store.list("segments/"))) == 1
+
+
+def test_linger_delays_the_flush_and_flush_bytes_cuts_it_short(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    topic = coordinator.create_topic("t", 1)
+
+    async def body(b: Batcher) -> tuple[float, float]:
+        started = time.monotonic()
+        await b.append(topic.topic_id, [(0, rec(b"small"))])
+        lingered = time.monotonic() - started
+        started = time.monotonic()
+        await b.append(topic.topic_id, [(0, rec(b"x" * 4096))])  # over flush_bytes
+        return lingered, time.monotonic() - started
+
+    (lingered, cut), _ = run(
+        store, coordinator, BatcherConfig(linger_ms=300, flush_bytes=1024), body
+    )
+    assert 0.29 <= lingered < 2.0
+    assert cut < 0.25
+
+
+@pytest.mark.parametrize(
+    ("failure", "retriable_class"),
+    [
+        (RuntimeError("disk on fire"), StorageUnavailableError),  # unexpected: wrapped
+        (StorageUnavailableError("503 Slow Down"), StorageUnavailableError),  # propagated
+    ],
+)
+def test_failed_put_fails_exactly_that_flush(
+    store: FlakyStore,
+    coordinator: LocalCoordinator,
+    failure: BaseException,
+    retriable_class: type[LakelogError],
+) -> None:
+    """A PUT failure answers every request of that flush with a retriable error.
+
+    Expected: requests of the failed flush get the error (none gets offsets), the next
+    flush succeeds and starts at offset 0 (nothing of the failed flush was committed).
+    """
+    topic = coordinator.create_topic("t", 2)
+
+    async def body(b: Batcher) -> tuple[list[Any], list[int]]:
+        # A StorageUnavailableError is retried by LogWriter: it fails every attempt.
+        store.failure = failure
+        first = await asyncio.gather(
+            b.append(topic.topic_id, [(0, rec(b"a")), (1, rec(b"b"))]),
+            b.append(topic.topic_id, [(0, rec(b"c"))]),
+            return_exceptions=True,
+        )
+        store.failure = None
+        second = await b.append(topic.topic_id, [(0, rec(b"d")), (1, rec(b"e"))])
+        return list(first), second
+
+    (first, second), metrics = run(store, coordinator, BatcherConfig(linger_ms=20), body)
+    for outcome in first:
+        assert isinstance(outcome, retriable_class)
+        assert outcome.retriable
+    assert second == [0, 0]
+    reader = LogReader(store, coordinator)
+    assert [r.value for r in reader.read("t", 0, 0)] == [b"d"]
+    assert [r.value for r in reader.read("t", 1, 0)] == [b"e"]
+    assert metric(metrics, "lakelog_flushes_total", {"result": "error"}) == 1
+    assert metric(metrics, "lakelog_produce_failed_records_total") == 3
+
+
+def test_failed_commit_fails_the_flush_with_the_coordinators_error(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """The topic is deleted between append and commit: the commit's own error reaches
+    the request (non-retriable TopicNotFoundError), and nothing is acked."""
+    topic = coordinator.create_topic("doomed", 1)
+
+    async def body(b: Batcher) -> BaseException | list[int]:
+        store.gate.clear()  # hold the PUT until the topic is gone
+        task = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"x"))]))
+        await asyncio.sleep(0.1)
+        coordinator.delete_topic("doomed")
+        store.gate.set()
+        try:
+            return await task
+        except LakelogError as exc:
+            return exc
+
+    outcome, _ = run(store, coordinator, BatcherConfig(linger_ms=1), body)
+    assert isinstance(outcome, LakelogError)
+    assert type(outcome).__name__ in ("TopicNotFoundError", "PartitionNotFoundError")
+
+
+def test_buffer_full_waits_the_bound_then_raises(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """Race: a flush is stuck in its PUT while more records arrive.
+
+    Expected: an append that does not fit waits buffer_wait_ms, then raises the
+    retriable BufferFullError; one that fits is buffered; once the PUT finishes, the
+    stuck and the buffered requests all get offsets (memory stays bounded meanwhile).
+    """
+    topic = coordinator.create_topic("t", 1)
+    config = BatcherConfig(linger_ms=1, flush_bytes=1000, max_buffer_bytes=3000, buffer_wait_ms=300)
+
+    async def body(b: Batcher) -> tuple[float, BaseException | None, list[list[int]]]:
+        store.gate.clear()
+        stuck = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"a" * 1500))]))
+        await asyncio.sleep(0.1)  # the flush of `stuck` is now in flight, holding ~1.5 kB
+        fits = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"b" * 1000))]))
+        await asyncio.sleep(0.05)
+        assert b.buffered_bytes <= config.max_buffer_bytes
+        started = time.monotonic()
+        error: BaseException | None = None
+        try:
+            await b.append(topic.topic_id, [(0, rec(b"c" * 1000))])
+        except BufferFullError as exc:
+            error = exc
+        waited = time.monotonic() - started
+        store.gate.set()
+        return waited, error, [await stuck, await fits]
+
+    (waited, error, offsets), metrics = run(store, coordinator, config, body)
+    assert isinstance(error, BufferFullError)
+    assert error.retriable
+    assert 0.29 <= waited < 2.0
+    assert offsets == [[0], [1]]
+    assert metric(metrics, "lakelog_buffer_full_total") == 1
+
+
+def test_waiting_append_is_admitted_when_the_flush_frees_space(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """An append that waits for space gets in once the in-flight flush completes."""
+    topic = coordinator.create_topic("t", 1)
+    config = BatcherConfig(
+        linger_ms=1, flush_bytes=1000, max_buffer_bytes=2000, buffer_wait_ms=5000
+    )
+
+    async def body(b: Batcher) -> list[list[int]]:
+        store.gate.clear()
+        first = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"a" * 1500))]))
+        await asyncio.sleep(0.1)
+        second = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"b" * 1500))]))
+        await asyncio.sleep(0.1)
+        assert not second.done()
+        store.gate.set()
+        return [await first, await second]
+
+    offsets, _ = run(store, coordinator, config, body)
+    assert offsets == [[0], [1]]
+
+
+def test_records_larger_than_the_whole_buffer_are_refused_at_once(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    topic = coordinator.create_topic("t", 1)
+
+    async def body(b: Batcher) -> BaseException | None:
+        try:
+            await b.append(topic.topic_id, [(0, rec(b"x" * 5000))])
+        except RecordTooLargeError as exc:
+            return exc
+        return None
+
+    error, _ = run(store, coordinator, BatcherConfig(flush_bytes=1000, max_buffer_bytes=2000), body)
+    assert isinstance(error, RecordTooLargeError)
+    assert store.puts == 0
+
+
+def test_close_flushes_what_is_buffered(store: FlakyStore, coordinator: LocalCoordinator) -> None:
+    """close() during a long linger still writes and acks the buffered records."""
+    topic = coordinator.create_topic("t", 1)
+    metrics = Metrics()
+
+    async def main() -> list[int]:
+        b = Batcher(LogWriter(store, coordinator), BatcherConfig(linger_ms=60_000), metrics)
+        await b.start()
+        task = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"x")), (0, rec(b"y"))]))
+        await asyncio.sleep(0.05)
+        assert not task.done()
+        started = time.monotonic()
+        await b.close()
+        assert time.monotonic() - started < 5
+        return await task
+
+    assert asyncio.run(main()) == [0, 1]
+    assert [r.value for r in LogReader(store, coordinator).read("t", 0, 0)] == [b"x", b"y"]
+
+
+def test_cancelled_request_does_not_break_its_flush(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """A request whose client went away (task cancelled) leaves the shared flush intact."""
+    topic = coordinator.create_topic("t", 1)
+
+    async def body(b: Batcher) -> list[int]:
+        gone = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"gone"))]))
+        kept = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"kept"))]))
+        await asyncio.sleep(0)
+        gone.cancel()
+        return await kept
+
+    offsets, _ = run(store, coordinator, BatcherConfig(linger_ms=50), body)
+    assert offsets == [1]
