@@ -175,6 +175,66 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        2,
+        "consumer groups, consumer instances, fetch positions, committed offsets",
+        (
+            # assignment: JSON {member: [[topic, partition], ...]} over the live subscribed
+            # members; fingerprint: JSON of everything the assignment was computed from.
+            """CREATE TABLE consumer_groups (
+                group_id TEXT NOT NULL PRIMARY KEY,
+                generation {bigint} NOT NULL DEFAULT 0,
+                assignor TEXT NOT NULL,
+                assignment TEXT NOT NULL DEFAULT '{{}}',
+                fingerprint TEXT NOT NULL DEFAULT '',
+                updated_at {double} NOT NULL
+            )""",
+            # topics: JSON list as subscribed; manual_assignment: JSON [[topic, partition]].
+            # in_group = 0 once the session timed out (back to 1 at the next poll).
+            """CREATE TABLE consumers (
+                group_id TEXT NOT NULL REFERENCES consumer_groups (group_id),
+                name TEXT NOT NULL,
+                format TEXT NOT NULL,
+                auto_offset_reset TEXT NOT NULL,
+                auto_commit INTEGER NOT NULL,
+                fetch_min_bytes {bigint} NOT NULL,
+                request_timeout_ms {bigint} NOT NULL,
+                session_timeout_ms {bigint} NOT NULL,
+                instance_timeout_ms {bigint} NOT NULL,
+                assignor TEXT NOT NULL,
+                topics TEXT NOT NULL DEFAULT '[]',
+                pattern TEXT,
+                manual INTEGER NOT NULL DEFAULT 0,
+                manual_assignment TEXT NOT NULL DEFAULT '[]',
+                in_group INTEGER NOT NULL DEFAULT 1,
+                created_at {double} NOT NULL,
+                last_seen {double} NOT NULL,
+                last_poll {double} NOT NULL,
+                PRIMARY KEY (group_id, name)
+            ){clustered}""",
+            # Topics by name, not id: a deleted topic's rows are dropped lazily by the group
+            # calls, and positions and commits outlive nothing but their topic.
+            """CREATE TABLE consumer_positions (
+                group_id TEXT NOT NULL,
+                name TEXT NOT NULL,
+                topic TEXT NOT NULL,
+                partition INTEGER NOT NULL,
+                next_offset {bigint} NOT NULL CHECK (next_offset >= 0),
+                PRIMARY KEY (group_id, name, topic, partition),
+                FOREIGN KEY (group_id, name)
+                    REFERENCES consumers (group_id, name) ON DELETE CASCADE
+            ){clustered}""",
+            """CREATE TABLE committed_offsets (
+                group_id TEXT NOT NULL,
+                topic TEXT NOT NULL,
+                partition INTEGER NOT NULL,
+                committed_offset {bigint} NOT NULL CHECK (committed_offset >= 0),
+                metadata TEXT NOT NULL DEFAULT '',
+                committed_at {double} NOT NULL,
+                PRIMARY KEY (group_id, topic, partition)
+            ){clustered}""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

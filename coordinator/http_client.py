@@ -5,6 +5,8 @@ The wire format lives here too (``*_to_json`` / ``*_from_json``), so the server
 
 - bytes (topic ids) travel as lowercase hex strings;
 - value types travel as JSON objects whose keys are the dataclass field names;
+- topic partitions travel as ``{"topic", "partition"}`` objects, positions and
+  committed offsets as such objects with ``"offset"`` (and ``"metadata"``);
 - errors travel as ``{"error": <class name>, "message": ..., "retriable": bool}``
   and the client raises the same ``segments.errors`` class again.
 
@@ -29,9 +31,16 @@ import httpx
 import orjson
 
 from coordinator.client import ChunkCommit
+from coordinator.groups import (
+    CommittedOffset,
+    ConsumerConfig,
+    ConsumerState,
+    GroupCoordinator,
+    GroupInfo,
+)
 from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectInfo
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +136,123 @@ def object_info_to_json(o: ObjectInfo) -> JSON:
 
 def object_info_from_json(d: JSON) -> ObjectInfo:
     return ObjectInfo(**d)
+
+
+def tp_to_json(tp: TopicPartition) -> JSON:
+    return {"topic": tp.topic, "partition": tp.partition}
+
+
+def tp_from_json(d: JSON) -> TopicPartition:
+    """Raises KeyError, TypeError on a malformed entry."""
+    topic = d["topic"]
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a string, got {topic!r}")
+    return TopicPartition(topic, _int(d["partition"]))
+
+
+def positions_to_json(positions: Mapping[TopicPartition, int]) -> list[JSON]:
+    return [
+        {"topic": tp.topic, "partition": tp.partition, "offset": o} for tp, o in positions.items()
+    ]
+
+
+def positions_from_json(items: list[JSON]) -> dict[TopicPartition, int]:
+    """Raises KeyError, TypeError on a malformed entry. An offset's type is the store's to
+    judge, so a non-integer offset passes through (and is refused there)."""
+    return {tp_from_json(d): d["offset"] for d in items}
+
+
+def committed_to_json(offsets: Mapping[TopicPartition, CommittedOffset]) -> list[JSON]:
+    return [
+        {"topic": tp.topic, "partition": tp.partition, "offset": c.offset, "metadata": c.metadata}
+        for tp, c in offsets.items()
+    ]
+
+
+def committed_from_json(items: list[JSON]) -> dict[TopicPartition, CommittedOffset]:
+    """Raises KeyError, TypeError on a malformed entry."""
+    result = {}
+    for d in items:
+        metadata = d.get("metadata") or ""
+        if not isinstance(metadata, str):
+            raise TypeError(f"metadata must be a string, got {metadata!r}")
+        result[tp_from_json(d)] = CommittedOffset(d["offset"], metadata)
+    return result
+
+
+_CONFIG_FIELDS = frozenset(ConsumerConfig.__dataclass_fields__)
+
+
+def consumer_config_to_json(c: ConsumerConfig) -> JSON:
+    return {name: getattr(c, name) for name in ConsumerConfig.__dataclass_fields__}
+
+
+def consumer_config_from_json(d: JSON) -> ConsumerConfig:
+    """Missing fields take their defaults; values are the store's to validate.
+
+    Raises:
+        TypeError: not an object, or an unknown field.
+    """
+    if not isinstance(d, dict):
+        raise TypeError(f"config must be an object, got {d!r}")
+    unknown = sorted(set(d) - _CONFIG_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown consumer config fields: {', '.join(unknown)}")
+    return ConsumerConfig(**d)
+
+
+def consumer_state_to_json(s: ConsumerState) -> JSON:
+    return {
+        "group": s.group,
+        "name": s.name,
+        "config": consumer_config_to_json(s.config),
+        "subscription": list(s.subscription),
+        "pattern": s.pattern,
+        "manual": s.manual,
+        "generation": s.generation,
+        "assignment": [tp_to_json(tp) for tp in s.assignment],
+        "positions": positions_to_json(s.positions),
+        "unresolved": [tp_to_json(tp) for tp in s.unresolved],
+        "last_seen": s.last_seen,
+    }
+
+
+def consumer_state_from_json(d: JSON) -> ConsumerState:
+    return ConsumerState(
+        group=d["group"],
+        name=d["name"],
+        config=consumer_config_from_json(d["config"]),
+        subscription=tuple(d["subscription"]),
+        pattern=d["pattern"],
+        manual=d["manual"],
+        generation=d["generation"],
+        assignment=tuple(tp_from_json(tp) for tp in d["assignment"]),
+        positions=positions_from_json(d["positions"]),
+        unresolved=tuple(tp_from_json(tp) for tp in d["unresolved"]),
+        last_seen=d["last_seen"],
+    )
+
+
+def group_info_to_json(g: GroupInfo) -> JSON:
+    return {
+        "group": g.group,
+        "generation": g.generation,
+        "state": g.state,
+        "assignor": g.assignor,
+        "members": [consumer_state_to_json(m) for m in g.members],
+        "committed": committed_to_json(g.committed),
+    }
+
+
+def group_info_from_json(d: JSON) -> GroupInfo:
+    return GroupInfo(
+        group=d["group"],
+        generation=d["generation"],
+        state=d["state"],
+        assignor=d["assignor"],
+        members=tuple(consumer_state_from_json(m) for m in d["members"]),
+        committed=committed_from_json(d["committed"]),
+    )
 
 
 def topic_path(name: str) -> str:
@@ -386,6 +512,81 @@ class HttpCoordinator:
         data = self._request("GET", "/v1/agents", params={"max_age_s": max_age_s}, idempotent=True)
         return [agent_from_json(a) for a in data["agents"]]
 
+    # -- GroupCoordinator Protocol --------------------------------------------
+    # Every group call is a POST naming the group and instance in the body (see
+    # coordinator.server). Only create and delete are not idempotent: repeating any
+    # other call with the same arguments ends in the same state.
+
+    def _group_call(self, path: str, body: JSON, *, idempotent: bool = True) -> Any:
+        return self._request("POST", path, body=body, idempotent=idempotent)
+
+    def create_consumer(self, group: str, name: str, config: ConsumerConfig) -> ConsumerState:
+        body = {"group": group, "name": name, "config": consumer_config_to_json(config)}
+        data = self._group_call("/v1/consumers/create", body, idempotent=False)
+        return consumer_state_from_json(data)
+
+    def delete_consumer(self, group: str, name: str) -> None:
+        self._group_call("/v1/consumers/delete", {"group": group, "name": name}, idempotent=False)
+
+    def consumer(self, group: str, name: str, *, touch: bool = True) -> ConsumerState:
+        body = {"group": group, "name": name, "touch": touch}
+        return consumer_state_from_json(self._group_call("/v1/consumers/get", body))
+
+    def subscribe(
+        self, group: str, name: str, topics: Sequence[str] = (), pattern: str | None = None
+    ) -> ConsumerState:
+        body = {"group": group, "name": name, "topics": list(topics), "pattern": pattern}
+        return consumer_state_from_json(self._group_call("/v1/consumers/subscribe", body))
+
+    def unsubscribe(self, group: str, name: str) -> None:
+        self._group_call("/v1/consumers/unsubscribe", {"group": group, "name": name})
+
+    def assign(self, group: str, name: str, partitions: Sequence[TopicPartition]) -> ConsumerState:
+        body = {"group": group, "name": name, "partitions": [tp_to_json(tp) for tp in partitions]}
+        return consumer_state_from_json(self._group_call("/v1/consumers/assign", body))
+
+    def seek(self, group: str, name: str, positions: Mapping[TopicPartition, int]) -> None:
+        body = {"group": group, "name": name, "positions": positions_to_json(positions)}
+        self._group_call("/v1/consumers/seek", body)
+
+    def advance(
+        self, group: str, name: str, generation: int, positions: Mapping[TopicPartition, int]
+    ) -> ConsumerState:
+        body = {
+            "group": group,
+            "name": name,
+            "generation": generation,
+            "positions": positions_to_json(positions),
+        }
+        return consumer_state_from_json(self._group_call("/v1/consumers/advance", body))
+
+    def commit_offsets(
+        self,
+        group: str,
+        name: str,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+        generation: int | None = None,
+    ) -> None:
+        body = {
+            "group": group,
+            "name": name,
+            "offsets": committed_to_json(offsets),
+            "generation": generation,
+        }
+        self._group_call("/v1/consumers/commit", body)
+
+    def committed_offsets(
+        self, group: str, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, CommittedOffset]:
+        body = {"group": group, "partitions": [tp_to_json(tp) for tp in partitions]}
+        return committed_from_json(self._group_call("/v1/groups/committed", body)["offsets"])
+
+    def list_groups(self) -> list[str]:
+        return [str(g) for g in self._request("GET", "/v1/groups", idempotent=True)["groups"]]
+
+    def describe_group(self, group: str) -> GroupInfo:
+        return group_info_from_json(self._group_call("/v1/groups/describe", {"group": group}))
+
     # -- beyond the Protocol --------------------------------------------------
 
     def find_orphans(self, grace_s: float, prefix: str = "segments/") -> list[ObjectInfo]:
@@ -397,3 +598,8 @@ class HttpCoordinator:
             idempotent=True,
         )
         return [object_info_from_json(o) for o in data["orphans"]]
+
+
+def _conforms_groups(c: HttpCoordinator) -> GroupCoordinator:
+    # mypy checks here that HttpCoordinator implements the group protocol exactly.
+    return c

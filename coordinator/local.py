@@ -1,15 +1,25 @@
-"""The in-process coordinator: the Coordinator protocol over a SQLite metadata store."""
+"""The in-process coordinator: the Coordinator and GroupCoordinator protocols over a SQLite
+metadata store."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Literal
 
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.db import Database, WriteMode, parse_sqlite_url
+from coordinator.groups import (
+    CommittedOffset,
+    ConsumerConfig,
+    ConsumerState,
+    GroupCoordinator,
+    GroupInfo,
+)
+from coordinator.groups_store import GroupStore
 from coordinator.metadata import MetadataStore
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 
 class LocalCoordinator:
@@ -26,6 +36,7 @@ class LocalCoordinator:
         cluster_id: str | None = None,
         write_mode: WriteMode = "lock",
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        now: Callable[[], float] = time.time,
     ) -> None:
         """Open (creating and migrating if needed) the database at ``db_url``.
 
@@ -35,6 +46,8 @@ class LocalCoordinator:
             cluster_id: the id a fresh database takes; for an existing one it must
                 match the stored id.
             write_mode, synchronous: see ``coordinator.db``.
+            now: the clock (epoch seconds) of consumer session and instance expiry;
+                tests pass a fake one.
 
         Raises:
             ValueError: a bad URL, or ``cluster_id`` differs from the stored one.
@@ -45,6 +58,7 @@ class LocalCoordinator:
         )
         try:
             self._store = MetadataStore(self._db, cluster_id=cluster_id)
+            self._groups = GroupStore(self._db, now=now)
         except BaseException:
             self._db.close()
             raise
@@ -53,6 +67,11 @@ class LocalCoordinator:
     def store(self) -> MetadataStore:
         """The metadata store, for janitors that need more than the protocol."""
         return self._store
+
+    @property
+    def groups(self) -> GroupStore:
+        """The consumer-group store (the GroupCoordinator methods below delegate to it)."""
+        return self._groups
 
     def close(self) -> None:
         """Close the database connections. Idempotent; later calls raise RuntimeError."""
@@ -135,7 +154,64 @@ class LocalCoordinator:
     def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
         return self._store.list_agents(max_age_s)
 
+    # -- consumer groups ------------------------------------------------------
+    def create_consumer(self, group: str, name: str, config: ConsumerConfig) -> ConsumerState:
+        return self._groups.create_consumer(group, name, config)
+
+    def delete_consumer(self, group: str, name: str) -> None:
+        self._groups.delete_consumer(group, name)
+
+    def consumer(self, group: str, name: str, *, touch: bool = True) -> ConsumerState:
+        return self._groups.consumer(group, name, touch=touch)
+
+    def subscribe(
+        self, group: str, name: str, topics: Sequence[str] = (), pattern: str | None = None
+    ) -> ConsumerState:
+        return self._groups.subscribe(group, name, topics, pattern)
+
+    def unsubscribe(self, group: str, name: str) -> None:
+        self._groups.unsubscribe(group, name)
+
+    def assign(self, group: str, name: str, partitions: Sequence[TopicPartition]) -> ConsumerState:
+        return self._groups.assign(group, name, partitions)
+
+    def seek(self, group: str, name: str, positions: Mapping[TopicPartition, int]) -> None:
+        self._groups.seek(group, name, positions)
+
+    def advance(
+        self, group: str, name: str, generation: int, positions: Mapping[TopicPartition, int]
+    ) -> ConsumerState:
+        return self._groups.advance(group, name, generation, positions)
+
+    def commit_offsets(
+        self,
+        group: str,
+        name: str,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+        generation: int | None = None,
+    ) -> None:
+        self._groups.commit_offsets(group, name, offsets, generation)
+
+    def committed_offsets(
+        self, group: str, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, CommittedOffset]:
+        return self._groups.committed_offsets(group, partitions)
+
+    def list_groups(self) -> list[str]:
+        return self._groups.list_groups()
+
+    def describe_group(self, group: str) -> GroupInfo:
+        return self._groups.describe_group(group)
+
 
 def _conforms(c: LocalCoordinator) -> Coordinator:
     # mypy checks here that LocalCoordinator implements the protocol exactly.
     return c
+
+
+def _conforms_groups(c: LocalCoordinator) -> GroupCoordinator:
+    return c
+
+
+def _store_conforms_groups(s: GroupStore) -> GroupCoordinator:
+    return s

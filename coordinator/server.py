@@ -22,6 +22,26 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
 
+    Consumer groups (GroupCoordinator). Each call is a POST naming the group and the
+    instance in the body, never in the path: every one may write (expiry, timers), and
+    names may hold characters a path would need escaped. tp = {"topic", "partition"}.
+
+    GET    /v1/groups                        {"groups": [group id]}
+    POST   /v1/groups/describe               group  <- {"group"}
+    POST   /v1/groups/committed              {"offsets": [committed]}
+                                             <- {"group", "partitions": [tp]}
+    POST   /v1/consumers/create              consumer (201)  <- {"group", "name", "config"}
+    POST   /v1/consumers/delete              204  <- {"group", "name"}
+    POST   /v1/consumers/get                 consumer  <- {"group", "name", "touch"}
+    POST   /v1/consumers/subscribe           consumer  <- {"group", "name", "topics", "pattern"}
+    POST   /v1/consumers/unsubscribe         204  <- {"group", "name"}
+    POST   /v1/consumers/assign              consumer  <- {"group", "name", "partitions": [tp]}
+    POST   /v1/consumers/seek                204  <- {"group", "name", "positions": [tp + offset]}
+    POST   /v1/consumers/advance             consumer
+                                             <- {"group", "name", "generation", "positions"}
+    POST   /v1/consumers/commit              204  <- {"group", "name", "generation" | null,
+                                                      "offsets": [tp + offset + metadata]}
+
 Every ``LakelogError`` is answered as ``{"error": <class name>, "message", "retriable"}``
 with the status from ``_STATUS_BY_ERROR``; a malformed request is a ``MalformedRequestError``
 with status 422. The coordinator calls block (SQLite), so they run in the threadpool.
@@ -32,11 +52,12 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 import orjson
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import Body, FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
@@ -44,12 +65,20 @@ from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, Field
 
 from coordinator.client import Coordinator
+from coordinator.groups import GroupCoordinator
 from coordinator.http_client import (
     agent_to_json,
     chunk_commit_from_json,
     chunk_ref_to_json,
+    committed_from_json,
+    committed_to_json,
+    consumer_config_from_json,
+    consumer_state_to_json,
+    group_info_to_json,
     object_info_to_json,
+    positions_from_json,
     topic_to_json,
+    tp_from_json,
 )
 from coordinator.orphans import find_orphans
 from segments.errors import LakelogError, MalformedRequestError
@@ -77,6 +106,12 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "ClusterNotFoundError": 404,
     "ConfigNotFoundError": 404,
     "ConsumerNotFoundError": 404,
+    "ConsumerExistsError": 409,
+    "GroupNotFoundError": 404,
+    "ConsumerStateError": 409,
+    "StaleGenerationError": 409,
+    "InvalidConsumerConfigError": 400,
+    "NoOffsetError": 409,
     "BufferFullError": 503,
     "RequestError": 400,
     "MalformedRequestError": 422,
@@ -107,6 +142,36 @@ def _json(data: Any, status_code: int = 200) -> Response:
 
 def _malformed(message: str) -> LakelogError:
     return MalformedRequestError(message)
+
+
+@contextmanager
+def _parsing(what: str) -> Iterator[None]:
+    """Turn the errors of picking a JSON body apart into MalformedRequestError."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _malformed(f"bad {what} body: {e!r}") from None
+
+
+def _str(body: dict[str, Any], key: str) -> str:
+    value = body[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _list(body: dict[str, Any], key: str) -> list[Any]:
+    value = body.get(key) or []
+    if not isinstance(value, list):
+        raise TypeError(f"{key} must be a list, got {value!r}")
+    return value
+
+
+def _opt_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is not None and (type(value) is not int):
+        raise TypeError(f"{key} must be an integer or null, got {value!r}")
+    return value
 
 
 # -- request bodies (the light routes; /v1/commit is parsed by hand, see below) --
@@ -174,7 +239,11 @@ class _Metrics:
         )
 
 
-def create_app(coordinator: Coordinator, store: ObjectStore | None = None) -> FastAPI:
+class FullCoordinator(Coordinator, GroupCoordinator, Protocol):
+    """What the server serves: the log and the consumer groups."""
+
+
+def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -> FastAPI:
     """The coordinator's HTTP API over ``coordinator``; ``store`` enables /v1/orphans.
 
     The caller owns both and closes them after the app stops.
@@ -319,6 +388,105 @@ def create_app(coordinator: Coordinator, store: ObjectStore | None = None) -> Fa
     @app.get("/v1/agents")
     def list_agents(max_age_s: float = Query(30.0, ge=0)) -> Response:
         return _json({"agents": [agent_to_json(a) for a in coordinator.list_agents(max_age_s)]})
+
+    # -- consumer groups ----------------------------------------------------------
+
+    @app.get("/v1/groups")
+    def list_groups() -> Response:
+        return _json({"groups": coordinator.list_groups()})
+
+    @app.post("/v1/groups/describe")
+    def describe_group(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("describe"):
+            group = _str(body, "group")
+        return _json(group_info_to_json(coordinator.describe_group(group)))
+
+    @app.post("/v1/groups/committed")
+    def committed_offsets(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("committed offsets"):
+            group = _str(body, "group")
+            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
+        offsets = coordinator.committed_offsets(group, partitions)
+        return _json({"offsets": committed_to_json(offsets)})
+
+    @app.post("/v1/consumers/create")
+    def create_consumer(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("create consumer"):
+            group, name = _str(body, "group"), _str(body, "name")
+            config = consumer_config_from_json(body.get("config") or {})
+        state = coordinator.create_consumer(group, name, config)
+        return _json(consumer_state_to_json(state), 201)
+
+    @app.post("/v1/consumers/delete")
+    def delete_consumer(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("delete consumer"):
+            group, name = _str(body, "group"), _str(body, "name")
+        coordinator.delete_consumer(group, name)
+        return Response(status_code=204)
+
+    @app.post("/v1/consumers/get")
+    def get_consumer(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("consumer"):
+            group, name = _str(body, "group"), _str(body, "name")
+            touch = body.get("touch", True)
+            if not isinstance(touch, bool):
+                raise TypeError(f"touch must be a boolean, got {touch!r}")
+        return _json(consumer_state_to_json(coordinator.consumer(group, name, touch=touch)))
+
+    @app.post("/v1/consumers/subscribe")
+    def subscribe(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("subscribe"):
+            group, name = _str(body, "group"), _str(body, "name")
+            topics = _list(body, "topics")
+            if not all(isinstance(t, str) for t in topics):
+                raise TypeError("topics must be strings")
+            pattern = body.get("pattern")
+            if pattern is not None and not isinstance(pattern, str):
+                raise TypeError(f"pattern must be a string or null, got {pattern!r}")
+        state = coordinator.subscribe(group, name, topics, pattern)
+        return _json(consumer_state_to_json(state))
+
+    @app.post("/v1/consumers/unsubscribe")
+    def unsubscribe(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("unsubscribe"):
+            group, name = _str(body, "group"), _str(body, "name")
+        coordinator.unsubscribe(group, name)
+        return Response(status_code=204)
+
+    @app.post("/v1/consumers/assign")
+    def assign(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("assign"):
+            group, name = _str(body, "group"), _str(body, "name")
+            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
+        return _json(consumer_state_to_json(coordinator.assign(group, name, partitions)))
+
+    @app.post("/v1/consumers/seek")
+    def seek(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("seek"):
+            group, name = _str(body, "group"), _str(body, "name")
+            positions = positions_from_json(_list(body, "positions"))
+        coordinator.seek(group, name, positions)
+        return Response(status_code=204)
+
+    @app.post("/v1/consumers/advance")
+    def advance(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("advance"):
+            group, name = _str(body, "group"), _str(body, "name")
+            generation = _opt_int(body, "generation")
+            if generation is None:
+                raise KeyError("generation")
+            positions = positions_from_json(_list(body, "positions"))
+        state = coordinator.advance(group, name, generation, positions)
+        return _json(consumer_state_to_json(state))
+
+    @app.post("/v1/consumers/commit")
+    def commit_offsets(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("commit offsets"):
+            group, name = _str(body, "group"), _str(body, "name")
+            generation = _opt_int(body, "generation")
+            offsets = committed_from_json(_list(body, "offsets"))
+        coordinator.commit_offsets(group, name, offsets, generation)
+        return Response(status_code=204)
 
     # -- garbage report ---------------------------------------------------------
 

@@ -1,0 +1,985 @@
+"""Consumer-group state in the metadata database: instances, generations, assignments,
+fetch positions and committed offsets. Every group SQL statement lives in this module.
+
+Each public method is ONE write transaction (``BEGIN IMMEDIATE`` on SQLite) that
+runs in three steps, so any number of coordinators and processes sharing the
+database see one consistent group:
+
+1. **Settle** the group as of ``now()``: instances idle past
+   ``instance_timeout_ms`` are deleted; the caller's timers are renewed (see
+   below); members silent past ``session_timeout_ms`` leave the assignment (they
+   still exist and rejoin at their next poll, as kafka-rest's consumer rejoins
+   when it polls again); then the group is rebalanced if anything the
+   assignment depends on changed, and positions are resolved. This step is
+   committed even when the request then fails (a savepoint separates it).
+2. **Apply** the request (inside a savepoint: a domain error undoes only this
+   step), then settle again.
+3. Build the answer from the settled state.
+
+Expiry is lazy: nothing runs in the background. A member whose session has
+lapsed keeps its partitions until some call on its group observes the lapse;
+since every call on the group observes it first, no two members ever own one
+partition in any observed state.
+
+Timers (seconds from the injected clock; the timeouts are milliseconds):
+
+=====================  =================================  ========================
+call                   renews ``last_poll`` (session)     renews ``last_seen`` (idle)
+=====================  =================================  ========================
+create, subscribe,     yes (a session-expired member      yes
+assign, advance,       rejoins)
+consumer(touch=True)
+seek, commit_offsets,  no: committing is not polling      yes
+unsubscribe            (Kafka's CommitFailedException)
+consumer(touch=False), no                                 no
+describe, list,
+committed_offsets
+=====================  =================================  ========================
+
+Rebalance: the group's *fingerprint* is the JSON of (assignor, the sorted names
+of the live non-manual members with their resolved subscriptions, the partition
+count of every subscribed topic). When it differs from the stored one the
+generation is bumped and the assignment recomputed, so a join, a leave, a
+session expiry, a new subscription, a deleted topic, added partitions or a new
+topic matching a pattern all rebalance, and nothing else does. The group's
+assignor is the one of its oldest live non-manual member (Kafka's group leader).
+Members that assigned partitions by hand (``assign``) are outside the group's
+assignment and generations, like Kafka's ``assign()`` consumers: their
+``generation`` arguments are not checked.
+
+Positions: after every settle, each member's positions cover exactly the
+partitions it owns. A newly owned partition starts at the group's committed
+offset; without one (or when it lies outside [log-start, high watermark]) the
+reset policy decides: earliest -> log-start, latest -> high watermark, none ->
+unresolved. A stored position outside [log-start, high watermark] (retention
+moved past it, or a seek past the end) follows the reset policy too, as Kafka's
+OffsetOutOfRange handling does. Partitions kept across a rebalance keep their
+positions.
+
+Deleted topics drop out lazily: of subscriptions (a topic recreated under the
+same name is picked up again), manual assignments (for good), positions and
+the group's committed offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from coordinator.db import Database
+from coordinator.groups import (
+    ASSIGNORS,
+    FORMATS,
+    RESET_POLICIES,
+    CommittedOffset,
+    ConsumerConfig,
+    ConsumerState,
+    GroupInfo,
+)
+from segments.errors import (
+    ConsumerExistsError,
+    ConsumerNotFoundError,
+    ConsumerStateError,
+    GroupNotFoundError,
+    InvalidConsumerConfigError,
+    LakelogError,
+    PartitionNotFoundError,
+    StaleGenerationError,
+    TopicNotFoundError,
+)
+from segments.types import TopicPartition
+
+T = TypeVar("T")
+Touch = Literal["none", "seen", "poll"]
+
+#: Longest group or instance name (Kafka's topic-name limit, for symmetry).
+MAX_NAME_LENGTH = 249
+
+_TOPIC_COUNT = "SELECT partition_count FROM topics WHERE name = ?"
+_ALL_TOPIC_COUNTS = "SELECT name, partition_count FROM topics ORDER BY name"
+_TOPIC_BOUNDS = (
+    "SELECT p.partition, p.log_start_offset, p.high_watermark FROM partitions p "
+    "JOIN topics t ON t.topic_id = p.topic_id WHERE t.name = ?"
+)
+
+_GROUP_ROW = (
+    "SELECT generation, assignor, assignment, fingerprint FROM consumer_groups WHERE group_id = ?"
+)
+_UPSERT_GROUP = (
+    "INSERT INTO consumer_groups (group_id, generation, assignor, assignment, fingerprint, "
+    "updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id) DO UPDATE SET "
+    "generation = excluded.generation, assignor = excluded.assignor, "
+    "assignment = excluded.assignment, fingerprint = excluded.fingerprint, "
+    "updated_at = excluded.updated_at"
+)
+_MEMBER_COLUMNS = (
+    "name, format, auto_offset_reset, auto_commit, fetch_min_bytes, request_timeout_ms, "
+    "session_timeout_ms, instance_timeout_ms, assignor, topics, pattern, manual, "
+    "manual_assignment, in_group, created_at, last_seen, last_poll"
+)
+_MEMBERS = f"SELECT {_MEMBER_COLUMNS} FROM consumers WHERE group_id = ?"
+_UPSERT_MEMBER = (
+    f"INSERT INTO consumers (group_id, {_MEMBER_COLUMNS}) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (group_id, name) DO UPDATE SET "
+    "topics = excluded.topics, pattern = excluded.pattern, manual = excluded.manual, "
+    "manual_assignment = excluded.manual_assignment, in_group = excluded.in_group, "
+    "last_seen = excluded.last_seen, last_poll = excluded.last_poll"
+)
+_DELETE_MEMBER = (
+    "DELETE FROM consumer_positions WHERE group_id = ? AND name = ?",
+    "DELETE FROM consumers WHERE group_id = ? AND name = ?",
+)
+_POSITIONS = "SELECT name, topic, partition, next_offset FROM consumer_positions WHERE group_id = ?"
+_UPSERT_POSITION = (
+    "INSERT INTO consumer_positions (group_id, name, topic, partition, next_offset) "
+    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (group_id, name, topic, partition) "
+    "DO UPDATE SET next_offset = excluded.next_offset"
+)
+_DELETE_POSITION = (
+    "DELETE FROM consumer_positions WHERE group_id = ? AND name = ? AND topic = ? AND partition = ?"
+)
+_DROP_DELETED_TOPIC_OFFSETS = (
+    "DELETE FROM committed_offsets WHERE group_id = ? AND topic NOT IN (SELECT name FROM topics)"
+)
+_COMMITTED = (
+    "SELECT topic, partition, committed_offset, metadata FROM committed_offsets WHERE group_id = ?"
+)
+_UPSERT_COMMITTED = (
+    "INSERT INTO committed_offsets (group_id, topic, partition, committed_offset, metadata, "
+    "committed_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, topic, partition) "
+    "DO UPDATE SET committed_offset = excluded.committed_offset, "
+    "metadata = excluded.metadata, committed_at = excluded.committed_at"
+)
+_GROUP_IDS = (
+    "SELECT group_id FROM consumer_groups UNION SELECT group_id FROM committed_offsets ORDER BY 1"
+)
+
+
+# -- validation ------------------------------------------------------------------
+
+
+def validate_name(kind: str, name: object) -> str:
+    """A group or instance name: a non-empty string of at most 249 characters, no '/'.
+
+    Raises:
+        InvalidConsumerConfigError.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidConsumerConfigError(f"The {kind} name must be a non-empty string.")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidConsumerConfigError(
+            f"The {kind} name is {len(name)} characters long; at most {MAX_NAME_LENGTH} allowed."
+        )
+    if "/" in name:
+        raise InvalidConsumerConfigError(f"The {kind} name {name!r} must not contain '/'.")
+    return name
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate_consumer_config(config: ConsumerConfig) -> ConsumerConfig:
+    """Check every setting of ``config``; returns it unchanged.
+
+    Raises:
+        InvalidConsumerConfigError: a format, reset policy or assignor we do not know,
+            ``fetch_min_bytes`` below -1, a timeout that is not a positive integer.
+    """
+    if config.format not in FORMATS:
+        raise InvalidConsumerConfigError(
+            f"Invalid format type {config.format!r}; expected one of {', '.join(FORMATS)}."
+        )
+    if config.auto_offset_reset not in RESET_POLICIES:
+        raise InvalidConsumerConfigError(
+            f"Invalid auto.offset.reset {config.auto_offset_reset!r}; expected one of "
+            f"{', '.join(RESET_POLICIES)}."
+        )
+    if config.assignor not in ASSIGNORS:
+        raise InvalidConsumerConfigError(
+            f"Invalid partition assignor {config.assignor!r}; expected one of "
+            f"{', '.join(ASSIGNORS)}."
+        )
+    if not isinstance(config.auto_commit, bool):
+        raise InvalidConsumerConfigError(
+            f"auto.commit.enable must be a boolean, not {config.auto_commit!r}."
+        )
+    if not _is_int(config.fetch_min_bytes) or config.fetch_min_bytes < -1:
+        raise InvalidConsumerConfigError(
+            f"fetch.min.bytes must be an integer >= -1, not {config.fetch_min_bytes!r}."
+        )
+    for name in ("request_timeout_ms", "session_timeout_ms", "instance_timeout_ms"):
+        value = getattr(config, name)
+        if not _is_int(value) or value <= 0:
+            raise InvalidConsumerConfigError(f"{name} must be a positive integer, not {value!r}.")
+    return config
+
+
+def _check_offset(what: str, tp: TopicPartition, offset: object) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ConsumerStateError(
+            f"Invalid {what} {offset!r} for partition {tp.partition} of topic '{tp.topic}'."
+        )
+    return offset
+
+
+# -- assignors -------------------------------------------------------------------
+
+
+def assign_range(
+    subscriptions: Mapping[str, Sequence[str]], partition_counts: Mapping[str, int]
+) -> dict[str, list[TopicPartition]]:
+    """Kafka's RangeAssignor: per topic, contiguous ranges over its subscribers by name.
+
+    With n partitions and k subscribers, the first ``n % k`` subscribers get
+    ``n // k + 1`` partitions and the rest ``n // k``; 2 members over 3 partitions
+    gives c0 [0, 1] and c1 [2].
+
+    Returns:
+        Every member of ``subscriptions`` (possibly with no partition), partitions
+        sorted by (topic, partition).
+    """
+    result: dict[str, list[TopicPartition]] = {m: [] for m in subscriptions}
+    topics = sorted({t for ts in subscriptions.values() for t in ts})
+    for topic in topics:
+        subscribers = sorted(m for m, ts in subscriptions.items() if topic in ts)
+        count = partition_counts[topic]
+        per, extra = divmod(count, len(subscribers))
+        for i, member in enumerate(subscribers):
+            start = i * per + min(i, extra)
+            length = per + (1 if i < extra else 0)
+            result[member].extend(TopicPartition(topic, p) for p in range(start, start + length))
+    return result
+
+
+def assign_roundrobin(
+    subscriptions: Mapping[str, Sequence[str]], partition_counts: Mapping[str, int]
+) -> dict[str, list[TopicPartition]]:
+    """Kafka's RoundRobinAssignor: all partitions sorted, dealt to the members in turn.
+
+    Members are taken in name order, circularly; a partition goes to the next
+    member (from where the last one went) that subscribes to its topic.
+    """
+    result: dict[str, list[TopicPartition]] = {m: [] for m in subscriptions}
+    members = sorted(subscriptions)
+    subscribed = {m: set(subscriptions[m]) for m in members}
+    topics = sorted({t for ts in subscriptions.values() for t in ts})
+    turn = 0
+    for topic in topics:
+        for p in range(partition_counts[topic]):
+            while topic not in subscribed[members[turn % len(members)]]:
+                turn += 1
+            result[members[turn % len(members)]].append(TopicPartition(topic, p))
+            turn += 1
+    return result
+
+
+_ASSIGNORS: dict[
+    str,
+    Callable[[Mapping[str, Sequence[str]], Mapping[str, int]], dict[str, list[TopicPartition]]],
+] = {"range": assign_range, "roundrobin": assign_roundrobin}
+
+
+# -- in-memory view of one group inside a transaction ---------------------------
+
+
+@dataclass
+class _Member:
+    name: str
+    config: ConsumerConfig
+    topics: tuple[str, ...]
+    pattern: str | None
+    manual: bool
+    manual_assignment: tuple[TopicPartition, ...]
+    in_group: bool  # False once the session lapsed
+    created_at: float
+    last_seen: float
+    last_poll: float
+
+    def row(self, group: str) -> tuple[Any, ...]:
+        c = self.config
+        return (
+            group,
+            self.name,
+            c.format,
+            c.auto_offset_reset,
+            int(c.auto_commit),
+            c.fetch_min_bytes,
+            c.request_timeout_ms,
+            c.session_timeout_ms,
+            c.instance_timeout_ms,
+            c.assignor,
+            json.dumps(list(self.topics)),
+            self.pattern,
+            int(self.manual),
+            json.dumps([list(tp) for tp in self.manual_assignment]),
+            int(self.in_group),
+            self.created_at,
+            self.last_seen,
+            self.last_poll,
+        )
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> _Member:
+        config = ConsumerConfig(
+            format=row[1],
+            auto_offset_reset=row[2],
+            auto_commit=bool(row[3]),
+            fetch_min_bytes=row[4],
+            request_timeout_ms=row[5],
+            session_timeout_ms=row[6],
+            instance_timeout_ms=row[7],
+            assignor=row[8],
+        )
+        return cls(
+            name=row[0],
+            config=config,
+            topics=tuple(json.loads(row[9])),
+            pattern=row[10],
+            manual=bool(row[11]),
+            manual_assignment=tuple(TopicPartition(t, p) for t, p in json.loads(row[12])),
+            in_group=bool(row[13]),
+            created_at=row[14],
+            last_seen=row[15],
+            last_poll=row[16],
+        )
+
+
+@dataclass
+class _Group:
+    group_id: str
+    stored: bool
+    generation: int = 0
+    assignor: str = "range"
+    assignment: dict[str, tuple[TopicPartition, ...]] = field(default_factory=dict)
+    fingerprint: str = ""
+    members: dict[str, _Member] = field(default_factory=dict)
+    positions: dict[str, dict[TopicPartition, int]] = field(default_factory=dict)
+    dirty: bool = False  # the group row changed
+    changed: set[str] = field(default_factory=set)  # members to upsert
+    removed: set[str] = field(default_factory=set)  # members to delete
+
+    def member(self, name: str) -> _Member:
+        m = self.members.get(name)
+        if m is None:
+            raise ConsumerNotFoundError(
+                f"Consumer instance '{name}' not found in group '{self.group_id}'."
+            )
+        return m
+
+    def owned(self, m: _Member) -> tuple[TopicPartition, ...]:
+        """The partitions ``m`` consumes: its manual ones, else its share of the group's."""
+        if m.manual:
+            return m.manual_assignment
+        return self.assignment.get(m.name, ())
+
+
+class _Topics:
+    """Topic partition counts and offsets, read on demand and cached for one transaction."""
+
+    def __init__(self, conn: Any, q: Callable[[str], str]) -> None:
+        self._conn = conn
+        self._q = q
+        self._counts: dict[str, int | None] = {}
+        self._all: list[str] | None = None
+        self._bounds: dict[str, dict[int, tuple[int, int]]] = {}
+
+    def count(self, topic: str) -> int | None:
+        """Partitions of ``topic``, None when it does not exist."""
+        if topic not in self._counts:
+            row = self._conn.execute(self._q(_TOPIC_COUNT), (topic,)).fetchone()
+            self._counts[topic] = None if row is None else int(row[0])
+        return self._counts[topic]
+
+    def names(self) -> list[str]:
+        if self._all is None:
+            rows = self._conn.execute(self._q(_ALL_TOPIC_COUNTS)).fetchall()
+            self._counts.update((name, int(count)) for name, count in rows)
+            self._all = [name for name, _ in rows]
+        return self._all
+
+    def check(self, tp: TopicPartition) -> None:
+        """Raises TopicNotFoundError, PartitionNotFoundError."""
+        count = self.count(tp.topic)
+        if count is None:
+            raise TopicNotFoundError(f"Topic '{tp.topic}' not found.")
+        if not 0 <= tp.partition < count:
+            raise PartitionNotFoundError(
+                f"Partition {tp.partition} of topic '{tp.topic}' not found."
+            )
+
+    def exists(self, tp: TopicPartition) -> bool:
+        count = self.count(tp.topic)
+        return count is not None and 0 <= tp.partition < count
+
+    def bounds(self, tp: TopicPartition) -> tuple[int, int]:
+        """(log-start offset, high watermark) of an existing partition."""
+        if tp.topic not in self._bounds:
+            rows = self._conn.execute(self._q(_TOPIC_BOUNDS), (tp.topic,)).fetchall()
+            self._bounds[tp.topic] = {p: (ls, hw) for p, ls, hw in rows}
+        return self._bounds[tp.topic][tp.partition]
+
+    def resolve(self, member: _Member) -> tuple[str, ...]:
+        """The existing topics ``member`` subscribes to (a pattern's current matches)."""
+        if member.pattern is not None:
+            rx = re.compile(member.pattern)
+            return tuple(t for t in self.names() if rx.fullmatch(t))
+        return tuple(t for t in member.topics if self.count(t) is not None)
+
+
+@dataclass
+class _Ctx:
+    conn: Any
+    group: _Group
+    topics: _Topics
+    now: float
+
+
+# -- the store -------------------------------------------------------------------
+
+
+class GroupStore:
+    """Consumer groups over one :class:`Database`; implements ``GroupCoordinator``.
+
+    Thread-safe; each method is one write transaction (see the module docstring).
+
+    Args:
+        now: the clock (epoch seconds) for session and instance expiry; tests
+            pass a fake one instead of sleeping.
+    """
+
+    def __init__(self, db: Database, *, now: Callable[[], float] = time.time) -> None:
+        self._db = db
+        self._q = db.dialect.sql
+        self._now = now
+
+    # -- transaction scaffolding --------------------------------------------------
+
+    def _transact(
+        self,
+        group: str,
+        apply: Callable[[_Ctx], T],
+        *,
+        caller: str | None = None,
+        touch: Touch = "none",
+    ) -> T:
+        """Settle ``group``, then ``apply`` the request and settle again, in ONE transaction.
+
+        A ``LakelogError`` from ``apply`` undoes only what ``apply`` and the second
+        settle wrote (a savepoint); the first settle (expiry, the caller's touch)
+        is committed before the error is raised.
+        """
+        error: LakelogError | None = None
+        result: T | None = None
+        with self._db.write() as conn:
+            ctx = _Ctx(conn, self._load(conn, group), _Topics(conn, self._q), self._now())
+            self._expire_instances(ctx)
+            if caller is not None and touch != "none":
+                self._touch(ctx, caller, touch)
+            self._expire_sessions(ctx)
+            self._settle(ctx)
+            self._save(ctx)
+            conn.execute("SAVEPOINT group_request")
+            try:
+                result = apply(ctx)
+                self._settle(ctx)
+                self._save(ctx)
+            except LakelogError as e:
+                conn.execute("ROLLBACK TO SAVEPOINT group_request")
+                error = e
+            conn.execute("RELEASE SAVEPOINT group_request")
+        if error is not None:
+            raise error
+        return result  # type: ignore[return-value]
+
+    def _load(self, conn: Any, group: str) -> _Group:
+        q = self._q
+        row = conn.execute(q(_GROUP_ROW), (group,)).fetchone()
+        g = _Group(group, stored=row is not None)
+        if row is not None:
+            g.generation, g.assignor, assignment, g.fingerprint = row
+            g.assignment = {
+                name: tuple(TopicPartition(t, p) for t, p in tps)
+                for name, tps in json.loads(assignment).items()
+            }
+        for r in conn.execute(q(_MEMBERS), (group,)):
+            m = _Member.from_row(r)
+            g.members[m.name] = m
+        for name, topic, partition, offset in conn.execute(q(_POSITIONS), (group,)):
+            g.positions.setdefault(name, {})[TopicPartition(topic, partition)] = offset
+        return g
+
+    def _save(self, ctx: _Ctx) -> None:
+        g, conn, q = ctx.group, ctx.conn, self._q
+        if g.dirty:
+            assignment = {name: [list(tp) for tp in tps] for name, tps in g.assignment.items()}
+            conn.execute(
+                q(_UPSERT_GROUP),
+                (
+                    g.group_id,
+                    g.generation,
+                    g.assignor,
+                    json.dumps(assignment),
+                    g.fingerprint,
+                    ctx.now,
+                ),
+            )
+            g.stored, g.dirty = True, False
+        for name in sorted(g.removed):
+            for statement in _DELETE_MEMBER:
+                conn.execute(q(statement), (g.group_id, name))
+        conn.executemany(
+            q(_UPSERT_MEMBER), [g.members[name].row(g.group_id) for name in sorted(g.changed)]
+        )
+        g.removed.clear()
+        g.changed.clear()
+
+    # -- settling -----------------------------------------------------------------
+
+    def _expire_instances(self, ctx: _Ctx) -> None:
+        g = ctx.group
+        for m in list(g.members.values()):
+            if ctx.now - m.last_seen > m.config.instance_timeout_ms / 1000:
+                self._remove(g, m.name)
+
+    @staticmethod
+    def _remove(g: _Group, name: str) -> None:
+        del g.members[name]
+        g.positions.pop(name, None)
+        g.changed.discard(name)
+        g.removed.add(name)
+
+    def _touch(self, ctx: _Ctx, name: str, touch: Touch) -> None:
+        m = ctx.group.members.get(name)
+        if m is None:
+            return  # the request itself reports the missing instance
+        m.last_seen = ctx.now
+        if touch == "poll":
+            m.last_poll = ctx.now
+            m.in_group = True  # a member whose session lapsed rejoins when it polls
+        ctx.group.changed.add(name)
+
+    def _expire_sessions(self, ctx: _Ctx) -> None:
+        for m in ctx.group.members.values():
+            if (
+                m.in_group
+                and not m.manual
+                and ctx.now - m.last_poll > m.config.session_timeout_ms / 1000
+            ):
+                m.in_group = False
+                ctx.group.changed.add(m.name)
+
+    def _settle(self, ctx: _Ctx) -> None:
+        """Rebalance if the fingerprint moved, then make positions match ownership."""
+        g, topics = ctx.group, ctx.topics
+        if not g.stored and not g.members:
+            return  # no such group: nothing to write
+        for m in g.members.values():
+            if m.manual:
+                kept = tuple(tp for tp in m.manual_assignment if topics.exists(tp))
+                if kept != m.manual_assignment:
+                    m.manual_assignment = kept
+                    g.changed.add(m.name)
+        active = sorted(
+            (m for m in g.members.values() if m.in_group and not m.manual), key=lambda m: m.name
+        )
+        subscriptions = {m.name: topics.resolve(m) for m in active}
+        leader = min(active, key=lambda m: (m.created_at, m.name), default=None)
+        assignor = leader.config.assignor if leader is not None else g.assignor
+        counts: dict[str, int] = {}
+        for subscribed in subscriptions.values():
+            for t in subscribed:
+                count = topics.count(t)
+                assert count is not None  # resolve() keeps existing topics only
+                counts[t] = count
+        fingerprint = json.dumps(
+            [
+                assignor,
+                [[name, list(ts)] for name, ts in subscriptions.items()],
+                sorted(counts.items()),
+            ]
+        )
+        if fingerprint != g.fingerprint:
+            assigned = _ASSIGNORS[assignor](subscriptions, counts)
+            g.generation += 1
+            g.assignor = assignor
+            g.assignment = {name: tuple(tps) for name, tps in assigned.items() if tps}
+            g.fingerprint = fingerprint
+            g.dirty = True
+        self._settle_positions(ctx)
+
+    def _settle_positions(self, ctx: _Ctx) -> None:
+        g, topics, conn, q = ctx.group, ctx.topics, ctx.conn, self._q
+        conn.execute(q(_DROP_DELETED_TOPIC_OFFSETS), (g.group_id,))
+        committed: dict[TopicPartition, int] | None = None
+        for m in g.members.values():
+            have = g.positions.setdefault(m.name, {})
+            owned = g.owned(m)
+            for tp in [tp for tp in have if tp not in set(owned)]:
+                del have[tp]
+                conn.execute(q(_DELETE_POSITION), (g.group_id, m.name, tp.topic, tp.partition))
+            for tp in owned:
+                log_start, high_watermark = topics.bounds(tp)
+                pos = have.get(tp)
+                if pos is not None and log_start <= pos <= high_watermark:
+                    continue
+                start: int | None = None
+                if pos is None:
+                    if committed is None:
+                        committed = {
+                            TopicPartition(t, p): o
+                            for t, p, o, _ in conn.execute(q(_COMMITTED), (g.group_id,))
+                        }
+                    c = committed.get(tp)
+                    if c is not None and log_start <= c <= high_watermark:
+                        start = c
+                if start is None:
+                    policy = m.config.auto_offset_reset
+                    if policy == "earliest":
+                        start = log_start
+                    elif policy == "latest":
+                        start = high_watermark
+                if start is None:
+                    if pos is not None:
+                        del have[tp]
+                        conn.execute(
+                            q(_DELETE_POSITION), (g.group_id, m.name, tp.topic, tp.partition)
+                        )
+                    continue
+                have[tp] = start
+                conn.execute(
+                    q(_UPSERT_POSITION), (g.group_id, m.name, tp.topic, tp.partition, start)
+                )
+
+    def _state(self, ctx: _Ctx, m: _Member) -> ConsumerState:
+        g = ctx.group
+        owned = g.owned(m)
+        have = g.positions.get(m.name, {})
+        subscription = () if m.manual else ctx.topics.resolve(m)
+        return ConsumerState(
+            group=g.group_id,
+            name=m.name,
+            config=m.config,
+            subscription=subscription,
+            pattern=m.pattern,
+            manual=m.manual,
+            generation=g.generation,
+            assignment=owned,
+            positions={tp: have[tp] for tp in owned if tp in have},
+            unresolved=tuple(tp for tp in owned if tp not in have),
+            last_seen=m.last_seen,
+        )
+
+    def _committed(self, ctx: _Ctx) -> dict[TopicPartition, CommittedOffset]:
+        return {
+            TopicPartition(t, p): CommittedOffset(o, meta)
+            for t, p, o, meta in ctx.conn.execute(self._q(_COMMITTED), (ctx.group.group_id,))
+        }
+
+    # -- GroupCoordinator ---------------------------------------------------------
+
+    def create_consumer(self, group: str, name: str, config: ConsumerConfig) -> ConsumerState:
+        """Add an instance (joins the group: a new generation). It starts unsubscribed.
+
+        Raises:
+            InvalidConsumerConfigError: a bad name or setting.
+            ConsumerExistsError.
+        """
+        validate_name("consumer group", group)
+        validate_name("consumer instance", name)
+        validate_consumer_config(config)
+
+        def apply(ctx: _Ctx) -> ConsumerState:
+            g = ctx.group
+            if name in g.members:
+                raise ConsumerExistsError(
+                    f"Consumer with specified consumer ID '{name}' already exists in group "
+                    f"'{group}'."
+                )
+            if not g.stored:
+                g.assignor = config.assignor
+                g.dirty = True
+            g.members[name] = _Member(
+                name, config, (), None, False, (), True, ctx.now, ctx.now, ctx.now
+            )
+            g.removed.discard(name)
+            g.changed.add(name)
+            return self._after(ctx, name)
+
+        return self._transact(group, apply)
+
+    def _after(self, ctx: _Ctx, name: str) -> ConsumerState:
+        # Settle before answering so the state includes the rebalance the request caused.
+        self._settle(ctx)
+        return self._state(ctx, ctx.group.member(name))
+
+    def delete_consumer(self, group: str, name: str) -> None:
+        """Remove an instance (leaves the group: rebalances). Raises ConsumerNotFoundError."""
+
+        def apply(ctx: _Ctx) -> None:
+            ctx.group.member(name)
+            self._remove(ctx.group, name)
+
+        self._transact(group, apply)
+
+    def consumer(self, group: str, name: str, *, touch: bool = True) -> ConsumerState:
+        """The instance after expiry and rebalance; ``touch`` renews both timers (and
+        brings a member whose session lapsed back into the group).
+
+        Raises:
+            ConsumerNotFoundError: no such instance, or it was idle past its instance timeout.
+        """
+        return self._transact(
+            group,
+            lambda ctx: self._state(ctx, ctx.group.member(name)),
+            caller=name,
+            touch="poll" if touch else "none",
+        )
+
+    def subscribe(
+        self, group: str, name: str, topics: Sequence[str] = (), pattern: str | None = None
+    ) -> ConsumerState:
+        """Replace the subscription with ``topics`` or ``pattern`` (re.fullmatch on names).
+
+        Raises:
+            ConsumerNotFoundError.
+            ConsumerStateError: partitions are assigned by hand, both or neither of
+                ``topics`` and ``pattern`` are given, or ``pattern`` is not a regex.
+            TopicNotFoundError: a topic in ``topics`` does not exist.
+        """
+        wanted = tuple(dict.fromkeys(topics))
+
+        def apply(ctx: _Ctx) -> ConsumerState:
+            m = ctx.group.member(name)
+            if m.manual:
+                raise ConsumerStateError(
+                    "Subscription to topics, partitions and pattern are mutually exclusive: "
+                    "this consumer has partitions assigned by hand."
+                )
+            if bool(wanted) == (pattern is not None):
+                raise ConsumerStateError(
+                    "Subscription to topics, partitions and pattern are mutually exclusive: "
+                    "give exactly one of a non-empty topic list and a topic pattern."
+                )
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except (re.error, TypeError) as e:
+                    raise ConsumerStateError(f"Invalid topic pattern {pattern!r}: {e}") from None
+            for t in wanted:
+                if ctx.topics.count(t) is None:
+                    raise TopicNotFoundError(f"Topic '{t}' not found.")
+            m.topics, m.pattern = wanted, pattern
+            ctx.group.changed.add(name)
+            return self._after(ctx, name)
+
+        return self._transact(group, apply, caller=name, touch="poll")
+
+    def unsubscribe(self, group: str, name: str) -> None:
+        """Drop the subscription and any manual assignment (rebalances if it was
+        subscribed). Raises ConsumerNotFoundError."""
+
+        def apply(ctx: _Ctx) -> None:
+            m = ctx.group.member(name)
+            m.topics, m.pattern, m.manual, m.manual_assignment = (), None, False, ()
+            ctx.group.changed.add(name)
+
+        self._transact(group, apply, caller=name, touch="seen")
+
+    def assign(self, group: str, name: str, partitions: Sequence[TopicPartition]) -> ConsumerState:
+        """Assign partitions by hand, replacing earlier manual ones; the member leaves the
+        group's assignment. An empty list is the same as ``unsubscribe``.
+
+        Raises:
+            ConsumerNotFoundError; ConsumerStateError when subscribed;
+            TopicNotFoundError, PartitionNotFoundError.
+        """
+        wanted = sorted({TopicPartition(tp[0], tp[1]) for tp in partitions})
+
+        def apply(ctx: _Ctx) -> ConsumerState:
+            m = ctx.group.member(name)
+            if m.topics or m.pattern is not None:
+                raise ConsumerStateError(
+                    "Subscription to topics, partitions and pattern are mutually exclusive: "
+                    "this consumer is subscribed."
+                )
+            for tp in wanted:
+                ctx.topics.check(tp)
+            m.manual, m.manual_assignment = bool(wanted), tuple(wanted)
+            ctx.group.changed.add(name)
+            return self._after(ctx, name)
+
+        return self._transact(group, apply, caller=name, touch="poll")
+
+    def seek(self, group: str, name: str, positions: Mapping[TopicPartition, int]) -> None:
+        """Set next-fetch offsets. An offset outside [log-start, high watermark] follows the
+        reset policy at the next settle (Kafka's out-of-range handling).
+
+        Raises:
+            ConsumerNotFoundError; ConsumerStateError for an unassigned partition or a
+            negative offset.
+        """
+
+        def apply(ctx: _Ctx) -> None:
+            self._store_positions(ctx, name, positions, "seek")
+
+        self._transact(group, apply, caller=name, touch="seen")
+
+    def _store_positions(
+        self, ctx: _Ctx, name: str, positions: Mapping[TopicPartition, int], what: str
+    ) -> _Member:
+        g = ctx.group
+        m = g.member(name)
+        owned = set(g.owned(m))
+        checked = []
+        for key, offset in positions.items():
+            tp = TopicPartition(key[0], key[1])
+            if tp not in owned:
+                if what == "advance" and m.manual:
+                    raise StaleGenerationError(
+                        f"Partition {tp.partition} of topic '{tp.topic}' is no longer assigned "
+                        f"to consumer '{name}'."
+                    )
+                raise ConsumerStateError(
+                    f"No current assignment for partition {tp.partition} of topic '{tp.topic}' "
+                    f"in consumer '{name}'."
+                )
+            checked.append((tp, _check_offset("offset", tp, offset)))
+        have = g.positions.setdefault(name, {})
+        for tp, offset in checked:
+            have[tp] = offset
+            ctx.conn.execute(
+                self._q(_UPSERT_POSITION), (g.group_id, name, tp.topic, tp.partition, offset)
+            )
+        return m
+
+    def advance(
+        self, group: str, name: str, generation: int, positions: Mapping[TopicPartition, int]
+    ) -> ConsumerState:
+        """Record fetch progress (next offsets) made under ``generation``.
+
+        Raises:
+            ConsumerNotFoundError.
+            StaleGenerationError: the group rebalanced since ``generation`` (subscribed
+                members), or a partition is no longer assigned (manual members); nothing
+                is stored and the fetch's records must not be returned.
+            ConsumerStateError: a subscribed member at the current generation names a
+                partition it does not own, or a negative offset.
+        """
+
+        def apply(ctx: _Ctx) -> ConsumerState:
+            g = ctx.group
+            m = g.member(name)
+            if not m.manual and generation != g.generation:
+                raise StaleGenerationError(
+                    f"Consumer '{name}' fetched in generation {generation}; group '{group}' "
+                    f"is at generation {g.generation}."
+                )
+            self._store_positions(ctx, name, positions, "advance")
+            return self._after(ctx, name)
+
+        return self._transact(group, apply, caller=name, touch="poll")
+
+    def commit_offsets(
+        self,
+        group: str,
+        name: str,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+        generation: int | None = None,
+    ) -> None:
+        """Store committed offsets (the next offset to consume) for the group.
+
+        Subscribed members may commit only partitions they own, and only at the
+        current generation when one is given; manual members may commit any partition
+        of an existing topic (Kafka lets simple consumers commit freely).
+
+        Raises:
+            ConsumerNotFoundError; TopicNotFoundError, PartitionNotFoundError;
+            StaleGenerationError (nothing is stored); ConsumerStateError for a
+            negative offset.
+        """
+
+        def apply(ctx: _Ctx) -> None:
+            g = ctx.group
+            m = g.member(name)
+            rows = []
+            for key, committed in offsets.items():
+                tp = TopicPartition(key[0], key[1])
+                ctx.topics.check(tp)
+                offset = _check_offset("committed offset", tp, committed.offset)
+                rows.append(
+                    (group, tp.topic, tp.partition, offset, str(committed.metadata or ""), ctx.now)
+                )
+            if not m.manual and rows:
+                if generation is not None and generation != g.generation:
+                    raise StaleGenerationError(
+                        f"Commit from generation {generation}; group '{group}' is at "
+                        f"generation {g.generation}."
+                    )
+                owned = set(g.owned(m))
+                for _, topic, partition, *_ in rows:
+                    if TopicPartition(topic, partition) not in owned:
+                        raise StaleGenerationError(
+                            f"Consumer '{name}' does not own partition {partition} of topic "
+                            f"'{topic}' in generation {g.generation}; the group rebalanced."
+                        )
+            ctx.conn.executemany(self._q(_UPSERT_COMMITTED), rows)
+
+        self._transact(group, apply, caller=name, touch="seen")
+
+    def committed_offsets(
+        self, group: str, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, CommittedOffset]:
+        """The group's committed offsets for ``partitions`` (missing ones absent)."""
+        wanted = {TopicPartition(tp[0], tp[1]) for tp in partitions}
+
+        def apply(ctx: _Ctx) -> dict[TopicPartition, CommittedOffset]:
+            return {tp: c for tp, c in self._committed(ctx).items() if tp in wanted}
+
+        return self._transact(group, apply)
+
+    def list_groups(self) -> list[str]:
+        """Groups with at least one instance or committed offset (after expiry), by id."""
+        result = []
+        with self._db.write() as conn:
+            ids = [gid for (gid,) in conn.execute(self._q(_GROUP_IDS))]
+            topics = _Topics(conn, self._q)
+            now = self._now()
+            for gid in ids:
+                ctx = _Ctx(conn, self._load(conn, gid), topics, now)
+                self._expire_instances(ctx)
+                self._expire_sessions(ctx)
+                self._settle(ctx)
+                self._save(ctx)
+                if ctx.group.members or self._committed(ctx):
+                    result.append(gid)
+        return result
+
+    def describe_group(self, group: str) -> GroupInfo:
+        """Members (by name), assignment and committed offsets; STABLE with members,
+        EMPTY with only committed offsets.
+
+        Raises:
+            GroupNotFoundError: no instance and no committed offset.
+        """
+
+        def apply(ctx: _Ctx) -> GroupInfo:
+            g = ctx.group
+            committed = self._committed(ctx)
+            if not g.members and not committed:
+                raise GroupNotFoundError(f"Consumer group '{group}' not found.")
+            return GroupInfo(
+                group=group,
+                generation=g.generation,
+                state="STABLE" if g.members else "EMPTY",
+                assignor=g.assignor,
+                members=tuple(self._state(ctx, g.members[n]) for n in sorted(g.members)),
+                committed=dict(sorted(committed.items())),
+            )
+
+        return self._transact(group, apply)
