@@ -33,6 +33,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
         ├── UnsupportedMediaTypeError
         ├── NotAcceptableError        an Accept header we cannot answer
+        │   └── ConsumerFormatMismatchError  Accept names another format than the consumer's
         ├── RequestTooLargeError      the request body is over the limit
         ├── RecordTooLargeError       one record is over max.message.bytes
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
@@ -176,6 +177,10 @@ class NotAcceptableError(RequestError):
     """An Accept header this endpoint cannot answer."""
 
 
+class ConsumerFormatMismatchError(NotAcceptableError):
+    """A fetch's Accept names an embedded format other than the consumer instance's."""
+
+
 class RequestTooLargeError(RequestError):
     """The request body is larger than the configured maximum."""
 
@@ -226,6 +231,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         MalformedRequestError,
         UnsupportedMediaTypeError,
         NotAcceptableError,
+        ConsumerFormatMismatchError,
         RequestTooLargeError,
         RecordTooLargeError,
         UnprocessableRequestError,

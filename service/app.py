@@ -17,27 +17,33 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from coordinator.client import Coordinator
+from coordinator.groups import GroupCoordinator
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
-from segments.store import open_store
+from segments.store import ObjectStore, open_store
 from service import errors
 from service.batcher import Batcher
+from service.consume_metrics import ConsumeMetrics
 from service.metrics import Metrics
+from service.notify import Notifier
+from service.read_cache import CachingLogReader, IndexCache, RangeCache
 from service.settings import Settings, get_settings
 from service.state import AgentState, get_state
 from service.topic_cache import TopicCache
+from service.v2 import consumers as v2_consumers
 from service.v2 import metadata as v2_metadata
 from service.v2 import produce as v2_produce
 from service.v3 import brokers as v3_brokers
 from service.v3 import clusters as v3_clusters
 from service.v3 import configs as v3_configs
+from service.v3 import consumer_groups as v3_consumer_groups
 from service.v3 import partitions as v3_partitions
 from service.v3 import records as v3_records
 from service.v3 import topics as v3_topics
@@ -59,6 +65,39 @@ def build_coordinator(settings: Settings) -> Coordinator:
     from coordinator.local import LocalCoordinator
 
     return LocalCoordinator(settings.db, cluster_id=settings.cluster_id)
+
+
+def as_group_coordinator(coordinator: Coordinator) -> GroupCoordinator:
+    """The coordinator client's consumer-group side (both clients implement both)."""
+    missing = [
+        name
+        for name in ("create_consumer", "consumer", "advance", "describe_group")
+        if not callable(getattr(coordinator, name, None))
+    ]
+    if missing:
+        log.warning("coordinator client %r has no consumer-group API (%s)", coordinator, missing)
+    return cast(GroupCoordinator, coordinator)
+
+
+def build_read_path(
+    settings: Settings, store: ObjectStore, coordinator: Coordinator, metrics: Metrics
+) -> tuple[CachingLogReader, Notifier, ConsumeMetrics]:
+    """The caching reader and the fetch notifier, with their metrics on ``metrics.registry``."""
+    consume_metrics = ConsumeMetrics(metrics.registry)
+    cache = RangeCache(
+        settings.read_cache_tail_bytes, settings.read_cache_history_bytes, consume_metrics
+    )
+    index = IndexCache(settings.index_cache_entries, settings.index_cache_ttl_s)
+    reader = CachingLogReader(
+        store,
+        coordinator,
+        cache,
+        index,
+        metrics=consume_metrics,
+        read_ahead=settings.read_ahead_chunks,
+    )
+    notifier = Notifier(coordinator.offsets, settings.hw_poll_interval_ms / 1000, consume_metrics)
+    return reader, notifier, consume_metrics
 
 
 def broker_address(settings: Settings) -> tuple[str, int]:
@@ -126,6 +165,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cluster_id = await _wait_for_cluster_id(coordinator)
         writer = LogWriter(store, coordinator)
         metrics = Metrics()
+        reader, notifier, consume_metrics = build_read_path(settings, store, coordinator, metrics)
+        notifier.attach(asyncio.get_running_loop())
+        stack.callback(reader.close)
+        stack.push_async_callback(notifier.close)
+        # Write-through into the read cache first, then wake the waiting fetches.
+        writer.listeners.append(reader.cache.on_write)
+        writer.listeners.append(notifier.on_write)
         batcher = Batcher(writer, settings, metrics)
         await batcher.start()
         stack.push_async_callback(batcher.close)  # flushes what is buffered
@@ -145,6 +191,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             metrics=metrics,
             broker_id=-1,
             cluster_id=cluster_id,
+            groups=as_group_coordinator(coordinator),
+            reader=reader,
+            notifier=notifier,
+            consume_metrics=consume_metrics,
         )
         try:
             await heartbeat_once(state)
@@ -210,11 +260,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         v3_clusters.router,
         v3_brokers.router,
         v3_configs.router,  # before topics: /topics/-/configs
+        v3_consumer_groups.router,
         v3_partitions.router,
         v3_topics.router,
         v3_records.router,
         v2_metadata.router,
         v2_produce.router,
+        v2_consumers.router,
     ):
         app.include_router(router)
     return app

@@ -11,8 +11,11 @@ override ``LAKELOG_*`` environment variables.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -458,6 +461,84 @@ def produce(
         send(batch)
     if failed:
         raise typer.Exit(1)
+
+
+# -- console consumer ---------------------------------------------------------------
+
+
+def _text(data: str | None) -> str:
+    return "null" if data is None else base64.b64decode(data).decode("utf-8", "replace")
+
+
+@app.command()
+def consume(
+    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to read.")],
+    group: Annotated[
+        str | None, typer.Option("--group", "-g", help="Consumer group [default: a new one].")
+    ] = None,
+    from_beginning: Annotated[
+        bool,
+        typer.Option(
+            "--from-beginning", help="Start at the earliest offset when the group has none."
+        ),
+    ] = False,
+    max_messages: Annotated[
+        int | None, typer.Option("--max-messages", help="Exit after this many records.")
+    ] = None,
+    timeout_ms: Annotated[
+        int | None,
+        typer.Option("--timeout-ms", help="Exit when no record arrived for this long."),
+    ] = None,
+    print_key: Annotated[
+        bool, typer.Option("--print-key/--no-print-key", help="Print key<TAB>value.")
+    ] = True,
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Console consumer: prints each record's key and value, committing as it goes."""
+    rest = Rest(url)
+    group = group or f"console-consumer-{uuid.uuid4().hex[:8]}"
+    created = rest.json(
+        "POST",
+        f"/consumers/{group}",
+        json={
+            "format": "binary",
+            "auto.offset.reset": "earliest" if from_beginning else "latest",
+            "auto.commit.enable": "false",
+        },
+        headers={"Content-Type": "application/vnd.kafka.v2+json"},
+    )
+    instance = f"/consumers/{group}/instances/{created['instance_id']}"
+    v2 = {"Content-Type": "application/vnd.kafka.v2+json"}
+    seen = 0
+    idle_since = time.monotonic()
+    try:
+        rest.request("POST", instance + "/subscription", json={"topics": [topic]}, headers=v2)
+        while max_messages is None or seen < max_messages:
+            records = rest.json(
+                "GET",
+                instance + "/records?timeout=1000",
+                headers={"Accept": "application/vnd.kafka.binary.v2+json"},
+            )
+            if not records:
+                if timeout_ms is not None and time.monotonic() - idle_since > timeout_ms / 1000:
+                    break
+                continue
+            idle_since = time.monotonic()
+            last: dict[tuple[str, int], int] = {}
+            for r in records[: None if max_messages is None else max_messages - seen]:
+                value = _text(r["value"])
+                typer.echo(f"{_text(r['key'])}\t{value}" if print_key else value)
+                seen += 1
+                last[(r["topic"], r["partition"])] = r["offset"]
+            # Commit what was printed (not a record more: --max-messages may cut a batch).
+            offsets = [{"topic": t, "partition": p, "offset": o} for (t, p), o in last.items()]
+            rest.request("POST", instance + "/offsets", json={"offsets": offsets}, headers=v2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        with contextlib.suppress(httpx.HTTPError):
+            rest.http.delete(instance, headers=v2)
+    typer.echo(f"Processed a total of {seen} messages", err=True)
 
 
 if __name__ == "__main__":

@@ -131,9 +131,14 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.ConfigNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.BrokerNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.ConsumerNotFoundError: ErrorSpec(CONSUMER_INSTANCE_NOT_FOUND, "Consumer instance not found."),
-    e.ConsumerExistsError: ErrorSpec(ErrorCode.CONSUMER_ALREADY_EXISTS),
+    e.ConsumerExistsError: ErrorSpec(
+        ErrorCode.CONSUMER_ALREADY_EXISTS,
+        "Consumer with specified consumer ID already exists in the specified consumer group.",
+    ),
+    # Only v3 looks groups up; kafka-rest answers a plain 404 there.
     e.GroupNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.ConsumerStateError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    # A rebalance overtook the request: the client retries with the new assignment.
     e.StaleGenerationError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
@@ -144,6 +149,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.MalformedRequestError: ErrorSpec(ErrorCode.BAD_REQUEST),
     e.UnsupportedMediaTypeError: ErrorSpec(ErrorCode.UNSUPPORTED_MEDIA_TYPE),
     e.NotAcceptableError: ErrorSpec(ErrorCode.NOT_ACCEPTABLE),
+    e.ConsumerFormatMismatchError: ErrorSpec(ErrorCode.CONSUMER_FORMAT_MISMATCH),
     e.RequestTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.RecordTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),

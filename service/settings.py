@@ -64,6 +64,27 @@ class Settings(BaseSettings):
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 3.0
     metadata_ttl_s: Annotated[float, Field(ge=0)] = 2.0
 
+    # -- consumers and the read path -----------------------------------------
+    #: Default ``max_bytes`` of a consumer fetch (kafka-rest's consumer.request.max.bytes).
+    consumer_request_max_bytes: Annotated[int, Field(gt=0)] = 64 * MiB
+    #: Upper bound of a fetch's long-poll, whatever ``timeout`` the client asks for.
+    consumer_max_wait_ms: Annotated[int, Field(ge=0)] = 60_000
+    #: Defaults of new consumer instances (a create request may override both).
+    consumer_session_timeout_ms: Annotated[int, Field(gt=0)] = 30_000
+    consumer_instance_timeout_ms: Annotated[int, Field(gt=0)] = 300_000
+    #: How often the one background poller checks high watermarks while fetches wait
+    #: (catches data committed through other agents; local commits wake at once).
+    hw_poll_interval_ms: Annotated[int, Field(gt=0)] = 200
+    #: Read cache budgets: this agent's own flushes (the hot tail) vs ranges fetched
+    #: from the store (history), kept apart so a lagging reader cannot evict the tail.
+    read_cache_tail_bytes: Annotated[int, Field(ge=0)] = 64 * MiB
+    read_cache_history_bytes: Annotated[int, Field(ge=0)] = 128 * MiB
+    #: Index entries (ChunkRef) cached per agent, and how long (tiering swaps them).
+    index_cache_entries: Annotated[int, Field(ge=0)] = 100_000
+    index_cache_ttl_s: Annotated[float, Field(ge=0)] = 30.0
+    #: Chunks fetched ahead of a reader (in parallel) when catching up on history.
+    read_ahead_chunks: Annotated[int, Field(ge=0)] = 8
+
     @field_validator("cluster_id")
     @classmethod
     def _check_cluster_id(cls, v: str | None) -> str | None:

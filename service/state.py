@@ -7,10 +7,14 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from coordinator.client import Coordinator
+from coordinator.groups import GroupCoordinator
 from index.log import LogWriter
 from segments.store import ObjectStore
 from service.batcher import Batcher
+from service.consume_metrics import ConsumeMetrics
 from service.metrics import Metrics
+from service.notify import Notifier
+from service.read_cache import CachingLogReader
 from service.settings import Settings
 from service.topic_cache import TopicCache
 
@@ -31,6 +35,12 @@ class AgentState:
     metrics: Metrics
     broker_id: int
     cluster_id: str
+    #: The same client as ``coordinator``, seen through its consumer-group interface.
+    groups: GroupCoordinator
+    #: The read path: caching reader, fetch wake-ups, and their metrics.
+    reader: CachingLogReader
+    notifier: Notifier
+    consume_metrics: ConsumeMetrics
 
 
 def get_state(request: Request) -> AgentState:

@@ -1,0 +1,416 @@
+"""The agent's read cache: object byte ranges, index entries, and a reader that uses both.
+
+- ``RangeCache``: a bounded LRU of object byte ranges with two budgets. The *tail*
+  budget is filled write-through by this agent's own flushes (a ``LogWriter``
+  listener), so consumers tailing a partition on the writing agent cost no GETs;
+  the *history* budget holds ranges fetched from the store. A lagging reader
+  churns only the history budget, never the hot tail. Concurrent fetches of one
+  range are coalesced: one GET, the other readers wait for it.
+- ``IndexCache``: ChunkRef lists from ``coordinator.lookup``. A committed index
+  entry never changes, so it is cached (bounded, and only for ``ttl_s`` because
+  tiering and retention swap or drop entries); "nothing past the high watermark"
+  is never cached, so new data is seen at once.
+- ``CachingLogReader``: a ``LogReader`` over both, with read-ahead of the next
+  chunks in parallel when catching up on history.
+
+Everything here is synchronous and thread-safe: the agent calls it from worker
+threads (``asyncio.to_thread``), so coalescing works across tasks and threads alike.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from coordinator.client import Coordinator
+from index.log import LogReader, WriteResult
+from segments.errors import ObjectNotFoundError
+from segments.segment import decode_chunk
+from segments.store import ObjectStore
+from segments.types import ChunkRef, ConsumedRecord
+from service.consume_metrics import ConsumeMetrics
+
+log = logging.getLogger(__name__)
+
+#: (object key, position, length): one byte range of one object.
+RangeKey = tuple[str, int, int]
+
+TAIL = "tail"
+HISTORY = "history"
+
+
+class _Lru:
+    """One budget: an LRU of byte ranges holding at most ``capacity`` bytes (not thread-safe)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.size = 0
+        self.entries: OrderedDict[RangeKey, bytes] = OrderedDict()
+        self.evictions = 0
+
+    def get(self, key: RangeKey) -> bytes | None:
+        data = self.entries.get(key)
+        if data is not None:
+            self.entries.move_to_end(key)
+        return data
+
+    def put(self, key: RangeKey, data: bytes) -> None:
+        if len(data) > self.capacity:
+            return  # would evict everything and still not fit
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.size -= len(old)
+        self.entries[key] = data
+        self.size += len(data)
+        while self.size > self.capacity:
+            _, evicted = self.entries.popitem(last=False)
+            self.size -= len(evicted)
+            self.evictions += 1
+
+
+class _InFlight:
+    """A GET that other readers of the same range wait for."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.data: bytes | None = None
+        self.error: BaseException | None = None
+
+
+@dataclass
+class CacheStats:
+    """Plain counters (the Prometheus ones live in ConsumeMetrics)."""
+
+    tail_hits: int = 0
+    history_hits: int = 0
+    misses: int = 0
+    coalesced: int = 0
+    fetches: int = 0
+
+
+class RangeCache:
+    """Byte ranges of objects in two LRU budgets, with coalesced fetches.
+
+    Args:
+        tail_bytes: budget for this agent's own flushed chunks (write-through).
+        history_bytes: budget for ranges fetched from the store.
+        metrics: Prometheus counters to update, if any.
+    """
+
+    def __init__(
+        self, tail_bytes: int, history_bytes: int, metrics: ConsumeMetrics | None = None
+    ) -> None:
+        self._lock = threading.Lock()
+        self._tail = _Lru(tail_bytes)
+        self._history = _Lru(history_bytes)
+        self._in_flight: dict[RangeKey, _InFlight] = {}
+        self.metrics = metrics
+        self.stats = CacheStats()
+
+    # -- filling --------------------------------------------------------------
+    def put_tail(self, key: RangeKey, data: bytes) -> None:
+        """Remember a range this agent just wrote (and committed)."""
+        with self._lock:
+            self._tail.put(key, data)
+
+    def put_history(self, key: RangeKey, data: bytes) -> None:
+        with self._lock:
+            if key not in self._tail.entries:
+                self._history.put(key, data)
+
+    def on_write(self, result: WriteResult, data: bytes) -> None:
+        """``LogWriter`` listener: every committed chunk goes into the tail budget."""
+        for chunk in result.chunks:
+            self.put_tail(
+                (result.object_key, chunk.position, chunk.length),
+                data[chunk.position : chunk.position + chunk.length],
+            )
+
+    # -- reading --------------------------------------------------------------
+    def _lookup(self, key: RangeKey) -> bytes | None:
+        """A cached range, counting the hit (call with the lock held)."""
+        data = self._tail.get(key)
+        if data is not None:
+            self.stats.tail_hits += 1
+            budget = TAIL
+        else:
+            data = self._history.get(key)
+            if data is None:
+                return None
+            self.stats.history_hits += 1
+            budget = HISTORY
+        if self.metrics is not None:
+            self.metrics.cache_hits.labels(budget=budget).inc()
+            self.metrics.cache_hit_bytes.inc(len(data))
+        return data
+
+    def get(self, key: RangeKey) -> bytes | None:
+        """The cached range, or None (counts a hit, never a miss)."""
+        with self._lock:
+            return self._lookup(key)
+
+    def __contains__(self, key: RangeKey) -> bool:
+        with self._lock:
+            return key in self._tail.entries or key in self._history.entries
+
+    def get_or_fetch(self, key: RangeKey, fetch: Callable[[], bytes]) -> bytes:
+        """The cached range, else ``fetch()`` it once however many threads ask at once.
+
+        The first reader of an uncached range runs ``fetch``; readers of the same
+        range arriving meanwhile wait for its result (or its error) instead of
+        sending their own GET. The result goes into the history budget.
+        """
+        with self._lock:
+            data = self._lookup(key)
+            if data is not None:
+                return data
+            flight = self._in_flight.get(key)
+            owner = flight is None
+            if flight is None:
+                flight = self._in_flight[key] = _InFlight()
+                self.stats.misses += 1
+                self.stats.fetches += 1
+                if self.metrics is not None:
+                    self.metrics.cache_misses.inc()
+            else:
+                self.stats.coalesced += 1
+                if self.metrics is not None:
+                    self.metrics.cache_coalesced.inc()
+        if not owner:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            assert flight.data is not None
+            return flight.data
+        try:
+            data = fetch()
+            flight.data = data
+            self.put_history(key, data)
+            return data
+        except BaseException as e:
+            flight.error = e
+            raise
+        finally:
+            with self._lock:
+                self._in_flight.pop(key, None)
+            flight.done.set()
+
+    def sizes(self) -> tuple[int, int]:
+        """Bytes held in (tail, history)."""
+        with self._lock:
+            return self._tail.size, self._history.size
+
+
+class _PartitionIndex:
+    """Known index entries of one partition, sorted by base offset."""
+
+    __slots__ = ("bases", "created", "refs")
+
+    def __init__(self) -> None:
+        self.bases: list[int] = []
+        self.refs: list[ChunkRef] = []
+        self.created = time.monotonic()
+
+
+class IndexCache:
+    """Committed index entries per partition, bounded in entries and age.
+
+    Args:
+        max_entries: at most this many ChunkRefs in total (least recently used
+            partitions are dropped first).
+        ttl_s: a partition's entries are forgotten this long after the first was
+            cached, so tiering and retention (which swap or drop entries) show
+            through; 0 disables the cache.
+    """
+
+    def __init__(self, max_entries: int, ttl_s: float) -> None:
+        self.max_entries = max_entries
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._parts: OrderedDict[tuple[str, int], _PartitionIndex] = OrderedDict()
+        self._count = 0
+
+    def get(self, topic: str, partition: int, offset: int, max_chunks: int = 16) -> list[ChunkRef]:
+        """Cached entries from the one holding ``offset`` on (contiguous), else []."""
+        with self._lock:
+            part = self._parts.get((topic, partition))
+            if part is None:
+                return []
+            if time.monotonic() - part.created > self.ttl_s:
+                self._drop((topic, partition))
+                return []
+            self._parts.move_to_end((topic, partition))
+            i = bisect.bisect_right(part.bases, offset) - 1
+            if i < 0 or not part.refs[i].base_offset <= offset < part.refs[i].end_offset:
+                return []
+            chain = [part.refs[i]]
+            for ref in part.refs[i + 1 :]:
+                if ref.base_offset != chain[-1].end_offset or len(chain) >= max_chunks:
+                    break
+                chain.append(ref)
+            return chain
+
+    def put(self, topic: str, partition: int, refs: list[ChunkRef]) -> None:
+        """Remember committed entries (an empty list, "nothing yet", is never cached)."""
+        if not refs or self.max_entries <= 0 or self.ttl_s <= 0:
+            return
+        with self._lock:
+            key = (topic, partition)
+            part = self._parts.get(key)
+            if part is None:
+                part = self._parts[key] = _PartitionIndex()
+            self._parts.move_to_end(key)
+            for ref in refs:
+                i = bisect.bisect_left(part.bases, ref.base_offset)
+                if i < len(part.bases) and part.bases[i] == ref.base_offset:
+                    continue
+                part.bases.insert(i, ref.base_offset)
+                part.refs.insert(i, ref)
+                self._count += 1
+            while self._count > self.max_entries and self._parts:
+                self._drop(next(iter(self._parts)))
+
+    def invalidate(self, topic: str, partition: int) -> None:
+        with self._lock:
+            self._drop((topic, partition))
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        part = self._parts.pop(key, None)
+        if part is not None:
+            self._count -= len(part.refs)
+
+    def __len__(self) -> int:
+        return self._count
+
+
+class CachingLogReader(LogReader):
+    """``LogReader`` whose chunk reads go through a RangeCache and lookups through an IndexCache.
+
+    ``records`` yields lazily (a chunk is fetched only when its first record is
+    wanted) and reads ahead: the next ``read_ahead`` chunks of a lookup are fetched
+    in parallel, within the byte budget the caller still has.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        coordinator: Coordinator,
+        cache: RangeCache,
+        index: IndexCache,
+        *,
+        metrics: ConsumeMetrics | None = None,
+        read_ahead: int = 8,
+    ) -> None:
+        super().__init__(store, coordinator)
+        self.cache = cache
+        self.index = index
+        self.metrics = metrics
+        self.read_ahead = read_ahead
+        self._pool = (
+            ThreadPoolExecutor(read_ahead, thread_name_prefix="lakelog-readahead")
+            if read_ahead > 0
+            else None
+        )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _get(self, ref: ChunkRef) -> bytes:
+        started = time.perf_counter()
+        data = super().fetch_chunk(ref)
+        if self.metrics is not None:
+            self.metrics.gets.inc()
+            self.metrics.get_bytes.inc(len(data))
+            self.metrics.get_seconds.observe(time.perf_counter() - started)
+        return data
+
+    def fetch_chunk(self, ref: ChunkRef) -> bytes:
+        """The chunk's bytes: from the cache, else one (coalesced) ranged GET."""
+        return self.cache.get_or_fetch(
+            (ref.object_key, ref.position, ref.length), lambda: self._get(ref)
+        )
+
+    def lookup(self, topic: str, partition: int, offset: int) -> list[ChunkRef]:
+        """Index entries from ``offset`` on: the agent's cache, else the coordinator."""
+        refs = self.index.get(topic, partition, offset)
+        if refs:
+            if self.metrics is not None:
+                self.metrics.index_hits.inc()
+            return refs
+        if self.metrics is not None:
+            self.metrics.index_misses.inc()
+        refs = self.coordinator.lookup(topic, partition, offset)
+        self.index.put(topic, partition, refs)
+        return refs
+
+    def _prefetch(self, refs: list[ChunkRef], budget: int) -> None:
+        if self._pool is None or budget <= 0:
+            return
+        for ref in refs[: self.read_ahead]:
+            key = (ref.object_key, ref.position, ref.length)
+            if key not in self.cache:
+                self._pool.submit(self._prefetch_one, ref)
+            budget -= ref.length
+            if budget <= 0:
+                return
+
+    def _prefetch_one(self, ref: ChunkRef) -> None:
+        try:
+            self.fetch_chunk(ref)
+        except Exception as e:  # the reader will fetch it again and see the error
+            log.debug("read-ahead of %s failed: %s", ref.object_key, e)
+
+    def records(
+        self, topic: str, partition: int, offset: int, *, read_ahead_bytes: int = 0
+    ) -> Iterator[ConsumedRecord]:
+        """Committed records from ``offset`` on, up to the high watermark, lazily.
+
+        ``read_ahead_bytes``: how many bytes of the following chunks may be fetched
+        in parallel ahead of the one being decoded (0: none).
+        """
+        next_offset = offset
+        retried = False
+        while True:
+            refs = self.lookup(topic, partition, next_offset)
+            if not refs:
+                return
+            self._prefetch(refs[1:], read_ahead_bytes - refs[0].length)
+            for ref in refs:
+                try:
+                    data = self.fetch_chunk(ref)
+                except ObjectNotFoundError:
+                    # A cached entry may point at an object tiering or retention
+                    # removed: forget the partition's entries and ask once more.
+                    if retried:
+                        raise
+                    retried = True
+                    self.index.invalidate(topic, partition)
+                    break
+                for off, rec in decode_chunk(data, ref.base_offset, ref.record_count):
+                    if off < next_offset:
+                        continue
+                    yield ConsumedRecord(
+                        topic, partition, off, rec.key, rec.value, rec.timestamp_ms, rec.headers
+                    )
+                    next_offset = off + 1
+                next_offset = max(next_offset, ref.end_offset)
+
+    def read(
+        self, topic: str, partition: int, offset: int, *, max_bytes: int = 1 << 20
+    ) -> list[ConsumedRecord]:
+        """As ``LogReader.read``, through the caches."""
+        out: list[ConsumedRecord] = []
+        size = 0
+        for rec in self.records(topic, partition, offset, read_ahead_bytes=max_bytes):
+            out.append(rec)
+            size += len(rec.key or b"") + len(rec.value or b"")
+            if size >= max_bytes:
+                break
+        return out

@@ -1,0 +1,277 @@
+"""The read cache: two LRU budgets, coalesced fetches, the index cache, the caching reader."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator.local import LocalCoordinator
+from index.log import LogWriter, WriteResult
+from segments.errors import StorageUnavailableError
+from segments.segment import SegmentBuilder
+from segments.store import open_store
+from segments.types import ChunkInfo, ChunkRef, Record
+from service.consume_metrics import ConsumeMetrics
+from service.read_cache import CachingLogReader, IndexCache, RangeCache
+
+
+def key(i: int) -> tuple[str, int, int]:
+    return (f"obj-{i}", 0, 10)
+
+
+def fail() -> bytes:
+    raise AssertionError("must be served from the cache")
+
+
+# -- budgets ------------------------------------------------------------------------
+
+
+def test_history_budget_evicts_least_recently_used() -> None:
+    cache = RangeCache(tail_bytes=0, history_bytes=100)
+    for i in range(3):
+        cache.get_or_fetch(key(i), functools.partial(bytes, [i] * 40))
+    assert cache.get(key(0)) is None  # 120 > 100: the oldest went
+    assert cache.get(key(1)) == b"\x01" * 40
+    assert cache.sizes() == (0, 80)
+
+
+def test_use_refreshes_an_entry() -> None:
+    cache = RangeCache(tail_bytes=0, history_bytes=100)
+    cache.get_or_fetch(key(0), lambda: b"a" * 40)
+    cache.get_or_fetch(key(1), lambda: b"b" * 40)
+    assert cache.get(key(0)) is not None  # now most recent
+    cache.get_or_fetch(key(2), lambda: b"c" * 40)
+    assert cache.get(key(1)) is None
+    assert cache.get(key(0)) == b"a" * 40
+
+
+def test_a_range_larger_than_the_budget_is_not_kept() -> None:
+    cache = RangeCache(tail_bytes=10, history_bytes=10)
+    cache.put_tail(key(0), b"x" * 11)
+    cache.get_or_fetch(key(1), lambda: b"y" * 11)
+    assert cache.sizes() == (0, 0)
+
+
+def test_lagging_reader_does_not_evict_the_tail() -> None:
+    """History churn 10x its budget leaves every tail range in place (separate budgets)."""
+    cache = RangeCache(tail_bytes=100, history_bytes=100)
+    for i in range(5):
+        cache.put_tail(key(i), b"t" * 20)
+    for i in range(100, 150):
+        cache.get_or_fetch(key(i), lambda: b"h" * 20)
+    for i in range(5):
+        assert cache.get_or_fetch(key(i), fail) == b"t" * 20
+    assert cache.stats.tail_hits == 5
+    assert cache.sizes() == (100, 100)
+
+
+def test_on_write_caches_every_chunk_of_the_object() -> None:
+    cache = RangeCache(tail_bytes=1000, history_bytes=0)
+    data = b"AAAABBBBBBfooter"
+    chunks = [
+        ChunkInfo(b"t" * 16, 0, 0, 4, 1, 0, 0),
+        ChunkInfo(b"t" * 16, 1, 4, 6, 1, 0, 0),
+    ]
+    cache.on_write(WriteResult("segments/x.seg", len(data), chunks, [0, 0]), data)
+    assert cache.get_or_fetch(("segments/x.seg", 0, 4), fail) == b"AAAA"
+    assert cache.get_or_fetch(("segments/x.seg", 4, 6), fail) == b"BBBBBB"
+    assert cache.sizes() == (10, 0)
+
+
+# -- coalescing ---------------------------------------------------------------------------
+
+
+def test_concurrent_fetches_of_one_range_send_one_get_threads() -> None:
+    """Race: 8 threads miss the same range at once. Expected: one fetch, 7 coalesced
+    waiters, all 8 get the same bytes."""
+    metrics = ConsumeMetrics()
+    cache = RangeCache(tail_bytes=0, history_bytes=1000, metrics=metrics)
+    calls = 0
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def slow_get() -> bytes:
+        nonlocal calls
+        with lock:
+            calls += 1
+        time.sleep(0.2)
+        return b"payload"
+
+    results: list[bytes] = []
+
+    def reader() -> None:
+        barrier.wait()
+        results.append(cache.get_or_fetch(key(0), slow_get))
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert calls == 1
+    assert results == [b"payload"] * 8
+    assert cache.stats.misses == 1
+    assert cache.stats.coalesced == 7
+    assert metrics.cache_coalesced._value.get() == 7
+
+
+def test_concurrent_fetches_of_one_range_send_one_get_tasks() -> None:
+    """Race: 4 asyncio tasks read the same range through worker threads. Expected:
+    one fetch, and a different range fetched meanwhile is not held up by it."""
+    cache = RangeCache(tail_bytes=0, history_bytes=1000)
+    calls: list[str] = []
+
+    def slow(name: str) -> bytes:
+        calls.append(name)
+        time.sleep(0.2)
+        return name.encode()
+
+    async def main() -> tuple[list[bytes], float]:
+        started = time.monotonic()
+        same = [asyncio.to_thread(cache.get_or_fetch, key(0), lambda: slow("a")) for _ in range(4)]
+        other = asyncio.to_thread(cache.get_or_fetch, key(1), lambda: slow("b"))
+        out = await asyncio.gather(*same, other)
+        return list(out), time.monotonic() - started
+
+    out, elapsed = asyncio.run(main())
+    assert out == [b"a"] * 4 + [b"b"]
+    assert sorted(calls) == ["a", "b"]
+    assert elapsed < 0.35  # the two ranges were fetched in parallel, each once
+
+
+def test_a_failed_fetch_fails_its_waiters_and_is_not_cached() -> None:
+    """Race: waiters coalesced on a GET that fails. Expected: each sees the error; the
+    next read fetches again."""
+    cache = RangeCache(tail_bytes=0, history_bytes=1000)
+    started = threading.Event()
+
+    def broken() -> bytes:
+        started.set()
+        time.sleep(0.1)
+        raise StorageUnavailableError("store down")
+
+    errors: list[Exception] = []
+
+    def waiter() -> None:
+        started.wait()
+        try:
+            cache.get_or_fetch(key(0), fail)
+        except StorageUnavailableError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    with pytest.raises(StorageUnavailableError):
+        cache.get_or_fetch(key(0), broken)
+    t.join(5)
+    assert len(errors) == 1
+    assert cache.get_or_fetch(key(0), lambda: b"ok") == b"ok"
+
+
+# -- index cache --------------------------------------------------------------------------
+
+
+def ref(base: int, count: int = 10, obj: str = "o") -> ChunkRef:
+    return ChunkRef(f"{obj}-{base}", 0, 100, base, count, 0, 0)
+
+
+def test_index_cache_returns_the_contiguous_chain_from_an_offset() -> None:
+    index = IndexCache(max_entries=100, ttl_s=60)
+    index.put("t", 0, [ref(0), ref(10), ref(20)])
+    assert index.get("t", 0, 15) == [ref(10), ref(20)]
+    assert index.get("t", 0, 0, max_chunks=2) == [ref(0), ref(10)]
+    assert index.get("t", 0, 30) == []  # past what is known: ask the coordinator
+    assert index.get("t", 1, 0) == []
+    index.put("t", 0, [ref(40)])  # a hole at 30..39: the chain stops before it
+    assert index.get("t", 0, 25) == [ref(20)]
+    assert index.get("t", 0, 45) == [ref(40)]
+
+
+def test_index_cache_never_caches_nothing_and_expires() -> None:
+    index = IndexCache(max_entries=100, ttl_s=0.1)
+    index.put("t", 0, [])
+    assert len(index) == 0
+    index.put("t", 0, [ref(0)])
+    assert index.get("t", 0, 5) == [ref(0)]
+    time.sleep(0.15)
+    assert index.get("t", 0, 5) == []
+    assert len(index) == 0
+
+
+def test_index_cache_is_bounded() -> None:
+    index = IndexCache(max_entries=5, ttl_s=60)
+    index.put("a", 0, [ref(0), ref(10), ref(20)])
+    index.put("b", 0, [ref(0), ref(10)])
+    index.get("a", 0, 0)  # a is now the most recently used
+    index.put("c", 0, [ref(0)])
+    assert len(index) <= 5
+    assert index.get("b", 0, 0) == []
+    assert index.get("a", 0, 0) == [ref(0), ref(10), ref(20)]
+
+
+# -- the caching reader over a real coordinator and store ------------------------------------
+
+
+@pytest.fixture
+def log_parts(tmp_path: Path) -> tuple[LogWriter, LocalCoordinator, object]:
+    coordinator = LocalCoordinator(f"sqlite:///{tmp_path / 'meta.db'}")
+    store = open_store(f"file://{tmp_path / 'data'}")
+    return LogWriter(store, coordinator), coordinator, store
+
+
+def _write(writer: LogWriter, topic_id: bytes, n: int, start: int) -> None:
+    builder = SegmentBuilder()
+    builder.append(
+        topic_id, 0, [Record(None, f"v{start + i}".encode(), 1_000 + start + i) for i in range(n)]
+    )
+    writer.write(builder)
+
+
+def test_tailing_on_the_writing_agent_costs_no_gets(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    writer, coordinator, store = log_parts
+    info = coordinator.create_topic("tail", 1)
+    metrics = ConsumeMetrics()
+    cache = RangeCache(1 << 20, 1 << 20, metrics)
+    reader = CachingLogReader(
+        store,  # type: ignore[arg-type]
+        coordinator,
+        cache,
+        IndexCache(1000, 60),
+        metrics=metrics,
+    )
+    writer.listeners.append(cache.on_write)
+    for i in range(5):
+        _write(writer, info.topic_id, 10, 10 * i)
+    got = [r.value for r in reader.records("tail", 0, 0)]
+    assert got == [f"v{i}".encode() for i in range(50)]
+    assert metrics.gets._value.get() == 0
+    assert cache.stats.tail_hits == 5
+
+    # A cold agent GETs each chunk once; a second pass costs nothing, and uses the
+    # index cache instead of the coordinator.
+    cold = CachingLogReader(
+        store,  # type: ignore[arg-type]
+        coordinator,
+        RangeCache(0, 1 << 20),
+        IndexCache(1000, 60),
+        metrics=(m2 := ConsumeMetrics()),
+        read_ahead=4,
+    )
+    assert [r.offset for r in cold.records("tail", 0, 0, read_ahead_bytes=1 << 20)] == list(
+        range(50)
+    )
+    assert m2.gets._value.get() == 5
+    misses = m2.index_misses._value.get()
+    assert [r.offset for r in cold.records("tail", 0, 25)] == list(range(25, 50))
+    assert m2.gets._value.get() == 5
+    assert m2.index_misses._value.get() == misses + 1  # only the "anything past 50?" lookup
+    assert cold.read("tail", 0, 48) == reader.read("tail", 0, 48)
+    cold.close()
+    reader.close()
