@@ -55,10 +55,13 @@ class ChunkInfo:
 
 @dataclass(frozen=True, slots=True)
 class ChunkRef:
-    """An index entry: records [base_offset, base_offset + record_count) of a partition.
+    """An index entry: offsets [base_offset, base_offset + record_count) of a partition.
 
-    ``kind`` is ``"segment"`` (a chunk of Kafka RecordBatches at [position,
-    position + length) in ``object_key``) or, once tiering exists, ``"parquet"``.
+    ``kind`` is ``"segment"``: a chunk of Kafka RecordBatches at [position,
+    position + length) of ``object_key``, holding exactly ``record_count`` records;
+    or ``"parquet"``: a whole tier object (``position`` 0, ``length`` its size,
+    decoded with ``segments.tier.TierReader``) covering that offset span, which
+    after compaction may hold fewer rows than ``record_count`` (offset gaps).
     """
 
     object_key: str
