@@ -1,4 +1,4 @@
-"""Commits per second of the coordinator, in-process on SQLite.
+"""Commits per second of the coordinator, in-process on SQLite and on PostgreSQL.
 
 For 1, 10 and 100 chunks per commit, with 1 writer and with 8 writer threads
 sharing one ``LocalCoordinator`` (as an agent's flushers would), prints one JSON
@@ -16,8 +16,16 @@ case with ``synchronous=FULL`` (an fsync per commit), to show what those cost.
 ``HttpCoordinator`` against a ``lakelog coordinator`` process on SQLite (one
 shared client for all writer threads, as an agent has), printing
 ``{"bench": "commit_http", ...}`` lines with the same figures.
-Run: ``.venv/bin/python bench/commit.py [--section local|http]`` (about a
-minute); progress on stderr.
+The "postgresql" section runs the 1/10/100-chunk cases (1 and 8 writers) on a
+throwaway PostgreSQL database (created and dropped on ``--pg-url``'s server)
+and prints, per case, ``{"bench": "commit_ratio", "sqlite_commits_per_s": ...,
+"postgresql_commits_per_s": ..., "sqlite_over_postgresql": ...}`` against the
+SQLite figures of the same run (target: PostgreSQL within 2x). PostgreSQL
+fsyncs its WAL at every commit (``synchronous_commit=on``), like SQLite's
+``synchronous=FULL``, so the FULL case is printed beside it for a like-for-like
+durability comparison.
+Run: ``.venv/bin/python bench/commit.py [--section local|http|postgresql]``
+(about two minutes for all); progress on stderr.
 """
 
 from __future__ import annotations
@@ -134,27 +142,76 @@ def _case(
     writers: int,
     write_mode: WriteMode = "lock",
     synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
-) -> None:
+    pg_url: str | None = None,
+) -> dict[str, Any]:
     db = tmp / f"c{chunks}-w{writers}-{write_mode}-{synchronous}.db"
+    backend = "sqlite" if pg_url is None else "postgresql"
     print(
-        f"commit: {chunks} chunks x {commits} commits, {writers} writers, "
+        f"commit: {backend}, {chunks} chunks x {commits} commits, {writers} writers, "
         f"{write_mode}, synchronous={synchronous}",
         file=sys.stderr,
     )
     with LocalCoordinator(
-        f"sqlite:///{db}", write_mode=write_mode, synchronous=synchronous
+        f"sqlite:///{db}" if pg_url is None else pg_url,
+        write_mode=write_mode,
+        synchronous=synchronous,
     ) as coordinator:
         # Warm up: connections, statement cache, the first pages of every table.
         bench_commits(coordinator, chunks, max(commits // 20, writers), writers)
         result = bench_commits(coordinator, chunks, commits, writers)
-    line = {
-        "bench": "commit",
-        "backend": "sqlite",
-        "write_mode": write_mode,
-        "synchronous": synchronous,
-        **result,
-    }
+    line: dict[str, Any] = {"bench": "commit", "backend": backend}
+    if pg_url is None:
+        line |= {"write_mode": write_mode, "synchronous": synchronous}
+    else:
+        line |= {"synchronous_commit": "on"}
+    line |= result
     print(json.dumps(line), flush=True)
+    return line
+
+
+def _pg_cases(tmp: Path, admin_url: str, counts: dict[int, int], scale: float) -> None:
+    """The 1/10/100-chunk cases on SQLite and on a throwaway PostgreSQL database; ratios."""
+    import psycopg
+
+    dbname = f"lakelog_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {dbname}")
+    info = psycopg.conninfo.conninfo_to_dict(admin_url)
+    pg_url = (
+        f"postgresql://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
+        f"{info.get('port', '5432')}/{dbname}"
+    )
+    try:
+        for chunks, commits in counts.items():
+            for writers in (1, 8):
+                n = max(int(commits * scale), 8)
+                lite = _case(tmp, chunks, n, writers)
+                pg = _case(tmp, chunks, max(n // 3, 8), writers, pg_url=pg_url)
+                ratio = lite["commits_per_s"] / pg["commits_per_s"]
+                line = {
+                    "bench": "commit_ratio",
+                    "chunks_per_commit": chunks,
+                    "writers": writers,
+                    "sqlite_commits_per_s": lite["commits_per_s"],
+                    "postgresql_commits_per_s": pg["commits_per_s"],
+                    "sqlite_over_postgresql": round(ratio, 2),
+                    "within_2x": ratio <= 2.0,
+                }
+                print(json.dumps(line), flush=True)
+        full = _case(tmp, 10, max(int(1000 * scale), 8), 1, synchronous="FULL")
+        pg = _case(tmp, 10, max(int(1000 * scale), 8), 1, pg_url=pg_url)
+        line = {
+            "bench": "commit_ratio_durable",
+            "chunks_per_commit": 10,
+            "writers": 1,
+            "sqlite_full_commits_per_s": full["commits_per_s"],
+            "postgresql_commits_per_s": pg["commits_per_s"],
+            "sqlite_over_postgresql": round(full["commits_per_s"] / pg["commits_per_s"], 2),
+        }
+        print(json.dumps(line), flush=True)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
 
 
 def _http_cases(tmp: Path, scale: float) -> None:
@@ -220,15 +277,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the commit counts")
     parser.add_argument(
-        "--section", choices=("all", "local", "http"), default="all", help="which cases to run"
+        "--section",
+        choices=("all", "local", "http", "postgresql"),
+        default="all",
+        help="which cases to run",
+    )
+    parser.add_argument(
+        "--pg-url",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="a PostgreSQL server (maintenance database) for the postgresql section",
     )
     args = parser.parse_args(argv)
     counts = {1: 6000, 10: 4000, 100: 600}
     with tempfile.TemporaryDirectory(prefix="lakelog-bench-commit-") as d:
         tmp = Path(d)
+        if args.section in ("all", "postgresql"):
+            _pg_cases(tmp, args.pg_url, counts, args.scale)
         if args.section in ("all", "http"):
             _http_cases(tmp, args.scale)
-        if args.section == "http":
+        if args.section in ("http", "postgresql"):
             return
         for chunks, commits in counts.items():
             n = max(int(commits * args.scale), 8)

@@ -1,10 +1,12 @@
 """Connections and versioned schema migrations for the coordinator's metadata database.
 
-SQLite today, PostgreSQL later. Every difference between the two lives in
+SQLite (this module) or PostgreSQL (``coordinator.postgres``), chosen by URL in
+:func:`open_database`. Every difference in SQL between the two lives in
 :class:`Dialect`: column types, table options, how a write transaction
 starts, the parameter placeholder. The SQL elsewhere is plain SQL that both
 accept (``ON CONFLICT``, ``RETURNING``, row values) with ``?`` placeholders
-that :meth:`Dialect.sql` rewrites.
+that :meth:`Dialect.sql` rewrites. Both databases implement
+:class:`MetadataDatabase`.
 
 SQLite settings and why:
 
@@ -36,10 +38,10 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from segments.errors import CoordinatorUnavailableError, MetadataError
 
@@ -61,8 +63,13 @@ class Dialect:
     placeholder: str
 
     def sql(self, text: str) -> str:
-        """``text`` with its ``?`` placeholders in this dialect's style."""
-        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+        """``text`` with its ``?`` placeholders in this dialect's style.
+
+        For ``%s`` (psycopg) a literal ``%`` is doubled first, so ``LIKE 'a%'`` survives.
+        """
+        if self.placeholder == "?":
+            return text
+        return text.replace("%", "%%").replace("?", self.placeholder)
 
     def ddl(self, template: str) -> str:
         """A DDL template with ``{blob}``, ``{bigint}``, ... filled in for this dialect."""
@@ -235,6 +242,40 @@ MIGRATIONS: tuple[Migration, ...] = (
             ){clustered}""",
         ),
     ),
+    Migration(
+        3,
+        "janitor leases and runs; when an object lost its last index entry",
+        (
+            # One row per janitor. A holder runs it while expires_at lies ahead (renewed
+            # while it runs); token grows with every change of holder (a fencing token);
+            # nobody starts a scheduled run before next_due_at.
+            """CREATE TABLE janitor_leases (
+                name TEXT NOT NULL PRIMARY KEY,
+                holder TEXT NOT NULL,
+                token {bigint} NOT NULL,
+                acquired_at {double} NOT NULL,
+                expires_at {double} NOT NULL,
+                next_due_at {double} NOT NULL DEFAULT 0,
+                last_finished_at {double}
+            )""",
+            # Every janitor run, for operators (and the test that no two runs overlap).
+            """CREATE TABLE janitor_runs (
+                run_id {serial_pk},
+                janitor TEXT NOT NULL,
+                holder TEXT NOT NULL,
+                token {bigint} NOT NULL,
+                started_at {double} NOT NULL,
+                finished_at {double},
+                outcome TEXT,
+                summary TEXT NOT NULL DEFAULT '{{}}'
+            )""",
+            "CREATE INDEX janitor_runs_by_janitor ON janitor_runs (janitor, started_at)",
+            # NULL while an index entry references the object; else when it lost the last
+            # one. Garbage collection deletes the object a grace period after that.
+            "ALTER TABLE objects ADD COLUMN unreferenced_at {double}",
+            "CREATE INDEX objects_by_unreferenced ON objects (unreferenced_at)",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
@@ -242,6 +283,78 @@ _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
     description TEXT NOT NULL,
     applied_at {double} NOT NULL
 )"""
+
+
+class MetadataDatabase(Protocol):
+    """What the stores need from a metadata database (SQLite or PostgreSQL).
+
+    ``read()`` and ``write()`` are context managers yielding a connection with
+    ``execute(sql, params)`` (a cursor: ``fetchone``, ``fetchall``, iteration)
+    and ``executemany(sql, rows)``; SQL goes through ``dialect.sql`` first.
+    """
+
+    dialect: Dialect
+    location: str  # for messages: a file path or a URL without password
+
+    def read(self) -> AbstractContextManager[Any]: ...
+
+    def write(self, *, exclusive: bool = True) -> AbstractContextManager[Any]: ...
+
+    def close(self) -> None: ...
+
+
+def open_database(
+    db_url: str,
+    *,
+    write_mode: WriteMode = "lock",
+    synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+    timeout_s: float | None = None,
+    max_connections: int = 8,
+) -> MetadataDatabase:
+    """Open and migrate the metadata database named by ``db_url``.
+
+    Args:
+        db_url: ``sqlite:///relative/path.db``, ``sqlite:////absolute/path.db``, or
+            ``postgresql://user@host:port/dbname`` (also ``postgres://``).
+        write_mode, synchronous: SQLite only (see :class:`Database`).
+        timeout_s: how long a call waits for the database before it reports it
+            unavailable: SQLite's busy timeout (default 30 s), PostgreSQL's wait for a
+            pooled connection (default 5 s).
+        max_connections: PostgreSQL only: the pool's size.
+
+    Raises:
+        ValueError: an unsupported URL.
+        CoordinatorUnavailableError: the database cannot be opened.
+    """
+    if db_url.startswith(("postgresql://", "postgres://")):
+        from coordinator.postgres import PostgresDatabase  # psycopg only when used
+
+        return PostgresDatabase(
+            db_url,
+            timeout_s=5.0 if timeout_s is None else timeout_s,
+            max_connections=max_connections,
+        )
+    return Database(
+        parse_sqlite_url(db_url),
+        write_mode=write_mode,
+        synchronous=synchronous,
+        busy_timeout_s=30.0 if timeout_s is None else timeout_s,
+    )
+
+
+def fetch_each(conn: Any, sql: str, params: Sequence[Sequence[Any]]) -> list[Any]:
+    """Run ``sql`` once per parameter row, in order, on a connection of either database.
+
+    PostgreSQL pipelines the statements (one round trip for all); the server
+    still runs them one after another, so row locks are taken in ``params`` order.
+
+    Returns:
+        Each statement's first result row, or None where it returned none.
+    """
+    each = getattr(conn, "fetch_each", None)
+    if each is not None:
+        return list(each(sql, params))
+    return [conn.execute(sql, p).fetchone() for p in params]
 
 
 def parse_sqlite_url(db_url: str) -> Path:
@@ -253,22 +366,29 @@ def parse_sqlite_url(db_url: str) -> Path:
     prefix = "sqlite:///"
     if not db_url.startswith(prefix) or db_url == prefix:
         raise ValueError(
-            f"unsupported database URL {db_url!r}: expected sqlite:///relative/path.db "
-            "or sqlite:////absolute/path.db"
+            f"unsupported database URL {db_url!r}: expected sqlite:///relative/path.db, "
+            "sqlite:////absolute/path.db or postgresql://user@host:port/dbname"
         )
     return Path(db_url.removeprefix(prefix))
 
 
 def migrate(
-    conn: sqlite3.Connection,
+    conn: Any,
     dialect: Dialect = SQLITE,
     migrations: Sequence[Migration] = MIGRATIONS,
+    *,
+    lock: str | None = None,
 ) -> list[int]:
     """Apply the migrations the database lacks, all in one write transaction.
 
     Two processes starting at once are safe: the second waits for the first's
-    write lock, then finds nothing left to do. ``conn`` must be in autocommit
-    mode (``isolation_level=None``), outside any transaction.
+    write lock, then finds nothing left to do. ``conn`` (a ``sqlite3.Connection``
+    or a ``coordinator.postgres.PgConnection``) must be in autocommit mode
+    (``isolation_level=None``), outside any transaction.
+
+    Args:
+        lock: a statement run first in the transaction that serialises migrators
+            (PostgreSQL's advisory lock; SQLite's ``BEGIN IMMEDIATE`` already does).
 
     Returns:
         The versions applied now (empty when the schema was current).
@@ -281,6 +401,8 @@ def migrate(
         raise ValueError(f"migration versions must be unique and ascending: {versions}")
     conn.execute(dialect.begin_write)
     try:
+        if lock is not None:
+            conn.execute(lock)
         conn.execute(dialect.ddl(_SCHEMA_VERSION_DDL))
         row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
         current = row[0] if row and row[0] is not None else 0
@@ -339,6 +461,7 @@ class Database:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
         self.path = path
+        self.location = str(path)
         self.write_mode: WriteMode = write_mode
         self._busy_timeout_s = busy_timeout_s
         self._synchronous = synchronous
@@ -428,8 +551,13 @@ class Database:
             self._give_back(self._readers, conn)
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, *, exclusive: bool = True) -> Iterator[sqlite3.Connection]:
         """A write transaction holding the database's write lock; commits unless it raises.
+
+        Args:
+            exclusive: ignored: every SQLite write transaction holds the database's
+                write lock (PostgreSQL lets commits do without; see
+                ``coordinator.postgres``).
 
         Raises:
             CoordinatorUnavailableError: another process held the write lock past the

@@ -70,7 +70,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from coordinator.db import Database
+from coordinator.db import MetadataDatabase
 from coordinator.groups import (
     ASSIGNORS,
     FORMATS,
@@ -444,7 +444,7 @@ class _Ctx:
 
 
 class GroupStore:
-    """Consumer groups over one :class:`Database`; implements ``GroupCoordinator``.
+    """Consumer groups over one metadata database; implements ``GroupCoordinator``.
 
     Thread-safe; each method is one write transaction (see the module docstring).
 
@@ -453,7 +453,7 @@ class GroupStore:
             pass a fake one instead of sleeping.
     """
 
-    def __init__(self, db: Database, *, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: MetadataDatabase, *, now: Callable[[], float] = time.time) -> None:
         self._db = db
         self._q = db.dialect.sql
         self._now = now

@@ -1,5 +1,5 @@
 """The in-process coordinator: the Coordinator and GroupCoordinator protocols over a SQLite
-metadata store."""
+or PostgreSQL metadata store."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Literal
 
 from coordinator.client import ChunkCommit, Coordinator
-from coordinator.db import Database, WriteMode, parse_sqlite_url
+from coordinator.db import MetadataDatabase, WriteMode, open_database
 from coordinator.groups import (
     CommittedOffset,
     ConsumerConfig,
@@ -23,10 +23,11 @@ from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, Top
 
 
 class LocalCoordinator:
-    """A coordinator in this process, on a SQLite file that other processes may share.
+    """A coordinator in this process, on a SQLite file or PostgreSQL database that other
+    processes may share.
 
-    Thread-safe. Each process that opens the same file gets the same cluster id,
-    topics and offsets; commits are serialised across all of them.
+    Thread-safe. Each process that opens the same database gets the same cluster
+    id, topics and offsets; offsets stay contiguous across all of them.
     """
 
     def __init__(
@@ -36,16 +37,18 @@ class LocalCoordinator:
         cluster_id: str | None = None,
         write_mode: WriteMode = "lock",
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        timeout_s: float | None = None,
         now: Callable[[], float] = time.time,
     ) -> None:
         """Open (creating and migrating if needed) the database at ``db_url``.
 
         Args:
-            db_url: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``;
-                missing parent directories are created.
+            db_url: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``
+                (missing parent directories are created), or
+                ``postgresql://user@host:port/dbname``.
             cluster_id: the id a fresh database takes; for an existing one it must
                 match the stored id.
-            write_mode, synchronous: see ``coordinator.db``.
+            write_mode, synchronous, timeout_s: see ``coordinator.db.open_database``.
             now: the clock (epoch seconds) of consumer session and instance expiry;
                 tests pass a fake one.
 
@@ -53,8 +56,8 @@ class LocalCoordinator:
             ValueError: a bad URL, or ``cluster_id`` differs from the stored one.
             CoordinatorUnavailableError: the database cannot be opened.
         """
-        self._db = Database(
-            parse_sqlite_url(db_url), write_mode=write_mode, synchronous=synchronous
+        self._db = open_database(
+            db_url, write_mode=write_mode, synchronous=synchronous, timeout_s=timeout_s
         )
         try:
             self._store = MetadataStore(self._db, cluster_id=cluster_id)
@@ -62,6 +65,11 @@ class LocalCoordinator:
         except BaseException:
             self._db.close()
             raise
+
+    @property
+    def db(self) -> MetadataDatabase:
+        """The metadata database, for the janitors (their SQL lives in ``coordinator.janitors``)."""
+        return self._db
 
     @property
     def store(self) -> MetadataStore:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coordinator.client import ChunkCommit
-from coordinator.db import Database
+from coordinator.db import MetadataDatabase, fetch_each
 from coordinator.topic_configs import (
     check_consistent,
     config_def,
@@ -184,13 +184,13 @@ def check_chunks(object_key: str, chunks: Sequence[ChunkCommit]) -> None:
 
 
 class MetadataStore:
-    """Topics, configs, offsets, the chunk index and agents over one :class:`Database`.
+    """Topics, configs, offsets, the chunk index and agents over one metadata database.
 
     Thread-safe; each method is one transaction. Implements the
     ``coordinator.client.Coordinator`` protocol.
     """
 
-    def __init__(self, db: Database, *, cluster_id: str | None = None) -> None:
+    def __init__(self, db: MetadataDatabase, *, cluster_id: str | None = None) -> None:
         """Bind to ``db``, storing a cluster id on first use.
 
         Args:
@@ -216,7 +216,7 @@ class MetadataStore:
         stored = str(row[0])
         if wanted is not None and wanted != stored:
             raise ValueError(
-                f"cluster id mismatch: the metadata database {self._db.path} belongs to "
+                f"cluster id mismatch: the metadata database {self._db.location} belongs to "
                 f"cluster {stored!r}, not {wanted!r}"
             )
         return stored
@@ -394,15 +394,19 @@ class MetadataStore:
         # Fixed lock order (see the module docstring); bytes sort like the stored BLOBs.
         order = sorted(range(len(chunks)), key=lambda i: (chunks[i].topic_id, chunks[i].partition))
         bases = [0] * len(chunks)
-        with self._db.write() as conn:
+        # Not exclusive: the UPDATEs below lock each touched partition row, in order.
+        with self._db.write(exclusive=False) as conn:
             row = conn.execute(q(_INSERT_OBJECT), (object_key, size, time.time())).fetchone()
             if row is None:
                 return self._retried_commit(conn, object_key, chunks)
             object_id = row[0]
-            advance = q(_ADVANCE_HIGH_WATERMARK)
-            for i in order:
+            advanced = fetch_each(
+                conn,
+                q(_ADVANCE_HIGH_WATERMARK),
+                [(chunks[i].record_count, chunks[i].topic_id, chunks[i].partition) for i in order],
+            )
+            for i, hw in zip(order, advanced, strict=True):
                 c = chunks[i]
-                hw = conn.execute(advance, (c.record_count, c.topic_id, c.partition)).fetchone()
                 if hw is None:
                     raise self._missing_partition(conn, c.topic_id, c.partition)
                 bases[i] = hw[0] - c.record_count

@@ -1,6 +1,7 @@
 """The coordinator's HTTP API: exact statuses and bodies (TestClient over a real
-LocalCoordinator on SQLite), and every Protocol method through HttpCoordinator
-against a real coordinator process, compared with LocalCoordinator on the same file."""
+LocalCoordinator), and every Protocol method through HttpCoordinator against a real
+coordinator process, compared with LocalCoordinator on the same database. Everything
+runs on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from segments.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from tests.conftest import BACKENDS, new_db_url
 from tests.procs import start_coordinator
 
 with warnings.catch_warnings():
@@ -53,8 +55,8 @@ def _chunk(
 
 
 @pytest.fixture
-def local(tmp_path: Path) -> Iterator[LocalCoordinator]:
-    c = LocalCoordinator(f"sqlite:///{tmp_path / 'meta.db'}")
+def local(db_url: str) -> Iterator[LocalCoordinator]:
+    c = LocalCoordinator(db_url)
     yield c
     c.close()
 
@@ -65,11 +67,13 @@ def api(local: LocalCoordinator) -> Iterator[TestClient]:
         yield client
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """One coordinator process for the module: (base_url, db_url)."""
+@pytest.fixture(scope="module", params=BACKENDS)
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """One coordinator process per backend for the module: (base_url, db_url)."""
     tmp = tmp_path_factory.mktemp("coord")
-    db_url = f"sqlite:///{tmp / 'meta.db'}"
+    db_url = new_db_url(request, request.param, tmp)
     proc, url = start_coordinator(tmp, db_url)
     yield url, db_url
     proc.stop()
@@ -456,9 +460,9 @@ def test_topic_path_keeps_odd_names_in_one_segment() -> None:
     assert topic_path("..") == "/v1/topics/%2E%2E"
 
 
-def test_a_killed_server_raises_unavailable(tmp_path: Path) -> None:
+def test_a_killed_server_raises_unavailable(tmp_path: Path, db_url: str) -> None:
     """After the process is gone, a call raises CoordinatorUnavailableError, not httpx errors."""
-    proc, url = start_coordinator(tmp_path, f"sqlite:///{tmp_path / 'm.db'}")
+    proc, url = start_coordinator(tmp_path, db_url)
     try:
         with HttpCoordinator(url, timeout=2.0) as c:
             assert c.list_topics() == []

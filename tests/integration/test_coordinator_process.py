@@ -1,5 +1,7 @@
-"""The coordinator as its own process: concurrent commits over HTTP, SIGKILL and
-restart, failover, health and metrics, and a flush that crashed before its commit."""
+"""The coordinator as its own process: concurrent commits over HTTP (through several
+coordinator processes on one database), SIGKILL and restart, failover, health and
+metrics, and a flush that crashed before its commit. Everything runs on SQLite and on
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -22,26 +24,28 @@ from coordinator.orphans import find_orphans
 from segments.errors import CoordinatorUnavailableError, TopicExistsError
 from segments.store import open_store
 from segments.types import ChunkRef
+from tests.conftest import BACKENDS, new_db_url
 from tests.procs import Proc, free_port, start_coordinator
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def coord(tmp_path: Path) -> Iterator[tuple[Proc, str, str]]:
-    """A coordinator process on a fresh SQLite file: (proc, base_url, db_url)."""
-    db_url = f"sqlite:///{tmp_path / 'meta.db'}"
+def coord(tmp_path: Path, db_url: str) -> Iterator[tuple[Proc, str, str]]:
+    """A coordinator process on a fresh database: (proc, base_url, db_url)."""
     proc, url = start_coordinator(tmp_path, db_url)
     yield proc, url, db_url
     proc.stop()
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One coordinator process for the light tests of this module; returns its URL.
-    Tests on it use their own topic names and look at deltas, not totals."""
+@pytest.fixture(scope="module", params=BACKENDS)
+def shared(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One coordinator process per backend for the light tests of this module; returns its
+    URL. Tests on it use their own topic names and look at deltas, not totals."""
     tmp = tmp_path_factory.mktemp("shared")
-    proc, url = start_coordinator(tmp, f"sqlite:///{tmp / 'meta.db'}")
+    proc, url = start_coordinator(tmp, new_db_url(request, request.param, tmp))
     yield url
     proc.stop()
 
@@ -88,30 +92,39 @@ def _writer(url: str, topic_id_hex: str, writer: str, n: int, seed: int) -> Writ
 
 @pytest.mark.slow
 def test_concurrent_commits_over_http_keep_offsets_contiguous(
-    coord: tuple[Proc, str, str],
+    coord: tuple[Proc, str, str], tmp_path: Path
 ) -> None:
     """Race: 4 threads and 4 processes, each with its own HttpCoordinator, commit
-    10,000 objects into 50 partitions of one topic at once through one coordinator
-    process. Expected: every partition's offsets are contiguous from 0 to its high
-    watermark (no gap, no duplicate), each commit's offsets are what the index
-    holds for its object, and each writer's offsets grow in its commit order."""
-    _, url, _ = coord
+    10,000 objects into 50 partitions of one topic at once through THREE coordinator
+    processes on one database (writers spread over them). Expected: every partition's
+    offsets are contiguous from 0 to its high watermark (no gap, no duplicate), each
+    commit's offsets are what the index holds for its object, and each writer's offsets
+    grow in its commit order."""
+    _, url, db_url = coord
+    more = [start_coordinator(tmp_path, db_url) for _ in range(2)]
+    urls = [url] + [u for _, u in more]
     with HttpCoordinator(url) as c:
         topic = c.create_topic("race", PARTITIONS)
     tid = topic.topic_id.hex()
     spawn = multiprocessing.get_context("spawn")
-    with (
-        ProcessPoolExecutor(WRITERS_EACH_KIND, mp_context=spawn) as procs,
-        ThreadPoolExecutor(WRITERS_EACH_KIND) as threads,
-    ):
-        futures = [
-            procs.submit(_writer, url, tid, f"p{i}", COMMITS_PER_WRITER, i)
-            for i in range(WRITERS_EACH_KIND)
-        ] + [
-            threads.submit(_writer, url, tid, f"t{i}", COMMITS_PER_WRITER, 100 + i)
-            for i in range(WRITERS_EACH_KIND)
-        ]
-        logs = [f.result(timeout=120) for f in futures]
+    try:
+        with (
+            ProcessPoolExecutor(WRITERS_EACH_KIND, mp_context=spawn) as procs,
+            ThreadPoolExecutor(WRITERS_EACH_KIND) as threads,
+        ):
+            futures = [
+                procs.submit(_writer, urls[i % 3], tid, f"p{i}", COMMITS_PER_WRITER, i)
+                for i in range(WRITERS_EACH_KIND)
+            ] + [
+                threads.submit(
+                    _writer, urls[(i + 1) % 3], tid, f"t{i}", COMMITS_PER_WRITER, 100 + i
+                )
+                for i in range(WRITERS_EACH_KIND)
+            ]
+            logs = [f.result(timeout=120) for f in futures]
+    finally:
+        for proc, _ in more:
+            proc.stop()
 
     assert sum(len(log) for log in logs) == 10_000
     # What the writers were told, per (object_key, partition) -> (base, count).
@@ -143,11 +156,10 @@ def test_concurrent_commits_over_http_keep_offsets_contiguous(
 # -- (2) restart --------------------------------------------------------------------
 
 
-def test_sigkill_and_restart_keeps_all_state(tmp_path: Path) -> None:
+def test_sigkill_and_restart_keeps_all_state(tmp_path: Path, db_url: str) -> None:
     """SIGKILL the coordinator mid-life; a new process on the same db file serves
     the same topics, configs, offsets, index and cluster id, and new commits carry
     on from the old high watermark."""
-    db_url = f"sqlite:///{tmp_path / 'meta.db'}"
     port = free_port()
     proc, url = start_coordinator(tmp_path, db_url, port=port)
     with HttpCoordinator(url, timeout=5.0) as c:
@@ -300,12 +312,11 @@ def test_health_and_metrics_answer(shared: str) -> None:
 
 
 def test_crash_between_put_and_commit_leaves_no_record_and_an_orphan(
-    tmp_path: Path, s3_url: str, moto_endpoint: str
+    tmp_path: Path, db_url: str, s3_url: str, moto_endpoint: str
 ) -> None:
     """An object PUT whose commit never came (the agent died) is invisible to
     readers, moves no offset, and is reported as an orphan once past the grace
     period, while the committed object next to it is not."""
-    db_url = f"sqlite:///{tmp_path / 'meta.db'}"
     proc, url = start_coordinator(tmp_path, db_url, store_url=s3_url, store_endpoint=moto_endpoint)
     store = open_store(s3_url, endpoint_url=moto_endpoint)
     try:

@@ -30,6 +30,7 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import TopicPartition as TP
+from tests.conftest import BACKENDS, new_db_url
 from tests.procs import start_coordinator
 
 pytestmark = pytest.mark.integration
@@ -39,11 +40,14 @@ def uniq(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """One coordinator process for the module: (base_url, db_url)."""
+@pytest.fixture(scope="module", params=BACKENDS)
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """One coordinator process per backend (SQLite, PostgreSQL) for the module:
+    (base_url, db_url)."""
     tmp = tmp_path_factory.mktemp("groups")
-    db_url = f"sqlite:///{tmp / 'meta.db'}"
+    db_url = new_db_url(request, request.param, tmp)
     proc, url = start_coordinator(tmp, db_url)
     yield url, db_url
     proc.stop()

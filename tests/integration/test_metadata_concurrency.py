@@ -1,7 +1,9 @@
-"""Many writers on one SQLite metadata database: threads in one process and processes.
+"""Many writers on one metadata database: threads in one process and processes.
 
-Child processes are started with the ``spawn`` context, so each opens its own
-``LocalCoordinator`` on the shared file exactly as a separate agent host would.
+Every test runs on SQLite (one shared file) and on PostgreSQL (one shared
+database). Child processes are started with the ``spawn`` context, so each
+opens its own ``LocalCoordinator`` on the shared database exactly as a separate
+agent host would.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import random
-import sqlite3
 import threading
 import time
 from collections import defaultdict, deque
@@ -22,6 +23,7 @@ import pytest
 from coordinator.client import ChunkCommit
 from coordinator.db import MIGRATIONS
 from coordinator.local import LocalCoordinator
+from tests.conftest import backend_of, new_db_url, sql_rows
 
 pytestmark = pytest.mark.integration
 
@@ -89,37 +91,34 @@ def process_writer(
         coord.close()
 
 
-def open_fresh_databases(db_dir: str, rounds: int, barrier: MpBarrier, results: Any) -> None:
+def open_fresh_databases(db_urls: list[str], barrier: MpBarrier, results: Any) -> None:
     """A child process: each round, open a fresh database at the same moment as the others."""
-    for r in range(rounds):
+    for r, db_url in enumerate(db_urls):
         barrier.wait(timeout=60)
         try:
-            with LocalCoordinator(f"sqlite:///{db_dir}/round-{r}.db") as coord:
+            with LocalCoordinator(db_url) as coord:
                 results.put((r, coord.cluster_id(), None))
         except BaseException as e:
             results.put((r, None, repr(e)))
 
 
-def check_log(db_path: Path, records: list[CommitRecord]) -> None:
+def check_log(db_url: str, records: list[CommitRecord]) -> None:
     """Assert the invariants of the committed log against what the writers were told."""
-    conn = sqlite3.connect(db_path)
-    try:
-        hwm = {
-            (t, p): h
-            for t, p, s, h in conn.execute(
-                "SELECT topic_id, partition, log_start_offset, high_watermark FROM partitions"
-            )
-            if s == 0
-        }
-        index: dict[tuple[bytes, int], list[tuple[int, int, str]]] = defaultdict(list)
-        for t, p, base, count, key in conn.execute(
-            "SELECT e.topic_id, e.partition, e.base_offset, e.record_count, o.object_key "
-            "FROM index_entries e JOIN objects o ON o.object_id = e.object_id "
-            "ORDER BY e.topic_id, e.partition, e.base_offset"
-        ):
-            index[(t, p)].append((base, count, key))
-    finally:
-        conn.close()
+    hwm = {
+        (t, p): h
+        for t, p, s, h in sql_rows(
+            db_url, "SELECT topic_id, partition, log_start_offset, high_watermark FROM partitions"
+        )
+        if s == 0
+    }
+    index: dict[tuple[bytes, int], list[tuple[int, int, str]]] = defaultdict(list)
+    for t, p, base, count, key in sql_rows(
+        db_url,
+        "SELECT e.topic_id, e.partition, e.base_offset, e.record_count, o.object_key "
+        "FROM index_entries e JOIN objects o ON o.object_id = e.object_id "
+        "ORDER BY e.topic_id, e.partition, e.base_offset",
+    ):
+        index[(t, p)].append((base, count, key))
     assert len(hwm) == TOPICS * PARTITIONS
 
     told: dict[tuple[bytes, int], list[tuple[int, int, str]]] = defaultdict(list)
@@ -168,15 +167,14 @@ def check_log(db_path: Path, records: list[CommitRecord]) -> None:
 
 
 @pytest.mark.slow
-def test_threads_and_processes_commit_contiguous_offsets(tmp_path: Path) -> None:
+def test_threads_and_processes_commit_contiguous_offsets(db_url: str) -> None:
     """Race: 8 threads sharing one LocalCoordinator and 8 processes each with its own,
-    all committing at once to one SQLite file (10,000 commits of 1-5 chunks over 5 topics
-    x 10 partitions). Expected: per partition the index rows run contiguously from 0 to
-    the high watermark, match exactly the base offsets the writers were told, each
-    writer's commits get increasing offsets, and one serial commit order fits every
-    partition."""
-    db_path = tmp_path / "shared.db"
-    db_url = f"sqlite:///{db_path}"
+    all committing at once to one database (10,000 commits of 1-5 chunks over 5 topics
+    x 10 partitions; on PostgreSQL commits touching common partitions contend for their
+    row locks, taken in one fixed order). Expected: no deadlock and no error; per
+    partition the index rows run contiguously from 0 to the high watermark, match exactly
+    the base offsets the writers were told, each writer's commits get increasing offsets,
+    and one serial commit order fits every partition."""
     coord = LocalCoordinator(db_url)
     topic_ids = [coord.create_topic(f"topic-{i}", PARTITIONS).topic_id for i in range(TOPICS)]
 
@@ -231,20 +229,24 @@ def test_threads_and_processes_commit_contiguous_offsets(tmp_path: Path) -> None
     assert {r[0] for r in records} == {f"t{i}" for i in range(THREAD_WRITERS)} | {
         f"p{i}" for i in range(PROCESS_WRITERS)
     }
-    check_log(db_path, records)
+    check_log(db_url, records)
     assert elapsed < 60
 
 
-def test_processes_migrating_a_fresh_database_at_once(tmp_path: Path) -> None:
-    """Race: 4 processes open the same brand-new database file at the same moment, 5 times
-    over. Expected: all succeed, agree on one cluster id, and each migration is recorded
-    exactly once."""
+def test_processes_migrating_a_fresh_database_at_once(
+    request: pytest.FixtureRequest, db_url: str, tmp_path: Path
+) -> None:
+    """Race: 4 processes open the same brand-new database at the same moment, 5 times
+    over (SQLite: the file lock; PostgreSQL: the advisory lock). Expected: all succeed,
+    agree on one cluster id, and each migration is recorded exactly once."""
     n_procs, rounds = 4, 5
+    backend = backend_of(db_url)
+    urls = [new_db_url(request, backend, tmp_path / f"round-{r}") for r in range(rounds)]
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(n_procs)
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=open_fresh_databases, args=(str(tmp_path), rounds, barrier, results))
+        ctx.Process(target=open_fresh_databases, args=(urls, barrier, results))
         for _ in range(n_procs)
     ]
     for proc in procs:
@@ -261,12 +263,9 @@ def test_processes_migrating_a_fresh_database_at_once(tmp_path: Path) -> None:
     for r, cluster_id, _ in outcomes:
         by_round[r].add(cluster_id)
     assert {r: len(ids) for r, ids in by_round.items()} == {r: 1 for r in range(rounds)}
-    for r in range(rounds):
-        conn = sqlite3.connect(tmp_path / f"round-{r}.db")
-        try:
-            versions = [v for (v,) in conn.execute("SELECT version FROM schema_version")]
-            assert versions == [m.version for m in MIGRATIONS]
-            assert conn.execute("SELECT COUNT(*) FROM meta").fetchone() == (1,)
-            assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        finally:
-            conn.close()
+    for url in urls:
+        versions = [v for (v,) in sql_rows(url, "SELECT version FROM schema_version ORDER BY 1")]
+        assert versions == [m.version for m in MIGRATIONS]
+        assert sql_rows(url, "SELECT COUNT(*) FROM meta") == [(1,)]
+        if backend == "sqlite":
+            assert sql_rows(url, "PRAGMA journal_mode") == [("wal",)]

@@ -1,7 +1,8 @@
 """Consumer groups in the coordinator (coordinator.groups_store) through LocalCoordinator.
 
-A fake clock is injected (``LocalCoordinator(now=...)``) so session and instance
-expiry are tested without sleeping. High watermarks come from real commits.
+Every store test runs on SQLite and on PostgreSQL (the ``db_url`` fixture). A fake
+clock is injected (``LocalCoordinator(now=...)``) so session and instance expiry are
+tested without sleeping. High watermarks come from real commits.
 The HTTP round trips and the multi-client race are in
 ``tests/integration/test_groups_http.py``.
 """
@@ -9,10 +10,8 @@ The HTTP round trips and the multi-client race are in
 from __future__ import annotations
 
 import itertools
-import sqlite3
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,6 +32,7 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import TopicPartition as TP
+from tests.conftest import BACKENDS, new_db_url, sql_rows
 
 SESSION_MS = 10_000
 INSTANCE_MS = 60_000
@@ -83,11 +83,6 @@ def owners(info: GroupInfo) -> dict[TP, list[str]]:
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
-
-
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
 
 
 @pytest.fixture
@@ -166,12 +161,13 @@ def test_assignors_own_every_subscribed_partition_exactly_once(
 # -- rebalancing through the store -----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCoordinator, Clock]]:
+@pytest.fixture(scope="module", params=BACKENDS)
+def shared(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LocalCoordinator, Clock]]:
     clock = Clock()
-    coord = LocalCoordinator(
-        f"sqlite:///{tmp_path_factory.mktemp('groups') / 'meta.db'}", now=clock
-    )
+    db_url = new_db_url(request, request.param, tmp_path_factory.mktemp("groups"))
+    coord = LocalCoordinator(db_url, now=clock)
     yield coord, clock
     coord.close()
 
@@ -392,11 +388,11 @@ def test_positions_resolve_from_committed_offsets_then_reset_policy(
     assert n.unresolved == (TP("pos", 1), TP("pos", 2))
 
     # Retention moved log-start of p0 past the committed offset and n's position.
-    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as raw:
-        raw.execute(
-            "UPDATE partitions SET log_start_offset = 6 WHERE partition = 0 AND topic_id = ?",
-            (c.get_topic("pos").topic_id,),
-        )
+    sql_rows(
+        db_url,
+        "UPDATE partitions SET log_start_offset = 6 WHERE partition = 0 AND topic_id = ?",
+        (c.get_topic("pos").topic_id,),
+    )
     n = c.consumer("g", "n")
     assert n.positions == {}
     assert n.unresolved == (TP("pos", 0), TP("pos", 1), TP("pos", 2))

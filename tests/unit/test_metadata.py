@@ -1,4 +1,5 @@
-"""The coordinator's metadata store on SQLite, through LocalCoordinator (one process).
+"""The coordinator's metadata store through LocalCoordinator (one process), on SQLite and
+on PostgreSQL: every test that takes ``db_url`` runs once per backend.
 
 The multi-process and many-writer tests are in
 ``tests/integration/test_metadata_concurrency.py``.
@@ -11,13 +12,24 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.db import MIGRATIONS, Database, Migration, migrate, parse_sqlite_url
+from coordinator.db import (
+    MIGRATIONS,
+    POSTGRESQL,
+    SQLITE,
+    Database,
+    Migration,
+    migrate,
+    parse_sqlite_url,
+)
 from coordinator.local import LocalCoordinator
 from coordinator.metadata import MetadataStore
+from coordinator.postgres import PgConnection
 from segments.errors import (
     CommitConflictError,
     CoordinatorUnavailableError,
@@ -30,6 +42,7 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import ChunkRef, PartitionOffsets, TopicInfo
+from tests.conftest import backend_of, new_db_url, sql_rows
 
 
 def chunk(
@@ -46,30 +59,36 @@ def chunk(
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
+    """A SQLite file, for the SQLite-only tests."""
     return tmp_path / "meta" / "coordinator.db"
 
 
 @pytest.fixture
-def coord(db_path: Path) -> Iterator[LocalCoordinator]:
-    c = LocalCoordinator(f"sqlite:///{db_path}")
+def coord(db_url: str) -> Iterator[LocalCoordinator]:
+    c = LocalCoordinator(db_url)
     try:
         yield c
     finally:
         c.close()
 
 
-def rows(db_path: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-    """Read the database behind the coordinator's back."""
-    with sqlite3.connect(db_path) as conn:
-        return conn.execute(sql, params).fetchall()
+@pytest.fixture
+def other_db_url(request: pytest.FixtureRequest, db_url: str, tmp_path: Path) -> str:
+    """A second empty database on the same backend as ``db_url``."""
+    return new_db_url(request, backend_of(db_url), tmp_path / "other")
 
 
-def entries(db_path: Path, topic_id: bytes, partition: int) -> list[tuple[int, int]]:
+def rows(db_url: str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Read (or change) the database behind the coordinator's back."""
+    return sql_rows(db_url, sql, params)
+
+
+def entries(db_url: str, topic_id: bytes, partition: int) -> list[tuple[int, int]]:
     """(base_offset, record_count) of a partition's index rows, in offset order."""
     return [
         (int(b), int(n))  # type: ignore[call-overload]
         for b, n in rows(
-            db_path,
+            db_url,
             "SELECT base_offset, record_count FROM index_entries "
             "WHERE topic_id = ? AND partition = ? ORDER BY base_offset",
             (topic_id, partition),
@@ -77,10 +96,10 @@ def entries(db_path: Path, topic_id: bytes, partition: int) -> list[tuple[int, i
     ]
 
 
-def snapshot(db_path: Path) -> tuple[list[tuple[object, ...]], ...]:
+def snapshot(db_url: str) -> tuple[list[tuple[object, ...]], ...]:
     """Every row that a failed request must leave alone."""
     return tuple(
-        rows(db_path, f"SELECT * FROM {table} ORDER BY 1, 2")
+        rows(db_url, f"SELECT * FROM {table} ORDER BY 1, 2")
         for table in ("topics", "topic_configs", "partitions", "objects", "index_entries")
     )
 
@@ -88,30 +107,31 @@ def snapshot(db_path: Path) -> tuple[list[tuple[object, ...]], ...]:
 # -- cluster id, URLs, migrations ---------------------------------------------
 
 
-def test_cluster_id_is_generated_once_and_kept(db_path: Path) -> None:
-    with LocalCoordinator(f"sqlite:///{db_path}") as c:
+def test_cluster_id_is_generated_once_and_kept(db_url: str) -> None:
+    with LocalCoordinator(db_url) as c:
         cid = c.cluster_id()
     assert len(cid) == 22
     assert all(ch.isalnum() or ch in "-_" for ch in cid)
-    with LocalCoordinator(f"sqlite:///{db_path}") as c:
+    with LocalCoordinator(db_url) as c:
         assert c.cluster_id() == cid
-    with LocalCoordinator(f"sqlite:///{db_path}", cluster_id=cid) as c:
+    with LocalCoordinator(db_url, cluster_id=cid) as c:
         assert c.cluster_id() == cid
     with pytest.raises(ValueError, match="cluster id mismatch"):
-        LocalCoordinator(f"sqlite:///{db_path}", cluster_id="someOtherClusterId0000")
+        LocalCoordinator(db_url, cluster_id="someOtherClusterId0000")
 
 
-def test_explicit_cluster_id_on_a_fresh_database(tmp_path: Path) -> None:
-    with LocalCoordinator(f"sqlite:///{tmp_path}/a.db", cluster_id="lkc-test-cluster") as c:
+def test_explicit_cluster_id_on_a_fresh_database(db_url: str, other_db_url: str) -> None:
+    with LocalCoordinator(db_url, cluster_id="lkc-test-cluster") as c:
         assert c.cluster_id() == "lkc-test-cluster"
-    with LocalCoordinator(f"sqlite:///{tmp_path}/b.db") as c:
+    with LocalCoordinator(other_db_url) as c:
         assert c.cluster_id() != "lkc-test-cluster"
 
 
 def test_database_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite only: ``sqlite:///`` URL parsing and relative paths (PostgreSQL URLs go to libpq)."""
     assert parse_sqlite_url("sqlite:///data/x.db") == Path("data/x.db")
     assert parse_sqlite_url("sqlite:////abs/x.db") == Path("/abs/x.db")
-    for bad in ("postgresql://localhost/db", "sqlite://", "sqlite:///", "x.db"):
+    for bad in ("mysql://localhost/db", "sqlite://", "sqlite:///", "x.db"):
         with pytest.raises(ValueError, match="unsupported database URL"):
             LocalCoordinator(bad)
     monkeypatch.chdir(tmp_path)
@@ -120,41 +140,55 @@ def test_database_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (tmp_path / "deep" / "er" / "rel.db").is_file()
 
 
-def test_wal_mode_and_schema_version(coord: LocalCoordinator, db_path: Path) -> None:
-    assert rows(db_path, "PRAGMA journal_mode") == [("wal",)]
-    assert [r[0] for r in rows(db_path, "SELECT version FROM schema_version")] == [
+def test_schema_version(coord: LocalCoordinator, db_url: str) -> None:
+    assert [r[0] for r in rows(db_url, "SELECT version FROM schema_version ORDER BY 1")] == [
         m.version for m in MIGRATIONS
     ]
 
 
-def test_migrations_apply_only_what_is_missing(tmp_path: Path) -> None:
+def test_wal_mode(db_path: Path) -> None:
+    """SQLite only: the file is in WAL mode (PostgreSQL has no journal modes)."""
+    with LocalCoordinator(f"sqlite:///{db_path}"):
+        assert rows(f"sqlite:///{db_path}", "PRAGMA journal_mode") == [("wal",)]
+
+
+def test_migrations_apply_only_what_is_missing(db_url: str) -> None:
     extra = Migration(
         len(MIGRATIONS) + 1, "test column", ("ALTER TABLE agents ADD COLUMN rack TEXT",)
     )
-    conn = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    conn: Any
+    if backend_of(db_url) == "sqlite":
+        conn = sqlite3.connect(parse_sqlite_url(db_url), isolation_level=None)
+        dialect, close = SQLITE, conn.close
+    else:
+        pg = psycopg.connect(db_url, autocommit=True)
+        conn, dialect, close = PgConnection(pg), POSTGRESQL, pg.close
+
+    def run(migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
+        return migrate(conn, dialect, migrations)
+
     try:
-        assert migrate(conn) == [m.version for m in MIGRATIONS]
-        assert migrate(conn) == []
-        assert migrate(conn, migrations=(*MIGRATIONS, extra)) == [extra.version]
-        assert migrate(conn, migrations=(*MIGRATIONS, extra)) == []
-        assert "rack" in [r[1] for r in conn.execute("PRAGMA table_info(agents)")]
+        assert run() == [m.version for m in MIGRATIONS]
+        assert run() == []
+        assert run((*MIGRATIONS, extra)) == [extra.version]
+        assert run((*MIGRATIONS, extra)) == []
+        assert rows(db_url, "SELECT rack FROM agents") == []  # the column exists
         # Code older than the database refuses it rather than corrupting it.
         with pytest.raises(MetadataError, match="newer than this lakelog"):
-            migrate(conn)
+            run()
         # A failing migration leaves nothing half-applied.
-        broken = Migration(extra.version + 1, "broken", ("CREATE TABLE t1 (a)", "NOT SQL"))
-        with pytest.raises(sqlite3.OperationalError):
-            migrate(conn, migrations=(*MIGRATIONS, extra, broken))
-        assert conn.execute("SELECT MAX(version) FROM schema_version").fetchone() == (
-            extra.version,
-        )
-        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 't1'").fetchall() == []
+        broken = Migration(extra.version + 1, "broken", ("CREATE TABLE t1 (a TEXT)", "NOT SQL"))
+        with pytest.raises((sqlite3.OperationalError, psycopg.errors.SyntaxError)):
+            run((*MIGRATIONS, extra, broken))
+        assert rows(db_url, "SELECT MAX(version) FROM schema_version") == [(extra.version,)]
+        with pytest.raises((sqlite3.OperationalError, psycopg.errors.UndefinedTable)):
+            rows(db_url, "SELECT * FROM t1")
     finally:
-        conn.close()
+        close()
 
 
-def test_closed_coordinator_refuses_calls(db_path: Path) -> None:
-    c = LocalCoordinator(f"sqlite:///{db_path}")
+def test_closed_coordinator_refuses_calls(db_url: str) -> None:
+    c = LocalCoordinator(db_url)
     c.close()
     c.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
@@ -162,7 +196,9 @@ def test_closed_coordinator_refuses_calls(db_path: Path) -> None:
 
 
 def test_locked_database_is_reported_retriable(db_path: Path) -> None:
-    """Another process holding the write lock past the busy timeout -> a retriable error."""
+    """SQLite only (busy timeout of the file lock): another process holding the write lock
+    past the busy timeout -> a retriable error. PostgreSQL's retriable failures are in
+    ``test_postgres_lost_connections_are_retriable_then_replaced``."""
     db = Database(db_path, busy_timeout_s=0.2)
     store = MetadataStore(db)
     topic = store.create_topic("t", 1)
@@ -205,23 +241,23 @@ def test_create_get_list_topics(coord: LocalCoordinator) -> None:
 
 
 @pytest.mark.parametrize("name", ["", "x" * 250, ".", "..", "a b", "a/b"])
-def test_bad_topic_names_change_nothing(coord: LocalCoordinator, db_path: Path, name: str) -> None:
-    before = snapshot(db_path)
+def test_bad_topic_names_change_nothing(coord: LocalCoordinator, db_url: str, name: str) -> None:
+    before = snapshot(db_url)
     with pytest.raises(InvalidTopicNameError):
         coord.create_topic(name, 1)
     with pytest.raises(InvalidTopicNameError):
         coord.create_topic(name, 1, validate_only=True)
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
 
 
 @pytest.mark.parametrize("partitions", [0, -1, True, "3", 100_001])
 def test_bad_partition_counts_change_nothing(
-    coord: LocalCoordinator, db_path: Path, partitions: object
+    coord: LocalCoordinator, db_url: str, partitions: object
 ) -> None:
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     with pytest.raises(InvalidPartitionsError):
         coord.create_topic("t", partitions)  # type: ignore[arg-type]
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
 
 
 @pytest.mark.parametrize(
@@ -236,34 +272,34 @@ def test_bad_partition_counts_change_nothing(
     ],
 )
 def test_bad_configs_change_nothing(
-    coord: LocalCoordinator, db_path: Path, configs: dict[str, str], fragment: str
+    coord: LocalCoordinator, db_url: str, configs: dict[str, str], fragment: str
 ) -> None:
     coord.create_topic("existing", 1, {"retention.ms": "5"})
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     with pytest.raises(InvalidConfigError, match=fragment):
         coord.create_topic("t", 1, configs)
     with pytest.raises(InvalidConfigError, match=fragment):
         coord.alter_configs("existing", configs)
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
     assert coord.get_topic("existing").configs == {"retention.ms": "5"}
 
 
-def test_duplicate_topic(coord: LocalCoordinator, db_path: Path) -> None:
+def test_duplicate_topic(coord: LocalCoordinator, db_url: str) -> None:
     first = coord.create_topic("t", 2, {"retention.ms": "5"})
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     with pytest.raises(TopicExistsError, match=r"^Topic 't' already exists\.$"):
         coord.create_topic("t", 4)
     with pytest.raises(TopicExistsError):
         coord.create_topic("t", 4, validate_only=True)
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
     assert coord.get_topic("t") == first
 
 
-def test_validate_only_create_changes_nothing(coord: LocalCoordinator, db_path: Path) -> None:
-    before = snapshot(db_path)
+def test_validate_only_create_changes_nothing(coord: LocalCoordinator, db_url: str) -> None:
+    before = snapshot(db_url)
     info = coord.create_topic("t", 3, {"cleanup.policy": "compact"}, validate_only=True)
     assert (info.name, info.partitions, info.configs) == ("t", 3, {"cleanup.policy": "compact"})
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
     with pytest.raises(TopicNotFoundError):
         coord.get_topic("t")
 
@@ -289,17 +325,17 @@ def test_add_partitions(coord: LocalCoordinator) -> None:
         coord.add_partitions("nope", 9)
 
 
-def test_alter_configs(coord: LocalCoordinator, db_path: Path) -> None:
+def test_alter_configs(coord: LocalCoordinator, db_url: str) -> None:
     coord.create_topic("t", 1, {"retention.ms": "1000", "cleanup.policy": "compact"})
     info = coord.alter_configs("t", {"compression.type": "zstd"}, ["cleanup.policy"])
     assert info.configs == {"compression.type": "zstd", "retention.ms": "1000"}
     assert coord.get_topic("t").configs == info.configs
     # Resetting a config that has no override is a no-op, not an error.
     assert coord.alter_configs("t", None, ["segment.ms"]).configs == info.configs
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     dry = coord.alter_configs("t", {"retention.ms": "-1"}, ["compression.type"], validate_only=True)
     assert dry.configs == {"retention.ms": "-1"}
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
     with pytest.raises(InvalidConfigError, match="both set and reset"):
         coord.alter_configs("t", {"retention.ms": "1"}, ["retention.ms"])
     with pytest.raises(InvalidConfigError, match="Unknown topic config name"):
@@ -308,12 +344,12 @@ def test_alter_configs(coord: LocalCoordinator, db_path: Path) -> None:
     coord.alter_configs("t", {"max.compaction.lag.ms": "100"})
     with pytest.raises(InvalidConfigError, match=r"min\.compaction\.lag\.ms \(200\)"):
         coord.alter_configs("t", {"min.compaction.lag.ms": "200"})
-    assert snapshot(db_path) != before
+    assert snapshot(db_url) != before
     with pytest.raises(TopicNotFoundError):
         coord.alter_configs("nope", {"retention.ms": "1"})
 
 
-def test_delete_and_recreate_topic(coord: LocalCoordinator, db_path: Path) -> None:
+def test_delete_and_recreate_topic(coord: LocalCoordinator, db_url: str) -> None:
     old = coord.create_topic("t", 2, {"retention.ms": "5"})
     coord.commit("obj-1", [chunk(old.topic_id, 0, 10), chunk(old.topic_id, 1, 4)])
     other = coord.create_topic("other", 1)
@@ -325,15 +361,15 @@ def test_delete_and_recreate_topic(coord: LocalCoordinator, db_path: Path) -> No
         coord.get_topic_by_id(old.topic_id)
     with pytest.raises(TopicNotFoundError):
         coord.delete_topic("t")
-    assert rows(db_path, "SELECT COUNT(*) FROM index_entries WHERE topic_id = ?", (old.topic_id,))
+    assert rows(db_url, "SELECT COUNT(*) FROM index_entries WHERE topic_id = ?", (old.topic_id,))
     assert rows(
-        db_path, "SELECT COUNT(*) FROM index_entries WHERE topic_id = ?", (old.topic_id,)
+        db_url, "SELECT COUNT(*) FROM index_entries WHERE topic_id = ?", (old.topic_id,)
     ) == [(0,)]
-    assert rows(db_path, "SELECT COUNT(*) FROM partitions WHERE topic_id = ?", (old.topic_id,)) == [
+    assert rows(db_url, "SELECT COUNT(*) FROM partitions WHERE topic_id = ?", (old.topic_id,)) == [
         (0,)
     ]
     assert rows(
-        db_path, "SELECT COUNT(*) FROM topic_configs WHERE topic_id = ?", (old.topic_id,)
+        db_url, "SELECT COUNT(*) FROM topic_configs WHERE topic_id = ?", (old.topic_id,)
     ) == [(0,)]
     # The object stays committed until garbage collection; the other topic is untouched.
     assert coord.committed_object_keys(["obj-1", "obj-2"]) == {"obj-1", "obj-2"}
@@ -352,7 +388,7 @@ def test_delete_and_recreate_topic(coord: LocalCoordinator, db_path: Path) -> No
 
 
 def test_commit_assigns_contiguous_offsets_in_input_order(
-    coord: LocalCoordinator, db_path: Path
+    coord: LocalCoordinator, db_url: str
 ) -> None:
     a = coord.create_topic("a", 2)
     b = coord.create_topic("b", 1)
@@ -364,22 +400,22 @@ def test_commit_assigns_contiguous_offsets_in_input_order(
     assert coord.offsets("a", 0) == PartitionOffsets(0, 7)
     assert coord.offsets("a", 1) == PartitionOffsets(0, 3)
     assert coord.offsets("b", 0) == PartitionOffsets(0, 8)
-    assert entries(db_path, a.topic_id, 0) == [(0, 5), (5, 2)]
-    assert entries(db_path, b.topic_id, 0) == [(0, 7), (7, 1)]
+    assert entries(db_url, a.topic_id, 0) == [(0, 5), (5, 2)]
+    assert entries(db_url, b.topic_id, 0) == [(0, 7), (7, 1)]
     assert coord.committed_object_keys(["o1", "o2", "o3"]) == {"o1", "o2"}
 
 
-def test_idempotent_retry_returns_the_same_offsets(coord: LocalCoordinator, db_path: Path) -> None:
+def test_idempotent_retry_returns_the_same_offsets(coord: LocalCoordinator, db_url: str) -> None:
     t = coord.create_topic("t", 3)
     chunks = [chunk(t.topic_id, 2, 4, 0, 50), chunk(t.topic_id, 0, 6, 50, 70)]
     coord.commit("before", [chunk(t.topic_id, 0, 10)])
     offsets = coord.commit("obj", chunks)
     assert offsets == [0, 10]
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     assert coord.commit("obj", chunks) == offsets
     # The same chunks in another order: offsets follow the order given.
     assert coord.commit("obj", chunks[::-1]) == offsets[::-1]
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
     assert coord.offsets("t", 0) == PartitionOffsets(0, 16)
 
 
@@ -394,7 +430,7 @@ def test_idempotent_retry_returns_the_same_offsets(coord: LocalCoordinator, db_p
         "other_partition",
     ],
 )
-def test_conflicting_retry_raises(coord: LocalCoordinator, db_path: Path, retry: str) -> None:
+def test_conflicting_retry_raises(coord: LocalCoordinator, db_url: str, retry: str) -> None:
     t = coord.create_topic("t", 3)
     tid = t.topic_id
     coord.commit("obj", [chunk(tid, 0, 4, 0, 50), chunk(tid, 1, 6, 50, 70)])
@@ -410,15 +446,15 @@ def test_conflicting_retry_raises(coord: LocalCoordinator, db_path: Path, retry:
         ],
         "other_partition": [chunk(tid, 2, 4, 0, 50), chunk(tid, 1, 6, 50, 70)],
     }
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     with pytest.raises(CommitConflictError, match="obj"):
         coord.commit("obj", variants[retry])
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
 
 
 @pytest.mark.parametrize("missing", ["topic", "partition"])
 def test_unknown_topic_or_partition_commits_nothing(
-    coord: LocalCoordinator, db_path: Path, missing: str
+    coord: LocalCoordinator, db_url: str, missing: str
 ) -> None:
     a = coord.create_topic("a", 2)
     b = coord.create_topic("b", 2)
@@ -426,11 +462,11 @@ def test_unknown_topic_or_partition_commits_nothing(
     bad = chunk(b"\xff" * 16, 0, 1) if missing == "topic" else chunk(b.topic_id, 2, 1)
     # The bad chunk sorts last, so the good chunks were already advanced when it fails.
     chunks = [chunk(a.topic_id, 0, 5), bad, chunk(a.topic_id, 1, 5), chunk(b.topic_id, 0, 5)]
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     error = TopicNotFoundError if missing == "topic" else PartitionNotFoundError
     with pytest.raises(error):
         coord.commit("obj", chunks)
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
     assert coord.offsets("a", 0) == PartitionOffsets(0, 3)
     assert coord.committed_object_keys(["obj"]) == set()
     # The key was not burnt: a correct commit under it succeeds.
@@ -446,9 +482,7 @@ def test_topic_id_of_wrong_length_is_an_unknown_topic(coord: LocalCoordinator) -
 @pytest.mark.parametrize(
     "problem", ["zero_count", "negative_count", "negative_position", "duplicate", "empty", "key"]
 )
-def test_malformed_commits_are_rejected(
-    coord: LocalCoordinator, db_path: Path, problem: str
-) -> None:
+def test_malformed_commits_are_rejected(coord: LocalCoordinator, db_url: str, problem: str) -> None:
     t = coord.create_topic("t", 2)
     tid = t.topic_id
     key = "obj"
@@ -462,10 +496,10 @@ def test_malformed_commits_are_rejected(
     }[problem]
     if problem == "key":
         key = ""
-    before = snapshot(db_path)
+    before = snapshot(db_url)
     with pytest.raises(ValueError):
         coord.commit(key, chunks)
-    assert snapshot(db_path) == before
+    assert snapshot(db_url) == before
 
 
 # -- reads ----------------------------------------------------------------------
@@ -520,17 +554,15 @@ def test_lookup(coord: LocalCoordinator) -> None:
         coord.lookup("t", 0, 0, max_chunks=0)
 
 
-def test_lookup_below_log_start_reads_from_log_start(
-    coord: LocalCoordinator, db_path: Path
-) -> None:
+def test_lookup_below_log_start_reads_from_log_start(coord: LocalCoordinator, db_url: str) -> None:
     tid = _five_chunks(coord)
     # What retention will do: advance log-start into the third chunk, drop older entries.
-    with sqlite3.connect(db_path) as conn:
-        conn.execute(
-            "UPDATE partitions SET log_start_offset = 20 WHERE topic_id = ? AND partition = 0",
-            (tid,),
-        )
-        conn.execute("DELETE FROM index_entries WHERE topic_id = ? AND base_offset < 15", (tid,))
+    rows(
+        db_url,
+        "UPDATE partitions SET log_start_offset = 20 WHERE topic_id = ? AND partition = 0",
+        (tid,),
+    )
+    rows(db_url, "DELETE FROM index_entries WHERE topic_id = ? AND base_offset < 15", (tid,))
     assert coord.offsets("t", 0) == PartitionOffsets(20, 50)
     assert [c.base_offset for c in coord.lookup("t", 0, 0)] == [15, 35, 36]
     assert [c.base_offset for c in coord.lookup("t", 0, 19)] == [15, 35, 36]
@@ -572,7 +604,7 @@ def test_committed_object_keys(coord: LocalCoordinator) -> None:
 # -- agents ---------------------------------------------------------------------
 
 
-def test_agents_get_stable_broker_ids(coord: LocalCoordinator, db_path: Path) -> None:
+def test_agents_get_stable_broker_ids(coord: LocalCoordinator, db_url: str) -> None:
     assert coord.heartbeat_agent("agent-a", "10.0.0.1", 8082) == 0
     assert coord.heartbeat_agent("agent-b", "10.0.0.2", 8082) == 1
     assert coord.heartbeat_agent("agent-a", "10.0.0.9", 9092) == 0
@@ -582,8 +614,7 @@ def test_agents_get_stable_broker_ids(coord: LocalCoordinator, db_path: Path) ->
         (1, "agent-b", "10.0.0.2", 8082),
     ]
     # An agent not heard from within max_age_s is not listed, but keeps its id.
-    with sqlite3.connect(db_path) as conn:
-        conn.execute("UPDATE agents SET last_seen = last_seen - 60 WHERE agent_id = 'agent-b'")
+    rows(db_url, "UPDATE agents SET last_seen = last_seen - 60 WHERE agent_id = 'agent-b'")
     assert [a.agent_id for a in coord.list_agents(30.0)] == ["agent-a"]
     assert [a.agent_id for a in coord.list_agents(120.0)] == ["agent-a", "agent-b"]
     assert coord.heartbeat_agent("agent-b", "10.0.0.2", 8082) == 1
@@ -610,8 +641,8 @@ def test_concurrent_first_heartbeats_get_distinct_ids(coord: LocalCoordinator) -
 # -- restart --------------------------------------------------------------------
 
 
-def test_restart_keeps_everything(db_path: Path) -> None:
-    url = f"sqlite:///{db_path}"
+def test_restart_keeps_everything(db_url: str) -> None:
+    url = db_url
     with LocalCoordinator(url) as c:
         cid = c.cluster_id()
         t = c.create_topic("t", 3, {"cleanup.policy": "compact", "retention.ms": "-1"})
@@ -642,14 +673,19 @@ def test_restart_keeps_everything(db_path: Path) -> None:
         assert c.heartbeat_agent("agent-c", "h", 3) == 2
 
 
-@pytest.mark.parametrize("write_mode", ["lock", "pool"])
-def test_threads_commit_contiguously_in_both_write_modes(tmp_path: Path, write_mode: str) -> None:
+@pytest.mark.parametrize(
+    ("backend", "write_mode"), [("sqlite", "lock"), ("sqlite", "pool"), ("postgresql", "lock")]
+)
+def test_threads_commit_contiguously_in_both_write_modes(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str, write_mode: str
+) -> None:
     """Race: 8 threads commit 100 times each to the same 2 partitions through one
-    LocalCoordinator, with one shared write connection ("lock") or one per thread
-    ("pool"). Expected: every partition's offsets are contiguous and each thread's
-    offsets grow."""
-    db_path = tmp_path / "m.db"
-    with LocalCoordinator(f"sqlite:///{db_path}", write_mode=write_mode) as c:  # type: ignore[arg-type]
+    LocalCoordinator: on SQLite with one shared write connection ("lock") or one per
+    thread ("pool"); on PostgreSQL through the pool, where the partition row locks
+    order the commits. Expected: every partition's offsets are contiguous and each
+    thread's offsets grow."""
+    db_url = new_db_url(request, backend, tmp_path)
+    with LocalCoordinator(db_url, write_mode=write_mode) as c:  # type: ignore[arg-type]
         t = c.create_topic("t", 2)
         told: dict[int, list[tuple[int, int, int]]] = {0: [], 1: []}
         lock = threading.Lock()
@@ -673,7 +709,39 @@ def test_threads_commit_contiguously_in_both_write_modes(tmp_path: Path, write_m
             assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(spans))
             assert spans[0][0] == 0
             assert c.offsets("t", p).high_watermark == spans[-1][0] + spans[-1][1]
-            assert entries(db_path, t.topic_id, p) == spans
+            assert entries(db_url, t.topic_id, p) == spans
             for w in range(8):
                 mine = [base for who, base, _ in told[p] if who == w]
                 assert mine == sorted(mine)
+
+
+def test_postgres_lost_connections_are_retriable_then_replaced(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """PostgreSQL only (SQLite has no server connections): the server ends every pooled
+    connection (as at a restart or a failover). Expected: the next call fails with the
+    retriable CoordinatorUnavailableError, nothing is half-committed, and the call after
+    it succeeds on new connections with no manual step; offsets stay contiguous."""
+    db_url = new_db_url(request, "postgresql", tmp_path)
+    with LocalCoordinator(db_url) as c:
+        t = c.create_topic("t", 1)
+        assert c.commit("a", [chunk(t.topic_id, 0, 5)]) == [0]
+        killed = rows(
+            db_url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        assert killed and all(ok for (ok,) in killed)
+        failures = 0
+        for _ in range(3):
+            try:
+                assert c.commit("b", [chunk(t.topic_id, 0, 3)]) == [5]
+                break
+            except CoordinatorUnavailableError as e:
+                assert e.retriable
+                failures += 1
+        else:
+            pytest.fail("commits kept failing after the connections were replaced")
+        assert failures == 1
+        assert c.commit("c", [chunk(t.topic_id, 0, 1)]) == [8]
+        assert entries(db_url, t.topic_id, 0) == [(0, 5), (5, 3), (8, 1)]
