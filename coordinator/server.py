@@ -80,6 +80,7 @@ from coordinator.http_client import (
     topic_to_json,
     tp_from_json,
 )
+from coordinator.janitors.context import JanitorConfig
 from coordinator.orphans import find_orphans
 from segments.errors import LakelogError, MalformedRequestError
 from segments.store import ObjectStore
@@ -508,17 +509,29 @@ def run(
     store_url: str | None = None,
     store_endpoint: str | None = None,
     cluster_id: str | None = None,
+    janitors: JanitorConfig | None = None,
 ) -> None:
-    """Serve a coordinator over ``db_url`` with uvicorn until interrupted."""
+    """Serve a coordinator over ``db_url`` with uvicorn until interrupted.
+
+    ``janitors``: which janitors to run in the background (they need ``store_url``).
+    """
     import uvicorn
 
+    from coordinator.janitors.runner import JanitorMetrics, JanitorRunner
     from coordinator.local import LocalCoordinator
     from segments.store import open_store
 
+    if janitors is not None and janitors.enabled and not store_url:
+        raise ValueError("janitors need the object store: pass --store")
     coordinator = LocalCoordinator(db_url, cluster_id=cluster_id)
     store = open_store(store_url, endpoint_url=store_endpoint) if store_url else None
+    runner: JanitorRunner | None = None
     try:
         app = create_app(coordinator, store)
+        if janitors is not None and store is not None:
+            metrics = JanitorMetrics(app.state.metrics.registry)
+            runner = JanitorRunner(coordinator, store, janitors, metrics=metrics)
+            runner.start()
         log.info(
             "lakelog coordinator on http://%s:%d (db %s, store %s, cluster %s)",
             host,
@@ -529,6 +542,8 @@ def run(
         )
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
     finally:
+        if runner is not None:
+            runner.stop()
         if store is not None:
             store.close()
         coordinator.close()

@@ -11,16 +11,22 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
 from ulid import ULID
 
 from coordinator.client import ChunkCommit, Coordinator
-from segments.errors import CorruptSegmentError, LakelogError
+from segments.errors import (
+    CorruptSegmentError,
+    LakelogError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+)
 from segments.segment import SegmentBuilder, decode_chunk
 from segments.store import ObjectStore
+from segments.tier import TierReader
 from segments.types import ChunkInfo, ChunkRef, ConsumedRecord
 
 log = logging.getLogger(__name__)
@@ -100,8 +106,22 @@ class LogWriter:
         """Step 1 of ``write``: build and PUT the object (nothing visible yet)."""
         data, chunks = builder.build()
         key = new_object_key()
-        retry(lambda: self.store.put(key, data, if_none_match=True))
+        retry(lambda: self._put_new(key, data))
         return UploadedSegment(key, len(data), chunks, data)
+
+    def _put_new(self, key: str, data: bytes) -> None:
+        """PUT a fresh key; a 412 whose object holds exactly ``data`` is our own earlier try.
+
+        When a PUT lands but its answer is lost (reset, 5xx after the write), the SDK's
+        retry of the conditional PUT meets the object it just wrote. The key is new and
+        random, so nobody else wrote it: same bytes means the write succeeded.
+        """
+        try:
+            self.store.put(key, data, if_none_match=True)
+        except PreconditionFailedError:
+            if self.store.get(key) != data:
+                raise
+            log.info("%s: PUT answer was lost, but the object holds our bytes", key)
 
     def commit(self, uploaded: UploadedSegment) -> WriteResult:
         """Step 2 of ``write``: commit an uploaded object's chunks; returns base offsets."""
@@ -129,8 +149,59 @@ class LogWriter:
         return result
 
 
+def decode_entry(
+    ref: ChunkRef, data: bytes, topic: str, partition: int, from_offset: int
+) -> Iterator[ConsumedRecord]:
+    """The records of one index entry's bytes at offsets >= ``from_offset``, in order.
+
+    A ``"segment"`` entry is a chunk of RecordBatches; a ``"parquet"`` entry is a
+    whole tier object, decoded one row group at a time (only the groups from
+    ``from_offset`` on), holding only records inside the entry's offset span.
+
+    Raises:
+        CorruptSegmentError: undecodable bytes, or an unknown entry kind.
+    """
+    if ref.kind == "segment":
+        for off, rec in decode_chunk(data, ref.base_offset, ref.record_count):
+            if off >= from_offset:
+                yield ConsumedRecord(
+                    topic, partition, off, rec.key, rec.value, rec.timestamp_ms, rec.headers
+                )
+        return
+    if ref.kind != "parquet":
+        raise CorruptSegmentError(f"{ref.object_key}: unknown index entry kind {ref.kind!r}")
+    reader = TierReader(data)
+    if reader.partition != partition or reader.first_offset < ref.base_offset:
+        raise CorruptSegmentError(
+            f"{ref.object_key}: tier object of partition {reader.partition} at "
+            f"{reader.first_offset}, index entry says {partition} at {ref.base_offset}"
+        )
+    for group in reader.row_groups:
+        if group.last_offset < from_offset:
+            continue
+        if group.first_offset >= ref.end_offset:
+            return
+        start = max(from_offset, group.first_offset)
+        # At most this many records from `start` to the group's end; fewer if compaction
+        # left gaps, in which case the reader goes on into the next group: cut there.
+        for row in reader.records(start, max_records=group.last_offset - start + 1):
+            if row.offset > group.last_offset:
+                break
+            if row.offset >= ref.end_offset:
+                return
+            yield ConsumedRecord(
+                topic, partition, row.offset, row.key, row.value, row.timestamp_ms, row.headers
+            )
+
+
 class LogReader:
-    """Read committed records of one partition from the object store."""
+    """Read committed records of one partition from the object store.
+
+    Index entries are segment chunks or tier objects (``decode_entry``). Records
+    below the partition's log-start are never returned, even from an entry that
+    straddles it. An entry whose object is gone (tiering, compaction or retention
+    replaced it and GC deleted it) is looked up again once.
+    """
 
     def __init__(self, store: ObjectStore, coordinator: Coordinator) -> None:
         self.store = store
@@ -156,35 +227,37 @@ class LogReader:
         """
         out: list[ConsumedRecord] = []
         size = 0
-        next_offset = offset
+        next_offset = max(offset, self.coordinator.offsets(topic, partition).log_start)
+        retried = False
         while True:
             refs = self.coordinator.lookup(topic, partition, next_offset)
             if not refs:
                 return out
             for ref in refs:
-                for off, rec in decode_chunk(
-                    self.fetch_chunk(ref), ref.base_offset, ref.record_count
-                ):
-                    if off < next_offset:
-                        continue
-                    out.append(
-                        ConsumedRecord(
-                            topic, partition, off, rec.key, rec.value, rec.timestamp_ms, rec.headers
-                        )
-                    )
+                try:
+                    data = self.fetch_chunk(ref)
+                except ObjectNotFoundError:
+                    # The entry was swapped or dropped after our lookup: ask again, once.
+                    if retried:
+                        raise
+                    retried = True
+                    break
+                retried = False
+                for rec in decode_entry(ref, data, topic, partition, next_offset):
+                    out.append(rec)
                     size += len(rec.key or b"") + len(rec.value or b"")
                     if size >= max_bytes:
                         return out
-                next_offset = ref.end_offset
+                next_offset = max(next_offset, ref.end_offset)
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The first offset whose record timestamp is >= ``timestamp_ms``, or None."""
         ref = self.coordinator.lookup_timestamp(topic, partition, timestamp_ms)
         if ref is None:
             return None
-        for off, rec in decode_chunk(self.fetch_chunk(ref), ref.base_offset, ref.record_count):
+        for rec in decode_entry(ref, self.fetch_chunk(ref), topic, partition, ref.base_offset):
             if rec.timestamp_ms >= timestamp_ms:
-                return off
+                return rec.offset
         # The index's max timestamp comes from these very records, so this is corruption.
         raise CorruptSegmentError(
             f"{ref.object_key}: no record at or after {timestamp_ms} in a chunk whose "

@@ -18,13 +18,16 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import httpx
 import typer
 from pydantic import ValidationError
 
 from service.settings import Settings
+
+if TYPE_CHECKING:
+    from coordinator.janitors.context import JanitorConfig
 
 app = typer.Typer(
     name="lakelog",
@@ -34,6 +37,10 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(help="Manage topics over the REST API (like kafka-topics).")
 app.add_typer(topics_app, name="topics")
+janitor_app = typer.Typer(
+    help="Run a janitor once against the metadata database and the object store."
+)
+app.add_typer(janitor_app, name="janitor")
 
 # -- shared options ---------------------------------------------------------------
 
@@ -74,6 +81,46 @@ LogLevelOpt = Annotated[str, typer.Option("--log-level", help="Python log level.
 AccessLogOpt = Annotated[bool, typer.Option("--access-log", help="Log every request.")]
 UrlOpt = Annotated[
     str, typer.Option("--url", envvar="LAKELOG_URL", help="Base URL of a lakelog agent.")
+]
+
+JanitorsOpt = Annotated[
+    str,
+    typer.Option(
+        "--janitors",
+        envvar="LAKELOG_JANITORS",
+        help="Janitors to run in the background: comma-separated tier,retention,compact,gc "
+        "or all [default: none].",
+    ),
+]
+IntervalOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--janitor-interval",
+        help="name=seconds between runs, repeatable (defaults: tier=60 retention=60 "
+        "compact=600 gc=300).",
+    ),
+]
+TierAgeOpt = Annotated[
+    float | None,
+    typer.Option("--tier-age-s", envvar="LAKELOG_TIER_AGE_S", help="Tier chunks this old."),
+]
+TierBytesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tier-untiered-bytes",
+        envvar="LAKELOG_TIER_UNTIERED_BYTES",
+        help="Tier a partition's chunks whatever their age once it holds this many bytes.",
+    ),
+]
+GraceOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--gc-grace-s", envvar="LAKELOG_GC_GRACE_S", help="Delete garbage this long after."
+    ),
+]
+LeaseTtlOpt = Annotated[
+    float | None,
+    typer.Option("--lease-ttl-s", envvar="LAKELOG_LEASE_TTL_S", help="Janitor lease TTL."),
 ]
 
 DEFAULT_URL = "http://localhost:8082"
@@ -136,7 +183,9 @@ def _ensure_local_dirs(settings: Settings) -> None:
 def serve(
     host: HostOpt = None,
     port: PortOpt = None,
-    db: Annotated[str | None, typer.Option(help="Metadata store URL (sqlite:///...).")] = None,
+    db: Annotated[
+        str | None, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
+    ] = None,
     store: StoreOpt = None,
     store_endpoint: EndpointOpt = None,
     store_region: RegionOpt = None,
@@ -216,7 +265,9 @@ def agent(
 
 @app.command("coordinator")
 def coordinator_cmd(
-    db: Annotated[str, typer.Option(help="Metadata store URL.")] = "sqlite:///./data/lakelog.db",
+    db: Annotated[
+        str, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
+    ] = "sqlite:///./data/lakelog.db",
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8083,
     store: Annotated[
@@ -225,14 +276,156 @@ def coordinator_cmd(
     store_endpoint: EndpointOpt = None,
     cluster_id: ClusterOpt = None,
     log_level: LogLevelOpt = "info",
+    janitors: JanitorsOpt = "",
+    janitor_interval: IntervalOpt = None,
+    tier_age_s: TierAgeOpt = None,
+    tier_untiered_bytes: TierBytesOpt = None,
+    gc_grace_s: GraceOpt = None,
+    lease_ttl_s: LeaseTtlOpt = None,
 ) -> None:
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
     from coordinator.server import run
 
     _setup_logging(log_level)
+    config = _janitor_config(
+        janitors, janitor_interval, tier_age_s, tier_untiered_bytes, gc_grace_s, lease_ttl_s
+    )
+    if config.enabled and not store:
+        _fail("janitors need the object store: pass --store", code=2)
     if db.startswith("sqlite:///"):
         Path(db.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    run(db, host, port, store, store_endpoint, cluster_id)
+    run(db, host, port, store, store_endpoint, cluster_id, janitors=config)
+
+
+def _janitor_config(
+    janitors: str,
+    intervals: list[str] | None,
+    tier_age_s: float | None,
+    tier_untiered_bytes: int | None,
+    gc_grace_s: float | None,
+    lease_ttl_s: float | None,
+) -> JanitorConfig:
+    """A JanitorConfig from the flags (unset ones keep the defaults); exits 2 if invalid."""
+    from coordinator.janitors.context import DEFAULT_INTERVALS_S, JanitorConfig
+
+    names = {n.strip() for n in janitors.split(",") if n.strip()}
+    if names == {"all"}:
+        names = set(DEFAULT_INTERVALS_S)
+    given: dict[str, Any] = {
+        "tier_age_s": tier_age_s,
+        "tier_untiered_bytes": tier_untiered_bytes,
+        "gc_grace_s": gc_grace_s,
+        "lease_ttl_s": lease_ttl_s,
+    }
+    try:
+        every = dict(DEFAULT_INTERVALS_S)
+        for k, v in _pairs(intervals or [], "janitor interval").items():
+            every[k] = float(v)
+        return JanitorConfig(
+            enabled=frozenset(names),
+            intervals_s=every,
+            **{k: v for k, v in given.items() if v is not None},
+        )
+    except ValueError as e:
+        _fail(f"invalid janitor settings: {e}", code=2)
+
+
+def run_janitor_once(
+    janitor: str,
+    db: str,
+    store: str,
+    store_endpoint: str | None,
+    topic: str | None,
+    tier_age_s: float | None,
+    tier_untiered_bytes: int | None,
+    gc_grace_s: float | None,
+    log_level: str,
+) -> None:
+    """``lakelog janitor <name>``: one run with a progress bar on stderr, its report as JSON."""
+    import orjson
+    from rich.progress import Progress
+
+    from coordinator.janitors.catalog import Catalog
+    from coordinator.janitors.context import JANITORS, JanitorContext
+    from coordinator.janitors.leases import LeaseLostError, LeaseStore
+    from coordinator.janitors.runner import run_janitor
+    from coordinator.local import LocalCoordinator
+    from segments.store import open_store
+
+    _setup_logging(log_level)
+    if janitor not in JANITORS:
+        _fail(f"unknown janitor {janitor!r}; expected one of {', '.join(JANITORS)}", code=2)
+    if topic is not None and janitor == "gc":
+        _fail("gc works on the whole store; --topic does not apply", code=2)
+    config = _janitor_config("", None, tier_age_s, tier_untiered_bytes, gc_grace_s, None)
+    coordinator = LocalCoordinator(db)
+    object_store = open_store(store, endpoint_url=store_endpoint)
+    try:
+        leases = LeaseStore(coordinator.db, ttl_s=config.lease_ttl_s)
+        lease = leases.acquire(janitor, f"cli-{uuid.uuid4().hex[:12]}", scheduled=False)
+        if lease is None:
+            _fail(f"janitor {janitor} is running in another process; try again later")
+        with Progress(transient=True) as bar:
+            task = bar.add_task(f"janitor {janitor}", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=f"{janitor} {what}")
+
+            ctx = JanitorContext(
+                Catalog(coordinator.db),
+                coordinator.store,
+                object_store,
+                check=lease.check,
+                progress=progress,
+            )
+            run_id = leases.start_run(lease)
+            outcome, summary = "error", {}
+            try:
+                report = run_janitor(janitor, ctx, config, topic)
+                outcome, summary = "ok", report.as_dict()
+            except LeaseLostError as e:
+                outcome = "lost"
+                _fail(str(e))
+            finally:
+                leases.finish_run(run_id, outcome, summary)
+                leases.release(lease, time.time() + config.interval_s(janitor))
+        typer.echo(orjson.dumps(report.as_dict()).decode())
+    finally:
+        object_store.close()
+        coordinator.close()
+
+
+def _janitor_shortcut(name: str) -> None:
+    def command(
+        db: Annotated[
+            str, typer.Option(help="Metadata store URL.")
+        ] = "sqlite:///./data/lakelog.db",
+        store: Annotated[str, typer.Option(help="Object store URL.")] = "file://./data",
+        store_endpoint: EndpointOpt = None,
+        topic: Annotated[str | None, typer.Option(help="Only this topic's partitions.")] = None,
+        tier_age_s: TierAgeOpt = None,
+        tier_untiered_bytes: TierBytesOpt = None,
+        gc_grace_s: GraceOpt = None,
+        log_level: LogLevelOpt = "warning",
+    ) -> None:
+        run_janitor_once(
+            name,
+            db,
+            store,
+            store_endpoint,
+            topic,
+            tier_age_s,
+            tier_untiered_bytes,
+            gc_grace_s,
+            log_level,
+        )
+
+    command.__doc__ = f"Run the {name} janitor once, now (under its lease)."
+    janitor_app.command(name)(command)
+
+
+for _name in ("tier", "retention", "compact", "gc"):
+    _janitor_shortcut(_name)
 
 
 # -- REST client ------------------------------------------------------------------

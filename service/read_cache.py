@@ -11,7 +11,9 @@
   tiering and retention swap or drop entries); "nothing past the high watermark"
   is never cached, so new data is seen at once.
 - ``CachingLogReader``: a ``LogReader`` over both, with read-ahead of the next
-  chunks in parallel when catching up on history.
+  chunks in parallel when catching up on history. A tier object (a ``"parquet"``
+  index entry) is fetched whole, once, and kept in the history budget like any
+  range; its records are decoded one row group at a time from the wanted offset.
 
 Everything here is synchronous and thread-safe: the agent calls it from worker
 threads (``asyncio.to_thread``), so coalescing works across tasks and threads alike.
@@ -29,9 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from coordinator.client import Coordinator
-from index.log import LogReader, WriteResult
+from index.log import LogReader, WriteResult, decode_entry
 from segments.errors import ObjectNotFoundError
-from segments.segment import decode_chunk
 from segments.store import ObjectStore
 from segments.types import ChunkRef, ConsumedRecord
 from service.consume_metrics import ConsumeMetrics
@@ -317,6 +318,10 @@ class CachingLogReader(LogReader):
             if read_ahead > 0
             else None
         )
+        # Log-start per partition, refreshed with every index lookup that reaches the
+        # coordinator, so it is exactly as fresh as the index entries it goes with.
+        self._log_starts: dict[tuple[str, int], int] = {}
+        self._log_starts_lock = threading.Lock()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -346,9 +351,23 @@ class CachingLogReader(LogReader):
             return refs
         if self.metrics is not None:
             self.metrics.index_misses.inc()
+        log_start = self.coordinator.offsets(topic, partition).log_start
         refs = self.coordinator.lookup(topic, partition, offset)
+        with self._log_starts_lock:
+            self._log_starts[(topic, partition)] = log_start
         self.index.put(topic, partition, refs)
         return refs
+
+    def log_start(self, topic: str, partition: int) -> int:
+        """The partition's log-start as of the last index lookup that reached the coordinator."""
+        with self._log_starts_lock:
+            known = self._log_starts.get((topic, partition))
+        if known is not None:
+            return known
+        log_start = self.coordinator.offsets(topic, partition).log_start
+        with self._log_starts_lock:
+            self._log_starts[(topic, partition)] = log_start
+        return log_start
 
     def _prefetch(self, refs: list[ChunkRef], budget: int) -> None:
         if self._pool is None or budget <= 0:
@@ -381,6 +400,8 @@ class CachingLogReader(LogReader):
             refs = self.lookup(topic, partition, next_offset)
             if not refs:
                 return
+            # Never below log-start, even from an entry that straddles it.
+            next_offset = max(next_offset, self.log_start(topic, partition))
             self._prefetch(refs[1:], read_ahead_bytes - refs[0].length)
             for ref in refs:
                 try:
@@ -393,13 +414,9 @@ class CachingLogReader(LogReader):
                     retried = True
                     self.index.invalidate(topic, partition)
                     break
-                for off, rec in decode_chunk(data, ref.base_offset, ref.record_count):
-                    if off < next_offset:
-                        continue
-                    yield ConsumedRecord(
-                        topic, partition, off, rec.key, rec.value, rec.timestamp_ms, rec.headers
-                    )
-                    next_offset = off + 1
+                for rec in decode_entry(ref, data, topic, partition, next_offset):
+                    yield rec
+                    next_offset = rec.offset + 1
                 next_offset = max(next_offset, ref.end_offset)
 
     def read(

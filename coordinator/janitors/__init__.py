@@ -1,0 +1,5 @@
+"""The coordinator's janitors: tiering, retention, compaction and garbage collection.
+
+``catalog`` holds their SQL, ``leases`` makes one coordinator at a time run each,
+``runner`` schedules them in the coordinator process or runs one on demand.
+"""

@@ -1,0 +1,265 @@
+"""The janitors' SQL: index rows of a partition, index swaps, retention, object bookkeeping.
+
+Every statement is plain SQL both SQLite and PostgreSQL accept (``?`` placeholders,
+rewritten by ``Dialect.sql``). Each mutating method is ONE write transaction that
+first checks what it replaces is still there, unchanged (a conditional DELETE whose
+row count must match), so a janitor acting on a stale read aborts instead of
+clobbering a concurrent change; the object it wrote is then an orphan for GC.
+
+Objects: a row of ``objects`` whose last index entry goes gets ``unreferenced_at``
+stamped in the same transaction (and ``mark_unreferenced`` catches any other way an
+entry disappears, such as a deleted topic). Only rows stamped longer ago than the
+grace period are ever handed to garbage collection, and the row is deleted only if
+still unreferenced (the foreign key from ``index_entries`` would refuse it anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.db import MetadataDatabase
+from segments.types import ChunkRef
+
+_PARTITIONS = (
+    "SELECT t.topic_id, t.name, p.partition, p.log_start_offset, p.high_watermark "
+    "FROM topics t JOIN partitions p ON p.topic_id = t.topic_id "
+    "ORDER BY t.name, p.partition"
+)
+_CONFIGS = "SELECT topic_id, name, value FROM topic_configs"
+_ROWS = (
+    "SELECT e.base_offset, e.record_count, e.object_id, o.object_key, e.position, e.length, "
+    "e.min_ts, e.max_ts, e.kind, o.committed_at "
+    "FROM index_entries e JOIN objects o ON o.object_id = e.object_id "
+    "WHERE e.topic_id = ? AND e.partition = ? ORDER BY e.base_offset"
+)
+_DELETE_ROW = (
+    "DELETE FROM index_entries WHERE topic_id = ? AND partition = ? AND base_offset = ? "
+    "AND record_count = ? AND object_id = ? AND position = ? AND length = ? AND kind = ? "
+    "RETURNING base_offset"
+)
+_INSERT_OBJECT = (
+    "INSERT INTO objects (object_key, size, committed_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (object_key) DO NOTHING RETURNING object_id"
+)
+_INSERT_ROW = (
+    "INSERT INTO index_entries (topic_id, partition, base_offset, record_count, object_id, "
+    "position, length, min_ts, max_ts, kind) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, 'parquet')"
+)
+_UNREFERENCED = "NOT EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = objects.object_id)"
+_MARK_ONE = (
+    "UPDATE objects SET unreferenced_at = ? "
+    f"WHERE object_id = ? AND unreferenced_at IS NULL AND {_UNREFERENCED}"
+)
+_MARK_ALL = (
+    f"UPDATE objects SET unreferenced_at = ? WHERE unreferenced_at IS NULL AND {_UNREFERENCED}"
+)
+_DUE = (
+    "SELECT object_id, object_key FROM objects "
+    "WHERE unreferenced_at IS NOT NULL AND unreferenced_at <= ? ORDER BY object_id"
+)
+_PENDING = "SELECT COUNT(*) FROM objects WHERE unreferenced_at IS NOT NULL"
+_FORGET = f"DELETE FROM objects WHERE object_id = ? AND {_UNREFERENCED} RETURNING object_id"
+_ADVANCE_LOG_START = (
+    "UPDATE partitions SET log_start_offset = ? "
+    "WHERE topic_id = ? AND partition = ? AND log_start_offset < ? AND ? <= high_watermark "
+    "RETURNING log_start_offset"
+)
+_DROP_BELOW = (
+    "DELETE FROM index_entries WHERE topic_id = ? AND partition = ? "
+    "AND base_offset + record_count <= ? RETURNING object_id"
+)
+_COUNT_ROWS = "SELECT COUNT(*) FROM index_entries"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """One partition as the janitors see it: ids, bounds and the topic's overrides."""
+
+    topic_id: bytes
+    topic: str
+    partition: int
+    log_start: int
+    high_watermark: int
+    configs: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """One index entry with its object's id, key and commit time."""
+
+    base_offset: int
+    record_count: int
+    object_id: int
+    object_key: str
+    position: int
+    length: int
+    min_ts: int
+    max_ts: int
+    kind: str
+    committed_at: float
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+    def ref(self) -> ChunkRef:
+        """The ChunkRef a reader gets for this entry."""
+        return ChunkRef(
+            self.object_key,
+            self.position,
+            self.length,
+            self.base_offset,
+            self.record_count,
+            self.min_ts,
+            self.max_ts,
+            self.kind,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NewRow:
+    """A tier object written by a janitor, to be swapped in: offsets [base, base + span)."""
+
+    object_key: str
+    size: int
+    base_offset: int
+    record_count: int  # the offset span, not the rows (see ChunkRef)
+    min_ts: int
+    max_ts: int
+
+
+class SwapAborted(Exception):
+    """The rows to replace changed since they were read (internal: rolls the swap back)."""
+
+
+class Catalog:
+    """The janitors' view of the metadata database. Thread-safe; each method one transaction."""
+
+    def __init__(self, db: MetadataDatabase) -> None:
+        self._db = db
+        self._q = db.dialect.sql
+
+    def partitions(self, topic: str | None = None) -> list[PartitionState]:
+        """Every partition (of ``topic`` only, if given), by topic name and partition."""
+        with self._db.read() as conn:
+            configs: dict[bytes, dict[str, str]] = {}
+            for topic_id, key, value in conn.execute(self._q(_CONFIGS)):
+                configs.setdefault(bytes(topic_id), {})[key] = value
+            rows = conn.execute(self._q(_PARTITIONS)).fetchall()
+        return [
+            PartitionState(bytes(tid), name, p, ls, hw, configs.get(bytes(tid), {}))
+            for tid, name, p, ls, hw in rows
+            if topic is None or name == topic
+        ]
+
+    def rows(self, topic_id: bytes, partition: int) -> list[IndexRow]:
+        """The partition's index entries in offset order."""
+        with self._db.read() as conn:
+            found = conn.execute(self._q(_ROWS), (topic_id, partition)).fetchall()
+        return [IndexRow(*r) for r in found]
+
+    def index_row_count(self) -> int:
+        """Index entries in the whole database (for benchmarks and reports)."""
+        with self._db.read() as conn:
+            return int(conn.execute(self._q(_COUNT_ROWS)).fetchone()[0])
+
+    def swap(
+        self,
+        topic_id: bytes,
+        partition: int,
+        old: Sequence[IndexRow],
+        new: Sequence[NewRow],
+        now: float,
+    ) -> bool:
+        """Replace the entries ``old`` by ``new`` tier objects in ONE transaction.
+
+        Returns False, changing nothing, when any of ``old`` is gone or changed (a
+        concurrent tiering, compaction or retention got there first) or a new key is
+        already an object.
+        """
+        q = self._q
+        try:
+            with self._db.write() as conn:
+                for r in old:
+                    gone = conn.execute(
+                        q(_DELETE_ROW),
+                        (
+                            topic_id,
+                            partition,
+                            r.base_offset,
+                            r.record_count,
+                            r.object_id,
+                            r.position,
+                            r.length,
+                            r.kind,
+                        ),
+                    ).fetchone()
+                    if gone is None:
+                        raise SwapAborted(f"entry at {r.base_offset} changed")
+                for n in new:
+                    found = conn.execute(q(_INSERT_OBJECT), (n.object_key, n.size, now)).fetchone()
+                    if found is None:
+                        raise SwapAborted(f"object {n.object_key} already exists")
+                    conn.execute(
+                        q(_INSERT_ROW),
+                        (
+                            topic_id,
+                            partition,
+                            n.base_offset,
+                            n.record_count,
+                            found[0],
+                            n.size,
+                            n.min_ts,
+                            n.max_ts,
+                        ),
+                    )
+                self._mark(conn, {r.object_id for r in old}, now)
+        except SwapAborted:
+            return False
+        return True
+
+    def _mark(self, conn: Any, object_ids: set[int], now: float) -> None:
+        conn.executemany(self._q(_MARK_ONE), [(now, oid) for oid in sorted(object_ids)])
+
+    def advance_log_start(
+        self, topic_id: bytes, partition: int, log_start: int, now: float
+    ) -> int | None:
+        """Move log-start up to ``log_start`` and drop the entries wholly below it.
+
+        Entries straddling the new log-start stay (readers skip their records below
+        it). Returns the new log-start, or None when it was already there or beyond
+        (or beyond the high watermark): then nothing changes.
+        """
+        q = self._q
+        with self._db.write() as conn:
+            moved = conn.execute(
+                q(_ADVANCE_LOG_START), (log_start, topic_id, partition, log_start, log_start)
+            ).fetchone()
+            if moved is None:
+                return None
+            dropped = conn.execute(q(_DROP_BELOW), (topic_id, partition, log_start)).fetchall()
+            self._mark(conn, {r[0] for r in dropped}, now)
+        return int(moved[0])
+
+    def mark_unreferenced(self, now: float) -> int:
+        """Stamp every object that has no index entry and no stamp yet; returns how many."""
+        with self._db.write() as conn:
+            return len(conn.execute(self._q(_MARK_ALL), (now,)).fetchall())
+
+    def due_for_deletion(self, unreferenced_before: float) -> list[tuple[int, str]]:
+        """(object id, key) of objects unreferenced since at or before the given time."""
+        with self._db.read() as conn:
+            rows = conn.execute(self._q(_DUE), (unreferenced_before,)).fetchall()
+        return [(int(i), str(k)) for i, k in rows]
+
+    def pending_deletion(self) -> int:
+        """Objects unreferenced and not deleted yet."""
+        with self._db.read() as conn:
+            return int(conn.execute(self._q(_PENDING)).fetchone()[0])
+
+    def forget_object(self, object_id: int) -> bool:
+        """Drop an object's row once the object is deleted; False if it is referenced."""
+        with self._db.write() as conn:
+            return conn.execute(self._q(_FORGET), (object_id,)).fetchone() is not None
