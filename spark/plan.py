@@ -1,0 +1,317 @@
+"""Planning a read: one snapshot of the index, cut into scan tasks.
+
+``plan_read`` asks the coordinator, once per partition, for the log-start offset and
+the high watermark (the snapshot), resolves the starting and ending offsets against
+it, then walks the partition's index entries up to the snapshot's end. Every entry
+becomes a :class:`Slice` that owns a disjoint offset range ``[lo, hi)``: entries looked
+up page by page may overlap when tiering swapped rows in between (a Parquet row that
+replaced the segment rows already seen), and the disjoint ranges make a record come out
+exactly once whatever the index did meanwhile. Slices are then packed into
+:class:`ScanTask` s: small segment chunks merged up to ``max_bytes_per_task``, big Parquet
+objects split into pieces by offset (a piece reads the row groups whose first offset
+falls in it).
+
+Pushed-down filters arrive as :class:`Bounds`: partitions and topics prune whole
+partitions, offset bounds narrow the ranges, timestamp bounds drop entries whose
+min/max timestamps miss them (and, in the task, row groups and rows).
+
+No pyspark here: the bench and tests call it directly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from coordinator.client import Coordinator
+from segments.errors import PartitionNotFoundError, TopicNotFoundError
+from segments.store import ObjectStore
+from segments.types import ChunkRef, TopicInfo
+from spark.options import EARLIEST, LATEST, ReadOptions
+
+__all__ = ["Bounds", "Plan", "ScanTask", "Slice", "plan_read"]
+
+# Index entries fetched per coordinator lookup while walking a partition.
+_LOOKUP_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """Pushed-down filters, as inclusive bounds (None: unbounded)."""
+
+    topics: frozenset[str] | None = None
+    partitions: frozenset[int] | None = None
+    min_offset: int | None = None
+    max_offset: int | None = None
+    min_ts: int | None = None
+    max_ts: int | None = None
+
+    def ts_overlaps(self, lo: int, hi: int) -> bool:
+        """Whether timestamps in [lo, hi] can pass the timestamp bounds."""
+        return (self.min_ts is None or hi >= self.min_ts) and (
+            self.max_ts is None or lo <= self.max_ts
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Offsets [lo, hi) of one index entry (a segment chunk or a Parquet object).
+
+    For a piece of a split Parquet object, only row groups whose first offset lies in
+    [rg_lo, rg_hi) are read (their rows still clipped to [lo, hi)).
+    """
+
+    topic: str
+    partition: int
+    kind: str
+    object_key: str
+    position: int
+    length: int
+    base_offset: int
+    record_count: int
+    lo: int
+    hi: int
+    rg_lo: int = 0
+    rg_hi: int = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ScanTask:
+    """The slices one Spark task reads, in order."""
+
+    slices: tuple[Slice, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.length for s in self.slices)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A read's snapshot and tasks.
+
+    ``snapshot``: (log-start, high watermark) per topic-partition at planning time;
+    ``ranges``: the offsets [start, end) read from each.
+    """
+
+    snapshot: dict[tuple[str, int], tuple[int, int]]
+    ranges: dict[tuple[str, int], tuple[int, int]]
+    tasks: list[ScanTask] = field(default_factory=list)
+
+
+def _topics(opts: ReadOptions, coordinator: Coordinator, bounds: Bounds) -> list[TopicInfo]:
+    if opts.topics is not None:
+        out = []
+        for name in opts.topics:
+            try:
+                out.append(coordinator.get_topic(name))
+            except TopicNotFoundError:
+                raise ValueError(f"subscribe: unknown topic {name!r}") from None
+    else:
+        assert opts.pattern is not None
+        # Spark's subscribePattern matches whole names (java.util.regex.Matcher.matches).
+        regex = re.compile(opts.pattern)
+        out = [t for t in coordinator.list_topics() if regex.fullmatch(t.name)]
+    for spec in (opts.starting, opts.ending):
+        if isinstance(spec, dict):
+            names = {t.name: t for t in out}
+            for topic, parts in spec.items():
+                if topic not in names:
+                    raise ValueError(f"offsets name topic {topic!r}, which this read does not read")
+                missing = [p for p in parts if p >= names[topic].partitions]
+                if missing:
+                    raise ValueError(
+                        f"offsets name unknown partition(s) {missing} of topic {topic!r} "
+                        f"({names[topic].partitions} partitions)"
+                    )
+    return [t for t in out if bounds.topics is None or t.name in bounds.topics]
+
+
+def _offset_for_timestamp(
+    coordinator: Coordinator, store: ObjectStore, topic: str, partition: int, ts: int
+) -> int | None:
+    """The first offset whose record timestamp is >= ts (reads one index entry), or None."""
+    from spark.scan import first_offset_at_or_after
+
+    ref = coordinator.lookup_timestamp(topic, partition, ts)
+    if ref is None:
+        return None
+    return first_offset_at_or_after(store, topic, partition, ref, ts)
+
+
+def _resolve(
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    store: ObjectStore,
+    topic: str,
+    partition: int,
+    log_start: int,
+    hw: int,
+) -> tuple[int, int]:
+    """The offsets [start, end) this read takes from one partition, within the snapshot."""
+    tp = f"{topic}-{partition}"
+    if opts.starting_timestamp is not None:
+        found = _offset_for_timestamp(coordinator, store, topic, partition, opts.starting_timestamp)
+        if found is None:
+            if opts.timestamp_strategy == "error":
+                raise ValueError(
+                    f"startingTimestamp {opts.starting_timestamp}: no record of {tp} at or "
+                    "after it (set startingOffsetsByTimestampStrategy=latest to read nothing)"
+                )
+            found = hw
+        start = min(max(found, log_start), hw)
+    elif isinstance(opts.starting, dict):
+        parts = opts.starting.get(topic)
+        if parts is None or partition not in parts:
+            raise ValueError(f"startingOffsets JSON must name every partition; {tp} is missing")
+        start = parts[partition]
+        if start == EARLIEST:
+            start = log_start
+        elif start < log_start:
+            if opts.fail_on_data_loss:
+                raise ValueError(
+                    f"startingOffsets {start} of {tp} is before its log-start offset "
+                    f"{log_start}: those records were deleted (failOnDataLoss=false reads "
+                    "from log-start instead)"
+                )
+            start = log_start
+    else:
+        start = log_start
+    if opts.ending_timestamp is not None:
+        found = _offset_for_timestamp(coordinator, store, topic, partition, opts.ending_timestamp)
+        end = hw if found is None else min(found, hw)
+    elif isinstance(opts.ending, dict):
+        parts = opts.ending.get(topic)
+        if parts is None or partition not in parts:
+            raise ValueError(f"endingOffsets JSON must name every partition; {tp} is missing")
+        end = hw if parts[partition] == LATEST else min(parts[partition], hw)
+    else:
+        end = hw
+    if start > end:
+        if opts.starting_timestamp is not None or opts.ending_timestamp is not None:
+            return start, start
+        raise ValueError(f"{tp}: starting offset {start} is after ending offset {end}")
+    return start, end
+
+
+def _slices(
+    coordinator: Coordinator, topic: str, partition: int, start: int, end: int, bounds: Bounds
+) -> Iterator[Slice]:
+    """Disjoint slices covering [start, end) from the index, pruned by timestamp bounds."""
+    cursor = start
+    while cursor < end:
+        refs = coordinator.lookup(topic, partition, cursor, _LOOKUP_PAGE)
+        if not refs:
+            raise ValueError(
+                f"{topic}-{partition}: the index ends at {cursor}, before {end}: records "
+                "were deleted while planning; run the read again"
+            )
+        for ref in refs:
+            lo, hi = max(ref.base_offset, cursor), min(ref.end_offset, end)
+            if lo >= hi:
+                continue
+            cursor = hi
+            if bounds.ts_overlaps(ref.min_timestamp_ms, ref.max_timestamp_ms):
+                yield _slice(topic, partition, ref, lo, hi)
+            if cursor >= end:
+                return
+        cursor = max(cursor, refs[-1].end_offset)
+
+
+def _slice(topic: str, partition: int, ref: ChunkRef, lo: int, hi: int) -> Slice:
+    return Slice(
+        topic,
+        partition,
+        ref.kind,
+        ref.object_key,
+        ref.position,
+        ref.length,
+        ref.base_offset,
+        ref.record_count,
+        lo,
+        hi,
+    )
+
+
+def _split(s: Slice, max_bytes: int) -> list[Slice]:
+    """A big Parquet object's slice as pieces by offset (row groups by their first offset)."""
+    pieces = min(math.ceil(s.length / max_bytes), s.hi - s.lo)
+    if s.kind != "parquet" or pieces <= 1:
+        return [s]
+    # Row groups are assigned by their first offset, which may lie before lo: the first
+    # piece takes everything below, the last everything above.
+    span = s.hi - s.lo
+    cuts = [s.lo + span * i // pieces for i in range(pieces + 1)]
+    cuts[0], cuts[-1] = 0, 2**63 - 1
+    return [
+        Slice(
+            s.topic,
+            s.partition,
+            s.kind,
+            s.object_key,
+            s.position,
+            math.ceil(s.length / pieces),
+            s.base_offset,
+            s.record_count,
+            s.lo,
+            s.hi,
+            cuts[i],
+            cuts[i + 1],
+        )
+        for i in range(pieces)
+    ]
+
+
+def _pack(slices: list[Slice], max_bytes: int) -> list[ScanTask]:
+    """Consecutive slices into tasks of about max_bytes (a big slice is a task of its own)."""
+    tasks: list[ScanTask] = []
+    current: list[Slice] = []
+    size = 0
+    for s in slices:
+        for piece in _split(s, max_bytes):
+            if current and size + piece.length > max_bytes:
+                tasks.append(ScanTask(tuple(current)))
+                current, size = [], 0
+            current.append(piece)
+            size += piece.length
+    if current:
+        tasks.append(ScanTask(tuple(current)))
+    return tasks
+
+
+def plan_read(
+    opts: ReadOptions, coordinator: Coordinator, store: ObjectStore, bounds: Bounds = Bounds()
+) -> Plan:
+    """One snapshot of the index for this read, cut into scan tasks.
+
+    Raises:
+        ValueError: an unknown topic or partition, offsets that do not fit the snapshot
+            (see :func:`_resolve`), or an index that lost records while planning.
+    """
+    snapshot: dict[tuple[str, int], tuple[int, int]] = {}
+    ranges: dict[tuple[str, int], tuple[int, int]] = {}
+    slices: list[Slice] = []
+    for info in _topics(opts, coordinator, bounds):
+        for partition in range(info.partitions):
+            if bounds.partitions is not None and partition not in bounds.partitions:
+                continue
+            try:
+                offsets = coordinator.offsets(info.name, partition)
+            except PartitionNotFoundError:
+                continue  # partitions being added right now: not in this snapshot
+            log_start, hw = offsets.log_start, offsets.high_watermark
+            snapshot[(info.name, partition)] = (log_start, hw)
+            start, end = _resolve(opts, coordinator, store, info.name, partition, log_start, hw)
+            ranges[(info.name, partition)] = (start, end)
+            if bounds.min_offset is not None:
+                start = max(start, bounds.min_offset)
+            if bounds.max_offset is not None:
+                end = min(end, bounds.max_offset + 1)
+            if start < end:
+                slices.extend(_slices(coordinator, info.name, partition, start, end, bounds))
+    # Big reads get at least ~8 tasks, so that every executor core has work.
+    total = sum(s.length for s in slices)
+    target = min(opts.max_bytes_per_task, max(1 << 20, total // 8))
+    return Plan(snapshot, ranges, _pack(slices, target))
