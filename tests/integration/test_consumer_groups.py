@@ -94,7 +94,8 @@ def test_member_that_stops_polling_loses_its_partitions_and_nothing_is_lost(
     lakelog_cluster: Cluster, unique_topic: Callable[[str], str]
 ) -> None:
     """C stops polling with fetched-but-uncommitted records. After its session timeout
-    (5 s: long enough that A and B never lapse on a loaded machine) A and B own all 6 partitions and resume from the committed offsets: every
+    (5 s, so A and B never lapse on a loaded machine) A and B own all 6 partitions
+    and resume from the committed offsets: every
     record is delivered, duplicates only among C's uncommitted ones (at-least-once)."""
     cluster = lakelog_cluster
     topic = create_topic(cluster, unique_topic("failover"), PARTITIONS)
