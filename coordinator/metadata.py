@@ -18,10 +18,11 @@ import base64
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, cast
 
 from coordinator.client import ChunkCommit
-from coordinator.db import MetadataDatabase, fetch_each
+from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
 from coordinator.topic_configs import (
     check_consistent,
     config_def,
@@ -31,8 +32,10 @@ from coordinator.topic_configs import (
 )
 from segments.errors import (
     CommitConflictError,
+    CoordinatorUnavailableError,
     InvalidConfigError,
     InvalidPartitionsError,
+    MetadataError,
     PartitionNotFoundError,
     TopicExistsError,
     TopicNotFoundError,
@@ -91,6 +94,59 @@ _INSERT_ENTRY = (
     "INSERT INTO index_entries (topic_id, partition, base_offset, record_count, object_id, "
     "position, length, min_ts, max_ts, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'segment')"
 )
+# PostgreSQL only: a whole commit in ONE statement, so that it runs as one transaction in
+# one round trip (psycopg prepares it after a few runs; one text for any chunk count).
+# The arrays go in binary (%(...)b): psycopg's text format escapes each element, which
+# cost ~30 us per chunk.
+# - req: the chunks, one array per column, numbered in the order given.
+# - locked: the touched partition rows, locked in (topic id, partition) order. PostgreSQL
+#   locks rows as they leave the sort (LockRows sits above Sort), so every commit takes
+#   its locks in one global order: no deadlocks. MATERIALIZED: evaluated once, in full,
+#   before anything reads it.
+# - obj: the object row, inserted only if every partition exists (else nothing at all is
+#   written) and the key is new (else a retry: nothing is advanced).
+# - upd: advances each partition by its record count. It joins obj, so it runs only
+#   after every lock is held; it reads the latest committed high watermark of each row
+#   (READ COMMITTED re-checks a row updated since the statement's snapshot).
+# - ins: the index entries, one per chunk.
+# Returns one row: how many partitions exist, the new object id (NULL: the key was
+# committed before, or a partition is missing), and the base offsets in input order.
+_COMMIT_PG = """
+WITH req AS (
+    SELECT * FROM unnest(
+        %(topic_ids)b::bytea[], %(partitions)b::int[], %(counts)b::bigint[],
+        %(positions)b::bigint[], %(lengths)b::bigint[], %(min_ts)b::bigint[],
+        %(max_ts)b::bigint[]
+    ) WITH ORDINALITY AS r (
+        topic_id, partition, record_count, position, length, min_ts, max_ts, ord
+    )
+), locked AS MATERIALIZED (
+    SELECT r.ord FROM partitions p
+    JOIN req r ON r.topic_id = p.topic_id AND r.partition = p.partition
+    ORDER BY p.topic_id, p.partition
+    FOR UPDATE OF p
+), obj AS (
+    INSERT INTO objects (object_key, size, committed_at)
+    SELECT %(object_key)s::text, %(size)s::bigint, %(now)s::double precision
+    WHERE (SELECT count(*) FROM locked) = (SELECT count(*) FROM req)
+    ON CONFLICT (object_key) DO NOTHING
+    RETURNING object_id
+), upd AS (
+    UPDATE partitions p SET high_watermark = p.high_watermark + r.record_count
+    FROM req r, obj o
+    WHERE p.topic_id = r.topic_id AND p.partition = r.partition
+    RETURNING r.ord, p.high_watermark - r.record_count AS base_offset
+), ins AS (
+    INSERT INTO index_entries (topic_id, partition, base_offset, record_count, object_id,
+        position, length, min_ts, max_ts, kind)
+    SELECT r.topic_id, r.partition, u.base_offset, r.record_count, o.object_id,
+        r.position, r.length, r.min_ts, r.max_ts, 'segment'
+    FROM req r JOIN upd u ON u.ord = r.ord CROSS JOIN obj o
+)
+SELECT (SELECT count(*) FROM locked), (SELECT object_id FROM obj),
+    ARRAY(SELECT base_offset FROM upd ORDER BY ord), ARRAY(SELECT ord FROM locked)
+"""
+_OBJECT_EXISTS = "SELECT 1 FROM objects WHERE object_key = ?"
 _ENTRIES_OF_OBJECT = (
     "SELECT e.topic_id, e.partition, e.position, e.length, e.record_count, e.base_offset "
     "FROM index_entries e JOIN objects o ON o.object_id = e.object_id WHERE o.object_key = ?"
@@ -123,6 +179,12 @@ _LIVE_AGENTS = (
     "SELECT broker_id, agent_id, host, port, last_seen FROM agents "
     "WHERE last_seen >= ? ORDER BY broker_id"
 )
+
+
+class _AutocommitDatabase(Protocol):
+    """A database that can run a statement as its own transaction (PostgreSQL)."""
+
+    def autocommit(self) -> AbstractContextManager[Any]: ...
 
 
 def new_cluster_id() -> str:
@@ -390,6 +452,8 @@ class MetadataStore:
             CommitConflictError: the key is committed with other chunks.
         """
         check_chunks(object_key, chunks)
+        if self._db.dialect.name == POSTGRESQL.name:
+            return self._commit_one_statement(object_key, chunks, size)
         q = self._q
         # Fixed lock order (see the module docstring); bytes sort like the stored BLOBs.
         order = sorted(range(len(chunks)), key=lambda i: (chunks[i].topic_id, chunks[i].partition))
@@ -428,6 +492,52 @@ class MetadataStore:
                 ],
             )
         return bases
+
+    def _commit_one_statement(
+        self, object_key: str, chunks: Sequence[ChunkCommit], size: int | None
+    ) -> list[int]:
+        """``commit`` on PostgreSQL: one statement (``_COMMIT_PG``), its own transaction."""
+        db = cast("_AutocommitDatabase", self._db)
+        params = {
+            "topic_ids": [bytes(c.topic_id) for c in chunks],
+            "partitions": [c.partition for c in chunks],
+            "counts": [c.record_count for c in chunks],
+            "positions": [c.position for c in chunks],
+            "lengths": [c.length for c in chunks],
+            "min_ts": [c.min_timestamp_ms for c in chunks],
+            "max_ts": [c.max_timestamp_ms for c in chunks],
+            "object_key": object_key,
+            "size": size,
+            "now": time.time(),
+        }
+        # A second pass only when the key's object vanished between the statement and
+        # the read below (garbage collection): then the key is free again, as on SQLite.
+        for _ in range(2):
+            with db.autocommit() as conn:
+                found, object_id, bases, found_ords = conn.execute(_COMMIT_PG, params).fetchone()
+            if object_id is not None:
+                if len(bases) != len(chunks):  # impossible while the rows are locked
+                    raise MetadataError(
+                        f"commit of {object_key!r} advanced {len(bases)} of {len(chunks)} "
+                        "partitions"
+                    )
+                return [int(b) for b in bases]
+            # Nothing was written: the key was committed before (a retry) or a partition
+            # is missing. The key is checked first, as on SQLite.
+            with self._db.read() as conn:
+                if conn.execute(self._q(_OBJECT_EXISTS), (object_key,)).fetchone() is not None:
+                    return self._retried_commit(conn, object_key, chunks)
+                if found < len(chunks):
+                    present = {n - 1 for n in found_ords}  # WITH ORDINALITY counts from 1
+                    first = min(
+                        (i for i in range(len(chunks)) if i not in present),
+                        key=lambda i: (chunks[i].topic_id, chunks[i].partition),
+                    )
+                    c = chunks[first]
+                    raise self._missing_partition(conn, c.topic_id, c.partition)
+        raise CoordinatorUnavailableError(
+            f"commit of {object_key!r}: its object row keeps vanishing; try again"
+        )
 
     def _retried_commit(
         self, conn: Any, object_key: str, chunks: Sequence[ChunkCommit]

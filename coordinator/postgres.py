@@ -3,13 +3,15 @@
 Same schema, migrations and SQL as SQLite (see ``coordinator.db``); what
 differs is how writers are serialised:
 
-- Commits (``write(exclusive=False)``) run under READ COMMITTED and lock only
-  the partition rows they advance, one ``UPDATE ... RETURNING`` per partition
-  in (topic id, partition) order. Two commits touching common partitions lock
-  them in the same order, so they queue instead of deadlocking, and commits to
-  disjoint partitions run in parallel. Each UPDATE reads the row's latest
-  committed high watermark after acquiring the lock, so offsets stay contiguous
-  across any number of coordinator processes.
+- A commit is ONE statement outside any explicit transaction (``autocommit()``;
+  a statement is its own transaction, one round trip in all) under READ
+  COMMITTED. It locks only the partition rows it advances, with
+  ``SELECT ... ORDER BY topic_id, partition FOR UPDATE`` (the rows are locked as
+  they leave the sort, so in that order). Two commits touching common
+  partitions lock them in the same order, so they queue instead of
+  deadlocking, and commits to disjoint partitions run in parallel. The UPDATE
+  re-reads each row's latest committed high watermark once it holds the lock,
+  so offsets stay contiguous across any number of coordinator processes.
 - Every other write (topics, agents, consumer groups, janitors) is a
   read-modify-write over several rows, which SQLite makes safe with its
   database-wide write lock. Here it takes one transaction-scoped advisory lock
@@ -171,15 +173,17 @@ class PostgresDatabase:
             raise
 
     @contextmanager
-    def _transaction(self, begin: str, lock: bool) -> Iterator[PgConnection]:
+    def _transaction(self, begin: str | None, lock: bool) -> Iterator[PgConnection]:
         try:
             with self._pool.connection(timeout=self._timeout_s) as raw:
                 conn = PgConnection(raw)
                 try:
-                    # One round trip: BEGIN and the lock as one simple-protocol query.
-                    raw.execute(f"{begin}; {self._lock_sql}" if lock else begin)
+                    if begin is not None:
+                        # One round trip: BEGIN and the lock as one simple-protocol query.
+                        raw.execute(f"{begin}; {self._lock_sql}" if lock else begin)
                     yield conn
-                    raw.execute("COMMIT")
+                    if begin is not None:
+                        raw.execute("COMMIT")
                 except BaseException:
                     if not raw.broken and not raw.closed:
                         with suppress(psycopg.Error):
@@ -228,6 +232,22 @@ class PostgresDatabase:
                 transaction was chosen as a deadlock or serialization victim.
         """
         with self._transaction(self.dialect.begin_write, lock=exclusive) as conn:
+            yield conn
+
+    @contextmanager
+    def autocommit(self) -> Iterator[PgConnection]:
+        """A connection outside any transaction: each statement is its own transaction.
+
+        For writes that fit in ONE statement (commits: see ``MetadataStore.commit``);
+        the statement and its commit cost one round trip, against three for BEGIN,
+        the statement and COMMIT. The statement must lock what it read-modify-writes
+        itself, in a fixed order, as ``write(exclusive=False)`` transactions do.
+
+        Raises:
+            CoordinatorUnavailableError: the server is unreachable or failed, or the
+                statement was chosen as a deadlock or serialization victim.
+        """
+        with self._transaction(None, lock=False) as conn:
             yield conn
 
     def close(self) -> None:
