@@ -35,6 +35,11 @@ __all__ = ["Bounds", "Plan", "ScanTask", "Slice", "plan_read"]
 
 # Index entries fetched per coordinator lookup while walking a partition.
 _LOOKUP_PAGE = 1000
+# Task sizing (compressed bytes). Segment chunks cost ~0.25 s of Python decoding per MiB,
+# so small tasks still outweigh Spark's per-task cost (a reused worker) and spread over
+# the cores; Parquet objects are only split into pieces of a row group's order of size.
+_MIN_TASK_BYTES = 256 << 10
+_MIN_PARQUET_PIECE = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +241,12 @@ def _slice(topic: str, partition: int, ref: ChunkRef, lo: int, hi: int) -> Slice
 
 
 def _split(s: Slice, max_bytes: int) -> list[Slice]:
-    """A big Parquet object's slice as pieces by offset (row groups by their first offset)."""
-    pieces = min(math.ceil(s.length / max_bytes), s.hi - s.lo)
+    """A big Parquet object's slice as pieces by offset (row groups by their first offset).
+
+    Pieces are at least ``_MIN_PARQUET_PIECE`` bytes: the planner does not know the row
+    groups, and a piece smaller than one reads nothing but the footer.
+    """
+    pieces = min(math.ceil(s.length / max(max_bytes, _MIN_PARQUET_PIECE)), s.hi - s.lo)
     if s.kind != "parquet" or pieces <= 1:
         return [s]
     # Row groups are assigned by their first offset, which may lie before lo: the first
@@ -313,5 +322,5 @@ def plan_read(
                 slices.extend(_slices(coordinator, info.name, partition, start, end, bounds))
     # Big reads get at least ~8 tasks, so that every executor core has work.
     total = sum(s.length for s in slices)
-    target = min(opts.max_bytes_per_task, max(1 << 20, total // 8))
+    target = min(opts.max_bytes_per_task, max(_MIN_TASK_BYTES, total // 8))
     return Plan(snapshot, ranges, _pack(slices, target))

@@ -137,45 +137,54 @@ def _segment_batch(
             f"{group[0].object_key}: {len(data)} bytes at {start}, the index says {end - start}"
         )
     view = memoryview(data)
+    want = set(columns)
+    min_ts, max_ts = bounds.min_ts, bounds.max_ts
     for s in group:
         chunk = view[s.position - start : s.position + s.length - start]
-        records = [
-            (off, rec)
-            for off, rec in decode_chunk(chunk, s.base_offset, s.record_count)
-            if s.lo <= off < s.hi
-            and (bounds.min_ts is None or rec.timestamp_ms >= bounds.min_ts)
-            and (bounds.max_ts is None or rec.timestamp_ms <= bounds.max_ts)
-        ]
-        if not records:
+        # One pass over the decoded records fills only the wanted columns (no per-column
+        # passes, no intermediate list of kept records).
+        offsets: list[int] = []
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        stamps: list[int] = []
+        headers: list[list[dict[str, Any]] | None] = []
+        lo, hi = s.lo, s.hi
+        for off, rec in decode_chunk(chunk, s.base_offset, s.record_count):
+            if off < lo or off >= hi:
+                continue
+            ts = rec.timestamp_ms
+            if (min_ts is not None and ts < min_ts) or (max_ts is not None and ts > max_ts):
+                continue
+            offsets.append(off)
+            stamps.append(ts)
+            keys.append(rec.key)
+            values.append(rec.value)
+            if "headers" in want:
+                headers.append(
+                    [{"key": k, "value": v} for k, v in rec.headers] if rec.headers else None
+                )
+        n = len(offsets)
+        if not n:
             continue
-        n = len(records)
         arrays: list[pa.Array] = []
         for name in columns:
             if name == "key":
-                arrays.append(pa.array([r.key for _, r in records], pa.binary()))
+                arrays.append(pa.array(keys, pa.binary()))
             elif name == "value":
-                arrays.append(pa.array([r.value for _, r in records], pa.binary()))
+                arrays.append(pa.array(values, pa.binary()))
             elif name == "topic":
                 arrays.append(pa.array([s.topic] * n, pa.string()))
             elif name == "partition":
                 arrays.append(pa.array([s.partition] * n, pa.int32()))
             elif name == "offset":
-                arrays.append(pa.array([off for off, _ in records], pa.int64()))
+                arrays.append(pa.array(offsets, pa.int64()))
             elif name == "timestamp":
-                ms = pa.array([r.timestamp_ms for _, r in records], pa.int64())
+                ms = pa.array(stamps, pa.int64())
                 arrays.append(pc.multiply(ms, 1000).cast(pa.timestamp("us", tz="UTC")))
             elif name == "timestampType":
                 arrays.append(pa.array([0] * n, pa.int32()))
             else:  # headers: null when a record has none, as Spark's Kafka source
-                arrays.append(
-                    pa.array(
-                        [
-                            [{"key": k, "value": v} for k, v in r.headers] if r.headers else None
-                            for _, r in records
-                        ],
-                        _HEADER_TYPE,
-                    )
-                )
+                arrays.append(pa.array(headers, _HEADER_TYPE))
         stats.records += n
         yield pa.RecordBatch.from_arrays(arrays, schema=_schema(columns))
 
@@ -344,19 +353,35 @@ def _parquet_batches(
 def _finish(
     table: pa.Table, s: Slice, columns: Sequence[str], bounds: Bounds, stats: ScanStats
 ) -> Iterator[pa.RecordBatch]:
+    """One row group's table as Spark batches: clipped to the slice, filtered by timestamp.
+
+    Offsets strictly increase within a tier object, so the rows in [lo, hi) are one
+    contiguous run: a zero-copy slice instead of a filter that copies every column (a
+    full scan keeps every row). Only timestamp bounds need a real filter.
+    """
     offsets = table.column("offset")
-    mask = pc.and_(pc.greater_equal(offsets, s.lo), pc.less(offsets, s.hi))
+    n = table.num_rows
+    if n and (offsets[0].as_py() < s.lo or offsets[-1].as_py() >= s.hi):
+        # Sorted offsets: the number below a bound is where the run starts or ends.
+        start = pc.sum(pc.less(offsets, s.lo)).as_py() or 0
+        end = pc.sum(pc.less(offsets, s.hi)).as_py() or 0
+        table = table.slice(start, end - start)
     if bounds.min_ts is not None or bounds.max_ts is not None:
         ms = table.column("timestamp").cast(pa.int64())
+        masks = []
         if bounds.min_ts is not None:
-            mask = pc.and_(mask, pc.greater_equal(ms, bounds.min_ts))
+            masks.append(pc.greater_equal(ms, bounds.min_ts))
         if bounds.max_ts is not None:
-            mask = pc.and_(mask, pc.less_equal(ms, bounds.max_ts))
-    table = table.filter(mask)
+            masks.append(pc.less_equal(ms, bounds.max_ts))
+        table = table.filter(masks[0] if len(masks) == 1 else pc.and_(*masks))
     if table.num_rows == 0:
         return
     schema = _schema(columns)
-    arrays = [table.column(c).cast(schema.field(c).type) for c in columns]
+    # Only the timestamp needs a real cast (ms -> us); the rest already has Spark's types.
+    arrays = [
+        col if col.type == schema.field(c).type else col.cast(schema.field(c).type)
+        for c, col in ((c, table.column(c)) for c in columns)
+    ]
     stats.records += table.num_rows
     yield from pa.Table.from_arrays(arrays, schema=schema).to_batches()
 

@@ -211,8 +211,15 @@ class LakelogReader(DataSourceReader):
         return [LakelogPartition(i, task) for i, task in enumerate(plan.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Read one scan task as Arrow batches."""
-        assert isinstance(partition, LakelogPartition)
+        """Read one scan task as Arrow batches.
+
+        A plan without tasks reaches here as Spark's placeholder ``InputPartition(None)``
+        (Spark runs one task when ``partitions`` returns none): it reads nothing.
+        """
+        if not isinstance(partition, LakelogPartition):
+            if partition.value is not None:
+                raise TypeError(f"not a lakelog input partition: {partition!r}")
+            return
         opts = self.opts
         store = get_store(opts.store, opts.store_endpoint, opts.store_region)
         stats = ScanStats()

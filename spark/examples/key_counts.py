@@ -20,7 +20,8 @@ import os
 import sys
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The job's command line (docker-compose.yml's ``spark`` service is checked with it)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--topic", required=True, help="topic (or comma list) to read")
     where = ap.add_mutually_exclusive_group(required=True)
@@ -34,7 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sum", help="a numeric field of --schema to sum per key")
     ap.add_argument("--out", required=True, help="output directory (Parquet)")
     ap.add_argument("--master", default="local[2]")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the job: read, aggregate per key, write Parquet and show the first rows."""
+    args = build_parser().parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession

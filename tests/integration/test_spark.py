@@ -291,6 +291,17 @@ def test_offset_range(spark: Any, env: Env, orders: Any) -> None:
     assert rows == want
 
 
+def test_empty_range_reads_nothing(spark: Any, env: Env, orders: Any) -> None:
+    """A plan without tasks (start == end everywhere) is an empty result, not a task error.
+
+    Spark runs one placeholder task with ``InputPartition(None)`` when the reader plans
+    none; reading it used to fail an assertion.
+    """
+    topic, _ = orders
+    same = orjson.dumps({topic: {"0": 5, "1": 0, "2": 7}}).decode()
+    assert read(spark, env, subscribe=topic, startingOffsets=same, endingOffsets=same) == []
+
+
 def test_timestamp_range(spark: Any, env: Env, orders: Any) -> None:
     """startingTimestamp/endingTimestamp: offsets of the first records at or after each."""
     topic, _ = orders
