@@ -13,9 +13,10 @@ which proves the tool really runs and really looks):
 - ``deploy/nginx.conf``: ``nginx -t`` (Debian's nginx).
 
 Then against the code: every ``lakelog`` command in compose and Kubernetes is
-parsed by the real typer/click CLI, and every ``LAKELOG_*`` variable must be a
-``Settings`` field (``Settings`` ignores unknown ones, so a typo would pass
-silently). The process topology of ``tests/integration/topology.py`` (on
+parsed by the real typer/click CLI, the compose ``spark`` job's by the example job's own
+argument parser (and run, as that service would, against the test topology), and every
+``LAKELOG_*`` variable must be a ``Settings`` field (``Settings`` ignores unknown
+ones, so a typo would pass silently). The process topology of ``tests/integration/topology.py`` (on
 PostgreSQL, like compose) must run the compose file's commands and environment
 (differing only in addresses), and serves requests behind nginx running
 ``deploy/nginx.conf``.
@@ -25,12 +26,14 @@ PostgreSQL, like compose) must run the compose file's commands and environment
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,14 +41,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 import typer
 import yaml  # type: ignore[import-untyped]
 
 from service.cli import app as cli_app
 from service.settings import Settings
+from spark.examples import key_counts
 from tests.conftest import new_db_url
-from tests.integration.topology import Topology, start_topology
+from tests.integration.topology import Topology, b64, start_topology
 from tests.procs import Proc, free_port, wait_http
 
 pytestmark = pytest.mark.integration
@@ -159,13 +164,28 @@ def agent_settings(params: dict[str, Any], env: dict[str, str]) -> Settings:
         os.environ.update(saved)
 
 
-def lakelog_services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The compose services that run the lakelog image (built from deploy/Dockerfile)."""
+def services_of_target(config: dict[str, Any], target: str) -> dict[str, dict[str, Any]]:
+    """The compose services built from deploy/Dockerfile's stage ``target``."""
     return {
         name: svc
         for name, svc in config["services"].items()
         if svc.get("build", {}).get("dockerfile") == "deploy/Dockerfile"
+        and svc["build"].get("target") == target
     }
+
+
+def lakelog_services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The compose services that run the lakelog image (deploy/Dockerfile's runtime)."""
+    return services_of_target(config, "runtime")
+
+
+def parse_spark_job(command: list[str]) -> argparse.Namespace:
+    """Parse the compose spark service's ``python`` argv with the example job's own parser."""
+    assert command[:2] == ["-m", "spark.examples.key_counts"], command
+    try:
+        return key_counts.build_parser().parse_args(command[2:])
+    except SystemExit as exc:  # argparse exits 2 on a bad command line
+        pytest.fail(f"key_counts rejects {command[2:]}: exit {exc.code}")
 
 
 # -- docker-compose.yml -----------------------------------------------------------
@@ -174,7 +194,10 @@ def lakelog_services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_compose_config_accepts_the_file_and_resolves_the_topology(
     compose_config: dict[str, Any],
 ) -> None:
-    """docker-compose validates the file; the model is MinIO, PG, 2 coordinators, 3 agents, lb."""
+    """docker-compose validates the file; the model is MinIO, PG, 2 coordinators, 3 agents, lb.
+
+    And the Spark job, only in the "spark" profile: `docker compose up` starts the rest.
+    """
     services = compose_config["services"]
     assert set(services) == {
         "minio",
@@ -186,16 +209,22 @@ def test_compose_config_accepts_the_file_and_resolves_the_topology(
         "agent-2",
         "agent-3",
         "lb",
+        "spark",
     }
+    for name, svc in services.items():
+        assert svc.get("profiles", []) == (["spark"] if name == "spark" else []), name
     assert services["postgres"]["image"] == "postgres:15"
     # Values came from .env.example, not the in-file defaults.
     example = env_example()
     db = services["coordinator-1"]["command"][3]
     assert example["POSTGRES_PASSWORD"] in db
     assert services["minio"]["environment"]["MINIO_ROOT_PASSWORD"] == example["MINIO_ROOT_PASSWORD"]
-    # Every long-running service has a healthcheck; every dependency waits on a condition.
+    # Every long-running service has a healthcheck (the one-shot jobs do not restart);
+    # every dependency waits on a condition.
     for name, svc in services.items():
-        if name != "create-bucket":
+        if name in ("create-bucket", "spark"):
+            assert svc["restart"] == "no", name
+        else:
             assert svc.get("healthcheck", {}).get("test"), name
         for dep, cond in svc.get("depends_on", {}).items():
             expected = (
@@ -303,6 +332,46 @@ def test_compose_lakelog_commands_parse_with_the_real_cli(compose_config: dict[s
 def svc_healthcheck_port(svc: dict[str, Any]) -> int | None:
     port: int | None = urlsplit(svc["environment"]["HEALTHCHECK_URL"]).port
     return port
+
+
+def test_compose_spark_job_parses_and_reads_the_clusters_bucket(
+    compose_config: dict[str, Any],
+) -> None:
+    """The spark service's argv parses with key_counts' own parser and points at the cluster.
+
+    Catches an option the job does not have, a coordinator or store the lakelog services
+    do not use, S3 credentials other than theirs, output outside the named volume (lost
+    with the container, or not writable by uid 10001), and an image tag that would
+    overwrite the lakelog image when compose builds it.
+    """
+    services = compose_config["services"]
+    assert set(services_of_target(compose_config, "spark")) == {"spark"}
+    svc = services["spark"]
+    args = parse_spark_job(svc["command"])
+    assert args.db is None and args.master == "local[2]"
+    assert args.topic == env_example()["SPARK_TOPIC"]
+    assert args.sum in [field.split()[0] for field in args.schema.split(",")]
+
+    _, coordinator = parse_lakelog(services["coordinator-1"]["command"])
+    url = urlsplit(args.coordinator)
+    assert (url.scheme, url.hostname, url.port) == ("http", "coordinator-1", coordinator["port"])
+    assert (args.store, args.store_endpoint) == (
+        coordinator["store"],
+        coordinator["store_endpoint"],
+    )
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        assert svc["environment"][key] == services["agent-1"]["environment"][key], key
+    assert svc["depends_on"].keys() == {"create-bucket", "coordinator-1"}
+
+    (volume,) = svc["volumes"]
+    source, target, *_ = volume.split(":")
+    assert source in compose_config["volumes"]  # a named volume, not a host path
+    assert Path(args.out).parent == Path(target)  # a folder in it: Spark replaces the folder
+    spark_stage = dockerfile_stages()["spark"]
+    assert any(w == "RUN" and f"install -d -o 10001 -g 10001 {target}" in a for w, a in spark_stage)
+
+    assert svc["image"] == env_example()["SPARK_IMAGE"]
+    assert svc["image"] != services["agent-1"]["image"]
 
 
 def test_every_lakelog_variable_in_the_deploy_files_is_a_setting(
@@ -475,22 +544,58 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return out
 
 
+def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
+    """Stage name -> its instructions after FROM."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for word, args in dockerfile_instructions():
+        if word == "FROM":
+            current = stages.setdefault(args.rsplit(" AS ", 1)[1], [])
+        elif current is not None:
+            current.append((word, args))
+    return stages
+
+
 def test_dockerfile_is_multi_stage_non_root_with_one_entrypoint() -> None:
-    """Builder and slim runtime stages, numeric non-root USER, lakelog entrypoint, both ports."""
+    """Builder, slim runtime, spark, and last the runtime again: a plain build's image.
+
+    Both images end as the numeric non-root user; runtime has the lakelog entrypoint, both
+    ports and the healthcheck; spark adds Debian's Java 17 and lakelog[spark], runs
+    ``python`` and has no healthcheck (a batch job).
+    """
     ins = dockerfile_instructions()
     froms = [args for word, args in ins if word == "FROM"]
-    assert len(froms) == 2 and froms[0].endswith(" AS builder") and " AS runtime" in froms[1]
-    assert ("ARG", "PYTHON_IMAGE=python:3.11-slim") in ins
-    (user,) = [args for word, args in ins if word == "USER"]
-    assert user.split(":")[0] not in ("0", "root")
-    assert ("ENTRYPOINT", '["lakelog"]') in ins
-    (expose,) = [args for word, args in ins if word == "EXPOSE"]
+    assert froms == [
+        "${PYTHON_IMAGE} AS builder",
+        "${PYTHON_IMAGE} AS runtime",
+        "runtime AS spark",
+        "runtime AS lakelog",
+    ]
+    # Debian 12 pinned: Debian 13 has no Java 17.
+    assert ("ARG", "PYTHON_IMAGE=python:3.11-slim-bookworm") in ins
+    stages = dockerfile_stages()
+    assert stages["lakelog"] == []  # `docker build` without --target: exactly runtime
+    for name in ("runtime", "spark"):
+        users = [args for word, args in stages[name] if word == "USER"]
+        assert users[-1] == "10001:10001", name
+        assert not any(w == "COPY" and not a.startswith("--from") for w, a in stages[name])
+    runtime = stages["runtime"]
+    assert ("ENTRYPOINT", '["lakelog"]') in runtime
+    (expose,) = [args for word, args in runtime if word == "EXPOSE"]
     assert set(expose.split()) == {"8082", "8083"}
-    (health,) = [args for word, args in ins if word == "HEALTHCHECK"]
+    (health,) = [args for word, args in runtime if word == "HEALTHCHECK"]
     assert '"python"' in health and "curl" not in health
-    runtime = ins[[i for i, (w, _) in enumerate(ins) if w == "FROM"][1] :]
     assert ("COPY", "--from=builder /opt/lakelog /opt/lakelog") in runtime
-    assert not any(w == "COPY" and not a.startswith("--from") for w, a in runtime)
+
+    spark = stages["spark"]
+    assert ("HEALTHCHECK", "NONE") in spark
+    assert ("ENTRYPOINT", '["python"]') in spark
+    runs = " ".join(args for word, args in spark if word == "RUN")
+    assert "apt-get install -y --no-install-recommends openjdk-17-jre-headless" in runs
+    assert '/opt/lakelog/bin/pip install --no-cache-dir "/tmp/lakelog-src[spark]"' in runs
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert any(req.startswith("pyspark") for req in extras["spark"])
 
 
 def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies() -> None:
@@ -515,7 +620,7 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfile_copies() -> None:
 
 
 def healthcheck_argv() -> list[str]:
-    (health,) = [args for word, args in dockerfile_instructions() if word == "HEALTHCHECK"]
+    (health,) = [args for word, args in dockerfile_stages()["runtime"] if word == "HEALTHCHECK"]
     argv = json.loads(health.split(" CMD ", 1)[1])
     assert isinstance(argv, list)
     return [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
@@ -666,3 +771,68 @@ def test_dockerfile_healthcheck_command_tells_up_from_down(topology: Topology) -
     env = {**os.environ, "HEALTHCHECK_URL": f"http://127.0.0.1:{free_port()}/health"}
     done = subprocess.run(argv, env=env, timeout=10, check=False, capture_output=True)
     assert done.returncode == 1
+
+
+@pytest.mark.slow
+def test_compose_spark_job_counts_a_topic_produced_through_the_cluster(
+    compose_config: dict[str, Any], topology: Topology, nginx_lb: str, tmp_path: Path
+) -> None:
+    """The spark service's command, run as its container would, counts what the agents took.
+
+    Records are produced through nginx; then ``python`` + compose's command runs with only
+    the addresses rewritten (coordinator-1, the bucket on moto, the topic, a tmp output)
+    and compose's environment plus the spark stage's ENV. Its Parquet must hold exactly
+    the counts and sums per key. About 15 s: a JVM and one Spark job.
+    """
+    topic = f"spark-{uuid.uuid4().hex[:8]}"
+    topology.create_topic(topic, 2)
+    sent = [("alice", 3), ("bob", 5), ("alice", 1), ("carol", 2), ("bob", 10), ("alice", 0.5)]
+    binary = {"Content-Type": "application/vnd.kafka.binary.v2+json"}
+    with httpx.Client(base_url=nginx_lb, timeout=10) as http:
+        for key, amount in sent:  # one request each: spread over the three agents
+            record = {
+                "key": b64(key.encode()),
+                "value": b64(json.dumps({"amount": amount}).encode()),
+            }
+            resp = http.post(f"/topics/{topic}", json={"records": [record]}, headers=binary)
+            assert resp.status_code == 200, resp.text
+
+    svc = compose_config["services"]["spark"]
+    out = tmp_path / "out" / "key_counts"
+    address = {
+        "--topic": topic,
+        "--coordinator": topology.coordinators[0].url,  # coordinator-1
+        "--store": topology.store_url,
+        "--store-endpoint": topology.moto_endpoint,
+        "--out": str(out),
+    }
+    command = []
+    for arg in svc["command"]:
+        flag = arg.split("=", 1)[0]
+        command.append(f"{flag}={address[flag]}" if flag in address else arg)
+    assert parse_spark_job(command).out == str(out)
+    env = {k: str(v) for k, v in svc["environment"].items()}
+    env.update({k: topology.coordinators[0].environment[k] for k in env})  # moto's keys
+    (image_env,) = [args for word, args in dockerfile_stages()["spark"] if word == "ENV"]
+    for pair in image_env.split():
+        name, _, value = pair.partition("=")
+        env[name] = sys.executable if value == "/opt/lakelog/bin/python" else value
+    env.update({"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)})
+    if "JAVA_HOME" in os.environ:
+        env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+    done = subprocess.run(
+        [sys.executable, *command],  # the image's ENTRYPOINT ["python"] + the command
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(rows, key=lambda r: r["key"]) == [
+        {"key": "alice", "records": 3, "sum_amount": 4.5},
+        {"key": "bob", "records": 2, "sum_amount": 15.0},
+        {"key": "carol", "records": 1, "sum_amount": 2.0},
+    ]
