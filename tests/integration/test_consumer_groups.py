@@ -127,14 +127,22 @@ def test_member_that_stops_polling_loses_its_partitions_and_nothing_is_lost(
         for m in (a, b):
             batch = m.fetch(100, max_bytes=2000)
             delivered += batch
-            m.commit()
+            r = m.call("POST", "/offsets", None)
+            if r.status_code == 409:
+                # C's session lapsed between this member's fetch and its commit: the group
+                # rebalanced and refused a commit from the old generation (Kafka's
+                # CommitFailedException). Those records may come again: at-least-once.
+                assert r.json()["error_code"] == 40903, r.text
+                uncommitted |= {unb64(x["value"]) for x in batch}
+            else:
+                assert r.status_code == 200, r.text
         if {unb64(r["value"]) for r in delivered} >= expected:
             break
     assert assigned(a) | assigned(b) == set(range(PARTITIONS))
     counts = Counter(unb64(r["value"]) for r in delivered)
     assert set(counts) == expected  # nothing lost
     duplicates = {v for v, n in counts.items() if n > 1}
-    assert duplicates <= uncommitted
+    assert duplicates <= uncommitted  # only records whose commit never happened
     assert duplicates  # C's uncommitted records were redelivered to A or B
     # C is still an instance (idle timeout 300 s) but out of the assignment. Asked
     # through the v3 view: a v2 call on C would count as a poll and bring it back.
