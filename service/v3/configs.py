@@ -65,6 +65,13 @@ def _not_found(links: Links, topic: str, name: str) -> ConfigNotFoundError:
     )
 
 
+async def _require_config(state: AgentState, links: Links, topic: str, name: str) -> None:
+    """404 for a config name topics do not have; an unknown topic wins (404 40403)."""
+    if name not in CONFIG_DEFS:
+        await call(state.coordinator.get_topic, topic)
+        raise _not_found(links, topic, name)
+
+
 # "-" must come before "{topic_name}": "-" is also a legal topic name.
 @router.get("/v3/clusters/{cluster_id}/topics/-/configs")
 async def list_all_topic_configs(
@@ -111,9 +118,7 @@ async def update_topic_config(
     state: AgentState = Depends(get_state),
 ) -> Response:
     """Set an override: 204. A null value resets it. Bad value: 400 40002."""
-    if name not in CONFIG_DEFS:
-        await call(state.coordinator.get_topic, topic_name)  # unknown topic wins: 404 40403
-        raise _not_found(links, topic_name, name)
+    await _require_config(state, links, topic_name, name)
     if body.value is None:
         await call(state.coordinator.alter_configs, topic_name, None, [name])
     else:
@@ -130,9 +135,7 @@ async def reset_topic_config(
     state: AgentState = Depends(get_state),
 ) -> Response:
     """Drop an override so the default applies again: 204."""
-    if name not in CONFIG_DEFS:
-        await call(state.coordinator.get_topic, topic_name)
-        raise _not_found(links, topic_name, name)
+    await _require_config(state, links, topic_name, name)
     await call(state.coordinator.alter_configs, topic_name, None, [name])
     state.topics.invalidate(topic_name)
     return Response(status_code=204)

@@ -60,6 +60,12 @@ async def _leaders(state: AgentState) -> list[int]:
     return [a.broker_id for a in await live_agents(state)]
 
 
+async def _partition_leader(state: AgentState, topic_name: str, partition_id: int) -> int:
+    """The partition's leader broker; 404 for an unknown topic or partition."""
+    check_partition(await call(state.coordinator.get_topic, topic_name), partition_id)
+    return leader_for(partition_id, await _leaders(state), state.broker_id)
+
+
 # Routes with "-" first: "-" is a legal topic name and would match "{topic_name}".
 @router.get("/v3/clusters/{cluster_id}/topics/-/partitions/-/reassignment")
 async def list_all_reassignments(links: Links = Depends(cluster_links)) -> JSON:
@@ -100,9 +106,7 @@ async def get_partition(
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaPartition. Unknown partition: 404 40402."""
-    info = await call(state.coordinator.get_topic, topic_name)
-    check_partition(info, partition_id)
-    leader = leader_for(partition_id, await _leaders(state), state.broker_id)
+    leader = await _partition_leader(state, topic_name, partition_id)
     return partition_data(links, topic_name, partition_id, leader)
 
 
@@ -145,9 +149,7 @@ async def list_replicas(
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaReplicaList: the partition's one replica."""
-    info = await call(state.coordinator.get_topic, topic_name)
-    check_partition(info, partition_id)
-    leader = leader_for(partition_id, await _leaders(state), state.broker_id)
+    leader = await _partition_leader(state, topic_name, partition_id)
     url = links.partition(topic_name, partition_id, "/replicas")
     return Links.collection(
         "KafkaReplicaList", url, [replica_data(links, topic_name, partition_id, leader)]
@@ -165,9 +167,7 @@ async def get_replica(
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaReplica, if ``broker_id`` is the partition's leader; else 404."""
-    info = await call(state.coordinator.get_topic, topic_name)
-    check_partition(info, partition_id)
-    leader = leader_for(partition_id, await _leaders(state), state.broker_id)
+    leader = await _partition_leader(state, topic_name, partition_id)
     if broker_id != leader:
         raise BrokerNotFoundError(
             f"Replica {broker_id} of partition {partition_id} of topic {topic_name} "

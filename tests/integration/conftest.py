@@ -32,7 +32,10 @@ import boto3
 import httpx
 import pytest
 
-from tests.procs import Proc, free_port, lakelog_cmd, wait_http
+from coordinator.http_client import HttpCoordinator
+from coordinator.local import LocalCoordinator
+from tests.conftest import BACKENDS, new_db_url
+from tests.procs import Proc, free_port, lakelog_cmd, start_coordinator, wait_http
 
 START_TIMEOUT_S = 30.0
 
@@ -210,3 +213,34 @@ def _unique(prefix: str = "t") -> str:
 def unique_topic() -> Callable[[str], str]:
     """``unique_topic("orders")`` -> ``"orders-<random>"``: no clashes on a shared cluster."""
     return _unique
+
+
+# -- one coordinator process per backend, for the coordinator API modules -----------------
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """One coordinator process per backend (SQLite, PostgreSQL) for the module:
+    (base_url, db_url)."""
+    tmp = tmp_path_factory.mktemp("coord")
+    db_url = new_db_url(request, request.param, tmp)
+    proc, url = start_coordinator(tmp, db_url)
+    yield url, db_url
+    proc.stop()
+
+
+@pytest.fixture
+def remote(served: tuple[str, str]) -> Iterator[HttpCoordinator]:
+    """An HttpCoordinator on the served process."""
+    with HttpCoordinator(served[0]) as c:
+        yield c
+
+
+@pytest.fixture
+def served_db(served: tuple[str, str]) -> Iterator[LocalCoordinator]:
+    """A LocalCoordinator on the served process's own database: the ground truth."""
+    c = LocalCoordinator(served[1])
+    yield c
+    c.close()

@@ -30,7 +30,6 @@ from segments.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from tests.conftest import BACKENDS, new_db_url
 from tests.procs import start_coordinator
 
 with warnings.catch_warnings():
@@ -65,32 +64,6 @@ def local(db_url: str) -> Iterator[LocalCoordinator]:
 def api(local: LocalCoordinator) -> Iterator[TestClient]:
     with TestClient(create_app(local)) as client:
         yield client
-
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def served(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str]]:
-    """One coordinator process per backend for the module: (base_url, db_url)."""
-    tmp = tmp_path_factory.mktemp("coord")
-    db_url = new_db_url(request, request.param, tmp)
-    proc, url = start_coordinator(tmp, db_url)
-    yield url, db_url
-    proc.stop()
-
-
-@pytest.fixture
-def remote(served: tuple[str, str]) -> Iterator[HttpCoordinator]:
-    with HttpCoordinator(served[0]) as c:
-        yield c
-
-
-@pytest.fixture
-def same_db(served: tuple[str, str]) -> Iterator[LocalCoordinator]:
-    """A LocalCoordinator on the process's own SQLite file: the ground truth."""
-    c = LocalCoordinator(served[1])
-    yield c
-    c.close()
 
 
 # -- raw API: exact statuses and bodies -----------------------------------------
@@ -306,11 +279,11 @@ def test_every_error_class_has_a_status() -> None:
 
 
 def test_every_protocol_method_round_trips(
-    remote: HttpCoordinator, same_db: LocalCoordinator, served: tuple[str, str]
+    remote: HttpCoordinator, served_db: LocalCoordinator, served: tuple[str, str]
 ) -> None:
     name = _name()
     cluster = remote.cluster_id()
-    assert cluster == same_db.cluster_id()
+    assert cluster == served_db.cluster_id()
     assert len(cluster) == 22
     assert httpx.get(f"{served[0]}/v1/cluster").json() == {"cluster_id": cluster}
 
@@ -320,19 +293,19 @@ def test_every_protocol_method_round_trips(
         remote.get_topic(name)
 
     t = remote.create_topic(name, 2, {"retention.ms": "60000"})
-    assert t == same_db.get_topic(name)
+    assert t == served_db.get_topic(name)
     assert t.configs == {"retention.ms": "60000"}
     assert remote.get_topic(name) == t
     assert remote.get_topic_by_id(t.topic_id) == t
     assert t in remote.list_topics()
-    assert remote.list_topics() == same_db.list_topics()
+    assert remote.list_topics() == served_db.list_topics()
 
     grown = remote.add_partitions(name, 4)
     assert grown.partitions == 4
-    assert grown == same_db.get_topic(name)
+    assert grown == served_db.get_topic(name)
     altered = remote.alter_configs(name, {"cleanup.policy": "compact"}, ["retention.ms"])
     assert altered.configs == {"cleanup.policy": "compact"}
-    assert altered == same_db.get_topic(name)
+    assert altered == served_db.get_topic(name)
     checked = remote.alter_configs(name, {"retention.ms": "1"}, validate_only=True)
     assert checked.configs.get("retention.ms") == "1"
     assert remote.get_topic(name).configs == {"cleanup.policy": "compact"}
@@ -342,20 +315,20 @@ def test_every_protocol_method_round_trips(
     assert remote.commit(key1, chunks1) == [0, 0]
     assert remote.commit(key1, chunks1) == [0, 0]  # idempotent by object key
     assert remote.commit(key2, [_chunk(t.topic_id, 0, 4, ts=300)]) == [5]
-    assert remote.offsets(name, 0) == same_db.offsets(name, 0)
+    assert remote.offsets(name, 0) == served_db.offsets(name, 0)
     assert remote.offsets(name, 0).high_watermark == 9
     assert remote.offsets(name, 3).high_watermark == 2
 
     refs = remote.lookup(name, 0, 0)
-    assert refs == same_db.lookup(name, 0, 0)
+    assert refs == served_db.lookup(name, 0, 0)
     assert [(r.object_key, r.base_offset, r.record_count) for r in refs] == [
         (key1, 0, 5),
         (key2, 5, 4),
     ]
-    assert remote.lookup(name, 0, 6, max_chunks=1) == same_db.lookup(name, 0, 6, max_chunks=1)
+    assert remote.lookup(name, 0, 6, max_chunks=1) == served_db.lookup(name, 0, 6, max_chunks=1)
     assert remote.lookup(name, 0, 9) == []
     hit = remote.lookup_timestamp(name, 0, 200)
-    assert hit == same_db.lookup_timestamp(name, 0, 200)
+    assert hit == served_db.lookup_timestamp(name, 0, 200)
     assert hit is not None
     assert hit.object_key == key2
     assert remote.lookup_timestamp(name, 0, 10**12) is None
@@ -372,11 +345,11 @@ def test_every_protocol_method_round_trips(
         "10.0.0.1",
         8082,
     )
-    assert remote.list_agents() == same_db.list_agents()
+    assert remote.list_agents() == served_db.list_agents()
 
     remote.delete_topic(name)
     with pytest.raises(TopicNotFoundError):
-        same_db.get_topic(name)
+        served_db.get_topic(name)
 
 
 def _conflict_setup(c: Coordinator) -> Callable[[Coordinator], object]:
@@ -436,7 +409,7 @@ def _fixed(
 )
 def test_errors_map_back_to_the_same_class_and_message(
     remote: HttpCoordinator,
-    same_db: LocalCoordinator,
+    served_db: LocalCoordinator,
     setup: Callable[[Coordinator], Callable[[Coordinator], object]],
     cls: type[LakelogError] | None,
 ) -> None:
@@ -446,7 +419,7 @@ def test_errors_map_back_to_the_same_class_and_message(
     path segment ("a/b", ".."), HTTP must raise the same.
     """
     call = setup(remote)
-    expected = _expect(lambda: call(same_db))
+    expected = _expect(lambda: call(served_db))
     got = _expect(lambda: call(remote))
     if cls is not None:
         assert type(expected) is cls

@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -30,8 +29,6 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import TopicPartition as TP
-from tests.conftest import BACKENDS, new_db_url
-from tests.procs import start_coordinator
 
 pytestmark = pytest.mark.integration
 
@@ -40,38 +37,12 @@ def uniq(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def served(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, str]]:
-    """One coordinator process per backend (SQLite, PostgreSQL) for the module:
-    (base_url, db_url)."""
-    tmp = tmp_path_factory.mktemp("groups")
-    db_url = new_db_url(request, request.param, tmp)
-    proc, url = start_coordinator(tmp, db_url)
-    yield url, db_url
-    proc.stop()
-
-
-@pytest.fixture
-def remote(served: tuple[str, str]) -> Iterator[HttpCoordinator]:
-    with HttpCoordinator(served[0]) as c:
-        yield c
-
-
-@pytest.fixture
-def local(served: tuple[str, str]) -> Iterator[LocalCoordinator]:
-    c = LocalCoordinator(served[1])
-    yield c
-    c.close()
-
-
 def produce(c: HttpCoordinator, topic: str, partition: int, count: int) -> None:
     topic_id = c.get_topic(topic).topic_id
     c.commit(uniq("obj"), [ChunkCommit(topic_id, partition, 0, 10, count, 1, 2)])
 
 
-def test_every_method_round_trips(remote: HttpCoordinator, local: LocalCoordinator) -> None:
+def test_every_method_round_trips(remote: HttpCoordinator, served_db: LocalCoordinator) -> None:
     """Each GroupCoordinator method through HTTP returns what the store holds (read back
     through a LocalCoordinator on the same file without touching anything)."""
     topic, group = uniq("t"), uniq("g")
@@ -89,12 +60,12 @@ def test_every_method_round_trips(remote: HttpCoordinator, local: LocalCoordinat
     )
     created = remote.create_consumer(group, "a", config)
     assert created.config == config
-    assert created == local.consumer(group, "a", touch=False)
+    assert created == served_db.consumer(group, "a", touch=False)
 
     sub = remote.subscribe(group, "a", [topic])
     assert sub.assignment == tuple(TP(topic, p) for p in range(3))
     assert sub.positions == {TP(topic, p): 0 for p in range(3)}
-    assert sub == local.consumer(group, "a", touch=False)
+    assert sub == served_db.consumer(group, "a", touch=False)
     by_pattern = remote.subscribe(group, "a", pattern=f"{topic}|nothing-.*")
     assert by_pattern.pattern == f"{topic}|nothing-.*"
     assert by_pattern.subscription == (topic,)
@@ -107,22 +78,22 @@ def test_every_method_round_trips(remote: HttpCoordinator, local: LocalCoordinat
     remote.commit_offsets(group, "a", {TP(topic, 1): CommittedOffset(0)})
     committed = remote.committed_offsets(group, [TP(topic, 0), TP(topic, 1), TP(topic, 2)])
     assert committed == {TP(topic, 0): CommittedOffset(7, "m"), TP(topic, 1): CommittedOffset(0)}
-    assert committed == local.committed_offsets(group, [TP(topic, p) for p in range(3)])
+    assert committed == served_db.committed_offsets(group, [TP(topic, p) for p in range(3)])
 
     info = remote.describe_group(group)
-    assert info == local.describe_group(group)
+    assert info == served_db.describe_group(group)
     assert (info.state, info.assignor, info.generation) == ("STABLE", "roundrobin", adv.generation)
     assert group in remote.list_groups()
-    assert remote.list_groups() == local.list_groups()
+    assert remote.list_groups() == served_db.list_groups()
 
     remote.unsubscribe(group, "a")
     assert remote.consumer(group, "a").assignment == ()
     manual = remote.assign(group, "a", [TP(topic, 2)])
     assert (manual.manual, manual.assignment) == (True, (TP(topic, 2),))
-    assert manual == local.consumer(group, "a", touch=False)
+    assert manual == served_db.consumer(group, "a", touch=False)
     remote.delete_consumer(group, "a")
     with pytest.raises(ConsumerNotFoundError):
-        local.consumer(group, "a")
+        served_db.consumer(group, "a")
     assert remote.describe_group(group).state == "EMPTY"
 
 
