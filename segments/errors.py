@@ -27,7 +27,23 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── ConsumerStateError        subscribe vs assign conflict, seek of an unassigned partition
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
-    │   └── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   └── SchemaRegistryError       the schema registry's subjects, versions, schemas
+    │       ├── SubjectNotFoundError
+    │       ├── VersionNotFoundError
+    │       ├── SchemaNotFoundError   no schema of that id (or none that matches)
+    │       ├── SubjectSoftDeletedError      soft delete of a soft-deleted subject
+    │       ├── SubjectNotSoftDeletedError   permanent delete before the soft delete
+    │       ├── VersionSoftDeletedError
+    │       ├── VersionNotSoftDeletedError
+    │       ├── SubjectConfigNotFoundError   no subject-level compatibility to delete
+    │       ├── IncompatibleSchemaError      breaks the subject's compatibility level
+    │       ├── InvalidSchemaError           does not parse, unknown type, bad reference
+    │       ├── InvalidVersionError          not 1..2^31-1 or "latest"
+    │       ├── InvalidCompatibilityLevelError
+    │       ├── InvalidSubjectError
+    │       ├── ReferenceExistsError         a version other schemas still reference
+    │       └── SchemaConflictError          retriable: the subject changed under a registration
     ├── BufferFullError               retriable: the agent's write buffer stayed full
     └── RequestError                  a client's request is not acceptable (web layer)
         ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
@@ -37,7 +53,10 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         ├── RequestTooLargeError      the request body is over the limit
         ├── RecordTooLargeError       one record is over max.message.bytes
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
-        └── UnsupportedFormatError    avro/jsonschema/protobuf without a schema registry
+        ├── UnsupportedFormatError    a key/value that names no format (v3 without type)
+        ├── KeySchemaMissingError     schema-format keys and no key_schema(_id)
+        ├── ValueSchemaMissingError   schema-format values and no value_schema(_id)
+        └── RecordSchemaError         a key/value that does not fit its schema
 
 ``retriable`` says whether the same request may succeed if sent again unchanged.
 """
@@ -194,7 +213,86 @@ class UnprocessableRequestError(RequestError):
 
 
 class UnsupportedFormatError(RequestError):
-    """An embedded format that needs a schema registry, which lakelog does not have yet."""
+    """A key or value that names no embedded format lakelog can encode."""
+
+
+class KeySchemaMissingError(RequestError):
+    """A schema-format request has keys but neither ``key_schema`` nor ``key_schema_id``."""
+
+
+class ValueSchemaMissingError(RequestError):
+    """A schema-format request has values but neither ``value_schema`` nor
+    ``value_schema_id``."""
+
+
+class RecordSchemaError(RequestError):
+    """A key or value that does not fit its schema, or a schema the produce cannot use."""
+
+
+class SchemaRegistryError(MetadataError):
+    """The schema registry's state or a request to it."""
+
+
+class SubjectNotFoundError(SchemaRegistryError):
+    """No subject of that name (or only soft-deleted versions, unless asked for)."""
+
+
+class VersionNotFoundError(SchemaRegistryError):
+    """The subject has no such version."""
+
+
+class SchemaNotFoundError(SchemaRegistryError):
+    """No schema of that id, or the subject holds no such schema."""
+
+
+class SubjectSoftDeletedError(SchemaRegistryError):
+    """A soft delete of a subject whose versions are all soft-deleted already."""
+
+
+class SubjectNotSoftDeletedError(SchemaRegistryError):
+    """A permanent delete of a subject that still has live versions."""
+
+
+class VersionSoftDeletedError(SchemaRegistryError):
+    """A soft delete of a version that is soft-deleted already."""
+
+
+class VersionNotSoftDeletedError(SchemaRegistryError):
+    """A permanent delete of a version that was not soft-deleted first."""
+
+
+class SubjectConfigNotFoundError(SchemaRegistryError):
+    """The subject has no subject-level compatibility level."""
+
+
+class IncompatibleSchemaError(SchemaRegistryError):
+    """The new schema breaks the subject's compatibility level."""
+
+
+class InvalidSchemaError(SchemaRegistryError):
+    """A schema that does not parse, of an unknown type, or with a bad reference."""
+
+
+class InvalidVersionError(SchemaRegistryError):
+    """A version that is neither 1..2^31-1 nor ``latest``."""
+
+
+class InvalidCompatibilityLevelError(SchemaRegistryError):
+    """A compatibility level other than NONE, BACKWARD, FORWARD, FULL (+ _TRANSITIVE)."""
+
+
+class InvalidSubjectError(SchemaRegistryError):
+    """An empty subject name, or one with control characters."""
+
+
+class ReferenceExistsError(SchemaRegistryError):
+    """A version that other schemas reference cannot be deleted."""
+
+
+class SchemaConflictError(SchemaRegistryError):
+    """The subject's versions changed between a compatibility check and the registration."""
+
+    retriable = True
 
 
 #: Name -> class, so the coordinator's HTTP client can re-raise what the server raised.
@@ -236,5 +334,24 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         RecordTooLargeError,
         UnprocessableRequestError,
         UnsupportedFormatError,
+        KeySchemaMissingError,
+        ValueSchemaMissingError,
+        RecordSchemaError,
+        SchemaRegistryError,
+        SubjectNotFoundError,
+        VersionNotFoundError,
+        SchemaNotFoundError,
+        SubjectSoftDeletedError,
+        SubjectNotSoftDeletedError,
+        VersionSoftDeletedError,
+        VersionNotSoftDeletedError,
+        SubjectConfigNotFoundError,
+        IncompatibleSchemaError,
+        InvalidSchemaError,
+        InvalidVersionError,
+        InvalidCompatibilityLevelError,
+        InvalidSubjectError,
+        ReferenceExistsError,
+        SchemaConflictError,
     )
 }

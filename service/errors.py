@@ -154,6 +154,28 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.RecordTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.UnsupportedFormatError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),
+    e.KeySchemaMissingError: ErrorSpec(ErrorCode.KEY_SCHEMA_MISSING),
+    e.ValueSchemaMissingError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),
+    e.RecordSchemaError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    # -- the schema registry, as the REST Proxy reports it (the registry's own door
+    # answers with its own codes: service/registry/errors.py) ------------------------
+    e.SchemaRegistryError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.SubjectNotFoundError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.VersionNotFoundError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.SchemaNotFoundError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.SubjectSoftDeletedError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.SubjectNotSoftDeletedError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.VersionSoftDeletedError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.VersionNotSoftDeletedError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.SubjectConfigNotFoundError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    # Karapace and kafka-rest: registering an incompatible schema on produce is 408 40801.
+    e.IncompatibleSchemaError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.InvalidSchemaError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.InvalidVersionError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.InvalidCompatibilityLevelError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.InvalidSubjectError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.ReferenceExistsError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.SchemaConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
 }
 
 
