@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from segments import errors as e
+from service.registry.errors import REGISTRY_CONTENT_TYPE, is_registry_path, registry_code_for
 
 log = logging.getLogger(__name__)
 
@@ -215,9 +216,12 @@ def is_v3(path: str) -> bool:
 
 
 def content_type_for(path: str) -> str:
-    """v2 surfaces answer ``application/vnd.kafka.v2+json``; everything else JSON."""
+    """v2 surfaces answer ``application/vnd.kafka.v2+json``, the schema registry
+    ``application/vnd.schemaregistry.v1+json``; everything else JSON."""
     if path == "/" or path.startswith(("/topics", "/brokers", "/consumers")):
         return V2_CONTENT_TYPE
+    if is_registry_path(path):
+        return REGISTRY_CONTENT_TYPE
     return V3_CONTENT_TYPE
 
 
@@ -235,13 +239,15 @@ def error_response(
 
 async def _lakelog_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.LakelogError)
-    v3 = is_v3(request.url.path)
-    code = error_code_for(exc, v3=v3)
+    path = request.url.path
+    if is_registry_path(path):  # the registry door has its own table
+        code, message = registry_code_for(exc), exc.message
+    else:
+        v3 = is_v3(path)
+        code, message = error_code_for(exc, v3=v3), error_message_for(exc, v3=v3)
     if status_for(code) >= 500:
-        log.warning(
-            "%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc
-        )
-    return error_response(request, code, error_message_for(exc, v3=v3))
+        log.warning("%s %s failed: %s: %s", request.method, path, type(exc).__name__, exc)
+    return error_response(request, code, message)
 
 
 def _validation_answer(errors: list[dict[str, Any]]) -> tuple[ErrorCode, str]:
