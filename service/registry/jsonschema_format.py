@@ -97,6 +97,8 @@ class JsonSchema:
 
     def _check(self, value: object) -> None:
         try:
+            if self._validator.is_valid(value):  # the common case; best_match costs more
+                return
             error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
         except Unresolvable as e:
             raise RecordSchemaError(f"JSON Schema reference not resolvable: {e}") from None
