@@ -26,7 +26,7 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from fastavro.validation import ValidationError, validate
 
 from segments.errors import InvalidSchemaError, RecordSchemaError
-from service.registry.schemas import ParsedSchema
+from service.registry.schemas import ParsedSchema, load_json
 
 #: What fastavro and avro raise for a schema or datum they refuse.
 _SCHEMA_ERRORS = (
@@ -70,12 +70,7 @@ class AvroSchema:
 
     @classmethod
     def parse(cls, text: str, dependencies: Sequence[tuple[str, ParsedSchema]]) -> AvroSchema:
-        try:
-            doc = orjson.loads(text)
-        except orjson.JSONDecodeError as e:
-            raise InvalidSchemaError(
-                f"Invalid schema: not valid JSON (line {e.lineno}, column {e.colno})"
-            ) from None
+        doc = load_json(text)
         named: dict[str, Any] = {}
         names = avro.name.Names()
         for _, dep in dependencies:

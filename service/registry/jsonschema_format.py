@@ -45,7 +45,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT7
 
 from segments.errors import InvalidSchemaError, RecordSchemaError
-from service.registry.schemas import ParsedSchema
+from service.registry.schemas import ParsedSchema, load_json
 
 _UPPER_BOUNDS = ("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum")
 _LOWER_BOUNDS = ("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum")
@@ -65,12 +65,7 @@ class JsonSchema:
 
     @classmethod
     def parse(cls, text: str, dependencies: Sequence[tuple[str, ParsedSchema]]) -> JsonSchema:
-        try:
-            doc = orjson.loads(text)
-        except orjson.JSONDecodeError as e:
-            raise InvalidSchemaError(
-                f"Invalid schema: not valid JSON (line {e.lineno}, column {e.colno})"
-            ) from None
+        doc = load_json(text)
         if not isinstance(doc, dict | bool):
             raise InvalidSchemaError("Invalid schema: a JSON Schema is an object or a boolean")
         resources: list[Any] = []

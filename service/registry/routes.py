@@ -21,7 +21,13 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
-from coordinator.schemas import LATEST, SCHEMA_TYPES, SchemaReference, StoredSchema
+from coordinator.schemas import (
+    LATEST,
+    SCHEMA_TYPES,
+    SchemaReference,
+    StoredSchema,
+    SubjectVersion,
+)
 from coordinator.schemas_store import check_level, check_subject
 from segments.errors import (
     InvalidSchemaError,
@@ -139,6 +145,14 @@ async def _schema_json(
     return out
 
 
+async def _version_json(
+    registry: SchemaRegistry, sv: SubjectVersion, fmt: str | None
+) -> dict[str, Any]:
+    body = {"subject": sv.subject, "version": sv.version, "id": sv.schema.schema_id}
+    body.update(await _schema_json(registry, sv.schema, fmt))
+    return body
+
+
 # -- schemas ---------------------------------------------------------------------------
 
 
@@ -228,9 +242,7 @@ async def get_version(
         _version(version),
         deleted=_flag(request, "deleted"),
     )
-    body = {"subject": sv.subject, "version": sv.version, "id": sv.schema.schema_id}
-    body.update(await _schema_json(registry, sv.schema, request.query_params.get("format")))
-    return _answer(body)
+    return _answer(await _version_json(registry, sv, request.query_params.get("format")))
 
 
 @router.get("/subjects/{subject}/versions/{version}/schema", summary="A version's schema text")
@@ -263,9 +275,7 @@ async def lookup(
 ) -> Response:
     schema_type, text, refs = await _schema_body(request)
     sv = await registry.lookup(subject, schema_type, text, refs, deleted=_flag(request, "deleted"))
-    body = {"subject": sv.subject, "version": sv.version, "id": sv.schema.schema_id}
-    body.update(await _schema_json(registry, sv.schema, request.query_params.get("format")))
-    return _answer(body)
+    return _answer(await _version_json(registry, sv, request.query_params.get("format")))
 
 
 @router.delete("/subjects/{subject}", summary="Delete a subject (soft, or permanent)")

@@ -15,7 +15,9 @@ No I/O, except that Protobuf text is compiled by ``protoc`` in a subprocess
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+import orjson
 
 from segments.errors import InvalidSchemaError
 
@@ -97,6 +99,16 @@ def check_compatibility(
                 f"version {version} (reading new data): {p}" for p in old.incompatibilities(new)
             ]
     return problems
+
+
+def load_json(text: str) -> Any:
+    """A schema's JSON text (Avro and JSON Schema are JSON). Raises InvalidSchemaError."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as e:
+        raise InvalidSchemaError(
+            f"Invalid schema: not valid JSON (line {e.lineno}, column {e.colno})"
+        ) from None
 
 
 def parse_schema(
