@@ -27,8 +27,10 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── ConsumerStateError        subscribe vs assign conflict, seek of an unassigned partition
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
-    │   └── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   └── SecurityDisabledError     ACL requests while no authorizer is configured
     ├── BufferFullError               retriable: the agent's write buffer stayed full
+    ├── InternalError                 not retriable: an unexpected failure (a bug) inside lakelog
     └── RequestError                  a client's request is not acceptable (web layer)
         ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
         ├── UnsupportedMediaTypeError
@@ -155,10 +157,22 @@ class NoOffsetError(MetadataError):
     """auto.offset.reset is none and the partition has no committed offset."""
 
 
+class SecurityDisabledError(MetadataError):
+    """An ACL request while no authorizer is configured (Kafka's SecurityDisabledException)."""
+
+
 class BufferFullError(LakelogError):
     """The agent's write buffer stayed full for longer than the wait bound."""
 
     retriable = True
+
+
+class InternalError(LakelogError):
+    """An unexpected exception inside lakelog (a bug, not the client's input or a fault).
+
+    Not retriable: the same request would meet the same bug, so a client must not
+    retry it forever. The agent logs the traceback.
+    """
 
 
 class RequestError(LakelogError):
@@ -226,7 +240,9 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         StaleGenerationError,
         InvalidConsumerConfigError,
         NoOffsetError,
+        SecurityDisabledError,
         BufferFullError,
+        InternalError,
         RequestError,
         MalformedRequestError,
         UnsupportedMediaTypeError,

@@ -142,8 +142,11 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.StaleGenerationError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.SecurityDisabledError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
+    # -- a bug: never retriable, the traceback is in the agent's log ------------
+    e.InternalError: ErrorSpec(ErrorCode.INTERNAL_SERVER_ERROR),
     # -- the client's request -------------------------------------------------
     e.RequestError: ErrorSpec(ErrorCode.BAD_REQUEST),
     e.MalformedRequestError: ErrorSpec(ErrorCode.BAD_REQUEST),
