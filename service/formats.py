@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import binascii
 import re
+import sys
 from typing import Final
 
 import orjson
@@ -145,6 +146,11 @@ def decode_v2(data: object, fmt: str, what: str) -> bytes | None:
 
 
 # -- limits --------------------------------------------------------------------
+
+#: ``max_body_size`` of the produce routes: they lift the app-wide body limit and
+#: enforce their own (v2: ``max_request_bytes`` per body in ``read_body``; v3: per
+#: record in the stream splitter, since a stream has no total size).
+PRODUCE_BODY_LIMIT: Final = sys.maxsize
 
 #: Kafka's default ``max.message.bytes`` (the topic config table's default).
 DEFAULT_MAX_MESSAGE_BYTES: Final = int(config_def("max.message.bytes").default)

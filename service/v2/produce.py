@@ -44,6 +44,7 @@ from segments.errors import (
 from segments.types import Headers, Record
 from service.errors import kafka_error_code
 from service.formats import (
+    PRODUCE_BODY_LIMIT,
     V2_CONTENT_TYPE,
     check_record_size,
     check_v2_accept,
@@ -67,7 +68,9 @@ _BODY_FIELDS = frozenset(
 _Parsed = tuple[bytes | None, bytes | None, int | None, Headers]
 
 
-@router.post("/topics/{topic}", summary="Produce records to a topic")
+@router.post(
+    "/topics/{topic}", summary="Produce records to a topic", max_body_size=PRODUCE_BODY_LIMIT
+)
 async def produce_to_topic(
     topic: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
@@ -75,7 +78,11 @@ async def produce_to_topic(
     return await _produce(request, state, topic, None)
 
 
-@router.post("/topics/{topic}/partitions/{partition}", summary="Produce records to a partition")
+@router.post(
+    "/topics/{topic}/partitions/{partition}",
+    summary="Produce records to a partition",
+    max_body_size=PRODUCE_BODY_LIMIT,
+)
 async def produce_to_partition(
     topic: str, partition: int, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
