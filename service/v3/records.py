@@ -13,8 +13,11 @@ Content-Type other than ``application/json`` -> 415, unknown topic -> 404 40403,
 empty body -> 422 42206. Once streaming, the status stays 200 and failures are
 reported per record: bad JSON or fields -> 400, partition outside the topic -> 40402,
 a record over ``max.message.bytes`` -> 413, a key/value without a ``type`` or with a
-schema type -> 42202 (no schema registry), a failed flush -> 50003/50002. An object
-larger than ``max_request_bytes`` ends the stream with a 413 report. The cluster id in
+schema type -> 42202 (no schema registry), a failed flush -> 50003/50002, an
+unexpected exception (a bug) -> 500 for the records concerned while the stream goes on.
+An object larger than ``max_request_bytes`` ends the stream with a 413 report. JSON data
+is stored as the exact text sent; record groups of ``offload_parse_bytes`` or more are
+parsed on the ``cpu`` pool, off the event loop. The cluster id in
 the URL is not checked: kafka-rest does not validate it on produce.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +39,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from segments.errors import (
+    InternalError,
     LakelogError,
     MalformedRequestError,
     PartitionNotFoundError,
@@ -44,17 +49,19 @@ from segments.errors import (
 )
 from segments.types import Headers, Record, TopicInfo
 from service.errors import error_code_for, error_message_for
+from service.executors import Kind, run_if
 from service.formats import (
     PRODUCE_BODY_LIMIT,
     check_record_size,
     check_v3_content_type,
     decode_base64,
-    encode_json,
     max_message_bytes,
+    v3_json_span,
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
 from service.state import AgentState, get_state
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["v3 records"])
 
 _RECORD_FIELDS = frozenset({"partition_id", "headers", "key", "value", "timestamp"})
@@ -69,10 +76,12 @@ _MAX_PENDING_GROUPS = 64
 
 # -- splitting a byte stream into JSON values ------------------------------------------
 
-# A JSON string (possibly cut off by the end of the data so far) or one bracket. Strings
-# are matched whole so brackets inside them are skipped; UTF-8 continuation bytes never
-# equal '"', '\\' or a bracket, so scanning bytes is safe.
-_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}\[\]]', re.DOTALL)
+# Outside strings only quotes and brackets matter; inside a string, everything up to
+# the closing quote (escaped quotes skipped). Both run in C over bytes: UTF-8
+# continuation bytes never equal '"', '\\' or a bracket, so scanning bytes is safe.
+_STRUCTURE = re.compile(rb'["{}\[\]]')
+_STRING_BODY = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
+_QUOTE, _BACKSLASH = 0x22, 0x5C
 _OPEN = frozenset(b"{[")
 
 
@@ -88,9 +97,18 @@ Item = bytes | SplitError | RequestTooLargeError
 class ObjectSplitter:
     """Cuts concatenated JSON values out of a byte stream, as the bytes arrive.
 
-    Only brackets and strings are tokenized (by one C-level regex); the values
-    themselves are parsed by orjson once complete. Anything between values other
-    than whitespace comes back as a :class:`SplitError` item.
+    An incremental scanner: it keeps its state (bracket depth, inside a string or
+    not) between chunks and looks at every byte once, so a value sent in many small
+    chunks costs the same as one sent whole (re-scanning a partial string from its
+    start at every chunk made a 4 MiB value in 16 KiB chunks cost seconds of CPU on
+    the event loop). Only brackets and strings are tokenized; the values themselves
+    are parsed by orjson once complete. Anything between values other than
+    whitespace comes back as a :class:`SplitError` item.
+
+    A streaming JSON parser (ijson's yajl2_c backend) was not used: it builds Python
+    objects rather than handing back each value's bytes, stops at the first syntax
+    error where we report a bad record and go on with the next, and has no bound on
+    one value's size.
 
     Args:
         max_value_bytes: a value still incomplete at this size raises RequestTooLargeError.
@@ -98,9 +116,10 @@ class ObjectSplitter:
 
     def __init__(self, max_value_bytes: int) -> None:
         self.max_value_bytes = max_value_bytes
-        self._buf = b""
-        self._scan = 0  # where tokenizing resumes
+        self._buf = bytearray()  # unconsumed bytes: text before a value, the open value
+        self._scan = 0  # bytes of _buf already scanned
         self._depth = 0
+        self._in_string = False
 
     def feed(self, data: bytes) -> list[Item]:
         """Add bytes; return the values (and garbage runs) completed by them.
@@ -108,74 +127,72 @@ class ObjectSplitter:
         A value over ``max_value_bytes`` (complete, or still growing) ends the list
         with a RequestTooLargeError item: the stream cannot go on after it.
         """
-        buf = self._buf + data if self._buf else data
+        buf = self._buf
+        buf += data
         out: list[Item] = []
-        depth, start, pos = self._depth, 0, self._scan
-        for match in _TOKENS.finditer(buf, pos):
-            token_start, token_end = match.span()
-            first = buf[token_start]
-            if first == 0x22:  # '"'
-                if token_end == len(buf) and _cut_off(buf, token_start, token_end):
-                    pos = token_start  # cut off: rescan the whole string with more data
+        end = len(buf)
+        depth, in_string, pos = self._depth, self._in_string, self._scan
+        start = 0  # where the current value (or garbage run) begins
+        while pos < end:
+            if in_string:
+                close = _STRING_BODY.match(buf, pos).end()  # type: ignore[union-attr]
+                if close == end or buf[close] == _BACKSLASH:
+                    pos = close  # the string (or an escape) goes on in the next chunk
                     break
-                if depth == 0:
-                    _garbage(buf, start, token_end, out)
-                    start = token_end
-                pos = token_end
+                in_string, pos = False, close + 1
+                if depth == 0:  # a top-level string is garbage
+                    _garbage(buf, start, pos, out)
+                    start = pos
                 continue
-            if first in _OPEN:
+            match = _STRUCTURE.search(buf, pos)
+            if match is None:
+                pos = end
+                break
+            at = match.start()
+            char, pos = buf[at], at + 1
+            if char == _QUOTE:
+                in_string = True
+            elif char in _OPEN:
                 if depth == 0:
-                    _garbage(buf, start, token_start, out)
-                    start = token_start
+                    _garbage(buf, start, at, out)
+                    start = at
                 depth += 1
-            elif depth == 0:
-                _garbage(buf, start, token_end, out)  # a stray closing bracket
-                start = token_end
+            elif depth == 0:  # a stray closing bracket
+                _garbage(buf, start, pos, out)
+                start = pos
             else:
                 depth -= 1
                 if depth == 0:
-                    if token_end - start > self.max_value_bytes:
+                    if pos - start > self.max_value_bytes:
                         out.append(self._too_large())
                         return out
-                    out.append(buf[start:token_end])
-                    start = token_end
-            pos = token_end
-        else:
-            pos = len(buf)
+                    out.append(bytes(buf[start:pos]))
+                    start = pos
         # Keep only the unconsumed tail: the open value, or text after the last one.
-        self._buf, self._scan, self._depth = buf[start:], pos - start, depth
-        if len(self._buf) > self.max_value_bytes:
+        if start:
+            del buf[:start]
+        self._scan, self._depth, self._in_string = pos - start, depth, in_string
+        if len(buf) > self.max_value_bytes:
             out.append(self._too_large())
         return out
 
     def _too_large(self) -> RequestTooLargeError:
-        self._buf, self._scan, self._depth = b"", 0, 0
+        self._buf, self._scan, self._depth, self._in_string = bytearray(), 0, 0, False
         return RequestTooLargeError(
             f"A record exceeds the request limit of {self.max_value_bytes} bytes."
         )
 
     def finish(self) -> list[Item]:
         """The body ended: whatever is left is an incomplete value or garbage."""
-        rest, self._buf = self._buf, b""
-        if self._depth > 0 or rest.strip():
-            self._depth = 0
+        rest = bytes(self._buf)
+        incomplete = self._depth > 0 or self._in_string
+        self._buf, self._scan, self._depth, self._in_string = bytearray(), 0, 0, False
+        if incomplete or rest.strip():
             return [SplitError("Bad Request: unexpected end of JSON input.")]
         return []
 
 
-def _cut_off(buf: bytes, start: int, end: int) -> bool:
-    """Whether the string token buf[start:end], which ends the data, lacks its closing quote."""
-    if end - start < 2 or buf[end - 1] != 0x22:
-        return True
-    n = 0  # an odd run of backslashes before the last quote escapes it
-    i = end - 2
-    while i > start and buf[i] == 0x5C:
-        n += 1
-        i -= 1
-    return n % 2 == 1
-
-
-def _garbage(buf: bytes, start: int, end: int, out: list[Item]) -> None:
+def _garbage(buf: bytearray, start: int, end: int, out: list[Item]) -> None:
     if buf[start:end].strip():
         out.append(SplitError("Bad Request: the body must be JSON objects, one per record."))
 
@@ -201,8 +218,12 @@ class _Parsed:
         self.value_report = value_report
 
 
-def _parse_data(doc: object, what: str) -> tuple[bytes | None, dict[str, Any] | None]:
-    """A ProduceRequestData (key or value) -> bytes and its report ``{type, size}``."""
+def _parse_data(doc: object, what: str, text: bytes) -> tuple[bytes | None, dict[str, Any] | None]:
+    """A ProduceRequestData (key or value) -> bytes and its report ``{type, size}``.
+
+    ``text`` is the whole record object as sent: JSON data is stored as its exact
+    text there, not re-serialized from a parse (which would round big integers).
+    """
     if doc is None:
         return None, None
     if not isinstance(doc, dict):
@@ -224,7 +245,7 @@ def _parse_data(doc: object, what: str) -> tuple[bytes | None, dict[str, Any] | 
     if kind == "BINARY":
         out = decode_base64(data, "data")
     elif kind == "JSON":
-        out = None if data is None else encode_json(data)
+        out = None if data is None else v3_json_span(text, what)
     elif kind == "STRING":
         if data is not None and not isinstance(data, str):
             raise MalformedRequestError(f"Bad Request: {what}.data must be a string for STRING.")
@@ -269,22 +290,26 @@ def _parse_timestamp(raw: object, now_ms: int) -> int:
 
 
 def parse_record(
-    doc: object, topic: TopicInfo, limit: int, now_ms: int, sticky: list[int]
+    text: bytes, topic: TopicInfo, limit: int, now_ms: int, sticky: list[int]
 ) -> _Parsed:
-    """Check one v3 record object and pick its partition.
+    """Check one v3 record object (its JSON text) and pick its partition.
 
     ``sticky`` holds the keyless partition of the current group (-1 until needed).
 
     Raises:
         LakelogError: the per-record error to report (400, 40402, 413, 42202).
     """
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        raise MalformedRequestError("Bad Request: malformed JSON.") from None
     if not isinstance(doc, dict):
         raise MalformedRequestError("Bad Request: a record must be a JSON object.")
     unknown = doc.keys() - _RECORD_FIELDS
     if unknown:
         raise MalformedRequestError(f'Bad Request: Unrecognized field "{sorted(unknown)[0]}".')
-    key, key_report = _parse_data(doc.get("key"), "key")
-    value, value_report = _parse_data(doc.get("value"), "value")
+    key, key_report = _parse_data(doc.get("key"), "key", text)
+    value, value_report = _parse_data(doc.get("value"), "value", text)
     record = Record(
         key,
         value,
@@ -310,6 +335,10 @@ def parse_record(
 
 def _format_timestamp(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _internal_error() -> InternalError:
+    return InternalError("Internal error while producing this record (see the agent's log).")
 
 
 def _error_report(exc: LakelogError) -> bytes:
@@ -414,7 +443,20 @@ class _Stream:
         return not (items and isinstance(items[-1], RequestTooLargeError))
 
     async def _produce(self, items: list[Item]) -> bytes:
-        """Produce one group of records with one batcher call; their reports, in order."""
+        """Produce one group of records with one batcher call; their reports, in order.
+
+        Never raises: the response has already started with 200, so whatever goes
+        wrong becomes a failed report for the records concerned (an unexpected
+        exception is a non-retriable 500, logged with its traceback).
+        """
+        try:
+            return await self._produce_group(items)
+        except Exception:
+            log.exception("v3 produce to %s failed unexpectedly", self.topic.name)
+            failed = _error_report(_internal_error())
+            return b"\r\n".join([failed] * len(items) + [b""])
+
+    def _parse_group(self, items: list[Item]) -> list[_Parsed | LakelogError]:
         now_ms = int(time.time() * 1000)
         sticky = [-1]
         results: list[_Parsed | LakelogError] = []
@@ -424,13 +466,18 @@ class _Stream:
                     raise item
                 if isinstance(item, SplitError):
                     raise MalformedRequestError(str(item))
-                try:
-                    doc = orjson.loads(item)
-                except orjson.JSONDecodeError:
-                    raise MalformedRequestError("Bad Request: malformed JSON.") from None
-                results.append(parse_record(doc, self.topic, self.limit, now_ms, sticky))
+                results.append(parse_record(item, self.topic, self.limit, now_ms, sticky))
             except LakelogError as exc:
                 results.append(exc)
+            except Exception:
+                log.exception("a v3 record to %s failed unexpectedly", self.topic.name)
+                results.append(_internal_error())
+        return results
+
+    async def _produce_group(self, items: list[Item]) -> bytes:
+        size = sum(len(i) for i in items if isinstance(i, bytes))
+        offload = size >= self.state.settings.offload_parse_bytes
+        results = await run_if(offload, Kind.CPU, self._parse_group, items)
         good = [r for r in results if isinstance(r, _Parsed)]
         offsets: list[int] = []
         failure: LakelogError | None = None
