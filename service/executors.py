@@ -205,3 +205,14 @@ async def run(kind: Kind, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a (synchronous, thread-safe) coordinator call off the event loop."""
     return await run(Kind.COORDINATOR, fn, *args, **kwargs)
+
+
+async def run_if(offload: bool, kind: Kind, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the pool of ``kind`` if ``offload``, else inline on the event loop.
+
+    For CPU work that is worth a thread hop only when it is big (the GIL is released
+    every few milliseconds, so the event loop keeps serving other requests).
+    """
+    if offload:
+        return await run(kind, fn, *args)
+    return fn(*args)
