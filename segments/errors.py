@@ -21,6 +21,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── ClusterNotFoundError      a cluster id other than ours
     │   ├── ConfigNotFoundError       a config name the topic does not have
     │   ├── BrokerNotFoundError       no live agent with that broker id
+    │   ├── ReassignmentNotFoundError no reassignment of that partition (there never is one)
     │   ├── ConsumerNotFoundError     no consumer instance of that group and name
     │   ├── ConsumerExistsError       a consumer instance of that name is in the group
     │   ├── GroupNotFoundError        no consumer group of that id
@@ -129,6 +130,10 @@ class BrokerNotFoundError(MetadataError):
     """No live agent (broker) with that id."""
 
 
+class ReassignmentNotFoundError(MetadataError):
+    """No reassignment is in progress for the partition (with one replica, never)."""
+
+
 class ConsumerNotFoundError(MetadataError):
     """No consumer instance of that group and name."""
 
@@ -233,6 +238,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         ClusterNotFoundError,
         ConfigNotFoundError,
         BrokerNotFoundError,
+        ReassignmentNotFoundError,
         ConsumerNotFoundError,
         ConsumerExistsError,
         GroupNotFoundError,

@@ -43,6 +43,7 @@ from service.topic_cache import TopicCache
 from service.v2 import consumers as v2_consumers
 from service.v2 import metadata as v2_metadata
 from service.v2 import produce as v2_produce
+from service.v3 import acls as v3_acls
 from service.v3 import brokers as v3_brokers
 from service.v3 import clusters as v3_clusters
 from service.v3 import configs as v3_configs
@@ -288,6 +289,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (
         v3_clusters.router,
         v3_brokers.router,
+        v3_acls.router,
         v3_configs.router,  # before topics: /topics/-/configs
         v3_consumer_groups.router,
         v3_partitions.router,

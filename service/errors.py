@@ -130,6 +130,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.ClusterNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.ConfigNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.BrokerNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
+    e.ReassignmentNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.ConsumerNotFoundError: ErrorSpec(CONSUMER_INSTANCE_NOT_FOUND, "Consumer instance not found."),
     e.ConsumerExistsError: ErrorSpec(
         ErrorCode.CONSUMER_ALREADY_EXISTS,
