@@ -272,8 +272,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Both forms of every path are served (service.web strips a trailing slash):
         # no 307 that curl would not follow on a POST.
         redirect_slashes=False,
-        # One body limit for every route; produce routes set their own (formats.py).
-        max_body_size=settings.max_body_bytes,
         title="lakelog",
         summary="A diskless Kafka-style log: Confluent REST Proxy API on an object store.",
         version="0.1.0",

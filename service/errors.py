@@ -259,10 +259,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         phrase = HTTPStatus(exc.status_code).phrase
     except ValueError:
         phrase = "Error"
+    # Starlette's own exceptions carry its phrase; ours (the body limit) a real message.
+    message = exc.detail if exc.detail != phrase else f"HTTP {exc.status_code} {phrase}"
     return error_response(
         request,
         exc.status_code,
-        f"HTTP {exc.status_code} {phrase}",
+        message,
         headers=dict(exc.headers) if exc.headers else None,
     )
 

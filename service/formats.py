@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import binascii
 import re
-import sys
 from typing import Any, Final
 
 import msgspec
@@ -210,11 +209,6 @@ def json_fragment(data: bytes | None, what: str) -> orjson.Fragment | None:
 
 
 # -- limits --------------------------------------------------------------------
-
-#: ``max_body_size`` of the produce routes: they lift the app-wide body limit and
-#: enforce their own (v2: ``max_request_bytes`` per body in ``read_body``; v3: per
-#: record in the stream splitter, since a stream has no total size).
-PRODUCE_BODY_LIMIT: Final = sys.maxsize
 
 #: Kafka's default ``max.message.bytes`` (the topic config table's default).
 DEFAULT_MAX_MESSAGE_BYTES: Final = int(config_def("max.message.bytes").default)

@@ -1,4 +1,13 @@
-"""ASGI wrappers around the agent app: proxy headers and trailing slashes.
+"""ASGI wrappers around the agent app: body limit, proxy headers, trailing slashes.
+
+- One body limit for every route but produce (``max_body_bytes``): consumer and
+  admin bodies are small, and were read whole whatever their size. A declared
+  ``Content-Length`` over the limit is answered 413 before anything is read; a
+  chunked body is counted as it streams and cut off at the limit. Produce routes
+  keep their own limits (``formats.read_body`` for v2, per record for v3 streams).
+  Starlette/FastAPI have a ``max_body_size`` of their own, but it answers a
+  declared oversize with a plain-text 413 that replaces whatever the app sends;
+  clients here expect the Confluent error body.
 
 - Behind a TLS-terminating proxy the agent sees ``http://`` and the proxy's own
   address, so ``base_uri`` and v3 ``self`` links would point clients at a URL they
@@ -10,20 +19,26 @@
   consumer route both ways). Starlette would answer the slashed form with a 307
   redirect, which curl and many clients do not follow on a POST; the slash is
   dropped before routing instead.
-
-The body-size limit of non-produce routes is FastAPI's own ``max_body_size``
-(Starlette's ``RequestBodyLimitMiddleware``), set in ``create_app``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 
+import orjson
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from service.errors import ErrorCode, content_type_for
 from service.settings import Settings
+
+#: POST routes that enforce their own body limits (produce).
+_PRODUCE = re.compile(
+    r"/topics/[^/]+(?:/partitions/[^/]+)?|/v3/clusters/[^/]+/topics/[^/]+/records"
+)
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -103,10 +118,65 @@ class TrailingSlashMiddleware:
         await self.app(scope, receive, send)
 
 
+class BodyTooLargeError(HTTPException):
+    """A body over the limit (an HTTPException so FastAPI's body parsing passes it on)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"Request body exceeds the limit of {limit} bytes.")
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over ``limit`` bytes on every route but produce (see module doc)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (
+            scope["method"] == "POST" and _PRODUCE.fullmatch(scope["path"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._refuse(scope, send)
+                return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise BodyTooLargeError(self.limit)
+            return message
+
+        await self.app(scope, counted, send)
+
+    async def _refuse(self, scope: Scope, send: Send) -> None:
+        message = BodyTooLargeError(self.limit).detail
+        body = orjson.dumps({"error_code": int(ErrorCode.REQUEST_TOO_LARGE), "message": message})
+        media_type = content_type_for(scope["path"])
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", media_type.encode()),
+                    (b"content-length", b"%d" % len(body)),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
 def install_middleware(app: FastAPI, settings: Settings) -> None:
-    """Wrap ``app``: forwarded host, then proto/for, then the trailing slash (outermost first)."""
+    """Wrap ``app``: forwarded host, proto/for, trailing slash, body limit (outermost first)."""
     trusted = settings.forwarded_allow_ips
     # add_middleware puts each new one outside the ones added before.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(TrailingSlashMiddleware)
     app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=trusted)
     app.add_middleware(ForwardedHostMiddleware, trusted=TrustedProxies(trusted))

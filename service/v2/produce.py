@@ -50,7 +50,6 @@ from service.errors import kafka_error_code
 from service.executors import Kind, run_if
 from service.formats import (
     JSON,
-    PRODUCE_BODY_LIMIT,
     V2_CONTENT_TYPE,
     check_record_size,
     check_v2_accept,
@@ -76,9 +75,7 @@ _Parsed = tuple[bytes | None, bytes | None, int | None, Headers]
 _Entry = tuple[int, Record]
 
 
-@router.post(
-    "/topics/{topic}", summary="Produce records to a topic", max_body_size=PRODUCE_BODY_LIMIT
-)
+@router.post("/topics/{topic}", summary="Produce records to a topic")
 async def produce_to_topic(
     topic: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
@@ -86,11 +83,7 @@ async def produce_to_topic(
     return await _produce(request, state, topic, None)
 
 
-@router.post(
-    "/topics/{topic}/partitions/{partition}",
-    summary="Produce records to a partition",
-    max_body_size=PRODUCE_BODY_LIMIT,
-)
+@router.post("/topics/{topic}/partitions/{partition}", summary="Produce records to a partition")
 async def produce_to_partition(
     topic: str, partition: int, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
@@ -114,20 +107,28 @@ async def _produce(
     entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition)
 
     state.metrics.produce_requests.labels(api="v2").inc()
-    offsets: list[dict[str, Any]]
     try:
         assigned = await state.batcher.append(topic.topic_id, entries)
     except LakelogError as exc:
         code = kafka_error_code(exc)
         failed = {"partition": None, "offset": None, "error_code": code, "error": exc.message}
-        offsets = [failed] * len(entries)
+        answer = _answer([failed] * len(entries))
     else:
-        offsets = [
+        answer = await run_if(offload, Kind.CPU, _acked, entries, assigned)
+    return Response(answer, media_type=V2_CONTENT_TYPE)
+
+
+def _acked(entries: list[_Entry], assigned: list[int]) -> bytes:
+    return _answer(
+        [
             {"partition": p, "offset": off, "error_code": None, "error": None}
             for (p, _), off in zip(entries, assigned, strict=True)
         ]
-    payload = {"offsets": offsets, "key_schema_id": None, "value_schema_id": None}
-    return Response(orjson.dumps(payload), media_type=V2_CONTENT_TYPE)
+    )
+
+
+def _answer(offsets: list[dict[str, Any]]) -> bytes:
+    return orjson.dumps({"offsets": offsets, "key_schema_id": None, "value_schema_id": None})
 
 
 def _place(parsed: list[_Parsed], topic: TopicInfo, url_partition: int | None) -> list[_Entry]:

@@ -51,7 +51,6 @@ from segments.types import Headers, Record, TopicInfo
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, run_if
 from service.formats import (
-    PRODUCE_BODY_LIMIT,
     check_record_size,
     check_v3_content_type,
     decode_base64,
@@ -365,11 +364,7 @@ class _DuplexStreamingResponse(StreamingResponse):
             raise ClientDisconnect() from None
 
 
-@router.post(
-    "/v3/clusters/{cluster_id}/topics/{topic_name}/records",
-    summary="Produce records",
-    max_body_size=PRODUCE_BODY_LIMIT,
-)
+@router.post("/v3/clusters/{cluster_id}/topics/{topic_name}/records", summary="Produce records")
 async def produce_records(
     cluster_id: str, topic_name: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
