@@ -150,33 +150,21 @@ class ExecutorCollector(Collector):
     def __init__(self, executors: Executors) -> None:
         self.executors = executors
 
-    def collect(self) -> Iterator[Metric]:
-        threads = GaugeMetricFamily(
-            "lakelog_executor_threads", "Threads of each pool.", labels=["pool"]
-        )
-        busy = GaugeMetricFamily(
-            "lakelog_executor_busy_threads", "Threads running a task, per pool.", labels=["pool"]
-        )
-        queued = GaugeMetricFamily(
-            "lakelog_executor_queued_tasks",
-            "Tasks waiting for a thread, per pool (saturation).",
-            labels=["pool"],
-        )
-        completed = CounterMetricFamily(
-            "lakelog_executor_tasks", "Tasks run, per pool.", labels=["pool"]
-        )
-        waited = CounterMetricFamily(
+    #: (family class, name, help) of each figure, in ``Pool.snapshot`` order.
+    FIGURES = (
+        (GaugeMetricFamily, "lakelog_executor_threads", "Threads of each pool."),
+        (GaugeMetricFamily, "lakelog_executor_busy_threads", "Threads running a task."),
+        (GaugeMetricFamily, "lakelog_executor_queued_tasks", "Tasks waiting for a thread."),
+        (CounterMetricFamily, "lakelog_executor_tasks", "Tasks run."),
+        (
+            CounterMetricFamily,
             "lakelog_executor_wait_seconds",
-            "Seconds tasks spent queued before a thread took them, per pool.",
-            labels=["pool"],
-        )
-        families: tuple[GaugeMetricFamily | CounterMetricFamily, ...] = (
-            threads,
-            busy,
-            queued,
-            completed,
-            waited,
-        )
+            "Seconds tasks spent queued before a thread took them.",
+        ),
+    )
+
+    def collect(self) -> Iterator[Metric]:
+        families = [cls(name, help_, labels=["pool"]) for cls, name, help_ in self.FIGURES]
         for kind, pool in self.executors.pools.items():
             for family, value in zip(families, pool.snapshot(), strict=True):
                 family.add_metric([kind.value], value)

@@ -35,6 +35,9 @@ import pytest
 
 from coordinator.http_client import HttpCoordinator
 from coordinator.local import LocalCoordinator
+from index.log import LogReader
+from segments.store import open_store
+from segments.types import ConsumedRecord
 from tests.conftest import BACKENDS, new_db_url
 from tests.procs import Proc, free_port, lakelog_cmd, start_coordinator, wait_http
 
@@ -201,6 +204,37 @@ def cluster_factory(moto_endpoint: str, tmp_path: Path) -> Iterator[ClusterFacto
     finally:
         for c in started:
             c.stop()
+
+
+# -- helpers on a Cluster ---------------------------------------------------------------
+
+
+def create_topic(
+    cluster: Cluster, name: str, partitions: int, configs: dict[str, str] | None = None
+) -> None:
+    """Create a topic through the first agent's v3 API (201 expected)."""
+    body: dict[str, Any] = {"topic_name": name, "partitions_count": partitions}
+    if configs:
+        body["configs"] = [{"name": k, "value": v} for k, v in configs.items()]
+    r = httpx.post(f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics", json=body)
+    assert r.status_code == 201, r.text
+
+
+def read_partition(
+    cluster: Cluster, topic: str, partition: int, max_bytes: int = 1 << 20
+) -> list[ConsumedRecord]:
+    """Every record of a partition, straight from the coordinator and the bucket."""
+    coordinator = HttpCoordinator(cluster.coordinator_url)
+    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
+    try:
+        reader = LogReader(store, coordinator)
+        out: list[ConsumedRecord] = []
+        while batch := reader.read(topic, partition, len(out), max_bytes=max_bytes):
+            out.extend(batch)
+        return out
+    finally:
+        coordinator.close()
+        store.close()
 
 
 def _unique(prefix: str = "t") -> str:

@@ -20,11 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from coordinator.http_client import HttpCoordinator
-from index.log import LogReader
-from segments.store import open_store
-from segments.types import ConsumedRecord
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, create_topic, read_partition
 
 pytestmark = pytest.mark.integration
 
@@ -46,28 +42,10 @@ def cluster(lakelog_cluster: Cluster) -> Cluster:
     return lakelog_cluster
 
 
-def create_topic(cluster: Cluster, partitions: int = 1, **configs: str) -> str:
+def new_topic(cluster: Cluster, partitions: int = 1, **configs: str) -> str:
     name = f"rest-{uuid.uuid4().hex[:10]}"
-    body: dict[str, Any] = {"topic_name": name, "partitions_count": partitions}
-    body["configs"] = [{"name": k.replace("_", "."), "value": v} for k, v in configs.items()]
-    r = httpx.post(f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics", json=body)
-    assert r.status_code == 201, r.text
+    create_topic(cluster, name, partitions, {k.replace("_", "."): v for k, v in configs.items()})
     return name
-
-
-def read_all(cluster: Cluster, topic: str, partition: int = 0) -> list[ConsumedRecord]:
-    """Every record of a partition, straight from the coordinator and the bucket."""
-    coordinator = HttpCoordinator(cluster.coordinator_url)
-    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
-    try:
-        reader = LogReader(store, coordinator)
-        out: list[ConsumedRecord] = []
-        while batch := reader.read(topic, partition, len(out), max_bytes=8 << 20):
-            out.extend(batch)
-        return out
-    finally:
-        coordinator.close()
-        store.close()
 
 
 def consume(agent: str, topic: str, fmt: str) -> httpx.Response:
@@ -97,7 +75,7 @@ def consume(agent: str, topic: str, fmt: str) -> httpx.Response:
 def test_big_integers_round_trip_byte_for_byte(cluster: Cluster) -> None:
     """JSON keys/values are stored as the exact text sent, on v2 and v3, and a json
     consumer renders that text back unchanged (a binary consumer gets its bytes)."""
-    topic = create_topic(cluster)
+    topic = new_topic(cluster)
     agent = cluster.agents[0]
     v2_body = b'{"records":[{"key":' + BIG_KEY + b',"value":' + BIG_VALUE + b"}]}"
     r = httpx.post(f"{agent}/topics/{topic}", content=v2_body, headers={"Content-Type": JSON_V2})
@@ -118,7 +96,7 @@ def test_big_integers_round_trip_byte_for_byte(cluster: Cluster) -> None:
     assert (r.status_code, report["error_code"]) == (200, 200), r.text
     assert report["value"] == {"type": "JSON", "size": len(BIG_VALUE)}
 
-    stored = read_all(cluster, topic)
+    stored = read_partition(cluster, topic, 0, max_bytes=8 << 20)
     assert [(s.key, s.value) for s in stored] == [(BIG_KEY, BIG_VALUE)] * 2
 
     # A json consumer embeds the stored text as it is: the very bytes, twice.
@@ -172,7 +150,7 @@ def test_v3_4_mib_value_in_16_kib_chunks_is_scanned_once(cluster: Cluster) -> No
     now: the record is stored, the agent's CPU over the upload stays a small share of
     its duration, and probe requests keep being answered meanwhile.
     """
-    topic = create_topic(cluster, max_message_bytes=str(8 << 20))
+    topic = new_topic(cluster, max_message_bytes=str(8 << 20))
     agent, pid = cluster.agents[0], cluster.agent_procs[0].popen.pid
     value = base64.b64encode(os.urandom(3 << 20))  # 4 MiB of base64
     body = b'{"value":{"type":"BINARY","data":"' + value + b'"}}'
@@ -202,7 +180,7 @@ def test_v3_4_mib_value_in_16_kib_chunks_is_scanned_once(cluster: Cluster) -> No
     cpu = agent_cpu_s(pid) - cpu_before
     print(f"upload {wall:.2f} s, agent CPU {cpu:.2f} s, probe max {max(probes) * 1000:.0f} ms")
     assert b'"error_code":200' in answer, answer[-500:]
-    assert read_all(cluster, topic)[0].value == base64.b64decode(value)
+    assert read_partition(cluster, topic, 0, max_bytes=8 << 20)[0].value == base64.b64decode(value)
     assert cpu < 0.3 * wall, (cpu, wall)
     assert max(probes) < 0.25 * wall, probes
 
@@ -224,7 +202,7 @@ def test_big_v2_body_is_parsed_and_partitioned_off_the_event_loop(cluster: Clust
     request (what stays on the loop is the batcher's encoding of the records); the cpu
     pool ran the work (its task counter moved, which a small body does not do).
     """
-    topic = create_topic(cluster, partitions=8)
+    topic = new_topic(cluster, partitions=8)
     agent = cluster.agents[1]
     records = [
         {"key": base64.b64encode(b"%060d" % i).decode(), "value": "eA=="} for i in range(120_000)
@@ -254,7 +232,7 @@ def test_big_v2_body_is_parsed_and_partitioned_off_the_event_loop(cluster: Clust
 
 def test_trailing_slashes_are_served_not_redirected(cluster: Cluster) -> None:
     """curl does not follow a 307 on a POST: both forms of a path are the same route."""
-    topic = create_topic(cluster)
+    topic = new_topic(cluster)
     agent = cluster.agents[0]
     body = {"records": [{"value": base64.b64encode(b"slash").decode()}]}
     r = httpx.post(f"{agent}/topics/{topic}/", json=body, headers={"Content-Type": BINARY})
@@ -314,7 +292,7 @@ def test_every_v3_link_leads_to_a_route(cluster: Cluster) -> None:
     """Each ``related`` link of a cluster, broker, topic and partition answers from a
     real route: 200, or Kafka's own answer where that is what a cluster like this
     gives (ACLs without an authorizer: 400 40002; no reassignment in progress: 404)."""
-    topic = create_topic(cluster, partitions=2)
+    topic = new_topic(cluster, partitions=2)
     with httpx.Client(base_url=cluster.agents[0]) as client:
         base = f"/v3/clusters/{cluster.cluster_id}"
         resources = [

@@ -25,12 +25,8 @@ import httpx
 import orjson
 import pytest
 
-from coordinator.http_client import HttpCoordinator
-from index.log import LogReader
-from segments.store import open_store
-from segments.types import ConsumedRecord
 from tests.faultproxy import FaultProxy
-from tests.integration.conftest import Cluster, ClusterFactory
+from tests.integration.conftest import Cluster, ClusterFactory, create_topic, read_partition
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,28 +36,6 @@ BINARY = "application/vnd.kafka.binary.v2+json"
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def create_topic(cluster: Cluster, name: str, partitions: int) -> None:
-    r = httpx.post(
-        f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics",
-        json={"topic_name": name, "partitions_count": partitions},
-    )
-    assert r.status_code == 201, r.text
-
-
-def read_all(cluster: Cluster, topic: str, partition: int) -> list[ConsumedRecord]:
-    coordinator = HttpCoordinator(cluster.coordinator_url)
-    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
-    try:
-        reader = LogReader(store, coordinator)
-        out: list[ConsumedRecord] = []
-        while batch := reader.read(topic, partition, len(out)):
-            out.extend(batch)
-        return out
-    finally:
-        coordinator.close()
-        store.close()
 
 
 def broker_ids(cluster: Cluster, agent: int = 0) -> set[int]:
@@ -295,7 +269,7 @@ def test_a_poisoned_flush_is_not_retriable_and_stores_nothing_twice(
     assert report["error_code"] == 500, report
     proxy.clear()
 
-    values = [r.value for r in read_all(cluster, topic, 0)]
+    values = [r.value for r in read_partition(cluster, topic, 0)]
     assert values == [b"v2-once", b"v3-once"]  # committed before the garbage answer, once
     logs = cluster.logs()
     assert "flush of 1 records failed unexpectedly" in logs
