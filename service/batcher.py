@@ -244,6 +244,7 @@ class Batcher:
         """
         log.error("the segment builder refused an append", exc_info=exc)
         if buf.builder.record_count == buf.records:
+            self._admit()  # the refused request's bytes are free again
             return
         if buf is self._current:
             self._current = self._new_buffer()

