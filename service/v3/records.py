@@ -75,10 +75,10 @@ _MAX_PENDING_GROUPS = 64
 
 # -- splitting a byte stream into JSON values ------------------------------------------
 
-# Outside strings only quotes and brackets matter; inside a string, everything up to
-# the closing quote (escaped quotes skipped). Both run in C over bytes: UTF-8
-# continuation bytes never equal '"', '\\' or a bracket, so scanning bytes is safe.
-_STRUCTURE = re.compile(rb'["{}\[\]]')
+# A whole JSON string (or one cut off by the end of the data so far) or one bracket;
+# and the rest of a string's body, to resume a cut-off string in the next chunk. Both
+# run in C over bytes: UTF-8 continuation bytes never equal '"', '\\' or a bracket.
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}\[\]]', re.DOTALL)
 _STRING_BODY = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 _OPEN = frozenset(b"{[")
@@ -132,25 +132,27 @@ class ObjectSplitter:
         end = len(buf)
         depth, in_string, pos = self._depth, self._in_string, self._scan
         start = 0  # where the current value (or garbage run) begins
-        while pos < end:
-            if in_string:
-                close = _STRING_BODY.match(buf, pos).end()  # type: ignore[union-attr]
-                if close == end or buf[close] == _BACKSLASH:
-                    pos = close  # the string (or an escape) goes on in the next chunk
-                    break
+        if in_string:  # a string cut off by the previous chunk goes on
+            close = _STRING_BODY.match(buf, pos).end()  # type: ignore[union-attr]
+            if close == end or buf[close] == _BACKSLASH:
+                pos = end = close  # the string (or an escape) goes on in the next chunk
+            else:
                 in_string, pos = False, close + 1
                 if depth == 0:  # a top-level string is garbage
                     _garbage(buf, start, pos, out)
                     start = pos
-                continue
-            match = _STRUCTURE.search(buf, pos)
-            if match is None:
-                pos = end
-                break
-            at = match.start()
-            char, pos = buf[at], at + 1
+        for match in _TOKENS.finditer(buf, pos, end):
+            at, pos = match.span()
+            char = buf[at]
             if char == _QUOTE:
-                in_string = True
+                if pos == len(buf) and _cut_off(buf, at, pos):
+                    # Resume inside the string next time (its start is scanned once
+                    # more, then every byte only once: never from the start again).
+                    in_string, pos = True, at + 1
+                    break
+                if depth == 0:
+                    _garbage(buf, start, pos, out)
+                    start = pos
             elif char in _OPEN:
                 if depth == 0:
                     _garbage(buf, start, at, out)
@@ -165,8 +167,10 @@ class ObjectSplitter:
                     if pos - start > self.max_value_bytes:
                         out.append(self._too_large())
                         return out
-                    out.append(bytes(buf[start:pos]))
+                    out.append(bytes(memoryview(buf)[start:pos]))  # one copy
                     start = pos
+        else:
+            pos = end
         # Keep only the unconsumed tail: the open value, or text after the last one.
         if start:
             del buf[:start]
@@ -189,6 +193,18 @@ class ObjectSplitter:
         if incomplete or rest.strip():
             return [SplitError("Bad Request: unexpected end of JSON input.")]
         return []
+
+
+def _cut_off(buf: bytearray, start: int, end: int) -> bool:
+    """Whether the string token buf[start:end], which ends the data, lacks its closing quote."""
+    if end - start < 2 or buf[end - 1] != _QUOTE:
+        return True
+    n = 0  # an odd run of backslashes before the last quote escapes it
+    i = end - 2
+    while i > start and buf[i] == _BACKSLASH:
+        n += 1
+        i -= 1
+    return n % 2 == 1
 
 
 def _garbage(buf: bytearray, start: int, end: int, out: list[Item]) -> None:
