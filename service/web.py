@@ -8,7 +8,6 @@
   Starlette/FastAPI have a ``max_body_size`` of their own, but it answers a
   declared oversize with a plain-text 413 that replaces whatever the app sends;
   clients here expect the Confluent error body.
-
 - Behind a TLS-terminating proxy the agent sees ``http://`` and the proxy's own
   address, so ``base_uri`` and v3 ``self`` links would point clients at a URL they
   cannot use. From peers listed in ``forwarded_allow_ips`` the agent takes
