@@ -21,6 +21,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── ClusterNotFoundError      a cluster id other than ours
     │   ├── ConfigNotFoundError       a config name the topic does not have
     │   ├── BrokerNotFoundError       no live agent with that broker id
+    │   ├── ReassignmentNotFoundError no reassignment of that partition (there never is one)
     │   ├── ConsumerNotFoundError     no consumer instance of that group and name
     │   ├── ConsumerExistsError       a consumer instance of that name is in the group
     │   ├── GroupNotFoundError        no consumer group of that id
@@ -28,23 +29,25 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
-    │   └── SchemaRegistryError       the schema registry's subjects, versions, schemas
-    │       ├── SubjectNotFoundError
-    │       ├── VersionNotFoundError
-    │       ├── SchemaNotFoundError   no schema of that id (or none that matches)
-    │       ├── SubjectSoftDeletedError      soft delete of a soft-deleted subject
-    │       ├── SubjectNotSoftDeletedError   permanent delete before the soft delete
-    │       ├── VersionSoftDeletedError
-    │       ├── VersionNotSoftDeletedError
-    │       ├── SubjectConfigNotFoundError   no subject-level compatibility to delete
-    │       ├── IncompatibleSchemaError      breaks the subject's compatibility level
-    │       ├── InvalidSchemaError           does not parse, unknown type, bad reference
-    │       ├── InvalidVersionError          not 1..2^31-1 or "latest"
-    │       ├── InvalidCompatibilityLevelError
-    │       ├── InvalidSubjectError
-    │       ├── ReferenceExistsError         a version other schemas still reference
-    │       └── SchemaConflictError          retriable: the subject changed under a registration
+    │   ├── SchemaRegistryError       the schema registry's subjects, versions, schemas
+    │   │   ├── SubjectNotFoundError
+    │   │   ├── VersionNotFoundError
+    │   │   ├── SchemaNotFoundError   no schema of that id (or none that matches)
+    │   │   ├── SubjectSoftDeletedError      soft delete of a soft-deleted subject
+    │   │   ├── SubjectNotSoftDeletedError   permanent delete before the soft delete
+    │   │   ├── VersionSoftDeletedError
+    │   │   ├── VersionNotSoftDeletedError
+    │   │   ├── SubjectConfigNotFoundError   no subject-level compatibility to delete
+    │   │   ├── IncompatibleSchemaError      breaks the subject's compatibility level
+    │   │   ├── InvalidSchemaError           does not parse, unknown type, bad reference
+    │   │   ├── InvalidVersionError          not 1..2^31-1 or "latest"
+    │   │   ├── InvalidCompatibilityLevelError
+    │   │   ├── InvalidSubjectError
+    │   │   ├── ReferenceExistsError         a version other schemas still reference
+    │   │   └── SchemaConflictError          retriable: the subject changed under a registration
+    │   └── SecurityDisabledError     ACL requests while no authorizer is configured
     ├── BufferFullError               retriable: the agent's write buffer stayed full
+    ├── InternalError                 not retriable: an unexpected failure (a bug) inside lakelog
     └── RequestError                  a client's request is not acceptable (web layer)
         ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
         ├── UnsupportedMediaTypeError
@@ -146,6 +149,10 @@ class BrokerNotFoundError(MetadataError):
     """No live agent (broker) with that id."""
 
 
+class ReassignmentNotFoundError(MetadataError):
+    """No reassignment is in progress for the partition (with one replica, never)."""
+
+
 class ConsumerNotFoundError(MetadataError):
     """No consumer instance of that group and name."""
 
@@ -174,10 +181,22 @@ class NoOffsetError(MetadataError):
     """auto.offset.reset is none and the partition has no committed offset."""
 
 
+class SecurityDisabledError(MetadataError):
+    """An ACL request while no authorizer is configured (Kafka's SecurityDisabledException)."""
+
+
 class BufferFullError(LakelogError):
     """The agent's write buffer stayed full for longer than the wait bound."""
 
     retriable = True
+
+
+class InternalError(LakelogError):
+    """An unexpected exception inside lakelog (a bug, not the client's input or a fault).
+
+    Not retriable: the same request would meet the same bug, so a client must not
+    retry it forever. The agent logs the traceback.
+    """
 
 
 class RequestError(LakelogError):
@@ -317,6 +336,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         ClusterNotFoundError,
         ConfigNotFoundError,
         BrokerNotFoundError,
+        ReassignmentNotFoundError,
         ConsumerNotFoundError,
         ConsumerExistsError,
         GroupNotFoundError,
@@ -324,7 +344,9 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         StaleGenerationError,
         InvalidConsumerConfigError,
         NoOffsetError,
+        SecurityDisabledError,
         BufferFullError,
+        InternalError,
         RequestError,
         MalformedRequestError,
         UnsupportedMediaTypeError,

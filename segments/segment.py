@@ -62,7 +62,7 @@ at a batch boundary is caught too.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -161,15 +161,33 @@ class SegmentBuilder:
             ValueError: topic_id not 16 bytes, partition or timestamp out of range.
             RuntimeError: ``build`` was already called.
         """
+        self.append_groups(topic_id, {partition: records})
+
+    def append_groups(self, topic_id: bytes, groups: Mapping[int, Sequence[Record]]) -> None:
+        """``append`` for several partitions of one topic at once, all or nothing.
+
+        Every partition and record of every group is checked before any is encoded,
+        so a refused call leaves the builder as it was (one request's records are
+        all buffered, or none).
+
+        Raises:
+            TypeError, ValueError, RuntimeError: as ``append``.
+        """
         if self._built is not None:
             raise RuntimeError("segment already built; start a new SegmentBuilder")
         if not isinstance(topic_id, bytes) or len(topic_id) != _TOPIC_ID_LEN:
             raise ValueError("topic_id must be 16 bytes (uuid.UUID.bytes)")
-        if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
-            raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
-        prepared = [_prepare(record) for record in records]
-        if not prepared:
-            return
+        ready: list[tuple[int, list[_Prepared]]] = []
+        for partition, records in groups.items():
+            if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
+                raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
+            prepared = [_prepare(record) for record in records]
+            if prepared:
+                ready.append((partition, prepared))
+        for partition, prepared in ready:
+            self._append_prepared(topic_id, partition, prepared)
+
+    def _append_prepared(self, topic_id: bytes, partition: int, prepared: list[_Prepared]) -> None:
         chunk = self._chunks.get((topic_id, partition))
         if chunk is None:
             chunk = self._chunks[(topic_id, partition)] = _ChunkBuffer(topic_id, partition)

@@ -5,7 +5,8 @@ Nothing is built at import time. The lifespan opens the coordinator client
 ``HttpCoordinator``), the object store, the log writer, metrics and the write
 batcher; registers the agent with the coordinator (agents are the cluster's
 brokers) and keeps heartbeating; and closes all of it on shutdown, flushing the
-batcher first.
+batcher first. Blocking calls run on bounded pools, one per kind of work
+(``service.executors``), so a slow store cannot starve flushes or the heartbeat.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectStore, open_store
 from service import errors
+from service import executors as executors_module
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
+from service.executors import ExecutorCollector, Executors, Kind
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader, IndexCache, RangeCache
@@ -43,6 +46,7 @@ from service.topic_cache import TopicCache
 from service.v2 import consumers as v2_consumers
 from service.v2 import metadata as v2_metadata
 from service.v2 import produce as v2_produce
+from service.v3 import acls as v3_acls
 from service.v3 import brokers as v3_brokers
 from service.v3 import clusters as v3_clusters
 from service.v3 import configs as v3_configs
@@ -51,6 +55,7 @@ from service.v3 import partitions as v3_partitions
 from service.v3 import records as v3_records
 from service.v3 import topics as v3_topics
 from service.v3.common import broker_max_age_s, call
+from service.web import install_middleware
 
 log = logging.getLogger(__name__)
 
@@ -137,22 +142,33 @@ async def _wait_for_cluster_id(coordinator: Coordinator) -> str:
 
 
 async def heartbeat_once(state: AgentState) -> None:
-    """Register or refresh this agent; learn its broker id."""
+    """Register or refresh this agent; learn its broker id (on the ``heartbeat`` pool)."""
     host, port = broker_address(state.settings)
-    broker_id = await call(state.coordinator.heartbeat_agent, state.settings.agent_id, host, port)
+    broker_id = await state.executors.run(
+        Kind.HEARTBEAT, state.coordinator.heartbeat_agent, state.settings.agent_id, host, port
+    )
     if broker_id != state.broker_id:
         log.info("agent %s is broker %d (%s:%d)", state.settings.agent_id, broker_id, host, port)
         state.broker_id = broker_id
 
 
 async def heartbeat_loop(state: AgentState) -> None:
-    """Heartbeat every ``heartbeat_interval_s``; a failure is logged and retried next time."""
+    """Heartbeat every ``heartbeat_interval_s``; a failure is logged and retried next time.
+
+    Any exception, not only lakelog's, is logged (with its traceback when unexpected)
+    and counted: the loop must outlive a bad answer, or the agent would silently be
+    declared dead.
+    """
     while True:
         await asyncio.sleep(state.settings.heartbeat_interval_s)
         try:
             await heartbeat_once(state)
         except LakelogError as e:
+            state.metrics.heartbeat_failures.inc()
             log.warning("heartbeat failed: %s", e)
+        except Exception:
+            state.metrics.heartbeat_failures.inc()
+            log.exception("heartbeat failed unexpectedly; retrying")
 
 
 @asynccontextmanager
@@ -165,9 +181,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings.store, endpoint_url=settings.store_endpoint, region=settings.store_region
         )
         stack.callback(store.close)
+        executors = Executors(
+            {Kind.COORDINATOR: settings.coordinator_threads, Kind.READ: settings.read_threads}
+        )
+        stack.callback(executors.shutdown)  # after everything below has stopped
+        executors_module.install(executors)
+        stack.callback(executors_module.install, None)
         cluster_id = await _wait_for_cluster_id(coordinator)
         writer = LogWriter(store, coordinator)
         metrics = Metrics()
+        metrics.registry.register(ExecutorCollector(executors))
         reader, notifier, consume_metrics = build_read_path(settings, store, coordinator, metrics)
         notifier.attach(asyncio.get_running_loop())
         stack.callback(reader.close)
@@ -175,7 +198,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Write-through into the read cache first, then wake the waiting fetches.
         writer.listeners.append(reader.cache.on_write)
         writer.listeners.append(notifier.on_write)
-        batcher = Batcher(writer, settings, metrics)
+        batcher = Batcher(writer, settings, metrics, offload=executors[Kind.FLUSH].run)
         await batcher.start()
         stack.push_async_callback(batcher.close)  # flushes what is buffered
         topics = TopicCache(
@@ -203,6 +226,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 RegistryMetrics(metrics.registry),
                 latest_ttl_s=settings.metadata_ttl_s,
             ),
+            executors=executors,
         )
         try:
             await heartbeat_once(state)
@@ -253,6 +277,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The agent app. ``settings`` default to ``get_settings()`` (the environment)."""
     settings = settings if settings is not None else get_settings()
     app = FastAPI(
+        # Both forms of every path are served (service.web strips a trailing slash):
+        # no 307 that curl would not follow on a POST.
+        redirect_slashes=False,
         title="lakelog",
         summary="A diskless Kafka-style log: Confluent REST Proxy API on an object store.",
         version="0.1.0",
@@ -261,12 +288,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install_error_handlers(app)
+    install_middleware(app, settings)
     app.add_api_route("/health", health, methods=["GET"], tags=["ops"])
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"])
     # v3 first: the v2 root routes are all literal or under /topics, /brokers.
     for router in (
         v3_clusters.router,
         v3_brokers.router,
+        v3_acls.router,
         v3_configs.router,  # before topics: /topics/-/configs
         v3_consumer_groups.router,
         v3_partitions.router,

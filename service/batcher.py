@@ -15,7 +15,16 @@ Memory is bounded: bytes buffered + bytes in flight never exceed ``max_buffer_by
 An append that does not fit waits up to ``buffer_wait_ms`` and then raises
 ``BufferFullError`` (retriable); nothing queues without bound. A failed flush fails
 exactly the requests whose records it held, with a retriable error unless the store or
-coordinator said otherwise; no request is answered twice.
+coordinator said otherwise, or unless it was an unexpected exception (a bug: answered
+with a non-retriable ``InternalError`` and logged with its traceback, so clients do not
+retry it forever); no request is answered twice.
+
+One request's records are buffered all or nothing (``SegmentBuilder.append_groups``
+checks every record before encoding any): a request that fails never leaves some of
+its records behind to be flushed unacknowledged.
+
+The blocking PUT + commit runs on the pool given as ``offload`` (the agent's ``flush``
+pool, so lagging readers cannot starve it; asyncio's default pool when not given).
 """
 
 from __future__ import annotations
@@ -25,13 +34,14 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from index.log import LogWriter, WriteResult
 from segments.errors import (
     BufferFullError,
+    InternalError,
     LakelogError,
     MetadataError,
     RecordTooLargeError,
@@ -48,6 +58,8 @@ log = logging.getLogger(__name__)
 
 #: Offsets of a flush: (topic id, partition) -> base offset of that chunk.
 BaseOffsets = dict[tuple[bytes, int], int]
+#: Runs a blocking call off the event loop: ``await offload(fn, *args)``.
+Offload = Callable[..., Awaitable[Any]]
 
 # Per-record bytes the batch codec adds around key, value and headers (varint lengths,
 # deltas, attributes): an estimate for memory accounting only.
@@ -103,12 +115,18 @@ class Batcher:
         settings: ``linger_ms``, ``flush_bytes``, ``max_buffer_bytes``,
             ``buffer_wait_ms``, ``compression`` (a Settings or a BatcherConfig).
         metrics: where flush and produce figures go.
+        offload: runs the blocking PUT + commit (default: ``asyncio.to_thread``).
     """
 
     def __init__(
-        self, writer: LogWriter, settings: Settings | BatcherConfig, metrics: Metrics
+        self,
+        writer: LogWriter,
+        settings: Settings | BatcherConfig,
+        metrics: Metrics,
+        offload: Offload | None = None,
     ) -> None:
         self.writer = writer
+        self._offload: Offload = offload or asyncio.to_thread
         self.config = (
             settings
             if isinstance(settings, BatcherConfig)
@@ -162,6 +180,8 @@ class Batcher:
         Raises:
             BufferFullError: no room within ``buffer_wait_ms`` (or the batcher is closed).
             RecordTooLargeError: the records alone exceed ``max_buffer_bytes``.
+            InternalError: the builder refused the records (callers validate them
+                first, so this is a bug); none of them was buffered.
             LakelogError: the flush holding them failed (retriable unless the store
                 or coordinator said otherwise).
         """
@@ -185,18 +205,19 @@ class Batcher:
         if was_empty:
             buf.created = time.monotonic()  # linger counts from the batch's first record
         buf.size += size  # accounted before appending: whatever gets in is counted
-        starts: dict[int, int] = {}
+        starts = {p: buf.counts.get((topic_id, p), 0) for p in groups}
+        try:
+            buf.builder.append_groups(topic_id, groups)
+        except Exception as exc:
+            buf.size -= size
+            self._refused(buf, exc)
+            raise InternalError(
+                "Internal error while buffering the records; none was stored "
+                "(not retriable: see the agent's log)."
+            ) from exc
         for partition, group in groups.items():
-            # SegmentBuilder.append is all-or-nothing per call. Callers validate records
-            # first (types, timestamps), so a refusal here is a bug; if it happens after
-            # an earlier group went in, those records may be flushed unacked (never
-            # acked twice), and the caller gets the error.
-            key = (topic_id, partition)
-            start = buf.counts.get(key, 0)
-            buf.builder.append(topic_id, partition, group)
-            buf.counts[key] = start + len(group)
-            buf.records += len(group)
-            starts[partition] = start
+            buf.counts[(topic_id, partition)] = starts[partition] + len(group)
+        buf.records += len(records)
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
         if buf.size >= self.config.flush_bytes:
@@ -212,6 +233,32 @@ class Batcher:
         return [bases[(topic_id, p)] + starts[p] + i for p, i in slots]
 
     # -- internals ------------------------------------------------------------
+    def _refused(self, buf: _Buffer, exc: Exception) -> None:
+        """The builder raised on an append: log it; drop the buffer if it was changed.
+
+        ``append_groups`` checks everything before encoding, so a refusal normally
+        leaves the buffer as it was. If the builder failed part way through (a codec
+        bug), the buffer holds records of a request that is answered with an error:
+        it is discarded, never flushed, and its other requests get a retriable error
+        (nothing of theirs was stored either).
+        """
+        log.error("the segment builder refused an append", exc_info=exc)
+        if buf.builder.record_count == buf.records:
+            self._admit()  # the refused request's bytes are free again
+            return
+        if buf is self._current:
+            self._current = self._new_buffer()
+        self.metrics.failed_records.inc(buf.records)
+        retry = BufferFullError(
+            "The agent's write buffer was discarded after an internal error; nothing in "
+            "it was stored: retry."
+        )
+        for future in buf.waiters:
+            if not future.done():
+                future.set_exception(retry)
+        self.metrics.buffer_bytes.set(self._used())
+        self._admit()
+
     def _new_buffer(self) -> _Buffer:
         return _Buffer(SegmentBuilder(self.config.compression))
 
@@ -321,10 +368,13 @@ class Batcher:
         self.metrics.buffer_bytes.set(self._used())
         started = time.perf_counter()
         try:
-            result = await asyncio.to_thread(self._write, buf.builder)
+            result = await self._offload(self._write, buf.builder)
         except BaseException as exc:
             error = _as_flush_error(exc)
-            log.warning("flush of %d records failed: %s", buf.records, error.message)
+            if isinstance(exc, Exception) and not isinstance(exc, LakelogError):
+                log.error("flush of %d records failed unexpectedly", buf.records, exc_info=exc)
+            else:
+                log.warning("flush of %d records failed: %s", buf.records, error.message)
             self.metrics.flushes.labels(result="error").inc()
             self.metrics.failed_records.inc(buf.records)
             for future in buf.waiters:
@@ -365,11 +415,16 @@ def _as_flush_error(exc: BaseException) -> LakelogError:
 
     Nothing of a failed flush was committed, so sending the same request again may
     succeed: retriable errors pass through, and so do metadata errors that describe
-    the client's target (a topic deleted meanwhile); any other failure (a storage
-    error such as a missing bucket, an unexpected exception) becomes a retriable
-    StorageUnavailableError naming the cause.
+    the client's target (a topic deleted meanwhile); any other lakelog error (a
+    storage error such as a missing bucket) becomes a retriable StorageUnavailableError
+    naming the cause. An exception that is not a lakelog error is a bug: the same
+    request would meet it again, so it is a non-retriable InternalError (the
+    traceback goes to the log, not to the client).
     """
     if isinstance(exc, LakelogError) and (exc.retriable or isinstance(exc, MetadataError)):
         return exc
-    cause = exc.message if isinstance(exc, LakelogError) else f"{type(exc).__name__}: {exc}"
-    return StorageUnavailableError(f"Flush failed: {cause}")
+    if isinstance(exc, LakelogError):
+        return StorageUnavailableError(f"Flush failed: {exc.message}")
+    return InternalError(
+        "Internal error while writing the records (not retriable: see the agent's log)."
+    )

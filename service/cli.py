@@ -163,6 +163,7 @@ def _run_agent(settings: Settings, log_level: str, access_log: bool) -> None:
         port=settings.port,
         log_level=log_level.lower(),
         access_log=access_log,
+        proxy_headers=False,  # the app applies them, trusting settings.forwarded_allow_ips
     )
 
 

@@ -131,6 +131,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.ClusterNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.ConfigNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.BrokerNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
+    e.ReassignmentNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
     e.ConsumerNotFoundError: ErrorSpec(CONSUMER_INSTANCE_NOT_FOUND, "Consumer instance not found."),
     e.ConsumerExistsError: ErrorSpec(
         ErrorCode.CONSUMER_ALREADY_EXISTS,
@@ -143,8 +144,11 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.StaleGenerationError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.SecurityDisabledError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
+    # -- a bug: never retriable, the traceback is in the agent's log ------------
+    e.InternalError: ErrorSpec(ErrorCode.INTERNAL_SERVER_ERROR),
     # -- the client's request -------------------------------------------------
     e.RequestError: ErrorSpec(ErrorCode.BAD_REQUEST),
     e.MalformedRequestError: ErrorSpec(ErrorCode.BAD_REQUEST),
@@ -283,10 +287,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         phrase = HTTPStatus(exc.status_code).phrase
     except ValueError:
         phrase = "Error"
+    # Starlette's own exceptions carry its phrase; ours (the body limit) a real message.
+    message = exc.detail if exc.detail != phrase else f"HTTP {exc.status_code} {phrase}"
     return error_response(
         request,
         exc.status_code,
-        f"HTTP {exc.status_code} {phrase}",
+        message,
         headers=dict(exc.headers) if exc.headers else None,
     )
 

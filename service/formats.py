@@ -7,14 +7,21 @@ following REST-API.md section 1.1 we are lenient like Karapace: ``application/js
 Content-Type all mean *binary*. v3 names the format per key/value (``BINARY``,
 ``JSON``, ``STRING``, or a schema type). The schema formats (avro, jsonschema,
 protobuf) are encoded with the registry's schemas by ``service.registry.rest``.
+
+JSON keys and values are stored as the exact text the client sent for them (their
+span in the request, found by msgspec's ``Raw``), never parsed and re-serialized: a
+parse into Python floats turned ``123456789012345678901234567890`` into
+``1.2345678901234568e+29``, and a log must store what it was given. Consumers of
+format json embed the stored text as it is (``orjson.Fragment``).
 """
 
 from __future__ import annotations
 
 import binascii
 import re
-from typing import Final
+from typing import Any, Final
 
+import msgspec
 import orjson
 from starlette.requests import Request
 
@@ -24,6 +31,7 @@ from segments.errors import (
     NotAcceptableError,
     RecordTooLargeError,
     RequestTooLargeError,
+    UnprocessableRequestError,
     UnsupportedMediaTypeError,
 )
 from segments.types import Record, TopicInfo
@@ -119,22 +127,78 @@ def decode_base64(data: object, what: str) -> bytes | None:
         ) from None
 
 
-def encode_json(data: object) -> bytes:
-    """A JSON value as compact JSON bytes (formatting is not preserved, as in kafka-rest)."""
-    return orjson.dumps(data)
+# -- exact JSON text ------------------------------------------------------------------
+
+_NULL: Final = msgspec.Raw(b"null")
 
 
-def decode_v2(data: object, fmt: str, what: str) -> bytes | None:
-    """A v2 record key or value in the request's embedded format. JSON null is a null key/value.
+class _V2RecordSpans(msgspec.Struct):
+    key: msgspec.Raw = _NULL
+    value: msgspec.Raw = _NULL
+
+
+class _V2BodySpans(msgspec.Struct):
+    records: list[_V2RecordSpans] = msgspec.field(default_factory=list)
+
+
+class _DataSpan(msgspec.Struct):
+    data: msgspec.Raw = _NULL
+
+
+class _V3RecordSpans(msgspec.Struct):
+    key: _DataSpan | None = None
+    value: _DataSpan | None = None
+
+
+# Other members are skipped (checked already by the orjson parse of the same text;
+# both keep the last of duplicate members, so both see the same ones).
+_V2_SPANS = msgspec.json.Decoder(_V2BodySpans)
+_V3_SPANS = msgspec.json.Decoder(_V3RecordSpans)
+
+
+def _text(raw: msgspec.Raw) -> bytes | None:
+    """The JSON text of a span; JSON null is a null key/value."""
+    data = bytes(raw)
+    return None if data == b"null" else data
+
+
+def _spans(decoder: msgspec.json.Decoder[Any], text: bytes) -> Any:
+    try:
+        return decoder.decode(text)
+    except msgspec.DecodeError:  # orjson took it; msgspec's stricter types did not
+        raise MalformedRequestError("Bad Request: malformed JSON.") from None
+
+
+def v2_json_spans(body: bytes) -> list[tuple[bytes | None, bytes | None]]:
+    """The exact text of each record's key and value in a v2 json-format body.
+
+    The body must already have passed the structural checks (an object whose
+    ``records`` is an array of objects).
+    """
+    doc: _V2BodySpans = _spans(_V2_SPANS, body)
+    return [(_text(r.key), _text(r.value)) for r in doc.records]
+
+
+def v3_json_span(record: bytes, what: str) -> bytes | None:
+    """The exact text of ``<what>.data`` (``key`` or ``value``) of one v3 record object."""
+    doc: _V3RecordSpans = _spans(_V3_SPANS, record)
+    part = doc.key if what == "key" else doc.value
+    return None if part is None else _text(part.data)
+
+
+def json_fragment(data: bytes | None, what: str) -> orjson.Fragment | None:
+    """A stored JSON key/value to embed in a response as it is (no float round trip).
 
     Raises:
-        MalformedRequestError: binary data that is not a base64 string.
+        UnprocessableRequestError: the bytes are not JSON (422, as Karapace answers).
     """
     if data is None:
         return None
-    if fmt == BINARY:
-        return decode_base64(data, what)
-    return encode_json(data)
+    try:
+        orjson.loads(data)  # checks only: the text itself is what is sent
+    except orjson.JSONDecodeError:
+        raise UnprocessableRequestError(f"{what} deserialization error for format json") from None
+    return orjson.Fragment(data)
 
 
 # -- limits --------------------------------------------------------------------

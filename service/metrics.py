@@ -86,6 +86,11 @@ class Metrics:
             "Appends refused because the buffer stayed full past buffer_wait_ms.",
             registry=r,
         )
+        self.heartbeat_failures = Counter(
+            "lakelog_heartbeat_failures",
+            "Agent heartbeats to the coordinator that failed (retried at the next interval).",
+            registry=r,
+        )
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition of this registry and its content type."""

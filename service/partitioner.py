@@ -34,15 +34,24 @@ def to_positive(number: int) -> int:
     return number & 0x7FFFFFFF
 
 
+#: Keys up to this size are remembered; a bigger key is hashed every time. Keys may be
+#: as big as a record (1 MiB): caching those would keep up to CACHED_KEYS of them alive.
+CACHED_KEY_BYTES = 64
+#: Entries of the cache: with CACHED_KEY_BYTES, it holds at most ~12 MiB.
+CACHED_KEYS = 65536
+
+
 # The pure-Python hash costs ~6 us per key; producers tend to reuse keys, so remember them.
-@lru_cache(maxsize=65536)
-def _positive_hash(key: bytes) -> int:
+@lru_cache(maxsize=CACHED_KEYS)
+def _cached_hash(key: bytes) -> int:
     return to_positive(_murmur2(key))
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:
     """The partition of ``key`` among ``partitions`` (``toPositive(murmur2(key)) % n``)."""
-    return _positive_hash(key) % partitions
+    if len(key) <= CACHED_KEY_BYTES:
+        return _cached_hash(key) % partitions
+    return to_positive(_murmur2(key)) % partitions
 
 
 class Partitioner:

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     #: Base URL clients reach this agent at (behind a proxy or NAT); used for v3
     #: ``self`` links and the broker host/port. None: from the request / listen address.
     advertised_url: str | None = None
+    #: Proxies trusted to set ``X-Forwarded-Proto``/``-Host``/``-For`` (comma-separated
+    #: IPs or CIDRs, ``*`` for any): behind a TLS proxy, ``base_uri`` and ``self`` links
+    #: then carry the client's scheme and host. ``advertised_url`` wins when set.
+    forwarded_allow_ips: str = "127.0.0.1"
     agent_id: str = Field(default_factory=_new_agent_id, min_length=1)
     cluster_id: str | None = None
 
@@ -56,12 +60,22 @@ class Settings(BaseSettings):
     max_buffer_bytes: Annotated[int, Field(gt=0)] = 64 * MiB
     buffer_wait_ms: Annotated[int, Field(ge=0)] = 5000
     max_request_bytes: Annotated[int, Field(gt=0)] = 16 * MiB
+    #: Body limit of every route but produce (consumer, admin): these bodies are small.
+    max_body_bytes: Annotated[int, Field(gt=0)] = 1 * MiB
+    #: Produce bodies (v2) or record groups (v3) from this size on are parsed and
+    #: partitioned in the ``cpu`` pool, off the event loop; smaller ones inline (the
+    #: thread hop costs more than it saves).
+    offload_parse_bytes: Annotated[int, Field(ge=0)] = 256 * 1024
     compression: Compression = "none"
 
     # -- topics and metadata -------------------------------------------------
     auto_create_topics: bool = False
     default_partitions: Annotated[int, Field(ge=1)] = 1
     heartbeat_interval_s: Annotated[float, Field(gt=0)] = 3.0
+    #: Threads of the pools for coordinator calls and for consumers' store reads (see
+    #: service/executors.py: flushes and the heartbeat have pools of their own).
+    coordinator_threads: Annotated[int, Field(ge=1)] = 8
+    read_threads: Annotated[int, Field(ge=1)] = 8
     metadata_ttl_s: Annotated[float, Field(ge=0)] = 2.0
 
     # -- consumers and the read path -----------------------------------------

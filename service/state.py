@@ -12,6 +12,7 @@ from index.log import LogWriter
 from segments.store import ObjectStore
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
+from service.executors import Executors
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader
@@ -44,6 +45,8 @@ class AgentState:
     consume_metrics: ConsumeMetrics
     #: The schema registry (its API and the REST Proxy's schema formats).
     registry: SchemaRegistry
+    #: Bounded thread pools, one per kind of blocking work.
+    executors: Executors
 
 
 def get_state(request: Request) -> AgentState:

@@ -10,12 +10,12 @@ call ``invalidate`` after they change a topic.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from coordinator.client import Coordinator
 from segments.errors import TopicExistsError, TopicNotFoundError
 from segments.types import TopicInfo
+from service.executors import call
 
 
 class TopicCache:
@@ -45,7 +45,7 @@ class TopicCache:
         now = time.monotonic()
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
-        info = await asyncio.to_thread(self.coordinator.get_topic, name)
+        info = await call(self.coordinator.get_topic, name)
         self._entries[name] = (now, info)
         return info
 
@@ -65,11 +65,9 @@ class TopicCache:
             if not self.auto_create:
                 raise
         try:
-            info = await asyncio.to_thread(
-                self.coordinator.create_topic, name, self.default_partitions
-            )
+            info = await call(self.coordinator.create_topic, name, self.default_partitions)
         except TopicExistsError:
-            info = await asyncio.to_thread(self.coordinator.get_topic, name)
+            info = await call(self.coordinator.get_topic, name)
         self._entries[name] = (time.monotonic(), info)
         return info
 

@@ -23,7 +23,6 @@ positions. With auto-commit, the new positions are committed right after.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import random
@@ -55,6 +54,8 @@ from segments.errors import (
 )
 from segments.types import ConsumedRecord, TopicPartition
 from service.errors import V2_CONTENT_TYPE
+from service.executors import Kind, run
+from service.formats import json_fragment
 from service.notify import PartitionKey
 from service.read_cache import CachingLogReader
 from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
@@ -610,12 +611,8 @@ def _b64(data: bytes | None) -> str | None:
 
 
 def _json_value(data: bytes | None, what: str) -> Any:
-    if data is None:
-        return None
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise UnprocessableRequestError(f"{what} deserialization error for format json") from None
+    # The stored text as it is: a parse + dump would round integers beyond 64 bits.
+    return json_fragment(data, what)
 
 
 def render_records(records: list[ConsumedRecord], fmt: str) -> list[dict[str, Any]]:
@@ -703,7 +700,8 @@ async def fetch_records(
     start = random.randrange(1 << 30)
     with state.notifier.watch(watches) as waiter:
         while True:
-            batch, positions, got = await asyncio.to_thread(
+            batch, positions, got = await run(
+                Kind.READ,
                 read_round_robin,
                 state.reader,
                 positions,

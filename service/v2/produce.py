@@ -2,7 +2,11 @@
 
 The hot path of the agent, so it stays lean (NOTES.md: pydantic request models halve
 its throughput): the body is read with a size bound, parsed with orjson and checked
-by hand, and the response is serialized by orjson.
+by hand, and the response is serialized by orjson. Bodies of ``offload_parse_bytes``
+or more are parsed and partitioned on the ``cpu`` pool, so a 16 MiB body (or a
+1 MiB key to hash) does not stall every other request on the event loop; smaller
+ones are handled inline, where a thread hop would cost more than it saves.
+json-format keys and values are stored as the exact text sent (``v2_json_spans``).
 
 Everything about a request is checked before any record is buffered, so a refused
 request stores nothing:
@@ -43,18 +47,20 @@ from segments.errors import (
     PartitionNotFoundError,
     UnprocessableRequestError,
 )
-from segments.types import Headers, Record
+from segments.types import Headers, Record, TopicInfo
 from service.errors import kafka_error_code
+from service.executors import Kind, run_if
 from service.formats import (
+    BINARY,
     SCHEMA_FORMATS,
     V2_CONTENT_TYPE,
     check_record_size,
     check_v2_accept,
     decode_base64,
-    decode_v2,
     max_message_bytes,
     read_body,
     v2_format,
+    v2_json_spans,
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
 from service.registry.rest import encode_v2
@@ -69,6 +75,8 @@ _BODY_FIELDS = frozenset(
 
 # A parsed record before partitioning: key, value, explicit partition, headers.
 _Parsed = tuple[bytes | None, bytes | None, int | None, Headers]
+# A record and its partition, as the batcher takes them.
+_Entry = tuple[int, Record]
 
 
 @router.post("/topics/{topic}", summary="Produce records to a topic")
@@ -94,7 +102,8 @@ async def _produce(
     fmt = v2_format(headers.get("content-type"))
     check_v2_accept(headers.get("accept"))
     body = await read_body(request, state.settings.max_request_bytes)
-    parsed = _parse_body(body, fmt)
+    offload = len(body) >= state.settings.offload_parse_bytes
+    parsed = await run_if(offload, Kind.CPU, _parse_body, body, fmt)
 
     topic = await state.topics.get_or_create(topic_name)
     key_schema_id = value_schema_id = None
@@ -102,13 +111,57 @@ async def _produce(
         parsed, key_schema_id, value_schema_id = await encode_v2(
             state.registry, topic_name, fmt, body, parsed
         )
-    partitions = topic.partitions
-    if url_partition is not None and not 0 <= url_partition < partitions:
+    if url_partition is not None and not 0 <= url_partition < topic.partitions:
         raise PartitionNotFoundError(f"Partition {url_partition} of {topic_name} not found.")
+    entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition)
+
+    state.metrics.produce_requests.labels(api="v2").inc()
+    try:
+        assigned = await state.batcher.append(topic.topic_id, entries)
+    except LakelogError as exc:
+        code = kafka_error_code(exc)
+        failed = {"partition": None, "offset": None, "error_code": code, "error": exc.message}
+        answer = _answer([failed] * len(entries), key_schema_id, value_schema_id)
+    else:
+        answer = await run_if(
+            offload, Kind.CPU, _acked, entries, assigned, key_schema_id, value_schema_id
+        )
+    return Response(answer, media_type=V2_CONTENT_TYPE)
+
+
+def _acked(
+    entries: list[_Entry],
+    assigned: list[int],
+    key_schema_id: int | None,
+    value_schema_id: int | None,
+) -> bytes:
+    offsets = [
+        {"partition": p, "offset": off, "error_code": None, "error": None}
+        for (p, _), off in zip(entries, assigned, strict=True)
+    ]
+    return _answer(offsets, key_schema_id, value_schema_id)
+
+
+def _answer(
+    offsets: list[dict[str, Any]], key_schema_id: int | None, value_schema_id: int | None
+) -> bytes:
+    return orjson.dumps(
+        {"offsets": offsets, "key_schema_id": key_schema_id, "value_schema_id": value_schema_id}
+    )
+
+
+def _place(parsed: list[_Parsed], topic: TopicInfo, url_partition: int | None) -> list[_Entry]:
+    """Records with their partitions: the URL's, the record's own, by key, else sticky.
+
+    Raises:
+        PartitionNotFoundError: a record's explicit partition is outside the topic.
+        RecordTooLargeError: a record over the topic's ``max.message.bytes``.
+    """
+    partitions = topic.partitions
     limit = max_message_bytes(topic)
     now_ms = int(time.time() * 1000)
     sticky = -1
-    entries: list[tuple[int, Record]] = []
+    entries: list[_Entry] = []
     for key, value, explicit, rec_headers in parsed:
         record = Record(key, value, now_ms, rec_headers)
         check_record_size(record, limit)
@@ -116,35 +169,16 @@ async def _produce(
             partition = url_partition
         elif explicit is not None:
             if explicit >= partitions:
-                raise PartitionNotFoundError(f"Partition {explicit} of {topic_name} not found.")
+                raise PartitionNotFoundError(f"Partition {explicit} of {topic.name} not found.")
             partition = explicit
         elif key is not None:
             partition = partition_for_key(key, partitions)
         else:
             if sticky < 0:
-                sticky = DEFAULT_PARTITIONER.sticky_partition(topic_name, partitions)
+                sticky = DEFAULT_PARTITIONER.sticky_partition(topic.name, partitions)
             partition = sticky
         entries.append((partition, record))
-
-    state.metrics.produce_requests.labels(api="v2").inc()
-    offsets: list[dict[str, Any]]
-    try:
-        assigned = await state.batcher.append(topic.topic_id, entries)
-    except LakelogError as exc:
-        code = kafka_error_code(exc)
-        failed = {"partition": None, "offset": None, "error_code": code, "error": exc.message}
-        offsets = [failed] * len(entries)
-    else:
-        offsets = [
-            {"partition": p, "offset": off, "error_code": None, "error": None}
-            for (p, _), off in zip(entries, assigned, strict=True)
-        ]
-    payload = {
-        "offsets": offsets,
-        "key_schema_id": key_schema_id,
-        "value_schema_id": value_schema_id,
-    }
-    return Response(orjson.dumps(payload), media_type=V2_CONTENT_TYPE)
+    return entries
 
 
 def _parse_body(body: bytes, fmt: str) -> list[_Parsed]:
@@ -170,6 +204,9 @@ def _parse_body(body: bytes, fmt: str) -> list[_Parsed]:
         raise MalformedRequestError("Bad Request: records must be an array.")
     if not records:
         raise UnprocessableRequestError("Payload error. The request has no records.")
+    # json and the schema formats: the exact text of each key and value (orjson would
+    # round big integers to floats); binary: base64 decoded below.
+    spans = None if fmt == BINARY else v2_json_spans(body)
     out: list[_Parsed] = []
     append = out.append
     for i, rec in enumerate(records):
@@ -184,14 +221,12 @@ def _parse_body(body: bytes, fmt: str) -> list[_Parsed]:
                 raise PartitionNotFoundError(f"Partition {partition} not found.")
             raise MalformedRequestError(f"Bad Request: records[{i}].partition must be an integer.")
         raw_headers = rec.get("headers")
-        append(
-            (
-                decode_v2(rec.get("key"), fmt, "key"),
-                decode_v2(rec.get("value"), fmt, "value"),
-                partition,
-                _parse_headers(raw_headers, i) if raw_headers else (),
-            )
-        )
+        if spans is None:
+            key = decode_base64(rec.get("key"), "key")
+            value = decode_base64(rec.get("value"), "value")
+        else:
+            key, value = spans[i]
+        append((key, value, partition, _parse_headers(raw_headers, i) if raw_headers else ()))
     return out
 
 

@@ -9,23 +9,16 @@ resources, ``metadata.resource_name`` (a CRN such as
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import Depends, Request
 
 from segments.errors import ClusterNotFoundError
 from segments.types import AgentInfo
+from service.executors import call as call
 from service.state import AgentState, get_state
 
-T = TypeVar("T")
 JSON = dict[str, Any]
-
-
-async def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a (synchronous, thread-safe) coordinator call off the event loop."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 class Links:

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from segments.errors import BrokerNotFoundError, MalformedRequestError, PartitionNotFoundError
+from segments.errors import (
+    BrokerNotFoundError,
+    MalformedRequestError,
+    PartitionNotFoundError,
+    ReassignmentNotFoundError,
+)
 from segments.types import TopicInfo
 from service.state import AgentState, get_state
 from service.v3.common import JSON, Links, call, cluster_links, leader_for, live_agents, related
@@ -174,3 +179,18 @@ async def get_replica(
             "cannot be found."
         )
     return replica_data(links, topic_name, partition_id, leader)
+
+
+@router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/reassignment")
+async def get_reassignment(
+    topic_name: str,
+    partition_id: int,
+    links: Links = Depends(cluster_links),
+    state: AgentState = Depends(get_state),
+) -> JSON:
+    """A partition's ongoing reassignment: there never is one, so 404 (as kafka-rest
+    answers for a partition that is not being reassigned); unknown partition: 40402."""
+    check_partition(await call(state.coordinator.get_topic, topic_name), partition_id)
+    raise ReassignmentNotFoundError(
+        f"There is no ongoing reassignment for partition {partition_id} of topic {topic_name}."
+    )

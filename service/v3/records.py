@@ -15,8 +15,11 @@ reported per record: bad JSON or fields -> 400, partition outside the topic -> 4
 a record over ``max.message.bytes`` -> 413, a key/value without a ``type`` or schema
 fields -> 42202, a schema key/value (``type`` AVRO/JSONSCHEMA/PROTOBUF, ``schema_id``,
 ``schema_version``, ``subject``, ``schema``: ``service.registry.rest.prepare_v3``)
-that does not fit -> 42205, a failed flush -> 50003/50002. An object
-larger than ``max_request_bytes`` ends the stream with a 413 report. The cluster id in
+that does not fit -> 42205, a failed flush -> 50003/50002, an unexpected exception (a
+bug) -> 500 for the records concerned while the stream goes on. An object larger than
+``max_request_bytes`` ends the stream with a 413 report. JSON data is stored as the
+exact text sent; record groups of ``offload_parse_bytes`` or more are parsed on the
+``cpu`` pool, off the event loop. The cluster id in
 the URL is not checked: kafka-rest does not validate it on produce.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +41,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from segments.errors import (
+    InternalError,
     LakelogError,
     MalformedRequestError,
     PartitionNotFoundError,
@@ -46,17 +51,19 @@ from segments.errors import (
 )
 from segments.types import Headers, Record, TopicInfo
 from service.errors import error_code_for, error_message_for
+from service.executors import Kind, run_if
 from service.formats import (
     check_record_size,
     check_v3_content_type,
     decode_base64,
-    encode_json,
     max_message_bytes,
+    v3_json_span,
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
-from service.registry.rest import prepare_v3
+from service.registry.rest import prepare_v3, wants_schema
 from service.state import AgentState, get_state
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["v3 records"])
 
 _RECORD_FIELDS = frozenset({"partition_id", "headers", "key", "value", "timestamp"})
@@ -70,10 +77,12 @@ _MAX_PENDING_GROUPS = 64
 
 # -- splitting a byte stream into JSON values ------------------------------------------
 
-# A JSON string (possibly cut off by the end of the data so far) or one bracket. Strings
-# are matched whole so brackets inside them are skipped; UTF-8 continuation bytes never
-# equal '"', '\\' or a bracket, so scanning bytes is safe.
+# A whole JSON string (or one cut off by the end of the data so far) or one bracket;
+# and the rest of a string's body, to resume a cut-off string in the next chunk. Both
+# run in C over bytes: UTF-8 continuation bytes never equal '"', '\\' or a bracket.
 _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)|[{}\[\]]', re.DOTALL)
+_STRING_BODY = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*', re.DOTALL)
+_QUOTE, _BACKSLASH = 0x22, 0x5C
 _OPEN = frozenset(b"{[")
 
 
@@ -89,9 +98,18 @@ Item = bytes | SplitError | RequestTooLargeError
 class ObjectSplitter:
     """Cuts concatenated JSON values out of a byte stream, as the bytes arrive.
 
-    Only brackets and strings are tokenized (by one C-level regex); the values
-    themselves are parsed by orjson once complete. Anything between values other
-    than whitespace comes back as a :class:`SplitError` item.
+    An incremental scanner: it keeps its state (bracket depth, inside a string or
+    not) between chunks and looks at every byte once, so a value sent in many small
+    chunks costs the same as one sent whole (re-scanning a partial string from its
+    start at every chunk made a 4 MiB value in 16 KiB chunks cost seconds of CPU on
+    the event loop). Only brackets and strings are tokenized; the values themselves
+    are parsed by orjson once complete. Anything between values other than
+    whitespace comes back as a :class:`SplitError` item.
+
+    A streaming JSON parser (ijson's yajl2_c backend) was not used: it builds Python
+    objects rather than handing back each value's bytes, stops at the first syntax
+    error where we report a bad record and go on with the next, and has no bound on
+    one value's size.
 
     Args:
         max_value_bytes: a value still incomplete at this size raises RequestTooLargeError.
@@ -99,9 +117,10 @@ class ObjectSplitter:
 
     def __init__(self, max_value_bytes: int) -> None:
         self.max_value_bytes = max_value_bytes
-        self._buf = b""
-        self._scan = 0  # where tokenizing resumes
+        self._buf = bytearray()  # unconsumed bytes: text before a value, the open value
+        self._scan = 0  # bytes of _buf already scanned
         self._depth = 0
+        self._in_string = False
 
     def feed(self, data: bytes) -> list[Item]:
         """Add bytes; return the values (and garbage runs) completed by them.
@@ -109,74 +128,88 @@ class ObjectSplitter:
         A value over ``max_value_bytes`` (complete, or still growing) ends the list
         with a RequestTooLargeError item: the stream cannot go on after it.
         """
-        buf = self._buf + data if self._buf else data
+        buf = self._buf
+        buf += data
         out: list[Item] = []
-        depth, start, pos = self._depth, 0, self._scan
-        for match in _TOKENS.finditer(buf, pos):
-            token_start, token_end = match.span()
-            first = buf[token_start]
-            if first == 0x22:  # '"'
-                if token_end == len(buf) and _cut_off(buf, token_start, token_end):
-                    pos = token_start  # cut off: rescan the whole string with more data
+        end = len(buf)
+        depth, in_string, pos = self._depth, self._in_string, self._scan
+        start = 0  # where the current value (or garbage run) begins
+        if in_string:  # a string cut off by the previous chunk goes on
+            close = _STRING_BODY.match(buf, pos).end()  # type: ignore[union-attr]
+            if close == end or buf[close] == _BACKSLASH:
+                pos = end = close  # the string (or an escape) goes on in the next chunk
+            else:
+                in_string, pos = False, close + 1
+                if depth == 0:  # a top-level string is garbage
+                    _garbage(buf, start, pos, out)
+                    start = pos
+        for match in _TOKENS.finditer(buf, pos, end):
+            at, pos = match.span()
+            char = buf[at]
+            if char == _QUOTE:
+                if pos == len(buf) and _cut_off(buf, at, pos):
+                    # Resume inside the string next time (its start is scanned once
+                    # more, then every byte only once: never from the start again).
+                    in_string, pos = True, at + 1
                     break
                 if depth == 0:
-                    _garbage(buf, start, token_end, out)
-                    start = token_end
-                pos = token_end
-                continue
-            if first in _OPEN:
+                    _garbage(buf, start, pos, out)
+                    start = pos
+            elif char in _OPEN:
                 if depth == 0:
-                    _garbage(buf, start, token_start, out)
-                    start = token_start
+                    _garbage(buf, start, at, out)
+                    start = at
                 depth += 1
-            elif depth == 0:
-                _garbage(buf, start, token_end, out)  # a stray closing bracket
-                start = token_end
+            elif depth == 0:  # a stray closing bracket
+                _garbage(buf, start, pos, out)
+                start = pos
             else:
                 depth -= 1
                 if depth == 0:
-                    if token_end - start > self.max_value_bytes:
+                    if pos - start > self.max_value_bytes:
                         out.append(self._too_large())
                         return out
-                    out.append(buf[start:token_end])
-                    start = token_end
-            pos = token_end
+                    out.append(bytes(memoryview(buf)[start:pos]))  # one copy
+                    start = pos
         else:
-            pos = len(buf)
+            pos = end
         # Keep only the unconsumed tail: the open value, or text after the last one.
-        self._buf, self._scan, self._depth = buf[start:], pos - start, depth
-        if len(self._buf) > self.max_value_bytes:
+        if start:
+            del buf[:start]
+        self._scan, self._depth, self._in_string = pos - start, depth, in_string
+        if len(buf) > self.max_value_bytes:
             out.append(self._too_large())
         return out
 
     def _too_large(self) -> RequestTooLargeError:
-        self._buf, self._scan, self._depth = b"", 0, 0
+        self._buf, self._scan, self._depth, self._in_string = bytearray(), 0, 0, False
         return RequestTooLargeError(
             f"A record exceeds the request limit of {self.max_value_bytes} bytes."
         )
 
     def finish(self) -> list[Item]:
         """The body ended: whatever is left is an incomplete value or garbage."""
-        rest, self._buf = self._buf, b""
-        if self._depth > 0 or rest.strip():
-            self._depth = 0
+        rest = bytes(self._buf)
+        incomplete = self._depth > 0 or self._in_string
+        self._buf, self._scan, self._depth, self._in_string = bytearray(), 0, 0, False
+        if incomplete or rest.strip():
             return [SplitError("Bad Request: unexpected end of JSON input.")]
         return []
 
 
-def _cut_off(buf: bytes, start: int, end: int) -> bool:
+def _cut_off(buf: bytearray, start: int, end: int) -> bool:
     """Whether the string token buf[start:end], which ends the data, lacks its closing quote."""
-    if end - start < 2 or buf[end - 1] != 0x22:
+    if end - start < 2 or buf[end - 1] != _QUOTE:
         return True
     n = 0  # an odd run of backslashes before the last quote escapes it
     i = end - 2
-    while i > start and buf[i] == 0x5C:
+    while i > start and buf[i] == _BACKSLASH:
         n += 1
         i -= 1
     return n % 2 == 1
 
 
-def _garbage(buf: bytes, start: int, end: int, out: list[Item]) -> None:
+def _garbage(buf: bytearray, start: int, end: int, out: list[Item]) -> None:
     if buf[start:end].strip():
         out.append(SplitError("Bad Request: the body must be JSON objects, one per record."))
 
@@ -202,8 +235,12 @@ class _Parsed:
         self.value_report = value_report
 
 
-def _parse_data(doc: object, what: str) -> tuple[bytes | None, dict[str, Any] | None]:
-    """A ProduceRequestData (key or value) -> bytes and its report ``{type, size}``."""
+def _parse_data(doc: object, what: str, text: bytes) -> tuple[bytes | None, dict[str, Any] | None]:
+    """A ProduceRequestData (key or value) -> bytes and its report ``{type, size}``.
+
+    ``text`` is the whole record object as sent: JSON data is stored as its exact
+    text there, not re-serialized from a parse (which would round big integers).
+    """
     if doc is None:
         return None, None
     if not isinstance(doc, dict):
@@ -225,7 +262,7 @@ def _parse_data(doc: object, what: str) -> tuple[bytes | None, dict[str, Any] | 
     if kind == "BINARY":
         out = decode_base64(data, "data")
     elif kind == "JSON":
-        out = None if data is None else encode_json(data)
+        out = None if data is None else v3_json_span(text, what)
     elif kind == "STRING":
         if data is not None and not isinstance(data, str):
             raise MalformedRequestError(f"Bad Request: {what}.data must be a string for STRING.")
@@ -269,23 +306,53 @@ def _parse_timestamp(raw: object, now_ms: int) -> int:
     return ms
 
 
-def parse_record(
-    doc: object, topic: TopicInfo, limit: int, now_ms: int, sticky: list[int]
-) -> _Parsed:
-    """Check one v3 record object and pick its partition.
+class NeedsSchema(Exception):
+    """A record whose key or value names a registry schema.
 
-    ``sticky`` holds the keyless partition of the current group (-1 until needed).
+    The registry's lookups are async, so ``parse_record`` (which may run on a worker
+    thread) hands such a record back; the stream encodes it with ``prepare_v3`` and
+    parses it again with the encoded document.
+    """
+
+    def __init__(self, text: bytes, doc: dict[str, Any]) -> None:
+        super().__init__("the record names a registry schema")
+        self.text = text
+        self.doc = doc
+
+
+def parse_record(
+    text: bytes,
+    topic: TopicInfo,
+    limit: int,
+    now_ms: int,
+    sticky: list[int],
+    doc: dict[str, Any] | None = None,
+) -> _Parsed:
+    """Check one v3 record object (its JSON text) and pick its partition.
+
+    ``sticky`` holds the keyless partition of the current group (-1 until needed);
+    ``doc`` is the record's document with its schema keys/values already encoded.
 
     Raises:
         LakelogError: the per-record error to report (400, 40402, 413, 42202).
+        NeedsSchema: ``doc`` is not given and the record names a registry schema.
     """
+    if doc is None:
+        try:
+            doc = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            raise MalformedRequestError("Bad Request: malformed JSON.") from None
+        if isinstance(doc, dict) and (
+            wants_schema(doc.get("key")) or wants_schema(doc.get("value"))
+        ):
+            raise NeedsSchema(text, doc)
     if not isinstance(doc, dict):
         raise MalformedRequestError("Bad Request: a record must be a JSON object.")
     unknown = doc.keys() - _RECORD_FIELDS
     if unknown:
         raise MalformedRequestError(f'Bad Request: Unrecognized field "{sorted(unknown)[0]}".')
-    key, key_report = _parse_data(doc.get("key"), "key")
-    value, value_report = _parse_data(doc.get("value"), "value")
+    key, key_report = _parse_data(doc.get("key"), "key", text)
+    value, value_report = _parse_data(doc.get("value"), "value", text)
     record = Record(
         key,
         value,
@@ -311,6 +378,10 @@ def parse_record(
 
 def _format_timestamp(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def _internal_error() -> InternalError:
+    return InternalError("Internal error while producing this record (see the agent's log).")
 
 
 def _error_report(exc: LakelogError) -> bytes:
@@ -411,27 +482,65 @@ class _Stream:
         return not (items and isinstance(items[-1], RequestTooLargeError))
 
     async def _produce(self, items: list[Item]) -> bytes:
-        """Produce one group of records with one batcher call; their reports, in order."""
-        now_ms = int(time.time() * 1000)
-        sticky = [-1]
-        results: list[_Parsed | LakelogError] = []
+        """Produce one group of records with one batcher call; their reports, in order.
+
+        Never raises: the response has already started with 200, so whatever goes
+        wrong becomes a failed report for the records concerned (an unexpected
+        exception is a non-retriable 500, logged with its traceback).
+        """
+        try:
+            return await self._produce_group(items)
+        except Exception:
+            log.exception("v3 produce to %s failed unexpectedly", self.topic.name)
+            failed = _error_report(_internal_error())
+            return b"\r\n".join([failed] * len(items) + [b""])
+
+    def _parse_group(
+        self, items: list[Item], now_ms: int, sticky: list[int]
+    ) -> list[_Parsed | LakelogError | NeedsSchema]:
+        results: list[_Parsed | LakelogError | NeedsSchema] = []
         for item in items:
             try:
                 if isinstance(item, RequestTooLargeError):
                     raise item
                 if isinstance(item, SplitError):
                     raise MalformedRequestError(str(item))
-                try:
-                    doc = orjson.loads(item)
-                except orjson.JSONDecodeError:
-                    raise MalformedRequestError("Bad Request: malformed JSON.") from None
-                doc, schema_reports = await prepare_v3(self.state.registry, self.topic.name, doc)
-                record = parse_record(doc, self.topic, self.limit, now_ms, sticky)
-                record.key_report = schema_reports.get("key", record.key_report)
-                record.value_report = schema_reports.get("value", record.value_report)
-                results.append(record)
+                results.append(parse_record(item, self.topic, self.limit, now_ms, sticky))
+            except NeedsSchema as pending:
+                results.append(pending)
             except LakelogError as exc:
                 results.append(exc)
+            except Exception:
+                log.exception("a v3 record to %s failed unexpectedly", self.topic.name)
+                results.append(_internal_error())
+        return results
+
+    async def _with_schema(
+        self, pending: NeedsSchema, now_ms: int, sticky: list[int]
+    ) -> _Parsed | LakelogError:
+        """A record naming a registry schema: its key/value encoded, then checked."""
+        try:
+            doc, reports = await prepare_v3(self.state.registry, self.topic.name, pending.doc)
+            assert isinstance(doc, dict)
+            record = parse_record(pending.text, self.topic, self.limit, now_ms, sticky, doc)
+        except LakelogError as exc:
+            return exc
+        except Exception:
+            log.exception("a v3 record to %s failed unexpectedly", self.topic.name)
+            return _internal_error()
+        record.key_report = reports.get("key", record.key_report)
+        record.value_report = reports.get("value", record.value_report)
+        return record
+
+    async def _produce_group(self, items: list[Item]) -> bytes:
+        size = sum(len(i) for i in items if isinstance(i, bytes))
+        offload = size >= self.state.settings.offload_parse_bytes
+        now_ms, sticky = int(time.time() * 1000), [-1]
+        parsed = await run_if(offload, Kind.CPU, self._parse_group, items, now_ms, sticky)
+        results = [
+            await self._with_schema(r, now_ms, sticky) if isinstance(r, NeedsSchema) else r
+            for r in parsed
+        ]
         good = [r for r in results if isinstance(r, _Parsed)]
         offsets: list[int] = []
         failure: LakelogError | None = None

@@ -17,8 +17,9 @@ from service.v3.common import JSON, Links, call, cluster_links, related
 
 router = APIRouter(tags=["v3 topics"])
 
-#: What every topic reports: one copy in the object store (the store replicates).
-DEFAULT_REPLICATION_FACTOR = 1
+#: What every topic reports, on create as on every read: one replica per partition
+#: (the object store keeps the copies), as the v3 replica views and v2 metadata show.
+REPLICATION_FACTOR = 1
 
 
 class ConfigEntryIn(BaseModel):
@@ -41,7 +42,7 @@ class UpdatePartitionCountRequest(BaseModel):
     partitions_count: int
 
 
-def topic_data(links: Links, info: TopicInfo, replication_factor: int | None = None) -> JSON:
+def topic_data(links: Links, info: TopicInfo) -> JSON:
     """A KafkaTopic resource."""
     t = info.name
     return Links.resource(
@@ -51,7 +52,7 @@ def topic_data(links: Links, info: TopicInfo, replication_factor: int | None = N
         cluster_id=links.cluster_id,
         topic_name=t,
         is_internal=False,
-        replication_factor=replication_factor or DEFAULT_REPLICATION_FACTOR,
+        replication_factor=REPLICATION_FACTOR,
         partitions_count=info.partitions,
         partitions=related(links.topic(t, "/partitions")),
         configs=related(links.topic(t, "/configs")),
@@ -77,8 +78,12 @@ async def create_topic(
 ) -> JSONResponse:
     """Create a topic: 201 with ``Location``, or 200 and nothing created with ``validate_only``.
 
-    ``replication_factor`` is accepted and reported back (the object store keeps
-    the copies); ``replicas_assignments`` sets the partition count.
+    ``replication_factor`` (1 or more, or -1 for the default) is accepted, and the
+    answer carries the value in force, 1, as every later read does: kafka-rest
+    answers what the cluster applied, not what was asked, and the replica views list
+    one replica per partition (the object store keeps the copies). Echoing the request
+    would make a create and the next GET of the same topic disagree.
+    ``replicas_assignments`` sets the partition count.
     """
     partitions = body.partitions_count
     if body.replicas_assignments:
@@ -99,7 +104,7 @@ async def create_topic(
         )
     except TopicExistsError as e:
         raise TopicExistsError(f"Topic '{body.topic_name}' already exists.") from e
-    data = topic_data(links, info, rf if rf is not None and rf > 0 else None)
+    data = topic_data(links, info)
     if body.validate_only:
         return JSONResponse(data, status_code=200)
     state.topics.invalidate(info.name)

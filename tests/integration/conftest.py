@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import boto3
 import httpx
@@ -34,6 +35,9 @@ import pytest
 
 from coordinator.http_client import HttpCoordinator
 from coordinator.local import LocalCoordinator
+from index.log import LogReader
+from segments.store import open_store
+from segments.types import ConsumedRecord
 from tests.conftest import BACKENDS, new_db_url
 from tests.procs import Proc, free_port, lakelog_cmd, start_coordinator, wait_http
 
@@ -84,8 +88,15 @@ def start_cluster(
     agents: int = 2,
     agent_args: Sequence[str] = (),
     agent_env: dict[str, str] | None = None,
+    agent_store_endpoint: str | None = None,
+    agent_coordinator: Callable[[str], str] | None = None,
 ) -> Cluster:
-    """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy."""
+    """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy.
+
+    ``agent_store_endpoint`` (e.g. a fault proxy in front of moto) is the S3 endpoint
+    the agents use instead of ``moto_endpoint``; ``agent_coordinator`` maps the
+    coordinator's URL to the one the agents are given (e.g. a fault proxy's).
+    """
     tmp.mkdir(parents=True, exist_ok=True)
     bucket = f"lakelog-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
@@ -113,6 +124,7 @@ def start_cluster(
     )
     procs: list[Proc] = []
     try:
+        agents_coordinator = agent_coordinator(coordinator_url) if agent_coordinator else None
         # Agents start alongside the coordinator: they wait for it (app.COORDINATOR_WAIT_S).
         urls = []
         for _ in range(agents):
@@ -123,11 +135,11 @@ def start_cluster(
                     lakelog_cmd(
                         "agent",
                         "--coordinator",
-                        coordinator_url,
+                        agents_coordinator or coordinator_url,
                         "--store",
                         store_url,
                         "--store-endpoint",
-                        moto_endpoint,
+                        agent_store_endpoint or moto_endpoint,
                         "--host",
                         "127.0.0.1",
                         "--port",
@@ -182,19 +194,8 @@ def cluster_factory(moto_endpoint: str, tmp_path: Path) -> Iterator[ClusterFacto
     """Start private clusters (``start_cluster`` keyword arguments); all stopped afterwards."""
     started: list[Cluster] = []
 
-    def make(
-        *,
-        agents: int = 2,
-        agent_args: Sequence[str] = (),
-        agent_env: dict[str, str] | None = None,
-    ) -> Cluster:
-        c = start_cluster(
-            tmp_path / f"cluster{len(started)}",
-            moto_endpoint,
-            agents=agents,
-            agent_args=agent_args,
-            agent_env=agent_env,
-        )
+    def make(**kwargs: Any) -> Cluster:
+        c = start_cluster(tmp_path / f"cluster{len(started)}", moto_endpoint, **kwargs)
         started.append(c)
         return c
 
@@ -203,6 +204,37 @@ def cluster_factory(moto_endpoint: str, tmp_path: Path) -> Iterator[ClusterFacto
     finally:
         for c in started:
             c.stop()
+
+
+# -- helpers on a Cluster ---------------------------------------------------------------
+
+
+def create_topic(
+    cluster: Cluster, name: str, partitions: int, configs: dict[str, str] | None = None
+) -> None:
+    """Create a topic through the first agent's v3 API (201 expected)."""
+    body: dict[str, Any] = {"topic_name": name, "partitions_count": partitions}
+    if configs:
+        body["configs"] = [{"name": k, "value": v} for k, v in configs.items()]
+    r = httpx.post(f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics", json=body)
+    assert r.status_code == 201, r.text
+
+
+def read_partition(
+    cluster: Cluster, topic: str, partition: int, max_bytes: int = 1 << 20
+) -> list[ConsumedRecord]:
+    """Every record of a partition, straight from the coordinator and the bucket."""
+    coordinator = HttpCoordinator(cluster.coordinator_url)
+    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
+    try:
+        reader = LogReader(store, coordinator)
+        out: list[ConsumedRecord] = []
+        while batch := reader.read(topic, partition, len(out), max_bytes=max_bytes):
+            out.extend(batch)
+        return out
+    finally:
+        coordinator.close()
+        store.close()
 
 
 def _unique(prefix: str = "t") -> str:

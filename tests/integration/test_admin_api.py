@@ -60,7 +60,7 @@ def create(client: httpx.Client, cluster: Cluster, name: str, **fields: Any) -> 
     return r
 
 
-def topic_body(base: str, cid: str, name: str, partitions: int, rf: int = 1) -> JSON:
+def topic_body(base: str, cid: str, name: str, partitions: int) -> JSON:
     t = f"{base}/v3/clusters/{cid}/topics/{name}"
     return {
         "kind": "KafkaTopic",
@@ -68,7 +68,7 @@ def topic_body(base: str, cid: str, name: str, partitions: int, rf: int = 1) -> 
         "cluster_id": cid,
         "topic_name": name,
         "is_internal": False,
-        "replication_factor": rf,
+        "replication_factor": 1,
         "partitions_count": partitions,
         "partitions": {"related": f"{t}/partitions"},
         "configs": {"related": f"{t}/configs"},
@@ -206,7 +206,8 @@ def test_topic_lifecycle_across_agents(
     )
     assert r.status_code == 201
     assert r.headers["location"] == f"{base_a}/v3/clusters/{cid}/topics/{name}"
-    assert r.json() == topic_body(base_a, cid, name, 3, rf=3)
+    # The replication factor in force (1: the store keeps the copies), as every GET says.
+    assert r.json() == topic_body(base_a, cid, name, 3)
 
     # Agent B sees it at once, without having cached anything.
     r = b.get(v3(cluster, f"/topics/{name}"))

@@ -19,11 +19,13 @@ import httpx
 import orjson
 import pytest
 
-from coordinator.http_client import HttpCoordinator
-from index.log import LogReader
-from segments.store import open_store
-from segments.types import ConsumedRecord
-from tests.integration.conftest import Cluster, ClusterFactory, start_cluster
+from tests.integration.conftest import (
+    Cluster,
+    ClusterFactory,
+    create_topic,
+    read_partition,
+    start_cluster,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,28 +35,6 @@ LIMIT = 65536
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def create_topic(cluster: Cluster, name: str, partitions: int) -> None:
-    r = httpx.post(
-        f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics",
-        json={"topic_name": name, "partitions_count": partitions},
-    )
-    assert r.status_code == 201, r.text
-
-
-def read_all(cluster: Cluster, topic: str, partition: int) -> list[ConsumedRecord]:
-    coordinator = HttpCoordinator(cluster.coordinator_url)
-    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
-    try:
-        reader = LogReader(store, coordinator)
-        out: list[ConsumedRecord] = []
-        while batch := reader.read(topic, partition, len(out)):
-            out.extend(batch)
-        return out
-    finally:
-        coordinator.close()
-        store.close()
 
 
 def reports(text: str) -> list[dict[str, Any]]:
@@ -143,7 +123,7 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
     sent = set(acked.values()) | unacked
     stored_values: list[bytes] = []
     for partition in range(4):
-        stored = read_all(cluster, topic, partition)
+        stored = read_partition(cluster, topic, partition)
         assert [s.offset for s in stored] == list(range(len(stored)))
         for s in stored:
             assert s.value in sent
@@ -192,7 +172,7 @@ def test_chunked_v2_body_over_the_limit_is_cut_off_while_reading(small_cluster: 
         413,
         {"error_code": 413, "message": f"Request body exceeds the limit of {LIMIT} bytes."},
     )
-    assert read_all(small_cluster, "big-v2", 0) == []
+    assert read_partition(small_cluster, "big-v2", 0) == []
 
 
 def test_v3_object_over_the_limit(small_cluster: Cluster) -> None:
@@ -215,7 +195,7 @@ def test_v3_object_over_the_limit(small_cluster: Cluster) -> None:
     got = reports(r.text)
     assert [g["error_code"] for g in got] == [200, 413]
     assert got[1]["message"] == f"A record exceeds the request limit of {LIMIT} bytes."
-    assert [s.value for s in read_all(small_cluster, "big-v3", 0)] == [b"small"]
+    assert [s.value for s in read_partition(small_cluster, "big-v3", 0)] == [b"small"]
 
 
 def test_failed_flush_answers_a_retriable_error_and_commits_nothing(
@@ -265,4 +245,4 @@ def test_failed_flush_answers_a_retriable_error_and_commits_nothing(
         timeout=30,
     )
     assert r.json()["offsets"] == [{"partition": 0, "offset": 0, "error_code": None, "error": None}]
-    assert [s.value for s in read_all(cluster, "no-bucket", 0)] == [b"after"]
+    assert [s.value for s in read_partition(cluster, "no-bucket", 0)] == [b"after"]

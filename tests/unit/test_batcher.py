@@ -15,11 +15,13 @@ from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
 from segments.errors import (
     BufferFullError,
+    InternalError,
     LakelogError,
     RecordTooLargeError,
     StorageUnavailableError,
 )
 from segments.memory import MemoryStore
+from segments.segment import SegmentBuilder
 from segments.types import Record, TopicInfo
 from service.batcher import Batcher, BatcherConfig
 from service.metrics import Metrics
@@ -157,22 +159,28 @@ def test_linger_delays_the_flush_and_flush_bytes_cuts_it_short(
 
 
 @pytest.mark.parametrize(
-    ("failure", "retriable_class"),
+    ("failure", "error_class", "retriable"),
     [
-        (RuntimeError("disk on fire"), StorageUnavailableError),  # unexpected: wrapped
-        (StorageUnavailableError("503 Slow Down"), StorageUnavailableError),  # propagated
+        # A bug (not a lakelog error): the same request would fail again, so it must
+        # not be retried forever: non-retriable, logged with its traceback.
+        (RuntimeError("disk on fire"), InternalError, False),
+        (StorageUnavailableError("503 Slow Down"), StorageUnavailableError, True),
     ],
 )
 def test_failed_put_fails_exactly_that_flush(
     store: FlakyStore,
     coordinator: LocalCoordinator,
     failure: BaseException,
-    retriable_class: type[LakelogError],
+    error_class: type[LakelogError],
+    retriable: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A PUT failure answers every request of that flush with a retriable error.
+    """A PUT failure answers every request of that flush with the flush's error.
 
-    Expected: requests of the failed flush get the error (none gets offsets), the next
-    flush succeeds and starts at offset 0 (nothing of the failed flush was committed).
+    Expected: requests of the failed flush get the error (none gets offsets), retriable
+    only for a fault (never for an unexpected exception, whose traceback is logged);
+    the next flush succeeds and starts at offset 0 (nothing of the failed flush was
+    committed).
     """
     topic = coordinator.create_topic("t", 2)
 
@@ -190,9 +198,12 @@ def test_failed_put_fails_exactly_that_flush(
 
     (first, second), metrics = run(store, coordinator, BatcherConfig(linger_ms=20), body)
     for outcome in first:
-        assert isinstance(outcome, retriable_class)
-        assert outcome.retriable
+        assert isinstance(outcome, error_class)
+        assert outcome.retriable is retriable
+        assert "disk on fire" not in outcome.message  # internals stay in the log
     assert second == [0, 0]
+    tracebacks = [r for r in caplog.records if r.exc_info and r.name == "service.batcher"]
+    assert bool(tracebacks) is not retriable
     reader = LogReader(store, coordinator)
     assert [r.value for r in reader.read("t", 0, 0)] == [b"d"]
     assert [r.value for r in reader.read("t", 1, 0)] == [b"e"]
@@ -335,3 +346,69 @@ def test_cancelled_request_does_not_break_its_flush(
 
     offsets, _ = run(store, coordinator, BatcherConfig(linger_ms=50), body)
     assert offsets == [1]
+
+
+def test_a_refused_request_leaves_none_of_its_records_behind(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """One request spans two partitions and the builder refuses its second group (a
+    timestamp out of range: callers validate records, so this stands for a bug).
+
+    Expected: the request fails with a non-retriable InternalError and none of its
+    records is flushed (before, the first partition's records were flushed while the
+    request failed, so a retry stored them twice); a request that shares the buffer
+    is unaffected.
+    """
+    topic = coordinator.create_topic("t", 2)
+
+    async def body(b: Batcher) -> list[int]:
+        other = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"other"))]))
+        await asyncio.sleep(0)  # "other" is in the buffer first
+        with pytest.raises(InternalError) as refused:
+            await b.append(topic.topic_id, [(0, rec(b"good")), (1, rec(b"bad", ts=-5))])
+        assert not refused.value.retriable
+        return await other
+
+    other_offsets, _ = run(store, coordinator, BatcherConfig(linger_ms=20), body)
+    assert other_offsets == [0]
+    reader = LogReader(store, coordinator)
+    assert [r.value for r in reader.read("t", 0, 0)] == [b"other"]
+    assert reader.read("t", 1, 0) == []
+
+
+def test_a_builder_failing_part_way_discards_its_buffer(
+    store: FlakyStore, coordinator: LocalCoordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The builder raises after encoding the first of two groups (a codec bug).
+
+    Expected: that buffer is never flushed (it holds records of a failed request):
+    the failing request gets a non-retriable InternalError, the request that shared
+    the buffer a retriable error (nothing of it was stored), and the next request
+    is stored from offset 0.
+    """
+    topic = coordinator.create_topic("t", 2)
+    real = SegmentBuilder._append_prepared
+    calls = {"n": 0}
+
+    def flaky(self: SegmentBuilder, *args: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:  # "other", then "good", then the second group of the request
+            raise MemoryError("codec blew up")
+        real(self, *args)
+
+    monkeypatch.setattr(SegmentBuilder, "_append_prepared", flaky)
+
+    async def body(b: Batcher) -> tuple[BaseException | list[int], list[int]]:
+        other = asyncio.ensure_future(b.append(topic.topic_id, [(0, rec(b"other"))]))
+        await asyncio.sleep(0)
+        with pytest.raises(InternalError):
+            await b.append(topic.topic_id, [(0, rec(b"good")), (1, rec(b"next"))])
+        shared = await asyncio.gather(other, return_exceptions=True)
+        return shared[0], await b.append(topic.topic_id, [(1, rec(b"after"))])
+
+    (shared, after), _ = run(store, coordinator, BatcherConfig(linger_ms=20), body)
+    assert isinstance(shared, BufferFullError) and shared.retriable
+    assert after == [0]
+    reader = LogReader(store, coordinator)
+    assert reader.read("t", 0, 0) == []
+    assert [r.value for r in reader.read("t", 1, 0)] == [b"after"]

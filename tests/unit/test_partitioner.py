@@ -66,3 +66,19 @@ def test_sticky_partition_stays_in_range() -> None:
     p = Partitioner()
     assert {p.sticky_partition("t", 3) for _ in range(30)} == {0, 1, 2}
     assert {p.sticky_partition("one", 1) for _ in range(5)} == {0}
+
+
+def test_big_keys_are_hashed_but_never_kept_alive() -> None:
+    """Keys can be as big as a record (1 MiB): the key cache keeps only small ones.
+
+    Expected: a big key lands where murmur2 says, and the cache holds no key longer
+    than CACHED_KEY_BYTES (before, it kept up to 65,536 keys of any size alive).
+    """
+    from service import partitioner
+
+    partitioner._cached_hash.cache_clear()
+    big = bytes(range(256)) * 1024  # 256 KiB
+    assert partition_for_key(big, 7) == to_positive(murmur2(big)) % 7
+    assert partition_for_key(b"small", 7) == to_positive(murmur2(b"small")) % 7
+    info = partitioner._cached_hash.cache_info()
+    assert (info.currsize, info.misses) == (1, 1)  # only the small key was cached
