@@ -108,8 +108,11 @@ class Coordinator(Protocol):
         ...
 
     # -- agents (the cluster's "brokers") -------------------------------------
-    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
-        """Register or refresh an agent; returns its stable integer broker id."""
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
+        """Register or refresh an agent (and its Kafka listener, port 0 for none); returns
+        its stable integer broker id."""
         ...
 
     def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:

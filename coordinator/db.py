@@ -276,6 +276,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX objects_by_unreferenced ON objects (unreferenced_at)",
         ),
     ),
+    Migration(
+        4,
+        "agents' Kafka listener addresses",
+        (
+            "ALTER TABLE agents ADD COLUMN kafka_host TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE agents ADD COLUMN kafka_port INTEGER NOT NULL DEFAULT 0",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

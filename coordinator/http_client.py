@@ -123,6 +123,8 @@ def agent_to_json(a: AgentInfo) -> JSON:
         "host": a.host,
         "port": a.port,
         "last_seen": a.last_seen,
+        "kafka_host": a.kafka_host,
+        "kafka_port": a.kafka_port,
     }
 
 
@@ -499,11 +501,20 @@ class HttpCoordinator:
         )
         return set(data["committed"])
 
-    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
+        body = {
+            "agent_id": agent_id,
+            "host": host,
+            "port": port,
+            "kafka_host": kafka_host,
+            "kafka_port": kafka_port,
+        }
         data = self._request(
             "POST",
             "/v1/agents/heartbeat",
-            body={"agent_id": agent_id, "host": host, "port": port},
+            body=body,
             idempotent=True,
         )
         return int(data["broker_id"])

@@ -156,8 +156,10 @@ class LocalCoordinator:
         return self._store.committed_object_keys(keys)
 
     # -- agents ---------------------------------------------------------------
-    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
-        return self._store.heartbeat_agent(agent_id, host, port)
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
+        return self._store.heartbeat_agent(agent_id, host, port, kafka_host, kafka_port)
 
     def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
         return self._store.list_agents(max_age_s)

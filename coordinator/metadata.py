@@ -169,14 +169,15 @@ _META_GET = "SELECT value FROM meta WHERE key = ?"
 _META_PUT = "INSERT INTO meta (key, value) VALUES (?, ?)"
 
 _TOUCH_AGENT = (
-    "UPDATE agents SET host = ?, port = ?, last_seen = ? WHERE agent_id = ? RETURNING broker_id"
+    "UPDATE agents SET host = ?, port = ?, last_seen = ?, kafka_host = ?, kafka_port = ? "
+    "WHERE agent_id = ? RETURNING broker_id"
 )
 _INSERT_AGENT = (
-    "INSERT INTO agents (broker_id, agent_id, host, port, last_seen) "
-    "SELECT COALESCE(MAX(broker_id) + 1, 0), ?, ?, ?, ? FROM agents RETURNING broker_id"
+    "INSERT INTO agents (broker_id, agent_id, host, port, last_seen, kafka_host, kafka_port) "
+    "SELECT COALESCE(MAX(broker_id) + 1, 0), ?, ?, ?, ?, ?, ? FROM agents RETURNING broker_id"
 )
 _LIVE_AGENTS = (
-    "SELECT broker_id, agent_id, host, port, last_seen FROM agents "
+    "SELECT broker_id, agent_id, host, port, last_seen, kafka_host, kafka_port FROM agents "
     "WHERE last_seen >= ? ORDER BY broker_id"
 )
 
@@ -638,16 +639,22 @@ class MetadataStore:
         return found
 
     # -- agents ---------------------------------------------------------------
-    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
         """Register or refresh an agent; returns its broker id (0, 1, ... in order of first
-        heartbeat, kept for good)."""
+        heartbeat, kept for good). ``kafka_host``/``kafka_port``: its Kafka listener."""
         if not isinstance(agent_id, str) or not agent_id:
             raise ValueError("agent_id must be a non-empty string")
         now = time.time()
         with self._db.write() as conn:
-            row = conn.execute(self._q(_TOUCH_AGENT), (host, port, now, agent_id)).fetchone()
+            row = conn.execute(
+                self._q(_TOUCH_AGENT), (host, port, now, kafka_host, kafka_port, agent_id)
+            ).fetchone()
             if row is None:
-                row = conn.execute(self._q(_INSERT_AGENT), (agent_id, host, port, now)).fetchone()
+                row = conn.execute(
+                    self._q(_INSERT_AGENT), (agent_id, host, port, now, kafka_host, kafka_port)
+                ).fetchone()
         return int(row[0])
 
     def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:

@@ -18,7 +18,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     GET    /v1/topic-ids/{hex}               topic
     POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
     POST   /v1/objects/committed             {"committed": [key]}  <- {"keys"}
-    POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port"}
+    POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port",
+                                                               "kafka_host", "kafka_port"}
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
 
@@ -203,6 +204,8 @@ class HeartbeatBody(BaseModel):
     agent_id: str
     host: str
     port: int
+    kafka_host: str = ""
+    kafka_port: int = 0
 
 
 class _Metrics:
@@ -383,7 +386,9 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
 
     @app.post("/v1/agents/heartbeat")
     def heartbeat(body: HeartbeatBody) -> Response:
-        broker_id = coordinator.heartbeat_agent(body.agent_id, body.host, body.port)
+        broker_id = coordinator.heartbeat_agent(
+            body.agent_id, body.host, body.port, body.kafka_host, body.kafka_port
+        )
         return _json({"broker_id": broker_id})
 
     @app.get("/v1/agents")

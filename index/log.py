@@ -252,12 +252,19 @@ class LogReader:
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The first offset whose record timestamp is >= ``timestamp_ms``, or None."""
+        found = self.record_for_timestamp(topic, partition, timestamp_ms)
+        return None if found is None else found.offset
+
+    def record_for_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int
+    ) -> ConsumedRecord | None:
+        """The first record whose timestamp is >= ``timestamp_ms``, or None."""
         ref = self.coordinator.lookup_timestamp(topic, partition, timestamp_ms)
         if ref is None:
             return None
         for rec in decode_entry(ref, self.fetch_chunk(ref), topic, partition, ref.base_offset):
             if rec.timestamp_ms >= timestamp_ms:
-                return rec.offset
+                return rec
         # The index's max timestamp comes from these very records, so this is corruption.
         raise CorruptSegmentError(
             f"{ref.object_key}: no record at or after {timestamp_ms} in a chunk whose "

@@ -36,6 +36,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         │   └── ConsumerFormatMismatchError  Accept names another format than the consumer's
         ├── RequestTooLargeError      the request body is over the limit
         ├── RecordTooLargeError       one record is over max.message.bytes
+        ├── CorruptRecordError        a producer's RecordBatch fails its checks (CRC, ...)
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
         └── UnsupportedFormatError    avro/jsonschema/protobuf without a schema registry
 
@@ -189,6 +190,11 @@ class RecordTooLargeError(RequestError):
     """One record is larger than the topic's max.message.bytes."""
 
 
+class CorruptRecordError(RequestError):
+    """A producer's RecordBatch fails its checks: framing, magic, CRC, records (Kafka's
+    CORRUPT_MESSAGE)."""
+
+
 class UnprocessableRequestError(RequestError):
     """Well-formed but unusable: empty records, missing fields, ..."""
 
@@ -234,6 +240,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         ConsumerFormatMismatchError,
         RequestTooLargeError,
         RecordTooLargeError,
+        CorruptRecordError,
         UnprocessableRequestError,
         UnsupportedFormatError,
     )

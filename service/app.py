@@ -31,6 +31,7 @@ from segments.store import ObjectStore, open_store
 from service import errors
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
+from service.kafka.server import KafkaServer
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader, IndexCache, RangeCache
@@ -112,6 +113,14 @@ def broker_address(settings: Settings) -> tuple[str, int]:
     return host, settings.port
 
 
+def kafka_address(settings: Settings, bound_port: int) -> tuple[str, int]:
+    """The host and port Kafka clients are told to reach this agent's listener at."""
+    if settings.kafka_advertised:
+        host, _, port = settings.kafka_advertised.rpartition(":")
+        return host, int(port)
+    return broker_address(settings)[0], bound_port
+
+
 def _close(obj: object) -> None:
     close = getattr(obj, "close", None)
     if callable(close):
@@ -136,7 +145,15 @@ async def _wait_for_cluster_id(coordinator: Coordinator) -> str:
 async def heartbeat_once(state: AgentState) -> None:
     """Register or refresh this agent; learn its broker id."""
     host, port = broker_address(state.settings)
-    broker_id = await call(state.coordinator.heartbeat_agent, state.settings.agent_id, host, port)
+    kafka_host, kafka_port = state.kafka_address or ("", 0)
+    broker_id = await call(
+        state.coordinator.heartbeat_agent,
+        state.settings.agent_id,
+        host,
+        port,
+        kafka_host,
+        kafka_port,
+    )
     if broker_id != state.broker_id:
         log.info("agent %s is broker %d (%s:%d)", state.settings.agent_id, broker_id, host, port)
         state.broker_id = broker_id
@@ -196,6 +213,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             notifier=notifier,
             consume_metrics=consume_metrics,
         )
+        if settings.kafka_port:
+            kafka = KafkaServer(state, settings.host, settings.kafka_port)
+            await kafka.start()
+            state.kafka_address = kafka_address(settings, kafka.port)
+            kafka.advertise(state.kafka_address)
+            stack.push_async_callback(kafka.close)  # before the batcher's flush-and-close
         try:
             await heartbeat_once(state)
         except LakelogError as e:

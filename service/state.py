@@ -41,6 +41,8 @@ class AgentState:
     reader: CachingLogReader
     notifier: Notifier
     consume_metrics: ConsumeMetrics
+    #: (host, port) of this agent's Kafka listener as clients reach it; None when off.
+    kafka_address: tuple[str, int] | None = None
 
 
 def get_state(request: Request) -> AgentState:
