@@ -53,6 +53,8 @@ class Cluster:
     coordinator_proc: Proc
     agent_procs: list[Proc]
     tmp: Path
+    #: "127.0.0.1:port" of each agent's Kafka listener (empty unless started with kafka=True).
+    kafka: list[str] = field(default_factory=list)
     _stopped: bool = field(default=False, repr=False)
 
     def stop(self) -> None:
@@ -84,8 +86,12 @@ def start_cluster(
     agents: int = 2,
     agent_args: Sequence[str] = (),
     agent_env: dict[str, str] | None = None,
+    kafka: bool = False,
 ) -> Cluster:
-    """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy."""
+    """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy.
+
+    ``kafka``: give every agent a Kafka listener on a free port (else it has none).
+    """
     tmp.mkdir(parents=True, exist_ok=True)
     bucket = f"lakelog-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
@@ -115,9 +121,13 @@ def start_cluster(
     try:
         # Agents start alongside the coordinator: they wait for it (app.COORDINATOR_WAIT_S).
         urls = []
+        kafka_addrs = []
         for _ in range(agents):
             port = free_port()
             urls.append(f"http://127.0.0.1:{port}")
+            kafka_port = free_port() if kafka else 0
+            if kafka:
+                kafka_addrs.append(f"127.0.0.1:{kafka_port}")
             procs.append(
                 Proc(
                     lakelog_cmd(
@@ -134,6 +144,8 @@ def start_cluster(
                         str(port),
                         "--log-level",
                         "warning",
+                        "--kafka-port",
+                        str(kafka_port),
                         *agent_args,
                     ),
                     tmp / f"agent-{port}.log",
@@ -159,7 +171,20 @@ def start_cluster(
         coordinator_proc=coordinator,
         agent_procs=procs,
         tmp=tmp,
+        kafka=kafka_addrs,
     )
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(
+    moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """A coordinator + two agents with Kafka listeners, shared by the Kafka door's tests."""
+    cluster = start_cluster(tmp_path_factory.mktemp("kafka-cluster"), moto_endpoint, kafka=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -187,6 +212,7 @@ def cluster_factory(moto_endpoint: str, tmp_path: Path) -> Iterator[ClusterFacto
         agents: int = 2,
         agent_args: Sequence[str] = (),
         agent_env: dict[str, str] | None = None,
+        kafka: bool = False,
     ) -> Cluster:
         c = start_cluster(
             tmp_path / f"cluster{len(started)}",
@@ -194,6 +220,7 @@ def cluster_factory(moto_endpoint: str, tmp_path: Path) -> Iterator[ClusterFacto
             agents=agents,
             agent_args=agent_args,
             agent_env=agent_env,
+            kafka=kafka,
         )
         started.append(c)
         return c

@@ -1,0 +1,102 @@
+"""Producers' RecordBatches: checked, stored as they came in segment chunks, served back."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+from segments.batches import check_batches, encode_records, fetch_batches
+from segments.errors import CorruptRecordError
+from segments.segment import COMPRESSIONS, SegmentBuilder, SegmentReader, decode_chunk
+from segments.types import ConsumedRecord, Record
+
+TOPIC = bytes(range(16))
+
+
+def producer_batch(
+    n: int, codec: int = 0, start_ts: int = 1_000, producer_id: int = -1, seq: int = -1
+) -> bytes:
+    """A batch as a Kafka producer builds it (base offset 0, leader epoch -1)."""
+    b = DefaultRecordBatchBuilder(2, codec, 0, producer_id, 0 if producer_id >= 0 else -1, seq,
+                                  1 << 30)  # fmt: skip
+    for i in range(n):
+        b.append(i, start_ts + (i * 7) % 5, b"k%d" % i, os.urandom(50), [("h", b"v")])
+    return bytes(b.build())
+
+
+@pytest.mark.parametrize("codec", range(len(COMPRESSIONS)), ids=COMPRESSIONS)
+def test_producer_batches_of_every_codec_are_stored_byte_for_byte(codec: int) -> None:
+    """REST records and producer batches share one chunk; the batch keeps its codec and
+    bytes (only BaseOffset and leader epoch change) and decodes at the right offsets."""
+    raw = producer_batch(30, codec)
+    (info,) = check_batches(raw)
+    assert (info.record_count, info.min_timestamp_ms, info.max_timestamp_ms) == (30, 1000, 1004)
+    seg = SegmentBuilder()
+    seg.append(TOPIC, 0, [Record(b"a", b"rest", 5)])
+    relative = seg.append_batch(TOPIC, 0, raw, 30, info.min_timestamp_ms, info.max_timestamp_ms)
+    seg.append(TOPIC, 0, [Record(b"b", b"rest2", 6)])
+    data, (chunk,) = seg.build()
+    assert relative == 1
+    assert chunk.record_count == 32 and (chunk.min_timestamp_ms, chunk.max_timestamp_ms) == (
+        5,
+        1004,
+    )
+    body = data[chunk.position : chunk.position + chunk.length]
+    assert raw[21:] in body  # attributes through the last record: untouched
+    records = SegmentReader(data).records(chunk, base_offset=100)
+    assert [o for o, _ in records] == list(range(100, 132))
+    assert records[1][1].key == b"k0" and records[-1][1].value == b"rest2"
+    # Fetch: base offsets absolute, everything else as stored; the CRC still holds.
+    served = list(fetch_batches(body, 100, 101))
+    assert len(served) == 2  # the REST batch before offset 101 is left out
+    assert DefaultRecordBatch(served[0]).base_offset == 101
+    assert all(DefaultRecordBatch(b).validate_crc() for b in served)
+
+
+def test_a_flipped_byte_or_bad_header_is_corrupt() -> None:
+    raw = bytearray(producer_batch(3))
+    raw[-1] ^= 1
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        check_batches(raw)
+    with pytest.raises(CorruptRecordError):
+        check_batches(producer_batch(3)[:-1])
+    with pytest.raises(CorruptRecordError):
+        check_batches(b"")
+    magic1 = bytearray(producer_batch(1))
+    magic1[16] = 1
+    with pytest.raises(CorruptRecordError, match="magic"):
+        check_batches(magic1)
+
+
+def test_several_batches_in_one_record_set() -> None:
+    a, b = producer_batch(2, producer_id=5, seq=0), producer_batch(3, 1, producer_id=5, seq=2)
+    infos = check_batches(a + b)
+    assert [(i.position, i.record_count, i.base_sequence) for i in infos] == [
+        (0, 2, 0),
+        (len(a), 3, 2),
+    ]
+    assert infos[1].idempotent and infos[1].producer_id == 5
+
+
+def test_tier_rows_encode_as_batches_with_offset_gaps() -> None:
+    rows = [ConsumedRecord("t", 0, o, b"k", b"v%d" % o, 10 + o) for o in (5, 6, 9, 12)]
+    data = encode_records(rows, max_batch_bytes=120)
+    got = []
+    pos = 0
+    while pos < len(data):
+        batch = DefaultRecordBatch(data[pos:])
+        assert batch.validate_crc()
+        got.extend((r.offset, r.value, r.timestamp) for r in batch)
+        pos += 12 + int.from_bytes(data[pos + 8 : pos + 12], "big")
+    assert got == [(r.offset, r.value, r.timestamp_ms) for r in rows]
+
+
+def test_decode_chunk_reads_producer_batches_like_our_own() -> None:
+    raw = producer_batch(4, codec=4)
+    seg = SegmentBuilder("gzip")
+    seg.append_batch(TOPIC, 3, raw, 4, 1000, 1004)
+    data, (chunk,) = seg.build()
+    got = decode_chunk(data[chunk.position : chunk.position + chunk.length], 0, 4)
+    assert [o for o, _ in got] == [0, 1, 2, 3]
