@@ -121,6 +121,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "NotAcceptableError": 406,
     "RequestTooLargeError": 413,
     "RecordTooLargeError": 413,
+    "CorruptRecordError": 400,
     "UnprocessableRequestError": 422,
 }
 

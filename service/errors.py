@@ -152,6 +152,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.ConsumerFormatMismatchError: ErrorSpec(ErrorCode.CONSUMER_FORMAT_MISMATCH),
     e.RequestTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.RecordTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
+    e.CorruptRecordError: ErrorSpec(ErrorCode.BAD_REQUEST),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.UnsupportedFormatError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),
 }

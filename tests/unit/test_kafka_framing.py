@@ -9,6 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
@@ -136,3 +137,17 @@ def test_api_versions_answer_uses_header_v0_and_lists_every_supported_api() -> N
     body, used = entity_reader(type(resp))(frame, 8)  # no tagged fields in header v0
     assert used == len(frame) - 8
     assert {k.api_key: (k.min_version, k.max_version) for k in body.api_keys} == SUPPORTED
+
+
+def test_every_lakelog_error_has_a_kafka_code() -> None:
+    """The Kafka door's one table covers the whole error tree (through ancestors), and the
+    client-side errors get the codes Kafka clients act on."""
+    from segments import errors as e
+    from service.kafka.errors import code_for
+
+    for cls in e.ERRORS_BY_NAME.values():
+        assert isinstance(code_for(cls("x")), ErrorCode)
+    assert code_for(e.CorruptRecordError("x")) == ErrorCode.corrupt_message
+    assert code_for(e.TopicNotFoundError("x")) == ErrorCode.unknown_topic_or_partition
+    assert code_for(e.RecordTooLargeError("x")) == ErrorCode.message_too_large
+    assert code_for(ValueError("bug")) == ErrorCode.unknown_server_error
