@@ -107,6 +107,12 @@ class Coordinator(Protocol):
         """Which of ``keys`` are committed objects (for orphan detection)."""
         ...
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Move log-start up to ``offset`` (-1: the high watermark), as Kafka's DeleteRecords;
+        returns the new log-start. Raises Topic/PartitionNotFoundError, and
+        OffsetOutOfRangeError past the high watermark."""
+        ...
+
     # -- agents (the cluster's "brokers") -------------------------------------
     def heartbeat_agent(
         self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0

@@ -501,6 +501,16 @@ class HttpCoordinator:
         )
         return set(data["committed"])
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        # Moving log-start to the same offset twice ends in the same state.
+        data = self._request(
+            "POST",
+            f"{topic_path(topic)}/partitions/{partition}/delete-records",
+            body={"offset": offset},
+            idempotent=True,
+        )
+        return int(data["log_start"])
+
     def heartbeat_agent(
         self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
     ) -> int:

@@ -155,6 +155,9 @@ class LocalCoordinator:
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         return self._store.committed_object_keys(keys)
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        return self._store.delete_records(topic, partition, offset)
+
     # -- agents ---------------------------------------------------------------
     def heartbeat_agent(
         self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0

@@ -36,6 +36,7 @@ from segments.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     MetadataError,
+    OffsetOutOfRangeError,
     PartitionNotFoundError,
     TopicExistsError,
     TopicNotFoundError,
@@ -637,6 +638,37 @@ class MetadataStore:
                 sql = self._q(_OBJECTS_IN.format(marks=", ".join("?" * len(batch))))
                 found.update(key for (key,) in conn.execute(sql, batch))
         return found
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Kafka's DeleteRecords: move log-start up to ``offset`` (-1: the high watermark).
+
+        Index entries wholly below the new log-start go (their objects become garbage,
+        as with retention); an entry straddling it stays and readers skip its records
+        below it. An offset at or below log-start changes nothing.
+
+        Returns:
+            The partition's log-start afterwards.
+
+        Raises:
+            TopicNotFoundError, PartitionNotFoundError; OffsetOutOfRangeError for an
+            offset past the high watermark or below -1.
+        """
+        from coordinator.janitors.catalog import Catalog  # the one home of that SQL
+
+        with self._db.read() as conn:
+            topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
+        target = high_watermark if offset == -1 else offset
+        if target < 0 or target > high_watermark:
+            raise OffsetOutOfRangeError(
+                f"Offset {offset} is outside partition {partition} of topic '{topic}' "
+                f"[{log_start}, {high_watermark}]."
+            )
+        if target <= log_start:
+            return log_start
+        moved = Catalog(self._db).advance_log_start(topic_id, partition, target, time.time())
+        if moved is None:  # someone moved it further meanwhile
+            return self.offsets(topic, partition).log_start
+        return moved
 
     # -- agents ---------------------------------------------------------------
     def heartbeat_agent(

@@ -15,6 +15,7 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     GET    /v1/topics/{name}/partitions/{p}/offsets                 {"log_start", "high_watermark"}
     GET    /v1/topics/{name}/partitions/{p}/lookup?offset=&max_chunks=   {"chunks": [ref]}
     GET    /v1/topics/{name}/partitions/{p}/lookup-timestamp?ts=         {"chunk": ref | null}
+    POST   /v1/topics/{name}/partitions/{p}/delete-records  {"log_start"}  <- {"offset"}
     GET    /v1/topic-ids/{hex}               topic
     POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
     POST   /v1/objects/committed             {"committed": [key]}  <- {"keys"}
@@ -114,6 +115,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "StaleGenerationError": 409,
     "InvalidConsumerConfigError": 400,
     "NoOffsetError": 409,
+    "OffsetOutOfRangeError": 400,
     "BufferFullError": 503,
     "RequestError": 400,
     "MalformedRequestError": 422,
@@ -329,6 +331,14 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
     def lookup_timestamp(name: str, partition: int, ts: int = Query()) -> Response:
         chunk = coordinator.lookup_timestamp(name, partition, ts)
         return _json({"chunk": None if chunk is None else chunk_ref_to_json(chunk)})
+
+    @app.post("/v1/topics/{name:path}/partitions/{partition}/delete-records")
+    def delete_records(name: str, partition: int, body: dict[str, Any] = Body()) -> Response:
+        with _parsing("delete records"):
+            offset = _opt_int(body, "offset")
+            if offset is None:
+                raise KeyError("offset")
+        return _json({"log_start": coordinator.delete_records(name, partition, offset)})
 
     @app.post("/v1/topics/{name:path}/partitions")
     def add_partitions(name: str, body: AddPartitionsBody) -> Response:

@@ -27,7 +27,8 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── ConsumerStateError        subscribe vs assign conflict, seek of an unassigned partition
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
-    │   └── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   └── OffsetOutOfRangeError     an offset beyond the partition's high watermark
     ├── BufferFullError               retriable: the agent's write buffer stayed full
     └── RequestError                  a client's request is not acceptable (web layer)
         ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
@@ -156,6 +157,10 @@ class NoOffsetError(MetadataError):
     """auto.offset.reset is none and the partition has no committed offset."""
 
 
+class OffsetOutOfRangeError(MetadataError):
+    """An offset outside what the partition holds (DeleteRecords past the high watermark)."""
+
+
 class BufferFullError(LakelogError):
     """The agent's write buffer stayed full for longer than the wait bound."""
 
@@ -232,6 +237,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         StaleGenerationError,
         InvalidConsumerConfigError,
         NoOffsetError,
+        OffsetOutOfRangeError,
         BufferFullError,
         RequestError,
         MalformedRequestError,

@@ -251,9 +251,13 @@ class Batcher:
         for b in batches:
             key = (b.topic_id, b.partition)
             relative = buf.builder.append_batch(
-                b.topic_id, b.partition, b.data, b.record_count, b.min_timestamp_ms,
+                b.topic_id,
+                b.partition,
+                b.data,
+                b.record_count,
+                b.min_timestamp_ms,
                 b.max_timestamp_ms,
-            )  # fmt: skip
+            )
             buf.counts[key] = buf.counts.get(key, 0) + b.record_count
             buf.records += b.record_count
             records += b.record_count

@@ -34,6 +34,7 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.StaleGenerationError: ErrorCode.illegal_generation,
     e.ConsumerNotFoundError: ErrorCode.unknown_member_id,
     e.InvalidConsumerConfigError: ErrorCode.invalid_group_id,
+    e.OffsetOutOfRangeError: ErrorCode.offset_out_of_range,
     e.BufferFullError: ErrorCode.request_timed_out,
     e.RequestError: ErrorCode.invalid_request,
     e.RecordTooLargeError: ErrorCode.message_too_large,

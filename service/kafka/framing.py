@@ -264,9 +264,10 @@ def build(cls: type, **values: Any) -> Any:
     return cls(**{k: _convert(fields[k], v) for k, v in values.items() if k in fields})
 
 
-def nested(cls: type, name: str) -> type:
-    """The kio type ``name`` defined beside ``cls`` (its version's nested types)."""
-    return getattr(sys.modules[cls.__module__], name)  # type: ignore[no-any-return]
+def nested(cls: type, name: str) -> Any:
+    """The kio type ``name`` defined beside ``cls`` (its version's nested types), or None
+    when that version has no such type."""
+    return getattr(sys.modules[cls.__module__], name, None)
 
 
 def millis(value: Any) -> int:

@@ -108,7 +108,7 @@ async def api_versions(ctx: KafkaContext, req: Request) -> Any:
 def api_versions_response(request_cls: type, error: ErrorCode) -> Any:
     from service.kafka.server import SUPPORTED  # the table lives with the dispatcher
 
-    resp = _response_cls(request_cls)
+    resp = response_cls(request_cls)
     version_cls = nested(resp, "ApiVersion")
     keys = tuple(
         build(version_cls, api_key=k, min_version=lo, max_version=hi)
@@ -126,7 +126,8 @@ def api_versions_response(request_cls: type, error: ErrorCode) -> Any:
     )
 
 
-def _response_cls(request_cls: type) -> type:
+def response_cls(request_cls: type) -> type:
+    """kio's response type answering ``request_cls``."""
     from kio.index import load_response_from_request
 
     return load_response_from_request(request_cls)
@@ -137,7 +138,7 @@ def _response_cls(request_cls: type) -> type:
 
 async def metadata(ctx: KafkaContext, req: Request) -> Any:
     body = req.body
-    resp = _response_cls(type(body))
+    resp = response_cls(type(body))
     st = ctx.state
     brokers = await ctx.brokers()
     topics: list[tuple[str, TopicInfo | None, ErrorCode]] = []
@@ -211,7 +212,7 @@ async def produce(ctx: KafkaContext, req: Request) -> Any:
     (acks 1 and all alike: an ack means committed); with acks=0 there is none.
     """
     body = req.body
-    resp = _response_cls(type(body))
+    resp = response_cls(type(body))
     errors: dict[tuple[str, int], tuple[ErrorCode, str | None]] = {}
     order: list[tuple[str, int]] = []
     raws: list[RawBatch] = []
@@ -372,7 +373,7 @@ async def fetch(ctx: KafkaContext, req: Request) -> Any:
             if total >= body.min_bytes or failed or remaining <= 0:
                 break
             await st.notifier.wait(waiter, remaining)
-    resp = _response_cls(type(body))
+    resp = response_cls(type(body))
     part_cls, topic_cls = nested(resp, "PartitionData"), nested(resp, "FetchableTopicResponse")
     by_topic: dict[str, list[Any]] = {}
     results = {(w[0], w[1]): r for w, r in zip(wanted, reads, strict=True)}
@@ -477,7 +478,7 @@ def _tier_batches(records: Any, budget: int) -> list[bytes]:
 
 async def list_offsets(ctx: KafkaContext, req: Request) -> Any:
     body = req.body
-    resp = _response_cls(type(body))
+    resp = response_cls(type(body))
     part_cls, topic_cls = (
         nested(resp, "ListOffsetsPartitionResponse"),
         nested(resp, "ListOffsetsTopicResponse"),

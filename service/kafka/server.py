@@ -19,6 +19,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from service.kafka import admin
 from service.kafka import handlers as h
 from service.kafka.framing import (
     FrameDecoder,
@@ -43,6 +44,15 @@ HANDLERS: dict[int, tuple[int, int, h.Handler]] = {
     2: (1, 8, h.list_offsets),
     3: (0, 12, h.metadata),
     API_VERSIONS: (0, 3, h.api_versions),
+    19: (2, 7, admin.create_topics),
+    20: (1, 5, admin.delete_topics),
+    21: (0, 2, admin.delete_records),
+    23: (2, 4, admin.offset_for_leader_epoch),
+    32: (1, 4, admin.describe_configs_api),
+    33: (0, 2, admin.alter_configs),
+    37: (0, 3, admin.create_partitions),
+    44: (0, 1, admin.incremental_alter_configs),
+    60: (0, 1, admin.describe_cluster),
 }
 
 #: api key -> (min version, max version): what ApiVersions advertises.
@@ -97,6 +107,8 @@ class KafkaServer:
         self._connections.add(task)
         try:
             await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            pass  # shutting down: asyncio's stream callback must not see the cancellation
         finally:
             self._connections.discard(task)
 

@@ -209,13 +209,22 @@ def test_partly_tiered_topic_read_from_zero(kafka_cluster: Cluster, unique_topic
     c = kafka_cluster
     out = subprocess.run(
         lakelog_cmd(
-            "janitor", "tier", "--db", f"sqlite:///{c.tmp / 'meta.db'}", "--store",
-            c.store_url, "--store-endpoint", c.store_endpoint, "--topic", topic,
-            "--tier-age-s", "0",
+            "janitor",
+            "tier",
+            "--db",
+            f"sqlite:///{c.tmp / 'meta.db'}",
+            "--store",
+            c.store_url,
+            "--store-endpoint",
+            c.store_endpoint,
+            "--topic",
+            topic,
+            "--tier-age-s",
+            "0",
         ),
         capture_output=True,
         timeout=60,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr.decode()
     assert b'"tiered_chunks": 0' not in out.stdout, out.stdout
     for i in range(50):

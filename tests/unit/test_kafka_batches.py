@@ -19,8 +19,9 @@ def producer_batch(
     n: int, codec: int = 0, start_ts: int = 1_000, producer_id: int = -1, seq: int = -1
 ) -> bytes:
     """A batch as a Kafka producer builds it (base offset 0, leader epoch -1)."""
-    b = DefaultRecordBatchBuilder(2, codec, 0, producer_id, 0 if producer_id >= 0 else -1, seq,
-                                  1 << 30)  # fmt: skip
+    b = DefaultRecordBatchBuilder(
+        2, codec, 0, producer_id, 0 if producer_id >= 0 else -1, seq, 1 << 30
+    )
     for i in range(n):
         b.append(i, start_ts + (i * 7) % 5, b"k%d" % i, os.urandom(50), [("h", b"v")])
     return bytes(b.build())
