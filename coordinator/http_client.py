@@ -474,6 +474,18 @@ class HttpCoordinator:
         )
         return PartitionOffsets(log_start=data["log_start"], high_watermark=data["high_watermark"])
 
+    def offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionOffsets]:
+        body = {"partitions": [tp_to_json(TopicPartition(t, p)) for t, p in partitions]}
+        data = self._request("POST", "/v1/offsets", body=body, idempotent=True)
+        return {
+            TopicPartition(d["topic"], d["partition"]): PartitionOffsets(
+                d["log_start"], d["high_watermark"]
+            )
+            for d in data["offsets"]
+        }
+
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16
     ) -> list[ChunkRef]:

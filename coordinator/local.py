@@ -144,6 +144,11 @@ class LocalCoordinator:
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         return self._store.offsets(topic, partition)
 
+    def offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionOffsets]:
+        return self._store.offsets_many(partitions)
+
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16
     ) -> list[ChunkRef]:

@@ -41,7 +41,7 @@ from segments.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 #: Partitions one topic may have. Kafka has no hard limit; this one keeps a typo
 #: (1e9 partitions) from filling the database.
@@ -583,6 +583,18 @@ class MetadataStore:
         with self._db.read() as conn:
             _, log_start, high_watermark = self._partition_state(conn, topic, partition)
         return PartitionOffsets(log_start, high_watermark)
+
+    def offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionOffsets]:
+        """``offsets`` of many partitions in one read transaction; missing ones left out."""
+        out: dict[TopicPartition, PartitionOffsets] = {}
+        with self._db.read() as conn:
+            for tp in dict.fromkeys(TopicPartition(t, p) for t, p in partitions):
+                row = conn.execute(self._q(_PARTITION_STATE), (tp.partition, tp.topic)).fetchone()
+                if row is not None and row[1] is not None:
+                    out[tp] = PartitionOffsets(row[1], row[2])
+        return out
 
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16

@@ -17,6 +17,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     GET    /v1/topics/{name}/partitions/{p}/lookup-timestamp?ts=         {"chunk": ref | null}
     POST   /v1/topics/{name}/partitions/{p}/delete-records  {"log_start"}  <- {"offset"}
     GET    /v1/topic-ids/{hex}               topic
+    POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
+                                             <- {"partitions": [tp]}
     POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
     POST   /v1/objects/committed             {"committed": [key]}  <- {"keys"}
     POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port",
@@ -388,6 +390,25 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
         metrics.chunks.inc(len(chunks))
         metrics.records.inc(sum(c.record_count for c in chunks))
         return _json({"base_offsets": base_offsets})
+
+    @app.post("/v1/offsets")
+    def offsets_many(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("offsets"):
+            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
+        found = coordinator.offsets_many(partitions)
+        return _json(
+            {
+                "offsets": [
+                    {
+                        "topic": tp.topic,
+                        "partition": tp.partition,
+                        "log_start": o.log_start,
+                        "high_watermark": o.high_watermark,
+                    }
+                    for tp, o in found.items()
+                ]
+            }
+        )
 
     @app.post("/v1/objects/committed")
     def committed_object_keys(body: KeysBody) -> Response:

@@ -25,7 +25,7 @@ from kio.schema.errors import ErrorCode
 from index.log import decode_entry
 from segments.batches import check_batches, encode_records, fetch_batches
 from segments.errors import LakelogError
-from segments.types import ConsumedRecord, TopicInfo
+from segments.types import ConsumedRecord, TopicInfo, TopicPartition
 from service.batcher import RawBatch
 from service.formats import max_message_bytes
 from service.kafka.errors import code_for
@@ -413,11 +413,15 @@ def _read_partitions(
     out = []
     remaining = max_bytes
     empty = True  # nothing in the answer yet: the next first batch goes in whatever size
+    known = st.coordinator.offsets_many([TopicPartition(t, p) for t, p, _, _ in wanted])
     for topic, partition, offset, partition_max in wanted:
         r = _PartitionRead()
         out.append(r)
         try:
-            offsets = st.coordinator.offsets(topic, partition)
+            offsets = known.get(TopicPartition(topic, partition))
+            if offsets is None:
+                r.error = ErrorCode.unknown_topic_or_partition
+                continue
             r.high_watermark, r.log_start = offsets.high_watermark, offsets.log_start
             if not offsets.log_start <= offset <= offsets.high_watermark:
                 r.error = ErrorCode.offset_out_of_range

@@ -134,6 +134,7 @@ def test_delete_records_moves_log_start(kafka_cluster: Cluster, unique_topic: An
         {
             "bootstrap.servers": kafka_cluster.kafka[1],
             "group.id": "unused",
+            "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
         }
     )

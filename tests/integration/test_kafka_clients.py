@@ -254,6 +254,7 @@ def test_fetch_larger_than_max_bytes_and_many_partitions_in_one_produce(
         {
             "bootstrap.servers": kafka_cluster.kafka[1],
             "group.id": "unused",
+            "enable.auto.commit": False,
             "fetch.max.bytes": 100_000,
             "message.max.bytes": 100_000,
             "max.partition.fetch.bytes": 50_000,
@@ -361,6 +362,7 @@ def test_fetch_below_log_start_is_offset_out_of_range(
         {
             "bootstrap.servers": kafka_cluster.kafka[1],
             "group.id": "unused",
+            "enable.auto.commit": False,
             "auto.offset.reset": "error",
         }
     )
