@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from coordinator.producers import ProducerBatch, ProducerPartitionState
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 
@@ -26,6 +27,9 @@ class ChunkCommit:
     record_count: int
     min_timestamp_ms: int
     max_timestamp_ms: int
+    #: Idempotent producers' batches in this chunk, in chunk order: their sequences
+    #: are checked inside the commit (``coordinator.producers``).
+    producer_batches: tuple[ProducerBatch, ...] = ()
 
 
 class Coordinator(Protocol):
@@ -117,6 +121,18 @@ class Coordinator(Protocol):
         """Move log-start up to ``offset`` (-1: the high watermark), as Kafka's DeleteRecords;
         returns the new log-start. Raises Topic/PartitionNotFoundError, and
         OffsetOutOfRangeError past the high watermark."""
+        ...
+
+    # -- idempotent producers -------------------------------------------------
+    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        """A new producer id at epoch 0; or, given an id and its current epoch, the same id
+        at the next epoch (KIP-360). Raises ProducerFencedError for a stale epoch."""
+        ...
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
+        """What the partitions (topic id, partition) remember of a producer."""
         ...
 
     # -- agents (the cluster's "brokers") -------------------------------------

@@ -284,6 +284,28 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE agents ADD COLUMN kafka_port INTEGER NOT NULL DEFAULT 0",
         ),
     ),
+    Migration(
+        5,
+        "idempotent producers: ids and epochs; per-partition sequence state",
+        (
+            """CREATE TABLE producers (
+                producer_id {serial_pk},
+                epoch INTEGER NOT NULL DEFAULT 0,
+                created_at {double} NOT NULL
+            )""",
+            # batches: JSON [[first sequence, last sequence, base offset], ...], the last
+            # five, oldest first (coordinator.producers).
+            """CREATE TABLE producer_state (
+                producer_id {bigint} NOT NULL,
+                topic_id {blob} NOT NULL,
+                partition INTEGER NOT NULL,
+                epoch INTEGER NOT NULL,
+                batches TEXT NOT NULL,
+                updated_at {double} NOT NULL,
+                PRIMARY KEY (producer_id, topic_id, partition)
+            ){clustered}""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

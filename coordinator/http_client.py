@@ -31,6 +31,7 @@ import httpx
 import orjson
 
 from coordinator.client import ChunkCommit
+from coordinator.producers import ProducerBatch, ProducerPartitionState
 from coordinator.groups import (
     CommittedOffset,
     ConsumerConfig,
@@ -68,7 +69,7 @@ def topic_from_json(d: JSON) -> TopicInfo:
 
 
 def chunk_commit_to_json(c: ChunkCommit) -> JSON:
-    return {
+    out: JSON = {
         "topic_id": c.topic_id.hex(),
         "partition": c.partition,
         "position": c.position,
@@ -77,6 +78,13 @@ def chunk_commit_to_json(c: ChunkCommit) -> JSON:
         "min_timestamp_ms": c.min_timestamp_ms,
         "max_timestamp_ms": c.max_timestamp_ms,
     }
+    if c.producer_batches:
+        # [producer id, epoch, base sequence, record count, relative offset]
+        out["producer_batches"] = [
+            [b.producer_id, b.epoch, b.base_sequence, b.record_count, b.relative_offset]
+            for b in c.producer_batches
+        ]
+    return out
 
 
 def chunk_commit_from_json(d: JSON) -> ChunkCommit:
@@ -89,6 +97,9 @@ def chunk_commit_from_json(d: JSON) -> ChunkCommit:
         record_count=_int(d["record_count"]),
         min_timestamp_ms=_int(d["min_timestamp_ms"]),
         max_timestamp_ms=_int(d["max_timestamp_ms"]),
+        producer_batches=tuple(
+            ProducerBatch(*(_int(v) for v in b)) for b in d.get("producer_batches") or ()
+        ),
     )
 
 
@@ -512,6 +523,31 @@ class HttpCoordinator:
             "POST", "/v1/objects/committed", body={"keys": list(keys)}, idempotent=True
         )
         return set(data["committed"])
+
+    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        # Not idempotent: a repeat allocates another id (harmless, never reused).
+        data = self._request(
+            "POST",
+            "/v1/producers/init",
+            body={"producer_id": producer_id, "epoch": epoch},
+            idempotent=False,
+        )
+        return int(data["producer_id"]), int(data["epoch"])
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
+        body = {
+            "producer_id": producer_id,
+            "partitions": [{"topic_id": t.hex(), "partition": p} for t, p in partitions],
+        }
+        data = self._request("POST", "/v1/producers/state", body=body, idempotent=True)
+        return {
+            (bytes.fromhex(d["topic_id"]), d["partition"]): ProducerPartitionState(
+                d["epoch"], [tuple(b) for b in d["batches"]]
+            )
+            for d in data["states"]
+        }
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         # Moving log-start to the same offset twice ends in the same state.

@@ -19,6 +19,7 @@ from coordinator.groups import (
 )
 from coordinator.groups_store import GroupStore
 from coordinator.metadata import MetadataStore
+from coordinator.producers import ProducerPartitionState
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 
@@ -162,6 +163,15 @@ class LocalCoordinator:
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         return self._store.delete_records(topic, partition, offset)
+
+    # -- idempotent producers -------------------------------------------------
+    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        return self._store.init_producer_id(producer_id, epoch)
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
+        return self._store.producer_state(producer_id, partitions)
 
     # -- agents ---------------------------------------------------------------
     def heartbeat_agent(

@@ -23,6 +23,7 @@ from typing import Any, Protocol, cast
 
 from coordinator.client import ChunkCommit
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
+from coordinator.producers import ProducerPartitionState, Verdict, judge, remember
 from coordinator.topic_configs import (
     check_consistent,
     config_def,
@@ -38,6 +39,8 @@ from segments.errors import (
     MetadataError,
     OffsetOutOfRangeError,
     PartitionNotFoundError,
+    ProducerConflictError,
+    ProducerFencedError,
     TopicExistsError,
     TopicNotFoundError,
 )
@@ -72,6 +75,7 @@ _DELETE_CONFIG = "DELETE FROM topic_configs WHERE topic_id = ? AND name = ?"
 _DELETE_TOPIC = (
     # Children first: explicit rather than relying on ON DELETE CASCADE being enabled.
     "DELETE FROM index_entries WHERE topic_id = ?",
+    "DELETE FROM producer_state WHERE topic_id = ?",
     "DELETE FROM topic_configs WHERE topic_id = ?",
     "DELETE FROM partitions WHERE topic_id = ?",
     "DELETE FROM topics WHERE topic_id = ?",
@@ -165,6 +169,21 @@ _ENTRIES_FROM = (
 _LOOKUP = _ENTRIES_FROM + " ORDER BY e.base_offset LIMIT ?"
 _LOOKUP_TIMESTAMP = _ENTRIES_FROM + " AND e.max_ts >= ? ORDER BY e.base_offset LIMIT 1"
 _OBJECTS_IN = "SELECT object_key FROM objects WHERE object_key IN ({marks})"
+
+_PRODUCER_STATE = (
+    "SELECT epoch, batches FROM producer_state "
+    "WHERE producer_id = ? AND topic_id = ? AND partition = ?"
+)
+_UPSERT_PRODUCER_STATE = (
+    "INSERT INTO producer_state (producer_id, topic_id, partition, epoch, batches, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (producer_id, topic_id, partition) DO UPDATE SET "
+    "epoch = excluded.epoch, batches = excluded.batches, updated_at = excluded.updated_at"
+)
+_PRODUCER_EPOCH = "SELECT epoch FROM producers WHERE producer_id = ?"
+_BUMP_EPOCH = "UPDATE producers SET epoch = ? WHERE producer_id = ?"
+_NEW_PRODUCER = "INSERT INTO producers (epoch, created_at) VALUES (0, ?) RETURNING producer_id"
+#: Producer epochs are Kafka int16s.
+_MAX_EPOCH = 32767
 
 _META_GET = "SELECT value FROM meta WHERE key = ?"
 _META_PUT = "INSERT INTO meta (key, value) VALUES (?, ?)"
@@ -454,7 +473,8 @@ class MetadataStore:
             CommitConflictError: the key is committed with other chunks.
         """
         check_chunks(object_key, chunks)
-        if self._db.dialect.name == POSTGRESQL.name:
+        idempotent = any(c.producer_batches for c in chunks)
+        if self._db.dialect.name == POSTGRESQL.name and not idempotent:
             return self._commit_one_statement(object_key, chunks, size)
         q = self._q
         # Fixed lock order (see the module docstring); bytes sort like the stored BLOBs.
@@ -476,6 +496,8 @@ class MetadataStore:
                 if hw is None:
                     raise self._missing_partition(conn, c.topic_id, c.partition)
                 bases[i] = hw[0] - c.record_count
+            if idempotent:  # the partition rows are locked: their producer state too
+                self._check_producers(conn, chunks, order, bases)
             conn.executemany(
                 q(_INSERT_ENTRY),
                 [
@@ -494,6 +516,43 @@ class MetadataStore:
                 ],
             )
         return bases
+
+    def _check_producers(
+        self, conn: Any, chunks: Sequence[ChunkCommit], order: list[int], bases: list[int]
+    ) -> None:
+        """Judge every idempotent batch against its producer's state; store the new state.
+
+        Raises:
+            ProducerConflictError: a batch is not the next of its producer (a duplicate,
+                out of order, or fenced by what another commit stored since the agent
+                looked); the whole commit rolls back.
+        """
+        q = self._q
+        states: dict[tuple[int, bytes, int], ProducerPartitionState | None] = {}
+        for i in order:
+            c = chunks[i]
+            for b in c.producer_batches:
+                key = (b.producer_id, c.topic_id, c.partition)
+                if key not in states:
+                    row = conn.execute(q(_PRODUCER_STATE), key).fetchone()
+                    states[key] = None if row is None else ProducerPartitionState.from_row(*row)
+                verdict, _ = judge(states[key], b)
+                if verdict is not Verdict.APPEND:
+                    raise ProducerConflictError(
+                        f"Producer {b.producer_id} batch at sequence {b.base_sequence} for "
+                        f"partition {c.partition} of topic id {format_topic_id(c.topic_id)} "
+                        f"is {verdict.value} at commit; nothing was stored, retry."
+                    )
+                states[key] = remember(states[key], b, bases[i] + b.relative_offset)
+        now = time.time()
+        conn.executemany(
+            q(_UPSERT_PRODUCER_STATE),
+            [
+                (pid, topic_id, partition, st.epoch, st.to_json(), now)
+                for (pid, topic_id, partition), st in states.items()
+                if st is not None
+            ],
+        )
 
     def _commit_one_statement(
         self, object_key: str, chunks: Sequence[ChunkCommit], size: int | None
@@ -681,6 +740,41 @@ class MetadataStore:
         if moved is None:  # someone moved it further meanwhile
             return self.offsets(topic, partition).log_start
         return moved
+
+    # -- idempotent producers -------------------------------------------------
+    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        """A new producer id at epoch 0; or, for ``producer_id`` at its current ``epoch``,
+        the same id at epoch + 1 (a new id once the epoch would overflow).
+
+        Raises:
+            ProducerFencedError: an unknown id, or an epoch other than its current one.
+        """
+        with self._db.write() as conn:
+            if producer_id >= 0:
+                row = conn.execute(self._q(_PRODUCER_EPOCH), (producer_id,)).fetchone()
+                if row is None or row[0] != epoch:
+                    raise ProducerFencedError(
+                        f"Producer {producer_id} at epoch {epoch} is not the current one."
+                    )
+                if epoch + 1 < _MAX_EPOCH:
+                    conn.execute(self._q(_BUMP_EPOCH), (epoch + 1, producer_id))
+                    return producer_id, epoch + 1
+            row = conn.execute(self._q(_NEW_PRODUCER), (time.time(),)).fetchone()
+        return int(row[0]), 0
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
+        """What each partition (topic id, partition) remembers of ``producer_id``."""
+        out = {}
+        with self._db.read() as conn:
+            for topic_id, partition in dict.fromkeys(partitions):
+                row = conn.execute(
+                    self._q(_PRODUCER_STATE), (producer_id, bytes(topic_id), partition)
+                ).fetchone()
+                if row is not None:
+                    out[(bytes(topic_id), partition)] = ProducerPartitionState.from_row(*row)
+        return out
 
     # -- agents ---------------------------------------------------------------
     def heartbeat_agent(

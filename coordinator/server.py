@@ -20,6 +20,9 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
                                              <- {"partitions": [tp]}
     POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
+    POST   /v1/producers/init                {"producer_id", "epoch"}  <- {"producer_id", "epoch"}
+    POST   /v1/producers/state               {"states": [{"topic_id", "partition", "epoch",
+                                             "batches"}]}  <- {"producer_id", "partitions"}
     POST   /v1/objects/committed             {"committed": [key]}  <- {"keys"}
     POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port",
                                                                "kafka_host", "kafka_port"}
@@ -118,6 +121,8 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "InvalidConsumerConfigError": 400,
     "NoOffsetError": 409,
     "OffsetOutOfRangeError": 400,
+    "ProducerFencedError": 409,
+    "ProducerConflictError": 409,
     "BufferFullError": 503,
     "RequestError": 400,
     "MalformedRequestError": 422,
@@ -406,6 +411,36 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
                         "high_watermark": o.high_watermark,
                     }
                     for tp, o in found.items()
+                ]
+            }
+        )
+
+    @app.post("/v1/producers/init")
+    def init_producer_id(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("init producer id"):
+            producer_id = _opt_int(body, "producer_id")
+            epoch = _opt_int(body, "epoch")
+        pid, new_epoch = coordinator.init_producer_id(
+            -1 if producer_id is None else producer_id, -1 if epoch is None else epoch
+        )
+        return _json({"producer_id": pid, "epoch": new_epoch})
+
+    @app.post("/v1/producers/state")
+    def producer_state(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("producer state"):
+            producer_id = _opt_int(body, "producer_id")
+            if producer_id is None:
+                raise KeyError("producer_id")
+            partitions = [
+                (bytes.fromhex(_str(d, "topic_id")), int(d["partition"]))
+                for d in _list(body, "partitions")
+            ]
+        states = coordinator.producer_state(producer_id, partitions)
+        return _json(
+            {
+                "states": [
+                    {"topic_id": t.hex(), "partition": p, "epoch": s.epoch, "batches": s.batches}
+                    for (t, p), s in states.items()
                 ]
             }
         )

@@ -28,7 +28,9 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
-    │   └── OffsetOutOfRangeError     an offset beyond the partition's high watermark
+    │   ├── OffsetOutOfRangeError     an offset beyond the partition's high watermark
+    │   ├── ProducerFencedError       an idempotent producer's epoch is not its latest
+    │   └── ProducerConflictError     retriable: a batch's sequence clashed at commit
     ├── BufferFullError               retriable: the agent's write buffer stayed full
     └── RequestError                  a client's request is not acceptable (web layer)
         ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
@@ -161,6 +163,18 @@ class OffsetOutOfRangeError(MetadataError):
     """An offset outside what the partition holds (DeleteRecords past the high watermark)."""
 
 
+class ProducerFencedError(MetadataError):
+    """An idempotent producer's epoch is older than its latest (Kafka's
+    INVALID_PRODUCER_EPOCH), or its id is unknown."""
+
+
+class ProducerConflictError(MetadataError):
+    """An idempotent producer's batch in a commit is a duplicate, out of order or fenced
+    by what another commit stored meanwhile; nothing of that commit was stored."""
+
+    retriable = True
+
+
 class BufferFullError(LakelogError):
     """The agent's write buffer stayed full for longer than the wait bound."""
 
@@ -238,6 +252,8 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         InvalidConsumerConfigError,
         NoOffsetError,
         OffsetOutOfRangeError,
+        ProducerFencedError,
+        ProducerConflictError,
         BufferFullError,
         RequestError,
         MalformedRequestError,

@@ -207,8 +207,12 @@ class SegmentBuilder:
         record_count: int,
         min_timestamp_ms: int,
         max_timestamp_ms: int,
+        producer: tuple[int, int, int] | None = None,
     ) -> int:
         """Add one producer's RecordBatch, as it is, after the records of the chunk so far.
+
+        ``producer``: (producer id, epoch, base sequence) of an idempotent producer's
+        batch, listed by :meth:`producer_batches` for the commit to check.
 
         The batch must have been checked (``segments.batches.check_batches`` gives the
         count and timestamps); it is stored byte for byte whatever its codec, with only
@@ -240,6 +244,8 @@ class SegmentBuilder:
         _BASE_OFFSET.pack_into(data, 0, relative)
         _LEADER_EPOCH.pack_into(data, _LEADER_EPOCH_AT, _NO_LEADER_EPOCH)
         chunk.batches.append(data)
+        if producer is not None:
+            chunk.producer_batches.append((*producer, record_count, relative))
         chunk.closed_records += record_count
         chunk.record_count += record_count
         chunk.min_ts = min(chunk.min_ts, min_timestamp_ms)
@@ -247,6 +253,15 @@ class SegmentBuilder:
         self._record_count += record_count
         self._bytes += len(data)
         return relative
+
+    def producer_batches(self) -> dict[tuple[bytes, int], list[tuple[int, int, int, int, int]]]:
+        """Idempotent batches per (topic id, partition): (producer id, epoch, base
+        sequence, record count, relative offset), in chunk order."""
+        return {
+            key: list(chunk.producer_batches)
+            for key, chunk in self._chunks.items()
+            if chunk.producer_batches
+        }
 
     def build(self) -> tuple[bytes, list[ChunkInfo]]:
         """Close every open batch and return the object's bytes and its footer entries.
@@ -424,6 +439,7 @@ class _ChunkBuffer:
     record_count: int = 0
     min_ts: int = _INT64_MAX
     max_ts: int = -1
+    producer_batches: list[tuple[int, int, int, int, int]] = field(default_factory=list)
 
 
 _BYTES_OR_NONE = (bytes, type(None))

@@ -84,6 +84,8 @@ class RawBatch:
     record_count: int
     min_timestamp_ms: int
     max_timestamp_ms: int
+    #: (producer id, epoch, base sequence) of an idempotent producer, checked at commit.
+    producer: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +259,7 @@ class Batcher:
                 b.record_count,
                 b.min_timestamp_ms,
                 b.max_timestamp_ms,
+                b.producer,
             )
             buf.counts[key] = buf.counts.get(key, 0) + b.record_count
             buf.records += b.record_count

@@ -143,6 +143,8 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.OffsetOutOfRangeError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.ProducerFencedError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.ProducerConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     # -- the client's request -------------------------------------------------

@@ -35,6 +35,9 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.ConsumerNotFoundError: ErrorCode.unknown_member_id,
     e.InvalidConsumerConfigError: ErrorCode.invalid_group_id,
     e.OffsetOutOfRangeError: ErrorCode.offset_out_of_range,
+    e.ProducerFencedError: ErrorCode.invalid_producer_epoch,
+    # Every request of the flush gets it: a retriable code that means nothing else.
+    e.ProducerConflictError: ErrorCode.request_timed_out,
     e.BufferFullError: ErrorCode.request_timed_out,
     e.RequestError: ErrorCode.invalid_request,
     e.RecordTooLargeError: ErrorCode.message_too_large,

@@ -22,12 +22,14 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from coordinator.producers import ProducerBatch
 from index.log import decode_entry
-from segments.batches import check_batches, encode_records, fetch_batches
+from segments.batches import BatchInfo, check_batches, encode_records, fetch_batches
 from segments.errors import LakelogError
 from segments.types import ConsumedRecord, TopicInfo, TopicPartition
 from service.batcher import RawBatch
 from service.formats import max_message_bytes
+from service.idempotence import Admission, ProducerGate, Ticket
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, millis, nested
 from service.state import AgentState
@@ -56,6 +58,10 @@ class KafkaContext:
     host: str
     port: int
     _brokers: tuple[float, list[Broker]] = field(default=(0.0, []))
+    gate: ProducerGate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gate = ProducerGate(self.state.coordinator)
 
     async def brokers(self) -> list[Broker]:
         """Live agents with a Kafka listener, by node id; this agent always among them."""
@@ -217,6 +223,7 @@ async def produce(ctx: KafkaContext, req: Request) -> Any:
     order: list[tuple[str, int]] = []
     raws: list[RawBatch] = []
     firsts: dict[tuple[str, int], int] = {}  # partition -> index of its first batch in raws
+    checked: dict[tuple[str, int], tuple[bytes, memoryview, list[BatchInfo]]] = {}
     for td in body.topic_data:
         name = td.name
         topic: TopicInfo | None = None
@@ -238,34 +245,96 @@ async def produce(ctx: KafkaContext, req: Request) -> Any:
             if isinstance(problem, tuple):
                 errors[tp] = problem
                 continue
-            firsts[tp] = len(raws)
-            view = memoryview(pd.records)
-            raws.extend(
-                RawBatch(
-                    topic.topic_id,
-                    pd.index,
-                    view[b.position : b.position + b.length],
-                    b.record_count,
-                    b.min_timestamp_ms,
-                    b.max_timestamp_ms,
-                )
-                for b in problem
-            )
+            checked[tp] = (topic.topic_id, memoryview(pd.records), problem)
     ctx.state.metrics.produce_requests.labels(api="kafka").inc()
+    tickets, duplicates = await _admit_idempotent(ctx, checked, errors)
+    for tp, (topic_id, view, infos) in checked.items():
+        if tp in errors or tp in duplicates:
+            continue
+        firsts[tp] = len(raws)
+        raws.extend(
+            RawBatch(
+                topic_id,
+                tp[1],
+                view[b.position : b.position + b.length],
+                b.record_count,
+                b.min_timestamp_ms,
+                b.max_timestamp_ms,
+                (b.producer_id, b.producer_epoch, b.base_sequence) if b.idempotent else None,
+            )
+            for b in infos
+        )
 
     async def finish() -> Any:
         bases: list[int] = []
         failure: tuple[ErrorCode, str | None] | None = None
-        if raws:
-            try:
+        try:
+            if raws:
                 bases = await ctx.state.batcher.append_batches(raws)
-            except LakelogError as e:
-                failure = (code_for(e), e.message)
+        except LakelogError as e:
+            failure = (code_for(e), e.message)
+        finally:
+            for ticket in tickets:
+                ctx.gate.release(ticket)
         if body.acks == 0:
             return None
-        return _produce_response(resp, order, errors, firsts, bases, failure)
+        return _produce_response(resp, order, errors, firsts, bases, failure, duplicates)
 
     return Deferred(asyncio.get_running_loop().create_task(finish()))
+
+
+async def _admit_idempotent(
+    ctx: KafkaContext,
+    checked: dict[tuple[str, int], tuple[bytes, memoryview, list[BatchInfo]]],
+    errors: dict[tuple[str, int], tuple[ErrorCode, str | None]],
+) -> tuple[list[Ticket], dict[tuple[str, int], int]]:
+    """Idempotent partitions through the agent's ProducerGate: the tickets of those to
+    append, the offsets of duplicates; refusals go into ``errors``."""
+    wanted: list[tuple[str, int]] = []
+    requests: list[tuple[bytes, int, list[ProducerBatch]]] = []
+    for tp, (topic_id, _, infos) in checked.items():
+        if not any(b.idempotent for b in infos):
+            continue
+        if len({(b.producer_id, b.producer_epoch) for b in infos}) != 1:
+            errors[tp] = (ErrorCode.invalid_record, "Batches of one producer epoch only.")
+            continue
+        wanted.append(tp)
+        requests.append(
+            (
+                topic_id,
+                tp[1],
+                [
+                    ProducerBatch(b.producer_id, b.producer_epoch, b.base_sequence, b.record_count)
+                    for b in infos
+                ],
+            )
+        )
+    tickets: list[Ticket] = []
+    duplicates: dict[tuple[str, int], int] = {}
+    if not requests:
+        return tickets, duplicates
+    try:
+        decisions = await ctx.gate.admit(requests)
+    except LakelogError as e:
+        for tp in wanted:
+            errors[tp] = (code_for(e), e.message)
+        return tickets, duplicates
+    for tp, d in zip(wanted, decisions, strict=True):
+        if d.admission is Admission.APPEND and d.ticket is not None:
+            tickets.append(d.ticket)
+        elif d.admission is Admission.DUPLICATE:
+            duplicates[tp] = d.offset
+        else:
+            errors[tp] = (_REFUSED[d.admission], None)
+    return tickets, duplicates
+
+
+_REFUSED = {
+    Admission.FENCED: ErrorCode.invalid_producer_epoch,
+    Admission.OUT_OF_ORDER: ErrorCode.out_of_order_sequence_number,
+    # A retry of a batch this agent is still writing: try again once it is committed.
+    Admission.IN_FLIGHT: ErrorCode.request_timed_out,
+}
 
 
 def _check_partition(records: bytes | None, limit: int) -> list[Any] | tuple[ErrorCode, str | None]:
@@ -292,14 +361,18 @@ def _produce_response(
     firsts: dict[tuple[str, int], int],
     bases: list[int],
     failure: tuple[ErrorCode, str | None] | None,
+    duplicates: dict[tuple[str, int], int],
 ) -> Any:
     part_cls = nested(resp, "PartitionProduceResponse")
     by_topic: dict[str, list[Any]] = {}
     for tp in order:
         error = errors.get(tp)
-        if error is None and failure is not None:
+        if error is None and failure is not None and tp not in duplicates:
             error = failure
-        base = -1 if error is not None else bases[firsts[tp]]
+        if error is not None:
+            base = -1
+        else:
+            base = duplicates[tp] if tp in duplicates else bases[firsts[tp]]
         code, message = error if error is not None else (ErrorCode.none, None)
         by_topic.setdefault(tp[0], []).append(
             build(
@@ -322,6 +395,35 @@ def _produce_response(
         ),
         throttle_time=0,
     )
+
+
+# -- InitProducerId ----------------------------------------------------------------------
+
+
+async def init_producer_id(ctx: KafkaContext, req: Request) -> Any:
+    """Producer ids and epochs from the coordinator; transactions are not supported."""
+    body = req.body
+    resp = response_cls(type(body))
+    if body.transactional_id is not None:
+        # No transaction coordinator: say so plainly rather than pretend.
+        return build(
+            resp,
+            throttle_time=0,
+            error_code=ErrorCode.unsupported_version,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    try:
+        pid, epoch = await asyncio.to_thread(
+            ctx.state.coordinator.init_producer_id,
+            getattr(body, "producer_id", -1),
+            getattr(body, "producer_epoch", -1),
+        )
+    except LakelogError as e:
+        return build(
+            resp, throttle_time=0, error_code=code_for(e), producer_id=-1, producer_epoch=-1
+        )
+    return build(resp, throttle_time=0, error_code=0, producer_id=pid, producer_epoch=epoch)
 
 
 # -- Fetch -------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ HANDLERS: dict[int, tuple[int, int, h.Handler]] = {
     1: (4, 12, h.fetch),
     2: (1, 8, h.list_offsets),
     3: (0, 12, h.metadata),
+    22: (0, 4, h.init_producer_id),
     API_VERSIONS: (0, 3, h.api_versions),
     19: (2, 7, admin.create_topics),
     20: (1, 5, admin.delete_topics),
