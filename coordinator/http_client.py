@@ -31,7 +31,6 @@ import httpx
 import orjson
 
 from coordinator.client import ChunkCommit
-from coordinator.producers import ProducerBatch, ProducerPartitionState
 from coordinator.groups import (
     CommittedOffset,
     ConsumerConfig,
@@ -39,6 +38,7 @@ from coordinator.groups import (
     GroupCoordinator,
     GroupInfo,
 )
+from coordinator.producers import ProducerBatch, ProducerPartitionState
 from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectInfo
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition

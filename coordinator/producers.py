@@ -66,9 +66,7 @@ class Verdict(StrEnum):
     FENCED = "fenced"
 
 
-def judge(
-    state: ProducerPartitionState | None, batch: ProducerBatch
-) -> tuple[Verdict, int | None]:
+def judge(state: ProducerPartitionState | None, batch: ProducerBatch) -> tuple[Verdict, int | None]:
     """The verdict on ``batch`` given the partition's ``state``; with DUPLICATE, the
     offset the first copy was stored at."""
     if state is None:
