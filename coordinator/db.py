@@ -306,6 +306,39 @@ MIGRATIONS: tuple[Migration, ...] = (
             ){clustered}""",
         ),
     ),
+    Migration(
+        6,
+        "Kafka consumer groups (classic protocol): groups and members",
+        (
+            """CREATE TABLE kafka_groups (
+                group_id TEXT NOT NULL PRIMARY KEY,
+                state TEXT NOT NULL,
+                generation INTEGER NOT NULL,
+                protocol_type TEXT NOT NULL,
+                protocol TEXT NOT NULL,
+                leader TEXT NOT NULL,
+                rebalance_started {double} NOT NULL,
+                updated_at {double} NOT NULL
+            )""",
+            # protocols: JSON [[name, metadata hex], ...] in the member's preference order.
+            """CREATE TABLE kafka_members (
+                group_id TEXT NOT NULL,
+                member_id TEXT NOT NULL,
+                instance_id TEXT,
+                client_id TEXT NOT NULL,
+                client_host TEXT NOT NULL,
+                session_timeout_ms INTEGER NOT NULL,
+                rebalance_timeout_ms INTEGER NOT NULL,
+                protocols TEXT NOT NULL,
+                assignment {blob} NOT NULL,
+                joined INTEGER NOT NULL,
+                generation INTEGER NOT NULL,
+                joined_at {double} NOT NULL,
+                last_heartbeat {double} NOT NULL,
+                PRIMARY KEY (group_id, member_id)
+            ){clustered}""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

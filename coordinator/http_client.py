@@ -38,6 +38,7 @@ from coordinator.groups import (
     GroupCoordinator,
     GroupInfo,
 )
+from coordinator.kafka_groups import JoinResult, KafkaGroup, KafkaGroupCoordinator, Member
 from coordinator.producers import ProducerBatch, ProducerPartitionState
 from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectInfo
@@ -265,6 +266,86 @@ def group_info_from_json(d: JSON) -> GroupInfo:
         assignor=d["assignor"],
         members=tuple(consumer_state_from_json(m) for m in d["members"]),
         committed=committed_from_json(d["committed"]),
+    )
+
+
+def join_result_to_json(r: JoinResult) -> JSON:
+    return {
+        "status": r.status,
+        "member_id": r.member_id,
+        "generation": r.generation,
+        "protocol": r.protocol,
+        "leader": r.leader,
+        "members": [[m, i, meta.hex()] for m, i, meta in r.members],
+    }
+
+
+def join_result_from_json(d: JSON) -> JoinResult:
+    return JoinResult(
+        d["status"],
+        d["member_id"],
+        d["generation"],
+        d["protocol"],
+        d["leader"],
+        tuple((m, i, bytes.fromhex(meta)) for m, i, meta in d["members"]),
+    )
+
+
+def kafka_group_to_json(g: KafkaGroup) -> JSON:
+    return {
+        "group_id": g.group_id,
+        "state": g.state,
+        "generation": g.generation,
+        "protocol_type": g.protocol_type,
+        "protocol": g.protocol,
+        "leader": g.leader,
+        "rebalance_started": g.rebalance_started,
+        "stored": g.stored,
+        "members": [
+            {
+                **{k: getattr(m, k) for k in _MEMBER_SCALARS},
+                "protocols": [[n, meta.hex()] for n, meta in m.protocols],
+                "assignment": m.assignment.hex(),
+            }
+            for m in g.members.values()
+        ],
+    }
+
+
+_MEMBER_SCALARS = (
+    "member_id",
+    "instance_id",
+    "client_id",
+    "client_host",
+    "session_timeout_ms",
+    "rebalance_timeout_ms",
+    "joined",
+    "generation",
+    "joined_at",
+    "last_heartbeat",
+)
+
+
+def kafka_group_from_json(d: JSON) -> KafkaGroup:
+    members = {}
+    for m in d["members"]:
+        member = Member(
+            **{k: m[k] for k in _MEMBER_SCALARS if k not in ("joined",)},
+            protocols=[(n, bytes.fromhex(meta)) for n, meta in m["protocols"]],
+            assignment=bytes.fromhex(m["assignment"]),
+            joined=m["joined"],
+        )
+        members[member.member_id] = member
+    return KafkaGroup(
+        d["group_id"],
+        d["state"],
+        d["generation"],
+        d["protocol_type"],
+        d["protocol"],
+        d["leader"],
+        d["rebalance_started"],
+        members,
+        d["stored"],
     )
 
 
@@ -656,6 +737,74 @@ class HttpCoordinator:
     def describe_group(self, group: str) -> GroupInfo:
         return group_info_from_json(self._group_call("/v1/groups/describe", {"group": group}))
 
+    # -- Kafka consumer groups (KafkaGroupCoordinator) ------------------------
+    # Join, sync and heartbeat are idempotent for their member (a repeat finds the
+    # state the first one left); leave and commits too.
+
+    def kafka_join(self, group: str, member_id: str, **options: Any) -> JoinResult:
+        opts = dict(options)
+        if "protocols" in opts:
+            opts["protocols"] = [[n, bytes(m).hex()] for n, m in opts["protocols"]]
+        body = {"group": group, "member_id": member_id, "options": opts}
+        return join_result_from_json(self._group_call("/v1/kafka-groups/join", body))
+
+    def kafka_sync(
+        self,
+        group: str,
+        member_id: str,
+        generation: int,
+        assignments: Mapping[str, bytes] | None = None,
+    ) -> bytes | None:
+        body = {
+            "group": group,
+            "member_id": member_id,
+            "generation": generation,
+            "assignments": None
+            if assignments is None
+            else {m: bytes(a).hex() for m, a in assignments.items()},
+        }
+        data = self._group_call("/v1/kafka-groups/sync", body)
+        return None if data["assignment"] is None else bytes.fromhex(data["assignment"])
+
+    def kafka_heartbeat(self, group: str, member_id: str, generation: int) -> None:
+        body = {"group": group, "member_id": member_id, "generation": generation}
+        self._group_call("/v1/kafka-groups/heartbeat", body)
+
+    def kafka_leave(self, group: str, member_ids: Sequence[str]) -> list[str | None]:
+        body = {"group": group, "member_ids": list(member_ids)}
+        return list(self._group_call("/v1/kafka-groups/leave", body)["results"])
+
+    def kafka_commit_offsets(
+        self,
+        group: str,
+        member_id: str,
+        generation: int,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+    ) -> None:
+        body = {
+            "group": group,
+            "member_id": member_id,
+            "generation": generation,
+            "offsets": committed_to_json(offsets),
+        }
+        self._group_call("/v1/kafka-groups/commit", body)
+
+    def kafka_committed(
+        self, group: str, partitions: Sequence[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        body = {
+            "group": group,
+            "partitions": None if partitions is None else [tp_to_json(tp) for tp in partitions],
+        }
+        return committed_from_json(self._group_call("/v1/kafka-groups/committed", body)["offsets"])
+
+    def kafka_describe(self, group: str) -> KafkaGroup | None:
+        data = self._group_call("/v1/kafka-groups/describe", {"group": group})
+        return None if data["group"] is None else kafka_group_from_json(data["group"])
+
+    def kafka_delete_group(self, group: str) -> None:
+        self._group_call("/v1/kafka-groups/delete", {"group": group})
+
     # -- beyond the Protocol --------------------------------------------------
 
     def find_orphans(self, grace_s: float, prefix: str = "segments/") -> list[ObjectInfo]:
@@ -671,4 +820,8 @@ class HttpCoordinator:
 
 def _conforms_groups(c: HttpCoordinator) -> GroupCoordinator:
     # mypy checks here that HttpCoordinator implements the group protocol exactly.
+    return c
+
+
+def _conforms_kafka_groups(c: HttpCoordinator) -> KafkaGroupCoordinator:
     return c

@@ -29,6 +29,10 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
 
+    Kafka consumer groups (KafkaGroupCoordinator): POST /v1/kafka-groups/{join, sync,
+    heartbeat, leave, commit, committed, describe, delete}, each naming the group (and
+    member) in the body; bytes (protocol metadata, assignments) travel as hex.
+
     Consumer groups (GroupCoordinator). Each call is a POST naming the group and the
     instance in the body, never in the path: every one may write (expiry, timers), and
     names may hold characters a path would need escaped. tp = {"topic", "partition"}.
@@ -82,12 +86,15 @@ from coordinator.http_client import (
     consumer_config_from_json,
     consumer_state_to_json,
     group_info_to_json,
+    join_result_to_json,
+    kafka_group_to_json,
     object_info_to_json,
     positions_from_json,
     topic_to_json,
     tp_from_json,
 )
 from coordinator.janitors.context import JanitorConfig
+from coordinator.kafka_groups import KafkaGroupCoordinator
 from coordinator.orphans import find_orphans
 from segments.errors import LakelogError, MalformedRequestError
 from segments.store import ObjectStore
@@ -123,6 +130,9 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "OffsetOutOfRangeError": 400,
     "ProducerFencedError": 409,
     "ProducerConflictError": 409,
+    "GroupProtocolConflictError": 409,
+    "RebalanceInProgressError": 409,
+    "NonEmptyGroupError": 409,
     "BufferFullError": 503,
     "RequestError": 400,
     "MalformedRequestError": 422,
@@ -253,8 +263,8 @@ class _Metrics:
         )
 
 
-class FullCoordinator(Coordinator, GroupCoordinator, Protocol):
-    """What the server serves: the log and the consumer groups."""
+class FullCoordinator(Coordinator, GroupCoordinator, KafkaGroupCoordinator, Protocol):
+    """What the server serves: the log and the consumer groups of both doors."""
 
 
 def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -> FastAPI:
@@ -559,6 +569,75 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
             generation = _opt_int(body, "generation")
             offsets = committed_from_json(_list(body, "offsets"))
         coordinator.commit_offsets(group, name, offsets, generation)
+        return Response(status_code=204)
+
+    # -- Kafka consumer groups ----------------------------------------------------
+
+    @app.post("/v1/kafka-groups/join")
+    def kafka_join(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka join"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            options = dict(body.get("options") or {})
+            if "protocols" in options:
+                options["protocols"] = [(n, bytes.fromhex(m)) for n, m in options["protocols"]]
+        result = coordinator.kafka_join(group, member_id, **options)
+        return _json(join_result_to_json(result))
+
+    @app.post("/v1/kafka-groups/sync")
+    def kafka_sync(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka sync"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            generation = int(body["generation"])
+            raw = body.get("assignments")
+            assignments = None if raw is None else {m: bytes.fromhex(a) for m, a in raw.items()}
+        got = coordinator.kafka_sync(group, member_id, generation, assignments)
+        return _json({"assignment": None if got is None else got.hex()})
+
+    @app.post("/v1/kafka-groups/heartbeat")
+    def kafka_heartbeat(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka heartbeat"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            generation = int(body["generation"])
+        coordinator.kafka_heartbeat(group, member_id, generation)
+        return Response(status_code=204)
+
+    @app.post("/v1/kafka-groups/leave")
+    def kafka_leave(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka leave"):
+            group = _str(body, "group")
+            members = [str(m) for m in _list(body, "member_ids")]
+        return _json({"results": coordinator.kafka_leave(group, members)})
+
+    @app.post("/v1/kafka-groups/commit")
+    def kafka_commit(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka commit"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            generation = int(body["generation"])
+            offsets = committed_from_json(_list(body, "offsets"))
+        coordinator.kafka_commit_offsets(group, member_id, generation, offsets)
+        return Response(status_code=204)
+
+    @app.post("/v1/kafka-groups/committed")
+    def kafka_committed(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka committed"):
+            group = _str(body, "group")
+            raw = body.get("partitions")
+            partitions = None if raw is None else [tp_from_json(tp) for tp in raw]
+        found = coordinator.kafka_committed(group, partitions)
+        return _json({"offsets": committed_to_json(found)})
+
+    @app.post("/v1/kafka-groups/describe")
+    def kafka_describe(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka describe"):
+            group = _str(body, "group")
+        g = coordinator.kafka_describe(group)
+        return _json({"group": None if g is None else kafka_group_to_json(g)})
+
+    @app.post("/v1/kafka-groups/delete")
+    def kafka_delete(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka delete"):
+            group = _str(body, "group")
+        coordinator.kafka_delete_group(group)
         return Response(status_code=204)
 
     # -- garbage report ---------------------------------------------------------

@@ -30,6 +30,9 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
     │   ├── OffsetOutOfRangeError     an offset beyond the partition's high watermark
     │   ├── ProducerFencedError       an idempotent producer's epoch is not its latest
+    │   ├── GroupProtocolConflictError  a group used through the other door (REST/Kafka)
+    │   ├── RebalanceInProgressError  retriable: a Kafka group is rebalancing, rejoin
+    │   ├── NonEmptyGroupError        deleting a group that has members
     │   └── ProducerConflictError     retriable: a batch's sequence clashed at commit
     ├── BufferFullError               retriable: the agent's write buffer stayed full
     └── RequestError                  a client's request is not acceptable (web layer)
@@ -175,6 +178,22 @@ class ProducerConflictError(MetadataError):
     retriable = True
 
 
+class GroupProtocolConflictError(MetadataError):
+    """A group id in use through the other door (REST consumer instances vs Kafka
+    members), or members with no assignment protocol in common (Kafka's
+    INCONSISTENT_GROUP_PROTOCOL)."""
+
+
+class RebalanceInProgressError(MetadataError):
+    """A Kafka group is rebalancing: the member must rejoin."""
+
+    retriable = True
+
+
+class NonEmptyGroupError(MetadataError):
+    """A group with members cannot be deleted."""
+
+
 class BufferFullError(LakelogError):
     """The agent's write buffer stayed full for longer than the wait bound."""
 
@@ -254,6 +273,9 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         OffsetOutOfRangeError,
         ProducerFencedError,
         ProducerConflictError,
+        GroupProtocolConflictError,
+        RebalanceInProgressError,
+        NonEmptyGroupError,
         BufferFullError,
         RequestError,
         MalformedRequestError,

@@ -145,6 +145,9 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.OffsetOutOfRangeError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.ProducerFencedError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.ProducerConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
+    e.GroupProtocolConflictError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.RebalanceInProgressError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.NonEmptyGroupError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     # -- the client's request -------------------------------------------------

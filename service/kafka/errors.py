@@ -38,6 +38,9 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.ProducerFencedError: ErrorCode.invalid_producer_epoch,
     # Every request of the flush gets it: a retriable code that means nothing else.
     e.ProducerConflictError: ErrorCode.request_timed_out,
+    e.GroupProtocolConflictError: ErrorCode.inconsistent_group_protocol,
+    e.RebalanceInProgressError: ErrorCode.rebalance_in_progress,
+    e.NonEmptyGroupError: ErrorCode.non_empty_group,
     e.BufferFullError: ErrorCode.request_timed_out,
     e.RequestError: ErrorCode.invalid_request,
     e.RecordTooLargeError: ErrorCode.message_too_large,

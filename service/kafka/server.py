@@ -19,7 +19,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from service.kafka import admin
+from service.kafka import admin, groups
 from service.kafka import handlers as h
 from service.kafka.framing import (
     FrameDecoder,
@@ -44,6 +44,16 @@ HANDLERS: dict[int, tuple[int, int, h.Handler]] = {
     2: (1, 8, h.list_offsets),
     3: (0, 12, h.metadata),
     22: (0, 4, h.init_producer_id),
+    8: (2, 8, groups.offset_commit),
+    9: (1, 7, groups.offset_fetch),
+    10: (0, 4, groups.find_coordinator),
+    11: (0, 9, groups.join_group),
+    12: (0, 4, groups.heartbeat),
+    13: (0, 5, groups.leave_group),
+    14: (0, 5, groups.sync_group),
+    15: (0, 5, groups.describe_groups),
+    16: (0, 4, groups.list_groups),
+    42: (0, 2, groups.delete_groups),
     API_VERSIONS: (0, 3, h.api_versions),
     19: (2, 7, admin.create_topics),
     20: (1, 5, admin.delete_topics),
