@@ -323,11 +323,14 @@ def _batch(n: int, size: int = 10) -> bytes:
     return bytes(b.build())
 
 
-def _hw(cluster: Cluster, topic: str, partition: int = 0) -> int:
-    r = httpx.get(
-        f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics/{topic}/partitions/{partition}"
-    )
-    return int(r.json().get("high_watermark", -1)) if "high_watermark" in r.json() else -1
+def watermarks(cluster: Cluster, topic: str, partition: int = 0) -> tuple[int, int]:
+    """(log-start, high watermark) through ListOffsets."""
+    c = Consumer({"bootstrap.servers": cluster.kafka[-1], "group.id": "unused"})
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+    finally:
+        c.close()
+    return int(low), int(high)
 
 
 def test_produce_errors_store_nothing(kafka_cluster: Cluster, unique_topic: Any) -> None:
@@ -350,6 +353,7 @@ def test_produce_errors_store_nothing(kafka_cluster: Cluster, unique_topic: Any)
     assert too_big.error_code == ErrorCode.message_too_large
     good = _raw_produce(addr, topic, 0, _batch(2))
     assert (good.error_code, good.base_offset) == (ErrorCode.none, 0)
+    assert watermarks(kafka_cluster, topic) == (0, 2)
 
 
 def test_fetch_below_log_start_is_offset_out_of_range(
@@ -404,3 +408,26 @@ def test_broken_connections_leave_others_alone(kafka_cluster: Cluster) -> None:
     frame = _read_frame(keep)
     assert struct.unpack_from(">ih", frame) == (5, 0)
     keep.close()
+
+
+def test_topic_deleted_mid_flush_stores_nothing(cluster_factory: Any, unique_topic: Any) -> None:
+    """Race: a produce waits in a long linger while its topic is deleted; the flush's
+    commit fails, the producer gets UNKNOWN_TOPIC_OR_PARTITION, and the topic recreated
+    under the same name is empty."""
+    import threading
+
+    cluster = cluster_factory(kafka=True, agents=1, agent_env={"LAKELOG_LINGER_MS": "1500"})
+    topic = unique_topic("gone")
+    create_topic(cluster, topic, 1)
+    answers: list[Any] = []
+    t = threading.Thread(
+        target=lambda: answers.append(_raw_produce(cluster.kafka[0], topic, 0, _batch(3)))
+    )
+    t.start()
+    time.sleep(0.5)  # the batch is buffered, its flush not yet due
+    r = httpx.delete(f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics/{topic}")
+    assert r.status_code == 204, r.text
+    t.join(30)
+    assert answers and answers[0].error_code == ErrorCode.unknown_topic_or_partition
+    create_topic(cluster, topic, 1)
+    assert watermarks(cluster, topic) == (0, 0)
