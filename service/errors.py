@@ -146,7 +146,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.ProducerFencedError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.ProducerConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.GroupProtocolConflictError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
-    e.RebalanceInProgressError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.RebalanceInProgressError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.NonEmptyGroupError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
