@@ -30,6 +30,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from segments.errors import CorruptRecordError, CorruptSegmentError
@@ -46,6 +47,7 @@ __all__ = [
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # 61 bytes
 HEADER_SIZE = _HEADER.size
 _LENGTH_FIELD_END = 12
+_CRC_FROM = 21  # the CRC covers Attributes through the last record
 _BASE_OFFSET = struct.Struct(">q")
 _CODEC_MASK = 0x07
 _MAX_CODEC = 4  # zstd
@@ -90,7 +92,7 @@ def check_batches(data: bytes | memoryview) -> list[BatchInfo]:
     while pos < size:
         if size - pos < HEADER_SIZE:
             raise CorruptRecordError(f"Truncated batch header at byte {pos}.")
-        (_, length, _, magic, _, attributes, last_delta, _, _, pid, epoch, seq, count) = (
+        (_, length, _, magic, crc, attributes, last_delta, _, _, pid, epoch, seq, count) = (
             _HEADER.unpack_from(view, pos)
         )
         end = pos + _LENGTH_FIELD_END + length
@@ -108,10 +110,10 @@ def check_batches(data: bytes | memoryview) -> list[BatchInfo]:
             raise CorruptRecordError(
                 f"Batch at byte {pos}: {count} records with last offset delta {last_delta}."
             )
-        batch = DefaultRecordBatch(view[pos:end])
-        if not batch.validate_crc():
+        # crc32c (kio's dependency) uses the CPU's CRC instruction: ~3x aiokafka's.
+        if crc32c.crc32c(view[pos + _CRC_FROM : end]) != crc:
             raise CorruptRecordError(f"Batch at byte {pos}: CRC-32C mismatch.")
-        lo, hi = _check_records(batch, pos, count)
+        lo, hi = _check_records(DefaultRecordBatch(view[pos:end]), pos, count)
         out.append(BatchInfo(pos, end - pos, count, lo, hi, pid, epoch, seq, attributes))
         pos = end
     return out
@@ -164,21 +166,34 @@ def iter_batches(chunk: bytes | memoryview) -> Iterator[tuple[int, int, int, int
 
 
 def fetch_batches(
-    chunk: bytes | memoryview, base_offset: int, from_offset: int
-) -> Iterator[bytearray]:
-    """A stored chunk's batches as a Fetch returns them, each with its absolute base offset.
+    chunk: bytes | memoryview,
+    base_offset: int,
+    from_offset: int,
+    out: bytearray,
+    budget: int,
+    first_may_exceed: bool = False,
+) -> bool:
+    """Append a stored chunk's batches to ``out`` as a Fetch returns them.
 
-    Batches wholly below ``from_offset`` are left out; the batch holding it is kept
-    whole (clients skip the records before their position, as with Kafka). Nothing
-    else of a batch changes, so its CRC still holds.
+    Each gets its absolute base offset; nothing else of a batch changes, so its CRC
+    still holds. Batches wholly below ``from_offset`` are left out; the batch holding
+    it goes whole (clients skip the records before their position, as with Kafka).
+    Batches are added while ``out`` stays within ``budget`` bytes; with
+    ``first_may_exceed`` an empty ``out`` takes its first batch whatever its size.
+
+    Returns:
+        False once a batch did not fit (the caller stops), else True.
     """
     view = memoryview(chunk)
     for pos, end, relative, count in iter_batches(view):
         if base_offset + relative + count <= from_offset:
             continue
-        batch = bytearray(view[pos:end])
-        _BASE_OFFSET.pack_into(batch, 0, base_offset + relative)
-        yield batch
+        if len(out) + end - pos > budget and (out or not first_may_exceed):
+            return False
+        start = len(out)
+        out += view[pos:end]
+        _BASE_OFFSET.pack_into(out, start, base_offset + relative)
+    return True
 
 
 def encode_records(records: Iterable[ConsumedRecord], max_batch_bytes: int = 1 << 20) -> bytes:

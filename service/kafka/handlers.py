@@ -16,7 +16,7 @@ import asyncio
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -493,7 +493,7 @@ async def fetch(ctx: KafkaContext, req: Request) -> Any:
                     log_start_offset=r.log_start,
                     aborted_transactions=None,
                     preferred_read_replica=-1,
-                    records=bytes(r.records),
+                    records=r.records,  # written as is: no copy
                 )
             )
     return build(
@@ -552,15 +552,14 @@ def _collect(
 ) -> None:
     """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``."""
     for ref, data, start in st.reader.entries(topic, partition, offset, read_ahead_bytes=budget):
-        batches: Iterable[bytes | bytearray]
         if ref.kind == "segment":
-            batches = fetch_batches(data, ref.base_offset, start)
-        else:  # a tier object: its rows from `start`, encoded as batches
-            batches = _tier_batches(decode_entry(ref, data, topic, partition, start), budget)
-        for batch in batches:
-            if len(out) + len(batch) > budget and (out or not first_may_exceed):
+            if not fetch_batches(data, ref.base_offset, start, out, budget, first_may_exceed):
                 return
-            out += batch
+        else:  # a tier object: its rows from `start`, encoded as batches
+            for batch in _tier_batches(decode_entry(ref, data, topic, partition, start), budget):
+                if len(out) + len(batch) > budget and (out or not first_may_exceed):
+                    return
+                out += batch
         if len(out) >= budget:
             return
 

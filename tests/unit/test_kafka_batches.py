@@ -50,10 +50,19 @@ def test_producer_batches_of_every_codec_are_stored_byte_for_byte(codec: int) ->
     assert [o for o, _ in records] == list(range(100, 132))
     assert records[1][1].key == b"k0" and records[-1][1].value == b"rest2"
     # Fetch: base offsets absolute, everything else as stored; the CRC still holds.
-    served = list(fetch_batches(body, 100, 101))
-    assert len(served) == 2  # the REST batch before offset 101 is left out
-    assert DefaultRecordBatch(served[0]).base_offset == 101
-    assert all(DefaultRecordBatch(b).validate_crc() for b in served)
+    out = bytearray()
+    assert fetch_batches(body, 100, 101, out, 1 << 20)
+    second_at = 12 + int.from_bytes(out[8:12], "big")
+    first = DefaultRecordBatch(bytes(out[:second_at]))  # the REST batch before 101 is left out
+    assert first.base_offset == 101 and first.validate_crc()
+    second = DefaultRecordBatch(bytes(out[second_at:]))
+    assert second.base_offset == 131 and second.validate_crc()
+    assert second_at + 12 + int.from_bytes(out[second_at + 8 : second_at + 12], "big") == len(out)
+    small = bytearray()
+    assert not fetch_batches(body, 100, 0, small, 10)  # nothing fits the budget
+    assert small == b""
+    assert not fetch_batches(body, 100, 0, small, 10, first_may_exceed=True)
+    assert DefaultRecordBatch(bytes(small)).base_offset == 100  # but the first goes in
 
 
 def test_a_flipped_byte_or_bad_header_is_corrupt() -> None:
