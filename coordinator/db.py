@@ -278,6 +278,48 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         4,
+        "schema registry: schemas, subject versions, references, compatibility configs",
+        (
+            # One row per distinct schema (type, canonical text, references), found again by
+            # its fingerprint. Rows are never deleted, so an id always names the same schema
+            # and is never given to another one.
+            """CREATE TABLE schemas (
+                schema_id {serial_pk},
+                schema_type TEXT NOT NULL,
+                schema_text TEXT NOT NULL,
+                fingerprint TEXT NOT NULL UNIQUE,
+                created_at {double} NOT NULL
+            )""",
+            # What a schema imports: (name, subject, version), in the order given.
+            """CREATE TABLE schema_references (
+                schema_id {bigint} NOT NULL REFERENCES schemas (schema_id),
+                position INTEGER NOT NULL,
+                name TEXT NOT NULL,
+                subject TEXT NOT NULL,
+                version INTEGER NOT NULL,
+                PRIMARY KEY (schema_id, position)
+            ){clustered}""",
+            "CREATE INDEX schema_references_by_target ON schema_references (subject, version)",
+            # deleted = 1: soft-deleted (hidden unless asked for); a permanent delete
+            # removes the row.
+            """CREATE TABLE subject_versions (
+                subject TEXT NOT NULL,
+                version INTEGER NOT NULL CHECK (version >= 1),
+                schema_id {bigint} NOT NULL REFERENCES schemas (schema_id),
+                deleted INTEGER NOT NULL DEFAULT 0,
+                created_at {double} NOT NULL,
+                PRIMARY KEY (subject, version)
+            ){clustered}""",
+            "CREATE INDEX subject_versions_by_schema ON subject_versions (schema_id)",
+            # Compatibility levels: subject '' holds the global level.
+            """CREATE TABLE schema_configs (
+                subject TEXT NOT NULL PRIMARY KEY,
+                compatibility TEXT NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        5,
         "agents' Kafka listener addresses",
         (
             "ALTER TABLE agents ADD COLUMN kafka_host TEXT NOT NULL DEFAULT ''",
@@ -285,7 +327,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        5,
+        6,
         "idempotent producers: ids and epochs; per-partition sequence state",
         (
             """CREATE TABLE producers (
@@ -307,7 +349,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        6,
+        7,
         "Kafka consumer groups (classic protocol): groups and members",
         (
             """CREATE TABLE kafka_groups (

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from segments.types import TopicPartition
 
-FORMATS = ("binary", "json")
+FORMATS = ("binary", "json", "avro", "jsonschema", "protobuf")
 RESET_POLICIES = ("earliest", "latest", "none")
 ASSIGNORS = ("range", "roundrobin")
 

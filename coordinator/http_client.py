@@ -40,6 +40,7 @@ from coordinator.groups import (
 )
 from coordinator.kafka_groups import JoinResult, KafkaGroup, KafkaGroupCoordinator, Member
 from coordinator.producers import ProducerBatch, ProducerPartitionState
+from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectInfo
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
@@ -346,6 +347,51 @@ def kafka_group_from_json(d: JSON) -> KafkaGroup:
         d["rebalance_started"],
         members,
         d["stored"],
+def reference_to_json(r: SchemaReference) -> JSON:
+    return {"name": r.name, "subject": r.subject, "version": r.version}
+
+
+def reference_from_json(d: JSON) -> SchemaReference:
+    """Raises KeyError, TypeError on a malformed entry."""
+    name, subject = d["name"], d["subject"]
+    if not isinstance(name, str) or not isinstance(subject, str):
+        raise TypeError(f"reference name and subject must be strings, got {d!r}")
+    return SchemaReference(name, subject, _int(d["version"]))
+
+
+def stored_schema_to_json(s: StoredSchema) -> JSON:
+    return {
+        "schema_id": s.schema_id,
+        "schema_type": s.schema_type,
+        "schema": s.schema,
+        "references": [reference_to_json(r) for r in s.references],
+    }
+
+
+def stored_schema_from_json(d: JSON) -> StoredSchema:
+    return StoredSchema(
+        schema_id=d["schema_id"],
+        schema_type=d["schema_type"],
+        schema=d["schema"],
+        references=tuple(reference_from_json(r) for r in d["references"]),
+    )
+
+
+def subject_version_to_json(v: SubjectVersion) -> JSON:
+    return {
+        "subject": v.subject,
+        "version": v.version,
+        "schema": stored_schema_to_json(v.schema),
+        "deleted": v.deleted,
+    }
+
+
+def subject_version_from_json(d: JSON) -> SubjectVersion:
+    return SubjectVersion(
+        subject=d["subject"],
+        version=d["version"],
+        schema=stored_schema_from_json(d["schema"]),
+        deleted=d["deleted"],
     )
 
 
@@ -804,6 +850,95 @@ class HttpCoordinator:
 
     def kafka_delete_group(self, group: str) -> None:
         self._group_call("/v1/kafka-groups/delete", {"group": group})
+    # -- SchemaStore Protocol -------------------------------------------------
+    # Subjects travel in bodies (they may hold any character), so every call is a POST;
+    # all but the deletes are idempotent (a repeated registration finds its version).
+
+    def _schema_call(self, path: str, body: JSON, *, idempotent: bool = True) -> Any:
+        return self._request("POST", "/v1/schemas/" + path, body=body, idempotent=idempotent)
+
+    def register_schema(
+        self,
+        subject: str,
+        schema_type: str,
+        schema: str,
+        references: Sequence[SchemaReference] = (),
+        *,
+        expected_versions: Sequence[int] | None = None,
+    ) -> SubjectVersion:
+        body = {
+            "subject": subject,
+            "schema_type": schema_type,
+            "schema": schema,
+            "references": [reference_to_json(r) for r in references],
+            "expected_versions": None if expected_versions is None else list(expected_versions),
+        }
+        return subject_version_from_json(self._schema_call("register", body))
+
+    def get_schema(self, schema_id: int) -> StoredSchema:
+        return stored_schema_from_json(self._schema_call("get", {"schema_id": schema_id}))
+
+    def schema_versions(self, schema_id: int, *, deleted: bool = False) -> list[tuple[str, int]]:
+        data = self._schema_call("uses", {"schema_id": schema_id, "deleted": deleted})
+        return [(str(s), int(v)) for s, v in data["versions"]]
+
+    def list_subjects(self, *, deleted: bool = False) -> list[str]:
+        return [str(s) for s in self._schema_call("subjects", {"deleted": deleted})["subjects"]]
+
+    def subject_versions(self, subject: str, *, deleted: bool = False) -> list[int]:
+        data = self._schema_call("versions", {"subject": subject, "deleted": deleted})
+        return [int(v) for v in data["versions"]]
+
+    def get_subject_version(
+        self, subject: str, version: int = LATEST, *, deleted: bool = False
+    ) -> SubjectVersion:
+        body = {"subject": subject, "version": version, "deleted": deleted}
+        return subject_version_from_json(self._schema_call("version", body))
+
+    def find_schema(
+        self,
+        subject: str,
+        schema_type: str,
+        schema: str,
+        references: Sequence[SchemaReference] = (),
+        *,
+        deleted: bool = False,
+    ) -> SubjectVersion:
+        body = {
+            "subject": subject,
+            "schema_type": schema_type,
+            "schema": schema,
+            "references": [reference_to_json(r) for r in references],
+            "deleted": deleted,
+        }
+        return subject_version_from_json(self._schema_call("find", body))
+
+    def delete_subject(self, subject: str, *, permanent: bool = False) -> list[int]:
+        body = {"subject": subject, "permanent": permanent}
+        data = self._schema_call("delete-subject", body, idempotent=False)
+        return [int(v) for v in data["versions"]]
+
+    def delete_subject_version(
+        self, subject: str, version: int = LATEST, *, permanent: bool = False
+    ) -> int:
+        body = {"subject": subject, "version": version, "permanent": permanent}
+        return int(self._schema_call("delete-version", body, idempotent=False)["version"])
+
+    def referenced_by(self, subject: str, version: int) -> list[int]:
+        data = self._schema_call("referenced-by", {"subject": subject, "version": version})
+        return [int(i) for i in data["ids"]]
+
+    def get_compatibility(self, subject: str | None = None) -> str | None:
+        data = self._schema_call("config/get", {"subject": subject})
+        return None if data["compatibility"] is None else str(data["compatibility"])
+
+    def set_compatibility(self, level: str, subject: str | None = None) -> str:
+        data = self._schema_call("config/set", {"subject": subject, "level": level})
+        return str(data["compatibility"])
+
+    def delete_compatibility(self, subject: str | None = None) -> str:
+        data = self._schema_call("config/delete", {"subject": subject}, idempotent=False)
+        return str(data["compatibility"])
 
     # -- beyond the Protocol --------------------------------------------------
 
@@ -824,4 +959,5 @@ def _conforms_groups(c: HttpCoordinator) -> GroupCoordinator:
 
 
 def _conforms_kafka_groups(c: HttpCoordinator) -> KafkaGroupCoordinator:
+def _conforms_schemas(c: HttpCoordinator) -> SchemaStore:
     return c

@@ -27,6 +27,8 @@ from coordinator.kafka_groups import (
 )
 from coordinator.metadata import MetadataStore
 from coordinator.producers import ProducerPartitionState
+from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
+from coordinator.schemas_store import SchemaRegistryStore
 from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
@@ -72,6 +74,7 @@ class LocalCoordinator:
             self._store = MetadataStore(self._db, cluster_id=cluster_id)
             self._groups = GroupStore(self._db, now=now)
             self._kafka_groups = KafkaGroupStore(self._db, now=now)
+            self._schemas = SchemaRegistryStore(self._db)
         except BaseException:
             self._db.close()
             raise
@@ -90,6 +93,11 @@ class LocalCoordinator:
     def groups(self) -> GroupStore:
         """The consumer-group store (the GroupCoordinator methods below delegate to it)."""
         return self._groups
+
+    @property
+    def schemas(self) -> SchemaRegistryStore:
+        """The schema registry's store (the SchemaStore methods below delegate to it)."""
+        return self._schemas
 
     def close(self) -> None:
         """Close the database connections. Idempotent; later calls raise RuntimeError."""
@@ -298,6 +306,68 @@ class LocalCoordinator:
         except GroupNotFoundError:
             return False
 
+    # -- schema registry ------------------------------------------------------
+    def register_schema(
+        self,
+        subject: str,
+        schema_type: str,
+        schema: str,
+        references: Sequence[SchemaReference] = (),
+        *,
+        expected_versions: Sequence[int] | None = None,
+    ) -> SubjectVersion:
+        return self._schemas.register_schema(
+            subject, schema_type, schema, references, expected_versions=expected_versions
+        )
+
+    def get_schema(self, schema_id: int) -> StoredSchema:
+        return self._schemas.get_schema(schema_id)
+
+    def schema_versions(self, schema_id: int, *, deleted: bool = False) -> list[tuple[str, int]]:
+        return self._schemas.schema_versions(schema_id, deleted=deleted)
+
+    def list_subjects(self, *, deleted: bool = False) -> list[str]:
+        return self._schemas.list_subjects(deleted=deleted)
+
+    def subject_versions(self, subject: str, *, deleted: bool = False) -> list[int]:
+        return self._schemas.subject_versions(subject, deleted=deleted)
+
+    def get_subject_version(
+        self, subject: str, version: int = LATEST, *, deleted: bool = False
+    ) -> SubjectVersion:
+        return self._schemas.get_subject_version(subject, version, deleted=deleted)
+
+    def find_schema(
+        self,
+        subject: str,
+        schema_type: str,
+        schema: str,
+        references: Sequence[SchemaReference] = (),
+        *,
+        deleted: bool = False,
+    ) -> SubjectVersion:
+        return self._schemas.find_schema(subject, schema_type, schema, references, deleted=deleted)
+
+    def delete_subject(self, subject: str, *, permanent: bool = False) -> list[int]:
+        return self._schemas.delete_subject(subject, permanent=permanent)
+
+    def delete_subject_version(
+        self, subject: str, version: int = LATEST, *, permanent: bool = False
+    ) -> int:
+        return self._schemas.delete_subject_version(subject, version, permanent=permanent)
+
+    def referenced_by(self, subject: str, version: int) -> list[int]:
+        return self._schemas.referenced_by(subject, version)
+
+    def get_compatibility(self, subject: str | None = None) -> str | None:
+        return self._schemas.get_compatibility(subject)
+
+    def set_compatibility(self, level: str, subject: str | None = None) -> str:
+        return self._schemas.set_compatibility(level, subject)
+
+    def delete_compatibility(self, subject: str | None = None) -> str:
+        return self._schemas.delete_compatibility(subject)
+
 
 def _conforms(c: LocalCoordinator) -> Coordinator:
     # mypy checks here that LocalCoordinator implements the protocol exactly.
@@ -314,3 +384,11 @@ def _store_conforms_groups(s: GroupStore) -> GroupCoordinator:
 
 def _conforms_kafka_groups(c: LocalCoordinator) -> KafkaGroupCoordinator:
     return c
+
+
+def _conforms_schemas(c: LocalCoordinator) -> SchemaStore:
+    return c
+
+
+def _store_conforms_schemas(s: SchemaRegistryStore) -> SchemaStore:
+    return s

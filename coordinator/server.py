@@ -53,6 +53,27 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/consumers/commit              204  <- {"group", "name", "generation" | null,
                                                       "offsets": [tp + offset + metadata]}
 
+    Schema registry (SchemaStore). Subjects travel in bodies, as group names do.
+    ref = {"name", "subject", "version"}; sv = {"subject", "version", "deleted",
+    "schema": {"schema_id", "schema_type", "schema", "references": [ref]}}.
+
+    POST   /v1/schemas/register              sv  <- {"subject", "schema_type", "schema",
+                                                      "references", "expected_versions" | null}
+    POST   /v1/schemas/get                   schema  <- {"schema_id"}
+    POST   /v1/schemas/uses                  {"versions": [[subject, version]]}
+                                             <- {"schema_id", "deleted"}
+    POST   /v1/schemas/subjects              {"subjects"}  <- {"deleted"}
+    POST   /v1/schemas/versions              {"versions"}  <- {"subject", "deleted"}
+    POST   /v1/schemas/version               sv  <- {"subject", "version", "deleted"}
+    POST   /v1/schemas/find                  sv  <- {"subject", "schema_type", "schema",
+                                                      "references", "deleted"}
+    POST   /v1/schemas/delete-subject        {"versions"}  <- {"subject", "permanent"}
+    POST   /v1/schemas/delete-version        {"version"}  <- {"subject", "version", "permanent"}
+    POST   /v1/schemas/referenced-by         {"ids"}  <- {"subject", "version"}
+    POST   /v1/schemas/config/get            {"compatibility"}  <- {"subject" | null}
+    POST   /v1/schemas/config/set            {"compatibility"}  <- {"subject" | null, "level"}
+    POST   /v1/schemas/config/delete         {"compatibility"}  <- {"subject" | null}
+
 Every ``LakelogError`` is answered as ``{"error": <class name>, "message", "retriable"}``
 with the status from ``_STATUS_BY_ERROR``; a malformed request is a ``MalformedRequestError``
 with status 422. The coordinator calls block (SQLite), so they run in the threadpool.
@@ -90,12 +111,16 @@ from coordinator.http_client import (
     kafka_group_to_json,
     object_info_to_json,
     positions_from_json,
+    reference_from_json,
+    stored_schema_to_json,
+    subject_version_to_json,
     topic_to_json,
     tp_from_json,
 )
 from coordinator.janitors.context import JanitorConfig
 from coordinator.kafka_groups import KafkaGroupCoordinator
 from coordinator.orphans import find_orphans
+from coordinator.schemas import LATEST, SchemaStore
 from segments.errors import LakelogError, MalformedRequestError
 from segments.store import ObjectStore
 
@@ -142,6 +167,22 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "RecordTooLargeError": 413,
     "CorruptRecordError": 400,
     "UnprocessableRequestError": 422,
+    "SchemaRegistryError": 400,
+    "SubjectNotFoundError": 404,
+    "VersionNotFoundError": 404,
+    "SchemaNotFoundError": 404,
+    "SubjectSoftDeletedError": 404,
+    "SubjectNotSoftDeletedError": 404,
+    "VersionSoftDeletedError": 404,
+    "VersionNotSoftDeletedError": 404,
+    "SubjectConfigNotFoundError": 404,
+    "IncompatibleSchemaError": 409,
+    "SchemaConflictError": 503,
+    "InvalidSchemaError": 422,
+    "InvalidVersionError": 422,
+    "InvalidCompatibilityLevelError": 422,
+    "InvalidSubjectError": 422,
+    "ReferenceExistsError": 422,
 }
 
 
@@ -186,6 +227,27 @@ def _list(body: dict[str, Any], key: str) -> list[Any]:
     value = body.get(key) or []
     if not isinstance(value, list):
         raise TypeError(f"{key} must be a list, got {value!r}")
+    return value
+
+
+def _bool(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise TypeError(f"{key} must be a boolean, got {value!r}")
+    return value
+
+
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{key} must be a string or null, got {value!r}")
+    return value
+
+
+def _int_field(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = body.get(key, default)
+    if type(value) is not int:
+        raise TypeError(f"{key} must be an integer, got {value!r}")
     return value
 
 
@@ -263,8 +325,8 @@ class _Metrics:
         )
 
 
-class FullCoordinator(Coordinator, GroupCoordinator, KafkaGroupCoordinator, Protocol):
-    """What the server serves: the log and the consumer groups of both doors."""
+class FullCoordinator(Coordinator, GroupCoordinator, KafkaGroupCoordinator, SchemaStore, Protocol):
+    """What the server serves: the log, both doors' consumer groups, the schema registry."""
 
 
 def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -> FastAPI:
@@ -639,6 +701,105 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
             group = _str(body, "group")
         coordinator.kafka_delete_group(group)
         return Response(status_code=204)
+
+    # -- schema registry ----------------------------------------------------------
+
+    def _schema_text(body: dict[str, Any]) -> tuple[str, str, str, list[Any]]:
+        refs = [reference_from_json(r) for r in _list(body, "references")]
+        return _str(body, "subject"), _str(body, "schema_type"), _str(body, "schema"), refs
+
+    @app.post("/v1/schemas/register")
+    def register_schema(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("register schema"):
+            subject, schema_type, schema, refs = _schema_text(body)
+            expected = body.get("expected_versions")
+            if expected is not None and not (
+                isinstance(expected, list) and all(type(v) is int for v in expected)
+            ):
+                raise TypeError(f"expected_versions must be integers or null, got {expected!r}")
+        sv = coordinator.register_schema(
+            subject, schema_type, schema, refs, expected_versions=expected
+        )
+        return _json(subject_version_to_json(sv))
+
+    @app.post("/v1/schemas/get")
+    def get_schema(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("get schema"):
+            schema_id = _int_field(body, "schema_id")
+        return _json(stored_schema_to_json(coordinator.get_schema(schema_id)))
+
+    @app.post("/v1/schemas/uses")
+    def schema_uses(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("schema versions"):
+            schema_id, deleted = _int_field(body, "schema_id"), _bool(body, "deleted")
+        versions = coordinator.schema_versions(schema_id, deleted=deleted)
+        return _json({"versions": [list(v) for v in versions]})
+
+    @app.post("/v1/schemas/subjects")
+    def list_subjects(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("subjects"):
+            deleted = _bool(body, "deleted")
+        return _json({"subjects": coordinator.list_subjects(deleted=deleted)})
+
+    @app.post("/v1/schemas/versions")
+    def subject_versions(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("subject versions"):
+            subject, deleted = _str(body, "subject"), _bool(body, "deleted")
+        return _json({"versions": coordinator.subject_versions(subject, deleted=deleted)})
+
+    @app.post("/v1/schemas/version")
+    def subject_version(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("subject version"):
+            subject, deleted = _str(body, "subject"), _bool(body, "deleted")
+            version = _int_field(body, "version", LATEST)
+        sv = coordinator.get_subject_version(subject, version, deleted=deleted)
+        return _json(subject_version_to_json(sv))
+
+    @app.post("/v1/schemas/find")
+    def find_schema(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("find schema"):
+            subject, schema_type, schema, refs = _schema_text(body)
+            deleted = _bool(body, "deleted")
+        sv = coordinator.find_schema(subject, schema_type, schema, refs, deleted=deleted)
+        return _json(subject_version_to_json(sv))
+
+    @app.post("/v1/schemas/delete-subject")
+    def delete_subject(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("delete subject"):
+            subject, permanent = _str(body, "subject"), _bool(body, "permanent")
+        return _json({"versions": coordinator.delete_subject(subject, permanent=permanent)})
+
+    @app.post("/v1/schemas/delete-version")
+    def delete_subject_version(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("delete subject version"):
+            subject, permanent = _str(body, "subject"), _bool(body, "permanent")
+            version = _int_field(body, "version", LATEST)
+        deleted = coordinator.delete_subject_version(subject, version, permanent=permanent)
+        return _json({"version": deleted})
+
+    @app.post("/v1/schemas/referenced-by")
+    def referenced_by(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("referenced by"):
+            subject, version = _str(body, "subject"), _int_field(body, "version")
+        return _json({"ids": coordinator.referenced_by(subject, version)})
+
+    @app.post("/v1/schemas/config/get")
+    def get_compatibility(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("get config"):
+            subject = _opt_str(body, "subject")
+        return _json({"compatibility": coordinator.get_compatibility(subject)})
+
+    @app.post("/v1/schemas/config/set")
+    def set_compatibility(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("set config"):
+            subject, level = _opt_str(body, "subject"), _str(body, "level")
+        return _json({"compatibility": coordinator.set_compatibility(level, subject)})
+
+    @app.post("/v1/schemas/config/delete")
+    def delete_compatibility(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("delete config"):
+            subject = _opt_str(body, "subject")
+        return _json({"compatibility": coordinator.delete_compatibility(subject)})
 
     # -- garbage report ---------------------------------------------------------
 

@@ -33,7 +33,23 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── GroupProtocolConflictError  a group used through the other door (REST/Kafka)
     │   ├── RebalanceInProgressError  retriable: a Kafka group is rebalancing, rejoin
     │   ├── NonEmptyGroupError        deleting a group that has members
-    │   └── ProducerConflictError     retriable: a batch's sequence clashed at commit
+    │   ├── ProducerConflictError     retriable: a batch's sequence clashed at commit
+    │   └── SchemaRegistryError       the schema registry's subjects, versions, schemas
+    │       ├── SubjectNotFoundError
+    │       ├── VersionNotFoundError
+    │       ├── SchemaNotFoundError   no schema of that id (or none that matches)
+    │       ├── SubjectSoftDeletedError      soft delete of a soft-deleted subject
+    │       ├── SubjectNotSoftDeletedError   permanent delete before the soft delete
+    │       ├── VersionSoftDeletedError
+    │       ├── VersionNotSoftDeletedError
+    │       ├── SubjectConfigNotFoundError   no subject-level compatibility to delete
+    │       ├── IncompatibleSchemaError      breaks the subject's compatibility level
+    │       ├── InvalidSchemaError           does not parse, unknown type, bad reference
+    │       ├── InvalidVersionError          not 1..2^31-1 or "latest"
+    │       ├── InvalidCompatibilityLevelError
+    │       ├── InvalidSubjectError
+    │       ├── ReferenceExistsError         a version other schemas still reference
+    │       └── SchemaConflictError          retriable: the subject changed under a registration
     ├── BufferFullError               retriable: the agent's write buffer stayed full
     └── RequestError                  a client's request is not acceptable (web layer)
         ├── MalformedRequestError     bad JSON, wrong JSON types, bad base64
@@ -44,7 +60,10 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         ├── RecordTooLargeError       one record is over max.message.bytes
         ├── CorruptRecordError        a producer's RecordBatch fails its checks (CRC, ...)
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
-        └── UnsupportedFormatError    avro/jsonschema/protobuf without a schema registry
+        ├── UnsupportedFormatError    a key/value that names no format (v3 without type)
+        ├── KeySchemaMissingError     schema-format keys and no key_schema(_id)
+        ├── ValueSchemaMissingError   schema-format values and no value_schema(_id)
+        └── RecordSchemaError         a key/value that does not fit its schema
 
 ``retriable`` says whether the same request may succeed if sent again unchanged.
 """
@@ -238,7 +257,86 @@ class UnprocessableRequestError(RequestError):
 
 
 class UnsupportedFormatError(RequestError):
-    """An embedded format that needs a schema registry, which lakelog does not have yet."""
+    """A key or value that names no embedded format lakelog can encode."""
+
+
+class KeySchemaMissingError(RequestError):
+    """A schema-format request has keys but neither ``key_schema`` nor ``key_schema_id``."""
+
+
+class ValueSchemaMissingError(RequestError):
+    """A schema-format request has values but neither ``value_schema`` nor
+    ``value_schema_id``."""
+
+
+class RecordSchemaError(RequestError):
+    """A key or value that does not fit its schema, or a schema the produce cannot use."""
+
+
+class SchemaRegistryError(MetadataError):
+    """The schema registry's state or a request to it."""
+
+
+class SubjectNotFoundError(SchemaRegistryError):
+    """No subject of that name (or only soft-deleted versions, unless asked for)."""
+
+
+class VersionNotFoundError(SchemaRegistryError):
+    """The subject has no such version."""
+
+
+class SchemaNotFoundError(SchemaRegistryError):
+    """No schema of that id, or the subject holds no such schema."""
+
+
+class SubjectSoftDeletedError(SchemaRegistryError):
+    """A soft delete of a subject whose versions are all soft-deleted already."""
+
+
+class SubjectNotSoftDeletedError(SchemaRegistryError):
+    """A permanent delete of a subject that still has live versions."""
+
+
+class VersionSoftDeletedError(SchemaRegistryError):
+    """A soft delete of a version that is soft-deleted already."""
+
+
+class VersionNotSoftDeletedError(SchemaRegistryError):
+    """A permanent delete of a version that was not soft-deleted first."""
+
+
+class SubjectConfigNotFoundError(SchemaRegistryError):
+    """The subject has no subject-level compatibility level."""
+
+
+class IncompatibleSchemaError(SchemaRegistryError):
+    """The new schema breaks the subject's compatibility level."""
+
+
+class InvalidSchemaError(SchemaRegistryError):
+    """A schema that does not parse, of an unknown type, or with a bad reference."""
+
+
+class InvalidVersionError(SchemaRegistryError):
+    """A version that is neither 1..2^31-1 nor ``latest``."""
+
+
+class InvalidCompatibilityLevelError(SchemaRegistryError):
+    """A compatibility level other than NONE, BACKWARD, FORWARD, FULL (+ _TRANSITIVE)."""
+
+
+class InvalidSubjectError(SchemaRegistryError):
+    """An empty subject name, or one with control characters."""
+
+
+class ReferenceExistsError(SchemaRegistryError):
+    """A version that other schemas reference cannot be deleted."""
+
+
+class SchemaConflictError(SchemaRegistryError):
+    """The subject's versions changed between a compatibility check and the registration."""
+
+    retriable = True
 
 
 #: Name -> class, so the coordinator's HTTP client can re-raise what the server raised.
@@ -287,5 +385,24 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         CorruptRecordError,
         UnprocessableRequestError,
         UnsupportedFormatError,
+        KeySchemaMissingError,
+        ValueSchemaMissingError,
+        RecordSchemaError,
+        SchemaRegistryError,
+        SubjectNotFoundError,
+        VersionNotFoundError,
+        SchemaNotFoundError,
+        SubjectSoftDeletedError,
+        SubjectNotSoftDeletedError,
+        VersionSoftDeletedError,
+        VersionNotSoftDeletedError,
+        SubjectConfigNotFoundError,
+        IncompatibleSchemaError,
+        InvalidSchemaError,
+        InvalidVersionError,
+        InvalidCompatibilityLevelError,
+        InvalidSubjectError,
+        ReferenceExistsError,
+        SchemaConflictError,
     )
 }

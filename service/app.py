@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from coordinator.client import Coordinator
 from coordinator.groups import GroupCoordinator
+from coordinator.schemas import SchemaStore
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectStore, open_store
@@ -35,6 +36,8 @@ from service.kafka.server import KafkaServer
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader, IndexCache, RangeCache
+from service.registry import routes as registry_routes
+from service.registry.core import RegistryMetrics, SchemaRegistry
 from service.settings import Settings, get_settings
 from service.state import AgentState, get_state
 from service.topic_cache import TopicCache
@@ -212,6 +215,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             reader=reader,
             notifier=notifier,
             consume_metrics=consume_metrics,
+            registry=SchemaRegistry(
+                cast(SchemaStore, coordinator),
+                RegistryMetrics(metrics.registry),
+                latest_ttl_s=settings.metadata_ttl_s,
+            ),
         )
         if settings.kafka_port:
             kafka = KafkaServer(state, settings.host, settings.kafka_port)
@@ -290,6 +298,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         v2_metadata.router,
         v2_produce.router,
         v2_consumers.router,
+        registry_routes.router,
     ):
         app.include_router(router)
     return app

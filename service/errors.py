@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from segments import errors as e
+from service.registry.errors import REGISTRY_CONTENT_TYPE, is_registry_path, registry_code_for
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,28 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.CorruptRecordError: ErrorSpec(ErrorCode.BAD_REQUEST),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.UnsupportedFormatError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),
+    e.KeySchemaMissingError: ErrorSpec(ErrorCode.KEY_SCHEMA_MISSING),
+    e.ValueSchemaMissingError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),
+    e.RecordSchemaError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    # -- the schema registry, as the REST Proxy reports it (the registry's own door
+    # answers with its own codes: service/registry/errors.py) ------------------------
+    e.SchemaRegistryError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.SubjectNotFoundError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.VersionNotFoundError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.SchemaNotFoundError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.SubjectSoftDeletedError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.SubjectNotSoftDeletedError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.VersionSoftDeletedError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.VersionNotSoftDeletedError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.SubjectConfigNotFoundError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    # Karapace and kafka-rest: registering an incompatible schema on produce is 408 40801.
+    e.IncompatibleSchemaError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.InvalidSchemaError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.InvalidVersionError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.InvalidCompatibilityLevelError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.InvalidSubjectError: ErrorSpec(ErrorCode.INVALID_SCHEMA),
+    e.ReferenceExistsError: ErrorSpec(ErrorCode.SCHEMA_REGISTRY_ERROR),
+    e.SchemaConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
 }
 
 
@@ -200,9 +223,12 @@ def is_v3(path: str) -> bool:
 
 
 def content_type_for(path: str) -> str:
-    """v2 surfaces answer ``application/vnd.kafka.v2+json``; everything else JSON."""
+    """v2 surfaces answer ``application/vnd.kafka.v2+json``, the schema registry
+    ``application/vnd.schemaregistry.v1+json``; everything else JSON."""
     if path == "/" or path.startswith(("/topics", "/brokers", "/consumers")):
         return V2_CONTENT_TYPE
+    if is_registry_path(path):
+        return REGISTRY_CONTENT_TYPE
     return V3_CONTENT_TYPE
 
 
@@ -220,13 +246,15 @@ def error_response(
 
 async def _lakelog_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.LakelogError)
-    v3 = is_v3(request.url.path)
-    code = error_code_for(exc, v3=v3)
+    path = request.url.path
+    if is_registry_path(path):  # the registry door has its own table
+        code, message = registry_code_for(exc), exc.message
+    else:
+        v3 = is_v3(path)
+        code, message = error_code_for(exc, v3=v3), error_message_for(exc, v3=v3)
     if status_for(code) >= 500:
-        log.warning(
-            "%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc
-        )
-    return error_response(request, code, error_message_for(exc, v3=v3))
+        log.warning("%s %s failed: %s: %s", request.method, path, type(exc).__name__, exc)
+    return error_response(request, code, message)
 
 
 def _validation_answer(errors: list[dict[str, Any]]) -> tuple[ErrorCode, str]:

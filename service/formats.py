@@ -5,8 +5,8 @@ v2 picks the format from the Content-Type
 following REST-API.md section 1.1 we are lenient like Karapace: ``application/json``,
 ``application/octet-stream``, ``application/vnd.kafka.v2+json`` and a missing
 Content-Type all mean *binary*. v3 names the format per key/value (``BINARY``,
-``JSON``, ``STRING``). Schema formats need a schema registry, which lakelog does not
-have: they are refused with ``UnsupportedFormatError``.
+``JSON``, ``STRING``, or a schema type). The schema formats (avro, jsonschema,
+protobuf) are encoded with the registry's schemas by ``service.registry.rest``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from segments.errors import (
     NotAcceptableError,
     RecordTooLargeError,
     RequestTooLargeError,
-    UnsupportedFormatError,
     UnsupportedMediaTypeError,
 )
 from segments.types import Record, TopicInfo
@@ -51,10 +50,10 @@ def _media_type(header: str) -> str:
 
 
 def v2_format(content_type: str | None) -> str:
-    """The embedded format (``binary`` or ``json``) a v2 produce Content-Type selects.
+    """The embedded format a v2 produce Content-Type selects: binary, json, or one of
+    ``SCHEMA_FORMATS``.
 
     Raises:
-        UnsupportedFormatError: avro, jsonschema or protobuf (no schema registry).
         UnsupportedMediaTypeError: any other type.
     """
     if not content_type:
@@ -65,13 +64,7 @@ def v2_format(content_type: str | None) -> str:
     match = _V2_TYPE.fullmatch(media)
     if match is None:
         raise UnsupportedMediaTypeError("HTTP 415 Unsupported Media Type")
-    fmt = match.group(1) or BINARY
-    if fmt in SCHEMA_FORMATS:
-        raise UnsupportedFormatError(
-            f"Embedded format {fmt} needs a schema registry, which this service does not have; "
-            "use the binary or json format."
-        )
-    return fmt
+    return match.group(1) or BINARY
 
 
 def check_v2_accept(accept: str | None) -> None:

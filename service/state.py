@@ -15,6 +15,7 @@ from service.consume_metrics import ConsumeMetrics
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader
+from service.registry.core import SchemaRegistry
 from service.settings import Settings
 from service.topic_cache import TopicCache
 
@@ -41,6 +42,8 @@ class AgentState:
     reader: CachingLogReader
     notifier: Notifier
     consume_metrics: ConsumeMetrics
+    #: The schema registry (its API and the REST Proxy's schema formats).
+    registry: SchemaRegistry
     #: (host, port) of this agent's Kafka listener as clients reach it; None when off.
     kafka_address: tuple[str, int] | None = None
 

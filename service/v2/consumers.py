@@ -57,6 +57,8 @@ from segments.types import ConsumedRecord, TopicPartition
 from service.errors import V2_CONTENT_TYPE
 from service.notify import PartitionKey
 from service.read_cache import CachingLogReader
+from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
+from service.registry.rest import render_records as render_schema_records
 from service.state import AgentState, get_state
 from service.v3.common import base_url, call
 
@@ -248,10 +250,7 @@ def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
     default = ConsumerConfig()
     fmt = doc.get("format", default.format)
     if not isinstance(fmt, str) or fmt.lower() not in FORMATS:
-        detail = ""
-        if isinstance(fmt, str) and fmt.lower() in ("avro", "jsonschema", "protobuf"):
-            detail = f" {fmt.lower()} needs a schema registry, which this service does not have."
-        raise InvalidConsumerConfigError("Invalid format type." + detail)
+        raise InvalidConsumerConfigError("Invalid format type.")
     reset = doc.get("auto.offset.reset", default.auto_offset_reset)
     reset = _RESET_ALIASES.get(str(reset).lower(), str(reset).lower())
     if reset not in RESET_POLICIES:
@@ -723,7 +722,11 @@ async def fetch_records(
                 break
             await state.notifier.wait(waiter, remaining)
 
-    body = render_records(records, st.config.format)  # a 422 here moves no position
+    # A 422 here moves no position.
+    if st.config.format in SCHEMA_TYPE_OF_FORMAT:
+        body = await render_schema_records(state.registry, records, st.config.format)
+    else:
+        body = render_records(records, st.config.format)
     if records:
         moved = {tp: off for tp, off in positions.items() if off != st.positions.get(tp)}
         try:

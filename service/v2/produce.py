@@ -7,8 +7,10 @@ by hand, and the response is serialized by orjson.
 Everything about a request is checked before any record is buffered, so a refused
 request stores nothing:
 
-- Content-Type picks the embedded format (``service.formats.v2_format``): binary or
-  json; schema formats -> 422 42202; anything else -> 415.
+- Content-Type picks the embedded format (``service.formats.v2_format``): binary,
+  json, or a schema format (avro, jsonschema, protobuf: keys and values are encoded
+  with the registry's schemas by ``service.registry.rest.encode_v2``, which has their
+  error codes); anything else -> 415.
 - Body over ``max_request_bytes`` -> 413 (Content-Length first, then while reading).
 - Malformed JSON, a body that is not an object, ``records`` not an array, a record
   not an object, a wrong JSON type, bad base64 -> 400 (error_code 400).
@@ -44,6 +46,7 @@ from segments.errors import (
 from segments.types import Headers, Record
 from service.errors import kafka_error_code
 from service.formats import (
+    SCHEMA_FORMATS,
     V2_CONTENT_TYPE,
     check_record_size,
     check_v2_accept,
@@ -54,6 +57,7 @@ from service.formats import (
     v2_format,
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
+from service.registry.rest import encode_v2
 from service.state import AgentState, get_state
 
 router = APIRouter(tags=["v2 produce"])
@@ -93,6 +97,11 @@ async def _produce(
     parsed = _parse_body(body, fmt)
 
     topic = await state.topics.get_or_create(topic_name)
+    key_schema_id = value_schema_id = None
+    if fmt in SCHEMA_FORMATS:
+        parsed, key_schema_id, value_schema_id = await encode_v2(
+            state.registry, topic_name, fmt, body, parsed
+        )
     partitions = topic.partitions
     if url_partition is not None and not 0 <= url_partition < partitions:
         raise PartitionNotFoundError(f"Partition {url_partition} of {topic_name} not found.")
@@ -130,7 +139,11 @@ async def _produce(
             {"partition": p, "offset": off, "error_code": None, "error": None}
             for (p, _), off in zip(entries, assigned, strict=True)
         ]
-    payload = {"offsets": offsets, "key_schema_id": None, "value_schema_id": None}
+    payload = {
+        "offsets": offsets,
+        "key_schema_id": key_schema_id,
+        "value_schema_id": value_schema_id,
+    }
     return Response(orjson.dumps(payload), media_type=V2_CONTENT_TYPE)
 
 

@@ -12,8 +12,10 @@ Request-level failures are plain HTTP errors, decided before the stream starts:
 Content-Type other than ``application/json`` -> 415, unknown topic -> 404 40403, an
 empty body -> 422 42206. Once streaming, the status stays 200 and failures are
 reported per record: bad JSON or fields -> 400, partition outside the topic -> 40402,
-a record over ``max.message.bytes`` -> 413, a key/value without a ``type`` or with a
-schema type -> 42202 (no schema registry), a failed flush -> 50003/50002. An object
+a record over ``max.message.bytes`` -> 413, a key/value without a ``type`` or schema
+fields -> 42202, a schema key/value (``type`` AVRO/JSONSCHEMA/PROTOBUF, ``schema_id``,
+``schema_version``, ``subject``, ``schema``: ``service.registry.rest.prepare_v3``)
+that does not fit -> 42205, a failed flush -> 50003/50002. An object
 larger than ``max_request_bytes`` ends the stream with a 413 report. The cluster id in
 the URL is not checked: kafka-rest does not validate it on produce.
 """
@@ -52,6 +54,7 @@ from service.formats import (
     max_message_bytes,
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
+from service.registry.rest import prepare_v3
 from service.state import AgentState, get_state
 
 router = APIRouter(tags=["v3 records"])
@@ -60,7 +63,6 @@ _RECORD_FIELDS = frozenset({"partition_id", "headers", "key", "value", "timestam
 _DATA_FIELDS = frozenset(
     {"type", "data", "subject", "subject_name_strategy", "schema_id", "schema_version", "schema"}
 )
-_SCHEMA_TYPES = frozenset({"AVRO", "JSONSCHEMA", "PROTOBUF"})
 _EMPTY_BODY = "Payload error. Request body is empty. Data is required."
 # Report groups waiting to be written: bounds what one stream holds beyond the batcher.
 _MAX_PENDING_GROUPS = 64
@@ -210,10 +212,10 @@ def _parse_data(doc: object, what: str) -> tuple[bytes | None, dict[str, Any] | 
     if unknown:
         raise MalformedRequestError(f'Bad Request: Unrecognized field "{sorted(unknown)[0]}".')
     kind = doc.get("type")
-    if kind is None or (isinstance(kind, str) and kind.upper() in _SCHEMA_TYPES):
+    if kind is None:
         raise UnsupportedFormatError(
-            f"{what} needs a schema registry (type {kind or 'unset'}), which this service does "
-            "not have; use type BINARY, JSON or STRING."
+            f"{what} has no type and names no schema; set type (BINARY, JSON, STRING, AVRO, "
+            "JSONSCHEMA, PROTOBUF) or schema_id, schema_version or schema."
         )
     if not isinstance(kind, str):
         raise MalformedRequestError(f"Bad Request: {what}.type must be a string.")
@@ -423,7 +425,11 @@ class _Stream:
                     doc = orjson.loads(item)
                 except orjson.JSONDecodeError:
                     raise MalformedRequestError("Bad Request: malformed JSON.") from None
-                results.append(parse_record(doc, self.topic, self.limit, now_ms, sticky))
+                doc, schema_reports = await prepare_v3(self.state.registry, self.topic.name, doc)
+                record = parse_record(doc, self.topic, self.limit, now_ms, sticky)
+                record.key_report = schema_reports.get("key", record.key_report)
+                record.value_report = schema_reports.get("value", record.value_report)
+                results.append(record)
             except LakelogError as exc:
                 results.append(exc)
         good = [r for r in results if isinstance(r, _Parsed)]

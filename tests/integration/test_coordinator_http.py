@@ -31,6 +31,7 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from tests.procs import start_coordinator
+from tests.unit.test_schema_store import SCENARIOS as SCHEMA_SCENARIOS
 
 with warnings.catch_warnings():
     # Starlette 1.x warns at import that it prefers httpx2 to httpx; the client works the same.
@@ -445,3 +446,39 @@ def test_a_killed_server_raises_unavailable(tmp_path: Path, db_url: str) -> None
             assert info.value.retriable is True
     finally:
         proc.stop()
+
+
+# -- the schema registry's store over HTTP -----------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCHEMA_SCENARIOS, ids=lambda f: f.__name__)
+def test_schema_store_over_http(remote: HttpCoordinator, scenario: object) -> None:
+    """The store scenarios of tests/unit/test_schema_store.py, through a coordinator process:
+    every method round-trips and every error comes back as its own class and message."""
+    assert callable(scenario)
+    scenario(remote)
+
+
+def test_schema_routes_statuses(api: TestClient) -> None:
+    r = api.post("/v1/schemas/versions", json={"subject": "nope"})
+    assert r.status_code == 404
+    assert r.json() == {
+        "error": "SubjectNotFoundError",
+        "message": "Subject 'nope' not found.",
+        "retriable": False,
+    }
+    r = api.post("/v1/schemas/register", json={"subject": "s", "schema_type": "AVRO"})
+    assert (r.status_code, r.json()["error"]) == (422, "MalformedRequestError")
+    r = api.post(
+        "/v1/schemas/register",
+        json={"subject": "s", "schema_type": "AVRO", "schema": '"int"', "references": []},
+    )
+    assert r.status_code == 200
+    assert r.json()["schema"] == {
+        "schema_id": 1,
+        "schema_type": "AVRO",
+        "schema": '"int"',
+        "references": [],
+    }
+    r = api.post("/v1/schemas/config/set", json={"subject": "s", "level": "nah"})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidCompatibilityLevelError")

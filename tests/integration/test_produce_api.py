@@ -421,8 +421,8 @@ def test_v3_concatenated_records_in_order_with_per_record_errors(
         b'{"partition_id": 7}',  # no such partition
         b"\n[1, 2]\n",  # not an object
         b'{"value": {"type": "BINARY", "data": "!!"}}',  # bad base64
-        b'{"value": {"data": "no type"}}',  # schema path without a registry
-        b'{"value": {"type": "AVRO", "data": 1}}',
+        b'{"value": {"data": "no type"}}',  # no type and no schema named
+        b'{"value": {"type": "AVRO", "data": 1}}',  # the subject has no schema
         b'{"records": []}',  # the v2 shape posted to v3
         b'{"value": {"type": "STRING", "data": "caf\xc3\xa9 {[\\"]}"}, "partition_id": 0}',
         b'{"key": {"type": "STRING", "data": "k"}}',  # value omitted: null value
@@ -441,7 +441,7 @@ def test_v3_concatenated_records_in_order_with_per_record_errors(
     assert got[2] == {"error_code": 400, "message": "Bad Request: a record must be a JSON object."}
     assert got[3] == {"error_code": 400, "message": "Bad Request: data=!! is not a base64 string."}
     assert got[4]["error_code"] == 42202
-    assert got[5]["error_code"] == 42202
+    assert got[5]["error_code"] == 42205
     assert got[6] == {"error_code": 400, "message": 'Bad Request: Unrecognized field "records".'}
     assert got[7]["error_code"] == 200 and got[7]["offset"] == 1
     assert got[8]["error_code"] == 200 and "value" not in got[8]

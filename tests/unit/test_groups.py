@@ -563,7 +563,7 @@ def test_deleted_topic_drops_out(c: LocalCoordinator) -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        {"format": "avro"},
+        {"format": "xml"},
         {"auto_offset_reset": "smallest"},
         {"assignor": "sticky"},
         {"fetch_min_bytes": -2},
