@@ -347,6 +347,9 @@ def kafka_group_from_json(d: JSON) -> KafkaGroup:
         d["rebalance_started"],
         members,
         d["stored"],
+    )
+
+
 def reference_to_json(r: SchemaReference) -> JSON:
     return {"name": r.name, "subject": r.subject, "version": r.version}
 
@@ -850,6 +853,7 @@ class HttpCoordinator:
 
     def kafka_delete_group(self, group: str) -> None:
         self._group_call("/v1/kafka-groups/delete", {"group": group})
+
     # -- SchemaStore Protocol -------------------------------------------------
     # Subjects travel in bodies (they may hold any character), so every call is a POST;
     # all but the deletes are idempotent (a repeated registration finds its version).
@@ -959,5 +963,8 @@ def _conforms_groups(c: HttpCoordinator) -> GroupCoordinator:
 
 
 def _conforms_kafka_groups(c: HttpCoordinator) -> KafkaGroupCoordinator:
+    return c
+
+
 def _conforms_schemas(c: HttpCoordinator) -> SchemaStore:
     return c
