@@ -117,11 +117,18 @@ def broker_address(settings: Settings) -> tuple[str, int]:
 
 
 def kafka_address(settings: Settings, bound_port: int) -> tuple[str, int]:
-    """The host and port Kafka clients are told to reach this agent's listener at."""
+    """The host and port Kafka clients are told to reach this agent's listener at.
+
+    Never the REST ``advertised_url``'s host: that is often a load balancer, and Kafka
+    clients must reach each broker itself.
+    """
     if settings.kafka_advertised:
         host, _, port = settings.kafka_advertised.rpartition(":")
         return host, int(port)
-    return broker_address(settings)[0], bound_port
+    host = settings.host
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return host, bound_port
 
 
 def _close(obj: object) -> None:

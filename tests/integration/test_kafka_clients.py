@@ -7,6 +7,7 @@ through the shared batcher, the coordinator commit and the object store.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
 import socket
 import struct
@@ -23,8 +24,6 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kio.schema.errors import ErrorCode
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.schema.produce.v9.response import ProduceResponse
-from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
 
 from tests.integration.conftest import Cluster
@@ -274,31 +273,45 @@ def test_fetch_larger_than_max_bytes_and_many_partitions_in_one_produce(
 # -- bad input, with the exact Kafka error codes ----------------------------------------
 
 
-def _raw_produce(addr: str, topic: str, partition: int, records: bytes) -> Any:
-    """One Produce v9 request over a plain socket; returns the decoded partition answer."""
+def kafka_call(addr: str, body: Any) -> Any:
+    """One request (a kio request body) over a plain socket; returns the decoded response."""
+    from kio.index import load_response_from_request
+
     host, port = addr.split(":")
+    header_cls: Any = body.__header_schema__
     out = io.BytesIO()
-    entity_writer(RequestHeader)(
+    entity_writer(header_cls)(
         out,
-        RequestHeader(request_api_key=0, request_api_version=9, correlation_id=1, client_id="t"),
+        header_cls(
+            request_api_key=body.__api_key__,
+            request_api_version=body.__version__,
+            correlation_id=1,
+            client_id="test",
+        ),
     )
+    entity_writer(type(body))(out, body)
+    payload = out.getvalue()
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(struct.pack(">i", len(payload)) + payload)
+        data = _read_frame(s)
+    resp_cls: Any = load_response_from_request(type(body))
+    _, used = entity_reader(resp_cls.__header_schema__)(data, 0)
+    resp, _ = entity_reader(resp_cls)(data, used)
+    return resp
+
+
+def _raw_produce(addr: str, topic: str, partition: int, records: bytes) -> Any:
+    """One Produce v9 (acks=all) over a plain socket; returns the partition's answer."""
     body = ProduceRequest(
         acks=-1,
-        timeout=__import__("datetime").timedelta(seconds=10),
+        timeout=datetime.timedelta(seconds=10),
         topic_data=(
             TopicProduceData(
                 name=topic, partition_data=(PartitionProduceData(index=partition, records=records),)
             ),
         ),
     )
-    entity_writer(ProduceRequest)(out, body)
-    payload = out.getvalue()
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(struct.pack(">i", len(payload)) + payload)
-        data = _read_frame(s)
-    # Response header v1: correlation id + empty tagged fields.
-    resp, _ = entity_reader(ProduceResponse)(data, 5)
-    return resp.responses[0].partition_responses[0]
+    return kafka_call(addr, body).responses[0].partition_responses[0]
 
 
 def _read_frame(s: socket.socket) -> bytes:
