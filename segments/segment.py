@@ -164,12 +164,7 @@ class SegmentBuilder:
             ValueError: topic_id not 16 bytes, partition or timestamp out of range.
             RuntimeError: ``build`` was already called.
         """
-        if self._built is not None:
-            raise RuntimeError("segment already built; start a new SegmentBuilder")
-        if not isinstance(topic_id, bytes) or len(topic_id) != _TOPIC_ID_LEN:
-            raise ValueError("topic_id must be 16 bytes (uuid.UUID.bytes)")
-        if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
-            raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
+        self._check_target(topic_id, partition)
         prepared = [_prepare(record) for record in records]
         if not prepared:
             return
@@ -227,12 +222,7 @@ class SegmentBuilder:
                 below 1, or a batch shorter than a header.
             RuntimeError: ``build`` was already called.
         """
-        if self._built is not None:
-            raise RuntimeError("segment already built; start a new SegmentBuilder")
-        if not isinstance(topic_id, bytes) or len(topic_id) != _TOPIC_ID_LEN:
-            raise ValueError("topic_id must be 16 bytes (uuid.UUID.bytes)")
-        if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
-            raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
+        self._check_target(topic_id, partition)
         if record_count < 1 or len(batch) < _BATCH_HEADER_SIZE:
             raise ValueError("a batch holds a header and at least one record")
         chunk = self._chunks.get((topic_id, partition))
@@ -262,6 +252,15 @@ class SegmentBuilder:
             for key, chunk in self._chunks.items()
             if chunk.producer_batches
         }
+
+    def _check_target(self, topic_id: bytes, partition: int) -> None:
+        """Raises what ``append`` and ``append_batch`` document for their first two args."""
+        if self._built is not None:
+            raise RuntimeError("segment already built; start a new SegmentBuilder")
+        if not isinstance(topic_id, bytes) or len(topic_id) != _TOPIC_ID_LEN:
+            raise ValueError("topic_id must be 16 bytes (uuid.UUID.bytes)")
+        if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
+            raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
 
     def build(self) -> tuple[bytes, list[ChunkInfo]]:
         """Close every open batch and return the object's bytes and its footer entries.
