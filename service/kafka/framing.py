@@ -217,8 +217,11 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
     )
 
 
-def encode_response(correlation_id: int, body: Any) -> bytes:
-    """One response frame: size, the header kio's type asks for, then ``body``."""
+def encode_response(correlation_id: int, body: Any) -> memoryview:
+    """One response frame: size, the header kio's type asks for, then ``body``.
+
+    A view of the encoded bytes, not a copy (a Fetch answer may be many MiB).
+    """
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     header_cls: Any = type(body).__header_schema__
@@ -227,9 +230,7 @@ def encode_response(correlation_id: int, body: Any) -> bytes:
     _writer(body_cls)(out, body)
     data = out.getbuffer()
     _SIZE.pack_into(data, 0, len(data) - _SIZE.size)
-    result = bytes(data)
-    data.release()
-    return result
+    return data.toreadonly()
 
 
 # -- building kio messages across versions ----------------------------------------------

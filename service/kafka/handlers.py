@@ -551,7 +551,10 @@ def _collect(
     out: bytearray,
 ) -> None:
     """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``."""
-    for ref, data, start in st.reader.entries(topic, partition, offset, read_ahead_bytes=budget):
+    # Read ahead twice the budget: the next Fetch's chunks arrive while the client is busy
+    # with this one's (one Fetch in flight per connection).
+    ahead = 2 * budget
+    for ref, data, start in st.reader.entries(topic, partition, offset, read_ahead_bytes=ahead):
         if ref.kind == "segment":
             if not fetch_batches(data, ref.base_offset, start, out, budget, first_may_exceed):
                 return
