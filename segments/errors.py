@@ -29,6 +29,12 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   ├── OffsetOutOfRangeError     an offset beyond the partition's high watermark
+    │   ├── ProducerFencedError       an idempotent producer's epoch is not its latest
+    │   ├── GroupProtocolConflictError  a group used through the other door (REST/Kafka)
+    │   ├── RebalanceInProgressError  retriable: a Kafka group is rebalancing, rejoin
+    │   ├── NonEmptyGroupError        deleting a group that has members
+    │   ├── ProducerConflictError     retriable: a batch's sequence clashed at commit
     │   ├── SchemaRegistryError       the schema registry's subjects, versions, schemas
     │   │   ├── SubjectNotFoundError
     │   │   ├── VersionNotFoundError
@@ -55,6 +61,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         │   └── ConsumerFormatMismatchError  Accept names another format than the consumer's
         ├── RequestTooLargeError      the request body is over the limit
         ├── RecordTooLargeError       one record is over max.message.bytes
+        ├── CorruptRecordError        a producer's RecordBatch fails its checks (CRC, ...)
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
         ├── UnsupportedFormatError    a key/value that names no format (v3 without type)
         ├── KeySchemaMissingError     schema-format keys and no key_schema(_id)
@@ -185,6 +192,38 @@ class SecurityDisabledError(MetadataError):
     """An ACL request while no authorizer is configured (Kafka's SecurityDisabledException)."""
 
 
+class OffsetOutOfRangeError(MetadataError):
+    """An offset outside what the partition holds (DeleteRecords past the high watermark)."""
+
+
+class ProducerFencedError(MetadataError):
+    """An idempotent producer's epoch is older than its latest (Kafka's
+    INVALID_PRODUCER_EPOCH), or its id is unknown."""
+
+
+class ProducerConflictError(MetadataError):
+    """An idempotent producer's batch in a commit is a duplicate, out of order or fenced
+    by what another commit stored meanwhile; nothing of that commit was stored."""
+
+    retriable = True
+
+
+class GroupProtocolConflictError(MetadataError):
+    """A group id in use through the other door (REST consumer instances vs Kafka
+    members), or members with no assignment protocol in common (Kafka's
+    INCONSISTENT_GROUP_PROTOCOL)."""
+
+
+class RebalanceInProgressError(MetadataError):
+    """A Kafka group is rebalancing: the member must rejoin."""
+
+    retriable = True
+
+
+class NonEmptyGroupError(MetadataError):
+    """A group with members cannot be deleted."""
+
+
 class BufferFullError(LakelogError):
     """The agent's write buffer stayed full for longer than the wait bound."""
 
@@ -225,6 +264,11 @@ class RequestTooLargeError(RequestError):
 
 class RecordTooLargeError(RequestError):
     """One record is larger than the topic's max.message.bytes."""
+
+
+class CorruptRecordError(RequestError):
+    """A producer's RecordBatch fails its checks: framing, magic, CRC, records (Kafka's
+    CORRUPT_MESSAGE)."""
 
 
 class UnprocessableRequestError(RequestError):
@@ -345,6 +389,12 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         InvalidConsumerConfigError,
         NoOffsetError,
         SecurityDisabledError,
+        OffsetOutOfRangeError,
+        ProducerFencedError,
+        ProducerConflictError,
+        GroupProtocolConflictError,
+        RebalanceInProgressError,
+        NonEmptyGroupError,
         BufferFullError,
         InternalError,
         RequestError,
@@ -354,6 +404,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         ConsumerFormatMismatchError,
         RequestTooLargeError,
         RecordTooLargeError,
+        CorruptRecordError,
         UnprocessableRequestError,
         UnsupportedFormatError,
         KeySchemaMissingError,

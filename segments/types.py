@@ -109,3 +109,6 @@ class AgentInfo:
     host: str
     port: int
     last_seen: float  # epoch seconds
+    #: Where its Kafka listener is reached ("" and 0: no listener).
+    kafka_host: str = ""
+    kafka_port: int = 0

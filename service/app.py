@@ -35,6 +35,7 @@ from service import executors as executors_module
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
 from service.executors import ExecutorCollector, Executors, Kind
+from service.kafka.server import KafkaServer
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader, IndexCache, RangeCache
@@ -120,6 +121,21 @@ def broker_address(settings: Settings) -> tuple[str, int]:
     return host, settings.port
 
 
+def kafka_address(settings: Settings, bound_port: int) -> tuple[str, int]:
+    """The host and port Kafka clients are told to reach this agent's listener at.
+
+    Never the REST ``advertised_url``'s host: that is often a load balancer, and Kafka
+    clients must reach each broker itself.
+    """
+    if settings.kafka_advertised:
+        host, _, port = settings.kafka_advertised.rpartition(":")
+        return host, int(port)
+    host = settings.host
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return host, bound_port
+
+
 def _close(obj: object) -> None:
     close = getattr(obj, "close", None)
     if callable(close):
@@ -144,8 +160,15 @@ async def _wait_for_cluster_id(coordinator: Coordinator) -> str:
 async def heartbeat_once(state: AgentState) -> None:
     """Register or refresh this agent; learn its broker id (on the ``heartbeat`` pool)."""
     host, port = broker_address(state.settings)
+    kafka_host, kafka_port = state.kafka_address or ("", 0)
     broker_id = await state.executors.run(
-        Kind.HEARTBEAT, state.coordinator.heartbeat_agent, state.settings.agent_id, host, port
+        Kind.HEARTBEAT,
+        state.coordinator.heartbeat_agent,
+        state.settings.agent_id,
+        host,
+        port,
+        kafka_host,
+        kafka_port,
     )
     if broker_id != state.broker_id:
         log.info("agent %s is broker %d (%s:%d)", state.settings.agent_id, broker_id, host, port)
@@ -228,6 +251,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             ),
             executors=executors,
         )
+        if settings.kafka_port:
+            kafka = KafkaServer(state, settings.host, settings.kafka_port)
+            await kafka.start()
+            state.kafka_address = kafka_address(settings, kafka.port)
+            kafka.advertise(state.kafka_address)
+            stack.push_async_callback(kafka.close)  # before the batcher's flush-and-close
         try:
             await heartbeat_once(state)
         except LakelogError as e:

@@ -77,6 +77,14 @@ FlushBytesOpt = Annotated[
 CompressionOpt = Annotated[
     str | None, typer.Option(help="Batch compression: none, gzip, snappy, lz4, zstd.")
 ]
+KafkaPortOpt = Annotated[
+    int | None,
+    typer.Option("--kafka-port", help="Kafka protocol port; 0 turns it off [default: 9092]."),
+]
+KafkaAdvertisedOpt = Annotated[
+    str | None,
+    typer.Option("--kafka-advertised", help="host:port Kafka clients reach this agent at."),
+]
 LogLevelOpt = Annotated[str, typer.Option("--log-level", help="Python log level.")]
 AccessLogOpt = Annotated[bool, typer.Option("--access-log", help="Log every request.")]
 UrlOpt = Annotated[
@@ -197,6 +205,8 @@ def serve(
     linger_ms: LingerOpt = None,
     flush_bytes: FlushBytesOpt = None,
     compression: CompressionOpt = None,
+    kafka_port: KafkaPortOpt = None,
+    kafka_advertised: KafkaAdvertisedOpt = None,
     log_level: LogLevelOpt = "info",
     access_log: AccessLogOpt = False,
 ) -> None:
@@ -216,6 +226,8 @@ def serve(
         linger_ms=linger_ms,
         flush_bytes=flush_bytes,
         compression=compression,
+        kafka_port=kafka_port,
+        kafka_advertised=kafka_advertised,
     )
     _ensure_local_dirs(settings)
     _run_agent(settings, log_level, access_log)
@@ -240,6 +252,8 @@ def agent(
     linger_ms: LingerOpt = None,
     flush_bytes: FlushBytesOpt = None,
     compression: CompressionOpt = None,
+    kafka_port: KafkaPortOpt = None,
+    kafka_advertised: KafkaAdvertisedOpt = None,
     log_level: LogLevelOpt = "info",
     access_log: AccessLogOpt = False,
 ) -> None:
@@ -258,6 +272,8 @@ def agent(
         linger_ms=linger_ms,
         flush_bytes=flush_bytes,
         compression=compression,
+        kafka_port=kafka_port,
+        kafka_advertised=kafka_advertised,
     )
     if not settings.coordinator_urls():
         _fail("lakelog agent needs --coordinator URL (or LAKELOG_COORDINATOR); see lakelog serve")

@@ -145,6 +145,12 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.SecurityDisabledError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.OffsetOutOfRangeError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.ProducerFencedError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.ProducerConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
+    e.GroupProtocolConflictError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.RebalanceInProgressError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
+    e.NonEmptyGroupError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     # -- a bug: never retriable, the traceback is in the agent's log ------------
@@ -157,6 +163,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.ConsumerFormatMismatchError: ErrorSpec(ErrorCode.CONSUMER_FORMAT_MISMATCH),
     e.RequestTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.RecordTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
+    e.CorruptRecordError: ErrorSpec(ErrorCode.BAD_REQUEST),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.UnsupportedFormatError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),
     e.KeySchemaMissingError: ErrorSpec(ErrorCode.KEY_SCHEMA_MISSING),

@@ -68,6 +68,15 @@ class Settings(BaseSettings):
     offload_parse_bytes: Annotated[int, Field(ge=0)] = 256 * 1024
     compression: Compression = "none"
 
+    # -- the Kafka protocol --------------------------------------------------
+    #: Port of the Kafka listener on ``host``; 0 turns it off.
+    kafka_port: Annotated[int, Field(ge=0, le=65535)] = 9092
+    #: ``host:port`` Kafka clients reach this agent at (Metadata's broker address);
+    #: None: the advertised URL's host (else the listen host) and ``kafka_port``.
+    kafka_advertised: str | None = None
+    #: Largest request frame the listener reads (Kafka's ``socket.request.max.bytes``).
+    kafka_max_request_bytes: Annotated[int, Field(gt=0)] = 100 * MiB
+
     # -- topics and metadata -------------------------------------------------
     auto_create_topics: bool = False
     default_partitions: Annotated[int, Field(ge=1)] = 1
@@ -118,6 +127,16 @@ class Settings(BaseSettings):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"advertised_url must be an http(s) URL with a host; got {v!r}")
         return v.rstrip("/")
+
+    @field_validator("kafka_advertised")
+    @classmethod
+    def _check_kafka_advertised(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"kafka_advertised must be host:port; got {v!r}")
+        return v
 
     @field_validator("store_endpoint", "store_region")
     @classmethod

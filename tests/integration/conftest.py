@@ -57,6 +57,8 @@ class Cluster:
     coordinator_proc: Proc
     agent_procs: list[Proc]
     tmp: Path
+    #: "127.0.0.1:port" of each agent's Kafka listener (empty unless started with kafka=True).
+    kafka: list[str] = field(default_factory=list)
     _stopped: bool = field(default=False, repr=False)
 
     def stop(self) -> None:
@@ -90,12 +92,14 @@ def start_cluster(
     agent_env: dict[str, str] | None = None,
     agent_store_endpoint: str | None = None,
     agent_coordinator: Callable[[str], str] | None = None,
+    kafka: bool = False,
 ) -> Cluster:
     """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy.
 
     ``agent_store_endpoint`` (e.g. a fault proxy in front of moto) is the S3 endpoint
     the agents use instead of ``moto_endpoint``; ``agent_coordinator`` maps the
-    coordinator's URL to the one the agents are given (e.g. a fault proxy's).
+    coordinator's URL to the one the agents are given (e.g. a fault proxy's); ``kafka``
+    gives every agent a Kafka listener on a free port (else it has none).
     """
     tmp.mkdir(parents=True, exist_ok=True)
     bucket = f"lakelog-{uuid.uuid4().hex[:12]}"
@@ -127,9 +131,13 @@ def start_cluster(
         agents_coordinator = agent_coordinator(coordinator_url) if agent_coordinator else None
         # Agents start alongside the coordinator: they wait for it (app.COORDINATOR_WAIT_S).
         urls = []
+        kafka_addrs = []
         for _ in range(agents):
             port = free_port()
             urls.append(f"http://127.0.0.1:{port}")
+            kafka_port = free_port() if kafka else 0
+            if kafka:
+                kafka_addrs.append(f"127.0.0.1:{kafka_port}")
             procs.append(
                 Proc(
                     lakelog_cmd(
@@ -146,6 +154,8 @@ def start_cluster(
                         str(port),
                         "--log-level",
                         "warning",
+                        "--kafka-port",
+                        str(kafka_port),
                         *agent_args,
                     ),
                     tmp / f"agent-{port}.log",
@@ -171,7 +181,20 @@ def start_cluster(
         coordinator_proc=coordinator,
         agent_procs=procs,
         tmp=tmp,
+        kafka=kafka_addrs,
     )
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(
+    moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """A coordinator + two agents with Kafka listeners, shared by the Kafka door's tests."""
+    cluster = start_cluster(tmp_path_factory.mktemp("kafka-cluster"), moto_endpoint, kafka=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

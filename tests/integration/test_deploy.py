@@ -682,6 +682,8 @@ ADDRESS_PARAMS = {"host", "port", "db", "store", "store_endpoint", "coordinator"
 ADDRESS_ENV = {
     "HEALTHCHECK_URL",
     "LAKELOG_ADVERTISED_URL",
+    "LAKELOG_KAFKA_PORT",  # free ports in the test topology, 9092 in containers
+    "LAKELOG_KAFKA_ADVERTISED",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
 }
