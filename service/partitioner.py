@@ -16,33 +16,10 @@
 from __future__ import annotations
 
 import random
-from functools import lru_cache
 
-from aiokafka.partitioner import murmur2 as _murmur2
+from segments.partitioning import murmur2, partition_for_key, to_positive
 
 __all__ = ["DEFAULT_PARTITIONER", "Partitioner", "murmur2", "partition_for_key", "to_positive"]
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's ``Utils.murmur2`` as a signed 32-bit int (Java's ``int`` result)."""
-    h: int = _murmur2(data)
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def to_positive(number: int) -> int:
-    """Kafka's ``Utils.toPositive``: clear the sign bit (not ``abs``: no overflow at MIN)."""
-    return number & 0x7FFFFFFF
-
-
-# The pure-Python hash costs ~6 us per key; producers tend to reuse keys, so remember them.
-@lru_cache(maxsize=65536)
-def _positive_hash(key: bytes) -> int:
-    return to_positive(_murmur2(key))
-
-
-def partition_for_key(key: bytes, partitions: int) -> int:
-    """The partition of ``key`` among ``partitions`` (``toPositive(murmur2(key)) % n``)."""
-    return _positive_hash(key) % partitions
 
 
 class Partitioner:
