@@ -21,6 +21,9 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port"}
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
+    GET    /v1/store                         {"url", "endpoint", "region"}: where the objects
+                                             are, for Spark jobs (nulls without a store;
+                                             never credentials)
 
     Consumer groups (GroupCoordinator). Each call is a POST naming the group and the
     instance in the body, never in the path: every one may write (expiry, timers), and
@@ -77,13 +80,15 @@ from coordinator.http_client import (
     group_info_to_json,
     object_info_to_json,
     positions_from_json,
+    store_location_to_json,
     topic_to_json,
     tp_from_json,
 )
 from coordinator.janitors.context import JanitorConfig
 from coordinator.orphans import find_orphans
 from segments.errors import LakelogError, MalformedRequestError
-from segments.store import ObjectStore
+from segments.store import ObjectStore, absolute_store_url
+from segments.types import StoreLocation
 
 log = logging.getLogger(__name__)
 
@@ -244,11 +249,19 @@ class FullCoordinator(Coordinator, GroupCoordinator, Protocol):
     """What the server serves: the log and the consumer groups."""
 
 
-def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -> FastAPI:
+def create_app(
+    coordinator: FullCoordinator,
+    store: ObjectStore | None = None,
+    location: StoreLocation | None = None,
+) -> FastAPI:
     """The coordinator's HTTP API over ``coordinator``; ``store`` enables /v1/orphans.
 
-    The caller owns both and closes them after the app stops.
+    ``location`` is what /v1/store tells Spark jobs (default: ``store``'s URL, made
+    absolute for ``file://``). The caller owns the coordinator and the store and closes
+    them after the app stops.
     """
+    if location is None and store is not None:
+        location = StoreLocation(absolute_store_url(store.url))
     app = FastAPI(title="lakelog coordinator", docs_url=None, redoc_url=None)
     metrics = _Metrics()
     app.state.metrics = metrics
@@ -489,6 +502,10 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
         coordinator.commit_offsets(group, name, offsets, generation)
         return Response(status_code=204)
 
+    @app.get("/v1/store")
+    def store_location() -> Response:
+        return _json(store_location_to_json(location))
+
     # -- garbage report ---------------------------------------------------------
 
     if store is not None:
@@ -510,6 +527,7 @@ def run(
     store_endpoint: str | None = None,
     cluster_id: str | None = None,
     janitors: JanitorConfig | None = None,
+    store_region: str | None = None,
 ) -> None:
     """Serve a coordinator over ``db_url`` with uvicorn until interrupted.
 
@@ -524,10 +542,19 @@ def run(
     if janitors is not None and janitors.enabled and not store_url:
         raise ValueError("janitors need the object store: pass --store")
     coordinator = LocalCoordinator(db_url, cluster_id=cluster_id)
-    store = open_store(store_url, endpoint_url=store_endpoint) if store_url else None
+    store = (
+        open_store(store_url, endpoint_url=store_endpoint, region=store_region)
+        if store_url
+        else None
+    )
     runner: JanitorRunner | None = None
     try:
-        app = create_app(coordinator, store)
+        location = (
+            StoreLocation(absolute_store_url(store_url), store_endpoint, store_region)
+            if store_url
+            else None
+        )
+        app = create_app(coordinator, store, location)
         if janitors is not None and store is not None:
             metrics = JanitorMetrics(app.state.metrics.registry)
             runner = JanitorRunner(coordinator, store, janitors, metrics=metrics)
@@ -557,10 +584,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8083)
     p.add_argument("--store", default=None, help="object store URL, enables /v1/orphans")
     p.add_argument("--store-endpoint", default=None, help="S3 endpoint (MinIO, moto)")
+    p.add_argument("--store-region", default=None, help="S3 region")
     p.add_argument("--cluster-id", default=None, help="cluster id for a new database")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run(a.db, a.host, a.port, a.store, a.store_endpoint, a.cluster_id)
+    run(a.db, a.host, a.port, a.store, a.store_endpoint, a.cluster_id, store_region=a.store_region)
 
 
 if __name__ == "__main__":

@@ -271,9 +271,13 @@ def coordinator_cmd(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8083,
     store: Annotated[
-        str | None, typer.Option(help="Object store URL (enables the orphan report).")
+        str | None,
+        typer.Option(
+            help="Object store URL: runs the janitors, and Spark jobs learn it from /v1/store."
+        ),
     ] = None,
     store_endpoint: EndpointOpt = None,
+    store_region: RegionOpt = None,
     cluster_id: ClusterOpt = None,
     log_level: LogLevelOpt = "info",
     janitors: JanitorsOpt = "",
@@ -294,7 +298,16 @@ def coordinator_cmd(
         _fail("janitors need the object store: pass --store", code=2)
     if db.startswith("sqlite:///"):
         Path(db.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    run(db, host, port, store, store_endpoint, cluster_id, janitors=config)
+    run(
+        db,
+        host,
+        port,
+        store,
+        store_endpoint,
+        cluster_id,
+        janitors=config,
+        store_region=store_region,
+    )
 
 
 def _janitor_config(
