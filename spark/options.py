@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 import orjson
 
-from segments.segment import COMPRESSIONS
-
 __all__ = [
     "EARLIEST",
     "LATEST",
@@ -301,6 +299,8 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     topic = opts.get("topic")
     if topic is not None and not topic.strip():
         raise ValueError("option 'topic' is empty")
+    from segments.segment import COMPRESSIONS  # the Kafka codec: loaded by writes only
+
     compression = opts.get("compression", "zstd").strip().lower()
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}")

@@ -31,7 +31,15 @@ from segments.store import ObjectStore
 from segments.types import ChunkRef, TopicInfo
 from spark.options import EARLIEST, LATEST, ReadOptions
 
-__all__ = ["Bounds", "Plan", "ScanTask", "Slice", "plan_read", "plan_tasks"]
+__all__ = [
+    "Bounds",
+    "Plan",
+    "ScanTask",
+    "Slice",
+    "plan_read",
+    "plan_tasks",
+    "subscribed_topics",
+]
 
 # Index entries fetched per coordinator lookup while walking a partition.
 _LOOKUP_PAGE = 1000
@@ -115,7 +123,12 @@ class Plan:
     tasks: list[ScanTask] = field(default_factory=list)
 
 
-def _topics(opts: ReadOptions, coordinator: Coordinator, bounds: Bounds) -> list[TopicInfo]:
+def subscribed_topics(opts: ReadOptions, coordinator: Coordinator) -> list[TopicInfo]:
+    """The topics ``subscribe`` names or ``subscribePattern`` matches, now.
+
+    Raises:
+        ValueError: a ``subscribe`` topic does not exist.
+    """
     if opts.topics is not None:
         out = []
         for name in opts.topics:
@@ -123,11 +136,15 @@ def _topics(opts: ReadOptions, coordinator: Coordinator, bounds: Bounds) -> list
                 out.append(coordinator.get_topic(name))
             except TopicNotFoundError:
                 raise ValueError(f"subscribe: unknown topic {name!r}") from None
-    else:
-        assert opts.pattern is not None
-        # Spark's subscribePattern matches whole names (java.util.regex.Matcher.matches).
-        regex = re.compile(opts.pattern)
-        out = [t for t in coordinator.list_topics() if regex.fullmatch(t.name)]
+        return out
+    assert opts.pattern is not None
+    # Spark's subscribePattern matches whole names (java.util.regex.Matcher.matches).
+    regex = re.compile(opts.pattern)
+    return [t for t in coordinator.list_topics() if regex.fullmatch(t.name)]
+
+
+def _topics(opts: ReadOptions, coordinator: Coordinator, bounds: Bounds) -> list[TopicInfo]:
+    out = subscribed_topics(opts, coordinator)
     for spec in (opts.starting, opts.ending):
         if isinstance(spec, dict):
             names = {t.name: t for t in out}

@@ -34,9 +34,8 @@ import math
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -62,12 +61,10 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from coordinator.client import Coordinator
-from index.log import LogWriter
 from segments.types import StoreLocation, TopicInfo
 from spark.connect import get_store, open_coordinator, opened, resolve_store
 from spark.options import ReadOptions, parse_options, parse_write_options
 from spark.plan import Bounds, ScanTask, plan_read, plan_tasks
-from spark.scan import COLUMNS, ScanStats, append_trace, read_task
 from spark.stream import (
     current_offsets,
     from_json,
@@ -76,13 +73,15 @@ from spark.stream import (
     micro_batch_ranges,
     to_json,
 )
-from spark.write import (
-    ObjectsWritten,
-    TaskWriter,
-    check_sink_schema,
-    commit_objects,
-    delete_objects,
-)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from spark.write import ObjectsWritten
+
+# Decoding, encoding and writing (spark.scan, spark.write: pyarrow.parquet, the Kafka
+# codec) are imported where used: Spark's planner starts a Python process for every
+# query it plans, which needs only the light modules above.
 
 __all__ = ["SCHEMA", "LakelogDataSource"]
 
@@ -103,7 +102,7 @@ def _columns(schema: StructType) -> tuple[str, ...]:
     for f in schema.fields:
         want = _TYPES.get(f.name)
         if want is None:
-            raise ValueError(f"schema: {f.name!r} is not a Kafka source column ({COLUMNS})")
+            raise ValueError(f"schema: {f.name!r} is not a Kafka source column ({list(_TYPES)})")
         if f.dataType.simpleString() != want.replace(" ", ""):
             raise ValueError(f"schema: column {f.name!r} must be {want}")
     return tuple(f.name for f in schema.fields)
@@ -230,6 +229,8 @@ def _read(
         if partition.value is not None:
             raise TypeError(f"not a lakelog input partition: {partition!r}")
         return
+    from spark.scan import ScanStats, append_trace, read_task
+
     stats = ScanStats()
     yield from read_task(get_store(partition.location), partition.task, columns, bounds, stats)
     if trace:
@@ -251,6 +252,8 @@ class LakelogReader(DataSourceReader):
             location = resolve_store(opts.connection, coordinator)
             plan = plan_read(opts, coordinator, get_store(location), self.bounds)
         if opts.trace:
+            from spark.scan import append_trace
+
             append_trace(
                 opts.trace,
                 {
@@ -327,6 +330,8 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         store = get_store(self._location)
         tasks = plan_tasks(coordinator, store, ranges, Bounds(), self.opts.max_bytes_per_task)
         if self.opts.trace:
+            from spark.scan import append_trace
+
             append_trace(
                 self.opts.trace,
                 {
@@ -366,6 +371,8 @@ class _Writer:
             raise ValueError(
                 "a lakelog topic is append-only: write with mode 'append' (as Spark's Kafka sink)"
             )
+        from spark.write import check_sink_schema
+
         self.opts = parse_write_options(options)
         columns = {f.name: f.dataType.simpleString() for f in schema.fields}
         check_sink_schema(columns, self.opts.topic)
@@ -378,6 +385,9 @@ class _Writer:
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> LakelogCommitMessage:
         from pyspark import TaskContext
+
+        from index.log import LogWriter
+        from spark.write import TaskWriter
 
         context = TaskContext.get()
         store = get_store(self.location)
@@ -399,6 +409,8 @@ class _Writer:
         return LakelogCommitMessage(written)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None], what: str) -> None:
+        from spark.write import commit_objects
+
         written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
         with opened(self.opts.connection) as coordinator:
             results = commit_objects(get_store(self.location), coordinator, written)
@@ -406,6 +418,8 @@ class _Writer:
         log.info("%s: committed %d objects, %d records", what, len(results), records)
 
     def _abort(self, messages: Sequence[WriterCommitMessage | None], what: str) -> None:
+        from spark.write import delete_objects
+
         written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
         deleted = delete_objects(get_store(self.location), written)
         log.warning("%s aborted: deleted %d uncommitted objects", what, deleted)

@@ -20,13 +20,13 @@ No pyspark here.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 
 from coordinator.client import Coordinator
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
 from segments.types import PartitionOffsets
 from spark.options import EARLIEST, LATEST, ReadOptions
+from spark.plan import subscribed_topics
 
 __all__ = [
     "StreamOffsets",
@@ -63,17 +63,7 @@ def current_offsets(
     Raises:
         ValueError: a ``subscribe`` topic does not exist.
     """
-    if opts.topics is not None:
-        infos = []
-        for name in opts.topics:
-            try:
-                infos.append(coordinator.get_topic(name))
-            except TopicNotFoundError:
-                raise ValueError(f"subscribe: unknown topic {name!r}") from None
-    else:
-        assert opts.pattern is not None
-        regex = re.compile(opts.pattern)
-        infos = [t for t in coordinator.list_topics() if regex.fullmatch(t.name)]
+    infos = subscribed_topics(opts, coordinator)
     out: dict[tuple[str, int], PartitionOffsets] = {}
     for info in infos:
         for p in range(info.partitions):

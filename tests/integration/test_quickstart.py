@@ -23,19 +23,30 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_serve_create_topic_and_produce_round_trip(tmp_path: Path) -> None:
-    cwd = tmp_path / "newcomer"
+def serve(tmp_path: Path, cwd: Path, *flags: str) -> tuple[Proc, str]:
+    """``lakelog serve`` on a free port in ``cwd``; (process, base URL) once it answers."""
     cwd.mkdir()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
     proc = Proc(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--host", "127.0.0.1"],
+        [*command, "--host", "127.0.0.1", *flags],
         tmp_path / "serve.log",
         env={"PYTHONPATH": str(REPO)},  # stands in for `pip install lakelog`
         cwd=cwd,
     )
     try:
         wait_http(f"{base}/health", proc=proc.popen)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, base
+
+
+def test_serve_create_topic_and_produce_round_trip(tmp_path: Path) -> None:
+    cwd = tmp_path / "newcomer"
+    proc, base = serve(tmp_path, cwd)
+    try:
         cluster_id = httpx.get(f"{base}/v3/clusters").json()["data"][0]["cluster_id"]
         r = httpx.post(
             f"{base}/v3/clusters/{cluster_id}/topics",
@@ -86,19 +97,9 @@ def test_serve_runs_the_janitors_old_data_goes_and_its_objects_are_collected(
     with ``retention.ms=1000`` the records produced go, log-start reaches the end, and
     the segment objects that held them are deleted from ./data; nothing else is asked."""
     cwd = tmp_path / "retention"
-    cwd.mkdir()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    args = ["serve", "--port", str(port), "--host", "127.0.0.1", "--gc-grace-s", "1"]
-    args += ["--janitor-interval", "retention=0.5", "--janitor-interval", "gc=0.5"]
-    proc = Proc(
-        [sys.executable, "-m", "service.cli", *args],
-        tmp_path / "serve.log",
-        env={"PYTHONPATH": str(REPO)},
-        cwd=cwd,
-    )
+    intervals = ["--janitor-interval", "retention=0.5", "--janitor-interval", "gc=0.5"]
+    proc, base = serve(tmp_path, cwd, "--gc-grace-s", "1", *intervals)
     try:
-        wait_http(f"{base}/health", proc=proc.popen)
         cluster_id = httpx.get(f"{base}/v3/clusters").json()["data"][0]["cluster_id"]
         r = httpx.post(
             f"{base}/v3/clusters/{cluster_id}/topics",

@@ -82,6 +82,16 @@ def lakelog(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
     )
 
 
+def read_stream(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
+    """A stream from the earliest offsets, through the coordinator only."""
+    return (
+        spark.readStream.format("lakelog")
+        .options(coordinator=cluster.coordinator_url, subscribe=topic)
+        .options(startingOffsets="earliest", **options)
+        .load()
+    )
+
+
 def rows_of(df: Any) -> list[Row]:
     """Rows as the REST view's tuples, sorted by (topic, partition, offset)."""
     out = []
@@ -208,14 +218,8 @@ def test_micro_batches_are_batch_reads_of_their_offsets(
     def sink(df: Any, batch_id: int) -> None:
         batches[batch_id] = rows_of(df)
 
-    stream = (
-        spark.readStream.format("lakelog")
-        .option("coordinator", lakelog_cluster.coordinator_url)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "250")
-        .option("includeHeaders", "true")
-        .load()
+    stream = read_stream(
+        spark, lakelog_cluster, topic, maxOffsetsPerTrigger="250", includeHeaders="true"
     )
     query = (
         stream.writeStream.foreachBatch(sink)
@@ -271,15 +275,8 @@ def test_stream_stopped_and_restarted_reads_every_record_once(
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
     def start(**trigger: Any) -> Any:
-        stream = (
-            spark.readStream.format("lakelog")
-            .option("coordinator", lakelog_cluster.coordinator_url)
-            .option("subscribe", topic)
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", "400")
-            .load()
-            .selectExpr("partition", "offset", "value")
-        )
+        stream = read_stream(spark, lakelog_cluster, topic, maxOffsetsPerTrigger="400")
+        stream = stream.selectExpr("partition", "offset", "value")
         return (
             stream.writeStream.format("parquet")
             .option("path", str(out))
@@ -480,12 +477,7 @@ def test_write_stream_copies_a_topic(
             p,
         )
     query = (
-        spark.readStream.format("lakelog")
-        .option("coordinator", lakelog_cluster.coordinator_url)
-        .option("subscribe", source)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "250")
-        .load()
+        read_stream(spark, lakelog_cluster, source, maxOffsetsPerTrigger="250")
         .select("key", "value")
         .writeStream.format("lakelog")
         .option("coordinator", lakelog_cluster.coordinator_url)
