@@ -366,11 +366,7 @@ class LakelogCommitMessage(WriterCommitMessage):
 class _Writer:
     """What the batch and streaming writers share: set up on the driver, write on tasks."""
 
-    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        if overwrite:
-            raise ValueError(
-                "a lakelog topic is append-only: write with mode 'append' (as Spark's Kafka sink)"
-            )
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
         from spark.write import check_sink_schema
 
         self.opts = parse_write_options(options)
@@ -485,7 +481,13 @@ class LakelogDataSource(DataSource):
         return LakelogStreamReader(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> LakelogWriter:
-        return LakelogWriter(dict(self.options), schema, overwrite)
+        if overwrite:
+            raise ValueError(
+                "a lakelog topic is append-only: write with mode 'append' (as Spark's Kafka sink)"
+            )
+        return LakelogWriter(dict(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LakelogStreamWriter:
-        return LakelogStreamWriter(dict(self.options), schema, overwrite)
+        # Output mode "complete" asks to overwrite: like Spark's Kafka sink, each
+        # micro-batch's whole result is appended.
+        return LakelogStreamWriter(dict(self.options), schema)

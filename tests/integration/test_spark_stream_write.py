@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 import pytest
 
+from coordinator.http_client import HttpCoordinator
 from segments.partitioning import partition_for_key
 from segments.segment import SegmentReader
 from segments.store import open_store
@@ -452,15 +453,9 @@ def test_a_killed_write_task_leaves_nothing_visible_twice(
     got = rest_view(lakelog_cluster.agents, topic, 2, 2000)
     assert sorted(r[4] for r in got) == [b"v%06d" % i + PAD for i in range(2000)]
     new = {o.key for o in store.list("segments/")} - before
-    committed = lakelog_coordinator_committed(lakelog_cluster, sorted(new))
+    with HttpCoordinator(lakelog_cluster.coordinator_url) as coordinator:
+        committed = coordinator.committed_object_keys(sorted(new))
     assert new - committed, "the killed attempt uploaded nothing: the test did not kill mid-write"
-
-
-def lakelog_coordinator_committed(cluster: Cluster, keys: list[str]) -> set[str]:
-    from coordinator.http_client import HttpCoordinator
-
-    with HttpCoordinator(cluster.coordinator_url) as c:
-        return c.committed_object_keys(keys)
 
 
 def test_write_stream_copies_a_topic(
@@ -495,3 +490,23 @@ def test_write_stream_copies_a_topic(
     for r in copied:
         assert r[1] == partition_for_key(r[3], 3)
     orjson.dumps(copied[0][4].decode())  # values are the source's bytes, not re-encoded
+
+
+def test_writes_that_cannot_be_done_say_why(
+    spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str]
+) -> None:
+    """Overwrite, a column the Kafka sink does not have, an unknown topic: refused when the
+    write is planned, with the reason, and nothing written."""
+    topic = topic_of(1)
+    url = lakelog_cluster.coordinator_url
+    df = spark.createDataFrame([("k", "v", 3)], "key string, value string, offset bigint")
+    cases = [
+        (df.select("key", "value").write.mode("overwrite"), topic, "append-only"),
+        (df.write.mode("append"), topic, "'offset' is not one of the Kafka sink's columns"),
+        (df.select("value").write.mode("append"), "no-such-topic-x", "does not exist"),
+    ]
+    for writer, target, message in cases:
+        with pytest.raises(Exception, match=message):
+            writer.format("lakelog").option("coordinator", url).option("topic", target).save()
+    with HttpCoordinator(url) as coordinator:
+        assert coordinator.offsets(topic, 0).high_watermark == 0
