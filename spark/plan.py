@@ -38,6 +38,7 @@ __all__ = [
     "Slice",
     "plan_read",
     "plan_tasks",
+    "start_at_timestamp",
     "subscribed_topics",
 ]
 
@@ -172,6 +173,33 @@ def _offset_for_timestamp(
     return first_offset_at_or_after(store, topic, partition, ref, ts)
 
 
+def start_at_timestamp(
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    store: ObjectStore,
+    topic: str,
+    partition: int,
+    log_start: int,
+    hw: int,
+) -> int:
+    """The first offset at or after ``startingTimestamp`` (batch reads and streams alike).
+
+    Raises:
+        ValueError: no record is that recent and ``startingOffsetsByTimestampStrategy`` is
+            ``error`` (with ``latest``: the high watermark, nothing to read).
+    """
+    assert opts.starting_timestamp is not None
+    found = _offset_for_timestamp(coordinator, store, topic, partition, opts.starting_timestamp)
+    if found is None:
+        if opts.timestamp_strategy == "error":
+            raise ValueError(
+                f"startingTimestamp {opts.starting_timestamp}: no record of {topic}-{partition} "
+                "at or after it (set startingOffsetsByTimestampStrategy=latest to read nothing)"
+            )
+        found = hw
+    return min(max(found, log_start), hw)
+
+
 def _resolve(
     opts: ReadOptions,
     coordinator: Coordinator,
@@ -184,15 +212,7 @@ def _resolve(
     """The offsets [start, end) this read takes from one partition, within the snapshot."""
     tp = f"{topic}-{partition}"
     if opts.starting_timestamp is not None:
-        found = _offset_for_timestamp(coordinator, store, topic, partition, opts.starting_timestamp)
-        if found is None:
-            if opts.timestamp_strategy == "error":
-                raise ValueError(
-                    f"startingTimestamp {opts.starting_timestamp}: no record of {tp} at or "
-                    "after it (set startingOffsetsByTimestampStrategy=latest to read nothing)"
-                )
-            found = hw
-        start = min(max(found, log_start), hw)
+        start = start_at_timestamp(opts, coordinator, store, topic, partition, log_start, hw)
     elif isinstance(opts.starting, dict):
         parts = opts.starting.get(topic)
         if parts is None or partition not in parts:

@@ -303,7 +303,16 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._coordinator
 
     def initialOffset(self) -> dict[str, Any]:
-        return to_json(initial_offsets(self.opts, self._client()))
+        coordinator = self._client()
+        store = None
+        if self.opts.starting_timestamp is not None:
+            store = get_store(self._store_location(coordinator))
+        return to_json(initial_offsets(self.opts, coordinator, store))
+
+    def _store_location(self, coordinator: Coordinator) -> StoreLocation:
+        if self._location is None:
+            self._location = resolve_store(self.opts.connection, coordinator)
+        return self._location
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.opts.max_offsets_per_trigger
@@ -324,10 +333,9 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         coordinator = self._client()
-        if self._location is None:
-            self._location = resolve_store(self.opts.connection, coordinator)
+        location = self._store_location(coordinator)
         ranges = micro_batch_ranges(self.opts, coordinator, from_json(start), from_json(end))
-        store = get_store(self._location)
+        store = get_store(location)
         tasks = plan_tasks(coordinator, store, ranges, Bounds(), self.opts.max_bytes_per_task)
         if self.opts.trace:
             from spark.scan import append_trace
@@ -340,7 +348,7 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "tasks": len(tasks),
                 },
             )
-        return [LakelogPartition(i, task, self._location) for i, task in enumerate(tasks)]
+        return [LakelogPartition(i, task, location) for i, task in enumerate(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from _read(partition, self.columns, Bounds(), self.opts.trace)

@@ -7,6 +7,8 @@ restarted query replans each unfinished micro-batch from exactly the offsets it 
 and :func:`micro_batch_ranges` turns them into the same ranges, hence the same
 records, as a batch read with those ``startingOffsets``/``endingOffsets``.
 
+- a new query starts at ``startingTimestamp`` (as batch reads resolve it) or
+  ``startingOffsets``;
 - new partitions and (with ``subscribePattern``) new topics start at their earliest
   offset, as in Spark's Kafka source;
 - ``maxOffsetsPerTrigger`` is shared out in proportion to each partition's backlog
@@ -24,9 +26,10 @@ from collections.abc import Mapping
 
 from coordinator.client import Coordinator
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
+from segments.store import ObjectStore
 from segments.types import PartitionOffsets
 from spark.options import EARLIEST, LATEST, ReadOptions
-from spark.plan import subscribed_topics
+from spark.plan import start_at_timestamp, subscribed_topics
 
 __all__ = [
     "StreamOffsets",
@@ -74,13 +77,25 @@ def current_offsets(
     return out
 
 
-def initial_offsets(opts: ReadOptions, coordinator: Coordinator) -> StreamOffsets:
-    """Where a new query starts: ``startingOffsets`` (default ``latest``) resolved now.
+def initial_offsets(
+    opts: ReadOptions, coordinator: Coordinator, store: ObjectStore | None = None
+) -> StreamOffsets:
+    """Where a new query starts: ``startingTimestamp`` if given (``store`` then reads the
+    index entry that holds it), else ``startingOffsets`` (default ``latest``), resolved now.
 
     Raises:
-        ValueError: JSON offsets naming a partition the stream does not read or missing one.
+        ValueError: JSON offsets naming a partition the stream does not read or missing
+            one; no record at or after ``startingTimestamp`` with the ``error`` strategy.
     """
     now = current_offsets(opts, coordinator)
+    if opts.starting_timestamp is not None:
+        assert store is not None, "startingTimestamp needs the store"
+        return {
+            (t, p): start_at_timestamp(
+                opts, coordinator, store, t, p, o.log_start, o.high_watermark
+            )
+            for (t, p), o in now.items()
+        }
     spec = opts.starting
     if spec == "earliest":
         return {tp: o.log_start for tp, o in now.items()}

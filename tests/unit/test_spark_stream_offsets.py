@@ -12,7 +12,10 @@ import pytest
 
 from coordinator.client import ChunkCommit
 from coordinator.local import LocalCoordinator
-from segments.types import PartitionOffsets
+from index.log import LogWriter
+from segments.segment import SegmentBuilder
+from segments.store import open_store
+from segments.types import PartitionOffsets, Record
 from spark.options import ReadOptions, parse_options
 from spark.stream import (
     from_json,
@@ -98,3 +101,26 @@ def test_micro_batch_ranges_after_retention(coordinator: LocalCoordinator, tmp_p
     assert micro_batch_ranges(opts(), coordinator, {("t", 0): 35}, {("t", 0): 50}) == {
         ("t", 0): (35, 50)
     }
+
+
+def test_a_stream_can_start_at_a_timestamp(tmp_path: Path) -> None:
+    """startingTimestamp: each partition from its first record at or after it, as a batch
+    read resolves it; none that recent fails, or starts at the end with strategy latest."""
+    c = LocalCoordinator(f"sqlite:///{tmp_path / 'ts.db'}")
+    store = open_store("memory://")
+    try:
+        topic = c.create_topic("t", 2)
+        builder = SegmentBuilder()
+        for p in range(2):
+            builder.append(
+                topic.topic_id, p, [Record(None, b"v", 1000 + 10 * i + p) for i in range(20)]
+            )
+        LogWriter(store, c).write(builder)
+        start = opts(startingTimestamp="1101")
+        assert initial_offsets(start, c, store) == {("t", 0): 11, ("t", 1): 10}
+        with pytest.raises(ValueError, match="no record of t-0 at or after it"):
+            initial_offsets(opts(startingTimestamp="5000"), c, store)
+        late = opts(startingTimestamp="5000", startingOffsetsByTimestampStrategy="latest")
+        assert initial_offsets(late, c, store) == {("t", 0): 20, ("t", 1): 20}
+    finally:
+        c.close()
