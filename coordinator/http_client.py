@@ -43,7 +43,14 @@ from coordinator.producers import ProducerBatch, ProducerPartitionState
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectInfo
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
+from segments.types import (
+    AgentInfo,
+    ChunkRef,
+    PartitionOffsets,
+    StoreLocation,
+    TopicInfo,
+    TopicPartition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +158,17 @@ def object_info_to_json(o: ObjectInfo) -> JSON:
 
 def object_info_from_json(d: JSON) -> ObjectInfo:
     return ObjectInfo(**d)
+
+
+def store_location_to_json(location: StoreLocation | None) -> JSON:
+    """``{"url", "endpoint", "region"}``; every field null for a coordinator without a store."""
+    if location is None:
+        return {"url": None, "endpoint": None, "region": None}
+    return {"url": location.url, "endpoint": location.endpoint, "region": location.region}
+
+
+def store_location_from_json(d: JSON) -> StoreLocation | None:
+    return None if d["url"] is None else StoreLocation(d["url"], d["endpoint"], d["region"])
 
 
 def tp_to_json(tp: TopicPartition) -> JSON:
@@ -945,6 +963,14 @@ class HttpCoordinator:
         return str(data["compatibility"])
 
     # -- beyond the Protocol --------------------------------------------------
+
+    def store_location(self) -> StoreLocation | None:
+        """The object store the cluster writes to (None: the coordinator has no store).
+
+        What Spark jobs read and write the bucket with: URL, endpoint and region, never
+        credentials (those come from the reader's own AWS chain).
+        """
+        return store_location_from_json(self._request("GET", "/v1/store", idempotent=True))
 
     def find_orphans(self, grace_s: float, prefix: str = "segments/") -> list[ObjectInfo]:
         """The server's orphan report (needs a coordinator started with a store)."""

@@ -28,6 +28,9 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
                                                                "kafka_host", "kafka_port"}
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
+    GET    /v1/store                         {"url", "endpoint", "region"}: where the objects
+                                             are, for Spark jobs (nulls without a store;
+                                             never credentials)
 
     Kafka consumer groups (KafkaGroupCoordinator): POST /v1/kafka-groups/{join, sync,
     heartbeat, leave, commit, committed, describe, delete}, each naming the group (and
@@ -112,6 +115,7 @@ from coordinator.http_client import (
     object_info_to_json,
     positions_from_json,
     reference_from_json,
+    store_location_to_json,
     stored_schema_to_json,
     subject_version_to_json,
     topic_to_json,
@@ -122,7 +126,8 @@ from coordinator.kafka_groups import KafkaGroupCoordinator
 from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
 from segments.errors import LakelogError, MalformedRequestError
-from segments.store import ObjectStore
+from segments.store import ObjectStore, absolute_store_url
+from segments.types import StoreLocation
 
 log = logging.getLogger(__name__)
 
@@ -329,11 +334,19 @@ class FullCoordinator(Coordinator, GroupCoordinator, KafkaGroupCoordinator, Sche
     """What the server serves: the log, both doors' consumer groups, the schema registry."""
 
 
-def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -> FastAPI:
+def create_app(
+    coordinator: FullCoordinator,
+    store: ObjectStore | None = None,
+    location: StoreLocation | None = None,
+) -> FastAPI:
     """The coordinator's HTTP API over ``coordinator``; ``store`` enables /v1/orphans.
 
-    The caller owns both and closes them after the app stops.
+    ``location`` is what /v1/store tells Spark jobs (default: ``store``'s URL, made
+    absolute for ``file://``). The caller owns the coordinator and the store and closes
+    them after the app stops.
     """
+    if location is None and store is not None:
+        location = StoreLocation(absolute_store_url(store.url))
     app = FastAPI(title="lakelog coordinator", docs_url=None, redoc_url=None)
     metrics = _Metrics()
     app.state.metrics = metrics
@@ -801,6 +814,10 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
             subject = _opt_str(body, "subject")
         return _json({"compatibility": coordinator.delete_compatibility(subject)})
 
+    @app.get("/v1/store")
+    def store_location() -> Response:
+        return _json(store_location_to_json(location))
+
     # -- garbage report ---------------------------------------------------------
 
     if store is not None:
@@ -822,6 +839,7 @@ def run(
     store_endpoint: str | None = None,
     cluster_id: str | None = None,
     janitors: JanitorConfig | None = None,
+    store_region: str | None = None,
 ) -> None:
     """Serve a coordinator over ``db_url`` with uvicorn until interrupted.
 
@@ -836,10 +854,19 @@ def run(
     if janitors is not None and janitors.enabled and not store_url:
         raise ValueError("janitors need the object store: pass --store")
     coordinator = LocalCoordinator(db_url, cluster_id=cluster_id)
-    store = open_store(store_url, endpoint_url=store_endpoint) if store_url else None
+    store = (
+        open_store(store_url, endpoint_url=store_endpoint, region=store_region)
+        if store_url
+        else None
+    )
     runner: JanitorRunner | None = None
     try:
-        app = create_app(coordinator, store)
+        location = (
+            StoreLocation(absolute_store_url(store_url), store_endpoint, store_region)
+            if store_url
+            else None
+        )
+        app = create_app(coordinator, store, location)
         if janitors is not None and store is not None:
             metrics = JanitorMetrics(app.state.metrics.registry)
             runner = JanitorRunner(coordinator, store, janitors, metrics=metrics)
@@ -869,10 +896,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8083)
     p.add_argument("--store", default=None, help="object store URL, enables /v1/orphans")
     p.add_argument("--store-endpoint", default=None, help="S3 endpoint (MinIO, moto)")
+    p.add_argument("--store-region", default=None, help="S3 region")
     p.add_argument("--cluster-id", default=None, help="cluster id for a new database")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run(a.db, a.host, a.port, a.store, a.store_endpoint, a.cluster_id)
+    run(a.db, a.host, a.port, a.store, a.store_endpoint, a.cluster_id, store_region=a.store_region)
 
 
 if __name__ == "__main__":

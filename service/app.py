@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from coordinator.client import Coordinator
 from coordinator.groups import GroupCoordinator
+from coordinator.janitors.context import JanitorConfig
 from coordinator.schemas import SchemaStore
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
@@ -194,6 +195,26 @@ async def heartbeat_loop(state: AgentState) -> None:
             log.exception("heartbeat failed unexpectedly; retrying")
 
 
+async def _start_janitors(
+    stack: AsyncExitStack,
+    coordinator: Coordinator,
+    store: ObjectStore,
+    config: JanitorConfig,
+    metrics: Metrics,
+) -> None:
+    """Run the janitors in this process (``lakelog serve``), stopped with the app."""
+    from coordinator.janitors.runner import JanitorMetrics, JanitorRunner
+    from coordinator.local import LocalCoordinator
+
+    if not isinstance(coordinator, LocalCoordinator):
+        log.info("janitors left to the coordinator processes")
+        return
+    runner = JanitorRunner(coordinator, store, config, metrics=JanitorMetrics(metrics.registry))
+    runner.start()
+    # Stopping waits for the current unit of work: off the event loop.
+    stack.push_async_callback(asyncio.to_thread, runner.stop)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
@@ -270,6 +291,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
         stack.push_async_callback(_stop_heartbeat)
         app.state.agent = state
+        janitors: JanitorConfig | None = app.state.janitors
+        if janitors is not None and janitors.enabled:
+            await _start_janitors(stack, coordinator, store, janitors, metrics)
         log.info(
             "lakelog agent %s up: cluster %s, coordinator %s, store %s",
             settings.agent_id,
@@ -302,8 +326,14 @@ async def metrics(state: AgentState = Depends(get_state)) -> Response:
     return Response(body, media_type=content_type)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The agent app. ``settings`` default to ``get_settings()`` (the environment)."""
+def create_app(
+    settings: Settings | None = None, *, janitors: JanitorConfig | None = None
+) -> FastAPI:
+    """The agent app. ``settings`` default to ``get_settings()`` (the environment).
+
+    ``janitors``: run these in the background when the coordinator is in-process
+    (``lakelog serve``); an agent of coordinator processes leaves them to those.
+    """
     settings = settings if settings is not None else get_settings()
     app = FastAPI(
         # Both forms of every path are served (service.web strips a trailing slash):
@@ -315,6 +345,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.janitors = janitors
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install_error_handlers(app)
     install_middleware(app, settings)

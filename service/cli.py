@@ -96,8 +96,17 @@ JanitorsOpt = Annotated[
     typer.Option(
         "--janitors",
         envvar="LAKELOG_JANITORS",
-        help="Janitors to run in the background: comma-separated tier,retention,compact,gc "
-        "or all [default: none].",
+        help="Janitors to run in the background: comma-separated tier,retention,compact,gc, "
+        "all, or none [default: none].",
+    ),
+]
+ServeJanitorsOpt = Annotated[
+    str,
+    typer.Option(
+        "--janitors",
+        envvar="LAKELOG_JANITORS",
+        help="Janitors to run on their schedules: comma-separated tier,retention,compact,gc, "
+        "all, or none.",
     ),
 ]
 IntervalOpt = Annotated[
@@ -159,14 +168,16 @@ def _setup_logging(log_level: str) -> None:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def _run_agent(settings: Settings, log_level: str, access_log: bool) -> None:
+def _run_agent(
+    settings: Settings, log_level: str, access_log: bool, janitors: JanitorConfig | None = None
+) -> None:
     import uvicorn
 
     from service.app import create_app
 
     _setup_logging(log_level)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, janitors=janitors),
         host=settings.host,
         port=settings.port,
         log_level=log_level.lower(),
@@ -209,8 +220,21 @@ def serve(
     kafka_advertised: KafkaAdvertisedOpt = None,
     log_level: LogLevelOpt = "info",
     access_log: AccessLogOpt = False,
+    janitors: ServeJanitorsOpt = "all",
+    janitor_interval: IntervalOpt = None,
+    tier_age_s: TierAgeOpt = None,
+    tier_untiered_bytes: TierBytesOpt = None,
+    gc_grace_s: GraceOpt = None,
+    lease_ttl_s: LeaseTtlOpt = None,
 ) -> None:
-    """Agent and coordinator in one process: SQLite and file://./data unless told otherwise."""
+    """Agent and coordinator in one process: SQLite and file://./data unless told otherwise.
+
+    The janitors (tiering, retention, compaction, garbage collection) run in it on their
+    schedules, as in ``lakelog coordinator --janitors all``.
+    """
+    config = _janitor_config(
+        janitors, janitor_interval, tier_age_s, tier_untiered_bytes, gc_grace_s, lease_ttl_s
+    )
     settings = _settings(
         coordinator="",
         host=host,
@@ -230,7 +254,7 @@ def serve(
         kafka_advertised=kafka_advertised,
     )
     _ensure_local_dirs(settings)
-    _run_agent(settings, log_level, access_log)
+    _run_agent(settings, log_level, access_log, config)
 
 
 @app.command()
@@ -288,9 +312,13 @@ def coordinator_cmd(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8083,
     store: Annotated[
-        str | None, typer.Option(help="Object store URL (enables the orphan report).")
+        str | None,
+        typer.Option(
+            help="Object store URL: runs the janitors, and Spark jobs learn it from /v1/store."
+        ),
     ] = None,
     store_endpoint: EndpointOpt = None,
+    store_region: RegionOpt = None,
     cluster_id: ClusterOpt = None,
     log_level: LogLevelOpt = "info",
     janitors: JanitorsOpt = "",
@@ -311,7 +339,16 @@ def coordinator_cmd(
         _fail("janitors need the object store: pass --store", code=2)
     if db.startswith("sqlite:///"):
         Path(db.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    run(db, host, port, store, store_endpoint, cluster_id, janitors=config)
+    run(
+        db,
+        host,
+        port,
+        store,
+        store_endpoint,
+        cluster_id,
+        janitors=config,
+        store_region=store_region,
+    )
 
 
 def _janitor_config(
@@ -328,6 +365,8 @@ def _janitor_config(
     names = {n.strip() for n in janitors.split(",") if n.strip()}
     if names == {"all"}:
         names = set(DEFAULT_INTERVALS_S)
+    elif names == {"none"}:
+        names = set()
     given: dict[str, Any] = {
         "tier_age_s": tier_age_s,
         "tier_untiered_bytes": tier_untiered_bytes,

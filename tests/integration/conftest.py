@@ -15,6 +15,7 @@ Fixtures:
   to kill agents (``cluster.agent_procs[i].kill()``) or to run agents with
   other settings (e.g. ``agent_env={"LAKELOG_LINGER_MS": "500"}``).
 - ``unique_topic``: a fresh topic name per call.
+- ``spark`` (session): one local SparkSession for every Spark test.
 
 A ``Cluster`` gives ``agents`` (base URLs), ``coordinator_url``, ``store_url``,
 ``store_endpoint``, ``bucket``, ``cluster_id`` and the ``Proc`` handles; their
@@ -23,6 +24,8 @@ logs are in ``cluster.tmp``.
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -299,3 +302,41 @@ def served_db(served: tuple[str, str]) -> Iterator[LocalCoordinator]:
     c = LocalCoordinator(served[1])
     yield c
     c.close()
+
+
+# -- one SparkSession for the run ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession shared by every Spark test (a session takes ~7 s to start).
+
+    ``local[2,2]``: two cores, and a failed task is tried once more (local mode's
+    default is no retry), as on a cluster; the killed-write-task test needs it. The
+    source is registered by hand: this venv's editable install is not a module on
+    ``sys.path`` that Spark's lookup can list (a real install is; see
+    ``test_spark_stream_write.py::test_a_fresh_session_needs_no_registration``).
+    Filter pushdown is on, as the README tells users to set it.
+    """
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import spark as lakelog_spark
+
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("lakelog-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    lakelog_spark.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
