@@ -13,7 +13,9 @@ from coordinator.db import MetadataDatabase, WriteMode, open_database
 from coordinator.groups import (
     CommittedOffset,
     ConsumerConfig,
+    ConsumerHeartbeat,
     ConsumerState,
+    FetchLease,
     GroupCoordinator,
     GroupInfo,
 )
@@ -144,6 +146,11 @@ class LocalCoordinator:
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         return self._store.offsets(topic, partition)
 
+    def offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionOffsets]:
+        return self._store.offsets_many(partitions)
+
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16
     ) -> list[ChunkRef]:
@@ -190,6 +197,24 @@ class LocalCoordinator:
         self, group: str, name: str, generation: int, positions: Mapping[TopicPartition, int]
     ) -> ConsumerState:
         return self._groups.advance(group, name, generation, positions)
+
+    def begin_fetch(self, group: str, name: str, token: str, lease_ms: int) -> FetchLease:
+        return self._groups.begin_fetch(group, name, token, lease_ms)
+
+    def confirm_fetch(
+        self, group: str, name: str, token: str, start: Mapping[TopicPartition, int], lease_ms: int
+    ) -> FetchLease:
+        return self._groups.confirm_fetch(group, name, token, start, lease_ms)
+
+    def end_fetch(
+        self, group: str, name: str, token: str, positions: Mapping[TopicPartition, int] | None
+    ) -> None:
+        self._groups.end_fetch(group, name, token, positions)
+
+    def heartbeat_consumers(
+        self, members: Sequence[ConsumerHeartbeat], lease_ms: int
+    ) -> list[tuple[str, str]]:
+        return self._groups.heartbeat_consumers(members, lease_ms)
 
     def commit_offsets(
         self,

@@ -13,6 +13,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/topics/{name}/partitions      topic  <- {"partitions"}
     POST   /v1/topics/{name}/configs         topic  <- {"set", "delete", "validate_only"}
     GET    /v1/topics/{name}/partitions/{p}/offsets                 {"log_start", "high_watermark"}
+    POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
+                                             <- {"partitions": [tp]}  (unknown ones left out)
     GET    /v1/topics/{name}/partitions/{p}/lookup?offset=&max_chunks=   {"chunks": [ref]}
     GET    /v1/topics/{name}/partitions/{p}/lookup-timestamp?ts=         {"chunk": ref | null}
     GET    /v1/topic-ids/{hex}               topic
@@ -41,6 +43,19 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
                                              <- {"group", "name", "generation", "positions"}
     POST   /v1/consumers/commit              204  <- {"group", "name", "generation" | null,
                                                       "offsets": [tp + offset + metadata]}
+    POST   /v1/consumers/fetch/begin         lease  <- {"group", "name", "token", "lease_ms"}
+    POST   /v1/consumers/fetch/confirm       lease  <- {"group", "name", "token", "start",
+                                                        "lease_ms"}
+    POST   /v1/consumers/fetch/end           204  <- {"group", "name", "token",
+                                                      "positions" | null}
+    POST   /v1/consumers/heartbeat           {"gone": [{"group", "name"}]}
+                                             <- {"members": [{"group", "name", "token"}],
+                                                 "lease_ms"}
+
+    lease = {"state": consumer, "token" | null, "ok", "busy_for_s"}.
+
+``lakelog_coordinator_requests_total{method, route}`` counts every request by route
+template, so a test or an operator can see how many calls a view costs.
 
 Every ``LakelogError`` is answered as ``{"error": <class name>, "message", "retriable"}``
 with the status from ``_STATUS_BY_ERROR``; a malformed request is a ``MalformedRequestError``
@@ -63,6 +78,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.client import Coordinator
 from coordinator.groups import GroupCoordinator
@@ -74,8 +90,11 @@ from coordinator.http_client import (
     committed_to_json,
     consumer_config_from_json,
     consumer_state_to_json,
+    fetch_lease_to_json,
     group_info_to_json,
+    heartbeat_from_json,
     object_info_to_json,
+    offsets_to_json,
     positions_from_json,
     topic_to_json,
     tp_from_json,
@@ -84,6 +103,7 @@ from coordinator.janitors.context import JanitorConfig
 from coordinator.orphans import find_orphans
 from segments.errors import LakelogError, MalformedRequestError
 from segments.store import ObjectStore
+from segments.types import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +132,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "ConsumerStateError": 409,
     "StaleGenerationError": 409,
     "InvalidConsumerConfigError": 400,
+    "InvalidTopicPatternError": 400,
     "NoOffsetError": 409,
     "BufferFullError": 503,
     "RequestError": 400,
@@ -165,6 +186,13 @@ def _list(body: dict[str, Any], key: str) -> list[Any]:
     value = body.get(key) or []
     if not isinstance(value, list):
         raise TypeError(f"{key} must be a list, got {value!r}")
+    return value
+
+
+def _int_field(body: dict[str, Any], key: str) -> int:
+    value = body[key]
+    if type(value) is not int:
+        raise TypeError(f"{key} must be an integer, got {value!r}")
     return value
 
 
@@ -238,6 +266,30 @@ class _Metrics:
             ["error"],
             registry=self.registry,
         )
+        self.requests = Counter(
+            "lakelog_coordinator_requests",
+            "Requests answered, by method and route template.",
+            ["method", "route"],
+            registry=self.registry,
+        )
+
+
+class _CountRequests:
+    """ASGI middleware: counts each request under its route template once it is answered."""
+
+    def __init__(self, app: ASGIApp, metrics: _Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(scope["method"], route).inc()
 
 
 class FullCoordinator(Coordinator, GroupCoordinator, Protocol):
@@ -252,6 +304,7 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
     app = FastAPI(title="lakelog coordinator", docs_url=None, redoc_url=None)
     metrics = _Metrics()
     app.state.metrics = metrics
+    app.add_middleware(_CountRequests, metrics=metrics)
 
     @app.exception_handler(LakelogError)
     async def lakelog_error(request: Request, exc: LakelogError) -> Response:
@@ -313,6 +366,12 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
     def offsets(name: str, partition: int) -> Response:
         o = coordinator.offsets(name, partition)
         return _json({"log_start": o.log_start, "high_watermark": o.high_watermark})
+
+    @app.post("/v1/offsets")
+    def offsets_many(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("offsets"):
+            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
+        return _json({"offsets": offsets_to_json(coordinator.offsets_many(partitions))})
 
     @app.get("/v1/topics/{name:path}/partitions/{partition}/lookup")
     def lookup(
@@ -488,6 +547,41 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
             offsets = committed_from_json(_list(body, "offsets"))
         coordinator.commit_offsets(group, name, offsets, generation)
         return Response(status_code=204)
+
+    @app.post("/v1/consumers/fetch/begin")
+    def begin_fetch(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("begin fetch"):
+            group, name, token = _str(body, "group"), _str(body, "name"), _str(body, "token")
+            lease_ms = _int_field(body, "lease_ms")
+        return _json(fetch_lease_to_json(coordinator.begin_fetch(group, name, token, lease_ms)))
+
+    @app.post("/v1/consumers/fetch/confirm")
+    def confirm_fetch(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("confirm fetch"):
+            group, name, token = _str(body, "group"), _str(body, "name"), _str(body, "token")
+            start = positions_from_json(_list(body, "start"))
+            lease_ms = _int_field(body, "lease_ms")
+        lease = coordinator.confirm_fetch(group, name, token, start, lease_ms)
+        return _json(fetch_lease_to_json(lease))
+
+    @app.post("/v1/consumers/fetch/end")
+    def end_fetch(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("end fetch"):
+            group, name, token = _str(body, "group"), _str(body, "name"), _str(body, "token")
+            raw = body.get("positions")
+            positions: dict[TopicPartition, int] | None = (
+                None if raw is None else positions_from_json(_list(body, "positions"))
+            )
+        coordinator.end_fetch(group, name, token, positions)
+        return Response(status_code=204)
+
+    @app.post("/v1/consumers/heartbeat")
+    def heartbeat_consumers(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("consumer heartbeat"):
+            members = [heartbeat_from_json(m) for m in _list(body, "members")]
+            lease_ms = _int_field(body, "lease_ms")
+        gone = coordinator.heartbeat_consumers(members, lease_ms)
+        return _json({"gone": [{"group": g, "name": n} for g, n in gone]})
 
     # -- garbage report ---------------------------------------------------------
 

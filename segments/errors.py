@@ -27,6 +27,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── ConsumerStateError        subscribe vs assign conflict, seek of an unassigned partition
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
+    │   ├── InvalidTopicPatternError  a topic_pattern we cannot run (Java syntax RE2 lacks)
     │   └── NoOffsetError             auto.offset.reset=none and no committed offset
     ├── BufferFullError               retriable: the agent's write buffer stayed full
     └── RequestError                  a client's request is not acceptable (web layer)
@@ -151,6 +152,10 @@ class InvalidConsumerConfigError(MetadataError):
     """A consumer setting the instance cannot take (format, reset policy, sizes)."""
 
 
+class InvalidTopicPatternError(MetadataError):
+    """A subscription pattern that is not valid, or uses Java regex features we do not run."""
+
+
 class NoOffsetError(MetadataError):
     """auto.offset.reset is none and the partition has no committed offset."""
 
@@ -225,6 +230,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         ConsumerStateError,
         StaleGenerationError,
         InvalidConsumerConfigError,
+        InvalidTopicPatternError,
         NoOffsetError,
         BufferFullError,
         RequestError,

@@ -141,6 +141,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     # A rebalance overtook the request: the client retries with the new assignment.
     e.StaleGenerationError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
+    e.InvalidTopicPatternError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),

@@ -27,6 +27,8 @@ from segments.errors import (
     ConsumerStateError,
     GroupNotFoundError,
     InvalidConsumerConfigError,
+    InvalidTopicNameError,
+    InvalidTopicPatternError,
     PartitionNotFoundError,
     StaleGenerationError,
     TopicNotFoundError,
@@ -498,10 +500,12 @@ def test_subscribe_and_assign_conflicts(c: LocalCoordinator) -> None:
         c.subscribe("g", "x", ["sa"], pattern="s.*")  # both
     with pytest.raises(ConsumerStateError):
         c.subscribe("g", "x")  # neither
-    with pytest.raises(ConsumerStateError):
+    with pytest.raises(InvalidTopicPatternError):
         c.subscribe("g", "x", pattern="(")  # not a regex
-    with pytest.raises(TopicNotFoundError):
-        c.subscribe("g", "x", ["sa", "missing"])
+    with pytest.raises(InvalidTopicPatternError):
+        c.subscribe("g", "x", pattern="(?=s)sa")  # Java lookahead: refused, not misread
+    with pytest.raises(InvalidTopicNameError):
+        c.subscribe("g", "x", ["sa", "no spaces"])
     assert c.consumer("g", "x").subscription == ()  # nothing stored by the failures
 
     c.subscribe("g", "x", ["sa"])
@@ -552,7 +556,7 @@ def test_deleted_topic_drops_out(c: LocalCoordinator) -> None:
     c.commit_offsets("g", "x", {TP("d2", 0): CommittedOffset(0)}, s.generation)
     c.delete_topic("d2")
     s = c.consumer("g", "x")
-    assert s.subscription == ("d1",)
+    assert s.subscription == ("d1", "d2")  # as subscribed (Kafka keeps it too)
     assert s.assignment == (TP("d1", 0),)
     assert c.describe_group("g").committed == {}
 
