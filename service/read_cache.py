@@ -11,9 +11,12 @@
   tiering and retention swap or drop entries); "nothing past the high watermark"
   is never cached, so new data is seen at once.
 - ``CachingLogReader``: a ``LogReader`` over both, with read-ahead of the next
-  chunks in parallel when catching up on history. A tier object (a ``"parquet"``
-  index entry) is fetched whole, once, and kept in the history budget like any
-  range; its records are decoded one row group at a time from the wanted offset.
+  chunks in parallel when catching up on history. Read-ahead is best effort and
+  bounded: at most ``4 x read_ahead`` chunks queued or in flight per agent (each
+  at most once); more is skipped, and the reader fetches those chunks itself.
+  A tier object (a ``"parquet"`` index entry) is fetched whole, once, and kept in
+  the history budget like any range; its records are decoded one row group at a
+  time from the wanted offset.
 
 Everything here is synchronous and thread-safe: the agent calls it from worker
 threads (``asyncio.to_thread``), so coalescing works across tasks and threads alike.
@@ -318,6 +321,10 @@ class CachingLogReader(LogReader):
             if read_ahead > 0
             else None
         )
+        # Ranges queued for read-ahead or being fetched by it: the queue's bound.
+        self._pending: set[RangeKey] = set()
+        self._pending_lock = threading.Lock()
+        self.max_pending = 4 * read_ahead
         # Log-start per partition, refreshed with every index lookup that reaches the
         # coordinator, so it is exactly as fresh as the index entries it goes with.
         self._log_starts: dict[tuple[str, int], int] = {}
@@ -375,16 +382,30 @@ class CachingLogReader(LogReader):
         for ref in refs[: self.read_ahead]:
             key = (ref.object_key, ref.position, ref.length)
             if key not in self.cache:
-                self._pool.submit(self._prefetch_one, ref)
+                with self._pending_lock:
+                    if len(self._pending) >= self.max_pending:
+                        return  # the queue is full: the reader fetches it when it gets there
+                    queued = key not in self._pending
+                    self._pending.add(key)
+                if queued:
+                    self._pool.submit(self._prefetch_one, ref, key)
             budget -= ref.length
             if budget <= 0:
                 return
 
-    def _prefetch_one(self, ref: ChunkRef) -> None:
+    def _prefetch_one(self, ref: ChunkRef, key: RangeKey) -> None:
         try:
             self.fetch_chunk(ref)
         except Exception as e:  # the reader will fetch it again and see the error
             log.debug("read-ahead of %s failed: %s", ref.object_key, e)
+        finally:
+            with self._pending_lock:
+                self._pending.discard(key)
+
+    def pending_read_ahead(self) -> int:
+        """Chunks queued for read-ahead or being fetched by it."""
+        with self._pending_lock:
+            return len(self._pending)
 
     def records(
         self, topic: str, partition: int, offset: int, *, read_ahead_bytes: int = 0

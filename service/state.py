@@ -12,6 +12,7 @@ from index.log import LogWriter
 from segments.store import ObjectStore
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
+from service.consumer_sessions import ConsumerSessions
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader
@@ -41,6 +42,8 @@ class AgentState:
     reader: CachingLogReader
     notifier: Notifier
     consume_metrics: ConsumeMetrics
+    #: The consumer instances this agent serves: local fetch locks, heartbeats, fetch budget.
+    consumers: ConsumerSessions
 
 
 def get_state(request: Request) -> AgentState:

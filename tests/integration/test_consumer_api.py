@@ -295,9 +295,20 @@ def test_subscription_lifecycle_and_conflicts(
     r = c.call("POST", "/assignments", {"partitions": [{"topic": topic, "partition": 0}]})
     assert r.status_code == 409
     assert r.json()["error_code"] == 40903
-    r = c.call("POST", "/subscription", {"topics": [unique_topic("missing")]})
-    assert r.status_code == 404
-    assert r.json() == {"error_code": 40401, "message": "Topic not found."}
+    # As kafka-rest: a topic that does not exist yet is subscribed (assigned once created).
+    missing = unique_topic("missing")
+    assert c.call("POST", "/subscription", {"topics": [missing]}).status_code == 204
+    assert c.call("GET", "/subscription").json() == {"topics": [missing]}
+    assert c.call("GET", "/assignments").json() == {"partitions": []}
+    c.subscribe(topic)
+    r = c.call("POST", "/subscription", {"topics": ["no spaces allowed"]})
+    assert r.status_code == 422
+    assert r.json() == {"error_code": 42206, "message": "Invalid topic name."}
+    # Java regex constructs RE2 cannot run are refused, not misread.
+    r = c.call("POST", "/subscription", {"topic_pattern": "(?=x).*"})
+    assert r.status_code == 422
+    assert r.json()["error_code"] == 42206
+    assert "lookahead is not supported" in r.json()["message"]
     assert c.call("POST", "/subscription", {"topics": "nope"}).status_code == 422
     assert c.call("POST", "/subscription", {"topic_pattern": 5}).status_code == 422
     # Subscribed: the group assigned both partitions to the only member.

@@ -1,0 +1,108 @@
+"""Knowing whether an answer reached its client: disconnect watching and a reporting response.
+
+HTTP has no acknowledgement, so "delivered" here means: the whole body was
+handed to the connection while the client was still connected. A client that
+hung up before (a timeout shorter than the long-poll, a killed process) is
+seen by the server as an ``http.disconnect`` message on the request's ASGI
+``receive`` channel; ``DisconnectWatch`` waits on that channel for the whole
+request and ``DeliveryResponse`` reports to its ``on_done`` callback whether
+it got its body out first. Bytes still in socket buffers when a client dies
+can be lost; that window is the kernel's, and the at-least-once redelivery
+covers it only if the client had not yet been answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+#: Body slices written one after another, each after checking the client is still there
+#: (and under uvicorn's flow control, so a 64 MiB answer is not buffered whole twice).
+SLICE_BYTES = 1 << 20
+
+
+class DisconnectWatch:
+    """Waits on a request's ``receive`` channel until the client disconnects.
+
+    Start it before the long-poll (a GET has no body to read, so nobody else
+    reads ``receive``); ``on_disconnect`` callbacks run when it happens (e.g. to
+    wake a waiting fetch). After the response is complete, ASGI servers answer
+    ``receive`` with ``http.disconnect`` too: stop the watch before that.
+    """
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task: asyncio.Task[None] | None = None
+        self.disconnected = False
+        self.callbacks: list[Callable[[], None]] = []
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._watch(), name="lakelog-disconnect-watch")
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                for callback in self.callbacks:
+                    callback()
+                return
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class DeliveryResponse(Response):
+    """A response that writes its body in slices, gives up when the client is gone, and
+    then calls ``on_done(delivered)`` (also when it never got to send anything).
+
+    ``watch`` must have been started; it is stopped here, before the last (empty)
+    body message completes the response.
+    """
+
+    def __init__(
+        self,
+        content: bytes,
+        media_type: str,
+        watch: DisconnectWatch,
+        on_done: Callable[[bool], Awaitable[None]],
+    ) -> None:
+        super().__init__(content, media_type=media_type)
+        self.watch = watch
+        self.on_done = on_done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        delivered = False
+        try:
+            if not self.watch.disconnected:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": self.status_code,
+                        "headers": self.raw_headers,
+                    }
+                )
+                view = memoryview(self.body)
+                for start in range(0, len(view), SLICE_BYTES):
+                    if self.watch.disconnected:
+                        break
+                    chunk = bytes(view[start : start + SLICE_BYTES])
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                else:
+                    await asyncio.sleep(0)  # let a pending disconnect show
+                    delivered = not self.watch.disconnected
+                await self.watch.stop()
+                if delivered:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.watch.stop()
+            await self.on_done(delivered)
