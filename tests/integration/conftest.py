@@ -84,8 +84,12 @@ def start_cluster(
     agents: int = 2,
     agent_args: Sequence[str] = (),
     agent_env: dict[str, str] | None = None,
+    db_url: str | None = None,
 ) -> Cluster:
-    """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy."""
+    """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy.
+
+    ``db_url``: the coordinator's metadata database (default: a SQLite file in ``tmp``).
+    """
     tmp.mkdir(parents=True, exist_ok=True)
     bucket = f"lakelog-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
@@ -97,7 +101,7 @@ def start_cluster(
         lakelog_cmd(
             "coordinator",
             "--db",
-            f"sqlite:///{tmp / 'meta.db'}",
+            db_url or f"sqlite:///{tmp / 'meta.db'}",
             "--host",
             "127.0.0.1",
             "--port",
@@ -187,6 +191,7 @@ def cluster_factory(moto_endpoint: str, tmp_path: Path) -> Iterator[ClusterFacto
         agents: int = 2,
         agent_args: Sequence[str] = (),
         agent_env: dict[str, str] | None = None,
+        db_url: str | None = None,
     ) -> Cluster:
         c = start_cluster(
             tmp_path / f"cluster{len(started)}",
@@ -194,6 +199,7 @@ def cluster_factory(moto_endpoint: str, tmp_path: Path) -> Iterator[ClusterFacto
             agents=agents,
             agent_args=agent_args,
             agent_env=agent_env,
+            db_url=db_url,
         )
         started.append(c)
         return c

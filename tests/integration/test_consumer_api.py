@@ -430,6 +430,7 @@ def test_json_consumer_embeds_json_and_refuses_non_json(
         (V2, 200),
         ("*/*", 200),
         ("text/plain, */*;q=0.1", 200),
+        ("application/json", 200),  # Karapace accepts plain JSON
         (JSON_V2, 406),
         ("application/vnd.kafka.avro.v2+json", 406),
         ("text/html", 406),
@@ -441,6 +442,8 @@ def test_binary_consumer_accept_header(
     c = Consumer.create(cluster.agents, group)
     r = c.fetch_raw(0, accept=accept)
     assert r.status_code == status, r.text
+    if accept == "application/json":
+        assert r.headers["content-type"] == "application/json"
     if status == 406:
         assert r.json() == {
             "error_code": 40601,

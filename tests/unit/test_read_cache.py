@@ -275,3 +275,44 @@ def test_tailing_on_the_writing_agent_costs_no_gets(
     assert cold.read("tail", 0, 48) == reader.read("tail", 0, 48)
     cold.close()
     reader.close()
+
+
+class _GatedStore:
+    """A store whose ranged GETs wait for ``gate``: read-ahead piles up behind them."""
+
+    def __init__(self, store: object) -> None:
+        self.store = store
+        self.gate = threading.Event()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        assert self.gate.wait(30)
+        data: bytes = self.store.get_range(key, start, length)  # type: ignore[attr-defined]
+        return data
+
+
+def test_read_ahead_queue_is_bounded(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    """40 readers each ask for read-ahead of the next chunks while the store is stuck:
+    at most 4 x read_ahead chunks are queued or in flight, each once; the readers'
+    own reads still get every record once the store answers."""
+    writer, coordinator, store = log_parts
+    info = coordinator.create_topic("ra", 1)
+    for i in range(40):
+        _write(writer, info.topic_id, 1, i)
+    gated = _GatedStore(store)
+    reader = CachingLogReader(
+        gated,  # type: ignore[arg-type]
+        coordinator,
+        RangeCache(0, 1 << 20),
+        IndexCache(1000, 60),
+        read_ahead=2,
+    )
+    refs = coordinator.lookup("ra", 0, 0, max_chunks=40)
+    assert len(refs) == 40
+    for start in range(40):
+        reader._prefetch(refs[start:], 1 << 30)
+        assert reader.pending_read_ahead() <= reader.max_pending == 8
+    gated.gate.set()
+    assert [r.value for r in reader.records("ra", 0, 0)] == [f"v{i}".encode() for i in range(40)]
+    reader.close()
