@@ -93,6 +93,11 @@ class ConsumeMetrics:
             "Fetches that read again: a seek or rebalance moved the positions meanwhile.",
             registry=r,
         )
+        self.fetches_waiting = Gauge(
+            "lakelog_fetches_waiting",
+            "Fetches long-polling for data right now.",
+            registry=r,
+        )
         self.fetch_budget_in_use = Gauge(
             "lakelog_fetch_budget_in_use_bytes",
             "Key+value bytes granted to fetches in flight (of consumer_fetch_memory_bytes).",

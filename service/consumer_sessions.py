@@ -48,21 +48,32 @@ class ServedInstance:
     last_served: float = field(default_factory=time.monotonic)
     idle_timeout_s: float = 300.0
     request_timeout_ms: int | None = None  # the instance's default fetch wait, once known
+    held_until: float = 0.0  # when the lock's holder is presumed lost
     #: The fetch in flight through this agent: its lease token and how to wake it.
     token: str | None = None
     wake: Callable[[], None] | None = None
     #: Set by a seek, assign or subscribe through this agent while a fetch is in flight.
     moved: bool = False
 
-    async def acquire(self, timeout_s: float) -> bool:
+    async def acquire(self, timeout_s: float, hold_s: float) -> asyncio.Lock | None:
         """This agent's lock on the instance within ``timeout_s`` (however short, a free
-        lock is taken); False if another fetch kept it."""
+        lock is taken), for at most ``hold_s``; None if another fetch kept it.
+
+        A holder past its ``hold_s`` is presumed lost (an answer that was never sent):
+        the lock is replaced rather than blocking the instance on this agent for good.
+        Release the lock returned, not ``self.lock``.
+        """
+        lock = self.lock
+        if lock.locked() and time.monotonic() > self.held_until:
+            log.warning("fetch lock of %s/%s held too long; replaced", self.group, self.name)
+            lock = self.lock = asyncio.Lock()
         try:
             # wait_for(..., 0) would cancel even an uncontended acquire before it runs.
-            await asyncio.wait_for(self.lock.acquire(), max(timeout_s, 0.05))
+            await asyncio.wait_for(lock.acquire(), max(timeout_s, 0.05))
         except TimeoutError:
-            return False
-        return True
+            return None
+        self.held_until = time.monotonic() + hold_s
+        return lock
 
     def changed(self) -> None:
         """The instance's positions or assignment changed: a fetch in flight reads again."""

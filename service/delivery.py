@@ -23,6 +23,8 @@ from starlette.types import Receive, Scope, Send
 #: Body slices written one after another, each after checking the client is still there
 #: (and under uvicorn's flow control, so a 64 MiB answer is not buffered whole twice).
 SLICE_BYTES = 1 << 20
+#: Event-loop turns the response waits, after its last byte, for a disconnect to show.
+DISCONNECT_TURNS = 4
 
 
 class DisconnectWatch:
@@ -98,7 +100,10 @@ class DeliveryResponse(Response):
                     chunk = bytes(view[start : start + SLICE_BYTES])
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 else:
-                    await asyncio.sleep(0)  # let a pending disconnect show
+                    # A hang-up already in the socket takes a few loop turns to show: the
+                    # server reads it, uvicorn wakes its receive(), the watch task runs.
+                    for _ in range(DISCONNECT_TURNS):
+                        await asyncio.sleep(0)
                     delivered = not self.watch.disconnected
                 await self.watch.stop()
                 if delivered:

@@ -717,7 +717,7 @@ class _Fetch:
         self.watch = DisconnectWatch(request.receive)
         self.token: str | None = None
         self.grant = 0
-        self.locked = False
+        self.lock: asyncio.Lock | None = None
 
     def lease_ms(self) -> int:
         return self.state.settings.consumer_fetch_lease_ms
@@ -756,9 +756,9 @@ class _Fetch:
         finally:
             await self.state.consumers.budget.release(self.grant)
             self.grant = 0
-            if self.locked:
-                self.locked = False
-                self.served.lock.release()
+            lock, self.lock = self.lock, None
+            if lock is not None:
+                lock.release()
 
 
 def _readable(st: ConsumerState) -> dict[TopicPartition, int]:
@@ -814,8 +814,10 @@ async def _fetch(f: _Fetch, request: Request, wait: int | None, max_bytes: int |
         return f.started + min(wait_ms, settings.consumer_max_wait_ms) / 1000
 
     # One fetch of an instance at a time through this agent.
-    f.locked = await f.served.acquire(deadline_for(None) - time.monotonic())
-    if not f.locked:
+    # At most: the longest wait, a lease without renewal, and 5 minutes to send the answer.
+    hold_s = (settings.consumer_max_wait_ms + settings.consumer_fetch_lease_ms) / 1000 + 300
+    f.lock = await f.served.acquire(deadline_for(None) - time.monotonic(), hold_s)
+    if f.lock is None:
         state.consume_metrics.fetch_lease_waits.inc()
         st = await call(state.groups.consumer, f.group, f.instance)
         await f.watch.stop()
@@ -944,7 +946,8 @@ async def _read(
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or f.watch.disconnected or f.served.moved:
                     break
-                await state.notifier.wait(waiter, remaining)
+                with state.consume_metrics.fetches_waiting.track_inprogress():
+                    await state.notifier.wait(waiter, remaining)
         finally:
             f.served.wake = None
             f.watch.callbacks.remove(waiter.event.set)

@@ -104,7 +104,7 @@ def test_a_client_gone_mid_body_is_not_delivered() -> None:
     assert not any(m.get("more_body") is False for m in client.sent)  # never completed
 
 
-def test_served_instance_lock_is_taken_at_once_when_free_and_times_out_when_held() -> None:
+def test_served_instance_lock_is_taken_at_once_when_free_and_replaced_when_lost() -> None:
     async def noop(*args: Any) -> Any:
         return []
 
@@ -117,11 +117,18 @@ def test_served_instance_lock_is_taken_at_once_when_free_and_times_out_when_held
             run=noop,
         )
         inst = sessions.served("g", "i")
-        assert await inst.acquire(0)  # a zero timeout still takes a free lock
-        assert not await inst.acquire(0.05)
-        inst.lock.release()
+        lock = await inst.acquire(0, 60)  # a zero timeout still takes a free lock
+        assert lock is not None
+        assert await inst.acquire(0.05, 60) is None
+        lock.release()
         assert sessions.served("g", "i") is inst
         assert len(sessions) == 1
+        lost = await inst.acquire(0, 0)  # a holder that never releases (an answer never sent)
+        assert lost is not None
+        await asyncio.sleep(0.01)
+        again = await inst.acquire(0, 60)  # ... is presumed lost after its hold time
+        assert again is not None and again is not lost
+        again.release()
 
     run(main())
 
