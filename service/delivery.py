@@ -82,9 +82,17 @@ class DeliveryResponse(Response):
         self.watch = watch
         self.on_done = on_done
 
+    @staticmethod
+    async def _settle() -> None:
+        """A hang-up already in the socket takes a few loop turns to show: the server
+        reads it, uvicorn wakes its receive(), the watch task runs."""
+        for _ in range(DISCONNECT_TURNS):
+            await asyncio.sleep(0)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         delivered = False
         try:
+            await self._settle()
             if not self.watch.disconnected:
                 await send(
                     {
@@ -100,10 +108,7 @@ class DeliveryResponse(Response):
                     chunk = bytes(view[start : start + SLICE_BYTES])
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 else:
-                    # A hang-up already in the socket takes a few loop turns to show: the
-                    # server reads it, uvicorn wakes its receive(), the watch task runs.
-                    for _ in range(DISCONNECT_TURNS):
-                        await asyncio.sleep(0)
+                    await self._settle()
                     delivered = not self.watch.disconnected
                 await self.watch.stop()
                 if delivered:
