@@ -67,8 +67,8 @@ class DeliveryResponse(Response):
     """A response that writes its body in slices, gives up when the client is gone, and
     then calls ``on_done(delivered)`` (also when it never got to send anything).
 
-    ``watch`` must have been started; it is stopped here, before the last (empty)
-    body message completes the response.
+    ``watch`` must have been started; it is stopped here, before the last byte of the
+    body completes the response.
     """
 
     def __init__(
@@ -101,18 +101,23 @@ class DeliveryResponse(Response):
                         "headers": self.raw_headers,
                     }
                 )
+                # Everything but the last byte first: until it is sent no client has the
+                # whole answer, so a hang-up seen before it means "not delivered", and a
+                # client that closes as soon as it has read the answer cannot look like one.
                 view = memoryview(self.body)
-                for start in range(0, len(view), SLICE_BYTES):
+                held = max(len(view) - 1, 0)
+                for start in range(0, held, SLICE_BYTES):
                     if self.watch.disconnected:
                         break
-                    chunk = bytes(view[start : start + SLICE_BYTES])
+                    chunk = bytes(view[start : min(start + SLICE_BYTES, held)])
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 else:
                     await self._settle()
-                    delivered = not self.watch.disconnected
-                await self.watch.stop()
-                if delivered:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    if not self.watch.disconnected:
+                        await self.watch.stop()  # receive() reports the end as a disconnect
+                        last = bytes(view[held:])
+                        await send({"type": "http.response.body", "body": last, "more_body": False})
+                        delivered = True
         finally:
             await self.watch.stop()
             await self.on_done(delivered)

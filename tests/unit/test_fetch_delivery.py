@@ -43,6 +43,7 @@ class _Client:
         self._gone = asyncio.Event()
         self._first = True
         self.hang_up_after_bodies: int | None = None
+        self.hang_up_after_bytes: int | None = None
 
     def hang_up(self) -> None:
         self._gone.set()
@@ -56,8 +57,11 @@ class _Client:
 
     async def send(self, message: dict[str, Any]) -> None:
         self.sent.append(message)
-        bodies = sum(1 for m in self.sent if m["type"] == "http.response.body")
-        if self.hang_up_after_bodies is not None and bodies >= self.hang_up_after_bodies:
+        bodies = [m for m in self.sent if m["type"] == "http.response.body"]
+        if self.hang_up_after_bodies is not None and len(bodies) >= self.hang_up_after_bodies:
+            self.hang_up()
+        got = sum(len(m["body"]) for m in bodies)
+        if self.hang_up_after_bytes is not None and got >= self.hang_up_after_bytes:
             self.hang_up()
         await asyncio.sleep(0)
 
@@ -88,7 +92,17 @@ def test_a_body_sent_to_a_connected_client_is_delivered() -> None:
     body = b"x" * (SLICE_BYTES * 2 + 5)
     assert _deliver(client, body) == [True]
     assert b"".join(m.get("body", b"") for m in client.sent) == body
-    assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    # The last byte goes last, after the check: before it, no client has the whole answer.
+    assert client.sent[-1] == {"type": "http.response.body", "body": b"x", "more_body": False}
+
+
+def test_a_client_that_closes_once_it_has_the_answer_still_got_it() -> None:
+    """One-shot clients (curl, httpx.request) close as soon as the body is complete: that
+    close must not turn a delivered answer into an undelivered one (a duplicate)."""
+    client = _Client()
+    body = b"z" * (SLICE_BYTES + 10)
+    client.hang_up_after_bytes = len(body)  # closes the moment it has the whole body
+    assert _deliver(client, body) == [True]
 
 
 def test_a_client_gone_before_the_answer_gets_nothing_and_it_is_not_delivered() -> None:
