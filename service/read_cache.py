@@ -1,6 +1,8 @@
 """The agent's read cache: object byte ranges, index entries, and a reader that uses both.
 
-- ``RangeCache``: a bounded LRU of object byte ranges with two budgets. The *tail*
+- ``RangeCache``: a bounded LRU of object byte ranges with two budgets, each
+  entry counted with its bookkeeping (``ENTRY_OVERHEAD``: key, dict slot, bytes
+  header), so a budget bounds memory even when chunks are a few bytes. The *tail*
   budget is filled write-through by this agent's own flushes (a ``LogWriter``
   listener), so consumers tailing a partition on the writing agent cost no GETs;
   the *history* budget holds ranges fetched from the store. A lagging reader
@@ -48,12 +50,18 @@ RangeKey = tuple[str, int, int]
 TAIL = "tail"
 HISTORY = "history"
 
+#: What one cached range costs beyond its bytes (measured ~200 B on CPython 3.11: the
+#: key tuple, the ordered-dict slot, the bytes object's header), rounded up.
+ENTRY_OVERHEAD = 256
+
 
 class _Lru:
-    """One budget: an LRU of byte ranges holding at most ``capacity`` bytes (not thread-safe)."""
+    """One budget: an LRU of byte ranges costing at most ``capacity`` bytes, each range
+    counted as its length plus ``overhead`` (not thread-safe)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, overhead: int = ENTRY_OVERHEAD) -> None:
         self.capacity = capacity
+        self.overhead = overhead
         self.size = 0
         self.entries: OrderedDict[RangeKey, bytes] = OrderedDict()
         self.evictions = 0
@@ -65,16 +73,17 @@ class _Lru:
         return data
 
     def put(self, key: RangeKey, data: bytes) -> None:
-        if len(data) > self.capacity:
+        cost = len(data) + self.overhead
+        if cost > self.capacity:
             return  # would evict everything and still not fit
         old = self.entries.pop(key, None)
         if old is not None:
-            self.size -= len(old)
+            self.size -= len(old) + self.overhead
         self.entries[key] = data
-        self.size += len(data)
+        self.size += cost
         while self.size > self.capacity:
             _, evicted = self.entries.popitem(last=False)
-            self.size -= len(evicted)
+            self.size -= len(evicted) + self.overhead
             self.evictions += 1
 
 
@@ -105,14 +114,20 @@ class RangeCache:
         tail_bytes: budget for this agent's own flushed chunks (write-through).
         history_bytes: budget for ranges fetched from the store.
         metrics: Prometheus counters to update, if any.
+        entry_overhead: bytes each range costs beyond its length.
     """
 
     def __init__(
-        self, tail_bytes: int, history_bytes: int, metrics: ConsumeMetrics | None = None
+        self,
+        tail_bytes: int,
+        history_bytes: int,
+        metrics: ConsumeMetrics | None = None,
+        *,
+        entry_overhead: int = ENTRY_OVERHEAD,
     ) -> None:
         self._lock = threading.Lock()
-        self._tail = _Lru(tail_bytes)
-        self._history = _Lru(history_bytes)
+        self._tail = _Lru(tail_bytes, entry_overhead)
+        self._history = _Lru(history_bytes, entry_overhead)
         self._in_flight: dict[RangeKey, _InFlight] = {}
         self.metrics = metrics
         self.stats = CacheStats()
@@ -206,7 +221,7 @@ class RangeCache:
             flight.done.set()
 
     def sizes(self) -> tuple[int, int]:
-        """Bytes held in (tail, history)."""
+        """Bytes accounted in (tail, history): lengths plus the per-entry overhead."""
         with self._lock:
             return self._tail.size, self._history.size
 

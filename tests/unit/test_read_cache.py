@@ -32,7 +32,7 @@ def fail() -> bytes:
 
 
 def test_history_budget_evicts_least_recently_used() -> None:
-    cache = RangeCache(tail_bytes=0, history_bytes=100)
+    cache = RangeCache(tail_bytes=0, history_bytes=100, entry_overhead=0)
     for i in range(3):
         cache.get_or_fetch(key(i), functools.partial(bytes, [i] * 40))
     assert cache.get(key(0)) is None  # 120 > 100: the oldest went
@@ -41,7 +41,7 @@ def test_history_budget_evicts_least_recently_used() -> None:
 
 
 def test_use_refreshes_an_entry() -> None:
-    cache = RangeCache(tail_bytes=0, history_bytes=100)
+    cache = RangeCache(tail_bytes=0, history_bytes=100, entry_overhead=0)
     cache.get_or_fetch(key(0), lambda: b"a" * 40)
     cache.get_or_fetch(key(1), lambda: b"b" * 40)
     assert cache.get(key(0)) is not None  # now most recent
@@ -51,7 +51,7 @@ def test_use_refreshes_an_entry() -> None:
 
 
 def test_a_range_larger_than_the_budget_is_not_kept() -> None:
-    cache = RangeCache(tail_bytes=10, history_bytes=10)
+    cache = RangeCache(tail_bytes=10, history_bytes=10, entry_overhead=0)
     cache.put_tail(key(0), b"x" * 11)
     cache.get_or_fetch(key(1), lambda: b"y" * 11)
     assert cache.sizes() == (0, 0)
@@ -59,7 +59,7 @@ def test_a_range_larger_than_the_budget_is_not_kept() -> None:
 
 def test_lagging_reader_does_not_evict_the_tail() -> None:
     """History churn 10x its budget leaves every tail range in place (separate budgets)."""
-    cache = RangeCache(tail_bytes=100, history_bytes=100)
+    cache = RangeCache(tail_bytes=100, history_bytes=100, entry_overhead=0)
     for i in range(5):
         cache.put_tail(key(i), b"t" * 20)
     for i in range(100, 150):
@@ -70,8 +70,18 @@ def test_lagging_reader_does_not_evict_the_tail() -> None:
     assert cache.sizes() == (100, 100)
 
 
+def test_tiny_ranges_are_bounded_by_what_they_really_cost() -> None:
+    """100,000 ranges of 10 bytes under a 1 MiB budget: each is counted with its
+    bookkeeping (~256 B), so about 4,000 stay, not 100,000 (25 MB of real memory)."""
+    cache = RangeCache(tail_bytes=1 << 20, history_bytes=0)
+    for i in range(100_000):
+        cache.put_tail(("segments/x.seg", i * 10, 10), b"x" * 10)
+    assert cache.sizes()[0] <= 1 << 20
+    assert len(cache._tail.entries) == (1 << 20) // (10 + 256)
+
+
 def test_on_write_caches_every_chunk_of_the_object() -> None:
-    cache = RangeCache(tail_bytes=1000, history_bytes=0)
+    cache = RangeCache(tail_bytes=1000, history_bytes=0, entry_overhead=0)
     data = b"AAAABBBBBBfooter"
     chunks = [
         ChunkInfo(b"t" * 16, 0, 0, 4, 1, 0, 0),
