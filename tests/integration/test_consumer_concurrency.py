@@ -70,8 +70,13 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float = 20.0) -> N
         time.sleep(0.02)
 
 
-def gauge(agent: str, name: str) -> float:
-    return metric(agent, name)
+def manual_consumer(cluster: Cluster, group: str, topic: str, reset: str) -> Consumer:
+    """An instance with auto-commit off, assigned partition 0 of ``topic``."""
+    c = Consumer.create(
+        cluster.agents, group, **{"auto.offset.reset": reset, "auto.commit.enable": "false"}
+    )
+    c.assign(topic, 0)
+    return c
 
 
 def offsets_of(records: list[dict[str, Any]]) -> list[int]:
@@ -90,10 +95,7 @@ def test_parallel_fetches_on_one_instance_never_return_a_record_twice(
     (no two answers overlap), each answer in offset order, none skipped."""
     topic = create_topic(cluster, unique_topic("par"), 1)
     produce(cluster.agents[0], topic, [f"{i:03d}".encode() for i in range(120)], partition=0)
-    c = Consumer.create(
-        cluster.agents, group, **{"auto.offset.reset": "earliest", "auto.commit.enable": "false"}
-    )
-    c.assign(topic, 0)
+    c = manual_consumer(cluster, group, topic, "earliest")
     answers: list[list[int]] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -137,17 +139,16 @@ def test_seek_during_a_long_poll_is_not_overwritten(
     the fetch in flight does not move the position past the seek."""
     topic = create_topic(cluster, unique_topic("seek"), 1)
     produce(cluster.agents[0], topic, [f"old-{i}".encode() for i in range(5)], partition=0)
-    c = Consumer.create(
-        cluster.agents, group, **{"auto.offset.reset": "latest", "auto.commit.enable": "false"}
-    )
-    c.assign(topic, 0)
+    c = manual_consumer(cluster, group, topic, "latest")
     assert c.fetch(0, agent=0) == []
     agent0 = cluster.agents[0]
-    waiting = gauge(agent0, "lakelog_fetches_waiting")
+    waiting = metric(agent0, "lakelog_fetches_waiting")
     polled: list[Any] = []
     poll = threading.Thread(target=lambda: polled.append(c.fetch(15_000, agent=0)))
     poll.start()
-    wait_until("the fetch to long-poll", lambda: gauge(agent0, "lakelog_fetches_waiting") > waiting)
+    wait_until(
+        "the fetch to long-poll", lambda: metric(agent0, "lakelog_fetches_waiting") > waiting
+    )
     r = c.call(
         "POST",
         "/positions/beginning",
@@ -175,10 +176,7 @@ def test_a_client_that_hangs_up_mid_poll_loses_nothing(
     Expected: the agent sees the disconnect, answers nobody and moves nothing; the next
     fetch (through the other agent: the instance is not left locked) gets the record."""
     topic = create_topic(cluster, unique_topic("hangup"), 1)
-    c = Consumer.create(
-        cluster.agents, group, **{"auto.offset.reset": "latest", "auto.commit.enable": "false"}
-    )
-    c.assign(topic, 0)
+    c = manual_consumer(cluster, group, topic, "latest")
     assert c.fetch(0, agent=0) == []
     agent0 = cluster.agents[0]
     finished = metric(agent0, "lakelog_fetch_seconds_count")
@@ -304,10 +302,7 @@ def test_fetch_budget_caps_what_one_fetch_holds(
     value = b"v" * (100 << 10)
     for _ in range(3):
         produce(cluster.agents[0], topic, [value] * 20, partition=0)
-    c = Consumer.create(
-        cluster.agents, group, **{"auto.offset.reset": "earliest", "auto.commit.enable": "false"}
-    )
-    c.assign(topic, 0)
+    c = manual_consumer(cluster, group, topic, "earliest")
     first = c.fetch(5000, agent=0)
     assert 0 < len(first) * len(value) <= (4 << 20) + len(value)
     got = list(first)

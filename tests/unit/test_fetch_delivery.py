@@ -118,18 +118,23 @@ def test_a_client_gone_mid_body_is_not_delivered() -> None:
     assert not any(m.get("more_body") is False for m in client.sent)  # never completed
 
 
+def _sessions(run: Any) -> ConsumerSessions:
+    groups = SimpleNamespace(heartbeat_consumers=None)  # ``run`` answers for it
+    return ConsumerSessions(
+        groups,  # type: ignore[arg-type]
+        heartbeat_interval_ms=1000,
+        lease_ms=3000,
+        fetch_memory_bytes=1,
+        run=run,
+    )
+
+
 def test_served_instance_lock_is_taken_at_once_when_free_and_replaced_when_lost() -> None:
     async def noop(*args: Any) -> Any:
         return []
 
     async def main() -> None:
-        sessions = ConsumerSessions(
-            None,  # type: ignore[arg-type]
-            heartbeat_interval_ms=1000,
-            lease_ms=3000,
-            fetch_memory_bytes=1,
-            run=noop,
-        )
+        sessions = _sessions(noop)
         inst = sessions.served("g", "i")
         lock = await inst.acquire(0, 60)  # a zero timeout still takes a free lock
         assert lock is not None
@@ -156,14 +161,7 @@ def test_heartbeat_forgets_instances_the_coordinator_no_longer_has(gone: str) ->
         return [("g", "i")] if gone == "g" else []
 
     async def main() -> None:
-        groups = SimpleNamespace(heartbeat_consumers=None)  # ``run`` answers instead
-        sessions = ConsumerSessions(
-            groups,  # type: ignore[arg-type]
-            heartbeat_interval_ms=1000,
-            lease_ms=3000,
-            fetch_memory_bytes=1,
-            run=call,
-        )
+        sessions = _sessions(call)
         sessions.served("g", "i").token = "t"
         sessions.served("g", "j")
         await sessions.heartbeat_once()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,25 +22,14 @@ from coordinator.patterns import check_java_pattern, compile_topic_pattern, matc
 from segments.errors import ConsumerNotFoundError, InvalidTopicPatternError, StaleGenerationError
 from segments.types import PartitionOffsets
 from segments.types import TopicPartition as TP
-from tests.unit.test_groups import Clock, cfg, produce
+from tests.unit.conftest import Clock
+from tests.unit.test_groups import cfg, produce
 
 LEASE_MS = 10_000
 
 
 def token() -> str:
     return uuid.uuid4().hex
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def c(db_url: str, clock: Clock) -> Iterator[LocalCoordinator]:
-    coord = LocalCoordinator(db_url, now=clock)
-    yield coord
-    coord.close()
 
 
 def fetched(c: LocalCoordinator, lease: FetchLease, count: int) -> dict[TP, int]:

@@ -35,22 +35,10 @@ from segments.errors import (
 )
 from segments.types import TopicPartition as TP
 from tests.conftest import BACKENDS, new_db_url, sql_rows
+from tests.unit.conftest import Clock
 
 SESSION_MS = 10_000
 INSTANCE_MS = 60_000
-
-
-class Clock:
-    """A settable clock in epoch seconds."""
-
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 def cfg(**kw: object) -> ConsumerConfig:
@@ -80,18 +68,6 @@ def owners(info: GroupInfo) -> dict[TP, list[str]]:
             for tp in m.assignment:
                 result.setdefault(tp, []).append(m.name)
     return result
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def c(db_url: str, clock: Clock) -> Iterator[LocalCoordinator]:
-    coord = LocalCoordinator(db_url, now=clock)
-    yield coord
-    coord.close()
 
 
 # -- assignors ---------------------------------------------------------------
