@@ -97,7 +97,8 @@ class Coordinator(Protocol):
     def offsets_many(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, PartitionOffsets]:
-        """``offsets`` of many partitions in one call; missing partitions are left out."""
+        """``offsets`` of many partitions in one call (lag views, fetch wake-ups); those of
+        unknown topics or partitions are left out."""
         ...
 
     def lookup(

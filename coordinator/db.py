@@ -381,6 +381,23 @@ MIGRATIONS: tuple[Migration, ...] = (
             ){clustered}""",
         ),
     ),
+    Migration(
+        8,
+        "consumer liveness (agent heartbeats, max.poll.interval.ms) and fetch leases",
+        (
+            # Renewed by the agents serving the instance and by every call on it; the
+            # session timeout counts from here. last_poll now counts against
+            # max_poll_interval_ms.
+            "ALTER TABLE consumers ADD COLUMN last_heartbeat {double} NOT NULL DEFAULT 0",
+            "UPDATE consumers SET last_heartbeat = last_poll",
+            "ALTER TABLE consumers ADD COLUMN max_poll_interval_ms {bigint} NOT NULL "
+            "DEFAULT 300000",
+            # The one fetch allowed at a time per instance: its token, and until when it
+            # holds (renewed by its agent's heartbeats). NULL: no fetch in flight.
+            "ALTER TABLE consumers ADD COLUMN fetch_token TEXT",
+            "ALTER TABLE consumers ADD COLUMN fetch_expires {double} NOT NULL DEFAULT 0",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

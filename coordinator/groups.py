@@ -13,13 +13,27 @@ generation and recomputes the assignment over the live subscribed members
 (range by default, round-robin optional), so every partition of the union of
 subscriptions is owned by exactly one live member. There is no join/sync round
 trip: the first fetch after subscribing already has partitions.
+
+Liveness, as kafka-rest's Kafka consumers have it: the agents that serve an
+instance heartbeat it in the background (``heartbeat_consumers``), so a member
+stays in the group while its client processes a batch; it leaves the
+assignment when no agent heartbeats it for ``session_timeout_ms`` (its agents
+died) or when its client has not fetched for ``max_poll_interval_ms``, and
+rejoins at its next fetch. An instance idle (no call at all) for
+``instance_timeout_ms`` is deleted.
+
+Fetches: one at a time per instance, whichever agents they reach. A fetch
+takes the instance's *fetch lease* (``begin_fetch``), checks before answering
+that nothing moved its positions meanwhile (``confirm_fetch``: a seek, a
+rebalance) and stores the new positions only once its answer was written to the
+client (``end_fetch``); an answer that never reached its client moves nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from segments.types import TopicPartition
 
@@ -37,9 +51,10 @@ class ConsumerConfig:
     auto_commit: bool = True  # auto.commit.enable
     fetch_min_bytes: int = -1  # fetch.min.bytes; -1 = return as soon as anything is there
     request_timeout_ms: int = 1000  # consumer.request.timeout.ms: default fetch wait
-    session_timeout_ms: int = 30_000  # stop polling this long -> out of the assignment
+    session_timeout_ms: int = 30_000  # no agent heartbeat this long -> out of the assignment
     instance_timeout_ms: int = 300_000  # consumer.instance.timeout.ms: idle -> deleted
     assignor: str = "range"  # partition.assignment.strategy: range | roundrobin
+    max_poll_interval_ms: int = 300_000  # max.poll.interval.ms: no fetch this long -> out
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +71,7 @@ class ConsumerState:
     group: str
     name: str
     config: ConsumerConfig
-    subscription: tuple[str, ...]  # topics subscribed (a pattern's current matches)
+    subscription: tuple[str, ...]  # topics as subscribed (a pattern's current matches)
     pattern: str | None
     manual: bool  # True when partitions were assigned by hand (assign)
     generation: int
@@ -64,6 +79,31 @@ class ConsumerState:
     positions: dict[TopicPartition, int] = field(default_factory=dict)
     unresolved: tuple[TopicPartition, ...] = ()
     last_seen: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FetchLease:
+    """What ``begin_fetch`` and ``confirm_fetch`` answer.
+
+    ``token`` is the lease the fetch holds, None when another fetch holds the
+    instance (for up to ``busy_for_s`` more seconds unless released) or, from
+    ``confirm_fetch``, when the fetch lost its lease (a seek revoked it). From
+    ``confirm_fetch``, ``ok`` False means: do not answer what was read; read again
+    from ``state.positions`` (after taking a lease again if ``token`` is None).
+    """
+
+    state: ConsumerState
+    token: str | None
+    ok: bool = True
+    busy_for_s: float = 0.0
+
+
+class ConsumerHeartbeat(NamedTuple):
+    """One instance an agent serves, and the fetch lease it holds on it (if any)."""
+
+    group: str
+    name: str
+    token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +144,10 @@ class GroupCoordinator(Protocol):
     def subscribe(
         self, group: str, name: str, topics: Sequence[str] = (), pattern: str | None = None
     ) -> ConsumerState:
-        """Replace the subscription (rebalances). Raises ConsumerStateError when partitions
+        """Replace the subscription (rebalances). Topics that do not exist yet are subscribed
+        too: they are assigned once created. Raises ConsumerStateError when partitions
         are assigned by hand or both/neither of topics and pattern are given;
-        TopicNotFoundError for an unknown topic in ``topics``."""
+        InvalidTopicNameError, InvalidTopicPatternError."""
         ...
 
     def unsubscribe(self, group: str, name: str) -> None: ...
@@ -126,6 +167,36 @@ class GroupCoordinator(Protocol):
         """Record fetch progress (next offsets). Raises StaleGenerationError when the group
         has rebalanced since ``generation`` (the fetch's records must then not be returned),
         ConsumerNotFoundError."""
+        ...
+
+    def begin_fetch(self, group: str, name: str, token: str, lease_ms: int) -> FetchLease:
+        """Give the instance's fetch lease to ``token`` (the caller's) for ``lease_ms``
+        (renewed by heartbeats), unless another unexpired one is held (the answer's
+        ``token`` is then None). Counts as a poll; with auto-commit, commits the positions
+        (what earlier fetches delivered). Raises ConsumerNotFoundError."""
+        ...
+
+    def confirm_fetch(
+        self, group: str, name: str, token: str, start: Mapping[TopicPartition, int], lease_ms: int
+    ) -> FetchLease:
+        """Before answering a fetch that read from ``start``: ``ok`` when ``token`` still holds
+        the lease and every partition of ``start`` is still owned at that position (the
+        lease is then extended by ``lease_ms``); ``token`` None when the lease was lost.
+        Raises ConsumerNotFoundError."""
+        ...
+
+    def end_fetch(
+        self, group: str, name: str, token: str, positions: Mapping[TopicPartition, int] | None
+    ) -> None:
+        """Release the lease; with ``positions`` (the answer was delivered), store them for the
+        partitions still owned. A revoked or lapsed ``token`` changes nothing."""
+        ...
+
+    def heartbeat_consumers(
+        self, members: Sequence[ConsumerHeartbeat], lease_ms: int
+    ) -> list[tuple[str, str]]:
+        """Keep ``members`` in their groups (and renew the fetch leases named); returns the
+        (group, name) of those that no longer exist."""
         ...
 
     def commit_offsets(

@@ -7,34 +7,55 @@ database see one consistent group:
 
 1. **Settle** the group as of ``now()``: instances idle past
    ``instance_timeout_ms`` are deleted; the caller's timers are renewed (see
-   below); members silent past ``session_timeout_ms`` leave the assignment (they
-   still exist and rejoin at their next poll, as kafka-rest's consumer rejoins
-   when it polls again); then the group is rebalanced if anything the
-   assignment depends on changed, and positions are resolved. This step is
-   committed even when the request then fails (a savepoint separates it).
+   below); members no agent heartbeated for ``session_timeout_ms``, or that
+   did not fetch for ``max_poll_interval_ms``, leave the assignment (they still
+   exist and rejoin at their next fetch, as kafka-rest's consumer rejoins when
+   it polls again); then the group is rebalanced if anything the assignment
+   depends on changed, and positions are resolved. This step is committed even
+   when the request then fails (a savepoint separates it).
 2. **Apply** the request (inside a savepoint: a domain error undoes only this
    step), then settle again.
 3. Build the answer from the settled state.
 
-Expiry is lazy: nothing runs in the background. A member whose session has
-lapsed keeps its partitions until some call on its group observes the lapse;
-since every call on the group observes it first, no two members ever own one
-partition in any observed state.
+Expiry is lazy: nothing runs in the background here. A member whose session
+has lapsed keeps its partitions until some call on its group observes the
+lapse; since every call on the group observes it first, no two members ever
+own one partition in any observed state. The agents keep members alive:
+each agent heartbeats the instances it served (``heartbeat_consumers``, one
+transaction for all of them), as kafka-rest's Kafka consumers heartbeat from a
+background thread, so a client may process a batch for minutes and still
+commit.
 
 Timers (seconds from the injected clock; the timeouts are milliseconds):
 
-=====================  =================================  ========================
-call                   renews ``last_poll`` (session)     renews ``last_seen`` (idle)
-=====================  =================================  ========================
-create, subscribe,     yes (a session-expired member      yes
-assign, advance,       rejoins)
+=====================  ==================  =====================  ========================
+call                   ``last_poll``       ``last_heartbeat``     ``last_seen`` (idle)
+                       (max.poll.interval) (session)
+=====================  ==================  =====================  ========================
+create, subscribe,     yes (a member out   yes                    yes
+assign, advance,       of the group
+begin_fetch,           rejoins)
 consumer(touch=True)
-seek, commit_offsets,  no: committing is not polling      yes
-unsubscribe            (Kafka's CommitFailedException)
-consumer(touch=False), no                                 no
+seek, commit_offsets,  no: committing is   yes                    yes
+unsubscribe            not polling
+heartbeat_consumers    no                  yes                    no
+consumer(touch=False), no                  no                     no
 describe, list,
-committed_offsets
-=====================  =================================  ========================
+committed_offsets,
+confirm/end_fetch
+=====================  ==================  =====================  ========================
+
+Fetch leases: ``begin_fetch`` gives the instance's one fetch a token (refused
+while another unexpired token is held); ``confirm_fetch`` checks the token
+and the positions the fetch read from; ``end_fetch`` stores the positions the
+delivered answer reached and frees the lease. A seek, assign, subscribe or
+unsubscribe revokes the token, so a fetch in flight cannot overwrite them.
+
+Topic patterns are matched outside the write transaction: the matches of a
+pattern are cached with the exact list of topic names they were computed
+from; a transaction that finds a pattern without matches for the current
+names rolls back, the matches are computed (``coordinator.patterns``, RE2)
+from a read snapshot with no lock held, and the transaction runs again.
 
 Rebalance: the group's *fingerprint* is the JSON of (assignor, the sorted names
 of the live non-manual members with their resolved subscriptions, the partition
@@ -56,36 +77,45 @@ moved past it, or a seek past the end) follows the reset policy too, as Kafka's
 OffsetOutOfRange handling does. Partitions kept across a rebalance keep their
 positions.
 
-Deleted topics drop out lazily: of subscriptions (a topic recreated under the
-same name is picked up again), manual assignments (for good), positions and
-the group's committed offsets.
+Deleted topics drop out lazily: of the assignment (a topic recreated under
+the same name is picked up again, as is a subscribed topic created after the
+subscription), manual assignments (for good), positions and the group's
+committed offsets.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from coordinator.db import MetadataDatabase
+from coordinator.db import MetadataDatabase, fetch_each
 from coordinator.groups import (
     ASSIGNORS,
     FORMATS,
     RESET_POLICIES,
     CommittedOffset,
     ConsumerConfig,
+    ConsumerHeartbeat,
     ConsumerState,
+    FetchLease,
     GroupInfo,
 )
+from coordinator.patterns import compile_topic_pattern, match_topics
+from coordinator.topic_configs import validate_topic_name
 from segments.errors import (
     ConsumerExistsError,
     ConsumerNotFoundError,
     ConsumerStateError,
+    CoordinatorUnavailableError,
     GroupNotFoundError,
     InvalidConsumerConfigError,
+    InvalidTopicPatternError,
     LakelogError,
     PartitionNotFoundError,
     StaleGenerationError,
@@ -93,8 +123,18 @@ from segments.errors import (
 )
 from segments.types import TopicPartition
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
 Touch = Literal["none", "seen", "poll"]
+
+#: Patterns whose matches are kept (each with the topic names they were computed from).
+PATTERN_CACHE_SIZE = 1024
+#: A transaction retried this often because topics kept changing under its patterns
+#: gives up with a retriable error.
+PATTERN_ATTEMPTS = 8
+#: Rows per heartbeat statement batch.
+_HEARTBEAT_BATCH = 500
 
 #: Longest group or instance name (Kafka's topic-name limit, for symmetry).
 MAX_NAME_LENGTH = 249
@@ -119,16 +159,26 @@ _UPSERT_GROUP = (
 _MEMBER_COLUMNS = (
     "name, format, auto_offset_reset, auto_commit, fetch_min_bytes, request_timeout_ms, "
     "session_timeout_ms, instance_timeout_ms, assignor, topics, pattern, manual, "
-    "manual_assignment, in_group, created_at, last_seen, last_poll"
+    "manual_assignment, in_group, created_at, last_seen, last_poll, last_heartbeat, "
+    "max_poll_interval_ms, fetch_token, fetch_expires"
 )
 _MEMBERS = f"SELECT {_MEMBER_COLUMNS} FROM consumers WHERE group_id = ?"
 _UPSERT_MEMBER = (
     f"INSERT INTO consumers (group_id, {_MEMBER_COLUMNS}) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (group_id, name) DO UPDATE SET "
     "topics = excluded.topics, pattern = excluded.pattern, manual = excluded.manual, "
     "manual_assignment = excluded.manual_assignment, in_group = excluded.in_group, "
-    "last_seen = excluded.last_seen, last_poll = excluded.last_poll"
+    "last_seen = excluded.last_seen, last_poll = excluded.last_poll, "
+    "last_heartbeat = excluded.last_heartbeat, fetch_token = excluded.fetch_token, "
+    "fetch_expires = excluded.fetch_expires"
+)
+_HEARTBEAT = (
+    "UPDATE consumers SET last_heartbeat = ? WHERE group_id = ? AND name = ? RETURNING name"
+)
+_RENEW_LEASE = (
+    "UPDATE consumers SET fetch_expires = ? "
+    "WHERE group_id = ? AND name = ? AND fetch_token = ? RETURNING name"
 )
 _DELETE_MEMBER = (
     "DELETE FROM consumer_positions WHERE group_id = ? AND name = ?",
@@ -213,7 +263,12 @@ def validate_consumer_config(config: ConsumerConfig) -> ConsumerConfig:
         raise InvalidConsumerConfigError(
             f"fetch.min.bytes must be an integer >= -1, not {config.fetch_min_bytes!r}."
         )
-    for name in ("request_timeout_ms", "session_timeout_ms", "instance_timeout_ms"):
+    for name in (
+        "request_timeout_ms",
+        "session_timeout_ms",
+        "instance_timeout_ms",
+        "max_poll_interval_ms",
+    ):
         value = getattr(config, name)
         if not _is_int(value) or value <= 0:
             raise InvalidConsumerConfigError(f"{name} must be a positive integer, not {value!r}.")
@@ -296,10 +351,16 @@ class _Member:
     pattern: str | None
     manual: bool
     manual_assignment: tuple[TopicPartition, ...]
-    in_group: bool  # False once the session lapsed
+    in_group: bool  # False once the session or the poll interval lapsed
     created_at: float
     last_seen: float
     last_poll: float
+    last_heartbeat: float
+    fetch_token: str | None = None
+    fetch_expires: float = 0.0
+
+    def lease_free(self, now: float) -> bool:
+        return self.fetch_token is None or self.fetch_expires <= now
 
     def row(self, group: str) -> tuple[Any, ...]:
         c = self.config
@@ -322,6 +383,10 @@ class _Member:
             self.created_at,
             self.last_seen,
             self.last_poll,
+            self.last_heartbeat,
+            c.max_poll_interval_ms,
+            self.fetch_token,
+            self.fetch_expires,
         )
 
     @classmethod
@@ -335,6 +400,7 @@ class _Member:
             session_timeout_ms=row[6],
             instance_timeout_ms=row[7],
             assignor=row[8],
+            max_poll_interval_ms=row[18],
         )
         return cls(
             name=row[0],
@@ -347,6 +413,9 @@ class _Member:
             created_at=row[14],
             last_seen=row[15],
             last_poll=row[16],
+            last_heartbeat=row[17],
+            fetch_token=row[19],
+            fetch_expires=row[20],
         )
 
 
@@ -379,14 +448,55 @@ class _Group:
         return self.assignment.get(m.name, ())
 
 
+class _PatternsNeeded(Exception):
+    """A transaction met patterns without cached matches for the current topic names."""
+
+    def __init__(self, patterns: set[str]) -> None:
+        super().__init__(sorted(patterns))
+        self.patterns = patterns
+
+
+class _PatternMatches:
+    """Pattern -> (the topic names matched against, the matches): a bounded LRU, thread-safe."""
+
+    def __init__(self, capacity: int = PATTERN_CACHE_SIZE) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[tuple[str, ...], tuple[str, ...]]] = OrderedDict()
+
+    def get(self, pattern: str, names: tuple[str, ...]) -> tuple[str, ...] | None:
+        with self._lock:
+            entry = self._entries.get(pattern)
+            if entry is None or entry[0] != names:
+                return None
+            self._entries.move_to_end(pattern)
+            return entry[1]
+
+    def compute(self, patterns: set[str], names: tuple[str, ...]) -> None:
+        """Match ``patterns`` against ``names`` (no lock of the database held)."""
+        for pattern in sorted(patterns):
+            try:
+                matches = match_topics(pattern, names)
+            except InvalidTopicPatternError as e:
+                # Stored before patterns were checked: it matches nothing, and says why.
+                log.warning("subscription pattern %r matches no topic: %s", pattern, e)
+                matches = ()
+            with self._lock:
+                self._entries[pattern] = (names, matches)
+                self._entries.move_to_end(pattern)
+                while len(self._entries) > self._capacity:
+                    self._entries.popitem(last=False)
+
+
 class _Topics:
     """Topic partition counts and offsets, read on demand and cached for one transaction."""
 
-    def __init__(self, conn: Any, q: Callable[[str], str]) -> None:
+    def __init__(self, conn: Any, q: Callable[[str], str], patterns: _PatternMatches) -> None:
         self._conn = conn
         self._q = q
+        self._patterns = patterns
         self._counts: dict[str, int | None] = {}
-        self._all: list[str] | None = None
+        self._all: tuple[str, ...] | None = None
         self._bounds: dict[str, dict[int, tuple[int, int]]] = {}
 
     def count(self, topic: str) -> int | None:
@@ -396,11 +506,11 @@ class _Topics:
             self._counts[topic] = None if row is None else int(row[0])
         return self._counts[topic]
 
-    def names(self) -> list[str]:
+    def names(self) -> tuple[str, ...]:
         if self._all is None:
             rows = self._conn.execute(self._q(_ALL_TOPIC_COUNTS)).fetchall()
             self._counts.update((name, int(count)) for name, count in rows)
-            self._all = [name for name, _ in rows]
+            self._all = tuple(name for name, _ in rows)
         return self._all
 
     def check(self, tp: TopicPartition) -> None:
@@ -424,12 +534,27 @@ class _Topics:
             self._bounds[tp.topic] = {p: (ls, hw) for p, ls, hw in rows}
         return self._bounds[tp.topic][tp.partition]
 
+    def require_patterns(self, patterns: set[str]) -> None:
+        """Raises _PatternsNeeded unless every pattern has matches for the current names."""
+        if not patterns:
+            return
+        names = self.names()
+        missing = {p for p in patterns if self._patterns.get(p, names) is None}
+        if missing:
+            raise _PatternsNeeded(missing)
+
     def resolve(self, member: _Member) -> tuple[str, ...]:
         """The existing topics ``member`` subscribes to (a pattern's current matches)."""
         if member.pattern is not None:
-            rx = re.compile(member.pattern)
-            return tuple(t for t in self.names() if rx.fullmatch(t))
+            matches = self._patterns.get(member.pattern, self.names())
+            if matches is None:
+                raise _PatternsNeeded({member.pattern})
+            return matches
         return tuple(t for t in member.topics if self.count(t) is not None)
+
+    def subscribed(self, member: _Member) -> tuple[str, ...]:
+        """What ``member`` subscribed to: its topics as given, or its pattern's matches."""
+        return self.resolve(member) if member.pattern is not None else member.topics
 
 
 @dataclass
@@ -457,6 +582,31 @@ class GroupStore:
         self._db = db
         self._q = db.dialect.sql
         self._now = now
+        self._patterns = _PatternMatches()
+
+    def _compute_patterns(self, patterns: set[str]) -> None:
+        """Match ``patterns`` against the topic names of a read snapshot (no write lock)."""
+        with self._db.read() as conn:
+            names = tuple(name for name, _ in conn.execute(self._q(_ALL_TOPIC_COUNTS)))
+        self._patterns.compute(patterns, names)
+
+    def _with_patterns(self, run: Callable[[], T], patterns: set[str] | None = None) -> T:
+        """``run()`` (one write transaction), again after computing the pattern matches it
+        lacked: no pattern is ever evaluated while the transaction holds its locks.
+
+        Raises:
+            CoordinatorUnavailableError: topics kept changing under the patterns.
+        """
+        if patterns:
+            self._compute_patterns(patterns)
+        for _ in range(PATTERN_ATTEMPTS):
+            try:
+                return run()
+            except _PatternsNeeded as e:
+                self._compute_patterns(e.patterns)
+        raise CoordinatorUnavailableError(
+            "topics changed too often while matching subscription patterns; retry"
+        )
 
     # -- transaction scaffolding --------------------------------------------------
 
@@ -467,17 +617,30 @@ class GroupStore:
         *,
         caller: str | None = None,
         touch: Touch = "none",
+        patterns: set[str] | None = None,
     ) -> T:
         """Settle ``group``, then ``apply`` the request and settle again, in ONE transaction.
 
         A ``LakelogError`` from ``apply`` undoes only what ``apply`` and the second
         settle wrote (a savepoint); the first settle (expiry, the caller's touch)
-        is committed before the error is raised.
+        is committed before the error is raised. ``patterns``: subscription patterns
+        the request brings (matched before the transaction starts).
         """
+        return self._with_patterns(
+            lambda: self._transact_once(group, apply, caller=caller, touch=touch), patterns
+        )
+
+    def _transact_once(
+        self, group: str, apply: Callable[[_Ctx], T], *, caller: str | None, touch: Touch
+    ) -> T:
         error: LakelogError | None = None
         result: T | None = None
         with self._db.write() as conn:
-            ctx = _Ctx(conn, self._load(conn, group), _Topics(conn, self._q), self._now())
+            topics = _Topics(conn, self._q, self._patterns)
+            ctx = _Ctx(conn, self._load(conn, group), topics, self._now())
+            topics.require_patterns(
+                {m.pattern for m in ctx.group.members.values() if m.pattern is not None}
+            )
             self._expire_instances(ctx)
             if caller is not None and touch != "none":
                 self._touch(ctx, caller, touch)
@@ -558,18 +721,19 @@ class GroupStore:
         m = ctx.group.members.get(name)
         if m is None:
             return  # the request itself reports the missing instance
-        m.last_seen = ctx.now
+        m.last_seen = m.last_heartbeat = ctx.now
         if touch == "poll":
             m.last_poll = ctx.now
-            m.in_group = True  # a member whose session lapsed rejoins when it polls
+            m.in_group = True  # a member out of the group rejoins when it polls
         ctx.group.changed.add(name)
 
     def _expire_sessions(self, ctx: _Ctx) -> None:
         for m in ctx.group.members.values():
+            if not m.in_group or m.manual:
+                continue
             if (
-                m.in_group
-                and not m.manual
-                and ctx.now - m.last_poll > m.config.session_timeout_ms / 1000
+                ctx.now - m.last_heartbeat > m.config.session_timeout_ms / 1000
+                or ctx.now - m.last_poll > m.config.max_poll_interval_ms / 1000
             ):
                 m.in_group = False
                 ctx.group.changed.add(m.name)
@@ -660,7 +824,7 @@ class GroupStore:
         g = ctx.group
         owned = g.owned(m)
         have = g.positions.get(m.name, {})
-        subscription = () if m.manual else ctx.topics.resolve(m)
+        subscription = () if m.manual else ctx.topics.subscribed(m)
         return ConsumerState(
             group=g.group_id,
             name=m.name,
@@ -705,7 +869,7 @@ class GroupStore:
                 g.assignor = config.assignor
                 g.dirty = True
             g.members[name] = _Member(
-                name, config, (), None, False, (), True, ctx.now, ctx.now, ctx.now
+                name, config, (), None, False, (), True, ctx.now, ctx.now, ctx.now, ctx.now
             )
             g.removed.discard(name)
             g.changed.add(name)
@@ -744,15 +908,29 @@ class GroupStore:
     def subscribe(
         self, group: str, name: str, topics: Sequence[str] = (), pattern: str | None = None
     ) -> ConsumerState:
-        """Replace the subscription with ``topics`` or ``pattern`` (re.fullmatch on names).
+        """Replace the subscription with ``topics`` or ``pattern`` (Java regex syntax, matched
+        against whole names; see ``coordinator.patterns``).
+
+        Topics need not exist yet, as in Kafka: a topic created later (or a new match of
+        the pattern) is assigned at the first group call after its creation.
 
         Raises:
             ConsumerNotFoundError.
-            ConsumerStateError: partitions are assigned by hand, both or neither of
-                ``topics`` and ``pattern`` are given, or ``pattern`` is not a regex.
-            TopicNotFoundError: a topic in ``topics`` does not exist.
+            ConsumerStateError: partitions are assigned by hand, or both or neither of
+                ``topics`` and ``pattern`` are given.
+            InvalidTopicNameError: a name no topic can have.
+            InvalidTopicPatternError: ``pattern`` is not a regex we run.
         """
         wanted = tuple(dict.fromkeys(topics))
+        if bool(wanted) == (pattern is not None):
+            raise ConsumerStateError(
+                "Subscription to topics, partitions and pattern are mutually exclusive: "
+                "give exactly one of a non-empty topic list and a topic pattern."
+            )
+        for t in wanted:
+            validate_topic_name(t)
+        if pattern is not None:
+            compile_topic_pattern(pattern)  # refuse it before taking any lock
 
         def apply(ctx: _Ctx) -> ConsumerState:
             m = ctx.group.member(name)
@@ -761,24 +939,17 @@ class GroupStore:
                     "Subscription to topics, partitions and pattern are mutually exclusive: "
                     "this consumer has partitions assigned by hand."
                 )
-            if bool(wanted) == (pattern is not None):
-                raise ConsumerStateError(
-                    "Subscription to topics, partitions and pattern are mutually exclusive: "
-                    "give exactly one of a non-empty topic list and a topic pattern."
-                )
-            if pattern is not None:
-                try:
-                    re.compile(pattern)
-                except (re.error, TypeError) as e:
-                    raise ConsumerStateError(f"Invalid topic pattern {pattern!r}: {e}") from None
-            for t in wanted:
-                if ctx.topics.count(t) is None:
-                    raise TopicNotFoundError(f"Topic '{t}' not found.")
             m.topics, m.pattern = wanted, pattern
-            ctx.group.changed.add(name)
+            self._revoke_fetch(ctx, m)
             return self._after(ctx, name)
 
-        return self._transact(group, apply, caller=name, touch="poll")
+        return self._transact(
+            group,
+            apply,
+            caller=name,
+            touch="poll",
+            patterns=None if pattern is None else {pattern},
+        )
 
     def unsubscribe(self, group: str, name: str) -> None:
         """Drop the subscription and any manual assignment (rebalances if it was
@@ -787,7 +958,7 @@ class GroupStore:
         def apply(ctx: _Ctx) -> None:
             m = ctx.group.member(name)
             m.topics, m.pattern, m.manual, m.manual_assignment = (), None, False, ()
-            ctx.group.changed.add(name)
+            self._revoke_fetch(ctx, m)
 
         self._transact(group, apply, caller=name, touch="seen")
 
@@ -811,14 +982,15 @@ class GroupStore:
             for tp in wanted:
                 ctx.topics.check(tp)
             m.manual, m.manual_assignment = bool(wanted), tuple(wanted)
-            ctx.group.changed.add(name)
+            self._revoke_fetch(ctx, m)
             return self._after(ctx, name)
 
         return self._transact(group, apply, caller=name, touch="poll")
 
     def seek(self, group: str, name: str, positions: Mapping[TopicPartition, int]) -> None:
         """Set next-fetch offsets. An offset outside [log-start, high watermark] follows the
-        reset policy at the next settle (Kafka's out-of-range handling).
+        reset policy at the next settle (Kafka's out-of-range handling). A fetch in flight
+        loses its lease: it cannot store positions over these.
 
         Raises:
             ConsumerNotFoundError; ConsumerStateError for an unassigned partition or a
@@ -826,9 +998,156 @@ class GroupStore:
         """
 
         def apply(ctx: _Ctx) -> None:
-            self._store_positions(ctx, name, positions, "seek")
+            m = self._store_positions(ctx, name, positions, "seek")
+            self._revoke_fetch(ctx, m)
 
         self._transact(group, apply, caller=name, touch="seen")
+
+    @staticmethod
+    def _revoke_fetch(ctx: _Ctx, m: _Member) -> None:
+        m.fetch_token, m.fetch_expires = None, 0.0
+        ctx.group.changed.add(m.name)
+
+    # -- fetches ------------------------------------------------------------------
+
+    def _take_lease(self, ctx: _Ctx, m: _Member, token: str, lease_ms: int) -> str | None:
+        """Give ``m``'s fetch lease to ``token`` unless another unexpired token holds it (the
+        same token again is a retry: it keeps the lease)."""
+        if m.fetch_token != token and not m.lease_free(ctx.now):
+            return None
+        m.fetch_token = token
+        m.fetch_expires = ctx.now + lease_ms / 1000
+        ctx.group.changed.add(m.name)
+        return token
+
+    def _lease(self, ctx: _Ctx, m: _Member, token: str | None, ok: bool = True) -> FetchLease:
+        busy = 0.0 if token is not None else max(m.fetch_expires - ctx.now, 0.0)
+        return FetchLease(self._state(ctx, m), token, ok, busy)
+
+    def _auto_commit(self, ctx: _Ctx, m: _Member) -> None:
+        """Commit the member's positions (what its delivered fetches reached), if they moved."""
+        g = ctx.group
+        have = g.positions.get(m.name, {})
+        committed = self._committed(ctx)
+        rows = [
+            (g.group_id, tp.topic, tp.partition, off, committed[tp].metadata, ctx.now)
+            if tp in committed
+            else (g.group_id, tp.topic, tp.partition, off, "", ctx.now)
+            for tp, off in have.items()
+            if tp not in committed or committed[tp].offset != off
+        ]
+        if rows:
+            ctx.conn.executemany(self._q(_UPSERT_COMMITTED), rows)
+
+    def begin_fetch(self, group: str, name: str, token: str, lease_ms: int) -> FetchLease:
+        """Give the instance's fetch lease to ``token`` (chosen by the caller, so a retried
+        call is harmless) for ``lease_ms`` milliseconds, unless another fetch holds an
+        unexpired one (the answer's ``token`` is then None). A poll: renews every timer
+        and brings a member out of the group back in. With auto-commit, commits the
+        positions first (Kafka's auto-commit: what earlier fetches delivered).
+
+        Raises:
+            ConsumerNotFoundError.
+        """
+
+        def apply(ctx: _Ctx) -> FetchLease:
+            m = ctx.group.member(name)
+            held = self._take_lease(ctx, m, token, lease_ms)
+            if held is not None and m.config.auto_commit:
+                self._auto_commit(ctx, m)
+            return self._lease(ctx, m, held)
+
+        return self._transact(group, apply, caller=name, touch="poll")
+
+    def confirm_fetch(
+        self, group: str, name: str, token: str, start: Mapping[TopicPartition, int], lease_ms: int
+    ) -> FetchLease:
+        """Check, before a fetch answers, that ``token`` still holds the lease and that each
+        partition of ``start`` (those it read records from) is still owned at that
+        position; the lease is then extended by ``lease_ms``. Otherwise ``ok`` is False:
+        with the same token when the positions moved (a rebalance: read again from the
+        answer's positions), with None when the lease was revoked (a seek) or taken over
+        (begin again).
+
+        Raises:
+            ConsumerNotFoundError.
+        """
+
+        def apply(ctx: _Ctx) -> FetchLease:
+            g = ctx.group
+            m = g.member(name)
+            if m.fetch_token != token:
+                return self._lease(ctx, m, None, ok=False)
+            owned = set(g.owned(m))
+            have = g.positions.get(name, {})
+            ok = all(
+                TopicPartition(tp[0], tp[1]) in owned
+                and have.get(TopicPartition(tp[0], tp[1])) == offset
+                for tp, offset in start.items()
+            )
+            m.fetch_expires = ctx.now + lease_ms / 1000
+            g.changed.add(name)
+            return self._lease(ctx, m, token, ok)
+
+        return self._transact(group, apply)
+
+    def end_fetch(
+        self, group: str, name: str, token: str, positions: Mapping[TopicPartition, int] | None
+    ) -> None:
+        """Free the lease ``token`` holds. ``positions``: the answer was delivered; store these
+        next offsets for the partitions still owned. A token revoked (seek, assign,
+        subscribe) or taken over since changes nothing.
+
+        Raises:
+            ConsumerNotFoundError; ConsumerStateError for a negative offset.
+        """
+
+        def apply(ctx: _Ctx) -> None:
+            g = ctx.group
+            m = g.member(name)
+            if m.fetch_token != token:
+                return
+            if positions:
+                owned = set(g.owned(m))
+                kept = {
+                    TopicPartition(tp[0], tp[1]): off
+                    for tp, off in positions.items()
+                    if TopicPartition(tp[0], tp[1]) in owned
+                }
+                self._store_positions(ctx, name, kept, "deliver")
+            self._revoke_fetch(ctx, m)
+
+        self._transact(group, apply)
+
+    def heartbeat_consumers(
+        self, members: Sequence[ConsumerHeartbeat], lease_ms: int
+    ) -> list[tuple[str, str]]:
+        """An agent's background heartbeat for the instances it serves, in one transaction:
+        renews their session timers (not the poll or idle ones) and extends the fetch
+        leases named. Nothing is settled here; the next call on each group does that.
+
+        Returns:
+            (group, name) of the instances that do not exist (any more).
+        """
+        now = self._now()
+        gone: list[tuple[str, str]] = []
+        with self._db.write() as conn:
+            for i in range(0, len(members), _HEARTBEAT_BATCH):
+                batch = members[i : i + _HEARTBEAT_BATCH]
+                found = fetch_each(
+                    conn, self._q(_HEARTBEAT), [(now, hb.group, hb.name) for hb in batch]
+                )
+                gone += [
+                    (hb.group, hb.name) for hb, row in zip(batch, found, strict=True) if row is None
+                ]
+                leases = [
+                    (now + lease_ms / 1000, hb.group, hb.name, hb.token)
+                    for hb in batch
+                    if hb.token is not None
+                ]
+                if leases:
+                    fetch_each(conn, self._q(_RENEW_LEASE), leases)
+        return gone
 
     def _store_positions(
         self, ctx: _Ctx, name: str, positions: Mapping[TopicPartition, int], what: str
@@ -945,13 +1264,19 @@ class GroupStore:
 
     def list_groups(self) -> list[str]:
         """Groups with at least one instance or committed offset (after expiry), by id."""
+        return self._with_patterns(self._list_groups_once)
+
+    def _list_groups_once(self) -> list[str]:
         result = []
         with self._db.write() as conn:
             ids = [gid for (gid,) in conn.execute(self._q(_GROUP_IDS))]
-            topics = _Topics(conn, self._q)
+            topics = _Topics(conn, self._q, self._patterns)
             now = self._now()
             for gid in ids:
                 ctx = _Ctx(conn, self._load(conn, gid), topics, now)
+                topics.require_patterns(
+                    {m.pattern for m in ctx.group.members.values() if m.pattern is not None}
+                )
                 self._expire_instances(ctx)
                 self._expire_sessions(ctx)
                 self._settle(ctx)

@@ -34,7 +34,9 @@ from coordinator.client import ChunkCommit
 from coordinator.groups import (
     CommittedOffset,
     ConsumerConfig,
+    ConsumerHeartbeat,
     ConsumerState,
+    FetchLease,
     GroupCoordinator,
     GroupInfo,
 )
@@ -264,6 +266,57 @@ def consumer_state_from_json(d: JSON) -> ConsumerState:
         unresolved=tuple(tp_from_json(tp) for tp in d["unresolved"]),
         last_seen=d["last_seen"],
     )
+
+
+def fetch_lease_to_json(f: FetchLease) -> JSON:
+    return {
+        "state": consumer_state_to_json(f.state),
+        "token": f.token,
+        "ok": f.ok,
+        "busy_for_s": f.busy_for_s,
+    }
+
+
+def fetch_lease_from_json(d: JSON) -> FetchLease:
+    return FetchLease(
+        state=consumer_state_from_json(d["state"]),
+        token=d["token"],
+        ok=bool(d["ok"]),
+        busy_for_s=float(d["busy_for_s"]),
+    )
+
+
+def heartbeat_to_json(h: ConsumerHeartbeat) -> JSON:
+    return {"group": h.group, "name": h.name, "token": h.token}
+
+
+def heartbeat_from_json(d: JSON) -> ConsumerHeartbeat:
+    """Raises KeyError, TypeError on a malformed entry."""
+    group, name, token = d["group"], d["name"], d.get("token")
+    if not isinstance(group, str) or not isinstance(name, str):
+        raise TypeError(f"group and name must be strings, got {group!r}, {name!r}")
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f"token must be a string or null, got {token!r}")
+    return ConsumerHeartbeat(group, name, token)
+
+
+def offsets_to_json(offsets: Mapping[TopicPartition, PartitionOffsets]) -> list[JSON]:
+    return [
+        {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "log_start": o.log_start,
+            "high_watermark": o.high_watermark,
+        }
+        for tp, o in offsets.items()
+    ]
+
+
+def offsets_from_json(items: list[JSON]) -> dict[TopicPartition, PartitionOffsets]:
+    return {
+        tp_from_json(d): PartitionOffsets(int(d["log_start"]), int(d["high_watermark"]))
+        for d in items
+    }
 
 
 def group_info_to_json(g: GroupInfo) -> JSON:
@@ -636,14 +689,9 @@ class HttpCoordinator:
     def offsets_many(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, PartitionOffsets]:
-        body = {"partitions": [tp_to_json(TopicPartition(t, p)) for t, p in partitions]}
+        body = {"partitions": [tp_to_json(tp) for tp in partitions]}
         data = self._request("POST", "/v1/offsets", body=body, idempotent=True)
-        return {
-            TopicPartition(d["topic"], d["partition"]): PartitionOffsets(
-                d["log_start"], d["high_watermark"]
-            )
-            for d in data["offsets"]
-        }
+        return offsets_from_json(data["offsets"])
 
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16
@@ -776,6 +824,43 @@ class HttpCoordinator:
             "positions": positions_to_json(positions),
         }
         return consumer_state_from_json(self._group_call("/v1/consumers/advance", body))
+
+    # The fetch calls are idempotent: the caller chooses the token, so a repeated
+    # begin_fetch finds its own lease; confirm and end check the token.
+
+    def begin_fetch(self, group: str, name: str, token: str, lease_ms: int) -> FetchLease:
+        body = {"group": group, "name": name, "token": token, "lease_ms": lease_ms}
+        return fetch_lease_from_json(self._group_call("/v1/consumers/fetch/begin", body))
+
+    def confirm_fetch(
+        self, group: str, name: str, token: str, start: Mapping[TopicPartition, int], lease_ms: int
+    ) -> FetchLease:
+        body = {
+            "group": group,
+            "name": name,
+            "token": token,
+            "start": positions_to_json(start),
+            "lease_ms": lease_ms,
+        }
+        return fetch_lease_from_json(self._group_call("/v1/consumers/fetch/confirm", body))
+
+    def end_fetch(
+        self, group: str, name: str, token: str, positions: Mapping[TopicPartition, int] | None
+    ) -> None:
+        body = {
+            "group": group,
+            "name": name,
+            "token": token,
+            "positions": None if positions is None else positions_to_json(positions),
+        }
+        self._group_call("/v1/consumers/fetch/end", body)
+
+    def heartbeat_consumers(
+        self, members: Sequence[ConsumerHeartbeat], lease_ms: int
+    ) -> list[tuple[str, str]]:
+        body = {"members": [heartbeat_to_json(m) for m in members], "lease_ms": lease_ms}
+        data = self._group_call("/v1/consumers/heartbeat", body)
+        return [(str(g["group"]), str(g["name"])) for g in data["gone"]]
 
     def commit_offsets(
         self,

@@ -13,7 +13,9 @@ from coordinator.db import MetadataDatabase, WriteMode, open_database
 from coordinator.groups import (
     CommittedOffset,
     ConsumerConfig,
+    ConsumerHeartbeat,
     ConsumerState,
+    FetchLease,
     GroupCoordinator,
     GroupInfo,
 )
@@ -232,6 +234,24 @@ class LocalCoordinator:
         self, group: str, name: str, generation: int, positions: Mapping[TopicPartition, int]
     ) -> ConsumerState:
         return self._groups.advance(group, name, generation, positions)
+
+    def begin_fetch(self, group: str, name: str, token: str, lease_ms: int) -> FetchLease:
+        return self._groups.begin_fetch(group, name, token, lease_ms)
+
+    def confirm_fetch(
+        self, group: str, name: str, token: str, start: Mapping[TopicPartition, int], lease_ms: int
+    ) -> FetchLease:
+        return self._groups.confirm_fetch(group, name, token, start, lease_ms)
+
+    def end_fetch(
+        self, group: str, name: str, token: str, positions: Mapping[TopicPartition, int] | None
+    ) -> None:
+        self._groups.end_fetch(group, name, token, positions)
+
+    def heartbeat_consumers(
+        self, members: Sequence[ConsumerHeartbeat], lease_ms: int
+    ) -> list[tuple[str, str]]:
+        return self._groups.heartbeat_consumers(members, lease_ms)
 
     def commit_offsets(
         self,

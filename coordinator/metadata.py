@@ -169,6 +169,10 @@ _ENTRIES_FROM = (
 _LOOKUP = _ENTRIES_FROM + " ORDER BY e.base_offset LIMIT ?"
 _LOOKUP_TIMESTAMP = _ENTRIES_FROM + " AND e.max_ts >= ? ORDER BY e.base_offset LIMIT 1"
 _OBJECTS_IN = "SELECT object_key FROM objects WHERE object_key IN ({marks})"
+_OFFSETS_OF_TOPICS = (
+    "SELECT t.name, p.partition, p.log_start_offset, p.high_watermark FROM topics t "
+    "JOIN partitions p ON p.topic_id = t.topic_id WHERE t.name IN ({marks})"
+)
 
 _PRODUCER_STATE = (
     "SELECT epoch, batches FROM producer_state "
@@ -646,13 +650,19 @@ class MetadataStore:
     def offsets_many(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, PartitionOffsets]:
-        """``offsets`` of many partitions in one read transaction; missing ones left out."""
+        """Log-start offset and high watermark of many partitions from one read snapshot;
+        partitions of unknown topics, or past a topic's count, are left out."""
+        wanted = {TopicPartition(tp[0], tp[1]) for tp in partitions}
+        names = sorted({tp.topic for tp in wanted})
         out: dict[TopicPartition, PartitionOffsets] = {}
         with self._db.read() as conn:
-            for tp in dict.fromkeys(TopicPartition(t, p) for t, p in partitions):
-                row = conn.execute(self._q(_PARTITION_STATE), (tp.partition, tp.topic)).fetchone()
-                if row is not None and row[1] is not None:
-                    out[tp] = PartitionOffsets(row[1], row[2])
+            for i in range(0, len(names), _IN_BATCH):
+                batch = names[i : i + _IN_BATCH]
+                sql = self._q(_OFFSETS_OF_TOPICS.format(marks=", ".join("?" * len(batch))))
+                for name, partition, log_start, high_watermark in conn.execute(sql, batch):
+                    tp = TopicPartition(name, partition)
+                    if tp in wanted:
+                        out[tp] = PartitionOffsets(log_start, high_watermark)
         return out
 
     def lookup(

@@ -13,12 +13,12 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/topics/{name}/partitions      topic  <- {"partitions"}
     POST   /v1/topics/{name}/configs         topic  <- {"set", "delete", "validate_only"}
     GET    /v1/topics/{name}/partitions/{p}/offsets                 {"log_start", "high_watermark"}
+    POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
+                                             <- {"partitions": [tp]}  (unknown ones left out)
     GET    /v1/topics/{name}/partitions/{p}/lookup?offset=&max_chunks=   {"chunks": [ref]}
     GET    /v1/topics/{name}/partitions/{p}/lookup-timestamp?ts=         {"chunk": ref | null}
     POST   /v1/topics/{name}/partitions/{p}/delete-records  {"log_start"}  <- {"offset"}
     GET    /v1/topic-ids/{hex}               topic
-    POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
-                                             <- {"partitions": [tp]}
     POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
     POST   /v1/producers/init                {"producer_id", "epoch"}  <- {"producer_id", "epoch"}
     POST   /v1/producers/state               {"states": [{"topic_id", "partition", "epoch",
@@ -55,6 +55,19 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
                                              <- {"group", "name", "generation", "positions"}
     POST   /v1/consumers/commit              204  <- {"group", "name", "generation" | null,
                                                       "offsets": [tp + offset + metadata]}
+    POST   /v1/consumers/fetch/begin         lease  <- {"group", "name", "token", "lease_ms"}
+    POST   /v1/consumers/fetch/confirm       lease  <- {"group", "name", "token", "start",
+                                                        "lease_ms"}
+    POST   /v1/consumers/fetch/end           204  <- {"group", "name", "token",
+                                                      "positions" | null}
+    POST   /v1/consumers/heartbeat           {"gone": [{"group", "name"}]}
+                                             <- {"members": [{"group", "name", "token"}],
+                                                 "lease_ms"}
+
+    lease = {"state": consumer, "token" | null, "ok", "busy_for_s"}.
+
+``lakelog_coordinator_requests_total{method, route}`` counts every request by route
+template, so a test or an operator can see how many calls a view costs.
 
     Schema registry (SchemaStore). Subjects travel in bodies, as group names do.
     ref = {"name", "subject", "version"}; sv = {"subject", "version", "deleted",
@@ -98,6 +111,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.client import Coordinator
 from coordinator.groups import GroupCoordinator
@@ -109,10 +123,13 @@ from coordinator.http_client import (
     committed_to_json,
     consumer_config_from_json,
     consumer_state_to_json,
+    fetch_lease_to_json,
     group_info_to_json,
+    heartbeat_from_json,
     join_result_to_json,
     kafka_group_to_json,
     object_info_to_json,
+    offsets_to_json,
     positions_from_json,
     reference_from_json,
     store_location_to_json,
@@ -127,7 +144,7 @@ from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
 from segments.errors import LakelogError, MalformedRequestError
 from segments.store import ObjectStore, absolute_store_url
-from segments.types import StoreLocation
+from segments.types import StoreLocation, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +173,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "ConsumerStateError": 409,
     "StaleGenerationError": 409,
     "InvalidConsumerConfigError": 400,
+    "InvalidTopicPatternError": 400,
     "NoOffsetError": 409,
     "OffsetOutOfRangeError": 400,
     "ProducerFencedError": 409,
@@ -328,6 +346,30 @@ class _Metrics:
             ["error"],
             registry=self.registry,
         )
+        self.requests = Counter(
+            "lakelog_coordinator_requests",
+            "Requests answered, by method and route template.",
+            ["method", "route"],
+            registry=self.registry,
+        )
+
+
+class _CountRequests:
+    """ASGI middleware: counts each request under its route template once it is answered."""
+
+    def __init__(self, app: ASGIApp, metrics: _Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(scope["method"], route).inc()
 
 
 class FullCoordinator(Coordinator, GroupCoordinator, KafkaGroupCoordinator, SchemaStore, Protocol):
@@ -350,6 +392,7 @@ def create_app(
     app = FastAPI(title="lakelog coordinator", docs_url=None, redoc_url=None)
     metrics = _Metrics()
     app.state.metrics = metrics
+    app.add_middleware(_CountRequests, metrics=metrics)
 
     @app.exception_handler(LakelogError)
     async def lakelog_error(request: Request, exc: LakelogError) -> Response:
@@ -411,6 +454,12 @@ def create_app(
     def offsets(name: str, partition: int) -> Response:
         o = coordinator.offsets(name, partition)
         return _json({"log_start": o.log_start, "high_watermark": o.high_watermark})
+
+    @app.post("/v1/offsets")
+    def offsets_many(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("offsets"):
+            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
+        return _json({"offsets": offsets_to_json(coordinator.offsets_many(partitions))})
 
     @app.get("/v1/topics/{name:path}/partitions/{partition}/lookup")
     def lookup(
@@ -480,25 +529,6 @@ def create_app(
         metrics.chunks.inc(len(chunks))
         metrics.records.inc(sum(c.record_count for c in chunks))
         return _json({"base_offsets": base_offsets})
-
-    @app.post("/v1/offsets")
-    def offsets_many(body: dict[str, Any] = Body()) -> Response:
-        with _parsing("offsets"):
-            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
-        found = coordinator.offsets_many(partitions)
-        return _json(
-            {
-                "offsets": [
-                    {
-                        "topic": tp.topic,
-                        "partition": tp.partition,
-                        "log_start": o.log_start,
-                        "high_watermark": o.high_watermark,
-                    }
-                    for tp, o in found.items()
-                ]
-            }
-        )
 
     @app.post("/v1/producers/init")
     def init_producer_id(body: dict[str, Any] = Body()) -> Response:
@@ -817,6 +847,41 @@ def create_app(
     @app.get("/v1/store")
     def store_location() -> Response:
         return _json(store_location_to_json(location))
+
+    @app.post("/v1/consumers/fetch/begin")
+    def begin_fetch(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("begin fetch"):
+            group, name, token = _str(body, "group"), _str(body, "name"), _str(body, "token")
+            lease_ms = _int_field(body, "lease_ms")
+        return _json(fetch_lease_to_json(coordinator.begin_fetch(group, name, token, lease_ms)))
+
+    @app.post("/v1/consumers/fetch/confirm")
+    def confirm_fetch(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("confirm fetch"):
+            group, name, token = _str(body, "group"), _str(body, "name"), _str(body, "token")
+            start = positions_from_json(_list(body, "start"))
+            lease_ms = _int_field(body, "lease_ms")
+        lease = coordinator.confirm_fetch(group, name, token, start, lease_ms)
+        return _json(fetch_lease_to_json(lease))
+
+    @app.post("/v1/consumers/fetch/end")
+    def end_fetch(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("end fetch"):
+            group, name, token = _str(body, "group"), _str(body, "name"), _str(body, "token")
+            raw = body.get("positions")
+            positions: dict[TopicPartition, int] | None = (
+                None if raw is None else positions_from_json(_list(body, "positions"))
+            )
+        coordinator.end_fetch(group, name, token, positions)
+        return Response(status_code=204)
+
+    @app.post("/v1/consumers/heartbeat")
+    def heartbeat_consumers(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("consumer heartbeat"):
+            members = [heartbeat_from_json(m) for m in _list(body, "members")]
+            lease_ms = _int_field(body, "lease_ms")
+        gone = coordinator.heartbeat_consumers(members, lease_ms)
+        return _json({"gone": [{"group": g, "name": n} for g, n in gone]})
 
     # -- garbage report ---------------------------------------------------------
 

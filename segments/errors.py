@@ -28,6 +28,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── ConsumerStateError        subscribe vs assign conflict, seek of an unassigned partition
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
+    │   ├── InvalidTopicPatternError  a topic_pattern we cannot run (Java syntax RE2 lacks)
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
     │   ├── OffsetOutOfRangeError     an offset beyond the partition's high watermark
     │   ├── ProducerFencedError       an idempotent producer's epoch is not its latest
@@ -182,6 +183,10 @@ class StaleGenerationError(MetadataError):
 
 class InvalidConsumerConfigError(MetadataError):
     """A consumer setting the instance cannot take (format, reset policy, sizes)."""
+
+
+class InvalidTopicPatternError(MetadataError):
+    """A subscription pattern that is not valid, or uses Java regex features we do not run."""
 
 
 class NoOffsetError(MetadataError):
@@ -387,6 +392,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         ConsumerStateError,
         StaleGenerationError,
         InvalidConsumerConfigError,
+        InvalidTopicPatternError,
         NoOffsetError,
         SecurityDisabledError,
         OffsetOutOfRangeError,

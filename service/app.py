@@ -35,6 +35,7 @@ from service import errors
 from service import executors as executors_module
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
+from service.consumer_sessions import ConsumerSessions
 from service.executors import ExecutorCollector, Executors, Kind
 from service.kafka.server import KafkaServer
 from service.metrics import Metrics
@@ -106,7 +107,9 @@ def build_read_path(
         metrics=consume_metrics,
         read_ahead=settings.read_ahead_chunks,
     )
-    notifier = Notifier(coordinator.offsets, settings.hw_poll_interval_ms / 1000, consume_metrics)
+    notifier = Notifier(
+        coordinator.offsets_many, settings.hw_poll_interval_ms / 1000, consume_metrics
+    )
     return reader, notifier, consume_metrics
 
 
@@ -251,6 +254,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             auto_create=settings.auto_create_topics,
             default_partitions=settings.default_partitions,
         )
+        groups = as_group_coordinator(coordinator)
+        consumers = ConsumerSessions(
+            groups,
+            heartbeat_interval_ms=settings.consumer_heartbeat_interval_ms,
+            lease_ms=settings.consumer_fetch_lease_ms,
+            fetch_memory_bytes=settings.consumer_fetch_memory_bytes,
+            run=call,
+            metrics=consume_metrics,
+        )
         state = AgentState(
             settings=settings,
             coordinator=coordinator,
@@ -261,7 +273,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             metrics=metrics,
             broker_id=-1,
             cluster_id=cluster_id,
-            groups=as_group_coordinator(coordinator),
+            groups=groups,
             reader=reader,
             notifier=notifier,
             consume_metrics=consume_metrics,
@@ -271,6 +283,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 latest_ttl_s=settings.metadata_ttl_s,
             ),
             executors=executors,
+            consumers=consumers,
         )
         if settings.kafka_port:
             kafka = KafkaServer(state, settings.host, settings.kafka_port)
@@ -290,6 +303,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await task
 
         stack.push_async_callback(_stop_heartbeat)
+        consumer_heartbeat = asyncio.create_task(
+            consumers.heartbeat_loop(), name="lakelog-consumer-heartbeat"
+        )
+
+        async def _stop_consumer_heartbeat() -> None:
+            consumer_heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer_heartbeat
+
+        stack.push_async_callback(_stop_consumer_heartbeat)
         app.state.agent = state
         janitors: JanitorConfig | None = app.state.janitors
         if janitors is not None and janitors.enabled:

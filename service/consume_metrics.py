@@ -6,7 +6,7 @@ adds its collectors to the same ``CollectorRegistry``, so ``GET /metrics`` shows
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # A cached range is served in microseconds; a moto GET takes ~2-50 ms.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
@@ -76,6 +76,36 @@ class ConsumeMetrics:
             "lakelog_fetch_wait_seconds",
             "Time a fetch spent waiting for new data.",
             buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.fetches_undelivered = Counter(
+            "lakelog_fetch_undelivered",
+            "Fetch answers not delivered (the client went away first): no position moved.",
+            registry=r,
+        )
+        self.fetch_lease_waits = Counter(
+            "lakelog_fetch_lease_waits",
+            "Fetches that waited for another fetch of the same consumer instance.",
+            registry=r,
+        )
+        self.fetch_rereads = Counter(
+            "lakelog_fetch_rereads",
+            "Fetches that read again: a seek or rebalance moved the positions meanwhile.",
+            registry=r,
+        )
+        self.fetches_waiting = Gauge(
+            "lakelog_fetches_waiting",
+            "Fetches long-polling for data right now.",
+            registry=r,
+        )
+        self.fetch_budget_in_use = Gauge(
+            "lakelog_fetch_budget_in_use_bytes",
+            "Key+value bytes granted to fetches in flight (of consumer_fetch_memory_bytes).",
+            registry=r,
+        )
+        self.consumer_heartbeats = Counter(
+            "lakelog_consumer_heartbeats",
+            "Background heartbeats sent for the consumer instances this agent serves.",
             registry=r,
         )
         self.hw_polls = Counter(

@@ -143,6 +143,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     # A rebalance overtook the request: the client retries with the new assignment.
     e.StaleGenerationError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
+    e.InvalidTopicPatternError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.SecurityDisabledError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.OffsetOutOfRangeError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),

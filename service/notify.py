@@ -7,9 +7,9 @@ with the position it waits beyond, and sleeps on it. Two things wake it:
   listener (it runs in the flushing thread) and hands the touched partitions to
   the event loop with ``call_soon_threadsafe``; waiters wake at once;
 - data committed through *other* agents: ONE background task per agent checks
-  the high watermarks of the partitions someone waits on, every
-  ``interval_s``, and only while someone waits; it wakes a waiter as soon as a
-  high watermark passes its position.
+  the high watermarks of the partitions someone waits on (one coordinator call
+  for all of them), every ``interval_s``, and only while someone waits; it
+  wakes a waiter as soon as a high watermark passes its position.
 
 Partitions are keyed by (topic id, partition): the write path knows topic ids,
 not names, and a topic re-created under the same name is another topic.
@@ -21,19 +21,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from index.log import WriteResult
 from segments.errors import LakelogError
-from segments.types import PartitionOffsets
+from segments.types import PartitionOffsets, TopicPartition
 from service.consume_metrics import ConsumeMetrics
 
 log = logging.getLogger(__name__)
 
 #: (topic id, partition)
 PartitionKey = tuple[bytes, int]
-#: (topic name, partition) -> its high watermark, from the coordinator.
-OffsetsFn = Callable[[str, int], PartitionOffsets]
+#: The coordinator's ``offsets_many``: offsets of many partitions in one call.
+OffsetsFn = Callable[[Sequence[TopicPartition]], dict[TopicPartition, PartitionOffsets]]
 
 
 class Waiter:
@@ -53,7 +53,7 @@ class Notifier:
     """Wakes waiting fetches on local commits and on high-watermark changes elsewhere.
 
     Args:
-        offsets: the coordinator's ``offsets(topic, partition)`` (run in a thread).
+        offsets: the coordinator's ``offsets_many(partitions)`` (run in a thread).
         interval_s: how often the background poller checks high watermarks.
     """
 
@@ -144,16 +144,16 @@ class Notifier:
         return out
 
     def _high_watermarks(self, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        """High watermarks of ``wanted`` (in a worker thread); failures are skipped."""
-        out = {}
-        for name, partition in wanted:
-            try:
-                out[(name, partition)] = self._offsets(name, partition).high_watermark
-            except LakelogError as e:
-                log.debug("high watermark of %s/%d: %s", name, partition, e)
+        """High watermarks of ``wanted`` in one coordinator call (in a worker thread);
+        partitions deleted meanwhile are left out, a failure is logged and skipped."""
+        try:
+            found = self._offsets([TopicPartition(name, p) for name, p in wanted])
+        except LakelogError as e:
+            log.debug("high watermarks of %d partitions: %s", len(wanted), e)
+            return {}
         if self.metrics is not None:
             self.metrics.hw_polls.inc(len(wanted))
-        return out
+        return {(tp.topic, tp.partition): o.high_watermark for tp, o in found.items()}
 
     async def _poll(self) -> None:
         """Check high watermarks while anyone waits; exits when nobody does."""

@@ -1,6 +1,8 @@
 """The agent's read cache: object byte ranges, index entries, and a reader that uses both.
 
-- ``RangeCache``: a bounded LRU of object byte ranges with two budgets. The *tail*
+- ``RangeCache``: a bounded LRU of object byte ranges with two budgets, each
+  entry counted with its bookkeeping (``ENTRY_OVERHEAD``: key, dict slot, bytes
+  header), so a budget bounds memory even when chunks are a few bytes. The *tail*
   budget is filled write-through by this agent's own flushes (a ``LogWriter``
   listener), so consumers tailing a partition on the writing agent cost no GETs;
   the *history* budget holds ranges fetched from the store. A lagging reader
@@ -11,9 +13,12 @@
   tiering and retention swap or drop entries); "nothing past the high watermark"
   is never cached, so new data is seen at once.
 - ``CachingLogReader``: a ``LogReader`` over both, with read-ahead of the next
-  chunks in parallel when catching up on history. A tier object (a ``"parquet"``
-  index entry) is fetched whole, once, and kept in the history budget like any
-  range; its records are decoded one row group at a time from the wanted offset.
+  chunks in parallel when catching up on history. Read-ahead is best effort and
+  bounded: at most ``4 x read_ahead`` chunks queued or in flight per agent (each
+  at most once); more is skipped, and the reader fetches those chunks itself.
+  A tier object (a ``"parquet"`` index entry) is fetched whole, once, and kept in
+  the history budget like any range; its records are decoded one row group at a
+  time from the wanted offset.
 
 Everything here is synchronous and thread-safe: the agent calls it from worker
 threads (``asyncio.to_thread``), so coalescing works across tasks and threads alike.
@@ -45,12 +50,18 @@ RangeKey = tuple[str, int, int]
 TAIL = "tail"
 HISTORY = "history"
 
+#: What one cached range costs beyond its bytes (measured ~200 B on CPython 3.11: the
+#: key tuple, the ordered-dict slot, the bytes object's header), rounded up.
+ENTRY_OVERHEAD = 256
+
 
 class _Lru:
-    """One budget: an LRU of byte ranges holding at most ``capacity`` bytes (not thread-safe)."""
+    """One budget: an LRU of byte ranges costing at most ``capacity`` bytes, each range
+    counted as its length plus ``overhead`` (not thread-safe)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, overhead: int = ENTRY_OVERHEAD) -> None:
         self.capacity = capacity
+        self.overhead = overhead
         self.size = 0
         self.entries: OrderedDict[RangeKey, bytes] = OrderedDict()
         self.evictions = 0
@@ -62,16 +73,17 @@ class _Lru:
         return data
 
     def put(self, key: RangeKey, data: bytes) -> None:
-        if len(data) > self.capacity:
+        cost = len(data) + self.overhead
+        if cost > self.capacity:
             return  # would evict everything and still not fit
         old = self.entries.pop(key, None)
         if old is not None:
-            self.size -= len(old)
+            self.size -= len(old) + self.overhead
         self.entries[key] = data
-        self.size += len(data)
+        self.size += cost
         while self.size > self.capacity:
             _, evicted = self.entries.popitem(last=False)
-            self.size -= len(evicted)
+            self.size -= len(evicted) + self.overhead
             self.evictions += 1
 
 
@@ -102,14 +114,20 @@ class RangeCache:
         tail_bytes: budget for this agent's own flushed chunks (write-through).
         history_bytes: budget for ranges fetched from the store.
         metrics: Prometheus counters to update, if any.
+        entry_overhead: bytes each range costs beyond its length.
     """
 
     def __init__(
-        self, tail_bytes: int, history_bytes: int, metrics: ConsumeMetrics | None = None
+        self,
+        tail_bytes: int,
+        history_bytes: int,
+        metrics: ConsumeMetrics | None = None,
+        *,
+        entry_overhead: int = ENTRY_OVERHEAD,
     ) -> None:
         self._lock = threading.Lock()
-        self._tail = _Lru(tail_bytes)
-        self._history = _Lru(history_bytes)
+        self._tail = _Lru(tail_bytes, entry_overhead)
+        self._history = _Lru(history_bytes, entry_overhead)
         self._in_flight: dict[RangeKey, _InFlight] = {}
         self.metrics = metrics
         self.stats = CacheStats()
@@ -203,7 +221,7 @@ class RangeCache:
             flight.done.set()
 
     def sizes(self) -> tuple[int, int]:
-        """Bytes held in (tail, history)."""
+        """Bytes accounted in (tail, history): lengths plus the per-entry overhead."""
         with self._lock:
             return self._tail.size, self._history.size
 
@@ -318,6 +336,10 @@ class CachingLogReader(LogReader):
             if read_ahead > 0
             else None
         )
+        # Ranges queued for read-ahead or being fetched by it: the queue's bound.
+        self._pending: set[RangeKey] = set()
+        self._pending_lock = threading.Lock()
+        self.max_pending = 4 * read_ahead
         # Log-start per partition, refreshed with every index lookup that reaches the
         # coordinator, so it is exactly as fresh as the index entries it goes with.
         self._log_starts: dict[tuple[str, int], int] = {}
@@ -375,16 +397,30 @@ class CachingLogReader(LogReader):
         for ref in refs[: self.read_ahead]:
             key = (ref.object_key, ref.position, ref.length)
             if key not in self.cache:
-                self._pool.submit(self._prefetch_one, ref)
+                with self._pending_lock:
+                    if len(self._pending) >= self.max_pending:
+                        return  # the queue is full: the reader fetches it when it gets there
+                    queued = key not in self._pending
+                    self._pending.add(key)
+                if queued:
+                    self._pool.submit(self._prefetch_one, ref, key)
             budget -= ref.length
             if budget <= 0:
                 return
 
-    def _prefetch_one(self, ref: ChunkRef) -> None:
+    def _prefetch_one(self, ref: ChunkRef, key: RangeKey) -> None:
         try:
             self.fetch_chunk(ref)
         except Exception as e:  # the reader will fetch it again and see the error
             log.debug("read-ahead of %s failed: %s", ref.object_key, e)
+        finally:
+            with self._pending_lock:
+                self._pending.discard(key)
+
+    def pending_read_ahead(self) -> int:
+        """Chunks queued for read-ahead or being fetched by it."""
+        with self._pending_lock:
+            return len(self._pending)
 
     def entries(
         self, topic: str, partition: int, offset: int, *, read_ahead_bytes: int = 0

@@ -92,9 +92,24 @@ class Settings(BaseSettings):
     consumer_request_max_bytes: Annotated[int, Field(gt=0)] = 64 * MiB
     #: Upper bound of a fetch's long-poll, whatever ``timeout`` the client asks for.
     consumer_max_wait_ms: Annotated[int, Field(ge=0)] = 60_000
-    #: Defaults of new consumer instances (a create request may override both).
+    #: Defaults of new consumer instances (a create request may override them). An
+    #: instance leaves its group's assignment when no agent heartbeated it for the
+    #: session timeout (its agents died) or its client did not fetch for the poll
+    #: interval (kafka-rest's max.poll.interval.ms); it is deleted when idle (no call at
+    #: all) for the instance timeout.
     consumer_session_timeout_ms: Annotated[int, Field(gt=0)] = 30_000
+    consumer_max_poll_interval_ms: Annotated[int, Field(gt=0)] = 300_000
     consumer_instance_timeout_ms: Annotated[int, Field(gt=0)] = 300_000
+    #: How often the agent heartbeats the consumer instances it served (one coordinator
+    #: call for all of them) and renews the fetch leases it holds.
+    consumer_heartbeat_interval_ms: Annotated[int, Field(gt=0)] = 3_000
+    #: How long a fetch's lease on its instance lasts without renewal: what an agent that
+    #: died mid-fetch holds the instance up for.
+    consumer_fetch_lease_ms: Annotated[int, Field(gt=0)] = 10_000
+    #: Key+value bytes all fetches in flight on this agent may hold at once; a fetch's
+    #: max_bytes is cut to what is left (it waits for at least 1 MiB, or its max_bytes).
+    #: Rendering costs about 2.5x this in memory (records, base64 text, the JSON body).
+    consumer_fetch_memory_bytes: Annotated[int, Field(gt=0)] = 256 * MiB
     #: How often the one background poller checks high watermarks while fetches wait
     #: (catches data committed through other agents; local commits wake at once).
     hw_poll_interval_ms: Annotated[int, Field(gt=0)] = 200
@@ -149,6 +164,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_buffer_bytes ({self.max_buffer_bytes}) must be >= flush_bytes "
                 f"({self.flush_bytes}): a flush could never fill"
+            )
+        if 2 * self.consumer_heartbeat_interval_ms > self.consumer_fetch_lease_ms:
+            raise ValueError(
+                f"consumer_fetch_lease_ms ({self.consumer_fetch_lease_ms}) must be at least "
+                f"twice consumer_heartbeat_interval_ms ({self.consumer_heartbeat_interval_ms}):"
+                " heartbeats renew the leases"
             )
         return self
 

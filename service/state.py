@@ -12,6 +12,7 @@ from index.log import LogWriter
 from segments.store import ObjectStore
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
+from service.consumer_sessions import ConsumerSessions
 from service.executors import Executors
 from service.metrics import Metrics
 from service.notify import Notifier
@@ -47,6 +48,8 @@ class AgentState:
     registry: SchemaRegistry
     #: Bounded thread pools, one per kind of blocking work.
     executors: Executors
+    #: The consumer instances this agent serves: local fetch locks, heartbeats, fetch budget.
+    consumers: ConsumerSessions
     #: (host, port) of this agent's Kafka listener as clients reach it; None when off.
     kafka_address: tuple[str, int] | None = None
 

@@ -9,20 +9,31 @@ is data; records carry ``timestamp`` and ``headers``.
 Every path also answers with a trailing slash. An unknown instance is 404 40403
 "Consumer instance not found." on every call.
 
-Fetch (``GET .../records``): renew the instance and read its state from the
-coordinator; read each assigned partition from its position through the
-agent's caching reader, round-robin record by record so no partition starves
-the others; stop before the record that would pass ``max_bytes`` (but return
-at least one) and never move a position past a record not returned; long-poll
-up to ``timeout`` for a wake-up (``service.notify``) when there is nothing, or
-less than ``fetch.min.bytes``; then record the new positions with
-``advance(generation)``. A rebalance in between (StaleGenerationError) drops the
-records and answers ``[]``: the next fetch has the new assignment and its
-positions. With auto-commit, the new positions are committed right after.
+Fetch (``GET .../records``, see ``_Fetch``): one fetch of an instance at a time,
+whichever agents the requests reach (kafka-rest serialises every call on an
+instance): a local lock per instance on each agent, and the instance's fetch
+lease in the coordinator across agents. Each assigned partition is read from its
+position through the agent's caching reader, round-robin record by record so no
+partition starves the others; the fetch stops before the record that would
+pass ``max_bytes`` (but returns at least one) and never moves a position past a
+record not returned; it long-polls up to ``timeout`` for a wake-up
+(``service.notify``) when there is nothing, or less than ``fetch.min.bytes``.
+Before answering it confirms that no seek or rebalance moved the positions it
+read from (else it reads again from the new ones); the new positions are stored
+only once the answer was written to a client still connected
+(``service.delivery``), so an answer its client never got is fetched again.
+With auto-commit, a fetch first commits the positions: what earlier fetches
+delivered (Kafka's at-least-once auto-commit).
+
+Each agent heartbeats the instances it served (``service.consumer_sessions``),
+so a client may take minutes over a batch and still commit; a member leaves
+its group when its client has not fetched for ``max.poll.interval.ms`` (300 s)
+or when no agent heartbeated it for ``session.timeout.ms``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import random
@@ -38,7 +49,15 @@ from urllib.parse import quote
 import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from coordinator.groups import ASSIGNORS, FORMATS, RESET_POLICIES, CommittedOffset, ConsumerConfig
+from coordinator.groups import (
+    ASSIGNORS,
+    FORMATS,
+    RESET_POLICIES,
+    CommittedOffset,
+    ConsumerConfig,
+    ConsumerState,
+    FetchLease,
+)
 from segments.errors import (
     ConsumerFormatMismatchError,
     ConsumerStateError,
@@ -47,12 +66,12 @@ from segments.errors import (
     MalformedRequestError,
     NoOffsetError,
     PartitionNotFoundError,
-    StaleGenerationError,
     TopicNotFoundError,
     UnprocessableRequestError,
     UnsupportedMediaTypeError,
 )
 from segments.types import ConsumedRecord, TopicPartition
+from service.delivery import DeliveryResponse, DisconnectWatch
 from service.errors import V2_CONTENT_TYPE
 from service.executors import Kind, run
 from service.formats import json_fragment
@@ -76,6 +95,13 @@ _CONTROL_TYPE = re.compile(
     r"|application/json|application/octet-stream"
 )
 _ACCEPT_ANY = frozenset({"*/*", "application/*"})
+#: Plain JSON (Karapace accepts it): answered as ``application/json``.
+_ACCEPT_JSON = frozenset({"application/json", "*/json"})
+#: A fetch waits for at least this much of the agent's fetch budget (or its max_bytes).
+FETCH_MIN_GRANT = 1 << 20
+#: Answers with fewer key+value bytes are rendered on the event loop; bigger ones in a
+#: thread (base64 and JSON of 64 MiB take ~0.2 s of CPU).
+RENDER_INLINE_BYTES = 256 << 10
 _RESET_ALIASES = {"smallest": "earliest", "largest": "latest"}
 _ASSIGNOR_ALIASES = {
     "org.apache.kafka.clients.consumer.rangeassignor": "range",
@@ -267,6 +293,12 @@ def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
             f"roundrobin, got {doc.get('partition.assignment.strategy')!r}."
         )
     s = state.settings
+    session = _int_setting(doc, ("session.timeout.ms",), s.consumer_session_timeout_ms, 1)
+    if session <= s.consumer_heartbeat_interval_ms:
+        raise InvalidConsumerConfigError(
+            f"Invalid consumer configuration. session.timeout.ms ({session}) must be longer "
+            f"than the agents' heartbeat interval ({s.consumer_heartbeat_interval_ms} ms)."
+        )
     return ConsumerConfig(
         format=fmt.lower(),
         auto_offset_reset=reset,
@@ -277,13 +309,14 @@ def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
         request_timeout_ms=_int_setting(
             doc, ("consumer.request.timeout.ms", "requestWaitMs"), default.request_timeout_ms, 0
         ),
-        session_timeout_ms=_int_setting(
-            doc, ("session.timeout.ms",), s.consumer_session_timeout_ms, 1
-        ),
+        session_timeout_ms=session,
         instance_timeout_ms=_int_setting(
             doc, ("consumer.instance.timeout.ms",), s.consumer_instance_timeout_ms, 1
         ),
         assignor=assignor,
+        max_poll_interval_ms=_int_setting(
+            doc, ("max.poll.interval.ms",), s.consumer_max_poll_interval_ms, 1
+        ),
     )
 
 
@@ -302,6 +335,7 @@ async def create_consumer(
         )
     config = consumer_config(doc, state)
     await call(state.groups.create_consumer, group, name, config)
+    state.consumers.served(group, name, idle_timeout_ms=config.instance_timeout_ms)
     base = base_url(request, state)
     uri = f"{base}/consumers/{quote(group, safe='')}/instances/{quote(name, safe='')}"
     return v2_json({"instance_id": name, "base_uri": uri})
@@ -312,6 +346,8 @@ async def delete_consumer(
     group: str, instance: str, state: AgentState = Depends(get_state)
 ) -> Response:
     await call(state.groups.delete_consumer, group, instance)
+    state.consumers.changed(group, instance)
+    state.consumers.forget(group, instance)
     return no_content()
 
 
@@ -323,7 +359,8 @@ async def subscribe(
     group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
     """204. Topics and a pattern together, or a subscription while partitions are
-    assigned by hand: 409 40903. Unknown topic: 404 40401."""
+    assigned by hand: 409 40903. Topics need not exist yet (assigned once created);
+    a pattern is a Java regex (``coordinator.patterns``: unsupported constructs 422)."""
     doc = await json_body(request) or {}
     topics = doc.get("topics")
     pattern = doc.get("topic_pattern")
@@ -331,23 +368,22 @@ async def subscribe(
         raise ConsumerStateError(
             "Subscription to topics, partitions and pattern are mutually exclusive."
         )
+    served = state.consumers.served(group, instance)
     if topics is not None:
         if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
             raise UnprocessableRequestError("Payload error. topics must be an array of strings.")
         if not topics:  # Kafka: subscribing to nothing is unsubscribing
             await call(state.groups.consumer, group, instance)
             await call(state.groups.unsubscribe, group, instance)
-            return no_content()
-        await call(state.groups.subscribe, group, instance, list(topics), None)
+        else:
+            await call(state.groups.subscribe, group, instance, list(topics), None)
+        served.changed()
         return no_content()
     if pattern is not None:
         if not isinstance(pattern, str):
             raise UnprocessableRequestError("Payload error. topic_pattern must be a string.")
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise UnprocessableRequestError(f"Payload error. Invalid topic_pattern: {e}.") from None
         await call(state.groups.subscribe, group, instance, (), pattern)
+        served.changed()
         return no_content()
     raise UnprocessableRequestError("Payload error. topics or topic_pattern is required.")
 
@@ -357,6 +393,7 @@ async def get_subscription(
     group: str, instance: str, state: AgentState = Depends(get_state)
 ) -> Response:
     st = await call(state.groups.consumer, group, instance)
+    state.consumers.served(group, instance)
     return v2_json({"topics": list(st.subscription)})
 
 
@@ -366,6 +403,7 @@ async def delete_subscription(
 ) -> Response:
     await call(state.groups.consumer, group, instance)
     await call(state.groups.unsubscribe, group, instance)
+    state.consumers.served(group, instance).changed()
     return no_content()
 
 
@@ -376,6 +414,7 @@ async def assign(
     """204; while subscribed 409 40903; unknown topic 40401, unknown partition 40402."""
     tps = parse_partitions(_require(await json_body(request), "partitions"))
     await call(state.groups.assign, group, instance, tps)
+    state.consumers.served(group, instance).changed()
     return no_content()
 
 
@@ -384,6 +423,7 @@ async def get_assignments(
     group: str, instance: str, state: AgentState = Depends(get_state)
 ) -> Response:
     st = await call(state.groups.consumer, group, instance)
+    state.consumers.served(group, instance)
     return v2_json(
         {"partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in st.assignment]}
     )
@@ -437,6 +477,7 @@ async def seek(
             off = (await call(state.coordinator.offsets, tp.topic, tp.partition)).high_watermark
         targets[tp] = off
     await call(state.groups.seek, group, instance, targets)
+    state.consumers.served(group, instance).changed()
     return no_content()
 
 
@@ -445,11 +486,14 @@ async def _seek_edge(
 ) -> Response:
     tps = parse_partitions(_require(await json_body(request), "partitions"))
     await _check_assigned(state, group, instance, tps)
+    found = await call(state.coordinator.offsets_many, tps)
     targets = {}
     for tp in tps:
-        offsets = await call(state.coordinator.offsets, tp.topic, tp.partition)
-        targets[tp] = offsets.high_watermark if end else offsets.log_start
+        if tp not in found:  # deleted since it was assigned
+            raise TopicNotFoundError(f"Topic '{tp.topic}' not found.")
+        targets[tp] = found[tp].high_watermark if end else found[tp].log_start
     await call(state.groups.seek, group, instance, targets)
+    state.consumers.served(group, instance).changed()
     return no_content()
 
 
@@ -494,6 +538,7 @@ async def commit_offsets(
             commits[tp] = CommittedOffset(item["offset"] + 1, metadata)
     if commits:
         await call(state.groups.commit_offsets, group, instance, commits, st.generation)
+    state.consumers.served(group, instance)
     return v2_json([])
 
 
@@ -533,7 +578,8 @@ def check_records_accept(accept: str | None, fmt: str) -> str:
     """The response Content-Type for a consumer of format ``fmt``, if Accept allows it.
 
     ``application/vnd.kafka.{fmt}.v2+json`` always; a binary consumer also takes
-    ``application/vnd.kafka.v2+json``; ``*/*`` (or no Accept) takes anything.
+    ``application/vnd.kafka.v2+json``; ``*/*`` (or no Accept) takes anything;
+    ``application/json`` (as Karapace) is answered as ``application/json``.
 
     Raises:
         ConsumerFormatMismatchError: 406 40601.
@@ -544,10 +590,14 @@ def check_records_accept(accept: str | None, fmt: str) -> str:
     allowed = {answer, f"application/vnd.kafka.{fmt}+json", f"application/vnd.kafka.{fmt}.v1+json"}
     if fmt == "binary":
         allowed |= {V2_CONTENT_TYPE, "application/vnd.kafka+json"}
+    plain = False
     for part in accept.split(","):
         media = _media_type(part)
         if media in allowed or media in _ACCEPT_ANY:
             return answer
+        plain = plain or media in _ACCEPT_JSON
+    if plain:
+        return "application/json"
     raise ConsumerFormatMismatchError(
         f"The requested embedded data format does not match the deserializer for this "
         f"consumer instance ({fmt})."
@@ -641,6 +691,88 @@ def render_records(records: list[ConsumedRecord], fmt: str) -> list[dict[str, An
     return out
 
 
+class _Fetch:
+    """One ``GET .../records``: its lease on the instance, its reads, its answer.
+
+    Steps: wait for this agent's lock on the instance (a second fetch through this
+    agent queues), take the instance's fetch lease in the coordinator (a fetch
+    through another agent waits for it, retrying, until its own deadline), read
+    and long-poll from the leased positions, confirm before answering that
+    neither a seek nor a rebalance moved them (else read again from the new
+    ones), then answer with a ``DeliveryResponse`` whose completion stores the new
+    positions only if the body got out, and frees the lease and the lock.
+    """
+
+    def __init__(
+        self, state: AgentState, group: str, instance: str, request: Request, started: float
+    ) -> None:
+        self.state = state
+        self.group = group
+        self.instance = instance
+        self.started = started
+        self.served = state.consumers.served(group, instance)
+        self.watch = DisconnectWatch(request.receive)
+        self.token: str | None = None
+        self.grant = 0
+        self.lock: asyncio.Lock | None = None
+
+    def lease_ms(self) -> int:
+        return self.state.settings.consumer_fetch_lease_ms
+
+    async def take_lease(self, deadline: float) -> FetchLease:
+        """The instance's fetch lease, or (at the deadline, or on a disconnect) a lease
+        answer without a token."""
+        groups, delay = self.state.groups, 0.02
+        token = uuid.uuid4().hex
+        while True:
+            lease = await call(
+                groups.begin_fetch, self.group, self.instance, token, self.lease_ms()
+            )
+            if lease.token is not None:
+                self.token = self.served.token = lease.token
+                return lease
+            self.state.consume_metrics.fetch_lease_waits.inc()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.watch.disconnected:
+                return lease
+            # Another agent's fetch holds it: try again soon (it frees it when done).
+            await asyncio.sleep(min(delay, remaining, max(lease.busy_for_s, 0.005)))
+            delay = min(delay * 2, 0.25)
+
+    async def release(self, positions: dict[TopicPartition, int] | None) -> None:
+        """Free the lease (storing ``positions`` if given), the budget and the lock."""
+        token, self.token = self.token, None
+        self.served.token = None
+        self.served.wake = None
+        try:
+            if token is not None:
+                await call(self.state.groups.end_fetch, self.group, self.instance, token, positions)
+        except LakelogError as e:
+            # The lease lapses by itself; positions not stored are fetched again.
+            log.warning("end of fetch on %s/%s failed: %s", self.group, self.instance, e)
+        finally:
+            await self.state.consumers.budget.release(self.grant)
+            self.grant = 0
+            lock, self.lock = self.lock, None
+            if lock is not None:
+                lock.release()
+
+
+def _readable(st: ConsumerState) -> dict[TopicPartition, int]:
+    """Raises NoOffsetError for a partition without a committed offset under policy none."""
+    if st.unresolved:
+        tp = st.unresolved[0]
+        raise NoOffsetError(
+            f"No committed offset for partition {tp.topic}-{tp.partition} and "
+            "auto.offset.reset is none: seek first."
+        )
+    return dict(st.positions)
+
+
+def _encode(records: list[ConsumedRecord], fmt: str) -> bytes:
+    return orjson.dumps(render_records(records, fmt))
+
+
 @route("GET", INSTANCE + "/records", summary="Fetch records (long-polls up to timeout)")
 async def fetch_records(
     group: str,
@@ -650,88 +782,176 @@ async def fetch_records(
     max_bytes: int | None = Query(None, description="Key+value bytes to return at most."),
     state: AgentState = Depends(get_state),
 ) -> Response:
-    """An array of records in the instance's format, possibly ``[]`` after ``timeout`` ms."""
-    started = time.monotonic()
-    st = await call(state.groups.consumer, group, instance)
-    media_type = check_records_accept(request.headers.get("accept"), st.config.format)
-    if st.unresolved:
-        tp = st.unresolved[0]
-        raise NoOffsetError(
-            f"No committed offset for partition {tp.topic}-{tp.partition} and "
-            "auto.offset.reset is none: seek first."
-        )
-    if st.config.auto_commit and st.positions:
-        # Kafka's auto-commit: a poll commits what the previous polls returned (the client
-        # has had them), never what this poll is about to return. At-least-once.
-        try:
-            await call(
-                state.groups.commit_offsets,
-                group,
-                instance,
-                {tp: CommittedOffset(off) for tp, off in st.positions.items()},
-                st.generation,
-            )
-        except LakelogError as e:
-            log.info("auto-commit of %s/%s failed: %s", group, instance, e)
-    settings = state.settings
-    wait_ms = wait if wait is not None and wait >= 0 else st.config.request_timeout_ms
-    deadline = started + min(wait_ms, settings.consumer_max_wait_ms) / 1000
-    limit = (
-        max_bytes
-        if max_bytes is not None and max_bytes > 0
-        else settings.consumer_request_max_bytes
-    )
-    min_bytes = st.config.fetch_min_bytes
+    """An array of records in the instance's format, possibly ``[]`` after ``timeout`` ms.
 
+    Positions move only for an answer the client received: a client that hung up
+    first gets the same records from its next fetch.
+    """
+    f = _Fetch(state, group, instance, request, time.monotonic())
+    f.watch.start()
+    try:
+        return await _fetch(f, request, wait, max_bytes)
+    except BaseException:
+        await f.watch.stop()
+        await f.release(None)
+        raise
+
+
+async def _fetch(f: _Fetch, request: Request, wait: int | None, max_bytes: int | None) -> Response:
+    state, settings = f.state, f.state.settings
+    accept = request.headers.get("accept")
+
+    def deadline_for(st: ConsumerState | None) -> float:
+        if wait is not None and wait >= 0:
+            wait_ms = wait
+        elif st is not None:
+            wait_ms = st.config.request_timeout_ms
+        else:
+            wait_ms = f.served.request_timeout_ms or ConsumerConfig().request_timeout_ms
+        return f.started + min(wait_ms, settings.consumer_max_wait_ms) / 1000
+
+    # One fetch of an instance at a time through this agent.
+    # At most: the longest wait, a lease without renewal, and 5 minutes to send the answer.
+    hold_s = (settings.consumer_max_wait_ms + settings.consumer_fetch_lease_ms) / 1000 + 300
+    f.lock = await f.served.acquire(deadline_for(None) - time.monotonic(), hold_s)
+    if f.lock is None:
+        state.consume_metrics.fetch_lease_waits.inc()
+        st = await call(state.groups.consumer, f.group, f.instance)
+        await f.watch.stop()
+        return v2_json([], media_type=check_records_accept(accept, st.config.format))
+
+    lease = await f.take_lease(deadline_for(None))
+    st = lease.state
+    f.served.request_timeout_ms = st.config.request_timeout_ms
+    media_type = check_records_accept(accept, st.config.format)
+    deadline = deadline_for(st)
+
+    async def empty() -> Response:
+        await f.release(None)
+        await f.watch.stop()
+        state.consume_metrics.fetch_seconds.observe(time.monotonic() - f.started)
+        return v2_json([], media_type=media_type)
+
+    if lease.token is None:  # another fetch held the instance until our deadline
+        return await empty()
+    positions = _readable(st)
+    limit = settings.consumer_request_max_bytes
+    if max_bytes is not None and max_bytes > 0:
+        limit = max_bytes
+    f.grant = await state.consumers.budget.acquire(
+        limit, FETCH_MIN_GRANT, deadline - time.monotonic()
+    )
+    if f.grant == 0:  # every byte of the budget stayed taken until our deadline
+        return await empty()
+    while True:
+        records, start, new = await _read(f, st, positions, f.grant, deadline)
+        if f.watch.disconnected:
+            state.consume_metrics.fetches_undelivered.inc()
+            return await empty()
+        if not records and not f.served.moved:
+            return await empty()  # the deadline passed with nothing to answer
+        f.served.moved = False
+        assert f.token is not None
+        lease = await call(
+            state.groups.confirm_fetch, f.group, f.instance, f.token, start, f.lease_ms()
+        )
+        if lease.ok and lease.token is not None and records:
+            break
+        # A seek or a rebalance moved the positions: what was read is not answered.
+        state.consume_metrics.fetch_rereads.inc()
+        if lease.token is None:  # the seek revoked our lease: take it again
+            f.token = f.served.token = None
+            lease = await f.take_lease(deadline)
+            if lease.token is None:
+                return await empty()
+        if time.monotonic() >= deadline:
+            return await empty()
+        st = lease.state
+        positions = _readable(st)
+
+    # Rendering and JSON of a big answer (up to 64 MiB) run off the event loop. A 422
+    # here (a key or value its format cannot render) moves no position.
+    size = sum(record_size(r) for r in records)
+    if st.config.format in SCHEMA_TYPE_OF_FORMAT:
+        rendered = await render_schema_records(state.registry, records, st.config.format)
+        body = orjson.dumps(rendered)
+    elif size >= RENDER_INLINE_BYTES:
+        body = await run(Kind.CPU, _encode, records, st.config.format)
+    else:
+        body = _encode(records, st.config.format)
+    moved = {tp: new[tp] for tp in start}
+    count = len(records)
+    del records
+    metrics = state.consume_metrics
+
+    async def done(delivered: bool) -> None:
+        if delivered:
+            metrics.consumed_records.inc(count)
+            metrics.consumed_bytes.inc(size)
+        else:
+            metrics.fetches_undelivered.inc()
+        metrics.fetch_seconds.observe(time.monotonic() - f.started)
+        await f.release(moved if delivered else None)
+
+    return DeliveryResponse(body, media_type, f.watch, done)
+
+
+async def _read(
+    f: _Fetch,
+    st: ConsumerState,
+    positions: dict[TopicPartition, int],
+    limit: int,
+    deadline: float,
+) -> tuple[list[ConsumedRecord], dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """Read from ``positions``, long-polling until ``deadline`` for data (or for
+    ``fetch.min.bytes``), a disconnect, or a change made through this agent.
+
+    Returns:
+        (records, the start positions of the partitions read from, the new positions)
+    """
+    state = f.state
     # Topic ids key the wake-ups; a topic deleted meanwhile is skipped.
-    positions: dict[TopicPartition, int] = {}
     ids: dict[TopicPartition, PartitionKey] = {}
-    for tp, off in st.positions.items():
+    for tp in list(positions):
         try:
             info = await state.topics.get(tp.topic)
         except TopicNotFoundError:
+            del positions[tp]
             continue
-        positions[tp] = off
         ids[tp] = (info.topic_id, tp.partition)
+    start = dict(positions)
     watches = {ids[tp]: (tp.topic, off) for tp, off in positions.items()}
-
     records: list[ConsumedRecord] = []
     size = 0
-    start = random.randrange(1 << 30)
+    first = random.randrange(1 << 30)
+    min_bytes = st.config.fetch_min_bytes
     with state.notifier.watch(watches) as waiter:
-        while True:
-            batch, positions, got = await run(
-                Kind.READ,
-                read_round_robin,
-                state.reader,
-                positions,
-                limit - size,
-                at_least_one=not records,
-                start=start,
-            )
-            records += batch
-            size += got
-            for tp, off in positions.items():
-                waiter.update(ids[tp], off)
-            if size >= limit or (records and size >= min_bytes):
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            await state.notifier.wait(waiter, remaining)
-
-    # A 422 here moves no position.
-    if st.config.format in SCHEMA_TYPE_OF_FORMAT:
-        body = await render_schema_records(state.registry, records, st.config.format)
-    else:
-        body = render_records(records, st.config.format)
-    if records:
-        moved = {tp: off for tp, off in positions.items() if off != st.positions.get(tp)}
+        f.served.wake = waiter.event.set
+        f.watch.callbacks.append(waiter.event.set)
         try:
-            await call(state.groups.advance, group, instance, st.generation, moved)
-        except StaleGenerationError:
-            return v2_json([], media_type=media_type)
-    state.consume_metrics.consumed_records.inc(len(records))
-    state.consume_metrics.consumed_bytes.inc(size)
-    state.consume_metrics.fetch_seconds.observe(time.monotonic() - started)
-    return v2_json(body, media_type=media_type)
+            while True:
+                batch, positions, got = await run(
+                    Kind.READ,
+                    read_round_robin,
+                    state.reader,
+                    positions,
+                    limit - size,
+                    at_least_one=not records,
+                    start=first,
+                )
+                records += batch
+                size += got
+                for tp, off in positions.items():
+                    waiter.update(ids[tp], off)
+                if size >= limit or (records and size >= min_bytes):
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or f.watch.disconnected or f.served.moved:
+                    break
+                with state.consume_metrics.fetches_waiting.track_inprogress():
+                    await state.notifier.wait(waiter, remaining)
+        finally:
+            f.served.wake = None
+            f.watch.callbacks.remove(waiter.event.set)
+    read_from = {tp: off for tp, off in start.items() if positions[tp] != off}
+    return records, read_from, positions

@@ -96,13 +96,15 @@ def start_cluster(
     agent_store_endpoint: str | None = None,
     agent_coordinator: Callable[[str], str] | None = None,
     kafka: bool = False,
+    db_url: str | None = None,
 ) -> Cluster:
     """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy.
 
     ``agent_store_endpoint`` (e.g. a fault proxy in front of moto) is the S3 endpoint
     the agents use instead of ``moto_endpoint``; ``agent_coordinator`` maps the
     coordinator's URL to the one the agents are given (e.g. a fault proxy's); ``kafka``
-    gives every agent a Kafka listener on a free port (else it has none).
+    gives every agent a Kafka listener on a free port (else it has none); ``db_url``:
+    the coordinator's metadata database (default: a SQLite file in ``tmp``).
     """
     tmp.mkdir(parents=True, exist_ok=True)
     bucket = f"lakelog-{uuid.uuid4().hex[:12]}"
@@ -115,7 +117,7 @@ def start_cluster(
         lakelog_cmd(
             "coordinator",
             "--db",
-            f"sqlite:///{tmp / 'meta.db'}",
+            db_url or f"sqlite:///{tmp / 'meta.db'}",
             "--host",
             "127.0.0.1",
             "--port",

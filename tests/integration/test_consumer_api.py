@@ -295,9 +295,20 @@ def test_subscription_lifecycle_and_conflicts(
     r = c.call("POST", "/assignments", {"partitions": [{"topic": topic, "partition": 0}]})
     assert r.status_code == 409
     assert r.json()["error_code"] == 40903
-    r = c.call("POST", "/subscription", {"topics": [unique_topic("missing")]})
-    assert r.status_code == 404
-    assert r.json() == {"error_code": 40401, "message": "Topic not found."}
+    # As kafka-rest: a topic that does not exist yet is subscribed (assigned once created).
+    missing = unique_topic("missing")
+    assert c.call("POST", "/subscription", {"topics": [missing]}).status_code == 204
+    assert c.call("GET", "/subscription").json() == {"topics": [missing]}
+    assert c.call("GET", "/assignments").json() == {"partitions": []}
+    c.subscribe(topic)
+    r = c.call("POST", "/subscription", {"topics": ["no spaces allowed"]})
+    assert r.status_code == 422
+    assert r.json() == {"error_code": 42206, "message": "Invalid topic name."}
+    # Java regex constructs RE2 cannot run are refused, not misread.
+    r = c.call("POST", "/subscription", {"topic_pattern": "(?=x).*"})
+    assert r.status_code == 422
+    assert r.json()["error_code"] == 42206
+    assert "lookahead is not supported" in r.json()["message"]
     assert c.call("POST", "/subscription", {"topics": "nope"}).status_code == 422
     assert c.call("POST", "/subscription", {"topic_pattern": 5}).status_code == 422
     # Subscribed: the group assigned both partitions to the only member.
@@ -419,6 +430,7 @@ def test_json_consumer_embeds_json_and_refuses_non_json(
         (V2, 200),
         ("*/*", 200),
         ("text/plain, */*;q=0.1", 200),
+        ("application/json", 200),  # Karapace accepts plain JSON
         (JSON_V2, 406),
         ("application/vnd.kafka.avro.v2+json", 406),
         ("text/html", 406),
@@ -430,6 +442,8 @@ def test_binary_consumer_accept_header(
     c = Consumer.create(cluster.agents, group)
     r = c.fetch_raw(0, accept=accept)
     assert r.status_code == status, r.text
+    if accept == "application/json":
+        assert r.headers["content-type"] == "application/json"
     if status == 406:
         assert r.json() == {
             "error_code": 40601,

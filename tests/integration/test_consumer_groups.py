@@ -43,6 +43,23 @@ def assigned(c: Consumer) -> set[int]:
     return {p["partition"] for p in r.json()["partitions"]}
 
 
+def wait_for_position(cluster: Cluster, group: str, topic: str, offset: int) -> None:
+    """Until the group's only member is at ``offset`` in partition 0 (the v3 lag view shows
+    the position where nothing is committed)."""
+    url = (
+        f"{cluster.agents[1]}/v3/clusters/{cluster.cluster_id}/consumer-groups/{group}"
+        f"/lags/{topic}/partitions/0"
+    )
+    deadline = time.monotonic() + 10
+    current = None
+    while time.monotonic() < deadline:
+        current = httpx.get(url).json().get("current_offset")
+        if current == offset:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"position {current}, expected {offset}")
+
+
 def check_order(records: list[dict[str, Any]]) -> None:
     """Within each partition, offsets come strictly increasing and match the values."""
     last: dict[int, int] = {}
@@ -93,9 +110,9 @@ def test_group_of_three_consumes_every_record_exactly_once(
 def test_member_that_stops_polling_loses_its_partitions_and_nothing_is_lost(
     lakelog_cluster: Cluster, unique_topic: Callable[[str], str]
 ) -> None:
-    """C stops polling with fetched-but-uncommitted records. After its session timeout
-    (5 s, so A and B never lapse on a loaded machine) A and B own all 6 partitions
-    and resume from the committed offsets: every
+    """C stops polling with fetched-but-uncommitted records. After its poll interval
+    (``max.poll.interval.ms`` 5 s; its agents keep heartbeating it, so the session does
+    not lapse) A and B own all 6 partitions and resume from the committed offsets: every
     record is delivered, duplicates only among C's uncommitted ones (at-least-once)."""
     cluster = lakelog_cluster
     topic = create_topic(cluster, unique_topic("failover"), PARTITIONS)
@@ -104,7 +121,7 @@ def test_member_that_stops_polling_loses_its_partitions_and_nothing_is_lost(
     config = {
         "auto.offset.reset": "earliest",
         "auto.commit.enable": "false",
-        "session.timeout.ms": 5000,
+        "max.poll.interval.ms": 5000,
     }
     a, b, c = (Consumer.create(cluster.agents, group, **config) for _ in range(3))
     for m in (a, b, c):
@@ -129,7 +146,7 @@ def test_member_that_stops_polling_loses_its_partitions_and_nothing_is_lost(
             delivered += batch
             r = m.call("POST", "/offsets", None)
             if r.status_code == 409:
-                # C's session lapsed between this member's fetch and its commit: the group
+                # C's poll interval lapsed between this member's fetch and its commit: the group
                 # rebalanced and refused a commit from the old generation (Kafka's
                 # CommitFailedException). Those records may come again: at-least-once.
                 assert r.json()["error_code"] == 40903, r.text
@@ -169,6 +186,10 @@ def test_restart_an_agent_between_two_fetches(
     c.assign(topic, 0)
     one = c.fetch(2000, max_bytes=9, agent=0)
     assert [r["offset"] for r in one] == [0, 1, 2]
+    # Positions are stored once an answer went out (a few ms after the client has it);
+    # an agent killed before that holds the instance for its fetch lease and the answer
+    # comes again (at-least-once). Here the kill comes between two fetches.
+    wait_for_position(cluster, "g-restart", topic, 3)
 
     old = cluster.agent_procs[0]
     old.kill()
@@ -181,6 +202,7 @@ def test_restart_an_agent_between_two_fetches(
     _wait_ready(cluster.agents[0], new)
     three = c.fetch(2000, max_bytes=9, agent=0)
     assert [r["offset"] for r in three] == [6, 7, 8]
+    wait_for_position(cluster, "g-restart", topic, 9)
     new.kill()
     new.stop()
     new = Proc(old.args, old.log)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.groups import CommittedOffset, ConsumerConfig
+from coordinator.groups import CommittedOffset, ConsumerConfig, ConsumerHeartbeat
 from coordinator.http_client import HttpCoordinator
 from coordinator.local import LocalCoordinator
 from segments.errors import (
@@ -23,6 +23,8 @@ from segments.errors import (
     ConsumerStateError,
     GroupNotFoundError,
     InvalidConsumerConfigError,
+    InvalidTopicNameError,
+    InvalidTopicPatternError,
     LakelogError,
     PartitionNotFoundError,
     StaleGenerationError,
@@ -86,6 +88,23 @@ def test_every_method_round_trips(remote: HttpCoordinator, served_db: LocalCoord
     assert group in remote.list_groups()
     assert remote.list_groups() == served_db.list_groups()
 
+    lease = remote.begin_fetch(group, "a", "tok-1", 5000)
+    assert lease.token == "tok-1" and lease.state == served_db.consumer(group, "a", touch=False)
+    assert remote.begin_fetch(group, "a", "tok-2", 5000).token is None
+    assert remote.heartbeat_consumers(
+        [ConsumerHeartbeat(group, "a", "tok-1"), ConsumerHeartbeat(group, "zz")], 5000
+    ) == [(group, "zz")]
+    confirm = remote.confirm_fetch(group, "a", "tok-1", {TP(topic, 0): 7}, 5000)
+    assert (confirm.ok, confirm.token) == (True, "tok-1")
+    remote.end_fetch(group, "a", "tok-1", {TP(topic, 0): 9})
+    assert served_db.consumer(group, "a", touch=False).positions[TP(topic, 0)] == 9
+    remote.end_fetch(group, "a", "tok-1", None)  # repeated: changes nothing
+    assert remote.begin_fetch(group, "a", "tok-2", 5000).token == "tok-2"
+    remote.end_fetch(group, "a", "tok-2", None)
+    offsets = remote.offsets_many([TP(topic, 0), TP(topic, 2), TP("nope", 0)])
+    assert offsets == served_db.offsets_many([TP(topic, 0), TP(topic, 2)])
+    assert offsets[TP(topic, 0)].high_watermark == 10
+
     remote.unsubscribe(group, "a")
     assert remote.consumer(group, "a").assignment == ()
     manual = remote.assign(group, "a", [TP(topic, 2)])
@@ -111,7 +130,8 @@ def test_errors_come_back_as_the_same_classes(remote: HttpCoordinator) -> None:
         (ConsumerNotFoundError, lambda: remote.consumer(group, "nobody")),
         (ConsumerNotFoundError, lambda: remote.delete_consumer(group, "nobody")),
         (GroupNotFoundError, lambda: remote.describe_group(uniq("nogroup"))),
-        (TopicNotFoundError, lambda: remote.subscribe(group, "a", ["missing-topic"])),
+        (InvalidTopicNameError, lambda: remote.subscribe(group, "a", ["bad name"])),
+        (InvalidTopicPatternError, lambda: remote.subscribe(group, "a", pattern="(?=x)")),
         (ConsumerStateError, lambda: remote.subscribe(group, "a", [topic], pattern=".*")),
         (ConsumerStateError, lambda: remote.seek(group, "a", {TP(topic, 0): 1})),
         (PartitionNotFoundError, lambda: remote.assign(group, "a", [TP(topic, 9)])),
@@ -150,6 +170,7 @@ def test_exact_statuses_and_bodies(served: tuple[str, str]) -> None:
             "session_timeout_ms": 30_000,
             "instance_timeout_ms": 300_000,
             "assignor": "range",
+            "max_poll_interval_ms": 300_000,
         }
         assert r.json()["generation"] == 1
         r = h.post("/v1/consumers/create", json={"group": group, "name": "a"})

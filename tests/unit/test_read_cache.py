@@ -32,7 +32,7 @@ def fail() -> bytes:
 
 
 def test_history_budget_evicts_least_recently_used() -> None:
-    cache = RangeCache(tail_bytes=0, history_bytes=100)
+    cache = RangeCache(tail_bytes=0, history_bytes=100, entry_overhead=0)
     for i in range(3):
         cache.get_or_fetch(key(i), functools.partial(bytes, [i] * 40))
     assert cache.get(key(0)) is None  # 120 > 100: the oldest went
@@ -41,7 +41,7 @@ def test_history_budget_evicts_least_recently_used() -> None:
 
 
 def test_use_refreshes_an_entry() -> None:
-    cache = RangeCache(tail_bytes=0, history_bytes=100)
+    cache = RangeCache(tail_bytes=0, history_bytes=100, entry_overhead=0)
     cache.get_or_fetch(key(0), lambda: b"a" * 40)
     cache.get_or_fetch(key(1), lambda: b"b" * 40)
     assert cache.get(key(0)) is not None  # now most recent
@@ -51,7 +51,7 @@ def test_use_refreshes_an_entry() -> None:
 
 
 def test_a_range_larger_than_the_budget_is_not_kept() -> None:
-    cache = RangeCache(tail_bytes=10, history_bytes=10)
+    cache = RangeCache(tail_bytes=10, history_bytes=10, entry_overhead=0)
     cache.put_tail(key(0), b"x" * 11)
     cache.get_or_fetch(key(1), lambda: b"y" * 11)
     assert cache.sizes() == (0, 0)
@@ -59,7 +59,7 @@ def test_a_range_larger_than_the_budget_is_not_kept() -> None:
 
 def test_lagging_reader_does_not_evict_the_tail() -> None:
     """History churn 10x its budget leaves every tail range in place (separate budgets)."""
-    cache = RangeCache(tail_bytes=100, history_bytes=100)
+    cache = RangeCache(tail_bytes=100, history_bytes=100, entry_overhead=0)
     for i in range(5):
         cache.put_tail(key(i), b"t" * 20)
     for i in range(100, 150):
@@ -70,8 +70,18 @@ def test_lagging_reader_does_not_evict_the_tail() -> None:
     assert cache.sizes() == (100, 100)
 
 
+def test_tiny_ranges_are_bounded_by_what_they_really_cost() -> None:
+    """100,000 ranges of 10 bytes under a 1 MiB budget: each is counted with its
+    bookkeeping (~256 B), so about 4,000 stay, not 100,000 (25 MB of real memory)."""
+    cache = RangeCache(tail_bytes=1 << 20, history_bytes=0)
+    for i in range(100_000):
+        cache.put_tail(("segments/x.seg", i * 10, 10), b"x" * 10)
+    assert cache.sizes()[0] <= 1 << 20
+    assert len(cache._tail.entries) == (1 << 20) // (10 + 256)
+
+
 def test_on_write_caches_every_chunk_of_the_object() -> None:
-    cache = RangeCache(tail_bytes=1000, history_bytes=0)
+    cache = RangeCache(tail_bytes=1000, history_bytes=0, entry_overhead=0)
     data = b"AAAABBBBBBfooter"
     chunks = [
         ChunkInfo(b"t" * 16, 0, 0, 4, 1, 0, 0),
@@ -274,4 +284,45 @@ def test_tailing_on_the_writing_agent_costs_no_gets(
     assert m2.index_misses._value.get() == misses + 1  # only the "anything past 50?" lookup
     assert cold.read("tail", 0, 48) == reader.read("tail", 0, 48)
     cold.close()
+    reader.close()
+
+
+class _GatedStore:
+    """A store whose ranged GETs wait for ``gate``: read-ahead piles up behind them."""
+
+    def __init__(self, store: object) -> None:
+        self.store = store
+        self.gate = threading.Event()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        assert self.gate.wait(30)
+        data: bytes = self.store.get_range(key, start, length)  # type: ignore[attr-defined]
+        return data
+
+
+def test_read_ahead_queue_is_bounded(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    """40 readers each ask for read-ahead of the next chunks while the store is stuck:
+    at most 4 x read_ahead chunks are queued or in flight, each once; the readers'
+    own reads still get every record once the store answers."""
+    writer, coordinator, store = log_parts
+    info = coordinator.create_topic("ra", 1)
+    for i in range(40):
+        _write(writer, info.topic_id, 1, i)
+    gated = _GatedStore(store)
+    reader = CachingLogReader(
+        gated,  # type: ignore[arg-type]
+        coordinator,
+        RangeCache(0, 1 << 20),
+        IndexCache(1000, 60),
+        read_ahead=2,
+    )
+    refs = coordinator.lookup("ra", 0, 0, max_chunks=40)
+    assert len(refs) == 40
+    for start in range(40):
+        reader._prefetch(refs[start:], 1 << 30)
+        assert reader.pending_read_ahead() <= reader.max_pending == 8
+    gated.gate.set()
+    assert [r.value for r in reader.records("ra", 0, 0)] == [f"v{i}".encode() for i in range(40)]
     reader.close()
