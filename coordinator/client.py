@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,13 @@ class Coordinator(Protocol):
 
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         """Log-start offset and high watermark. Raises Topic/PartitionNotFoundError."""
+        ...
+
+    def offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionOffsets]:
+        """``offsets`` of many partitions in one call (lag views, fetch wake-ups); those of
+        unknown topics or partitions are left out."""
         ...
 
     def lookup(

@@ -87,6 +87,7 @@ from segments.errors import (
     GroupNotFoundError,
     InvalidConsumerConfigError,
     LakelogError,
+    NonEmptyGroupError,
     PartitionNotFoundError,
     StaleGenerationError,
     TopicNotFoundError,
@@ -154,6 +155,10 @@ _UPSERT_COMMITTED = (
     "committed_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, topic, partition) "
     "DO UPDATE SET committed_offset = excluded.committed_offset, "
     "metadata = excluded.metadata, committed_at = excluded.committed_at"
+)
+_DELETE_GROUP = (
+    "DELETE FROM committed_offsets WHERE group_id = ?",
+    "DELETE FROM consumer_groups WHERE group_id = ?",
 )
 _GROUP_IDS = (
     "SELECT group_id FROM consumer_groups UNION SELECT group_id FROM committed_offsets ORDER BY 1"
@@ -983,3 +988,57 @@ class GroupStore:
             )
 
         return self._transact(group, apply)
+
+    # -- operators' calls (lakelog groups) ------------------------------------------
+
+    def alter_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, CommittedOffset]
+    ) -> None:
+        """Set committed offsets of a group without instances (after expiry), in one
+        transaction; a group that does not exist yet gets them.
+
+        Raises:
+            NonEmptyGroupError: the group has instances (Kafka's tool message).
+            TopicNotFoundError, PartitionNotFoundError; ConsumerStateError for a
+            negative offset. Nothing is stored then.
+        """
+        validate_name("consumer group", group)
+
+        def apply(ctx: _Ctx) -> None:
+            if ctx.group.members:  # kafka-consumer-groups' words
+                raise NonEmptyGroupError(
+                    f"Assignments can only be reset if the group '{group}' is inactive, but "
+                    "the current state is Stable."
+                )
+            rows = []
+            for key, committed in offsets.items():
+                tp = TopicPartition(key[0], key[1])
+                ctx.topics.check(tp)
+                offset = _check_offset("committed offset", tp, committed.offset)
+                rows.append(
+                    (group, tp.topic, tp.partition, offset, str(committed.metadata or ""), ctx.now)
+                )
+            ctx.conn.executemany(self._q(_UPSERT_COMMITTED), rows)
+
+        self._transact(group, apply)
+
+    def delete_group(self, group: str) -> None:
+        """Delete a group without instances: its row and its committed offsets.
+
+        Raises:
+            GroupNotFoundError: no such group (no instance, no committed offset).
+            NonEmptyGroupError: it has instances.
+        """
+
+        def apply(ctx: _Ctx) -> None:
+            if not ctx.group.stored and not ctx.group.members and not self._committed(ctx):
+                raise GroupNotFoundError(f"Consumer group '{group}' not found.")
+            if ctx.group.members:  # Kafka's GroupNotEmptyException
+                raise NonEmptyGroupError(
+                    f"Group '{group}' could not be deleted: the group is not empty."
+                )
+            for statement in _DELETE_GROUP:
+                ctx.conn.execute(self._q(statement), (group,))
+            ctx.group.stored = False
+
+        self._transact(group, apply)

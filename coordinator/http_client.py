@@ -234,6 +234,25 @@ def consumer_state_from_json(d: JSON) -> ConsumerState:
     )
 
 
+def offsets_to_json(offsets: Mapping[TopicPartition, PartitionOffsets]) -> list[JSON]:
+    return [
+        {
+            "topic": tp.topic,
+            "partition": tp.partition,
+            "log_start": o.log_start,
+            "high_watermark": o.high_watermark,
+        }
+        for tp, o in offsets.items()
+    ]
+
+
+def offsets_from_json(items: list[JSON]) -> dict[TopicPartition, PartitionOffsets]:
+    return {
+        tp_from_json(d): PartitionOffsets(int(d["log_start"]), int(d["high_watermark"]))
+        for d in items
+    }
+
+
 def group_info_to_json(g: GroupInfo) -> JSON:
     return {
         "group": g.group,
@@ -521,6 +540,13 @@ class HttpCoordinator:
         )
         return PartitionOffsets(log_start=data["log_start"], high_watermark=data["high_watermark"])
 
+    def offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionOffsets]:
+        body = {"partitions": [tp_to_json(tp) for tp in partitions]}
+        data = self._request("POST", "/v1/offsets", body=body, idempotent=True)
+        return offsets_from_json(data["offsets"])
+
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16
     ) -> list[ChunkRef]:
@@ -635,6 +661,16 @@ class HttpCoordinator:
 
     def describe_group(self, group: str) -> GroupInfo:
         return group_info_from_json(self._group_call("/v1/groups/describe", {"group": group}))
+
+    def alter_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, CommittedOffset]
+    ) -> None:
+        # Idempotent: sending the same offsets again leaves the same state.
+        body = {"group": group, "offsets": committed_to_json(offsets)}
+        self._group_call("/v1/groups/alter-offsets", body)
+
+    def delete_group(self, group: str) -> None:
+        self._group_call("/v1/groups/delete", {"group": group}, idempotent=False)
 
     # -- SchemaStore Protocol -------------------------------------------------
     # Subjects travel in bodies (they may hold any character), so every call is a POST;

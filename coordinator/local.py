@@ -152,6 +152,11 @@ class LocalCoordinator:
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         return self._store.offsets(topic, partition)
 
+    def offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionOffsets]:
+        return self._store.offsets_many(partitions)
+
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16
     ) -> list[ChunkRef]:
@@ -218,6 +223,14 @@ class LocalCoordinator:
 
     def describe_group(self, group: str) -> GroupInfo:
         return self._groups.describe_group(group)
+
+    def alter_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, CommittedOffset]
+    ) -> None:
+        self._groups.alter_group_offsets(group, offsets)
+
+    def delete_group(self, group: str) -> None:
+        self._groups.delete_group(group)
 
     # -- schema registry ------------------------------------------------------
     def register_schema(

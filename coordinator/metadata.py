@@ -40,7 +40,7 @@ from segments.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo
+from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 #: Partitions one topic may have. Kafka has no hard limit; this one keeps a typo
 #: (1e9 partitions) from filling the database.
@@ -164,6 +164,10 @@ _ENTRIES_FROM = (
 _LOOKUP = _ENTRIES_FROM + " ORDER BY e.base_offset LIMIT ?"
 _LOOKUP_TIMESTAMP = _ENTRIES_FROM + " AND e.max_ts >= ? ORDER BY e.base_offset LIMIT 1"
 _OBJECTS_IN = "SELECT object_key FROM objects WHERE object_key IN ({marks})"
+_OFFSETS_OF_TOPICS = (
+    "SELECT t.name, p.partition, p.log_start_offset, p.high_watermark FROM topics t "
+    "JOIN partitions p ON p.topic_id = t.topic_id WHERE t.name IN ({marks})"
+)
 
 _META_GET = "SELECT value FROM meta WHERE key = ?"
 _META_PUT = "INSERT INTO meta (key, value) VALUES (?, ?)"
@@ -581,6 +585,24 @@ class MetadataStore:
         with self._db.read() as conn:
             _, log_start, high_watermark = self._partition_state(conn, topic, partition)
         return PartitionOffsets(log_start, high_watermark)
+
+    def offsets_many(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, PartitionOffsets]:
+        """Log-start offset and high watermark of many partitions from one read snapshot;
+        partitions of unknown topics, or past a topic's count, are left out."""
+        wanted = {TopicPartition(tp[0], tp[1]) for tp in partitions}
+        names = sorted({tp.topic for tp in wanted})
+        out: dict[TopicPartition, PartitionOffsets] = {}
+        with self._db.read() as conn:
+            for i in range(0, len(names), _IN_BATCH):
+                batch = names[i : i + _IN_BATCH]
+                sql = self._q(_OFFSETS_OF_TOPICS.format(marks=", ".join("?" * len(batch))))
+                for name, partition, log_start, high_watermark in conn.execute(sql, batch):
+                    tp = TopicPartition(name, partition)
+                    if tp in wanted:
+                        out[tp] = PartitionOffsets(log_start, high_watermark)
+        return out
 
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16

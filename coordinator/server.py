@@ -13,6 +13,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/topics/{name}/partitions      topic  <- {"partitions"}
     POST   /v1/topics/{name}/configs         topic  <- {"set", "delete", "validate_only"}
     GET    /v1/topics/{name}/partitions/{p}/offsets                 {"log_start", "high_watermark"}
+    POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
+                                             <- {"partitions": [tp]}
     GET    /v1/topics/{name}/partitions/{p}/lookup?offset=&max_chunks=   {"chunks": [ref]}
     GET    /v1/topics/{name}/partitions/{p}/lookup-timestamp?ts=         {"chunk": ref | null}
     GET    /v1/topic-ids/{hex}               topic
@@ -30,6 +32,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/groups/describe               group  <- {"group"}
     POST   /v1/groups/committed              {"offsets": [committed]}
                                              <- {"group", "partitions": [tp]}
+    POST   /v1/groups/alter-offsets          204  <- {"group", "offsets": [tp + offset + metadata]}
+    POST   /v1/groups/delete                 204  <- {"group"}
     POST   /v1/consumers/create              consumer (201)  <- {"group", "name", "config"}
     POST   /v1/consumers/delete              204  <- {"group", "name"}
     POST   /v1/consumers/get                 consumer  <- {"group", "name", "touch"}
@@ -97,6 +101,7 @@ from coordinator.http_client import (
     consumer_state_to_json,
     group_info_to_json,
     object_info_to_json,
+    offsets_to_json,
     positions_from_json,
     reference_from_json,
     stored_schema_to_json,
@@ -138,6 +143,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "StaleGenerationError": 409,
     "InvalidConsumerConfigError": 400,
     "NoOffsetError": 409,
+    "NonEmptyGroupError": 409,
     "BufferFullError": 503,
     "RequestError": 400,
     "MalformedRequestError": 422,
@@ -376,6 +382,12 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
         o = coordinator.offsets(name, partition)
         return _json({"log_start": o.log_start, "high_watermark": o.high_watermark})
 
+    @app.post("/v1/offsets")
+    def offsets_many(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("offsets"):
+            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
+        return _json({"offsets": offsets_to_json(coordinator.offsets_many(partitions))})
+
     @app.get("/v1/topics/{name:path}/partitions/{partition}/lookup")
     def lookup(
         name: str, partition: int, offset: int = Query(), max_chunks: int = Query(16, ge=1)
@@ -471,6 +483,21 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
             partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
         offsets = coordinator.committed_offsets(group, partitions)
         return _json({"offsets": committed_to_json(offsets)})
+
+    @app.post("/v1/groups/alter-offsets")
+    def alter_group_offsets(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("alter group offsets"):
+            group = _str(body, "group")
+            offsets = committed_from_json(_list(body, "offsets"))
+        coordinator.alter_group_offsets(group, offsets)
+        return Response(status_code=204)
+
+    @app.post("/v1/groups/delete")
+    def delete_group(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("delete group"):
+            group = _str(body, "group")
+        coordinator.delete_group(group)
+        return Response(status_code=204)
 
     @app.post("/v1/consumers/create")
     def create_consumer(body: dict[str, Any] = Body()) -> Response:

@@ -29,6 +29,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   ├── NonEmptyGroupError        deleting a group that has members
     │   ├── SchemaRegistryError       the schema registry's subjects, versions, schemas
     │   │   ├── SubjectNotFoundError
     │   │   ├── VersionNotFoundError
@@ -179,6 +180,10 @@ class InvalidConsumerConfigError(MetadataError):
 
 class NoOffsetError(MetadataError):
     """auto.offset.reset is none and the partition has no committed offset."""
+
+
+class NonEmptyGroupError(MetadataError):
+    """A group with members cannot be deleted."""
 
 
 class SecurityDisabledError(MetadataError):
@@ -344,6 +349,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         StaleGenerationError,
         InvalidConsumerConfigError,
         NoOffsetError,
+        NonEmptyGroupError,
         SecurityDisabledError,
         BufferFullError,
         InternalError,
