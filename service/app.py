@@ -51,6 +51,7 @@ from service.v3 import brokers as v3_brokers
 from service.v3 import clusters as v3_clusters
 from service.v3 import configs as v3_configs
 from service.v3 import consumer_groups as v3_consumer_groups
+from service.v3 import group_admin as v3_group_admin
 from service.v3 import partitions as v3_partitions
 from service.v3 import records as v3_records
 from service.v3 import topics as v3_topics
@@ -298,6 +299,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         v3_acls.router,
         v3_configs.router,  # before topics: /topics/-/configs
         v3_consumer_groups.router,
+        v3_group_admin.router,
         v3_partitions.router,
         v3_topics.router,
         v3_records.router,

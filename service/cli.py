@@ -3,8 +3,9 @@
 Servers: ``lakelog serve`` (agent + in-process coordinator, SQLite and
 ``file://./data`` by default), ``lakelog agent`` (against coordinator processes),
 ``lakelog coordinator``. Clients over the REST API, like Kafka's tools:
-``lakelog topics create|list|describe|delete|alter-config`` and ``lakelog
-produce`` (a console producer). Server flags map to ``Settings`` fields and
+``lakelog topics create|list|describe|delete|alter-config``, ``lakelog groups
+list|describe|reset-offsets|delete`` (kafka-consumer-groups), ``lakelog produce``
+and ``lakelog consume`` (console producer and consumer). Server flags map to ``Settings`` fields and
 override ``LAKELOG_*`` environment variables.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import re
 import sys
 import time
 import uuid
@@ -37,6 +39,8 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(help="Manage topics over the REST API (like kafka-topics).")
 app.add_typer(topics_app, name="topics")
+groups_app = typer.Typer(help="Consumer groups over the REST API (like kafka-consumer-groups).")
+app.add_typer(groups_app, name="groups")
 janitor_app = typer.Typer(
     help="Run a janitor once against the metadata database and the object store."
 )
@@ -440,6 +444,12 @@ class Rest:
         self.http = httpx.Client(base_url=self.url, timeout=30.0)
         self._cluster: str | None = None
 
+    def __enter__(self) -> Rest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             resp = self.http.request(method, path, **kwargs)
@@ -596,6 +606,330 @@ def topics_alter_config(
     )
     verb = "Validated" if validate_only else "Completed updating"
     typer.echo(f"{verb} config for topic {topic}.")
+
+
+# -- consumer groups (like kafka-consumer-groups) ------------------------------------
+
+OutputOpt = Annotated[
+    str, typer.Option("--output", "-o", help="table (Kafka's tool's columns) or json.")
+]
+
+
+def _check_output(output: str) -> None:
+    if output not in ("table", "json"):
+        _fail(f"--output must be table or json, not {output!r}", code=2)
+
+
+def _table(headers: list[str], rows: list[list[object]]) -> Iterator[str]:
+    """Left-aligned columns as wide as their widest cell, as Kafka's tools print them."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    for row in [headers, *cells]:
+        yield " ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+
+def _dash(value: object) -> object:
+    return "-" if value is None or value == "" else value
+
+
+def _echo_json(data: object) -> None:
+    import orjson
+
+    typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+@groups_app.command("list")
+def groups_list(
+    state: Annotated[bool, typer.Option("--state", help="Show each group's state.")] = False,
+    output: OutputOpt = "table",
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """List consumer groups (REST consumer groups and Kafka groups alike)."""
+    _check_output(output)
+    with Rest(url) as rest:
+        groups = rest.json("GET", rest.cluster("/consumer-groups"))["data"]
+        if output == "json":
+            _echo_json([{"group": g["consumer_group_id"], "state": g["state"]} for g in groups])
+        elif state:
+            rows: list[list[object]] = [[g["consumer_group_id"], g["state"]] for g in groups]
+            for line in _table(["GROUP", "STATE"], rows):
+                typer.echo(line)
+        else:
+            for g in groups:
+                typer.echo(g["consumer_group_id"])
+
+
+def _coordinator_broker(rest: Rest, info: dict[str, Any]) -> str:
+    """``host:port (id)`` of the broker shown as the group's coordinator."""
+    broker_id = _last_segment(info["coordinator"]["related"])
+    broker = rest.json("GET", rest.cluster(f"/brokers/{broker_id}"))
+    return f"{broker['host']}:{broker['port']} ({broker_id})"
+
+
+def _group_view(rest: Rest, group: str, members: bool) -> dict[str, Any]:
+    """Everything ``describe`` shows, from the v3 consumer-group views."""
+    base = f"/consumer-groups/{group}"
+    info = rest.json("GET", rest.cluster(base))
+    consumers = rest.json("GET", rest.cluster(base + "/consumers"))["data"]
+    lags = rest.json("GET", rest.cluster(base + "/lags"))["data"]
+    view: dict[str, Any] = {
+        "group": group,
+        "state": info["state"],
+        "assignor": info["partition_assignor"],
+        "coordinator": _coordinator_broker(rest, info),
+        "offsets": [
+            {
+                "topic": lag["topic_name"],
+                "partition": lag["partition_id"],
+                "current_offset": lag["current_offset"],
+                "log_end_offset": lag["log_end_offset"],
+                "lag": lag["lag"],
+                "consumer_id": lag["consumer_id"] or None,
+                "client_id": lag["client_id"] or None,
+            }
+            for lag in lags
+        ],
+        "members": [],
+    }
+    for c in consumers:
+        member: dict[str, Any] = {"consumer_id": c["consumer_id"], "client_id": c["client_id"]}
+        if members:
+            path = f"{base}/consumers/{c['consumer_id']}/assignments"
+            assigned = rest.json("GET", rest.cluster(path))["data"]
+            member["assignment"] = [
+                {"topic": a["topic_name"], "partition": a["partition_id"]} for a in assigned
+            ]
+        view["members"].append(member)
+    return view
+
+
+@groups_app.command("describe")
+def groups_describe(
+    group: Annotated[str, typer.Argument(help="Consumer group id.")],
+    members: Annotated[bool, typer.Option("--members", help="List the members.")] = False,
+    offsets: Annotated[
+        bool, typer.Option("--offsets", help="Offsets and lag per partition (the default).")
+    ] = False,
+    state: Annotated[bool, typer.Option("--state", help="The group's state.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="With --members: each member's partitions.")
+    ] = False,
+    output: OutputOpt = "table",
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Committed offsets and lag per partition, members, or state of a group."""
+    _check_output(output)
+    with Rest(url) as rest:
+        view = _group_view(rest, group, members)
+        offsets = offsets or not (members or state)
+        if output == "json":
+            shown = {k: view[k] for k in ("group", "state", "assignor", "coordinator")}
+            if offsets:
+                shown["offsets"] = view["offsets"]
+            if members:
+                shown["members"] = view["members"]
+            _echo_json(shown)
+            return
+        if not view["members"] and (offsets or members):
+            typer.echo(f"\nConsumer group '{group}' has no active members.")
+        if state:
+            rows: list[list[object]] = [
+                [
+                    group,
+                    view["coordinator"],
+                    view["assignor"],
+                    view["state"],
+                    len(view["members"]),
+                ]
+            ]
+            headers = ["GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"]
+            typer.echo("")
+            for line in _table(headers, rows):
+                typer.echo(line)
+        if members:
+            headers = ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
+            if verbose:
+                headers.append("ASSIGNMENT")
+            rows = []
+            for m in view["members"]:
+                row: list[object] = [group, m["consumer_id"], "-", m["client_id"]]
+                row.append(len(m["assignment"]))
+                if verbose:
+                    row.append(
+                        ",".join(f"{a['topic']}({a['partition']})" for a in m["assignment"]) or "-"
+                    )
+                rows.append(row)
+            typer.echo("")
+            for line in _table(headers, rows):
+                typer.echo(line)
+        if offsets:
+            headers = [
+                "GROUP",
+                "TOPIC",
+                "PARTITION",
+                "CURRENT-OFFSET",
+                "LOG-END-OFFSET",
+                "LAG",
+                "CONSUMER-ID",
+                "HOST",
+                "CLIENT-ID",
+            ]
+            rows = [
+                [
+                    group,
+                    o["topic"],
+                    o["partition"],
+                    o["current_offset"],
+                    o["log_end_offset"],
+                    o["lag"],
+                    _dash(o["consumer_id"]),
+                    "-",
+                    _dash(o["client_id"]),
+                ]
+                for o in view["offsets"]
+            ]
+            typer.echo("")
+            for line in _table(headers, rows):
+                typer.echo(line)
+
+
+_DURATION = re.compile(
+    r"P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?"
+)
+
+
+def parse_duration_ms(text: str) -> int:
+    """An ISO-8601 duration as Java's ``Duration.parse`` takes it (``PnDTnHnMn.nS``), in
+    milliseconds. Hand-written: a dozen lines, no library needed. Raises ValueError."""
+    m = _DURATION.fullmatch(text.strip().upper())
+    if not m or text.strip().upper() in ("P", "PT") or text.strip().upper().endswith("T"):
+        raise ValueError(f"not a duration like P1DT2H30M: {text!r}")
+    d, h, mi, s = (float(m.group(k) or 0) for k in ("d", "h", "m", "s"))
+    return int((((d * 24 + h) * 60 + mi) * 60 + s) * 1000)
+
+
+def parse_datetime_ms(text: str) -> int:
+    """``YYYY-MM-DDTHH:mm:SS[.sss][zone]`` in epoch ms; no zone: local time, as Kafka's
+    tool. Raises ValueError."""
+    from datetime import datetime
+
+    when = datetime.fromisoformat(text.strip())
+    return int(when.timestamp() * 1000)  # naive datetimes are local time here too
+
+
+def _reset_topics(topics: list[str]) -> list[dict[str, Any]]:
+    """``--topic t`` (every partition) or ``--topic t:0,2`` -> the request's partitions."""
+    out: list[dict[str, Any]] = []
+    for item in topics:
+        name, sep, parts = item.partition(":")
+        if not name:
+            _fail(f"--topic must look like TOPIC or TOPIC:P,P, got {item!r}", code=2)
+        if not sep:
+            out.append({"topic_name": name})
+            continue
+        try:
+            ids = [int(p) for p in parts.split(",")]
+        except ValueError:
+            _fail(f"--topic partitions must be integers, got {item!r}", code=2)
+        out.extend({"topic_name": name, "partition_id": p} for p in ids)
+    return out
+
+
+@groups_app.command("reset-offsets")
+def groups_reset_offsets(
+    group: Annotated[str, typer.Argument(help="Consumer group id.")],
+    topic: Annotated[
+        list[str] | None,
+        typer.Option("--topic", help="TOPIC (every partition) or TOPIC:P,P; repeatable."),
+    ] = None,
+    all_topics: Annotated[
+        bool, typer.Option("--all-topics", help="Every topic the group has offsets for.")
+    ] = False,
+    to_earliest: Annotated[bool, typer.Option("--to-earliest", help="Log-start.")] = False,
+    to_latest: Annotated[bool, typer.Option("--to-latest", help="Log-end.")] = False,
+    to_offset: Annotated[int | None, typer.Option("--to-offset", help="This offset.")] = None,
+    to_datetime: Annotated[
+        str | None,
+        typer.Option("--to-datetime", help="First offset at/after YYYY-MM-DDTHH:mm:SS.sss."),
+    ] = None,
+    shift_by: Annotated[
+        int | None, typer.Option("--shift-by", help="Committed offset plus N (may be < 0).")
+    ] = None,
+    by_duration: Annotated[
+        str | None, typer.Option("--by-duration", help="First offset at/after now - PnDTnHnM.")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (default).")] = False,
+    execute: Annotated[bool, typer.Option("--execute", help="Apply the plan.")] = False,
+    output: OutputOpt = "table",
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Move a group's committed offsets; prints the plan, applies it with --execute.
+
+    The group must have no members (Kafka's rule), even for a dry run.
+    """
+    _check_output(output)
+    given: list[tuple[str, int | None]] = []
+    if to_earliest:
+        given.append(("EARLIEST", None))
+    if to_latest:
+        given.append(("LATEST", None))
+    if to_offset is not None:
+        given.append(("OFFSET", to_offset))
+    if shift_by is not None:
+        given.append(("SHIFT", shift_by))
+    try:
+        if to_datetime is not None:
+            given.append(("TIMESTAMP", parse_datetime_ms(to_datetime)))
+        if by_duration is not None:
+            now_ms = int(time.time() * 1000)
+            given.append(("TIMESTAMP", now_ms - parse_duration_ms(by_duration)))
+    except ValueError as e:
+        _fail(str(e), code=2)
+    if len(given) != 1:
+        _fail(
+            "give exactly one of --to-earliest, --to-latest, --to-offset, --to-datetime, "
+            "--shift-by, --by-duration",
+            code=2,
+        )
+    if dry_run and execute:
+        _fail("--dry-run and --execute are mutually exclusive", code=2)
+    if not topic and not all_topics:
+        _fail("give --topic TOPIC[:P,...] (repeatable) or --all-topics", code=2)
+    if not execute and not dry_run:
+        typer.echo(
+            "WARN: No action will be performed as the --execute option is missing. Add "
+            "--dry-run to keep this behaviour without the warning.",
+            err=True,
+        )
+    strategy, value = given[0]
+    body = {
+        "partitions": _reset_topics(topic or []),
+        "all_topics": all_topics,
+        "strategy": strategy,
+        "value": value,
+        "validate_only": not execute,
+    }
+    with Rest(url) as rest:
+        plan = rest.json("POST", rest.cluster(f"/consumer-groups/{group}/offsets:reset"), json=body)
+        if output == "json":
+            _echo_json(plan)
+            return
+        rows: list[list[object]] = [
+            [group, p["topic_name"], p["partition_id"], p["new_offset"]] for p in plan["data"]
+        ]
+        typer.echo("")
+        for line in _table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"], rows):
+            typer.echo(line)
+
+
+@groups_app.command("delete")
+def groups_delete(
+    group: Annotated[str, typer.Argument(help="Consumer group id.")], url: UrlOpt = DEFAULT_URL
+) -> None:
+    """Delete a group without members, with its committed offsets."""
+    with Rest(url) as rest:
+        rest.request("DELETE", rest.cluster(f"/consumer-groups/{group}"))
+        typer.echo(f"Deletion of requested consumer groups ('{group}') was successful.")
 
 
 # -- console producer ---------------------------------------------------------------

@@ -143,14 +143,13 @@ def _lags(state: AgentState, info: GroupInfo) -> list[Lag]:
     for tp, m in owners.items():
         if tp not in current and tp in m.positions:
             current[tp] = m.positions[tp]
+    ends = state.coordinator.offsets_many(list(current))  # one call, however many partitions
     out = []
     for tp in sorted(current):
-        try:
-            log_end = state.coordinator.offsets(tp.topic, tp.partition).high_watermark
-        except LakelogError:
+        if tp not in ends:
             continue  # topic deleted since
         owner = owners.get(tp)
-        out.append(Lag(tp, current[tp], log_end, owner.name if owner else None))
+        out.append(Lag(tp, current[tp], ends[tp].high_watermark, owner.name if owner else None))
     return out
 
 

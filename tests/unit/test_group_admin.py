@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from coordinator.client import ChunkCommit
 from coordinator.groups import CommittedOffset, ConsumerConfig
@@ -23,6 +26,8 @@ from segments.errors import (
 )
 from segments.types import PartitionOffsets
 from segments.types import TopicPartition as TP
+from service.app import create_app
+from service.settings import Settings
 
 
 class Clock:
@@ -118,3 +123,69 @@ def test_offsets_many_reads_every_partition_at_once(c: LocalCoordinator) -> None
     """Unknown topics and partitions past the count are left out."""
     got = c.offsets_many([TP("t", 0), TP("t", 2), TP("t", 9), TP("nope", 0)])
     assert got == {TP("t", 0): PartitionOffsets(0, 10), TP("t", 2): PartitionOffsets(0, 12)}
+
+
+# -- the agent's routes: a group over thousands of partitions in few coordinator calls ----
+
+
+class Counting:
+    """Counts the calls made through it, by method name."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_thousands_of_partitions_in_bounded_coordinator_calls(tmp_path: Path) -> None:
+    """A group with offsets on 3,000 partitions: its lags and a reset of every partition
+    each cost a fixed handful of coordinator calls (one per partition before)."""
+    partitions = 3000
+    settings = Settings(db=f"sqlite:///{tmp_path / 'meta.db'}", store="memory://")
+    app = create_app(settings)
+    with TestClient(app) as client:
+        state = app.state.agent
+        coordinator = state.coordinator
+        coordinator.create_topic("big", partitions)
+        cid = coordinator.cluster_id()
+        topic_id = coordinator.get_topic("big").topic_id
+        coordinator.commit(
+            "obj", [ChunkCommit(topic_id, p, 0, 1, 5, 1, 2) for p in range(partitions)]
+        )
+        coordinator.alter_group_offsets(
+            "g", {TP("big", p): CommittedOffset(p % 5) for p in range(partitions)}
+        )
+        counting = Counting(coordinator)
+        state.coordinator = state.groups = counting
+
+        r = client.get(f"/v3/clusters/{cid}/consumer-groups/g/lags")
+        assert r.status_code == 200, r.text
+        assert sum(lag["lag"] for lag in r.json()["data"]) == sum(5 - p % 5 for p in range(3000))
+        assert counting.calls == {"describe_group": 1, "offsets_many": 1}
+
+        counting.calls.clear()
+        body = {"partitions": [{"topic_name": "big"}], "strategy": "LATEST"}
+        r = client.post(
+            f"/v3/clusters/{cid}/consumer-groups/g/offsets:reset",
+            json={**body, "validate_only": False},
+        )
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"]) == partitions
+        assert counting.calls == {
+            "describe_group": 1,
+            "get_topic": 1,
+            "offsets_many": 1,
+            "alter_group_offsets": 1,
+        }
+        committed = coordinator.describe_group("g").committed
+        assert {c.offset for c in committed.values()} == {5} and len(committed) == partitions
