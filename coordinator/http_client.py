@@ -56,6 +56,7 @@ def topic_to_json(t: TopicInfo) -> JSON:
         "topic_id": t.topic_id.hex(),
         "partitions": t.partitions,
         "configs": dict(t.configs),
+        "defaults": dict(t.defaults),
     }
 
 
@@ -65,6 +66,7 @@ def topic_from_json(d: JSON) -> TopicInfo:
         topic_id=bytes.fromhex(d["topic_id"]),
         partitions=int(d["partitions"]),
         configs=dict(d["configs"]),
+        defaults=dict(d.get("defaults") or {}),
     )
 
 
@@ -524,6 +526,24 @@ class HttpCoordinator:
         # Setting and deleting the same overrides twice ends in the same state.
         data = self._request("POST", topic_path(name) + "/configs", body=body, idempotent=True)
         return topic_from_json(data)
+
+    def broker_configs(self) -> dict[str, str]:
+        return dict(self._request("GET", "/v1/broker-configs", idempotent=True)["configs"])
+
+    def alter_broker_configs(
+        self,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> dict[str, str]:
+        body = {
+            "set": dict(set_configs or {}),
+            "delete": list(delete_configs),
+            "validate_only": validate_only,
+        }
+        data = self._request("POST", "/v1/broker-configs", body=body, idempotent=True)
+        return dict(data["configs"])
 
     def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
         body = {"object_key": object_key, "chunks": [chunk_commit_to_json(c) for c in chunks]}

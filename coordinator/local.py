@@ -145,6 +145,20 @@ class LocalCoordinator:
             name, set_configs, delete_configs, validate_only=validate_only
         )
 
+    def broker_configs(self) -> dict[str, str]:
+        return self._store.broker_configs()
+
+    def alter_broker_configs(
+        self,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> dict[str, str]:
+        return self._store.alter_broker_configs(
+            set_configs, delete_configs, validate_only=validate_only
+        )
+
     # -- the log --------------------------------------------------------------
     def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
         return self._store.commit(object_key, chunks)

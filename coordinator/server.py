@@ -12,6 +12,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     DELETE /v1/topics/{name}                 204
     POST   /v1/topics/{name}/partitions      topic  <- {"partitions"}
     POST   /v1/topics/{name}/configs         topic  <- {"set", "delete", "validate_only"}
+    GET    /v1/broker-configs                {"configs": {name: value}}  (cluster-wide)
+    POST   /v1/broker-configs                {"configs"}  <- {"set", "delete", "validate_only"}
     GET    /v1/topics/{name}/partitions/{p}/offsets                 {"log_start", "high_watermark"}
     POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
                                              <- {"partitions": [tp]}
@@ -410,6 +412,17 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
             name, body.set, body.delete, validate_only=body.validate_only
         )
         return _json(topic_to_json(topic))
+
+    @app.get("/v1/broker-configs")
+    def broker_configs() -> Response:
+        return _json({"configs": coordinator.broker_configs()})
+
+    @app.post("/v1/broker-configs")
+    def alter_broker_configs(body: AlterConfigsBody) -> Response:
+        after = coordinator.alter_broker_configs(
+            body.set, body.delete, validate_only=body.validate_only
+        )
+        return _json({"configs": after})
 
     @app.get("/v1/topics/{name:path}")
     def get_topic(name: str) -> Response:

@@ -535,7 +535,9 @@ def topics_list(url: UrlOpt = DEFAULT_URL) -> None:
 def _describe(rest: Rest, topic: str) -> Iterator[str]:
     t = rest.json("GET", rest.cluster(f"/topics/{topic}"))
     configs = rest.json("GET", rest.cluster(f"/topics/{topic}/configs"))["data"]
-    overrides = ",".join(f"{c['name']}={c['value']}" for c in configs if not c["is_default"])
+    overrides = ",".join(
+        f"{c['name']}={c['value']}" for c in configs if c["source"] == "DYNAMIC_TOPIC_CONFIG"
+    )
     yield (
         f"Topic: {topic}\tPartitionCount: {t['partitions_count']}\t"
         f"ReplicationFactor: {t['replication_factor']}\tConfigs: {overrides}"
