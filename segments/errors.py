@@ -57,6 +57,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         ├── RequestTooLargeError      the request body is over the limit
         ├── RecordTooLargeError       one record is over max.message.bytes
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
+        ├── InvalidBatchError         records:batch: empty, too many entries, ids not distinct
         ├── UnsupportedFormatError    a key/value that names no format (v3 without type)
         ├── KeySchemaMissingError     schema-format keys and no key_schema(_id)
         ├── ValueSchemaMissingError   schema-format values and no value_schema(_id)
@@ -236,6 +237,11 @@ class UnprocessableRequestError(RequestError):
     """Well-formed but unusable: empty records, missing fields, ..."""
 
 
+class InvalidBatchError(RequestError):
+    """A v3 records:batch request that cannot be produced as a batch: no entry, more
+    than the limit, ids that are not distinct 1-80 character strings."""
+
+
 class UnsupportedFormatError(RequestError):
     """A key or value that names no embedded format lakelog can encode."""
 
@@ -361,6 +367,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         RequestTooLargeError,
         RecordTooLargeError,
         UnprocessableRequestError,
+        InvalidBatchError,
         UnsupportedFormatError,
         KeySchemaMissingError,
         ValueSchemaMissingError,

@@ -159,6 +159,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.RequestTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.RecordTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
+    e.InvalidBatchError: ErrorSpec(ErrorCode.BATCH_ERROR),
     e.UnsupportedFormatError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),
     e.KeySchemaMissingError: ErrorSpec(ErrorCode.KEY_SCHEMA_MISSING),
     e.ValueSchemaMissingError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     #: thread hop costs more than it saves).
     offload_parse_bytes: Annotated[int, Field(ge=0)] = 256 * 1024
     compression: Compression = "none"
+    #: Most entries one v3 ``records:batch`` request may hold (kafka-rest's
+    #: ``api.v3.produce.batch.maximum.entries``).
+    produce_batch_max_entries: Annotated[int, Field(ge=1)] = 10
 
     # -- topics and metadata -------------------------------------------------
     auto_create_topics: bool = False
