@@ -9,7 +9,7 @@ Kafka's default; ``synonyms`` lists every layer that has a value, the one in for
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictBool
 
 from coordinator.topic_configs import CONFIG_DEFS, ConfigEntry, describe_configs
 from segments.errors import ConfigNotFoundError, InvalidConfigError, MalformedRequestError
@@ -32,7 +32,8 @@ class AlterConfigEntry(BaseModel):
 
 class AlterConfigBatchRequest(BaseModel):
     data: list[AlterConfigEntry]
-    validate_only: bool = False
+    #: A JSON boolean only: "false" or 1 would be a dry run or an alter by accident.
+    validate_only: StrictBool = False
 
 
 def config_fields(entry: ConfigEntry) -> JSON:

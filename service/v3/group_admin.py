@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from coordinator.groups import CommittedOffset, GroupInfo
 from coordinator.offset_reset import NEEDS_VALUE, PlannedReset, ResetStrategy, plan_reset
@@ -64,7 +64,7 @@ class ResetOffsetsRequest(BaseModel):
     #: OFFSET: the offset; SHIFT: how far to move; TIMESTAMP: epoch milliseconds.
     value: int | None = None
     #: True (the default): answer the plan, change nothing (Kafka's --dry-run).
-    validate_only: bool = True
+    validate_only: StrictBool = True
 
 
 def _group_url(links: Links, group: str, suffix: str = "") -> str:
