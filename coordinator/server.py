@@ -25,6 +25,11 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port"}
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
+    POST   /v1/janitors/{name}/run           NDJSON stream (only with a store): {"progress":
+                                             {"done", "total", "what"}} lines, then {"report"}
+                                             or {"error", "message"}; 409 JanitorBusyError
+                                             <- {"topic", "tier_age_s", "tier_untiered_bytes",
+                                                 "gc_grace_s"} (all optional)
 
     Consumer groups (GroupCoordinator). Each call is a POST naming the group and the
     instance in the body, never in the path: every one may write (expiry, timers), and
@@ -77,16 +82,20 @@ with status 422. The coordinator calls block (SQLite), so they run in the thread
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Protocol
 
 import orjson
 from fastapi import Body, FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, Field
@@ -112,6 +121,8 @@ from coordinator.http_client import (
     tp_from_json,
 )
 from coordinator.janitors.context import JanitorConfig
+from coordinator.janitors.leases import Lease
+from coordinator.janitors.runner import JanitorRunner
 from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
 from segments.errors import LakelogError, MalformedRequestError
@@ -146,6 +157,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "InvalidConsumerConfigError": 400,
     "NoOffsetError": 409,
     "NonEmptyGroupError": 409,
+    "JanitorBusyError": 409,
     "BufferFullError": 503,
     "RequestError": 400,
     "MalformedRequestError": 422,
@@ -700,7 +712,74 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
             found = find_orphans(object_store, coordinator, grace_s, prefix)
             return _json({"orphans": [object_info_to_json(o) for o in found]})
 
+        @app.post("/v1/janitors/{name}/run")
+        async def run_janitor_now(
+            name: str, request: Request, body: dict[str, Any] | None = Body(None)
+        ) -> Response:
+            runner: JanitorRunner | None = getattr(request.app.state, "janitor_runner", None)
+            if runner is None:
+                raise MalformedRequestError("this coordinator runs no janitors")
+            with _parsing("run janitor"):
+                topic, overrides = _janitor_request(body or {})
+                config = replace(runner.config, **overrides)
+            try:
+                lease = await run_in_threadpool(runner.take_lease, name)
+            except ValueError as e:
+                raise _malformed(str(e)) from None
+            return StreamingResponse(
+                _janitor_events(runner, lease, config, topic), media_type="application/x-ndjson"
+            )
+
     return app
+
+
+#: What a request to run a janitor now may change for that run.
+_JANITOR_OVERRIDES = {"tier_age_s": float, "tier_untiered_bytes": int, "gc_grace_s": float}
+
+
+def _janitor_request(body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(topic, config overrides) of a run-now request. Raises KeyError/TypeError/ValueError."""
+    unknown = set(body) - {"topic", *_JANITOR_OVERRIDES}
+    if unknown:
+        raise KeyError(f"unknown fields {sorted(unknown)}")
+    topic = _opt_str(body, "topic")
+    overrides = {}
+    for key, kind in _JANITOR_OVERRIDES.items():
+        value = body.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{key} must be a number, got {value!r}")
+            overrides[key] = kind(value)
+    return topic, overrides
+
+
+async def _janitor_events(
+    runner: JanitorRunner, lease: Lease, config: JanitorConfig, topic: str | None
+) -> AsyncIterator[bytes]:
+    """Run a janitor on its own thread; one NDJSON line per progress step, then
+    ``{"report": ...}`` or ``{"error", "message"}``. A client that goes away does not
+    stop the run: it holds the lease until it ends."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def emit(event: dict[str, Any] | None) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    def progress(done: int, total: int, what: str) -> None:
+        emit({"progress": {"done": done, "total": total, "what": what}})
+
+    def work() -> None:
+        try:
+            report = runner.run_lease(lease, config, topic, progress)
+            emit({"report": report.as_dict()})
+        except Exception as e:
+            emit({"error": type(e).__name__, "message": str(e)})
+        finally:
+            emit(None)
+
+    threading.Thread(target=work, name=f"janitor-{lease.name}-now", daemon=True).start()
+    while (event := await events.get()) is not None:
+        yield orjson.dumps(event) + b"\n"
 
 
 def run(
@@ -711,27 +790,35 @@ def run(
     store_endpoint: str | None = None,
     cluster_id: str | None = None,
     janitors: JanitorConfig | None = None,
+    store_region: str | None = None,
 ) -> None:
     """Serve a coordinator over ``db_url`` with uvicorn until interrupted.
 
-    ``janitors``: which janitors to run in the background (they need ``store_url``).
+    ``janitors``: which janitors to run in the background, and how (they need
+    ``store_url``). With a store, janitors can also be run now through the API, and
+    their lag is on /metrics, whether or not any runs in the background.
     """
     import uvicorn
 
-    from coordinator.janitors.runner import JanitorMetrics, JanitorRunner
+    from coordinator.janitors.runner import JanitorMetrics
     from coordinator.local import LocalCoordinator
     from segments.store import open_store
 
     if janitors is not None and janitors.enabled and not store_url:
         raise ValueError("janitors need the object store: pass --store")
     coordinator = LocalCoordinator(db_url, cluster_id=cluster_id)
-    store = open_store(store_url, endpoint_url=store_endpoint) if store_url else None
+    store = (
+        open_store(store_url, endpoint_url=store_endpoint, region=store_region)
+        if store_url
+        else None
+    )
     runner: JanitorRunner | None = None
     try:
         app = create_app(coordinator, store)
-        if janitors is not None and store is not None:
+        if store is not None:
             metrics = JanitorMetrics(app.state.metrics.registry)
-            runner = JanitorRunner(coordinator, store, janitors, metrics=metrics)
+            runner = JanitorRunner(coordinator, store, janitors or JanitorConfig(), metrics=metrics)
+            app.state.janitor_runner = runner
             runner.start()
         log.info(
             "lakelog coordinator on http://%s:%d (db %s, store %s, cluster %s)",

@@ -30,6 +30,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── InvalidConsumerConfigError
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
     │   ├── NonEmptyGroupError        deleting a group that has members
+    │   ├── JanitorBusyError          retriable: another run holds the janitor's lease
     │   ├── SchemaRegistryError       the schema registry's subjects, versions, schemas
     │   │   ├── SubjectNotFoundError
     │   │   ├── VersionNotFoundError
@@ -185,6 +186,12 @@ class NoOffsetError(MetadataError):
 
 class NonEmptyGroupError(MetadataError):
     """A group with members cannot be deleted."""
+
+
+class JanitorBusyError(MetadataError):
+    """A janitor asked to run now is running elsewhere (another run holds its lease)."""
+
+    retriable = True
 
 
 class SecurityDisabledError(MetadataError):
@@ -356,6 +363,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         InvalidConsumerConfigError,
         NoOffsetError,
         NonEmptyGroupError,
+        JanitorBusyError,
         SecurityDisabledError,
         BufferFullError,
         InternalError,

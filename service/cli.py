@@ -2,11 +2,14 @@
 
 Servers: ``lakelog serve`` (agent + in-process coordinator, SQLite and
 ``file://./data`` by default), ``lakelog agent`` (against coordinator processes),
-``lakelog coordinator``. Clients over the REST API, like Kafka's tools:
-``lakelog topics create|list|describe|delete|alter-config``, ``lakelog groups
-list|describe|reset-offsets|delete`` (kafka-consumer-groups), ``lakelog produce``
-and ``lakelog consume`` (console producer and consumer). Server flags map to ``Settings`` fields and
-override ``LAKELOG_*`` environment variables.
+``lakelog coordinator``; ``lakelog janitor NAME`` runs a janitor now, here or in a
+coordinator. Every one of them reads the same ``LAKELOG_*`` variables and the same
+optional TOML file (``--config``); their flags are settings of the same names and win
+over both (``coordinator.settings``; ``lakelog settings`` lists them all). Clients over
+the REST API, like Kafka's tools: ``lakelog topics create|list|describe|delete|
+alter-config``, ``lakelog groups list|describe|reset-offsets|delete``
+(kafka-consumer-groups), ``lakelog produce`` and ``lakelog consume`` (console producer
+and consumer).
 """
 
 from __future__ import annotations
@@ -18,18 +21,27 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import httpx
 import typer
 from pydantic import ValidationError
 
-from service.settings import Settings
+from coordinator.settings import (
+    ConfigFileError,
+    CoordinatorSettings,
+    JanitorCommandSettings,
+    LakelogSettings,
+    load,
+)
+from service.settings import Settings, settings_table
 
 if TYPE_CHECKING:
-    from coordinator.janitors.context import JanitorConfig
+    from coordinator.janitors.context import JanitorReport
+
+S = TypeVar("S", bound=LakelogSettings)
 
 app = typer.Typer(
     name="lakelog",
@@ -42,14 +54,27 @@ app.add_typer(topics_app, name="topics")
 groups_app = typer.Typer(help="Consumer groups over the REST API (like kafka-consumer-groups).")
 app.add_typer(groups_app, name="groups")
 janitor_app = typer.Typer(
-    help="Run a janitor once against the metadata database and the object store."
+    help="Run a janitor now: in a running coordinator (--coordinator URL, under its lease) "
+    "or here, against the metadata database and the object store."
 )
 app.add_typer(janitor_app, name="janitor")
 
-# -- shared options ---------------------------------------------------------------
+# -- shared options: each is a setting of the same name (None: not given) ----------------
 
-HostOpt = Annotated[str | None, typer.Option(help="Interface to listen on [default: 0.0.0.0].")]
-PortOpt = Annotated[int | None, typer.Option(help="Port to listen on [default: 8082].")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="LAKELOG_CONFIG",
+        help="TOML settings file: top-level keys for every process, a table per process "
+        "(serve, agent, coordinator, janitor) for one; LAKELOG_* variables and flags win.",
+    ),
+]
+HostOpt = Annotated[str | None, typer.Option(help="Interface to listen on.")]
+PortOpt = Annotated[int | None, typer.Option(help="Port to listen on.")]
+DbOpt = Annotated[
+    str | None, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
+]
 StoreOpt = Annotated[
     str | None, typer.Option(help="Object store URL: s3://bucket/prefix, file:///path, memory://.")
 ]
@@ -81,19 +106,20 @@ FlushBytesOpt = Annotated[
 CompressionOpt = Annotated[
     str | None, typer.Option(help="Batch compression: none, gzip, snappy, lz4, zstd.")
 ]
-LogLevelOpt = Annotated[str, typer.Option("--log-level", help="Python log level.")]
-AccessLogOpt = Annotated[bool, typer.Option("--access-log", help="Log every request.")]
+LogLevelOpt = Annotated[str | None, typer.Option("--log-level", help="Python log level.")]
+AccessLogOpt = Annotated[
+    bool | None, typer.Option("--access-log/--no-access-log", help="Log every request.")
+]
 UrlOpt = Annotated[
     str, typer.Option("--url", envvar="LAKELOG_URL", help="Base URL of a lakelog agent.")
 ]
-
+CoordinatorOpt = Annotated[str | None, typer.Option(help="Coordinator URL(s), comma-separated.")]
 JanitorsOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--janitors",
-        envvar="LAKELOG_JANITORS",
-        help="Janitors to run in the background: comma-separated tier,retention,compact,gc "
-        "or all [default: none].",
+        help="Janitors to run in the background: comma-separated tier,retention,compact,gc, "
+        "all, or none [default: none].",
     ),
 ]
 IntervalOpt = Annotated[
@@ -104,28 +130,18 @@ IntervalOpt = Annotated[
         "compact=600 gc=300).",
     ),
 ]
-TierAgeOpt = Annotated[
-    float | None,
-    typer.Option("--tier-age-s", envvar="LAKELOG_TIER_AGE_S", help="Tier chunks this old."),
-]
+TierAgeOpt = Annotated[float | None, typer.Option("--tier-age-s", help="Tier chunks this old.")]
 TierBytesOpt = Annotated[
     int | None,
     typer.Option(
         "--tier-untiered-bytes",
-        envvar="LAKELOG_TIER_UNTIERED_BYTES",
         help="Tier a partition's chunks whatever their age once it holds this many bytes.",
     ),
 ]
 GraceOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--gc-grace-s", envvar="LAKELOG_GC_GRACE_S", help="Delete garbage this long after."
-    ),
+    float | None, typer.Option("--gc-grace-s", help="Delete garbage this long after.")
 ]
-LeaseTtlOpt = Annotated[
-    float | None,
-    typer.Option("--lease-ttl-s", envvar="LAKELOG_LEASE_TTL_S", help="Janitor lease TTL."),
-]
+LeaseTtlOpt = Annotated[float | None, typer.Option("--lease-ttl-s", help="Janitor lease TTL.")]
 
 DEFAULT_URL = "http://localhost:8082"
 
@@ -135,16 +151,24 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _settings(**given: Any) -> Settings:
-    """Settings from the environment, overridden by the flags that were given."""
+def _load(cls: type[S], process: str, config: Path | None, **flags: Any) -> S:
+    """``process``'s settings from flags, LAKELOG_* variables, the config file; exits 2 if
+    any is invalid."""
     try:
-        return Settings(**{k: v for k, v in given.items() if v is not None})
+        return load(cls, process, config, **flags)
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
             for err in e.errors()
         )
         _fail(f"invalid settings: {problems}", code=2)
+    except ConfigFileError as e:
+        _fail(str(e), code=2)
+
+
+def _intervals(items: list[str] | None) -> dict[str, str] | None:
+    """``--janitor-interval tier=30`` (repeatable) as the setting's mapping."""
+    return _pairs(items, "janitor interval") if items else None
 
 
 def _setup_logging(log_level: str) -> None:
@@ -155,30 +179,30 @@ def _setup_logging(log_level: str) -> None:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def _run_agent(settings: Settings, log_level: str, access_log: bool) -> None:
+def _run_agent(settings: Settings) -> None:
     import uvicorn
 
     from service.app import create_app
 
-    _setup_logging(log_level)
+    _setup_logging(settings.log_level)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        log_level=log_level.lower(),
-        access_log=access_log,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
         proxy_headers=False,  # the app applies them, trusting settings.forwarded_allow_ips
     )
 
 
-def _ensure_local_dirs(settings: Settings) -> None:
-    """``serve`` runs on local paths by default; create their directories."""
-    if settings.db.startswith("sqlite:///"):
-        path = settings.db.removeprefix("sqlite:///")
+def _ensure_local_dirs(db: str, store: str | None) -> None:
+    """Local paths (``serve``'s defaults) get their directories."""
+    if db.startswith("sqlite:///"):
+        path = db.removeprefix("sqlite:///")
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-    if settings.store.startswith("file://"):
-        Path(settings.store.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    if store and store.startswith("file://"):
+        Path(store.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
 
 
 # -- servers ----------------------------------------------------------------------
@@ -188,9 +212,7 @@ def _ensure_local_dirs(settings: Settings) -> None:
 def serve(
     host: HostOpt = None,
     port: PortOpt = None,
-    db: Annotated[
-        str | None, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
-    ] = None,
+    db: DbOpt = None,
     store: StoreOpt = None,
     store_endpoint: EndpointOpt = None,
     store_region: RegionOpt = None,
@@ -201,11 +223,15 @@ def serve(
     linger_ms: LingerOpt = None,
     flush_bytes: FlushBytesOpt = None,
     compression: CompressionOpt = None,
-    log_level: LogLevelOpt = "info",
-    access_log: AccessLogOpt = False,
+    log_level: LogLevelOpt = None,
+    access_log: AccessLogOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Agent and coordinator in one process: SQLite and file://./data unless told otherwise."""
-    settings = _settings(
+    settings = _load(
+        Settings,
+        "serve",
+        config,
         coordinator="",
         host=host,
         port=port,
@@ -220,16 +246,16 @@ def serve(
         linger_ms=linger_ms,
         flush_bytes=flush_bytes,
         compression=compression,
+        log_level=log_level,
+        access_log=access_log,
     )
-    _ensure_local_dirs(settings)
-    _run_agent(settings, log_level, access_log)
+    _ensure_local_dirs(settings.db, settings.store)
+    _run_agent(settings)
 
 
 @app.command()
 def agent(
-    coordinator: Annotated[
-        str | None, typer.Option(help="Coordinator URL(s), comma-separated.")
-    ] = None,
+    coordinator: CoordinatorOpt = None,
     host: HostOpt = None,
     port: PortOpt = None,
     store: StoreOpt = None,
@@ -244,11 +270,15 @@ def agent(
     linger_ms: LingerOpt = None,
     flush_bytes: FlushBytesOpt = None,
     compression: CompressionOpt = None,
-    log_level: LogLevelOpt = "info",
-    access_log: AccessLogOpt = False,
+    log_level: LogLevelOpt = None,
+    access_log: AccessLogOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """A stateless agent serving the REST API against coordinator process(es)."""
-    settings = _settings(
+    settings = _load(
+        Settings,
+        "agent",
+        config,
         coordinator=coordinator,
         host=host,
         port=port,
@@ -262,170 +292,226 @@ def agent(
         linger_ms=linger_ms,
         flush_bytes=flush_bytes,
         compression=compression,
+        log_level=log_level,
+        access_log=access_log,
     )
     if not settings.coordinator_urls():
         _fail("lakelog agent needs --coordinator URL (or LAKELOG_COORDINATOR); see lakelog serve")
-    _run_agent(settings, log_level, access_log)
+    _run_agent(settings)
 
 
 @app.command("coordinator")
 def coordinator_cmd(
-    db: Annotated[
-        str, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
-    ] = "sqlite:///./data/lakelog.db",
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8083,
+    db: DbOpt = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
     store: Annotated[
-        str | None, typer.Option(help="Object store URL (enables the orphan report).")
+        str | None,
+        typer.Option(help="Object store URL: the janitors need it (background or run now)."),
     ] = None,
     store_endpoint: EndpointOpt = None,
+    store_region: RegionOpt = None,
     cluster_id: ClusterOpt = None,
-    log_level: LogLevelOpt = "info",
-    janitors: JanitorsOpt = "",
+    log_level: LogLevelOpt = None,
+    janitors: JanitorsOpt = None,
     janitor_interval: IntervalOpt = None,
     tier_age_s: TierAgeOpt = None,
     tier_untiered_bytes: TierBytesOpt = None,
     gc_grace_s: GraceOpt = None,
     lease_ttl_s: LeaseTtlOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
     from coordinator.server import run
 
-    _setup_logging(log_level)
-    config = _janitor_config(
-        janitors, janitor_interval, tier_age_s, tier_untiered_bytes, gc_grace_s, lease_ttl_s
+    settings = _load(
+        CoordinatorSettings,
+        "coordinator",
+        config,
+        db=db,
+        host=host,
+        port=port,
+        store=store,
+        store_endpoint=store_endpoint,
+        store_region=store_region,
+        cluster_id=cluster_id,
+        log_level=log_level,
+        janitors=janitors,
+        janitor_interval=_intervals(janitor_interval),
+        tier_age_s=tier_age_s,
+        tier_untiered_bytes=tier_untiered_bytes,
+        gc_grace_s=gc_grace_s,
+        lease_ttl_s=lease_ttl_s,
     )
-    if config.enabled and not store:
-        _fail("janitors need the object store: pass --store", code=2)
-    if db.startswith("sqlite:///"):
-        Path(db.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    run(db, host, port, store, store_endpoint, cluster_id, janitors=config)
-
-
-def _janitor_config(
-    janitors: str,
-    intervals: list[str] | None,
-    tier_age_s: float | None,
-    tier_untiered_bytes: int | None,
-    gc_grace_s: float | None,
-    lease_ttl_s: float | None,
-) -> JanitorConfig:
-    """A JanitorConfig from the flags (unset ones keep the defaults); exits 2 if invalid."""
-    from coordinator.janitors.context import DEFAULT_INTERVALS_S, JanitorConfig
-
-    names = {n.strip() for n in janitors.split(",") if n.strip()}
-    if names == {"all"}:
-        names = set(DEFAULT_INTERVALS_S)
-    given: dict[str, Any] = {
-        "tier_age_s": tier_age_s,
-        "tier_untiered_bytes": tier_untiered_bytes,
-        "gc_grace_s": gc_grace_s,
-        "lease_ttl_s": lease_ttl_s,
-    }
+    _setup_logging(settings.log_level)
     try:
-        every = dict(DEFAULT_INTERVALS_S)
-        for k, v in _pairs(intervals or [], "janitor interval").items():
-            every[k] = float(v)
-        return JanitorConfig(
-            enabled=frozenset(names),
-            intervals_s=every,
-            **{k: v for k, v in given.items() if v is not None},
-        )
+        background = settings.background_janitors()
     except ValueError as e:
         _fail(f"invalid janitor settings: {e}", code=2)
+    if background.enabled and not settings.store:
+        _fail("janitors need the object store: pass --store (or LAKELOG_STORE)", code=2)
+    _ensure_local_dirs(settings.db, None)
+    run(
+        settings.db,
+        settings.host,
+        settings.port,
+        settings.store,
+        settings.store_endpoint,
+        settings.cluster_id,
+        janitors=background,
+        store_region=settings.store_region,
+    )
 
 
-def run_janitor_once(
-    janitor: str,
-    db: str,
-    store: str,
-    store_endpoint: str | None,
-    topic: str | None,
-    tier_age_s: float | None,
-    tier_untiered_bytes: int | None,
-    gc_grace_s: float | None,
-    log_level: str,
-) -> None:
-    """``lakelog janitor <name>``: one run with a progress bar on stderr, its report as JSON."""
-    import orjson
-    from rich.progress import Progress
+@app.command("settings")
+def settings_cmd() -> None:
+    """Every setting of every process (name, LAKELOG_* variable, defaults) as Markdown."""
+    typer.echo(settings_table(), nl=False)
 
-    from coordinator.janitors.catalog import Catalog
-    from coordinator.janitors.context import JANITORS, JanitorContext
-    from coordinator.janitors.leases import LeaseLostError, LeaseStore
-    from coordinator.janitors.runner import run_janitor
+
+# -- janitors now ---------------------------------------------------------------------
+
+
+def _progress_sink(janitor: str) -> tuple[Callable[[int, int, str], None], Callable[[], None]]:
+    """Where progress goes: a bar on a terminal, else one line per step on stderr."""
+    if sys.stderr.isatty():
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        task = bar.add_task(f"janitor {janitor}", total=None)
+        bar.start()
+
+        def show(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{janitor} {what}")
+
+        return show, bar.stop
+
+    def line(done: int, total: int, what: str) -> None:
+        typer.echo(f"janitor {janitor}: {done}/{total} {what}", err=True)
+
+    return line, lambda: None
+
+
+def _run_here(name: str, settings: JanitorCommandSettings, topic: str | None) -> JanitorReport:
+    """Run the janitor in this process, on the database and the store, under its lease."""
+    from coordinator.janitors.leases import LeaseLostError
+    from coordinator.janitors.runner import JanitorRunner
     from coordinator.local import LocalCoordinator
+    from segments.errors import JanitorBusyError
     from segments.store import open_store
 
-    _setup_logging(log_level)
-    if janitor not in JANITORS:
-        _fail(f"unknown janitor {janitor!r}; expected one of {', '.join(JANITORS)}", code=2)
-    if topic is not None and janitor == "gc":
-        _fail("gc works on the whole store; --topic does not apply", code=2)
-    config = _janitor_config("", None, tier_age_s, tier_untiered_bytes, gc_grace_s, None)
-    coordinator = LocalCoordinator(db)
-    object_store = open_store(store, endpoint_url=store_endpoint)
+    coordinator = LocalCoordinator(settings.db)
+    store = open_store(
+        settings.store, endpoint_url=settings.store_endpoint, region=settings.store_region
+    )
+    show, done = _progress_sink(name)
     try:
-        leases = LeaseStore(coordinator.db, ttl_s=config.lease_ttl_s)
-        lease = leases.acquire(janitor, f"cli-{uuid.uuid4().hex[:12]}", scheduled=False)
-        if lease is None:
-            _fail(f"janitor {janitor} is running in another process; try again later")
-        with Progress(transient=True) as bar:
-            task = bar.add_task(f"janitor {janitor}", total=None)
-
-            def progress(done: int, total: int, what: str) -> None:
-                bar.update(task, completed=done, total=total, description=f"{janitor} {what}")
-
-            ctx = JanitorContext(
-                Catalog(coordinator.db),
-                coordinator.store,
-                object_store,
-                check=lease.check,
-                progress=progress,
-            )
-            run_id = leases.start_run(lease)
-            outcome, summary = "error", {}
-            try:
-                report = run_janitor(janitor, ctx, config, topic)
-                outcome, summary = "ok", report.as_dict()
-            except LeaseLostError as e:
-                outcome = "lost"
-                _fail(str(e))
-            finally:
-                leases.finish_run(run_id, outcome, summary)
-                leases.release(lease, time.time() + config.interval_s(janitor))
-        typer.echo(orjson.dumps(report.as_dict()).decode())
+        runner = JanitorRunner(
+            coordinator, store, settings.janitor_config(), holder=f"cli-{uuid.uuid4().hex[:12]}"
+        )
+        try:
+            lease = runner.take_lease(name)
+            return runner.run_lease(lease, topic=topic, progress=show)
+        except (JanitorBusyError, LeaseLostError) as e:
+            _fail(str(e))
     finally:
-        object_store.close()
+        done()
+        store.close()
         coordinator.close()
+
+
+def _run_remote(name: str, settings: JanitorCommandSettings, topic: str | None) -> dict[str, Any]:
+    """Ask a coordinator to run the janitor now; follow its progress; its report."""
+    import orjson
+
+    body: dict[str, Any] = {"topic": topic}
+    for key in ("tier_age_s", "tier_untiered_bytes", "gc_grace_s"):
+        if key in settings.model_fields_set:
+            body[key] = getattr(settings, key)
+    show, done = _progress_sink(name)
+    errors = []
+    try:
+        for url in settings.coordinator_urls():
+            try:
+                with (
+                    httpx.Client(timeout=httpx.Timeout(30.0, read=None)) as http,
+                    http.stream("POST", f"{url}/v1/janitors/{name}/run", json=body) as resp,
+                ):
+                    if resp.status_code != 200:
+                        resp.read()
+                        try:
+                            message = resp.json()["message"]
+                        except (ValueError, KeyError, TypeError):
+                            message = f"HTTP {resp.status_code} from {url}: {resp.text[:200]}"
+                        _fail(message)
+                    for line in resp.iter_lines():
+                        if not line:
+                            continue
+                        event = orjson.loads(line)
+                        if "progress" in event:
+                            p = event["progress"]
+                            show(p["done"], p["total"], p["what"])
+                        elif "report" in event:
+                            report: dict[str, Any] = event["report"]
+                            return report
+                        else:
+                            _fail(f"janitor {name} failed: {event['error']}: {event['message']}")
+                    _fail(f"{url} ended the run's stream without a report")
+            except httpx.TransportError as e:
+                errors.append(f"{url}: {e}")
+        _fail(f"cannot reach a coordinator: {'; '.join(errors)}")
+    finally:
+        done()
 
 
 def _janitor_shortcut(name: str) -> None:
     def command(
-        db: Annotated[
-            str, typer.Option(help="Metadata store URL.")
-        ] = "sqlite:///./data/lakelog.db",
-        store: Annotated[str, typer.Option(help="Object store URL.")] = "file://./data",
-        store_endpoint: EndpointOpt = None,
         topic: Annotated[str | None, typer.Option(help="Only this topic's partitions.")] = None,
+        coordinator: Annotated[
+            str | None,
+            typer.Option(help="Ask this running coordinator (URLs, comma-separated) to run it."),
+        ] = None,
+        db: DbOpt = None,
+        store: StoreOpt = None,
+        store_endpoint: EndpointOpt = None,
+        store_region: RegionOpt = None,
         tier_age_s: TierAgeOpt = None,
         tier_untiered_bytes: TierBytesOpt = None,
         gc_grace_s: GraceOpt = None,
-        log_level: LogLevelOpt = "warning",
+        lease_ttl_s: LeaseTtlOpt = None,
+        log_level: LogLevelOpt = None,
+        config: ConfigOpt = None,
     ) -> None:
-        run_janitor_once(
-            name,
-            db,
-            store,
-            store_endpoint,
-            topic,
-            tier_age_s,
-            tier_untiered_bytes,
-            gc_grace_s,
-            log_level,
-        )
+        import orjson
 
-    command.__doc__ = f"Run the {name} janitor once, now (under its lease)."
+        if topic is not None and name == "gc":
+            _fail("gc works on the whole store; --topic does not apply", code=2)
+        settings = _load(
+            JanitorCommandSettings,
+            "janitor",
+            config,
+            coordinator=coordinator,
+            db=db,
+            store=store,
+            store_endpoint=store_endpoint,
+            store_region=store_region,
+            tier_age_s=tier_age_s,
+            tier_untiered_bytes=tier_untiered_bytes,
+            gc_grace_s=gc_grace_s,
+            lease_ttl_s=lease_ttl_s,
+            log_level=log_level,
+        )
+        _setup_logging(settings.log_level)
+        if settings.coordinator_urls():
+            report = _run_remote(name, settings, topic)
+        else:
+            report = _run_here(name, settings, topic).as_dict()
+        typer.echo(orjson.dumps(report).decode())
+
+    command.__doc__ = (
+        f"Run the {name} janitor now, under its lease: in the coordinator given by "
+        "--coordinator (LAKELOG_COORDINATOR), else here on --db and --store."
+    )
     janitor_app.command(name)(command)
 
 

@@ -145,6 +145,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.NonEmptyGroupError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.JanitorBusyError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.SecurityDisabledError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
