@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from segments.types import TopicPartition
 
@@ -82,6 +82,16 @@ class GroupInfo:
     assignor: str
     members: tuple[ConsumerState, ...]
     committed: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
+
+
+class GroupTopicLag(NamedTuple):
+    """A group's lag on one topic, from its committed offsets (for metrics)."""
+
+    group: str
+    topic: str
+    lag: int  # summed over the topic's partitions with a committed offset
+    max_lag: int  # of one partition
+    partitions: int
 
 
 class GroupCoordinator(Protocol):

@@ -79,6 +79,7 @@ from coordinator.groups import (
     ConsumerConfig,
     ConsumerState,
     GroupInfo,
+    GroupTopicLag,
 )
 from segments.errors import (
     ConsumerExistsError,
@@ -159,6 +160,16 @@ _UPSERT_COMMITTED = (
 _DELETE_GROUP = (
     "DELETE FROM committed_offsets WHERE group_id = ?",
     "DELETE FROM consumer_groups WHERE group_id = ?",
+)
+_LAG_BY_TOPIC = (
+    "SELECT c.group_id, c.topic, "
+    "SUM(CASE WHEN p.high_watermark > c.committed_offset "
+    "THEN p.high_watermark - c.committed_offset ELSE 0 END), "
+    "MAX(CASE WHEN p.high_watermark > c.committed_offset "
+    "THEN p.high_watermark - c.committed_offset ELSE 0 END), COUNT(*) "
+    "FROM committed_offsets c JOIN topics t ON t.name = c.topic "
+    "JOIN partitions p ON p.topic_id = t.topic_id AND p.partition = c.partition "
+    "GROUP BY c.group_id, c.topic ORDER BY c.group_id, c.topic"
 )
 _GROUP_IDS = (
     "SELECT group_id FROM consumer_groups UNION SELECT group_id FROM committed_offsets ORDER BY 1"
@@ -1042,3 +1053,11 @@ class GroupStore:
             ctx.group.stored = False
 
         self._transact(group, apply)
+
+    def lag_by_topic(self) -> list[GroupTopicLag]:
+        """Every group's lag per topic from its committed offsets (any door's), in one
+        read: the records between each committed offset and its partition's high
+        watermark, summed and the largest. For /metrics; no settling, nothing written."""
+        with self._db.read() as conn:
+            rows = conn.execute(self._q(_LAG_BY_TOPIC)).fetchall()
+        return [GroupTopicLag(g, t, int(total), int(top), int(n)) for g, t, total, top, n in rows]

@@ -16,6 +16,7 @@ from coordinator.groups import (
     ConsumerState,
     GroupCoordinator,
     GroupInfo,
+    GroupTopicLag,
 )
 from coordinator.groups_store import GroupStore
 from coordinator.metadata import MetadataStore
@@ -245,6 +246,9 @@ class LocalCoordinator:
 
     def delete_group(self, group: str) -> None:
         self._groups.delete_group(group)
+
+    def group_lag(self) -> list[GroupTopicLag]:
+        return self._groups.lag_by_topic()
 
     # -- schema registry ------------------------------------------------------
     def register_schema(

@@ -89,7 +89,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from fastapi import Body, FastAPI, Query, Request, Response
@@ -101,6 +101,7 @@ from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, Field
 
 from coordinator.client import Coordinator
+from coordinator.group_metrics import GroupLagCollector
 from coordinator.groups import GroupCoordinator
 from coordinator.http_client import (
     agent_to_json,
@@ -127,6 +128,9 @@ from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
 from segments.errors import LakelogError, MalformedRequestError
 from segments.store import ObjectStore
+
+if TYPE_CHECKING:
+    from coordinator.local import LocalCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -782,6 +786,25 @@ async def _janitor_events(
         yield orjson.dumps(event) + b"\n"
 
 
+def create_process_app(
+    coordinator: LocalCoordinator, store: ObjectStore | None, janitors: JanitorConfig | None
+) -> FastAPI:
+    """The app ``lakelog coordinator`` serves: the API, and on its /metrics the consumer
+    groups' lag and, with a store, the janitors' (whose runner, not started, is
+    ``app.state.janitor_runner``)."""
+    from coordinator.janitors.runner import JanitorMetrics
+
+    app = create_app(coordinator, store)
+    app.state.metrics.registry.register(GroupLagCollector(coordinator.group_lag))
+    app.state.janitor_runner = None
+    if store is not None:
+        metrics = JanitorMetrics(app.state.metrics.registry)
+        app.state.janitor_runner = JanitorRunner(
+            coordinator, store, janitors or JanitorConfig(), metrics=metrics
+        )
+    return app
+
+
 def run(
     db_url: str,
     host: str = "127.0.0.1",
@@ -800,7 +823,6 @@ def run(
     """
     import uvicorn
 
-    from coordinator.janitors.runner import JanitorMetrics
     from coordinator.local import LocalCoordinator
     from segments.store import open_store
 
@@ -814,11 +836,9 @@ def run(
     )
     runner: JanitorRunner | None = None
     try:
-        app = create_app(coordinator, store)
-        if store is not None:
-            metrics = JanitorMetrics(app.state.metrics.registry)
-            runner = JanitorRunner(coordinator, store, janitors or JanitorConfig(), metrics=metrics)
-            app.state.janitor_runner = runner
+        app = create_process_app(coordinator, store, janitors)
+        runner = app.state.janitor_runner
+        if runner is not None:
             runner.start()
         log.info(
             "lakelog coordinator on http://%s:%d (db %s, store %s, cluster %s)",

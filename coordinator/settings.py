@@ -77,13 +77,13 @@ def read_config_file(path: Path, process: str, known: set[str]) -> dict[str, Any
         raise ConfigFileError(f"cannot read config file {path}: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigFileError(f"config file {path} is not TOML: {e}") from None
-    tables = {name: doc.get(name) for name in PROCESS_NAMES}
-    top = {k: v for k, v in doc.items() if k not in PROCESS_NAMES}
+    # A process's name is its table; ``coordinator = "http://..."`` (not a table) is the
+    # setting of that name.
+    tables = {k: v for k, v in doc.items() if k in PROCESS_NAMES and isinstance(v, dict)}
+    top = {k: v for k, v in doc.items() if k not in tables}
     unknown = sorted(k for k in top if k not in known)
     for name, table in tables.items():
-        if table is not None and not isinstance(table, dict):
-            raise ConfigFileError(f"config file {path}: [{name}] must be a table")
-        unknown += sorted(f"{name}.{k}" for k in (table or {}) if k not in known)
+        unknown += sorted(f"{name}.{k}" for k in table if k not in known)
     if unknown:
         raise ConfigFileError(
             f"config file {path}: unknown settings {', '.join(unknown)} "

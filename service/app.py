@@ -88,6 +88,16 @@ def as_group_coordinator(coordinator: Coordinator) -> GroupCoordinator:
     return cast(GroupCoordinator, coordinator)
 
 
+def register_coordinator_metrics(metrics: Metrics, coordinator: Coordinator) -> None:
+    """``lakelog serve``: the in-process coordinator's consumer-group lag on this /metrics
+    (a coordinator process exports it on its own)."""
+    from coordinator.group_metrics import GroupLagCollector
+    from coordinator.local import LocalCoordinator
+
+    if isinstance(coordinator, LocalCoordinator):
+        metrics.registry.register(GroupLagCollector(coordinator.group_lag))
+
+
 def build_read_path(
     settings: Settings, store: ObjectStore, coordinator: Coordinator, metrics: Metrics
 ) -> tuple[CachingLogReader, Notifier, ConsumeMetrics]:
@@ -192,6 +202,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         writer = LogWriter(store, coordinator)
         metrics = Metrics()
         metrics.registry.register(ExecutorCollector(executors))
+        register_coordinator_metrics(metrics, coordinator)
         reader, notifier, consume_metrics = build_read_path(settings, store, coordinator, metrics)
         notifier.attach(asyncio.get_running_loop())
         stack.callback(reader.close)

@@ -83,6 +83,12 @@ def test_describe_shows_the_lag_the_consumer_sees(lakelog_cluster: Cluster, topi
         for o in view["offsets"]
     }
     assert lags == {0: (4, 10, 6), 1: (0, 10, 10), 2: (7, 10, 3)}
+    # The coordinator's /metrics: committed offsets only (partition 1 has none).
+    metrics = httpx.get(f"{cluster.coordinator_url}/metrics").text
+    labels = f'{{group="{group}",topic="{topic}"}}'
+    assert f"lakelog_consumer_group_lag{labels} 9.0" in metrics
+    assert f"lakelog_consumer_group_max_lag{labels} 6.0" in metrics
+    assert f"lakelog_consumer_group_partitions{labels} 2.0" in metrics
 
     table = lakelog(cluster, "groups", "describe", group).splitlines()
     header = table[table.index(next(line for line in table if line.startswith("GROUP")))]
