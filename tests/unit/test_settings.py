@@ -180,3 +180,16 @@ def test_readme_table_is_the_generated_one() -> None:
     )
     result = CliRunner().invoke(app, ["settings"])
     assert result.exit_code == 0 and result.output == settings_table()
+
+
+def test_the_readme_example_config_file_works(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    config = tmp_path / "lakelog.toml"
+    config.write_text(example)
+    coordinator = load(CoordinatorSettings, "coordinator", config)
+    assert coordinator.db.startswith("postgresql://") and coordinator.store == "s3://lakelog/data"
+    assert coordinator.background_janitors().interval_s("tier") == 30
+    agent = load(Settings, "agent", config)
+    assert (agent.coordinator_urls(), agent.linger_ms) == (["http://127.0.0.1:8083"], 20)
+    assert agent.store_endpoint == "http://127.0.0.1:9000"
