@@ -456,6 +456,24 @@ class _Ctx:
     now: float
 
 
+def _committed_rows(
+    ctx: _Ctx, offsets: Mapping[TopicPartition, CommittedOffset]
+) -> list[tuple[Any, ...]]:
+    """``committed_offsets`` rows for ``offsets``, checked.
+
+    Raises:
+        TopicNotFoundError, PartitionNotFoundError; ConsumerStateError for a negative offset.
+    """
+    rows = []
+    for key, committed in offsets.items():
+        tp = TopicPartition(key[0], key[1])
+        ctx.topics.check(tp)
+        offset = _check_offset("committed offset", tp, committed.offset)
+        metadata = str(committed.metadata or "")
+        rows.append((ctx.group.group_id, tp.topic, tp.partition, offset, metadata, ctx.now))
+    return rows
+
+
 # -- the store -------------------------------------------------------------------
 
 
@@ -923,14 +941,7 @@ class GroupStore:
         def apply(ctx: _Ctx) -> None:
             g = ctx.group
             m = g.member(name)
-            rows = []
-            for key, committed in offsets.items():
-                tp = TopicPartition(key[0], key[1])
-                ctx.topics.check(tp)
-                offset = _check_offset("committed offset", tp, committed.offset)
-                rows.append(
-                    (group, tp.topic, tp.partition, offset, str(committed.metadata or ""), ctx.now)
-                )
+            rows = _committed_rows(ctx, offsets)
             if not m.manual and rows:
                 if generation is not None and generation != g.generation:
                     raise StaleGenerationError(
@@ -1021,15 +1032,7 @@ class GroupStore:
                     f"Assignments can only be reset if the group '{group}' is inactive, but "
                     "the current state is Stable."
                 )
-            rows = []
-            for key, committed in offsets.items():
-                tp = TopicPartition(key[0], key[1])
-                ctx.topics.check(tp)
-                offset = _check_offset("committed offset", tp, committed.offset)
-                rows.append(
-                    (group, tp.topic, tp.partition, offset, str(committed.metadata or ""), ctx.now)
-                )
-            ctx.conn.executemany(self._q(_UPSERT_COMMITTED), rows)
+            ctx.conn.executemany(self._q(_UPSERT_COMMITTED), _committed_rows(ctx, offsets))
 
         self._transact(group, apply)
 

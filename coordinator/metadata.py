@@ -17,19 +17,19 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
 from coordinator.client import ChunkCommit
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
 from coordinator.topic_configs import (
+    ConfigDef,
     broker_config_def,
     check_consistent,
     config_def,
     topic_defaults,
     validate_broker_configs,
-    validate_config,
     validate_configs,
     validate_topic_name,
 )
@@ -230,6 +230,27 @@ def _check_partition_count(partitions: object) -> int:
     return partitions
 
 
+def _split_alter(
+    set_configs: Mapping[str, str] | None,
+    delete_configs: Sequence[str],
+    definition: Callable[[object], ConfigDef],
+) -> tuple[dict[str, str], set[str]]:
+    """An alter's (values to set, checked and trimmed; names to reset), for topic or
+    broker configs (``definition`` looks a name up).
+
+    Raises:
+        InvalidConfigError: an unknown name, a bad value, a name both set and reset.
+    """
+    sets = {key: definition(key).validate(value) for key, value in (set_configs or {}).items()}
+    if isinstance(delete_configs, str):
+        raise InvalidConfigError("delete_configs must be a sequence of names, not a string")
+    deletes = {definition(key).name for key in delete_configs}
+    both = sorted(deletes & sets.keys())
+    if both:
+        raise InvalidConfigError(f"Config {both[0]} is both set and reset in one request.")
+    return sets, deletes
+
+
 def check_chunks(object_key: str, chunks: Sequence[ChunkCommit]) -> None:
     """Reject a malformed commit before touching the database.
 
@@ -410,13 +431,7 @@ class MetadataStore:
             TopicNotFoundError; InvalidConfigError for an unknown name, a bad value, a
             name both set and reset, or a result that breaks a cross-config rule.
         """
-        sets = {key: validate_config(key, value) for key, value in (set_configs or {}).items()}
-        if isinstance(delete_configs, str):
-            raise InvalidConfigError("delete_configs must be a sequence of names, not a string")
-        deletes = {config_def(key).name for key in delete_configs}
-        both = sorted(deletes & sets.keys())
-        if both:
-            raise InvalidConfigError(f"Config {both[0]} is both set and reset in one request.")
+        sets, deletes = _split_alter(set_configs, delete_configs, config_def)
         with self._db.read() if validate_only else self._db.write() as conn:
             topic = self._topic(conn, name)
             overrides = {k: v for k, v in topic.configs.items() if k not in deletes}
@@ -476,13 +491,7 @@ class MetadataStore:
             InvalidConfigError: an unknown name, a bad value, a name both set and reset,
                 a result that breaks a cross-config rule for some topic.
         """
-        sets = {k: broker_config_def(k).validate(v) for k, v in (set_configs or {}).items()}
-        if isinstance(delete_configs, str):
-            raise InvalidConfigError("delete_configs must be a sequence of names, not a string")
-        deletes = {broker_config_def(key).name for key in delete_configs}
-        both = sorted(deletes & sets.keys())
-        if both:
-            raise InvalidConfigError(f"Config {both[0]} is both set and reset in one request.")
+        sets, deletes = _split_alter(set_configs, delete_configs, broker_config_def)
         with self._db.read() if validate_only else self._db.write() as conn:
             current = dict(conn.execute(self._q(_CLUSTER_CONFIGS)).fetchall())
             after = {k: v for k, v in current.items() if k not in deletes} | sets
