@@ -27,7 +27,7 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
     POST   /v1/janitors/{name}/run           NDJSON stream (only with a store): {"progress":
                                              {"done", "total", "what"}} lines, then {"report"}
-                                             or {"error", "message"}; 409 JanitorBusyError
+                                             or {"error", "message"}; 503 JanitorBusyError
                                              <- {"topic", "tier_age_s", "tier_untiered_bytes",
                                                  "gc_grace_s"} (all optional)
 
@@ -161,7 +161,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "InvalidConsumerConfigError": 400,
     "NoOffsetError": 409,
     "NonEmptyGroupError": 409,
-    "JanitorBusyError": 409,
+    "JanitorBusyError": 503,
     "BufferFullError": 503,
     "RequestError": 400,
     "MalformedRequestError": 422,
