@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from coordinator.producers import ProducerBatch, ProducerPartitionState
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 
@@ -26,6 +27,9 @@ class ChunkCommit:
     record_count: int
     min_timestamp_ms: int
     max_timestamp_ms: int
+    #: Idempotent producers' batches in this chunk, in chunk order: their sequences
+    #: are checked inside the commit (``coordinator.producers``).
+    producer_batches: tuple[ProducerBatch, ...] = ()
 
 
 class Coordinator(Protocol):
@@ -130,9 +134,30 @@ class Coordinator(Protocol):
         """Which of ``keys`` are committed objects (for orphan detection)."""
         ...
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Move log-start up to ``offset`` (-1: the high watermark), as Kafka's DeleteRecords;
+        returns the new log-start. Raises Topic/PartitionNotFoundError, and
+        OffsetOutOfRangeError past the high watermark."""
+        ...
+
+    # -- idempotent producers -------------------------------------------------
+    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        """A new producer id at epoch 0; or, given an id and its current epoch, the same id
+        at the next epoch (KIP-360). Raises ProducerFencedError for a stale epoch."""
+        ...
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
+        """What the partitions (topic id, partition) remember of a producer."""
+        ...
+
     # -- agents (the cluster's "brokers") -------------------------------------
-    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
-        """Register or refresh an agent; returns its stable integer broker id."""
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
+        """Register or refresh an agent (and its Kafka listener, port 0 for none); returns
+        its stable integer broker id."""
         ...
 
     def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:

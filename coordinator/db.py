@@ -320,6 +320,69 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         5,
+        "agents' Kafka listener addresses",
+        (
+            "ALTER TABLE agents ADD COLUMN kafka_host TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE agents ADD COLUMN kafka_port INTEGER NOT NULL DEFAULT 0",
+        ),
+    ),
+    Migration(
+        6,
+        "idempotent producers: ids and epochs; per-partition sequence state",
+        (
+            """CREATE TABLE producers (
+                producer_id {serial_pk},
+                epoch INTEGER NOT NULL DEFAULT 0,
+                created_at {double} NOT NULL
+            )""",
+            # batches: JSON [[first sequence, last sequence, base offset], ...], the last
+            # five, oldest first (coordinator.producers).
+            """CREATE TABLE producer_state (
+                producer_id {bigint} NOT NULL,
+                topic_id {blob} NOT NULL,
+                partition INTEGER NOT NULL,
+                epoch INTEGER NOT NULL,
+                batches TEXT NOT NULL,
+                updated_at {double} NOT NULL,
+                PRIMARY KEY (producer_id, topic_id, partition)
+            ){clustered}""",
+        ),
+    ),
+    Migration(
+        7,
+        "Kafka consumer groups (classic protocol): groups and members",
+        (
+            """CREATE TABLE kafka_groups (
+                group_id TEXT NOT NULL PRIMARY KEY,
+                state TEXT NOT NULL,
+                generation INTEGER NOT NULL,
+                protocol_type TEXT NOT NULL,
+                protocol TEXT NOT NULL,
+                leader TEXT NOT NULL,
+                rebalance_started {double} NOT NULL,
+                updated_at {double} NOT NULL
+            )""",
+            # protocols: JSON [[name, metadata hex], ...] in the member's preference order.
+            """CREATE TABLE kafka_members (
+                group_id TEXT NOT NULL,
+                member_id TEXT NOT NULL,
+                instance_id TEXT,
+                client_id TEXT NOT NULL,
+                client_host TEXT NOT NULL,
+                session_timeout_ms INTEGER NOT NULL,
+                rebalance_timeout_ms INTEGER NOT NULL,
+                protocols TEXT NOT NULL,
+                assignment {blob} NOT NULL,
+                joined INTEGER NOT NULL,
+                generation INTEGER NOT NULL,
+                joined_at {double} NOT NULL,
+                last_heartbeat {double} NOT NULL,
+                PRIMARY KEY (group_id, member_id)
+            ){clustered}""",
+        ),
+    ),
+    Migration(
+        8,
         "cluster-wide dynamic broker configs (the defaults topic configs inherit)",
         (
             # Kafka's broker config names (log.retention.ms, ...), values as the client sent

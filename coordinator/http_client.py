@@ -38,10 +38,19 @@ from coordinator.groups import (
     GroupCoordinator,
     GroupInfo,
 )
+from coordinator.kafka_groups import JoinResult, KafkaGroup, KafkaGroupCoordinator, Member
+from coordinator.producers import ProducerBatch, ProducerPartitionState
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectInfo
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
+from segments.types import (
+    AgentInfo,
+    ChunkRef,
+    PartitionOffsets,
+    StoreLocation,
+    TopicInfo,
+    TopicPartition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +80,7 @@ def topic_from_json(d: JSON) -> TopicInfo:
 
 
 def chunk_commit_to_json(c: ChunkCommit) -> JSON:
-    return {
+    out: JSON = {
         "topic_id": c.topic_id.hex(),
         "partition": c.partition,
         "position": c.position,
@@ -80,6 +89,13 @@ def chunk_commit_to_json(c: ChunkCommit) -> JSON:
         "min_timestamp_ms": c.min_timestamp_ms,
         "max_timestamp_ms": c.max_timestamp_ms,
     }
+    if c.producer_batches:
+        # [producer id, epoch, base sequence, record count, relative offset]
+        out["producer_batches"] = [
+            [b.producer_id, b.epoch, b.base_sequence, b.record_count, b.relative_offset]
+            for b in c.producer_batches
+        ]
+    return out
 
 
 def chunk_commit_from_json(d: JSON) -> ChunkCommit:
@@ -92,6 +108,9 @@ def chunk_commit_from_json(d: JSON) -> ChunkCommit:
         record_count=_int(d["record_count"]),
         min_timestamp_ms=_int(d["min_timestamp_ms"]),
         max_timestamp_ms=_int(d["max_timestamp_ms"]),
+        producer_batches=tuple(
+            ProducerBatch(*(_int(v) for v in b)) for b in d.get("producer_batches") or ()
+        ),
     )
 
 
@@ -126,6 +145,8 @@ def agent_to_json(a: AgentInfo) -> JSON:
         "host": a.host,
         "port": a.port,
         "last_seen": a.last_seen,
+        "kafka_host": a.kafka_host,
+        "kafka_port": a.kafka_port,
     }
 
 
@@ -139,6 +160,17 @@ def object_info_to_json(o: ObjectInfo) -> JSON:
 
 def object_info_from_json(d: JSON) -> ObjectInfo:
     return ObjectInfo(**d)
+
+
+def store_location_to_json(location: StoreLocation | None) -> JSON:
+    """``{"url", "endpoint", "region"}``; every field null for a coordinator without a store."""
+    if location is None:
+        return {"url": None, "endpoint": None, "region": None}
+    return {"url": location.url, "endpoint": location.endpoint, "region": location.region}
+
+
+def store_location_from_json(d: JSON) -> StoreLocation | None:
+    return None if d["url"] is None else StoreLocation(d["url"], d["endpoint"], d["region"])
 
 
 def tp_to_json(tp: TopicPartition) -> JSON:
@@ -236,25 +268,6 @@ def consumer_state_from_json(d: JSON) -> ConsumerState:
     )
 
 
-def offsets_to_json(offsets: Mapping[TopicPartition, PartitionOffsets]) -> list[JSON]:
-    return [
-        {
-            "topic": tp.topic,
-            "partition": tp.partition,
-            "log_start": o.log_start,
-            "high_watermark": o.high_watermark,
-        }
-        for tp, o in offsets.items()
-    ]
-
-
-def offsets_from_json(items: list[JSON]) -> dict[TopicPartition, PartitionOffsets]:
-    return {
-        tp_from_json(d): PartitionOffsets(int(d["log_start"]), int(d["high_watermark"]))
-        for d in items
-    }
-
-
 def group_info_to_json(g: GroupInfo) -> JSON:
     return {
         "group": g.group,
@@ -274,6 +287,86 @@ def group_info_from_json(d: JSON) -> GroupInfo:
         assignor=d["assignor"],
         members=tuple(consumer_state_from_json(m) for m in d["members"]),
         committed=committed_from_json(d["committed"]),
+    )
+
+
+def join_result_to_json(r: JoinResult) -> JSON:
+    return {
+        "status": r.status,
+        "member_id": r.member_id,
+        "generation": r.generation,
+        "protocol": r.protocol,
+        "leader": r.leader,
+        "members": [[m, i, meta.hex()] for m, i, meta in r.members],
+    }
+
+
+def join_result_from_json(d: JSON) -> JoinResult:
+    return JoinResult(
+        d["status"],
+        d["member_id"],
+        d["generation"],
+        d["protocol"],
+        d["leader"],
+        tuple((m, i, bytes.fromhex(meta)) for m, i, meta in d["members"]),
+    )
+
+
+def kafka_group_to_json(g: KafkaGroup) -> JSON:
+    return {
+        "group_id": g.group_id,
+        "state": g.state,
+        "generation": g.generation,
+        "protocol_type": g.protocol_type,
+        "protocol": g.protocol,
+        "leader": g.leader,
+        "rebalance_started": g.rebalance_started,
+        "stored": g.stored,
+        "members": [
+            {
+                **{k: getattr(m, k) for k in _MEMBER_SCALARS},
+                "protocols": [[n, meta.hex()] for n, meta in m.protocols],
+                "assignment": m.assignment.hex(),
+            }
+            for m in g.members.values()
+        ],
+    }
+
+
+_MEMBER_SCALARS = (
+    "member_id",
+    "instance_id",
+    "client_id",
+    "client_host",
+    "session_timeout_ms",
+    "rebalance_timeout_ms",
+    "joined",
+    "generation",
+    "joined_at",
+    "last_heartbeat",
+)
+
+
+def kafka_group_from_json(d: JSON) -> KafkaGroup:
+    members = {}
+    for m in d["members"]:
+        member = Member(
+            **{k: m[k] for k in _MEMBER_SCALARS if k not in ("joined",)},
+            protocols=[(n, bytes.fromhex(meta)) for n, meta in m["protocols"]],
+            assignment=bytes.fromhex(m["assignment"]),
+            joined=m["joined"],
+        )
+        members[member.member_id] = member
+    return KafkaGroup(
+        d["group_id"],
+        d["state"],
+        d["generation"],
+        d["protocol_type"],
+        d["protocol"],
+        d["leader"],
+        d["rebalance_started"],
+        members,
+        d["stored"],
     )
 
 
@@ -563,9 +656,14 @@ class HttpCoordinator:
     def offsets_many(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, PartitionOffsets]:
-        body = {"partitions": [tp_to_json(tp) for tp in partitions]}
+        body = {"partitions": [tp_to_json(TopicPartition(t, p)) for t, p in partitions]}
         data = self._request("POST", "/v1/offsets", body=body, idempotent=True)
-        return offsets_from_json(data["offsets"])
+        return {
+            TopicPartition(d["topic"], d["partition"]): PartitionOffsets(
+                d["log_start"], d["high_watermark"]
+            )
+            for d in data["offsets"]
+        }
 
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16
@@ -594,11 +692,55 @@ class HttpCoordinator:
         )
         return set(data["committed"])
 
-    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
+    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        # Not idempotent: a repeat allocates another id (harmless, never reused).
+        data = self._request(
+            "POST",
+            "/v1/producers/init",
+            body={"producer_id": producer_id, "epoch": epoch},
+            idempotent=False,
+        )
+        return int(data["producer_id"]), int(data["epoch"])
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
+        body = {
+            "producer_id": producer_id,
+            "partitions": [{"topic_id": t.hex(), "partition": p} for t, p in partitions],
+        }
+        data = self._request("POST", "/v1/producers/state", body=body, idempotent=True)
+        return {
+            (bytes.fromhex(d["topic_id"]), d["partition"]): ProducerPartitionState(
+                d["epoch"], [tuple(b) for b in d["batches"]]
+            )
+            for d in data["states"]
+        }
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        # Moving log-start to the same offset twice ends in the same state.
+        data = self._request(
+            "POST",
+            f"{topic_path(topic)}/partitions/{partition}/delete-records",
+            body={"offset": offset},
+            idempotent=True,
+        )
+        return int(data["log_start"])
+
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
+        body = {
+            "agent_id": agent_id,
+            "host": host,
+            "port": port,
+            "kafka_host": kafka_host,
+            "kafka_port": kafka_port,
+        }
         data = self._request(
             "POST",
             "/v1/agents/heartbeat",
-            body={"agent_id": agent_id, "host": host, "port": port},
+            body=body,
             idempotent=True,
         )
         return int(data["broker_id"])
@@ -692,6 +834,74 @@ class HttpCoordinator:
     def delete_group(self, group: str) -> None:
         self._group_call("/v1/groups/delete", {"group": group}, idempotent=False)
 
+    # -- Kafka consumer groups (KafkaGroupCoordinator) ------------------------
+    # Join, sync and heartbeat are idempotent for their member (a repeat finds the
+    # state the first one left); leave and commits too.
+
+    def kafka_join(self, group: str, member_id: str, **options: Any) -> JoinResult:
+        opts = dict(options)
+        if "protocols" in opts:
+            opts["protocols"] = [[n, bytes(m).hex()] for n, m in opts["protocols"]]
+        body = {"group": group, "member_id": member_id, "options": opts}
+        return join_result_from_json(self._group_call("/v1/kafka-groups/join", body))
+
+    def kafka_sync(
+        self,
+        group: str,
+        member_id: str,
+        generation: int,
+        assignments: Mapping[str, bytes] | None = None,
+    ) -> bytes | None:
+        body = {
+            "group": group,
+            "member_id": member_id,
+            "generation": generation,
+            "assignments": None
+            if assignments is None
+            else {m: bytes(a).hex() for m, a in assignments.items()},
+        }
+        data = self._group_call("/v1/kafka-groups/sync", body)
+        return None if data["assignment"] is None else bytes.fromhex(data["assignment"])
+
+    def kafka_heartbeat(self, group: str, member_id: str, generation: int) -> None:
+        body = {"group": group, "member_id": member_id, "generation": generation}
+        self._group_call("/v1/kafka-groups/heartbeat", body)
+
+    def kafka_leave(self, group: str, member_ids: Sequence[str]) -> list[str | None]:
+        body = {"group": group, "member_ids": list(member_ids)}
+        return list(self._group_call("/v1/kafka-groups/leave", body)["results"])
+
+    def kafka_commit_offsets(
+        self,
+        group: str,
+        member_id: str,
+        generation: int,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+    ) -> None:
+        body = {
+            "group": group,
+            "member_id": member_id,
+            "generation": generation,
+            "offsets": committed_to_json(offsets),
+        }
+        self._group_call("/v1/kafka-groups/commit", body)
+
+    def kafka_committed(
+        self, group: str, partitions: Sequence[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        body = {
+            "group": group,
+            "partitions": None if partitions is None else [tp_to_json(tp) for tp in partitions],
+        }
+        return committed_from_json(self._group_call("/v1/kafka-groups/committed", body)["offsets"])
+
+    def kafka_describe(self, group: str) -> KafkaGroup | None:
+        data = self._group_call("/v1/kafka-groups/describe", {"group": group})
+        return None if data["group"] is None else kafka_group_from_json(data["group"])
+
+    def kafka_delete_group(self, group: str) -> None:
+        self._group_call("/v1/kafka-groups/delete", {"group": group})
+
     # -- SchemaStore Protocol -------------------------------------------------
     # Subjects travel in bodies (they may hold any character), so every call is a POST;
     # all but the deletes are idempotent (a repeated registration finds its version).
@@ -784,6 +994,14 @@ class HttpCoordinator:
 
     # -- beyond the Protocol --------------------------------------------------
 
+    def store_location(self) -> StoreLocation | None:
+        """The object store the cluster writes to (None: the coordinator has no store).
+
+        What Spark jobs read and write the bucket with: URL, endpoint and region, never
+        credentials (those come from the reader's own AWS chain).
+        """
+        return store_location_from_json(self._request("GET", "/v1/store", idempotent=True))
+
     def find_orphans(self, grace_s: float, prefix: str = "segments/") -> list[ObjectInfo]:
         """The server's orphan report (needs a coordinator started with a store)."""
         data = self._request(
@@ -797,6 +1015,10 @@ class HttpCoordinator:
 
 def _conforms_groups(c: HttpCoordinator) -> GroupCoordinator:
     # mypy checks here that HttpCoordinator implements the group protocol exactly.
+    return c
+
+
+def _conforms_kafka_groups(c: HttpCoordinator) -> KafkaGroupCoordinator:
     return c
 
 

@@ -3,10 +3,11 @@ or PostgreSQL metadata store."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.db import MetadataDatabase, WriteMode, open_database
@@ -19,9 +20,18 @@ from coordinator.groups import (
     GroupTopicLag,
 )
 from coordinator.groups_store import GroupStore
+from coordinator.kafka_groups import (
+    JoinResult,
+    KafkaGroup,
+    KafkaGroupCoordinator,
+    KafkaGroupStore,
+    kafka_group_info,
+)
 from coordinator.metadata import MetadataStore
+from coordinator.producers import ProducerPartitionState
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from coordinator.schemas_store import SchemaRegistryStore
+from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 
@@ -65,6 +75,7 @@ class LocalCoordinator:
         try:
             self._store = MetadataStore(self._db, cluster_id=cluster_id)
             self._groups = GroupStore(self._db, now=now)
+            self._kafka_groups = KafkaGroupStore(self._db, now=now)
             self._schemas = SchemaRegistryStore(self._db)
         except BaseException:
             self._db.close()
@@ -183,15 +194,34 @@ class LocalCoordinator:
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         return self._store.committed_object_keys(keys)
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        return self._store.delete_records(topic, partition, offset)
+
+    # -- idempotent producers -------------------------------------------------
+    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        return self._store.init_producer_id(producer_id, epoch)
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
+        return self._store.producer_state(producer_id, partitions)
+
     # -- agents ---------------------------------------------------------------
-    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
-        return self._store.heartbeat_agent(agent_id, host, port)
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
+        return self._store.heartbeat_agent(agent_id, host, port, kafka_host, kafka_port)
 
     def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
         return self._store.list_agents(max_age_s)
 
     # -- consumer groups ------------------------------------------------------
     def create_consumer(self, group: str, name: str, config: ConsumerConfig) -> ConsumerState:
+        if self._kafka_groups.has_members(group):
+            raise GroupProtocolConflictError(
+                f"Consumer group '{group}' has Kafka protocol members; a group is used through "
+                "one door at a time."
+            )
         return self._groups.create_consumer(group, name, config)
 
     def delete_consumer(self, group: str, name: str) -> None:
@@ -234,21 +264,92 @@ class LocalCoordinator:
         return self._groups.committed_offsets(group, partitions)
 
     def list_groups(self) -> list[str]:
-        return self._groups.list_groups()
+        """REST groups and Kafka groups (one model: both doors' groups in one list)."""
+        kafka = [g for g in self._kafka_groups.list_groups() if self._kafka_groups.has_members(g)]
+        return sorted(set(self._groups.list_groups()) | set(kafka))
 
     def describe_group(self, group: str) -> GroupInfo:
+        """A Kafka group with members as the v3 views show groups, else the REST group."""
+        kafka = self._kafka_groups.describe(group)
+        if kafka is not None and kafka.members:
+            return kafka_group_info(kafka, self._kafka_groups.committed(group))
         return self._groups.describe_group(group)
 
     def alter_group_offsets(
         self, group: str, offsets: Mapping[TopicPartition, CommittedOffset]
     ) -> None:
+        """Any door's group: refused while it has Kafka members or REST instances."""
+        kafka = self._kafka_groups.describe(group)
+        if kafka is not None and kafka.members:
+            raise NonEmptyGroupError(
+                f"Assignments can only be reset if the group '{group}' is inactive, but the "
+                f"current state is {kafka.state}."
+            )
         self._groups.alter_group_offsets(group, offsets)
 
     def delete_group(self, group: str) -> None:
+        """Any door's group (one door at a time uses an id): its state and its offsets."""
+        kafka = self._kafka_groups.describe(group)
+        if kafka is not None and kafka.members:
+            raise NonEmptyGroupError(
+                f"Group '{group}' could not be deleted: the group is not empty."
+            )
+        if kafka is not None and kafka.stored:
+            self._kafka_groups.delete(group)  # its row and the committed offsets
+            with contextlib.suppress(GroupNotFoundError):
+                self._groups.delete_group(group)
+            return
         self._groups.delete_group(group)
 
     def group_lag(self) -> list[GroupTopicLag]:
         return self._groups.lag_by_topic()
+
+    # -- Kafka consumer groups ------------------------------------------------
+    def kafka_join(self, group: str, member_id: str, **options: Any) -> JoinResult:
+        return self._kafka_groups.join(group, member_id, **options)
+
+    def kafka_sync(
+        self,
+        group: str,
+        member_id: str,
+        generation: int,
+        assignments: Mapping[str, bytes] | None = None,
+    ) -> bytes | None:
+        return self._kafka_groups.sync(group, member_id, generation, assignments)
+
+    def kafka_heartbeat(self, group: str, member_id: str, generation: int) -> None:
+        self._kafka_groups.heartbeat(group, member_id, generation)
+
+    def kafka_leave(self, group: str, member_ids: Sequence[str]) -> list[str | None]:
+        return self._kafka_groups.leave(group, member_ids)
+
+    def kafka_commit_offsets(
+        self,
+        group: str,
+        member_id: str,
+        generation: int,
+        offsets: Mapping[TopicPartition, CommittedOffset],
+    ) -> None:
+        self._kafka_groups.commit_offsets(group, member_id, generation, offsets)
+
+    def kafka_committed(
+        self, group: str, partitions: Sequence[TopicPartition] | None = None
+    ) -> dict[TopicPartition, CommittedOffset]:
+        return self._kafka_groups.committed(group, partitions)
+
+    def kafka_describe(self, group: str) -> KafkaGroup | None:
+        return self._kafka_groups.describe(group)
+
+    def kafka_delete_group(self, group: str) -> None:
+        if self._groups_have_instances(group):
+            raise NonEmptyGroupError(f"Consumer group '{group}' has REST consumer instances.")
+        self._kafka_groups.delete(group)
+
+    def _groups_have_instances(self, group: str) -> bool:
+        try:
+            return bool(self._groups.describe_group(group).members)
+        except GroupNotFoundError:
+            return False
 
     # -- schema registry ------------------------------------------------------
     def register_schema(
@@ -324,6 +425,10 @@ def _conforms_groups(c: LocalCoordinator) -> GroupCoordinator:
 
 def _store_conforms_groups(s: GroupStore) -> GroupCoordinator:
     return s
+
+
+def _conforms_kafka_groups(c: LocalCoordinator) -> KafkaGroupCoordinator:
+    return c
 
 
 def _conforms_schemas(c: LocalCoordinator) -> SchemaStore:

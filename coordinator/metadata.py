@@ -23,6 +23,7 @@ from typing import Any, Protocol, cast
 
 from coordinator.client import ChunkCommit
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
+from coordinator.producers import ProducerPartitionState, Verdict, judge, remember
 from coordinator.topic_configs import (
     ConfigDef,
     broker_config_def,
@@ -39,7 +40,10 @@ from segments.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     MetadataError,
+    OffsetOutOfRangeError,
     PartitionNotFoundError,
+    ProducerConflictError,
+    ProducerFencedError,
     TopicExistsError,
     TopicNotFoundError,
 )
@@ -80,6 +84,7 @@ _DELETE_CONFIG = "DELETE FROM topic_configs WHERE topic_id = ? AND name = ?"
 _DELETE_TOPIC = (
     # Children first: explicit rather than relying on ON DELETE CASCADE being enabled.
     "DELETE FROM index_entries WHERE topic_id = ?",
+    "DELETE FROM producer_state WHERE topic_id = ?",
     "DELETE FROM topic_configs WHERE topic_id = ?",
     "DELETE FROM partitions WHERE topic_id = ?",
     "DELETE FROM topics WHERE topic_id = ?",
@@ -178,18 +183,34 @@ _OFFSETS_OF_TOPICS = (
     "JOIN partitions p ON p.topic_id = t.topic_id WHERE t.name IN ({marks})"
 )
 
+_PRODUCER_STATE = (
+    "SELECT epoch, batches FROM producer_state "
+    "WHERE producer_id = ? AND topic_id = ? AND partition = ?"
+)
+_UPSERT_PRODUCER_STATE = (
+    "INSERT INTO producer_state (producer_id, topic_id, partition, epoch, batches, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (producer_id, topic_id, partition) DO UPDATE SET "
+    "epoch = excluded.epoch, batches = excluded.batches, updated_at = excluded.updated_at"
+)
+_PRODUCER_EPOCH = "SELECT epoch FROM producers WHERE producer_id = ?"
+_BUMP_EPOCH = "UPDATE producers SET epoch = ? WHERE producer_id = ?"
+_NEW_PRODUCER = "INSERT INTO producers (epoch, created_at) VALUES (0, ?) RETURNING producer_id"
+#: Producer epochs are Kafka int16s.
+_MAX_EPOCH = 32767
+
 _META_GET = "SELECT value FROM meta WHERE key = ?"
 _META_PUT = "INSERT INTO meta (key, value) VALUES (?, ?)"
 
 _TOUCH_AGENT = (
-    "UPDATE agents SET host = ?, port = ?, last_seen = ? WHERE agent_id = ? RETURNING broker_id"
+    "UPDATE agents SET host = ?, port = ?, last_seen = ?, kafka_host = ?, kafka_port = ? "
+    "WHERE agent_id = ? RETURNING broker_id"
 )
 _INSERT_AGENT = (
-    "INSERT INTO agents (broker_id, agent_id, host, port, last_seen) "
-    "SELECT COALESCE(MAX(broker_id) + 1, 0), ?, ?, ?, ? FROM agents RETURNING broker_id"
+    "INSERT INTO agents (broker_id, agent_id, host, port, last_seen, kafka_host, kafka_port) "
+    "SELECT COALESCE(MAX(broker_id) + 1, 0), ?, ?, ?, ?, ?, ? FROM agents RETURNING broker_id"
 )
 _LIVE_AGENTS = (
-    "SELECT broker_id, agent_id, host, port, last_seen FROM agents "
+    "SELECT broker_id, agent_id, host, port, last_seen, kafka_host, kafka_port FROM agents "
     "WHERE last_seen >= ? ORDER BY broker_id"
 )
 
@@ -528,7 +549,8 @@ class MetadataStore:
             CommitConflictError: the key is committed with other chunks.
         """
         check_chunks(object_key, chunks)
-        if self._db.dialect.name == POSTGRESQL.name:
+        idempotent = any(c.producer_batches for c in chunks)
+        if self._db.dialect.name == POSTGRESQL.name and not idempotent:
             return self._commit_one_statement(object_key, chunks, size)
         q = self._q
         # Fixed lock order (see the module docstring); bytes sort like the stored BLOBs.
@@ -550,6 +572,8 @@ class MetadataStore:
                 if hw is None:
                     raise self._missing_partition(conn, c.topic_id, c.partition)
                 bases[i] = hw[0] - c.record_count
+            if idempotent:  # the partition rows are locked: their producer state too
+                self._check_producers(conn, chunks, order, bases)
             conn.executemany(
                 q(_INSERT_ENTRY),
                 [
@@ -568,6 +592,43 @@ class MetadataStore:
                 ],
             )
         return bases
+
+    def _check_producers(
+        self, conn: Any, chunks: Sequence[ChunkCommit], order: list[int], bases: list[int]
+    ) -> None:
+        """Judge every idempotent batch against its producer's state; store the new state.
+
+        Raises:
+            ProducerConflictError: a batch is not the next of its producer (a duplicate,
+                out of order, or fenced by what another commit stored since the agent
+                looked); the whole commit rolls back.
+        """
+        q = self._q
+        states: dict[tuple[int, bytes, int], ProducerPartitionState | None] = {}
+        for i in order:
+            c = chunks[i]
+            for b in c.producer_batches:
+                key = (b.producer_id, c.topic_id, c.partition)
+                if key not in states:
+                    row = conn.execute(q(_PRODUCER_STATE), key).fetchone()
+                    states[key] = None if row is None else ProducerPartitionState.from_row(*row)
+                verdict, _ = judge(states[key], b)
+                if verdict is not Verdict.APPEND:
+                    raise ProducerConflictError(
+                        f"Producer {b.producer_id} batch at sequence {b.base_sequence} for "
+                        f"partition {c.partition} of topic id {format_topic_id(c.topic_id)} "
+                        f"is {verdict.value} at commit; nothing was stored, retry."
+                    )
+                states[key] = remember(states[key], b, bases[i] + b.relative_offset)
+        now = time.time()
+        conn.executemany(
+            q(_UPSERT_PRODUCER_STATE),
+            [
+                (pid, topic_id, partition, st.epoch, st.to_json(), now)
+                for (pid, topic_id, partition), st in states.items()
+                if st is not None
+            ],
+        )
 
     def _commit_one_statement(
         self, object_key: str, chunks: Sequence[ChunkCommit], size: int | None
@@ -731,17 +792,89 @@ class MetadataStore:
                 found.update(key for (key,) in conn.execute(sql, batch))
         return found
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Kafka's DeleteRecords: move log-start up to ``offset`` (-1: the high watermark).
+
+        Index entries wholly below the new log-start go (their objects become garbage,
+        as with retention); an entry straddling it stays and readers skip its records
+        below it. An offset at or below log-start changes nothing.
+
+        Returns:
+            The partition's log-start afterwards.
+
+        Raises:
+            TopicNotFoundError, PartitionNotFoundError; OffsetOutOfRangeError for an
+            offset past the high watermark or below -1.
+        """
+        from coordinator.janitors.catalog import Catalog  # the one home of that SQL
+
+        with self._db.read() as conn:
+            topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
+        target = high_watermark if offset == -1 else offset
+        if target < 0 or target > high_watermark:
+            raise OffsetOutOfRangeError(
+                f"Offset {offset} is outside partition {partition} of topic '{topic}' "
+                f"[{log_start}, {high_watermark}]."
+            )
+        if target <= log_start:
+            return log_start
+        moved = Catalog(self._db).advance_log_start(topic_id, partition, target, time.time())
+        if moved is None:  # someone moved it further meanwhile
+            return self.offsets(topic, partition).log_start
+        return moved
+
+    # -- idempotent producers -------------------------------------------------
+    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
+        """A new producer id at epoch 0; or, for ``producer_id`` at its current ``epoch``,
+        the same id at epoch + 1 (a new id once the epoch would overflow).
+
+        Raises:
+            ProducerFencedError: an unknown id, or an epoch other than its current one.
+        """
+        with self._db.write() as conn:
+            if producer_id >= 0:
+                row = conn.execute(self._q(_PRODUCER_EPOCH), (producer_id,)).fetchone()
+                if row is None or row[0] != epoch:
+                    raise ProducerFencedError(
+                        f"Producer {producer_id} at epoch {epoch} is not the current one."
+                    )
+                if epoch + 1 < _MAX_EPOCH:
+                    conn.execute(self._q(_BUMP_EPOCH), (epoch + 1, producer_id))
+                    return producer_id, epoch + 1
+            row = conn.execute(self._q(_NEW_PRODUCER), (time.time(),)).fetchone()
+        return int(row[0]), 0
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
+    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
+        """What each partition (topic id, partition) remembers of ``producer_id``."""
+        out = {}
+        with self._db.read() as conn:
+            for topic_id, partition in dict.fromkeys(partitions):
+                row = conn.execute(
+                    self._q(_PRODUCER_STATE), (producer_id, bytes(topic_id), partition)
+                ).fetchone()
+                if row is not None:
+                    out[(bytes(topic_id), partition)] = ProducerPartitionState.from_row(*row)
+        return out
+
     # -- agents ---------------------------------------------------------------
-    def heartbeat_agent(self, agent_id: str, host: str, port: int) -> int:
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
         """Register or refresh an agent; returns its broker id (0, 1, ... in order of first
-        heartbeat, kept for good)."""
+        heartbeat, kept for good). ``kafka_host``/``kafka_port``: its Kafka listener."""
         if not isinstance(agent_id, str) or not agent_id:
             raise ValueError("agent_id must be a non-empty string")
         now = time.time()
         with self._db.write() as conn:
-            row = conn.execute(self._q(_TOUCH_AGENT), (host, port, now, agent_id)).fetchone()
+            row = conn.execute(
+                self._q(_TOUCH_AGENT), (host, port, now, kafka_host, kafka_port, agent_id)
+            ).fetchone()
             if row is None:
-                row = conn.execute(self._q(_INSERT_AGENT), (agent_id, host, port, now)).fetchone()
+                row = conn.execute(
+                    self._q(_INSERT_AGENT), (agent_id, host, port, now, kafka_host, kafka_port)
+                ).fetchone()
         return int(row[0])
 
     def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:

@@ -15,14 +15,19 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     GET    /v1/broker-configs                {"configs": {name: value}}  (cluster-wide)
     POST   /v1/broker-configs                {"configs"}  <- {"set", "delete", "validate_only"}
     GET    /v1/topics/{name}/partitions/{p}/offsets                 {"log_start", "high_watermark"}
-    POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
-                                             <- {"partitions": [tp]}
     GET    /v1/topics/{name}/partitions/{p}/lookup?offset=&max_chunks=   {"chunks": [ref]}
     GET    /v1/topics/{name}/partitions/{p}/lookup-timestamp?ts=         {"chunk": ref | null}
+    POST   /v1/topics/{name}/partitions/{p}/delete-records  {"log_start"}  <- {"offset"}
     GET    /v1/topic-ids/{hex}               topic
+    POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
+                                             <- {"partitions": [tp]}
     POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
+    POST   /v1/producers/init                {"producer_id", "epoch"}  <- {"producer_id", "epoch"}
+    POST   /v1/producers/state               {"states": [{"topic_id", "partition", "epoch",
+                                             "batches"}]}  <- {"producer_id", "partitions"}
     POST   /v1/objects/committed             {"committed": [key]}  <- {"keys"}
-    POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port"}
+    POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port",
+                                                               "kafka_host", "kafka_port"}
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
     POST   /v1/janitors/{name}/run           NDJSON stream (only with a store): {"progress":
@@ -30,6 +35,13 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
                                              or {"error", "message"}; 503 JanitorBusyError
                                              <- {"topic", "tier_age_s", "tier_untiered_bytes",
                                                  "gc_grace_s"} (all optional)
+    GET    /v1/store                         {"url", "endpoint", "region"}: where the objects
+                                             are, for Spark jobs (nulls without a store;
+                                             never credentials)
+
+    Kafka consumer groups (KafkaGroupCoordinator): POST /v1/kafka-groups/{join, sync,
+    heartbeat, leave, commit, committed, describe, delete}, each naming the group (and
+    member) in the body; bytes (protocol metadata, assignments) travel as hex.
 
     Consumer groups (GroupCoordinator). Each call is a POST naming the group and the
     instance in the body, never in the path: every one may write (expiry, timers), and
@@ -112,10 +124,12 @@ from coordinator.http_client import (
     consumer_config_from_json,
     consumer_state_to_json,
     group_info_to_json,
+    join_result_to_json,
+    kafka_group_to_json,
     object_info_to_json,
-    offsets_to_json,
     positions_from_json,
     reference_from_json,
+    store_location_to_json,
     stored_schema_to_json,
     subject_version_to_json,
     topic_to_json,
@@ -124,10 +138,12 @@ from coordinator.http_client import (
 from coordinator.janitors.context import JanitorConfig
 from coordinator.janitors.leases import Lease
 from coordinator.janitors.runner import JanitorRunner
+from coordinator.kafka_groups import KafkaGroupCoordinator
 from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
 from segments.errors import LakelogError, MalformedRequestError
-from segments.store import ObjectStore
+from segments.store import ObjectStore, absolute_store_url
+from segments.types import StoreLocation
 
 if TYPE_CHECKING:
     from coordinator.local import LocalCoordinator
@@ -160,6 +176,11 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "StaleGenerationError": 409,
     "InvalidConsumerConfigError": 400,
     "NoOffsetError": 409,
+    "OffsetOutOfRangeError": 400,
+    "ProducerFencedError": 409,
+    "ProducerConflictError": 503,
+    "GroupProtocolConflictError": 409,
+    "RebalanceInProgressError": 503,
     "NonEmptyGroupError": 409,
     "JanitorBusyError": 503,
     "BufferFullError": 503,
@@ -169,6 +190,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "NotAcceptableError": 406,
     "RequestTooLargeError": 413,
     "RecordTooLargeError": 413,
+    "CorruptRecordError": 400,
     "UnprocessableRequestError": 422,
     "SchemaRegistryError": 400,
     "SubjectNotFoundError": 404,
@@ -289,6 +311,8 @@ class HeartbeatBody(BaseModel):
     agent_id: str
     host: str
     port: int
+    kafka_host: str = ""
+    kafka_port: int = 0
 
 
 class _Metrics:
@@ -326,15 +350,23 @@ class _Metrics:
         )
 
 
-class FullCoordinator(Coordinator, GroupCoordinator, SchemaStore, Protocol):
-    """What the server serves: the log, the consumer groups and the schema registry."""
+class FullCoordinator(Coordinator, GroupCoordinator, KafkaGroupCoordinator, SchemaStore, Protocol):
+    """What the server serves: the log, both doors' consumer groups, the schema registry."""
 
 
-def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -> FastAPI:
+def create_app(
+    coordinator: FullCoordinator,
+    store: ObjectStore | None = None,
+    location: StoreLocation | None = None,
+) -> FastAPI:
     """The coordinator's HTTP API over ``coordinator``; ``store`` enables /v1/orphans.
 
-    The caller owns both and closes them after the app stops.
+    ``location`` is what /v1/store tells Spark jobs (default: ``store``'s URL, made
+    absolute for ``file://``). The caller owns the coordinator and the store and closes
+    them after the app stops.
     """
+    if location is None and store is not None:
+        location = StoreLocation(absolute_store_url(store.url))
     app = FastAPI(title="lakelog coordinator", docs_url=None, redoc_url=None)
     metrics = _Metrics()
     app.state.metrics = metrics
@@ -400,12 +432,6 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
         o = coordinator.offsets(name, partition)
         return _json({"log_start": o.log_start, "high_watermark": o.high_watermark})
 
-    @app.post("/v1/offsets")
-    def offsets_many(body: dict[str, Any] = Body()) -> Response:
-        with _parsing("offsets"):
-            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
-        return _json({"offsets": offsets_to_json(coordinator.offsets_many(partitions))})
-
     @app.get("/v1/topics/{name:path}/partitions/{partition}/lookup")
     def lookup(
         name: str, partition: int, offset: int = Query(), max_chunks: int = Query(16, ge=1)
@@ -417,6 +443,14 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
     def lookup_timestamp(name: str, partition: int, ts: int = Query()) -> Response:
         chunk = coordinator.lookup_timestamp(name, partition, ts)
         return _json({"chunk": None if chunk is None else chunk_ref_to_json(chunk)})
+
+    @app.post("/v1/topics/{name:path}/partitions/{partition}/delete-records")
+    def delete_records(name: str, partition: int, body: dict[str, Any] = Body()) -> Response:
+        with _parsing("delete records"):
+            offset = _opt_int(body, "offset")
+            if offset is None:
+                raise KeyError("offset")
+        return _json({"log_start": coordinator.delete_records(name, partition, offset)})
 
     @app.post("/v1/topics/{name:path}/partitions")
     def add_partitions(name: str, body: AddPartitionsBody) -> Response:
@@ -478,6 +512,55 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
         metrics.records.inc(sum(c.record_count for c in chunks))
         return _json({"base_offsets": base_offsets})
 
+    @app.post("/v1/offsets")
+    def offsets_many(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("offsets"):
+            partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
+        found = coordinator.offsets_many(partitions)
+        return _json(
+            {
+                "offsets": [
+                    {
+                        "topic": tp.topic,
+                        "partition": tp.partition,
+                        "log_start": o.log_start,
+                        "high_watermark": o.high_watermark,
+                    }
+                    for tp, o in found.items()
+                ]
+            }
+        )
+
+    @app.post("/v1/producers/init")
+    def init_producer_id(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("init producer id"):
+            producer_id = _opt_int(body, "producer_id")
+            epoch = _opt_int(body, "epoch")
+        pid, new_epoch = coordinator.init_producer_id(
+            -1 if producer_id is None else producer_id, -1 if epoch is None else epoch
+        )
+        return _json({"producer_id": pid, "epoch": new_epoch})
+
+    @app.post("/v1/producers/state")
+    def producer_state(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("producer state"):
+            producer_id = _opt_int(body, "producer_id")
+            if producer_id is None:
+                raise KeyError("producer_id")
+            partitions = [
+                (bytes.fromhex(_str(d, "topic_id")), int(d["partition"]))
+                for d in _list(body, "partitions")
+            ]
+        states = coordinator.producer_state(producer_id, partitions)
+        return _json(
+            {
+                "states": [
+                    {"topic_id": t.hex(), "partition": p, "epoch": s.epoch, "batches": s.batches}
+                    for (t, p), s in states.items()
+                ]
+            }
+        )
+
     @app.post("/v1/objects/committed")
     def committed_object_keys(body: KeysBody) -> Response:
         return _json({"committed": sorted(coordinator.committed_object_keys(body.keys))})
@@ -486,7 +569,9 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
 
     @app.post("/v1/agents/heartbeat")
     def heartbeat(body: HeartbeatBody) -> Response:
-        broker_id = coordinator.heartbeat_agent(body.agent_id, body.host, body.port)
+        broker_id = coordinator.heartbeat_agent(
+            body.agent_id, body.host, body.port, body.kafka_host, body.kafka_port
+        )
         return _json({"broker_id": broker_id})
 
     @app.get("/v1/agents")
@@ -607,6 +692,75 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
         coordinator.commit_offsets(group, name, offsets, generation)
         return Response(status_code=204)
 
+    # -- Kafka consumer groups ----------------------------------------------------
+
+    @app.post("/v1/kafka-groups/join")
+    def kafka_join(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka join"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            options = dict(body.get("options") or {})
+            if "protocols" in options:
+                options["protocols"] = [(n, bytes.fromhex(m)) for n, m in options["protocols"]]
+        result = coordinator.kafka_join(group, member_id, **options)
+        return _json(join_result_to_json(result))
+
+    @app.post("/v1/kafka-groups/sync")
+    def kafka_sync(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka sync"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            generation = int(body["generation"])
+            raw = body.get("assignments")
+            assignments = None if raw is None else {m: bytes.fromhex(a) for m, a in raw.items()}
+        got = coordinator.kafka_sync(group, member_id, generation, assignments)
+        return _json({"assignment": None if got is None else got.hex()})
+
+    @app.post("/v1/kafka-groups/heartbeat")
+    def kafka_heartbeat(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka heartbeat"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            generation = int(body["generation"])
+        coordinator.kafka_heartbeat(group, member_id, generation)
+        return Response(status_code=204)
+
+    @app.post("/v1/kafka-groups/leave")
+    def kafka_leave(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka leave"):
+            group = _str(body, "group")
+            members = [str(m) for m in _list(body, "member_ids")]
+        return _json({"results": coordinator.kafka_leave(group, members)})
+
+    @app.post("/v1/kafka-groups/commit")
+    def kafka_commit(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka commit"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            generation = int(body["generation"])
+            offsets = committed_from_json(_list(body, "offsets"))
+        coordinator.kafka_commit_offsets(group, member_id, generation, offsets)
+        return Response(status_code=204)
+
+    @app.post("/v1/kafka-groups/committed")
+    def kafka_committed(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka committed"):
+            group = _str(body, "group")
+            raw = body.get("partitions")
+            partitions = None if raw is None else [tp_from_json(tp) for tp in raw]
+        found = coordinator.kafka_committed(group, partitions)
+        return _json({"offsets": committed_to_json(found)})
+
+    @app.post("/v1/kafka-groups/describe")
+    def kafka_describe(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka describe"):
+            group = _str(body, "group")
+        g = coordinator.kafka_describe(group)
+        return _json({"group": None if g is None else kafka_group_to_json(g)})
+
+    @app.post("/v1/kafka-groups/delete")
+    def kafka_delete(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka delete"):
+            group = _str(body, "group")
+        coordinator.kafka_delete_group(group)
+        return Response(status_code=204)
+
     # -- schema registry ----------------------------------------------------------
 
     def _schema_text(body: dict[str, Any]) -> tuple[str, str, str, list[Any]]:
@@ -706,6 +860,10 @@ def create_app(coordinator: FullCoordinator, store: ObjectStore | None = None) -
             subject = _opt_str(body, "subject")
         return _json({"compatibility": coordinator.delete_compatibility(subject)})
 
+    @app.get("/v1/store")
+    def store_location() -> Response:
+        return _json(store_location_to_json(location))
+
     # -- garbage report ---------------------------------------------------------
 
     if store is not None:
@@ -787,14 +945,17 @@ async def _janitor_events(
 
 
 def create_process_app(
-    coordinator: LocalCoordinator, store: ObjectStore | None, janitors: JanitorConfig | None
+    coordinator: LocalCoordinator,
+    store: ObjectStore | None,
+    janitors: JanitorConfig | None,
+    location: StoreLocation | None = None,
 ) -> FastAPI:
     """The app ``lakelog coordinator`` serves: the API, and on its /metrics the consumer
     groups' lag and, with a store, the janitors' (whose runner, not started, is
     ``app.state.janitor_runner``)."""
     from coordinator.janitors.runner import JanitorMetrics
 
-    app = create_app(coordinator, store)
+    app = create_app(coordinator, store, location)
     app.state.metrics.registry.register(GroupLagCollector(coordinator.group_lag))
     app.state.janitor_runner = None
     if store is not None:
@@ -836,7 +997,12 @@ def run(
     )
     runner: JanitorRunner | None = None
     try:
-        app = create_process_app(coordinator, store, janitors)
+        location = (
+            StoreLocation(absolute_store_url(store_url), store_endpoint, store_region)
+            if store_url
+            else None
+        )
+        app = create_process_app(coordinator, store, janitors, location)
         runner = app.state.janitor_runner
         if runner is not None:
             runner.start()
@@ -865,10 +1031,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=8083)
     p.add_argument("--store", default=None, help="object store URL, enables /v1/orphans")
     p.add_argument("--store-endpoint", default=None, help="S3 endpoint (MinIO, moto)")
+    p.add_argument("--store-region", default=None, help="S3 region")
     p.add_argument("--cluster-id", default=None, help="cluster id for a new database")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run(a.db, a.host, a.port, a.store, a.store_endpoint, a.cluster_id)
+    run(a.db, a.host, a.port, a.store, a.store_endpoint, a.cluster_id, store_region=a.store_region)
 
 
 if __name__ == "__main__":

@@ -257,23 +257,9 @@ def parse_janitors(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
-# -- the coordinator and the janitor command -------------------------------------------
+class JanitorSchedule(JanitorTuning):
+    """Which janitors a process runs in the background, and how."""
 
-
-class CoordinatorSettings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorTuning):
-    """``lakelog coordinator``."""
-
-    process: ClassVar[str] = "coordinator"
-
-    host: str = Field(default="127.0.0.1", description="Interface to listen on.")
-    port: Annotated[int, Field(ge=1, le=65535)] = Field(
-        default=8083, description="Port to listen on."
-    )
-    store: str | None = Field(  # type: ignore[assignment]
-        default=None,
-        description="Object store URL: the janitors need it (and Spark jobs learn it from the "
-        "coordinator).",
-    )
     janitors: str = Field(
         default="",
         description="Janitors to run in the background on their schedules: comma-separated "
@@ -288,6 +274,25 @@ class CoordinatorSettings(LakelogSettings, DatabaseSettings, StoreSettings, Jani
 
     def background_janitors(self) -> JanitorConfig:
         return self.janitor_config(parse_janitors(self.janitors))
+
+
+# -- the coordinator and the janitor command -------------------------------------------
+
+
+class CoordinatorSettings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule):
+    """``lakelog coordinator``."""
+
+    process: ClassVar[str] = "coordinator"
+
+    host: str = Field(default="127.0.0.1", description="Interface to listen on.")
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(
+        default=8083, description="Port to listen on."
+    )
+    store: str | None = Field(  # type: ignore[assignment]
+        default=None,
+        description="Object store URL: the janitors need it (and Spark jobs learn it from the "
+        "coordinator).",
+    )
 
 
 class JanitorCommandSettings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorTuning):

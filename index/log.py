@@ -12,17 +12,19 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ulid import ULID
 
 from coordinator.client import ChunkCommit, Coordinator
+from coordinator.producers import ProducerBatch
 from segments.errors import (
     CorruptSegmentError,
     LakelogError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    ProducerConflictError,
 )
 from segments.segment import SegmentBuilder, decode_chunk
 from segments.store import ObjectStore
@@ -41,14 +43,23 @@ def new_object_key() -> str:
     return f"{SEGMENT_PREFIX}{secrets.token_hex(2)}/{ULID()}.seg"
 
 
-def retry(call: Callable[[], T], attempts: int = 5, first_delay: float = 0.05) -> T:
-    """Run ``call``, retrying errors marked retriable with exponential backoff."""
+def retry(
+    call: Callable[[], T],
+    attempts: int = 5,
+    first_delay: float = 0.05,
+    give_up: tuple[type[LakelogError], ...] = (),
+) -> T:
+    """Run ``call``, retrying errors marked retriable with exponential backoff.
+
+    ``give_up``: retriable errors that sending the same call again cannot cure (the
+    client's request may succeed again, this call will not).
+    """
     delay = first_delay
     for attempt in range(1, attempts + 1):
         try:
             return call()
         except LakelogError as e:
-            if not e.retriable or attempt == attempts:
+            if not e.retriable or attempt == attempts or isinstance(e, give_up):
                 raise
             log.warning("retriable failure (attempt %d/%d): %s", attempt, attempts, e)
             time.sleep(delay)
@@ -75,6 +86,8 @@ class UploadedSegment:
     chunks: list[ChunkInfo]
     #: The object's bytes, handed to ``LogWriter.listeners`` after the commit.
     data: bytes = b""
+    #: Idempotent producers' batches per chunk (SegmentBuilder.producer_batches).
+    producer_batches: dict[tuple[bytes, int], list[ProducerBatch]] = field(default_factory=dict)
 
 
 #: Called after every committed write with the result and the object's bytes.
@@ -107,7 +120,11 @@ class LogWriter:
         data, chunks = builder.build()
         key = new_object_key()
         retry(lambda: self._put_new(key, data))
-        return UploadedSegment(key, len(data), chunks, data)
+        producers = {
+            tp: [ProducerBatch(*b) for b in batches]
+            for tp, batches in builder.producer_batches().items()
+        }
+        return UploadedSegment(key, len(data), chunks, data, producers)
 
     def _put_new(self, key: str, data: bytes) -> None:
         """PUT a fresh key; a 412 whose object holds exactly ``data`` is our own earlier try.
@@ -134,11 +151,17 @@ class LogWriter:
                 record_count=c.record_count,
                 min_timestamp_ms=c.min_timestamp_ms,
                 max_timestamp_ms=c.max_timestamp_ms,
+                producer_batches=tuple(
+                    uploaded.producer_batches.get((c.topic_id, c.partition), ())
+                ),
             )
             for c in uploaded.chunks
         ]
         # Safe to retry: the coordinator answers a repeated object key with the same offsets.
-        offsets = retry(lambda: self.coordinator.commit(uploaded.object_key, commits))
+        offsets = retry(
+            lambda: self.coordinator.commit(uploaded.object_key, commits),
+            give_up=(ProducerConflictError,),
+        )
         result = WriteResult(uploaded.object_key, uploaded.size, uploaded.chunks, offsets)
         for listener in self.listeners:
             try:
@@ -252,12 +275,19 @@ class LogReader:
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
         """The first offset whose record timestamp is >= ``timestamp_ms``, or None."""
+        found = self.record_for_timestamp(topic, partition, timestamp_ms)
+        return None if found is None else found.offset
+
+    def record_for_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int
+    ) -> ConsumedRecord | None:
+        """The first record whose timestamp is >= ``timestamp_ms``, or None."""
         ref = self.coordinator.lookup_timestamp(topic, partition, timestamp_ms)
         if ref is None:
             return None
         for rec in decode_entry(ref, self.fetch_chunk(ref), topic, partition, ref.base_offset):
             if rec.timestamp_ms >= timestamp_ms:
-                return rec.offset
+                return rec
         # The index's max timestamp comes from these very records, so this is corruption.
         raise CorruptSegmentError(
             f"{ref.object_key}: no record at or after {timestamp_ms} in a chunk whose "

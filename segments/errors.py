@@ -29,8 +29,13 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
     │   ├── InvalidConsumerConfigError
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
+    │   ├── OffsetOutOfRangeError     an offset beyond the partition's high watermark
+    │   ├── ProducerFencedError       an idempotent producer's epoch is not its latest
+    │   ├── GroupProtocolConflictError  a group used through the other door (REST/Kafka)
+    │   ├── RebalanceInProgressError  retriable: a Kafka group is rebalancing, rejoin
     │   ├── NonEmptyGroupError        deleting a group that has members
     │   ├── JanitorBusyError          retriable: another run holds the janitor's lease
+    │   ├── ProducerConflictError     retriable: a batch's sequence clashed at commit
     │   ├── SchemaRegistryError       the schema registry's subjects, versions, schemas
     │   │   ├── SubjectNotFoundError
     │   │   ├── VersionNotFoundError
@@ -57,6 +62,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         │   └── ConsumerFormatMismatchError  Accept names another format than the consumer's
         ├── RequestTooLargeError      the request body is over the limit
         ├── RecordTooLargeError       one record is over max.message.bytes
+        ├── CorruptRecordError        a producer's RecordBatch fails its checks (CRC, ...)
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
         ├── InvalidBatchError         records:batch: empty, too many entries, ids not distinct
         ├── UnsupportedFormatError    a key/value that names no format (v3 without type)
@@ -184,10 +190,6 @@ class NoOffsetError(MetadataError):
     """auto.offset.reset is none and the partition has no committed offset."""
 
 
-class NonEmptyGroupError(MetadataError):
-    """A group with members cannot be deleted."""
-
-
 class JanitorBusyError(MetadataError):
     """A janitor asked to run now is running elsewhere (another run holds its lease)."""
 
@@ -196,6 +198,38 @@ class JanitorBusyError(MetadataError):
 
 class SecurityDisabledError(MetadataError):
     """An ACL request while no authorizer is configured (Kafka's SecurityDisabledException)."""
+
+
+class OffsetOutOfRangeError(MetadataError):
+    """An offset outside what the partition holds (DeleteRecords past the high watermark)."""
+
+
+class ProducerFencedError(MetadataError):
+    """An idempotent producer's epoch is older than its latest (Kafka's
+    INVALID_PRODUCER_EPOCH), or its id is unknown."""
+
+
+class ProducerConflictError(MetadataError):
+    """An idempotent producer's batch in a commit is a duplicate, out of order or fenced
+    by what another commit stored meanwhile; nothing of that commit was stored."""
+
+    retriable = True
+
+
+class GroupProtocolConflictError(MetadataError):
+    """A group id in use through the other door (REST consumer instances vs Kafka
+    members), or members with no assignment protocol in common (Kafka's
+    INCONSISTENT_GROUP_PROTOCOL)."""
+
+
+class RebalanceInProgressError(MetadataError):
+    """A Kafka group is rebalancing: the member must rejoin."""
+
+    retriable = True
+
+
+class NonEmptyGroupError(MetadataError):
+    """A group with members cannot be deleted."""
 
 
 class BufferFullError(LakelogError):
@@ -238,6 +272,11 @@ class RequestTooLargeError(RequestError):
 
 class RecordTooLargeError(RequestError):
     """One record is larger than the topic's max.message.bytes."""
+
+
+class CorruptRecordError(RequestError):
+    """A producer's RecordBatch fails its checks: framing, magic, CRC, records (Kafka's
+    CORRUPT_MESSAGE)."""
 
 
 class UnprocessableRequestError(RequestError):
@@ -362,9 +401,14 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         StaleGenerationError,
         InvalidConsumerConfigError,
         NoOffsetError,
-        NonEmptyGroupError,
         JanitorBusyError,
         SecurityDisabledError,
+        OffsetOutOfRangeError,
+        ProducerFencedError,
+        ProducerConflictError,
+        GroupProtocolConflictError,
+        RebalanceInProgressError,
+        NonEmptyGroupError,
         BufferFullError,
         InternalError,
         RequestError,
@@ -374,6 +418,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         ConsumerFormatMismatchError,
         RequestTooLargeError,
         RecordTooLargeError,
+        CorruptRecordError,
         UnprocessableRequestError,
         InvalidBatchError,
         UnsupportedFormatError,

@@ -21,13 +21,14 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
       17  u32  CRC                   CRC-32C of bytes [21, 12 + Length): attributes
                                      through the last record
       21  i16  Attributes            compression codec in bits 0-2 (0 none, 1 gzip,
-                                     2 snappy, 3 lz4, 4 zstd); every other bit 0
+                                     2 snappy, 3 lz4, 4 zstd); every other bit 0 (also
+                                     in producers' batches: segments.batches checks)
       23  i32  LastOffsetDelta       record count - 1
       27  i64  FirstTimestamp        CreateTime of the first record (epoch ms)
       35  i64  MaxTimestamp
-      43  i64  ProducerId            -1 (no idempotence: offsets come from the coordinator)
-      51  i16  ProducerEpoch         -1
-      53  i32  BaseSequence          -1
+      43  i64  ProducerId            -1 in batches we build; a Kafka producer's batch
+      51  i16  ProducerEpoch         (SegmentBuilder.append_batch, stored as it came)
+      53  i32  BaseSequence          keeps its idempotent producer id, epoch, sequence
       57  i32  RecordCount           >= 1
       61  ...  records               Kafka's varint records, compressed as a whole when
                                      the codec is not none and compression helps
@@ -93,6 +94,8 @@ _BATCH_HEADER_SIZE = _BATCH_HEADER.size
 _LENGTH_FIELD_END = 12  # BaseOffset + Length: the bytes Length does not count
 _BATCH_PREFIX = struct.Struct(">qiib")  # BaseOffset, Length, PartitionLeaderEpoch, Magic
 _BASE_OFFSET = struct.Struct(">q")
+_LEADER_EPOCH = struct.Struct(">i")
+_LEADER_EPOCH_AT = 12
 _RECORD_BATCH_MAGIC = 2
 _NO_LEADER_EPOCH = -1
 _CODEC_MASK = 0x07
@@ -173,14 +176,9 @@ class SegmentBuilder:
         Raises:
             TypeError, ValueError, RuntimeError: as ``append``.
         """
-        if self._built is not None:
-            raise RuntimeError("segment already built; start a new SegmentBuilder")
-        if not isinstance(topic_id, bytes) or len(topic_id) != _TOPIC_ID_LEN:
-            raise ValueError("topic_id must be 16 bytes (uuid.UUID.bytes)")
         ready: list[tuple[int, list[_Prepared]]] = []
         for partition, records in groups.items():
-            if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
-                raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
+            self._check_target(topic_id, partition)
             prepared = [_prepare(record) for record in records]
             if prepared:
                 ready.append((partition, prepared))
@@ -213,6 +211,74 @@ class SegmentBuilder:
         chunk.record_count += len(prepared)
         self._record_count += len(prepared)
         self._bytes += written
+
+    def append_batch(
+        self,
+        topic_id: bytes,
+        partition: int,
+        batch: bytes | memoryview,
+        record_count: int,
+        min_timestamp_ms: int,
+        max_timestamp_ms: int,
+        producer: tuple[int, int, int] | None = None,
+    ) -> int:
+        """Add one producer's RecordBatch, as it is, after the records of the chunk so far.
+
+        ``producer``: (producer id, epoch, base sequence) of an idempotent producer's
+        batch, listed by :meth:`producer_batches` for the commit to check.
+
+        The batch must have been checked (``segments.batches.check_batches`` gives the
+        count and timestamps); it is stored byte for byte whatever its codec, with only
+        its BaseOffset (relative in the chunk) and PartitionLeaderEpoch (-1) rewritten,
+        neither of which the batch CRC covers.
+
+        Returns:
+            The batch's relative offset in the chunk (records appended before it).
+
+        Raises:
+            ValueError: topic_id not 16 bytes, partition out of range, a record count
+                below 1, or a batch shorter than a header.
+            RuntimeError: ``build`` was already called.
+        """
+        self._check_target(topic_id, partition)
+        if record_count < 1 or len(batch) < _BATCH_HEADER_SIZE:
+            raise ValueError("a batch holds a header and at least one record")
+        chunk = self._chunks.get((topic_id, partition))
+        if chunk is None:
+            chunk = self._chunks[(topic_id, partition)] = _ChunkBuffer(topic_id, partition)
+        self._close_batch(chunk)  # records appended before this batch come first
+        relative = chunk.closed_records
+        data = bytearray(batch)
+        _BASE_OFFSET.pack_into(data, 0, relative)
+        _LEADER_EPOCH.pack_into(data, _LEADER_EPOCH_AT, _NO_LEADER_EPOCH)
+        chunk.batches.append(data)
+        if producer is not None:
+            chunk.producer_batches.append((*producer, record_count, relative))
+        chunk.closed_records += record_count
+        chunk.record_count += record_count
+        chunk.min_ts = min(chunk.min_ts, min_timestamp_ms)
+        chunk.max_ts = max(chunk.max_ts, max_timestamp_ms)
+        self._record_count += record_count
+        self._bytes += len(data)
+        return relative
+
+    def producer_batches(self) -> dict[tuple[bytes, int], list[tuple[int, int, int, int, int]]]:
+        """Idempotent batches per (topic id, partition): (producer id, epoch, base
+        sequence, record count, relative offset), in chunk order."""
+        return {
+            key: list(chunk.producer_batches)
+            for key, chunk in self._chunks.items()
+            if chunk.producer_batches
+        }
+
+    def _check_target(self, topic_id: bytes, partition: int) -> None:
+        """Raises what ``append`` and ``append_batch`` document for their first two args."""
+        if self._built is not None:
+            raise RuntimeError("segment already built; start a new SegmentBuilder")
+        if not isinstance(topic_id, bytes) or len(topic_id) != _TOPIC_ID_LEN:
+            raise ValueError("topic_id must be 16 bytes (uuid.UUID.bytes)")
+        if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
+            raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
 
     def build(self) -> tuple[bytes, list[ChunkInfo]]:
         """Close every open batch and return the object's bytes and its footer entries.
@@ -390,6 +456,7 @@ class _ChunkBuffer:
     record_count: int = 0
     min_ts: int = _INT64_MAX
     max_ts: int = -1
+    producer_batches: list[tuple[int, int, int, int, int]] = field(default_factory=list)
 
 
 _BYTES_OR_NONE = (bytes, type(None))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -120,6 +121,18 @@ _OPENERS: dict[str, Callable[[str, str | None, str | None], ObjectStore]] = {
     "file": _open_file,
     "memory": _open_memory,
 }
+
+
+def absolute_store_url(url: str) -> str:
+    """``url`` as processes with another working directory must see it.
+
+    ``file://./data`` and ``file://data`` become ``file:///abs/.../data``; other URLs
+    are returned unchanged.
+    """
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() == "file" and rest and not rest.startswith("/"):
+        return f"file://{os.path.abspath(rest)}"
+    return url
 
 
 def open_store(

@@ -112,3 +112,19 @@ class AgentInfo:
     host: str
     port: int
     last_seen: float  # epoch seconds
+    #: Where its Kafka listener is reached ("" and 0: no listener).
+    kafka_host: str = ""
+    kafka_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLocation:
+    """Where a cluster keeps its objects, as the coordinator tells readers (never credentials).
+
+    ``url`` is an object store URL (``s3://bucket/prefix``, ``file:///abs/path``);
+    ``endpoint`` and ``region`` apply to ``s3://`` (MinIO, a moto server).
+    """
+
+    url: str
+    endpoint: str | None = None
+    region: str | None = None

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from coordinator.client import Coordinator
 from coordinator.groups import GroupCoordinator
+from coordinator.janitors.context import JanitorConfig
 from coordinator.schemas import SchemaStore
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
@@ -35,6 +36,7 @@ from service import executors as executors_module
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
 from service.executors import ExecutorCollector, Executors, Kind
+from service.kafka.server import KafkaServer
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader, IndexCache, RangeCache
@@ -131,6 +133,21 @@ def broker_address(settings: Settings) -> tuple[str, int]:
     return host, settings.port
 
 
+def kafka_address(settings: Settings, bound_port: int) -> tuple[str, int]:
+    """The host and port Kafka clients are told to reach this agent's listener at.
+
+    Never the REST ``advertised_url``'s host: that is often a load balancer, and Kafka
+    clients must reach each broker itself.
+    """
+    if settings.kafka_advertised:
+        host, _, port = settings.kafka_advertised.rpartition(":")
+        return host, int(port)
+    host = settings.host
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return host, bound_port
+
+
 def _close(obj: object) -> None:
     close = getattr(obj, "close", None)
     if callable(close):
@@ -155,8 +172,15 @@ async def _wait_for_cluster_id(coordinator: Coordinator) -> str:
 async def heartbeat_once(state: AgentState) -> None:
     """Register or refresh this agent; learn its broker id (on the ``heartbeat`` pool)."""
     host, port = broker_address(state.settings)
+    kafka_host, kafka_port = state.kafka_address or ("", 0)
     broker_id = await state.executors.run(
-        Kind.HEARTBEAT, state.coordinator.heartbeat_agent, state.settings.agent_id, host, port
+        Kind.HEARTBEAT,
+        state.coordinator.heartbeat_agent,
+        state.settings.agent_id,
+        host,
+        port,
+        kafka_host,
+        kafka_port,
     )
     if broker_id != state.broker_id:
         log.info("agent %s is broker %d (%s:%d)", state.settings.agent_id, broker_id, host, port)
@@ -180,6 +204,26 @@ async def heartbeat_loop(state: AgentState) -> None:
         except Exception:
             state.metrics.heartbeat_failures.inc()
             log.exception("heartbeat failed unexpectedly; retrying")
+
+
+async def _start_janitors(
+    stack: AsyncExitStack,
+    coordinator: Coordinator,
+    store: ObjectStore,
+    config: JanitorConfig,
+    metrics: Metrics,
+) -> None:
+    """Run the janitors in this process (``lakelog serve``), stopped with the app."""
+    from coordinator.janitors.runner import JanitorMetrics, JanitorRunner
+    from coordinator.local import LocalCoordinator
+
+    if not isinstance(coordinator, LocalCoordinator):
+        log.info("janitors left to the coordinator processes")
+        return
+    runner = JanitorRunner(coordinator, store, config, metrics=JanitorMetrics(metrics.registry))
+    runner.start()
+    # Stopping waits for the current unit of work: off the event loop.
+    stack.push_async_callback(asyncio.to_thread, runner.stop)
 
 
 @asynccontextmanager
@@ -240,6 +284,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             ),
             executors=executors,
         )
+        if settings.kafka_port:
+            kafka = KafkaServer(state, settings.host, settings.kafka_port)
+            await kafka.start()
+            state.kafka_address = kafka_address(settings, kafka.port)
+            kafka.advertise(state.kafka_address)
+            stack.push_async_callback(kafka.close)  # before the batcher's flush-and-close
         try:
             await heartbeat_once(state)
         except LakelogError as e:
@@ -253,6 +303,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
         stack.push_async_callback(_stop_heartbeat)
         app.state.agent = state
+        janitors: JanitorConfig | None = app.state.janitors
+        if janitors is not None and janitors.enabled:
+            await _start_janitors(stack, coordinator, store, janitors, metrics)
         log.info(
             "lakelog agent %s up: cluster %s, coordinator %s, store %s",
             settings.agent_id,
@@ -285,8 +338,14 @@ async def metrics(state: AgentState = Depends(get_state)) -> Response:
     return Response(body, media_type=content_type)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The agent app. ``settings`` default to ``get_settings()`` (the environment)."""
+def create_app(
+    settings: Settings | None = None, *, janitors: JanitorConfig | None = None
+) -> FastAPI:
+    """The agent app. ``settings`` default to ``get_settings()`` (the environment).
+
+    ``janitors``: run these in the background when the coordinator is in-process
+    (``lakelog serve``); an agent of coordinator processes leaves them to those.
+    """
     settings = settings if settings is not None else get_settings()
     app = FastAPI(
         # Both forms of every path are served (service.web strips a trailing slash):
@@ -298,6 +357,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.janitors = janitors
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install_error_handlers(app)
     install_middleware(app, settings)

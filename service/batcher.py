@@ -87,6 +87,20 @@ class _Buffer:
 
 
 @dataclass(frozen=True, slots=True)
+class RawBatch:
+    """A producer's RecordBatch for one partition, checked (``segments.batches``)."""
+
+    topic_id: bytes
+    partition: int
+    data: bytes | memoryview
+    record_count: int
+    min_timestamp_ms: int
+    max_timestamp_ms: int
+    #: (producer id, epoch, base sequence) of an idempotent producer, checked at commit.
+    producer: tuple[int, int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class BatcherConfig:
     """The Settings fields the batcher reads (so unit tests need no Settings)."""
 
@@ -231,6 +245,59 @@ class Batcher:
         self.metrics.produced_records.inc(len(records))
         self.metrics.produced_bytes.inc(size - RECORD_OVERHEAD * len(records))
         return [bases[(topic_id, p)] + starts[p] + i for p, i in slots]
+
+    async def append_batches(self, batches: Sequence[RawBatch]) -> list[int]:
+        """Buffer producers' RecordBatches (Kafka Produce) as they are; wait for their flush.
+
+        They share the open buffer, and so the next segment object, with every other
+        append (REST records included). Batches of one partition keep their order; the
+        whole call lands in one flush.
+
+        Returns:
+            The base offset of each batch, in the order given.
+
+        Raises:
+            As ``append``.
+        """
+        if not batches:
+            return []
+        size = sum(len(b.data) for b in batches)
+        await self._reserve(size)
+        # No await from here to the end of the appends: the request lands in one buffer.
+        buf = self._current
+        was_empty = buf.records == 0
+        if was_empty:
+            buf.created = time.monotonic()
+        buf.size += size
+        placed: list[tuple[tuple[bytes, int], int]] = []
+        records = 0
+        for b in batches:
+            key = (b.topic_id, b.partition)
+            relative = buf.builder.append_batch(
+                b.topic_id,
+                b.partition,
+                b.data,
+                b.record_count,
+                b.min_timestamp_ms,
+                b.max_timestamp_ms,
+                b.producer,
+            )
+            buf.counts[key] = buf.counts.get(key, 0) + b.record_count
+            buf.records += b.record_count
+            records += b.record_count
+            placed.append((key, relative))
+        future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
+        buf.waiters.append(future)
+        if buf.size >= self.config.flush_bytes:
+            self._seal()
+            self._wake.set()
+        elif was_empty:
+            self._wake.set()
+        self.metrics.buffer_bytes.set(self._used())
+        bases = await asyncio.shield(future)
+        self.metrics.produced_records.inc(records)
+        self.metrics.produced_bytes.inc(size)
+        return [bases[key] + relative for key, relative in placed]
 
     # -- internals ------------------------------------------------------------
     def _refused(self, buf: _Buffer, exc: Exception) -> None:

@@ -39,7 +39,7 @@ from coordinator.settings import (
 from service.settings import Settings, settings_table
 
 if TYPE_CHECKING:
-    from coordinator.janitors.context import JanitorReport
+    from coordinator.janitors.context import JanitorConfig, JanitorReport
 
 S = TypeVar("S", bound=LakelogSettings)
 
@@ -105,6 +105,14 @@ FlushBytesOpt = Annotated[
 ]
 CompressionOpt = Annotated[
     str | None, typer.Option(help="Batch compression: none, gzip, snappy, lz4, zstd.")
+]
+KafkaPortOpt = Annotated[
+    int | None,
+    typer.Option("--kafka-port", help="Kafka protocol port; 0 turns it off [default: 9092]."),
+]
+KafkaAdvertisedOpt = Annotated[
+    str | None,
+    typer.Option("--kafka-advertised", help="host:port Kafka clients reach this agent at."),
 ]
 LogLevelOpt = Annotated[str | None, typer.Option("--log-level", help="Python log level.")]
 AccessLogOpt = Annotated[
@@ -179,14 +187,14 @@ def _setup_logging(log_level: str) -> None:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def _run_agent(settings: Settings) -> None:
+def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> None:
     import uvicorn
 
     from service.app import create_app
 
     _setup_logging(settings.log_level)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, janitors=janitors),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -223,11 +231,23 @@ def serve(
     linger_ms: LingerOpt = None,
     flush_bytes: FlushBytesOpt = None,
     compression: CompressionOpt = None,
+    kafka_port: KafkaPortOpt = None,
+    kafka_advertised: KafkaAdvertisedOpt = None,
     log_level: LogLevelOpt = None,
     access_log: AccessLogOpt = None,
+    janitors: JanitorsOpt = None,
+    janitor_interval: IntervalOpt = None,
+    tier_age_s: TierAgeOpt = None,
+    tier_untiered_bytes: TierBytesOpt = None,
+    gc_grace_s: GraceOpt = None,
+    lease_ttl_s: LeaseTtlOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Agent and coordinator in one process: SQLite and file://./data unless told otherwise."""
+    """Agent and coordinator in one process: SQLite and file://./data unless told otherwise.
+
+    The janitors (tiering, retention, compaction, garbage collection) run in it on their
+    schedules (``--janitors all``, the default), as ``lakelog coordinator --janitors all``.
+    """
     settings = _load(
         Settings,
         "serve",
@@ -246,11 +266,19 @@ def serve(
         linger_ms=linger_ms,
         flush_bytes=flush_bytes,
         compression=compression,
+        kafka_port=kafka_port,
+        kafka_advertised=kafka_advertised,
         log_level=log_level,
         access_log=access_log,
+        janitors=janitors,
+        janitor_interval=_intervals(janitor_interval),
+        tier_age_s=tier_age_s,
+        tier_untiered_bytes=tier_untiered_bytes,
+        gc_grace_s=gc_grace_s,
+        lease_ttl_s=lease_ttl_s,
     )
     _ensure_local_dirs(settings.db, settings.store)
-    _run_agent(settings)
+    _run_agent(settings, settings.background_janitors())
 
 
 @app.command()
@@ -270,6 +298,8 @@ def agent(
     linger_ms: LingerOpt = None,
     flush_bytes: FlushBytesOpt = None,
     compression: CompressionOpt = None,
+    kafka_port: KafkaPortOpt = None,
+    kafka_advertised: KafkaAdvertisedOpt = None,
     log_level: LogLevelOpt = None,
     access_log: AccessLogOpt = None,
     config: ConfigOpt = None,
@@ -292,6 +322,8 @@ def agent(
         linger_ms=linger_ms,
         flush_bytes=flush_bytes,
         compression=compression,
+        kafka_port=kafka_port,
+        kafka_advertised=kafka_advertised,
         log_level=log_level,
         access_log=access_log,
     )

@@ -147,6 +147,12 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.NonEmptyGroupError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.JanitorBusyError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.SecurityDisabledError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.OffsetOutOfRangeError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.ProducerFencedError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.ProducerConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
+    e.GroupProtocolConflictError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.RebalanceInProgressError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
+    e.NonEmptyGroupError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     # -- the write buffer -----------------------------------------------------
     e.BufferFullError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     # -- a bug: never retriable, the traceback is in the agent's log ------------
@@ -159,6 +165,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.ConsumerFormatMismatchError: ErrorSpec(ErrorCode.CONSUMER_FORMAT_MISMATCH),
     e.RequestTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.RecordTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
+    e.CorruptRecordError: ErrorSpec(ErrorCode.BAD_REQUEST),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.InvalidBatchError: ErrorSpec(ErrorCode.BATCH_ERROR),
     e.UnsupportedFormatError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),

@@ -386,13 +386,16 @@ class CachingLogReader(LogReader):
         except Exception as e:  # the reader will fetch it again and see the error
             log.debug("read-ahead of %s failed: %s", ref.object_key, e)
 
-    def records(
+    def entries(
         self, topic: str, partition: int, offset: int, *, read_ahead_bytes: int = 0
-    ) -> Iterator[ConsumedRecord]:
-        """Committed records from ``offset`` on, up to the high watermark, lazily.
+    ) -> Iterator[tuple[ChunkRef, bytes, int]]:
+        """The committed index entries from ``offset`` on with their bytes, lazily.
 
-        ``read_ahead_bytes``: how many bytes of the following chunks may be fetched
-        in parallel ahead of the one being decoded (0: none).
+        Yields (entry, its bytes, first offset wanted from it): the offset is never
+        below log-start, even in an entry that straddles it. Callers decode (REST,
+        ``records``) or pass batches on (Kafka Fetch). ``read_ahead_bytes``: how many
+        bytes of the following entries may be fetched in parallel ahead of the one
+        being used (0: none).
         """
         next_offset = offset
         retried = False
@@ -400,7 +403,6 @@ class CachingLogReader(LogReader):
             refs = self.lookup(topic, partition, next_offset)
             if not refs:
                 return
-            # Never below log-start, even from an entry that straddles it.
             next_offset = max(next_offset, self.log_start(topic, partition))
             self._prefetch(refs[1:], read_ahead_bytes - refs[0].length)
             for ref in refs:
@@ -414,10 +416,21 @@ class CachingLogReader(LogReader):
                     retried = True
                     self.index.invalidate(topic, partition)
                     break
-                for rec in decode_entry(ref, data, topic, partition, next_offset):
-                    yield rec
-                    next_offset = rec.offset + 1
+                yield ref, data, next_offset
                 next_offset = max(next_offset, ref.end_offset)
+
+    def records(
+        self, topic: str, partition: int, offset: int, *, read_ahead_bytes: int = 0
+    ) -> Iterator[ConsumedRecord]:
+        """Committed records from ``offset`` on, up to the high watermark, lazily.
+
+        ``read_ahead_bytes``: how many bytes of the following chunks may be fetched
+        in parallel ahead of the one being decoded (0: none).
+        """
+        for ref, data, start in self.entries(
+            topic, partition, offset, read_ahead_bytes=read_ahead_bytes
+        ):
+            yield from decode_entry(ref, data, topic, partition, start)
 
     def read(
         self, topic: str, partition: int, offset: int, *, max_bytes: int = 1 << 20

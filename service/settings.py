@@ -23,6 +23,7 @@ from coordinator.settings import (
     COORDINATOR_URLS,
     PROCESS_NAMES,
     DatabaseSettings,
+    JanitorSchedule,
     LakelogSettings,
     StoreSettings,
     process_settings,
@@ -38,13 +39,22 @@ def _new_agent_id() -> str:
     return uuid.uuid4().hex
 
 
-class Settings(LakelogSettings, DatabaseSettings, StoreSettings):
+class Settings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule):
     """Everything an agent (and ``lakelog serve``) can be configured with."""
 
     process: ClassVar[str] = "agent"
-    #: Settings only ``serve`` uses (its in-process coordinator) / only ``agent`` uses.
-    SERVE_ONLY: ClassVar[frozenset[str]] = frozenset({"db", "cluster_id"})
+    #: Settings only ``serve`` uses (its in-process coordinator and janitors) / only
+    #: ``agent`` uses.
+    SERVE_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"db", "cluster_id", *JanitorSchedule.model_fields}
+    )
     AGENT_ONLY: ClassVar[frozenset[str]] = frozenset({"coordinator"})
+
+    janitors: str = Field(
+        default="all",
+        description="Janitors to run in the background on their schedules: comma-separated "
+        "tier, retention, compact, gc, or all, or none.",
+    )
 
     # -- listening and identity ----------------------------------------------
     host: str = Field(default="0.0.0.0", description="Interface to listen on.")
@@ -103,6 +113,21 @@ class Settings(LakelogSettings, DatabaseSettings, StoreSettings):
         default=10,
         description="Most entries of one v3 records:batch (kafka-rest's "
         "api.v3.produce.batch.maximum.entries).",
+    )
+
+    # -- the Kafka protocol --------------------------------------------------
+    kafka_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        default=9092, description="Port of the Kafka listener on host; 0 turns it off."
+    )
+    kafka_advertised: str | None = Field(
+        default=None,
+        description="host:port Kafka clients reach this agent at (Metadata's broker address); "
+        "unset: the advertised URL's host (else the listen host) and kafka_port.",
+    )
+    kafka_max_request_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=100 * MiB,
+        description="Largest request frame the Kafka listener reads (Kafka's "
+        "socket.request.max.bytes).",
     )
 
     # -- topics and metadata -------------------------------------------------
@@ -168,6 +193,16 @@ class Settings(LakelogSettings, DatabaseSettings, StoreSettings):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"advertised_url must be an http(s) URL with a host; got {v!r}")
         return v.rstrip("/")
+
+    @field_validator("kafka_advertised")
+    @classmethod
+    def _check_kafka_advertised(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"kafka_advertised must be host:port; got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _check_sizes(self) -> Settings:

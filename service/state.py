@@ -47,6 +47,8 @@ class AgentState:
     registry: SchemaRegistry
     #: Bounded thread pools, one per kind of blocking work.
     executors: Executors
+    #: (host, port) of this agent's Kafka listener as clients reach it; None when off.
+    kafka_address: tuple[str, int] | None = None
 
 
 def get_state(request: Request) -> AgentState:

@@ -1,8 +1,12 @@
-"""Spark batch reads of lakelog topics straight from the object store.
+"""Spark reads, streams and writes of lakelog topics straight from the object store.
 
-``spark.register(session)`` makes ``session.read.format("lakelog")`` available. The data
-source (``spark.source``) imports pyspark, so it loads only when asked for: the agent
-imports nothing from here.
+Nothing to register: an installed lakelog (``pip install 'lakelog[spark]'``) brings the
+top-level module ``pyspark_lakelog``, which Spark 4 finds at session start, so
+``spark.read.format("lakelog")``, ``readStream`` and ``write`` just work.
+``register(session)`` remains for sessions that cannot see installed modules (an
+editable install, a notebook with this tree on ``sys.path`` only). The data source
+(``spark.source``) imports pyspark, so it loads only when asked for: the agent imports
+nothing from here.
 """
 
 from __future__ import annotations
@@ -16,14 +20,13 @@ __all__ = ["LakelogDataSource", "register"]
 
 
 def register(session: Any) -> None:
-    """Register the ``lakelog`` data source with a SparkSession and enable filter pushdown.
+    """Register the ``lakelog`` data source with a SparkSession, by hand.
 
-    Spark refuses a Python data source that implements ``pushFilters`` unless
-    ``spark.sql.python.filterPushdown.enabled`` is true, so this sets it.
+    Not needed where lakelog is installed (see the module docstring). Filter pushdown
+    stays the session's choice (``spark.sql.python.filterPushdown.enabled``).
     """
     from spark.source import LakelogDataSource
 
-    session.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     session.dataSource.register(LakelogDataSource)
 
 

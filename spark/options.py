@@ -1,12 +1,14 @@
-"""Options of the ``lakelog`` Spark data source, parsed and checked before anything is read.
+"""Options of the ``lakelog`` Spark data source, parsed and checked before anything runs.
 
-The names and value forms follow Spark's Kafka source (``subscribe``,
+The names and value forms follow Spark's Kafka source and sink (``subscribe``,
 ``subscribePattern``, ``startingOffsets``, ``endingOffsets``, ``startingTimestamp``,
-``endingTimestamp``, ``startingOffsetsByTimestampStrategy``, ``failOnDataLoss``), plus
-where to find the log: ``coordinator`` (URL of a coordinator process) or ``db`` (a
-coordinator database URL, opened read-only, for offline use), and ``store`` with
-``store.endpoint`` / ``store.region``. ``trace`` names a file that planning and every
-task append one JSON line to (objects opened, row groups read): instrumentation.
+``endingTimestamp``, ``startingOffsetsByTimestampStrategy``, ``failOnDataLoss``,
+``includeHeaders``, ``maxOffsetsPerTrigger``; ``topic`` for writes), plus where to find
+the log: ``coordinator`` (URL of a coordinator process, which also tells where the
+objects are) or ``db`` (a coordinator database URL, for offline use), and ``store``
+with ``store.endpoint`` / ``store.region`` (required with ``db``; with ``coordinator``
+an override of what the coordinator says). ``trace`` names a file that planning and
+every task append one JSON line to (objects opened, row groups read): instrumentation.
 
 Option names are case-insensitive, as Spark passes them (a case-insensitive map).
 Pure: no I/O, no pyspark.
@@ -20,7 +22,16 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["EARLIEST", "LATEST", "OffsetSpec", "ReadOptions", "parse_options"]
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "Connection",
+    "OffsetSpec",
+    "ReadOptions",
+    "WriteOptions",
+    "parse_options",
+    "parse_write_options",
+]
 
 #: Spark's Kafka source markers in the per-partition JSON form.
 EARLIEST = -2
@@ -29,7 +40,8 @@ LATEST = -1
 #: ``"earliest"``, ``"latest"`` or ``{topic: {partition: offset}}`` (offset -2/-1 allowed).
 OffsetSpec = str | dict[str, dict[int, int]]
 
-_KNOWN = {
+_CONNECTION = {"coordinator", "db", "store", "store.endpoint", "store.region"}
+_READ = {
     "subscribe",
     "subscribepattern",
     "startingoffsets",
@@ -38,14 +50,29 @@ _KNOWN = {
     "endingtimestamp",
     "startingoffsetsbytimestampstrategy",
     "failondataloss",
-    "coordinator",
-    "db",
-    "store",
-    "store.endpoint",
-    "store.region",
+    "includeheaders",
     "trace",
     "maxbytespertask",
 }
+# Streams have no end; batch reads take no trigger limit (as Spark's Kafka source).
+_BATCH_ONLY = {"endingoffsets", "endingtimestamp"}
+_STREAM_ONLY = {"maxoffsetspertrigger"}
+_WRITE = {"topic", "compression", "maxbytesperobject"}
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Where the log is: exactly one of ``coordinator``/``db``; ``store`` and its S3 settings.
+
+    ``store`` None: ask the coordinator (``/v1/store``); ``store_endpoint`` and
+    ``store_region`` then override what it says.
+    """
+
+    coordinator: str | None
+    db: str | None
+    store: str | None
+    store_endpoint: str | None
+    store_region: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +83,7 @@ class ReadOptions:
     ``starting``/``ending``: ``"earliest"``, ``"latest"`` or per-partition offsets.
     ``starting_timestamp``/``ending_timestamp`` (ms) take precedence over offsets, as
     in Spark. ``max_bytes_per_task``: merge index entries up to about this size.
+    ``max_offsets_per_trigger``: a stream's records per micro-batch (None: all).
     """
 
     topics: tuple[str, ...] | None
@@ -66,20 +94,29 @@ class ReadOptions:
     ending_timestamp: int | None
     timestamp_strategy: str
     fail_on_data_loss: bool
-    coordinator: str | None
-    db: str | None
-    store: str
-    store_endpoint: str | None
-    store_region: str | None
+    include_headers: bool
+    connection: Connection
     trace: str | None
     max_bytes_per_task: int
+    max_offsets_per_trigger: int | None = None
 
 
-def _offsets(name: str, raw: str, *, starting: bool) -> OffsetSpec:
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    """One write's options: ``topic`` (overrides the ``topic`` column), batch compression,
+    and the size at which a task starts another segment object."""
+
+    topic: str | None
+    compression: str
+    max_bytes_per_object: int
+    connection: Connection
+
+
+def _offsets(name: str, raw: str, *, starting: bool, streaming: bool) -> OffsetSpec:
     value = raw.strip()
     if value.lower() in ("earliest", "latest"):
         word = value.lower()
-        if starting and word == "latest":
+        if starting and word == "latest" and not streaming:
             raise ValueError("startingOffsets='latest' is not allowed for a batch read (as Spark)")
         if not starting and word == "earliest":
             raise ValueError("endingOffsets='earliest' is not allowed for a batch read (as Spark)")
@@ -106,7 +143,7 @@ def _offsets(name: str, raw: str, *, starting: bool) -> OffsetSpec:
                     f"{name}: offset {off!r} of {topic}-{p} must be an integer >= 0, "
                     "-2 (earliest) or -1 (latest)"
                 )
-            if starting and off == LATEST:
+            if starting and off == LATEST and not streaming:
                 raise ValueError(f"{name}: -1 (latest) is not allowed as a starting offset")
             if not starting and off == EARLIEST:
                 raise ValueError(f"{name}: -2 (earliest) is not allowed as an ending offset")
@@ -135,18 +172,73 @@ def _bool(name: str, raw: str | None, default: bool) -> bool:
     raise ValueError(f"{name} must be 'true' or 'false', not {raw!r}")
 
 
-def parse_options(options: Mapping[str, str]) -> ReadOptions:
-    """Check a read's options (names case-insensitive); every error names the option.
+def _positive(name: str, raw: str | None, default: int | None) -> int | None:
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, not {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, not {value}")
+    return value
 
-    Raises:
-        ValueError: an unknown option, both or neither of subscribe/subscribePattern, a bad
-            regular expression, malformed offsets JSON, a non-numeric timestamp, neither or
-            both of coordinator/db, no store.
-    """
+
+def _lowered(options: Mapping[str, str], known: set[str]) -> dict[str, str]:
     opts = {k.lower(): v for k, v in options.items()}
-    unknown = sorted(k for k in opts if k not in _KNOWN and k != "path")
+    unknown = sorted(k for k in opts if k not in known and k != "path")
     if unknown:
         raise ValueError(f"unknown lakelog option(s): {', '.join(unknown)}")
+    return opts
+
+
+def _connection(opts: Mapping[str, str]) -> Connection:
+    coordinator, db = opts.get("coordinator"), opts.get("db")
+    if (coordinator is None) == (db is None):
+        raise ValueError(
+            "set exactly one of 'coordinator' (URL of a coordinator process) and "
+            "'db' (a coordinator database URL, for offline use)"
+        )
+    store = opts.get("store") or None
+    if db is not None and store is None:
+        raise ValueError(
+            "option 'store' (an object store URL: s3://bucket/prefix, file:///path) is "
+            "required with 'db'; with 'coordinator' the coordinator tells it"
+        )
+    return Connection(
+        coordinator=coordinator,
+        db=db,
+        store=store,
+        store_endpoint=opts.get("store.endpoint") or None,
+        store_region=opts.get("store.region") or None,
+    )
+
+
+def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
+    """Check a read's options (names case-insensitive); every error names the option.
+
+    Streams default to ``startingOffsets=latest`` and take ``maxOffsetsPerTrigger``;
+    batch reads default to ``earliest`` and take ``endingOffsets``/``endingTimestamp``,
+    as Spark's Kafka source.
+
+    Raises:
+        ValueError: an unknown option (or one of the other mode), both or neither of
+            subscribe/subscribePattern, a bad regular expression, malformed offsets JSON,
+            a non-numeric timestamp or limit, neither or both of coordinator/db, db
+            without store.
+    """
+    known = _CONNECTION | _READ | (_STREAM_ONLY if streaming else set())
+    if streaming:
+        known -= _BATCH_ONLY
+    try:
+        opts = _lowered(options, known)
+    except ValueError as exc:
+        other = _BATCH_ONLY if streaming else _STREAM_ONLY
+        wrong = sorted(k.lower() for k in options if k.lower() in other)
+        if wrong:
+            mode = "streaming" if streaming else "batch"
+            raise ValueError(f"option(s) {', '.join(wrong)} do not apply to a {mode} read") from exc
+        raise
     subscribe, pattern = opts.get("subscribe"), opts.get("subscribepattern")
     if (subscribe is None) == (pattern is None):
         raise ValueError("set exactly one of the options 'subscribe' and 'subscribePattern'")
@@ -167,37 +259,56 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         raise ValueError(
             f"startingOffsetsByTimestampStrategy must be 'error' or 'latest', not {strategy!r}"
         )
-    coordinator, db = opts.get("coordinator"), opts.get("db")
-    if (coordinator is None) == (db is None):
-        raise ValueError(
-            "set exactly one of 'coordinator' (URL of a coordinator process) and "
-            "'db' (a coordinator database URL, for offline reads)"
-        )
-    store = opts.get("store")
-    if not store:
-        raise ValueError("option 'store' (an object store URL: s3://bucket/prefix) is required")
-    try:
-        max_bytes = int(opts.get("maxbytespertask", str(64 << 20)))
-    except ValueError:
-        raise ValueError("maxBytesPerTask must be an integer") from None
-    if max_bytes < 1:
-        raise ValueError("maxBytesPerTask must be >= 1")
+    max_bytes = _positive("maxBytesPerTask", opts.get("maxbytespertask"), 64 << 20)
+    assert max_bytes is not None
+    default_start = "latest" if streaming else "earliest"
     return ReadOptions(
         topics=topics,
         pattern=pattern,
         starting=_offsets(
-            "startingOffsets", opts.get("startingoffsets", "earliest"), starting=True
+            "startingOffsets",
+            opts.get("startingoffsets", default_start),
+            starting=True,
+            streaming=streaming,
         ),
-        ending=_offsets("endingOffsets", opts.get("endingoffsets", "latest"), starting=False),
+        ending=_offsets(
+            "endingOffsets", opts.get("endingoffsets", "latest"), starting=False, streaming=False
+        ),
         starting_timestamp=_timestamp("startingTimestamp", opts.get("startingtimestamp")),
         ending_timestamp=_timestamp("endingTimestamp", opts.get("endingtimestamp")),
         timestamp_strategy=strategy,
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss"), True),
-        coordinator=coordinator,
-        db=db,
-        store=store,
-        store_endpoint=opts.get("store.endpoint"),
-        store_region=opts.get("store.region"),
+        include_headers=_bool("includeHeaders", opts.get("includeheaders"), False),
+        connection=_connection(opts),
         trace=opts.get("trace"),
         max_bytes_per_task=max_bytes,
+        max_offsets_per_trigger=_positive(
+            "maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), None
+        ),
+    )
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Check a write's options (names case-insensitive).
+
+    Raises:
+        ValueError: an unknown option, an empty topic, an unknown compression, a bad
+            size, neither or both of coordinator/db, db without store.
+    """
+    opts = _lowered(options, _CONNECTION | _WRITE | {"checkpointlocation"})
+    topic = opts.get("topic")
+    if topic is not None and not topic.strip():
+        raise ValueError("option 'topic' is empty")
+    from segments.segment import COMPRESSIONS  # the Kafka codec: loaded by writes only
+
+    compression = opts.get("compression", "zstd").strip().lower()
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}")
+    size = _positive("maxBytesPerObject", opts.get("maxbytesperobject"), 64 << 20)
+    assert size is not None
+    return WriteOptions(
+        topic=None if topic is None else topic.strip(),
+        compression=compression,
+        max_bytes_per_object=size,
+        connection=_connection(opts),
     )

@@ -8,8 +8,8 @@ up page by page may overlap when tiering swapped rows in between (a Parquet row 
 replaced the segment rows already seen), and the disjoint ranges make a record come out
 exactly once whatever the index did meanwhile. Slices are then packed into
 :class:`ScanTask` s: small segment chunks merged up to ``max_bytes_per_task``, big Parquet
-objects split into pieces by offset (a piece reads the row groups whose first offset
-falls in it).
+objects cut into pieces of whole row groups (their footers read while planning; a piece
+reads the row groups whose first offset falls in it).
 
 Pushed-down filters arrive as :class:`Bounds`: partitions and topics prune whole
 partitions, offset bounds narrow the ranges, timestamp bounds drop entries whose
@@ -20,10 +20,10 @@ No pyspark here: the bench and tests call it directly.
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 
 from coordinator.client import Coordinator
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
@@ -31,15 +31,25 @@ from segments.store import ObjectStore
 from segments.types import ChunkRef, TopicInfo
 from spark.options import EARLIEST, LATEST, ReadOptions
 
-__all__ = ["Bounds", "Plan", "ScanTask", "Slice", "plan_read"]
+__all__ = [
+    "Bounds",
+    "Plan",
+    "ScanTask",
+    "Slice",
+    "plan_read",
+    "plan_tasks",
+    "start_at_timestamp",
+    "subscribed_topics",
+]
 
 # Index entries fetched per coordinator lookup while walking a partition.
 _LOOKUP_PAGE = 1000
 # Task sizing (compressed bytes). Segment chunks cost ~0.25 s of Python decoding per MiB,
 # so small tasks still outweigh Spark's per-task cost (a reused worker) and spread over
-# the cores; Parquet objects are only split into pieces of a row group's order of size.
+# the cores; Parquet objects are cut into pieces of whole row groups.
 _MIN_TASK_BYTES = 256 << 10
-_MIN_PARQUET_PIECE = 1 << 20
+# Tier object footers read at once while planning (only of objects to be cut in pieces).
+_FOOTER_THREADS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +74,11 @@ class Bounds:
 class Slice:
     """Offsets [lo, hi) of one index entry (a segment chunk or a Parquet object).
 
-    For a piece of a split Parquet object, only row groups whose first offset lies in
-    [rg_lo, rg_hi) are read (their rows still clipped to [lo, hi)).
+    ``position`` and ``length`` are the index entry's: for a Parquet object, 0 and the
+    object's size (where its footer is), whatever piece of it this slice reads. For a
+    piece of a split Parquet object, only row groups whose first offset lies in
+    [rg_lo, rg_hi) are read (their rows still clipped to [lo, hi)), and ``cost`` is the
+    piece's share of the object's bytes: what task packing counts.
     """
 
     topic: str
@@ -80,17 +93,22 @@ class Slice:
     hi: int
     rg_lo: int = 0
     rg_hi: int = 2**63 - 1
+    cost: int = -1
+
+    def __post_init__(self) -> None:
+        if self.cost < 0:
+            object.__setattr__(self, "cost", self.length)
 
 
 @dataclass(frozen=True, slots=True)
 class ScanTask:
-    """The slices one Spark task reads, in order."""
+    """The slices one Spark task reads, grouped by object."""
 
     slices: tuple[Slice, ...]
 
     @property
     def nbytes(self) -> int:
-        return sum(s.length for s in self.slices)
+        return sum(s.cost for s in self.slices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +124,12 @@ class Plan:
     tasks: list[ScanTask] = field(default_factory=list)
 
 
-def _topics(opts: ReadOptions, coordinator: Coordinator, bounds: Bounds) -> list[TopicInfo]:
+def subscribed_topics(opts: ReadOptions, coordinator: Coordinator) -> list[TopicInfo]:
+    """The topics ``subscribe`` names or ``subscribePattern`` matches, now.
+
+    Raises:
+        ValueError: a ``subscribe`` topic does not exist.
+    """
     if opts.topics is not None:
         out = []
         for name in opts.topics:
@@ -114,11 +137,15 @@ def _topics(opts: ReadOptions, coordinator: Coordinator, bounds: Bounds) -> list
                 out.append(coordinator.get_topic(name))
             except TopicNotFoundError:
                 raise ValueError(f"subscribe: unknown topic {name!r}") from None
-    else:
-        assert opts.pattern is not None
-        # Spark's subscribePattern matches whole names (java.util.regex.Matcher.matches).
-        regex = re.compile(opts.pattern)
-        out = [t for t in coordinator.list_topics() if regex.fullmatch(t.name)]
+        return out
+    assert opts.pattern is not None
+    # Spark's subscribePattern matches whole names (java.util.regex.Matcher.matches).
+    regex = re.compile(opts.pattern)
+    return [t for t in coordinator.list_topics() if regex.fullmatch(t.name)]
+
+
+def _topics(opts: ReadOptions, coordinator: Coordinator, bounds: Bounds) -> list[TopicInfo]:
+    out = subscribed_topics(opts, coordinator)
     for spec in (opts.starting, opts.ending):
         if isinstance(spec, dict):
             names = {t.name: t for t in out}
@@ -146,6 +173,33 @@ def _offset_for_timestamp(
     return first_offset_at_or_after(store, topic, partition, ref, ts)
 
 
+def start_at_timestamp(
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    store: ObjectStore,
+    topic: str,
+    partition: int,
+    log_start: int,
+    hw: int,
+) -> int:
+    """The first offset at or after ``startingTimestamp`` (batch reads and streams alike).
+
+    Raises:
+        ValueError: no record is that recent and ``startingOffsetsByTimestampStrategy`` is
+            ``error`` (with ``latest``: the high watermark, nothing to read).
+    """
+    assert opts.starting_timestamp is not None
+    found = _offset_for_timestamp(coordinator, store, topic, partition, opts.starting_timestamp)
+    if found is None:
+        if opts.timestamp_strategy == "error":
+            raise ValueError(
+                f"startingTimestamp {opts.starting_timestamp}: no record of {topic}-{partition} "
+                "at or after it (set startingOffsetsByTimestampStrategy=latest to read nothing)"
+            )
+        found = hw
+    return min(max(found, log_start), hw)
+
+
 def _resolve(
     opts: ReadOptions,
     coordinator: Coordinator,
@@ -158,15 +212,7 @@ def _resolve(
     """The offsets [start, end) this read takes from one partition, within the snapshot."""
     tp = f"{topic}-{partition}"
     if opts.starting_timestamp is not None:
-        found = _offset_for_timestamp(coordinator, store, topic, partition, opts.starting_timestamp)
-        if found is None:
-            if opts.timestamp_strategy == "error":
-                raise ValueError(
-                    f"startingTimestamp {opts.starting_timestamp}: no record of {tp} at or "
-                    "after it (set startingOffsetsByTimestampStrategy=latest to read nothing)"
-                )
-            found = hw
-        start = min(max(found, log_start), hw)
+        start = start_at_timestamp(opts, coordinator, store, topic, partition, log_start, hw)
     elif isinstance(opts.starting, dict):
         parts = opts.starting.get(topic)
         if parts is None or partition not in parts:
@@ -240,51 +286,66 @@ def _slice(topic: str, partition: int, ref: ChunkRef, lo: int, hi: int) -> Slice
     )
 
 
-def _split(s: Slice, max_bytes: int) -> list[Slice]:
-    """A big Parquet object's slice as pieces by offset (row groups by their first offset).
+#: (first offset, last offset, compressed bytes) of each row group of a tier object.
+RowGroups = list[tuple[int, int, int]]
 
-    Pieces are at least ``_MIN_PARQUET_PIECE`` bytes: the planner does not know the row
-    groups, and a piece smaller than one reads nothing but the footer.
+
+def _split(s: Slice, max_bytes: int, groups: RowGroups) -> list[Slice]:
+    """A big Parquet object's slice as pieces of whole row groups, about max_bytes each.
+
+    A piece reads the row groups whose first offset lies in [rg_lo, rg_hi); row groups
+    wholly outside [lo, hi) are left out of the count (no piece reads their rows).
     """
-    pieces = min(math.ceil(s.length / max(max_bytes, _MIN_PARQUET_PIECE)), s.hi - s.lo)
-    if s.kind != "parquet" or pieces <= 1:
+    inside = [g for g in groups if g[1] >= s.lo and g[0] < s.hi]
+    pieces: list[list[tuple[int, int, int]]] = []
+    size = 0
+    for g in inside:
+        if not pieces or size + g[2] > max_bytes:
+            pieces.append([])
+            size = 0
+        pieces[-1].append(g)
+        size += g[2]
+    if len(pieces) <= 1:
         return [s]
     # Row groups are assigned by their first offset, which may lie before lo: the first
-    # piece takes everything below, the last everything above.
-    span = s.hi - s.lo
-    cuts = [s.lo + span * i // pieces for i in range(pieces + 1)]
-    cuts[0], cuts[-1] = 0, 2**63 - 1
+    # piece takes everything below, the last everything above. Every piece keeps the
+    # object's length: the reader finds the footer with it.
+    cuts = [0, *(piece[0][0] for piece in pieces[1:]), 2**63 - 1]
     return [
-        Slice(
-            s.topic,
-            s.partition,
-            s.kind,
-            s.object_key,
-            s.position,
-            math.ceil(s.length / pieces),
-            s.base_offset,
-            s.record_count,
-            s.lo,
-            s.hi,
-            cuts[i],
-            cuts[i + 1],
-        )
-        for i in range(pieces)
+        replace(s, rg_lo=cuts[i], rg_hi=cuts[i + 1], cost=sum(g[2] for g in piece))
+        for i, piece in enumerate(pieces)
     ]
 
 
-def _pack(slices: list[Slice], max_bytes: int) -> list[ScanTask]:
-    """Consecutive slices into tasks of about max_bytes (a big slice is a task of its own)."""
+def _row_groups(store: ObjectStore, slices: list[Slice]) -> dict[Slice, RowGroups]:
+    """The row groups of each slice's tier object, footers fetched in parallel."""
+    from spark.scan import tier_row_groups
+
+    if not slices:
+        return {}
+    with ThreadPoolExecutor(min(_FOOTER_THREADS, len(slices))) as pool:
+        return dict(zip(slices, pool.map(lambda s: tier_row_groups(store, s), slices), strict=True))
+
+
+def _pack(slices: list[Slice], max_bytes: int, store: ObjectStore) -> list[ScanTask]:
+    """Consecutive slices into tasks of about max_bytes.
+
+    A Parquet object bigger than that is cut into pieces of whole row groups (its footer
+    read here); a slice bigger than max_bytes that cannot be cut is a task of its own.
+    """
+    big = [s for s in slices if s.kind == "parquet" and s.length > max_bytes]
+    layouts = _row_groups(store, big)
     tasks: list[ScanTask] = []
     current: list[Slice] = []
     size = 0
     for s in slices:
-        for piece in _split(s, max_bytes):
-            if current and size + piece.length > max_bytes:
+        pieces = _split(s, max_bytes, layouts[s]) if s in layouts else [s]
+        for piece in pieces:
+            if current and size + piece.cost > max_bytes:
                 tasks.append(ScanTask(tuple(current)))
                 current, size = [], 0
             current.append(piece)
-            size += piece.length
+            size += piece.cost
     if current:
         tasks.append(ScanTask(tuple(current)))
     return tasks
@@ -301,7 +362,6 @@ def plan_read(
     """
     snapshot: dict[tuple[str, int], tuple[int, int]] = {}
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
-    slices: list[Slice] = []
     for info in _topics(opts, coordinator, bounds):
         for partition in range(info.partitions):
             if bounds.partitions is not None and partition not in bounds.partitions:
@@ -314,13 +374,38 @@ def plan_read(
             snapshot[(info.name, partition)] = (log_start, hw)
             start, end = _resolve(opts, coordinator, store, info.name, partition, log_start, hw)
             ranges[(info.name, partition)] = (start, end)
-            if bounds.min_offset is not None:
-                start = max(start, bounds.min_offset)
-            if bounds.max_offset is not None:
-                end = min(end, bounds.max_offset + 1)
-            if start < end:
-                slices.extend(_slices(coordinator, info.name, partition, start, end, bounds))
+    tasks = plan_tasks(coordinator, store, ranges, bounds, opts.max_bytes_per_task)
+    return Plan(snapshot, ranges, tasks)
+
+
+def plan_tasks(
+    coordinator: Coordinator,
+    store: ObjectStore,
+    ranges: Mapping[tuple[str, int], tuple[int, int]],
+    bounds: Bounds,
+    max_bytes_per_task: int,
+) -> list[ScanTask]:
+    """Scan tasks reading offsets [start, end) of each topic-partition (within the bounds).
+
+    What a batch read plans after resolving its offsets, and what a stream plans for
+    each micro-batch: the same range gives the same records either way.
+
+    Raises:
+        ValueError: the index no longer holds a range's records (see :func:`_slices`).
+    """
+    slices: list[Slice] = []
+    for (topic, partition), (start, end) in ranges.items():
+        if bounds.min_offset is not None:
+            start = max(start, bounds.min_offset)
+        if bounds.max_offset is not None:
+            end = min(end, bounds.max_offset + 1)
+        if start < end:
+            slices.extend(_slices(coordinator, topic, partition, start, end, bounds))
+    # Object by object: a segment object holds a chunk of every partition its flush had,
+    # and a task fetches the chunks of one object with one GET (the order of rows within
+    # a task means nothing to Spark).
+    slices.sort(key=lambda s: (s.object_key, s.position, s.lo))
     # Big reads get at least ~8 tasks, so that every executor core has work.
     total = sum(s.length for s in slices)
-    target = min(opts.max_bytes_per_task, max(_MIN_TASK_BYTES, total // 8))
-    return Plan(snapshot, ranges, _pack(slices, target))
+    target = min(max_bytes_per_task, max(_MIN_TASK_BYTES, total // 8))
+    return _pack(slices, target, store)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,9 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from segments.errors import CorruptSegmentError
+from segments.errors import CorruptSegmentError, ObjectNotFoundError
 from segments.segment import decode_chunk
-from segments.store import ObjectStore, open_store
+from segments.store import ObjectStore
 from segments.tier import TIER_SCHEMA
 from segments.types import ChunkRef
 from spark.plan import Bounds, ScanTask, Slice
@@ -41,8 +40,8 @@ __all__ = [
     "SPARK_ARROW_SCHEMA",
     "ScanStats",
     "first_offset_at_or_after",
-    "get_store",
     "read_task",
+    "tier_row_groups",
 ]
 
 _HEADER_TYPE = pa.list_(
@@ -70,19 +69,6 @@ _COALESCE_GAP = 1 << 20
 # The first ranged GET of a Parquet object: its tail, usually footer and page index.
 _TAIL_BYTES = 64 << 10
 _INTEGRITY_PREFIX = b"lklcrc1:"
-
-_stores: dict[tuple[str, str | None, str | None], ObjectStore] = {}
-_stores_lock = threading.Lock()
-
-
-def get_store(url: str, endpoint: str | None, region: str | None) -> ObjectStore:
-    """One store per URL per process: Python workers run many tasks."""
-    key = (url, endpoint, region)
-    with _stores_lock:
-        store = _stores.get(key)
-        if store is None:
-            store = _stores[key] = open_store(url, endpoint_url=endpoint, region=region)
-        return store
 
 
 @dataclass(slots=True)
@@ -306,6 +292,52 @@ _OFFSET_COL = TIER_SCHEMA.names.index("offset")
 _TS_COL = TIER_SCHEMA.names.index("timestamp")
 
 
+def _open_tier(store: ObjectStore, s: Slice, stats: ScanStats) -> pq.ParquetFile:
+    """The slice's tier object, its footer checked (CRC, schema, topic-partition).
+
+    Only the tail is fetched here; row groups are fetched when read.
+
+    Raises:
+        CorruptSegmentError: see :func:`_checked_tail`; another schema or topic-partition.
+        pa.ArrowException, OSError: pyarrow refuses the footer.
+    """
+    tail = _checked_tail(store, s.object_key, s.length, stats)
+    source = _RangedFile(store, s.object_key, s.length, tail, stats)
+    pf = pq.ParquetFile(source, pre_buffer=True, page_checksum_verification=True)
+    kv = {k.decode(): v.decode() for k, v in (pf.metadata.metadata or {}).items()}
+    if not pf.schema_arrow.equals(TIER_SCHEMA, check_metadata=False):
+        raise CorruptSegmentError(f"{s.object_key}: not the tier schema")
+    if kv.get("lakelog.topic") != s.topic or kv.get("lakelog.partition") != str(s.partition):
+        raise CorruptSegmentError(
+            f"{s.object_key}: holds {kv.get('lakelog.topic')}-{kv.get('lakelog.partition')}"
+            f", the index says {s.topic}-{s.partition}"
+        )
+    return pf
+
+
+def tier_row_groups(store: ObjectStore, s: Slice) -> list[tuple[int, int, int]]:
+    """(first offset, last offset, compressed bytes) of every row group of a tier object.
+
+    What the planner cuts a big tier object into task-sized pieces with: one ranged GET
+    of the object's tail.
+
+    Raises:
+        CorruptSegmentError: the footer fails its checks.
+        ObjectNotFoundError: the object is gone.
+    """
+    try:
+        md = _open_tier(store, s, ScanStats()).metadata
+        out = []
+        for i in range(md.num_row_groups):
+            group = md.row_group(i)
+            first, last = _stat(group, _OFFSET_COL)
+            size = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+            out.append((first, last, size))
+        return out
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptSegmentError(f"tier object {s.object_key}: {exc}") from exc
+
+
 def _parquet_batches(
     store: ObjectStore,
     s: Slice,
@@ -314,19 +346,9 @@ def _parquet_batches(
     stats: ScanStats,
 ) -> Iterator[pa.RecordBatch]:
     """One Parquet slice: tail, then the row groups that may hold wanted rows."""
-    tail = _checked_tail(store, s.object_key, s.length, stats)
-    source = _RangedFile(store, s.object_key, s.length, tail, stats)
     try:
-        pf = pq.ParquetFile(source, pre_buffer=True, page_checksum_verification=True)
+        pf = _open_tier(store, s, stats)
         md = pf.metadata
-        kv = {k.decode(): v.decode() for k, v in (md.metadata or {}).items()}
-        if not pf.schema_arrow.equals(TIER_SCHEMA, check_metadata=False):
-            raise CorruptSegmentError(f"{s.object_key}: not the tier schema")
-        if kv.get("lakelog.topic") != s.topic or kv.get("lakelog.partition") != str(s.partition):
-            raise CorruptSegmentError(
-                f"{s.object_key}: holds {kv.get('lakelog.topic')}-{kv.get('lakelog.partition')}"
-                f", the index says {s.topic}-{s.partition}"
-            )
         wanted: list[int] = []
         for i in range(md.num_row_groups):
             group = md.row_group(i)
@@ -335,7 +357,6 @@ def _parquet_batches(
                 continue
             ts_lo, ts_hi = _stat(group, _TS_COL)
             if not bounds.ts_overlaps(ts_lo, ts_hi):
-                stats.row_groups_skipped += 1
                 continue
             wanted.append(i)
         stats.row_groups_skipped += md.num_row_groups - len(wanted)
@@ -400,7 +421,9 @@ def read_task(
 
     Raises:
         CorruptSegmentError: an object's bytes fail their checks.
-        ObjectNotFoundError: an object was deleted since planning (retention or GC).
+        ObjectNotFoundError: an object was deleted since planning: tiering, compaction or
+            retention replaced it and garbage collection removed it after its grace
+            period (the message says so; never are other rows read instead).
     """
     stats = stats if stats is not None else ScanStats()
     slices = list(task.slices)
@@ -409,22 +432,32 @@ def read_task(
     while i < len(slices):
         s = slices[i]
         opened.add(s.object_key)
-        if s.kind == "parquet":
-            yield from _parquet_batches(store, s, columns, bounds, stats)
-            i += 1
-            continue
         group = [s]
         i += 1
         # Following chunks of the same object close after this one: one GET for all.
         while (
-            i < len(slices)
+            s.kind == "segment"
+            and i < len(slices)
             and slices[i].kind == "segment"
             and slices[i].object_key == s.object_key
             and 0 <= slices[i].position - (group[-1].position + group[-1].length) <= _COALESCE_GAP
         ):
             group.append(slices[i])
             i += 1
-        yield from _segment_batch(store, group, columns, bounds, stats)
+        try:
+            if s.kind == "parquet":
+                yield from _parquet_batches(store, s, columns, bounds, stats)
+            else:
+                yield from _segment_batch(store, group, columns, bounds, stats)
+        except ObjectNotFoundError as exc:
+            raise ObjectNotFoundError(
+                f"{s.object_key} (offsets {s.lo}-{s.hi - 1} of {s.topic}-{s.partition}) was "
+                "deleted after this read was planned: tiering, compaction or retention "
+                "replaced it and garbage collection removed it once its grace period "
+                "(the coordinator's --gc-grace-s) had passed. A read must finish within "
+                "that grace period of its planning; run the query again (it plans a new "
+                "snapshot) or raise --gc-grace-s"
+            ) from exc
     stats.objects_opened = len(opened)
 
 

@@ -1,40 +1,47 @@
-"""The ``lakelog`` Spark 4 Python data source: batch reads of topics from the object store.
+"""The ``lakelog`` Spark 4 Python data source: reads, streams and writes of topics.
 
-Usage::
+Usage (no registration: Spark finds the installed top-level module ``pyspark_lakelog``)::
 
-    import spark as lakelog_spark
-    lakelog_spark.register(session)          # or session.dataSource.register(...)
-    df = (session.read.format("lakelog")
-          .option("coordinator", "http://127.0.0.1:9092")
-          .option("store", "s3://bucket/lakelog")
+    df = (spark.read.format("lakelog")
+          .option("coordinator", "http://127.0.0.1:8083")
           .option("subscribe", "orders")
           .load())
+    stream = spark.readStream.format("lakelog").option(...).load()
+    df.write.format("lakelog").option("coordinator", ...).option("topic", "out").save()
 
-The reader plans in Spark's Python planner process: it parses the options (errors
-surface as the query's analysis error), pushes filters down, takes the snapshot and
-cuts it into input partitions (``spark.plan``). Each Spark task then reads its objects
-with boto3/pyarrow and yields Arrow record batches (``spark.scan``).
+Reads plan in Spark's Python planner process: the options are parsed (errors surface
+as the query's analysis error), filters are pushed down when Spark offers them, the
+coordinator gives the snapshot and says where the objects are, and the snapshot is cut
+into input partitions (``spark.plan``). Each Spark task then reads its objects with
+boto3/pyarrow and yields Arrow record batches (``spark.scan``). A stream does the same
+per micro-batch between offsets kept in Spark's checkpoint (``spark.stream``). Writes
+upload segment objects from the tasks and commit them from the driver
+(``spark.write``).
 
-A user-given schema with a subset of the Kafka columns (``.schema("offset long, value
-binary")``) decodes only those columns from Parquet objects.
+The columns are Spark's Kafka source's (``headers`` only with ``includeHeaders=true``);
+a user-given schema with a subset of them (``.schema("offset long, value binary")``)
+decodes only those columns from Parquet objects.
 
-This module imports pyspark; ``spark/__init__.py`` loads it only on demand, so the agent
-never needs pyspark.
+This module imports pyspark; ``spark/__init__.py`` and ``pyspark_lakelog`` load it,
+the agent never does.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import os
+import sys
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     EqualTo,
     Filter,
     GreaterThan,
@@ -43,39 +50,62 @@ from pyspark.sql.datasource import (
     InputPartition,
     LessThan,
     LessThanOrEqual,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
 from coordinator.client import Coordinator
-from spark.options import ReadOptions, parse_options
-from spark.plan import Bounds, ScanTask, plan_read
-from spark.scan import COLUMNS, ScanStats, append_trace, get_store, read_task
+from segments.types import StoreLocation, TopicInfo
+from spark.connect import get_store, open_coordinator, opened, resolve_store
+from spark.options import ReadOptions, parse_options, parse_write_options
+from spark.plan import Bounds, ScanTask, plan_read, plan_tasks
+from spark.stream import (
+    current_offsets,
+    from_json,
+    initial_offsets,
+    latest_offsets,
+    micro_batch_ranges,
+    to_json,
+)
 
-__all__ = ["SCHEMA", "LakelogDataSource", "LakelogReader"]
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-#: Spark's Kafka source schema (with includeHeaders=true), as DDL.
+    from spark.write import ObjectsWritten
+
+# Decoding, encoding and writing (spark.scan, spark.write: pyarrow.parquet, the Kafka
+# codec) are imported where used: Spark's planner starts a Python process for every
+# query it plans, which needs only the light modules above.
+
+__all__ = ["SCHEMA", "LakelogDataSource"]
+
+log = logging.getLogger(__name__)
+
+#: Spark's Kafka source schema with includeHeaders=true, as DDL.
 SCHEMA = (
     "key binary, value binary, topic string, partition int, offset bigint, "
     "timestamp timestamp, timestampType int, headers array<struct<key:string,value:binary>>"
 )
+#: ... and without (the default, as Spark's Kafka source).
+SCHEMA_NO_HEADERS = SCHEMA.rsplit(", headers", 1)[0]
 _TYPES = dict(f.split(" ", 1) for f in SCHEMA.split(", "))
 
 
-def _open_coordinator(opts: ReadOptions) -> Coordinator:
-    if opts.coordinator is not None:
-        from coordinator.http_client import HttpCoordinator
-
-        return HttpCoordinator(opts.coordinator)
-    from coordinator.db import parse_sqlite_url
-    from coordinator.local import LocalCoordinator
-
-    assert opts.db is not None
-    if opts.db.startswith("sqlite:"):
-        path = parse_sqlite_url(opts.db)
-        # Opening a missing file would create an empty database: say what is wrong instead.
-        if not Path(path).is_file():
-            raise ValueError(f"db: no coordinator database at {path} (from {opts.db!r})")
-    return LocalCoordinator(opts.db)
+def _columns(schema: StructType) -> tuple[str, ...]:
+    """The Kafka columns a (user-given) schema asks for; each must have Spark's type."""
+    for f in schema.fields:
+        want = _TYPES.get(f.name)
+        if want is None:
+            raise ValueError(f"schema: {f.name!r} is not a Kafka source column ({list(_TYPES)})")
+        if f.dataType.simpleString() != want.replace(" ", ""):
+            raise ValueError(f"schema: column {f.name!r} must be {want}")
+    return tuple(f.name for f in schema.fields)
 
 
 def _ms(value: Any, *, upper: bool) -> int | None:
@@ -157,46 +187,73 @@ def _bounds(filters: Sequence[Filter]) -> tuple[Bounds, list[Filter]]:
     return bounds, rest
 
 
-class LakelogPartition(InputPartition):
-    """One Spark input partition: a scan task."""
+def _spark_pushes_filters() -> bool:
+    """Whether Spark will offer this read's filters to ``pushFilters``.
 
-    def __init__(self, index: int, task: ScanTask) -> None:
+    Spark (>= 4.1) calls ``pushFilters`` only when the session sets
+    ``spark.sql.python.filterPushdown.enabled``, and otherwise refuses a reader that
+    overrides it (DATA_SOURCE_PUSHDOWN_DISABLED); a source can neither ask for the
+    setting nor see it. The planner that runs without pushdown
+    (``pyspark.sql.worker.plan_data_source_read``) has read the setting into its local
+    ``enable_pushdown`` before it calls ``DataSource.reader``; the planner that pushes
+    filters runs only when the setting is on and has no such local. So the frames
+    calling ``reader`` tell, and a read works whatever the setting: pruned with it,
+    filtered by Spark after a full read without it.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if "enable_pushdown" in frame.f_locals and frame.f_code.co_name == "_main":
+            return bool(frame.f_locals["enable_pushdown"])
+        frame = frame.f_back  # type: ignore[assignment]
+    return True
+
+
+class LakelogPartition(InputPartition):
+    """One Spark input partition: a scan task and where its objects are."""
+
+    def __init__(self, index: int, task: ScanTask, location: StoreLocation) -> None:
         super().__init__(index)
         self.task = task
+        self.location = location
+
+
+def _read(
+    partition: InputPartition, columns: Sequence[str], bounds: Bounds, trace: str | None
+) -> Iterator[pa.RecordBatch]:
+    """Read one input partition (batch or micro-batch) as Arrow batches.
+
+    A plan without tasks reaches here as Spark's placeholder ``InputPartition(None)``
+    (Spark runs one task when ``partitions`` returns none): it reads nothing.
+    """
+    if not isinstance(partition, LakelogPartition):
+        if partition.value is not None:
+            raise TypeError(f"not a lakelog input partition: {partition!r}")
+        return
+    from spark.scan import ScanStats, append_trace, read_task
+
+    stats = ScanStats()
+    yield from read_task(get_store(partition.location), partition.task, columns, bounds, stats)
+    if trace:
+        append_trace(trace, {"event": "task", "pid": os.getpid(), **stats.as_json()})
 
 
 class LakelogReader(DataSourceReader):
-    """Plans one snapshot (``partitions``) and reads scan tasks (``read``)."""
+    """Plans one snapshot (``partitions``) and reads scan tasks (``read``); no pushdown."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = parse_options(options)
-        names = [f.name for f in schema.fields]
-        for f in schema.fields:
-            want = _TYPES.get(f.name)
-            if want is None:
-                raise ValueError(f"schema: {f.name!r} is not a Kafka source column ({COLUMNS})")
-            if f.dataType.simpleString() != want:
-                raise ValueError(f"schema: column {f.name!r} must be {want}")
-        self.columns = tuple(names)
+        self.columns = _columns(schema)
         self.bounds = Bounds()
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        """Keep what prunes partitions, offsets and timestamps; return the rest to Spark."""
-        self.bounds, rest = _bounds(filters)
-        return rest
 
     def partitions(self) -> list[InputPartition]:
         """Take the snapshot and cut it into input partitions (one per scan task)."""
         opts = self.opts
-        store = get_store(opts.store, opts.store_endpoint, opts.store_region)
-        coordinator = _open_coordinator(opts)
-        try:
-            plan = plan_read(opts, coordinator, store, self.bounds)
-        finally:
-            close = getattr(coordinator, "close", None)
-            if close is not None:
-                close()
+        with opened(opts.connection) as coordinator:
+            location = resolve_store(opts.connection, coordinator)
+            plan = plan_read(opts, coordinator, get_store(location), self.bounds)
         if opts.trace:
+            from spark.scan import append_trace
+
             append_trace(
                 opts.trace,
                 {
@@ -206,38 +263,239 @@ class LakelogReader(DataSourceReader):
                     "tasks": len(plan.tasks),
                     "slices": sum(len(t.slices) for t in plan.tasks),
                     "objects": len({s.object_key for t in plan.tasks for s in t.slices}),
+                    "store": location.url,
                 },
             )
-        return [LakelogPartition(i, task) for i, task in enumerate(plan.tasks)]
+        return [LakelogPartition(i, task, location) for i, task in enumerate(plan.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Read one scan task as Arrow batches.
+        yield from _read(partition, self.columns, self.bounds, self.opts.trace)
 
-        A plan without tasks reaches here as Spark's placeholder ``InputPartition(None)``
-        (Spark runs one task when ``partitions`` returns none): it reads nothing.
-        """
-        if not isinstance(partition, LakelogPartition):
-            if partition.value is not None:
-                raise TypeError(f"not a lakelog input partition: {partition!r}")
-            return
-        opts = self.opts
-        store = get_store(opts.store, opts.store_endpoint, opts.store_region)
-        stats = ScanStats()
-        yield from read_task(store, partition.task, self.columns, self.bounds, stats)
-        if opts.trace:
-            append_trace(opts.trace, {"event": "task", "pid": os.getpid(), **stats.as_json()})
+
+class LakelogPruningReader(LakelogReader):
+    """A reader that takes Spark's pushed filters: partitions, objects and row groups pruned."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Keep what prunes partitions, offsets and timestamps; return the rest to Spark."""
+        self.bounds, rest = _bounds(filters)
+        return rest
+
+
+class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches between Kafka-source offsets kept in Spark's checkpoint."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.opts: ReadOptions = parse_options(options, streaming=True)
+        self.columns = _columns(schema)
+        self._cap: dict[tuple[str, int], int] | None = None
+        self._coordinator: Coordinator | None = None
+        self._location: StoreLocation | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled to the executors for read(): without the planner's open client.
+        state = dict(self.__dict__)
+        state["_coordinator"] = None
+        return state
+
+    def _client(self) -> Coordinator:
+        if self._coordinator is None:
+            self._coordinator = open_coordinator(self.opts.connection)
+        return self._coordinator
+
+    def initialOffset(self) -> dict[str, Any]:
+        coordinator = self._client()
+        store = None
+        if self.opts.starting_timestamp is not None:
+            store = get_store(self._store_location(coordinator))
+        return to_json(initial_offsets(self.opts, coordinator, store))
+
+    def _store_location(self, coordinator: Coordinator) -> StoreLocation:
+        if self._location is None:
+            self._location = resolve_store(self.opts.connection, coordinator)
+        return self._location
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.opts.max_offsets_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        now = current_offsets(self.opts, self._client())
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return to_json(latest_offsets(now, from_json(start), max_rows, self._cap))
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        now = current_offsets(self.opts, self._client())
+        return to_json({tp: o.high_watermark for tp, o in now.items()})
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        now = current_offsets(self.opts, self._client())
+        self._cap = {tp: o.high_watermark for tp, o in now.items()}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        coordinator = self._client()
+        location = self._store_location(coordinator)
+        ranges = micro_batch_ranges(self.opts, coordinator, from_json(start), from_json(end))
+        store = get_store(location)
+        tasks = plan_tasks(coordinator, store, ranges, Bounds(), self.opts.max_bytes_per_task)
+        if self.opts.trace:
+            from spark.scan import append_trace
+
+            append_trace(
+                self.opts.trace,
+                {
+                    "event": "micro-batch",
+                    "ranges": {f"{t}-{p}": list(v) for (t, p), v in ranges.items()},
+                    "tasks": len(tasks),
+                },
+            )
+        return [LakelogPartition(i, task, location) for i, task in enumerate(tasks)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from _read(partition, self.columns, Bounds(), self.opts.trace)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: offsets live in Spark's checkpoint, objects in the store."""
+
+    def stop(self) -> None:
+        if self._coordinator is not None:
+            close = getattr(self._coordinator, "close", None)
+            if close is not None:
+                close()
+            self._coordinator = None
+
+
+class LakelogCommitMessage(WriterCommitMessage):
+    """What a write task hands the driver: its uploaded, uncommitted objects."""
+
+    def __init__(self, written: ObjectsWritten) -> None:
+        self.written = written
+
+
+class _Writer:
+    """What the batch and streaming writers share: set up on the driver, write on tasks."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        from spark.write import check_sink_schema
+
+        self.opts = parse_write_options(options)
+        columns = {f.name: f.dataType.simpleString() for f in schema.fields}
+        check_sink_schema(columns, self.opts.topic)
+        with opened(self.opts.connection) as coordinator:
+            self.location = resolve_store(self.opts.connection, coordinator)
+            # With the topic option, one lookup here instead of one per task.
+            self.topic: TopicInfo | None = (
+                None if self.opts.topic is None else _topic(coordinator, self.opts.topic)
+            )
+
+    def _write(self, iterator: Iterator[pa.RecordBatch]) -> LakelogCommitMessage:
+        from pyspark import TaskContext
+
+        from index.log import LogWriter
+        from spark.write import TaskWriter
+
+        context = TaskContext.get()
+        store = get_store(self.location)
+        with opened(self.opts.connection) as coordinator:
+            known = {} if self.topic is None else {self.topic.name: self.topic}
+            task = TaskWriter(
+                LogWriter(store, coordinator),
+                lambda name: known.get(name) or _topic(coordinator, name),
+                None if self.topic is None else self.topic.name,
+                self.opts.compression,
+                self.opts.max_bytes_per_object,
+            )
+            for batch in iterator:
+                task.add(batch)
+            written = task.finish(
+                context.partitionId() if context else -1,
+                context.attemptNumber() if context else -1,
+            )
+        return LakelogCommitMessage(written)
+
+    def _commit(self, messages: Sequence[WriterCommitMessage | None], what: str) -> None:
+        from spark.write import commit_objects
+
+        written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
+        with opened(self.opts.connection) as coordinator:
+            results = commit_objects(get_store(self.location), coordinator, written)
+        records = sum(w.records for w in written if w is not None)
+        log.info("%s: committed %d objects, %d records", what, len(results), records)
+
+    def _abort(self, messages: Sequence[WriterCommitMessage | None], what: str) -> None:
+        from spark.write import delete_objects
+
+        written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
+        deleted = delete_objects(get_store(self.location), written)
+        log.warning("%s aborted: deleted %d uncommitted objects", what, deleted)
+
+
+def _topic(coordinator: Coordinator, name: str) -> TopicInfo:
+    from segments.errors import TopicNotFoundError
+
+    try:
+        return coordinator.get_topic(name)
+    except TopicNotFoundError:
+        raise ValueError(f"topic {name!r} does not exist: create it first") from None
+
+
+class LakelogWriter(_Writer, DataSourceArrowWriter):
+    """``df.write.format("lakelog")``: objects from the tasks, one commit per object from
+    the driver once every task succeeded (see ``spark.write``)."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return self._write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._commit(messages, "write")
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._abort(messages, "write")
+
+
+class LakelogStreamWriter(_Writer, DataSourceStreamArrowWriter):
+    """``df.writeStream.format("lakelog")``: each micro-batch written like a batch write.
+
+    At least once, as Spark's Kafka sink: a micro-batch whose commit here succeeded but
+    which Spark did not record before a crash is written again on restart.
+    """
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return self._write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._commit(messages, f"micro-batch {batchId}")
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._abort(messages, f"micro-batch {batchId}")
 
 
 class LakelogDataSource(DataSource):
-    """``spark.read.format("lakelog")``: see the module docstring and ``spark.options``."""
+    """``format("lakelog")``: see the module docstring and ``spark.options``."""
 
     @classmethod
     def name(cls) -> str:
         return "lakelog"
 
     def schema(self) -> str:
-        parse_options(self.options)  # bad options fail at load(), before any planning
-        return SCHEMA
+        raw = {k.lower(): v for k, v in self.options.items()}.get("includeheaders", "false")
+        return SCHEMA if raw.strip().lower() == "true" else SCHEMA_NO_HEADERS
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if _spark_pushes_filters():
+            return LakelogPruningReader(dict(self.options), schema)
         return LakelogReader(dict(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return LakelogStreamReader(dict(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> LakelogWriter:
+        if overwrite:
+            raise ValueError(
+                "a lakelog topic is append-only: write with mode 'append' (as Spark's Kafka sink)"
+            )
+        return LakelogWriter(dict(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LakelogStreamWriter:
+        # Output mode "complete" asks to overwrite: like Spark's Kafka sink, each
+        # micro-batch's whole result is appended.
+        return LakelogStreamWriter(dict(self.options), schema)

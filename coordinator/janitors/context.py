@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from coordinator.janitors.catalog import Catalog
 from coordinator.metadata import MetadataStore
 from segments.store import ObjectStore
+from segments.tier import DEFAULT_ROW_GROUP_BYTES
 
 JANITORS = ("tier", "retention", "compact", "gc")
 
@@ -37,6 +38,8 @@ class JanitorConfig:
             whatever their age.
         tier_target_bytes: source bytes per tier object (a run of chunks is cut here).
         tier_compression: Parquet compression of tier objects.
+        tier_row_group_bytes: a tier object's row group closes at this many payload
+            bytes (Spark reads cut objects into pieces of whole row groups).
         gc_grace_s: an unreferenced or orphan object is deleted this long after it
             lost its last index entry (or was written). Must exceed the longest read
             (lookup to GET, including agents' index cache TTL) and flush (PUT to commit).
@@ -50,6 +53,7 @@ class JanitorConfig:
     tier_untiered_bytes: int = 256 * MiB
     tier_target_bytes: int = 64 * MiB
     tier_compression: str = "zstd"
+    tier_row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES
     gc_grace_s: float = 600.0
     lease_ttl_s: float = 60.0
     tick_s: float = 1.0
@@ -63,7 +67,12 @@ class JanitorConfig:
             raise ValueError(f"intervals for unknown janitors {unknown}")
         if self.gc_grace_s <= 0 or self.lease_ttl_s <= 0 or self.tick_s <= 0:
             raise ValueError("gc_grace_s, lease_ttl_s and tick_s must be > 0")
-        if self.tier_target_bytes < 1 or self.tier_untiered_bytes < 0 or self.tier_age_s < 0:
+        if (
+            self.tier_target_bytes < 1
+            or self.tier_untiered_bytes < 0
+            or self.tier_age_s < 0
+            or self.tier_row_group_bytes < 1
+        ):
             raise ValueError("bad tiering thresholds")
 
     def interval_s(self, janitor: str) -> float:

@@ -234,7 +234,11 @@ class Tierer:
         first = records[0].offset if isinstance(records[0], ConsumedRecord) else records[0][0]
         last = records[-1].offset if isinstance(records[-1], ConsumedRecord) else records[-1][0]
         data = encode_tier(
-            part.topic, part.partition, records, compression=self.config.tier_compression
+            part.topic,
+            part.partition,
+            records,
+            compression=self.config.tier_compression,
+            row_group_bytes=self.config.tier_row_group_bytes,
         )
         key = new_tier_key(part.topic, part.partition, first, last)
         if self._stopping.is_set():

@@ -9,8 +9,10 @@ numeric field if named) as Parquet::
         --schema "amount double, user string" --sum amount --out /tmp/key_counts
 
     python -m spark.examples.key_counts --topic events \\
-        --coordinator http://127.0.0.1:8083 --store s3://bucket/lakelog \\
-        --store-endpoint http://127.0.0.1:9000 --out /tmp/key_counts
+        --coordinator http://127.0.0.1:8083 --out /tmp/key_counts
+
+With ``--coordinator`` the coordinator tells where the bucket is; ``--store`` and
+``--store-endpoint`` override it (an executor may reach the bucket at another address).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--coordinator", help="URL of a coordinator process")
     where.add_argument("--db", help="coordinator database URL (offline: sqlite:////abs/path.db)")
     ap.add_argument(
-        "--store", required=True, help="object store URL (s3://bucket/prefix, file:///dir)"
+        "--store", help="object store URL (s3://bucket/prefix, file:///dir); needed with --db"
     )
     ap.add_argument("--store-endpoint", help="S3 endpoint URL (MinIO, a moto server)")
     ap.add_argument("--schema", default="amount double", help="DDL of the JSON values")
@@ -48,9 +50,15 @@ def main(argv: list[str] | None = None) -> None:
 
     import spark as lakelog_spark
 
+    if args.db and not args.store:
+        build_parser().error("--db needs --store")
     session = SparkSession.builder.master(args.master).appName("lakelog-key-counts").getOrCreate()
+    # Where lakelog is installed Spark finds the source itself; this also covers a checkout
+    # run in place (an editable install is not a module Spark's lookup can list).
     lakelog_spark.register(session)
-    options = {"subscribe": args.topic, "store": args.store}
+    options = {"subscribe": args.topic}
+    if args.store:
+        options["store"] = args.store
     if args.coordinator:
         options["coordinator"] = args.coordinator
     else:

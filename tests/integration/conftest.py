@@ -15,6 +15,7 @@ Fixtures:
   to kill agents (``cluster.agent_procs[i].kill()``) or to run agents with
   other settings (e.g. ``agent_env={"LAKELOG_LINGER_MS": "500"}``).
 - ``unique_topic``: a fresh topic name per call.
+- ``spark`` (session): one local SparkSession for every Spark test.
 
 A ``Cluster`` gives ``agents`` (base URLs), ``coordinator_url``, ``store_url``,
 ``store_endpoint``, ``bucket``, ``cluster_id`` and the ``Proc`` handles; their
@@ -23,6 +24,8 @@ logs are in ``cluster.tmp``.
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +60,8 @@ class Cluster:
     coordinator_proc: Proc
     agent_procs: list[Proc]
     tmp: Path
+    #: "127.0.0.1:port" of each agent's Kafka listener (empty unless started with kafka=True).
+    kafka: list[str] = field(default_factory=list)
     _stopped: bool = field(default=False, repr=False)
 
     def stop(self) -> None:
@@ -90,12 +95,14 @@ def start_cluster(
     agent_env: dict[str, str] | None = None,
     agent_store_endpoint: str | None = None,
     agent_coordinator: Callable[[str], str] | None = None,
+    kafka: bool = False,
 ) -> Cluster:
     """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy.
 
     ``agent_store_endpoint`` (e.g. a fault proxy in front of moto) is the S3 endpoint
     the agents use instead of ``moto_endpoint``; ``agent_coordinator`` maps the
-    coordinator's URL to the one the agents are given (e.g. a fault proxy's).
+    coordinator's URL to the one the agents are given (e.g. a fault proxy's); ``kafka``
+    gives every agent a Kafka listener on a free port (else it has none).
     """
     tmp.mkdir(parents=True, exist_ok=True)
     bucket = f"lakelog-{uuid.uuid4().hex[:12]}"
@@ -127,9 +134,13 @@ def start_cluster(
         agents_coordinator = agent_coordinator(coordinator_url) if agent_coordinator else None
         # Agents start alongside the coordinator: they wait for it (app.COORDINATOR_WAIT_S).
         urls = []
+        kafka_addrs = []
         for _ in range(agents):
             port = free_port()
             urls.append(f"http://127.0.0.1:{port}")
+            kafka_port = free_port() if kafka else 0
+            if kafka:
+                kafka_addrs.append(f"127.0.0.1:{kafka_port}")
             procs.append(
                 Proc(
                     lakelog_cmd(
@@ -146,6 +157,8 @@ def start_cluster(
                         str(port),
                         "--log-level",
                         "warning",
+                        "--kafka-port",
+                        str(kafka_port),
                         *agent_args,
                     ),
                     tmp / f"agent-{port}.log",
@@ -171,7 +184,20 @@ def start_cluster(
         coordinator_proc=coordinator,
         agent_procs=procs,
         tmp=tmp,
+        kafka=kafka_addrs,
     )
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(
+    moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    """A coordinator + two agents with Kafka listeners, shared by the Kafka door's tests."""
+    cluster = start_cluster(tmp_path_factory.mktemp("kafka-cluster"), moto_endpoint, kafka=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -276,3 +302,41 @@ def served_db(served: tuple[str, str]) -> Iterator[LocalCoordinator]:
     c = LocalCoordinator(served[1])
     yield c
     c.close()
+
+
+# -- one SparkSession for the run ---------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession shared by every Spark test (a session takes ~7 s to start).
+
+    ``local[2,2]``: two cores, and a failed task is tried once more (local mode's
+    default is no retry), as on a cluster; the killed-write-task test needs it. The
+    source is registered by hand: this venv's editable install is not a module on
+    ``sys.path`` that Spark's lookup can list (a real install is; see
+    ``test_spark_stream_write.py::test_a_fresh_session_needs_no_registration``).
+    Filter pushdown is on, as the README tells users to set it.
+    """
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    import spark as lakelog_spark
+
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("lakelog-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    lakelog_spark.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()

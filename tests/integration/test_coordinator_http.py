@@ -30,6 +30,8 @@ from segments.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from segments.store import open_store
+from segments.types import StoreLocation
 from tests.procs import start_coordinator
 from tests.unit.test_schema_store import SCENARIOS as SCHEMA_SCENARIOS
 
@@ -432,6 +434,30 @@ def test_errors_map_back_to_the_same_class_and_message(
         assert type(expected) is cls
     assert type(got) is type(expected)
     assert (got.message, got.retriable) == (expected.message, expected.retriable)
+
+
+def test_store_route_tells_readers_where_the_objects_are(
+    local: LocalCoordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /v1/store: URL, endpoint and region for Spark jobs, nulls without a store, and
+    a relative file:// store made absolute (a Spark executor runs elsewhere)."""
+    with TestClient(create_app(local)) as client:
+        assert client.get("/v1/store").json() == {"url": None, "endpoint": None, "region": None}
+        assert HttpCoordinator("http://testserver", client=client).store_location() is None
+    told = StoreLocation("s3://bucket/lakelog", "http://127.0.0.1:9000", "eu-west-1")
+    with TestClient(create_app(local, None, told)) as client:
+        r = client.get("/v1/store")
+        assert r.status_code == 200
+        assert r.json() == {
+            "url": "s3://bucket/lakelog",
+            "endpoint": "http://127.0.0.1:9000",
+            "region": "eu-west-1",
+        }
+        assert HttpCoordinator("http://testserver", client=client).store_location() == told
+    monkeypatch.chdir(tmp_path)
+    store = open_store("file://./data")
+    with TestClient(create_app(local, store)) as client:
+        assert client.get("/v1/store").json()["url"] == f"file://{tmp_path}/data"
 
 
 def test_topic_path_keeps_odd_names_in_one_segment() -> None:

@@ -709,6 +709,8 @@ ADDRESS_ENV = {
     "LAKELOG_STORE",
     "LAKELOG_STORE_ENDPOINT",
     "LAKELOG_COORDINATOR",
+    "LAKELOG_KAFKA_PORT",  # free ports in the test topology, 9092 in containers
+    "LAKELOG_KAFKA_ADVERTISED",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
 }

@@ -105,7 +105,7 @@ def test_errors_come_back_as_the_same_classes(remote: HttpCoordinator) -> None:
         (ConsumerExistsError, lambda: remote.create_consumer(group, "a", ConsumerConfig())),
         (
             InvalidConsumerConfigError,
-            lambda: remote.create_consumer(group, "b", ConsumerConfig(format="avro")),
+            lambda: remote.create_consumer(group, "b", ConsumerConfig(format="xml")),
         ),
         (InvalidConsumerConfigError, lambda: remote.create_consumer("a/b", "b", ConsumerConfig())),
         (ConsumerNotFoundError, lambda: remote.consumer(group, "nobody")),

@@ -1,25 +1,28 @@
 """The ``lakelog`` Spark data source against real stores, record for record.
 
-One local[2] SparkSession for the module. Two backends: a coordinator process over a
-moto S3 server (the shared ``lakelog_cluster``; Spark talks to the coordinator over
-HTTP) and an offline ``file://`` store with a SQLite coordinator database (the ``db``
-option). Records are written with the storage API (``LogWriter``) and the expected
-records are what consumers read through ``LogReader`` (the REST consumer's path).
-Tiering is simulated where asked: tier objects written with ``segments.tier`` (small
-row groups, so that pruning shows) and index rows swapped in one SQL transaction, as
-the tiering janitor does; retention moves log-start the same way.
+The run's one SparkSession (``spark`` in conftest). Two backends: a coordinator process
+over a moto S3 server (the shared ``lakelog_cluster``; Spark is given only the
+coordinator's URL and learns the bucket from it) and an offline ``file://`` store with a
+SQLite coordinator database (the ``db`` and ``store`` options). Records are written
+with the storage API (``LogWriter``) and the expected records are what consumers read
+through ``LogReader`` (the REST consumer's path) or the REST consumer itself. Tiering is
+done by the tiering janitor at realistic sizes (``realistic``), and simulated in the
+small tests: tier objects written with ``segments.tier`` (small row groups, so that
+pruning shows) and index rows swapped in one SQL transaction, as the janitor does;
+retention moves log-start the same way.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
-import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,9 @@ import pytest
 
 from coordinator.client import Coordinator
 from coordinator.http_client import HttpCoordinator
+from coordinator.janitors.catalog import Catalog
+from coordinator.janitors.context import JanitorConfig, JanitorContext
+from coordinator.janitors.runner import run_janitor
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
 from segments.segment import SegmentBuilder
@@ -35,35 +41,12 @@ from segments.store import ObjectStore, open_store
 from segments.tier import encode_tier, tier_object_key
 from segments.types import ConsumedRecord, Record
 from tests.integration.conftest import Cluster
+from tests.integration.test_consumer_api import Consumer, unb64
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 Row = tuple[str, int, int, bytes | None, bytes | None, int, tuple[tuple[str, bytes | None], ...]]
 T0 = 1_700_000_000_000
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    import spark as lakelog_spark
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("lakelog-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    lakelog_spark.register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 @dataclass
@@ -75,6 +58,8 @@ class Env:
     coordinator: Coordinator
     db_path: Path
     options: dict[str, str]
+    #: Agents to consume from over REST (the s3 cluster's; none offline).
+    agents: list[str] = field(default_factory=list)
 
     def topic(self, partitions: int = 3) -> tuple[str, bytes]:
         name = f"spark-{self.name}-{uuid.uuid4().hex[:8]}"
@@ -87,12 +72,9 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         cluster: Cluster = request.getfixturevalue("lakelog_cluster")
         store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
         coordinator = HttpCoordinator(cluster.coordinator_url)
-        options = {
-            "coordinator": cluster.coordinator_url,
-            "store": cluster.store_url,
-            "store.endpoint": cluster.store_endpoint,
-        }
-        yield Env("s3", store, coordinator, cluster.tmp / "meta.db", options)
+        # Only the coordinator: it tells where the bucket is (URL and endpoint).
+        options = {"coordinator": cluster.coordinator_url}
+        yield Env("s3", store, coordinator, cluster.tmp / "meta.db", options, cluster.agents)
         coordinator.close()
         return
     tmp = tmp_path_factory.mktemp("spark-file")
@@ -141,7 +123,8 @@ def expected(
 
 def read(spark: Any, env: Env, where: str | None = None, **options: str) -> list[Row]:
     """Read through Spark; rows as tuples sorted by (topic, partition, offset)."""
-    df = spark.read.format("lakelog").options(**env.options, **options).load()
+    df = spark.read.format("lakelog").options(**env.options, includeHeaders="true", **options)
+    df = df.load()
     if where:
         df = df.where(where)
     df = df.selectExpr(
@@ -264,13 +247,18 @@ def all_expected(env: Env, topic: str, partitions: int = 3) -> list[Row]:
 
 
 def test_everything_equals_what_consumers_read(spark: Any, env: Env, orders: Any) -> None:
-    """A full read is the consumers' records, with Spark's Kafka source schema."""
+    """A full read is the consumers' records, with Spark's Kafka source schema: headers
+    only with includeHeaders=true, as Spark's Kafka source."""
     topic, _ = orders
-    df = spark.read.format("lakelog").options(**env.options, subscribe=topic).load()
-    assert df.schema.simpleString() == (
+    kafka = (
         "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
-        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>>"
+        "timestamp:timestamp,timestampType:int"
     )
+    df = spark.read.format("lakelog").options(**env.options, subscribe=topic).load()
+    assert df.schema.simpleString() == kafka + ">"
+    df = df.sparkSession.read.format("lakelog").options(**env.options, subscribe=topic)
+    df = df.option("includeHeaders", "true").load()
+    assert df.schema.simpleString() == (kafka + ",headers:array<struct<key:string,value:binary>>>")
     want = all_expected(env, topic)
     assert len(want) == 450
     assert read(spark, env, subscribe=topic, maxBytesPerTask="16384") == want
@@ -488,3 +476,225 @@ def test_bad_options_fail_at_planning(
     opts = {k: v.replace("{t}", topic) for k, v in options.items()}
     with pytest.raises(Exception, match=message):
         spark.read.format("lakelog").options(**env.options, **opts).load().collect()
+
+
+# --- realistic sizes ---------------------------------------------------------------------
+
+
+@dataclass
+class Realistic:
+    """A topic as the issue found it: history tiered by the janitor, an untiered tail."""
+
+    topic: str
+    partitions: int
+    tier_objects: int
+    tail_chunks: int
+    rows: list[Row]
+
+
+def rest_view(agents: list[str], topic: str, partitions: int, total: int) -> list[Row]:
+    """Every record of the topic as a REST v2 consumer fetches it (binary, from earliest)."""
+    consumer = Consumer.create(agents, f"spark-view-{uuid.uuid4().hex[:8]}")
+    consumer.assign(topic, *range(partitions))
+    r = consumer.call(
+        "POST",
+        "/positions/beginning",
+        {"partitions": [{"topic": topic, "partition": p} for p in range(partitions)]},
+    )
+    assert r.status_code == 204, r.text
+    rows: list[Row] = []
+    deadline = time.monotonic() + 120
+    while len(rows) < total and time.monotonic() < deadline:
+        for rec in consumer.fetch(timeout_ms=1000, max_bytes=16 << 20):
+            headers = tuple((h["key"], unb64(h["value"])) for h in rec["headers"] or [])
+            rows.append(
+                (
+                    rec["topic"],
+                    rec["partition"],
+                    rec["offset"],
+                    unb64(rec["key"]),
+                    unb64(rec["value"]),
+                    rec["timestamp"],
+                    headers,
+                )
+            )
+    consumer.delete()
+    assert len(rows) == total
+    return sorted(rows, key=lambda x: (x[0], x[1], x[2]))
+
+
+@pytest.fixture(scope="module")
+def realistic(env: Env) -> Realistic:
+    """4 partitions: 60,000 records of 200 random bytes in 400 chunks, tiered by the real
+    janitor into ~1.2 MiB Parquet objects of ~100 KiB row groups (3 per partition, ~12
+    row groups each), then an untiered tail of 320 small chunks (8,000 records).
+
+    Small against a real topic, but every limit the planner has is crossed at the task
+    size the reads use: objects cut into pieces, hundreds of chunks merged into a task,
+    many row groups per object.
+    """
+    partitions = 4
+    topic, topic_id = env.topic(partitions)
+    rng = random.Random(11)
+    writer = LogWriter(env.store, env.coordinator)
+
+    def write(objects: int, per_partition: int) -> None:
+        for _ in range(objects):
+            builder = SegmentBuilder(compression="zstd")
+            for p in range(partitions):
+                records = []
+                for _ in range(per_partition):
+                    n = rng.randrange(1 << 30)
+                    key = None if n % 13 == 0 else f"user-{n % 97}".encode()
+                    headers = (("n", str(n).encode()),) if n % 5 == 0 else ()
+                    records.append(Record(key, rng.randbytes(200), T0 + n % 100_000, headers))
+                builder.append(topic_id, p, records)
+            writer.write(builder)
+
+    write(100, 150)
+    local = LocalCoordinator(f"sqlite:///{env.db_path}")
+    try:
+        ctx = JanitorContext(Catalog(local.db), local.store, env.store)
+        config = JanitorConfig(
+            tier_age_s=0, tier_target_bytes=1200 << 10, tier_row_group_bytes=100 << 10
+        )
+        report = run_janitor("tier", ctx, config, topic)
+    finally:
+        local.close()
+    assert report.rows_replaced == 100 * partitions
+    write(80, 25)
+    if env.agents:
+        rows = rest_view(env.agents, topic, partitions, 100 * 150 * 4 + 80 * 25 * 4)
+    else:
+        rows = all_expected(env, topic, partitions)
+    assert len(rows) == 68_000
+    return Realistic(topic, partitions, report.objects_written, 80 * partitions, rows)
+
+
+def test_realistic_topic_reads_as_rest_consumers_see_it(
+    spark: Any, env: Env, realistic: Realistic, tmp_path: Path
+) -> None:
+    """Tier objects cut into pieces over tasks, hundreds of chunks merged into tasks, many
+    row groups: every record as the REST consumer reads it (s3: the agents' REST API;
+    offline: its read path), with a task size that cuts objects and the default one.
+
+    Before the fix, every task reading a piece of a cut object failed with "not a
+    Parquet object (magic)": the piece's share of the object's size was taken for the
+    object's size when looking for its footer.
+    """
+    t = realistic
+    assert t.tier_objects >= 3 * t.partitions
+    trace = tmp_path / "trace.jsonl"
+    rows = read(spark, env, subscribe=t.topic, maxBytesPerTask=str(512 << 10), trace=str(trace))
+    assert rows == t.rows
+
+    events = trace_events(trace)
+    (plan,) = [e for e in events if e["event"] == "plan"]
+    tasks = [e for e in events if e["event"] == "task"]
+    assert plan["objects"] == t.tier_objects + 80  # 80 tail objects, 4 chunks each
+    # Each tier object went to several tasks, each task reading some of its row groups.
+    parquet_tasks = [e for e in tasks if e["row_groups_read"]]
+    assert len(parquet_tasks) >= 2 * t.tier_objects
+    assert sum(e["row_groups_read"] for e in tasks) >= 10 * t.tier_objects
+    # The 320 tail chunks were merged into few tasks, and fetched object by object: one
+    # GET for an object's 4 chunks (two where a task boundary cuts an object).
+    tail_tasks = [e for e in tasks if not e["row_groups_read"] and e["records"]]
+    assert 0 < len(tail_tasks) <= 8
+    assert sum(e["gets"] for e in tail_tasks) <= 80 + len(tail_tasks)
+    assert sum(e["records"] for e in tasks) == len(t.rows)
+
+    # The default task size, summed per partition in Spark: the same records.
+    from pyspark.sql import functions as F
+
+    got = (
+        spark.read.format("lakelog")
+        .options(**env.options, subscribe=t.topic)
+        .load()
+        .groupBy("partition")
+        .agg(
+            F.count("*").alias("n"),
+            F.sum("offset").alias("offsets"),
+            F.sum(F.crc32("value")).alias("values"),
+        )
+        .collect()
+    )
+    want: dict[int, tuple[int, int, int]] = {}
+    for row in t.rows:
+        n, offsets, values = want.get(row[1], (0, 0, 0))
+        want[row[1]] = (n + 1, offsets + row[2], values + zlib.crc32(row[4] or b""))
+    assert {r.partition: (r.n, r.offsets, r.values) for r in got} == want
+
+
+# --- janitors during a read --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("collected", [False, True], ids=["in-grace", "collected"])
+def test_janitors_during_a_long_read(spark: Any, env: Env, tmp_path: Path, collected: bool) -> None:
+    """Race: tiering (then garbage collection) runs after a read was planned, while most of
+    its tasks have not run yet (the first two wait on a gate in a UDF; local[2] starts no
+    other task meanwhile).
+
+    Expected: within GC's grace period the tasks read the replaced segment objects, which
+    are still there: the same rows. Once GC has deleted them, the job fails with an error
+    that names the object and the grace period; never other rows.
+    """
+    from pyspark.sql import functions as F
+
+    topic, topic_id = env.topic(1)
+    produce(env, topic, topic_id, 1, 24, 40)
+    want = expected(env, topic, 0)
+    gate, trace = tmp_path / "gate", tmp_path / "trace.jsonl"
+    gate_path = str(gate)
+
+    @F.udf("boolean", useArrow=False)  # type: ignore[misc]
+    def wait_for_gate(_offset: int) -> bool:
+        while not os.path.exists(gate_path):
+            time.sleep(0.02)
+        return True
+
+    df = spark.read.format("lakelog").options(**env.options, includeHeaders="true")
+    df = df.options(subscribe=topic, maxBytesPerTask="2048", trace=str(trace)).load()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["rows"] = df.where(wait_for_gate("offset")).collect()
+        except Exception as exc:
+            outcome["error"] = exc
+
+    job = threading.Thread(target=run)
+    job.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (trace.exists() and b'"plan"' in trace.read_bytes()):
+            assert time.monotonic() < deadline and job.is_alive(), outcome
+            time.sleep(0.05)
+        assert trace_events(trace)[0]["tasks"] >= 12
+        local = LocalCoordinator(f"sqlite:///{env.db_path}")
+        try:
+            ctx = JanitorContext(Catalog(local.db), local.store, env.store)
+            tier = run_janitor("tier", ctx, JanitorConfig(tier_age_s=0), topic)
+            assert tier.rows_replaced == 24
+            if collected:
+                gc, deleted = JanitorConfig(gc_grace_s=0.01), 0
+                for _ in range(3):  # the grace runs from the swap (or the first GC run)
+                    time.sleep(0.05)
+                    deleted += run_janitor("gc", ctx, gc).objects_deleted
+                assert deleted >= 24
+        finally:
+            local.close()
+    finally:
+        gate.touch()
+        job.join(120)
+    assert [r.kind for r in env.coordinator.lookup(topic, 0, 0)] == ["parquet"]
+    if not collected:
+        assert "error" not in outcome, outcome
+        rows = sorted(outcome["rows"], key=lambda r: r.offset)
+        assert [(r.offset, r.value and bytes(r.value)) for r in rows] == [
+            (r[2], r[4]) for r in want
+        ]
+    else:
+        assert "rows" not in outcome
+        message = str(outcome["error"])
+        assert "was deleted after this read was planned" in message, message
+        assert "--gc-grace-s" in message

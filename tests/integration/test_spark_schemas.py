@@ -4,10 +4,7 @@ JSON Schema through the documented ``from_json`` over the body after the 5-byte 
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -28,29 +25,6 @@ V2 = (
     '{"name":"qty","type":"int","default":1},'
     '{"name":"note","type":["null","string"],"default":null}]}'
 )
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    import spark as lakelog_spark
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("lakelog-schema-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    lakelog_spark.register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 def _produce(agent: str, topic: str, fmt: str, schema: str, values: list[Any]) -> None:

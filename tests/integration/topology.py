@@ -263,7 +263,7 @@ def start_topology(
         lb_url = f"http://127.0.0.1:{lb_port}"
         agent_list = []
         for i in range(1, agents + 1):
-            port = free_port()
+            port, kafka_port = free_port(), free_port()
             agent_list.append(
                 Service(
                     name=f"agent-{i}",
@@ -282,6 +282,8 @@ def start_topology(
                         "LAKELOG_LINGER_MS": "50",
                         "LAKELOG_COMPRESSION": "zstd",
                         "LAKELOG_AGENT_ID": f"agent-{i}",
+                        "LAKELOG_KAFKA_PORT": str(kafka_port),
+                        "LAKELOG_KAFKA_ADVERTISED": f"127.0.0.1:{kafka_port}",
                         **(agent_env or {}),
                     },
                     url=f"http://127.0.0.1:{port}",

@@ -74,11 +74,11 @@ def test_big_keys_are_hashed_but_never_kept_alive() -> None:
     Expected: a big key lands where murmur2 says, and the cache holds no key longer
     than CACHED_KEY_BYTES (before, it kept up to 65,536 keys of any size alive).
     """
-    from service import partitioner
+    from segments import partitioning
 
-    partitioner._cached_hash.cache_clear()
+    partitioning._cached_hash.cache_clear()
     big = bytes(range(256)) * 1024  # 256 KiB
     assert partition_for_key(big, 7) == to_positive(murmur2(big)) % 7
     assert partition_for_key(b"small", 7) == to_positive(murmur2(b"small")) % 7
-    info = partitioner._cached_hash.cache_info()
+    info = partitioning._cached_hash.cache_info()
     assert (info.currsize, info.misses) == (1, 1)  # only the small key was cached

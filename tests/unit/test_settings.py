@@ -43,6 +43,7 @@ SAMPLES: dict[str, tuple[str, str, Any]] = {
     "log_level": ("error", '"error"', "error"),
     "janitors": ("tier,gc", '"tier,gc"', "tier,gc"),
     "janitor_interval": ("tier=7,gc=9", "{ tier = 7, gc = 9 }", {"tier": 7.0, "gc": 9.0}),
+    "kafka_advertised": ("kafka.example:9093", '"kafka.example:9093"', "kafka.example:9093"),
 }  # fmt: skip
 
 

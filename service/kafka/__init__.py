@@ -1,0 +1,10 @@
+"""The Kafka wire protocol: a second front door onto the agent's core (DESIGN.md "Doors").
+
+- ``framing``: sans-io: size-prefixed frames in and out, request headers, kio decoding
+  and encoding of every message type (pure functions over bytes, no sockets);
+- ``batches``: sans-io: checks of producers' RecordBatches, base-offset patching of
+  stored batches for Fetch, tier rows re-encoded as batches;
+- ``handlers``: one async function per API, calling the same domain objects the REST
+  routes call (batcher, caching reader, notifier, topic cache, coordinator);
+- ``server``: the asyncio listener; it only moves bytes and calls the two above.
+"""

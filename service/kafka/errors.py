@@ -1,0 +1,65 @@
+"""The Kafka door's one table from lakelog's errors (``segments.errors``) to Kafka error codes.
+
+Handlers never pick a code for a domain error by hand: they call :func:`code_for`.
+A class missing from the table takes its nearest listed ancestor's code, as the
+REST door's table does (``service.errors``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kio.schema.errors import ErrorCode
+
+from segments import errors as e
+
+log = logging.getLogger(__name__)
+
+#: lakelog error class -> the Kafka error code a client gets for it.
+KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
+    e.LakelogError: ErrorCode.unknown_server_error,
+    e.StorageError: ErrorCode.kafka_storage_error,
+    e.StorageUnavailableError: ErrorCode.kafka_storage_error,  # retriable in every client
+    e.CorruptSegmentError: ErrorCode.kafka_storage_error,
+    e.MetadataError: ErrorCode.unknown_server_error,
+    e.TopicNotFoundError: ErrorCode.unknown_topic_or_partition,
+    e.PartitionNotFoundError: ErrorCode.unknown_topic_or_partition,
+    e.TopicExistsError: ErrorCode.topic_already_exists,
+    e.InvalidTopicNameError: ErrorCode.invalid_topic_exception,
+    e.InvalidPartitionsError: ErrorCode.invalid_partitions,
+    e.InvalidConfigError: ErrorCode.invalid_config,
+    e.CommitConflictError: ErrorCode.unknown_server_error,
+    e.CoordinatorUnavailableError: ErrorCode.request_timed_out,
+    e.GroupNotFoundError: ErrorCode.group_id_not_found,
+    e.StaleGenerationError: ErrorCode.illegal_generation,
+    e.ConsumerNotFoundError: ErrorCode.unknown_member_id,
+    e.InvalidConsumerConfigError: ErrorCode.invalid_group_id,
+    e.OffsetOutOfRangeError: ErrorCode.offset_out_of_range,
+    e.ProducerFencedError: ErrorCode.invalid_producer_epoch,
+    # Every request of the flush gets it: a retriable code that means nothing else.
+    e.ProducerConflictError: ErrorCode.request_timed_out,
+    e.GroupProtocolConflictError: ErrorCode.inconsistent_group_protocol,
+    e.RebalanceInProgressError: ErrorCode.rebalance_in_progress,
+    e.NonEmptyGroupError: ErrorCode.non_empty_group,
+    e.BufferFullError: ErrorCode.request_timed_out,
+    e.RequestError: ErrorCode.invalid_request,
+    e.RecordTooLargeError: ErrorCode.message_too_large,
+    e.RequestTooLargeError: ErrorCode.record_list_too_large,
+    e.CorruptRecordError: ErrorCode.corrupt_message,
+}
+
+
+def code_for(exc: BaseException) -> ErrorCode:
+    """The Kafka error code of ``exc``: its class's entry or its nearest ancestor's.
+
+    Anything that is not a ``LakelogError`` is a bug: logged, answered as
+    UNKNOWN_SERVER_ERROR.
+    """
+    if not isinstance(exc, e.LakelogError):
+        log.error("unexpected error in a Kafka handler", exc_info=exc)
+        return ErrorCode.unknown_server_error
+    for cls in type(exc).__mro__:
+        code = KAFKA_ERROR_TABLE.get(cls)
+        if code is not None:
+            return code
+    return ErrorCode.unknown_server_error  # pragma: no cover: LakelogError is listed

@@ -1,0 +1,654 @@
+"""One async handler per Kafka API, each a thin layer over the agent's core.
+
+A handler takes the connection's :class:`KafkaContext` and a decoded request and
+returns the response body (a kio type), or a :class:`Deferred` whose task yields it
+later (Produce: the connection reads the next request while a flush is pending;
+answers still leave in request order), or None for no answer (acks=0).
+
+The domain objects are the ones REST routes use, held by ``service.state.AgentState``:
+the shared batcher, the caching reader, the notifier, the topic cache and the
+coordinator client. Errors map to codes through ``service.kafka.errors`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from coordinator.producers import ProducerBatch
+from index.log import decode_entry
+from segments.batches import BatchInfo, check_batches, encode_records, fetch_batches
+from segments.errors import LakelogError
+from segments.types import ConsumedRecord, TopicInfo, TopicPartition
+from service.batcher import RawBatch
+from service.executors import Kind, call, run
+from service.formats import max_message_bytes
+from service.idempotence import Admission, ProducerGate, Ticket
+from service.kafka.errors import code_for
+from service.kafka.framing import Request, build, millis, nested
+from service.state import AgentState
+from service.v3.common import broker_max_age_s
+
+#: How long the live-broker list behind Metadata answers is reused.
+BROKERS_TTL_S = 1.0
+#: Leader epoch reported for every partition: leadership is only a routing hint here.
+LEADER_EPOCH = 0
+#: ListOffsets special timestamps.
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass
+class KafkaContext:
+    """What every handler of one agent shares: the agent's state and its own address."""
+
+    state: AgentState
+    host: str
+    port: int
+    _brokers: tuple[float, list[Broker]] = field(default=(0.0, []))
+    gate: ProducerGate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gate = ProducerGate(self.state.coordinator)
+
+    async def brokers(self) -> list[Broker]:
+        """Live agents with a Kafka listener, by node id; this agent always among them."""
+        at, cached = self._brokers
+        if time.monotonic() - at < BROKERS_TTL_S and cached:
+            return cached
+        agents = await call(self.state.coordinator.list_agents, broker_max_age_s(self.state))
+        brokers = [Broker(a.broker_id, a.kafka_host, a.kafka_port) for a in agents if a.kafka_port]
+        me = self.state.broker_id
+        if me >= 0 and all(b.node_id != me for b in brokers):
+            brokers.append(Broker(me, self.host, self.port))
+            brokers.sort(key=lambda b: b.node_id)
+        self._brokers = (time.monotonic(), brokers)
+        return brokers
+
+
+class Deferred:
+    """A response that a task produces later; None from it means "no response"."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+
+
+Handler = Callable[[KafkaContext, Request], Awaitable[Any]]
+
+
+def leader_for(brokers: list[Broker], topic: str, partition: int) -> int:
+    """The partition's leader: rendezvous hashing over the live brokers.
+
+    Stable while the broker set is, and a broker's death moves only its own partitions.
+    Any agent accepts any partition; the leader only spreads clients over agents.
+    """
+    if not brokers:
+        return -1
+    key = f"{topic}\0{partition}\0".encode()
+    return max(brokers, key=lambda b: zlib.crc32(key + b.node_id.to_bytes(4, "big"))).node_id
+
+
+# -- ApiVersions -------------------------------------------------------------------------
+
+
+async def api_versions(ctx: KafkaContext, req: Request) -> Any:
+    return api_versions_response(type(req.body), ErrorCode.none)
+
+
+def api_versions_response(request_cls: type, error: ErrorCode) -> Any:
+    from service.kafka.server import SUPPORTED  # the table lives with the dispatcher
+
+    resp = response_cls(request_cls)
+    version_cls = nested(resp, "ApiVersion")
+    keys = tuple(
+        build(version_cls, api_key=k, min_version=lo, max_version=hi)
+        for k, (lo, hi) in sorted(SUPPORTED.items())
+    )
+    return build(
+        resp,
+        error_code=error,
+        api_keys=keys,
+        throttle_time=0,
+        supported_features=(),
+        finalized_features_epoch=-1,
+        finalized_features=(),
+        zk_migration_ready=False,
+    )
+
+
+def response_cls(request_cls: type) -> type:
+    """kio's response type answering ``request_cls``."""
+    from kio.index import load_response_from_request
+
+    return load_response_from_request(request_cls)
+
+
+# -- Metadata ----------------------------------------------------------------------------
+
+
+async def metadata(ctx: KafkaContext, req: Request) -> Any:
+    body = req.body
+    resp = response_cls(type(body))
+    st = ctx.state
+    brokers = await ctx.brokers()
+    topics: list[tuple[str, TopicInfo | None, ErrorCode]] = []
+    if body.topics is None:
+        listed = await call(st.coordinator.list_topics)
+        topics = [(t.name, t, ErrorCode.none) for t in listed]
+    else:
+        auto = bool(getattr(body, "allow_auto_topic_creation", True))
+        for t in body.topics:
+            name = t.name
+            try:
+                found = await (st.topics.get_or_create(name) if auto else st.topics.get(name))
+                topics.append((name, found, ErrorCode.none))
+            except LakelogError as e:
+                topics.append((name, None, code_for(e)))
+    topic_cls, part_cls = (
+        nested(resp, "MetadataResponseTopic"),
+        nested(resp, "MetadataResponsePartition"),
+    )
+    out = []
+    for name, info, error in topics:
+        parts = ()
+        if info is not None:
+            parts = tuple(
+                build(
+                    part_cls,
+                    error_code=0,
+                    partition_index=p,
+                    leader_id=(leader := leader_for(brokers, name, p)),
+                    leader_epoch=LEADER_EPOCH,
+                    replica_nodes=(leader,),
+                    isr_nodes=(leader,),
+                    offline_replicas=(),
+                )
+                for p in range(info.partitions)
+            )
+        out.append(
+            build(
+                topic_cls,
+                error_code=error,
+                name=name,
+                topic_id=uuid.UUID(bytes=info.topic_id) if info is not None else None,
+                is_internal=False,
+                partitions=parts,
+                topic_authorized_operations=-(2**31),
+            )
+        )
+    broker_cls = nested(resp, "MetadataResponseBroker")
+    return build(
+        resp,
+        throttle_time=0,
+        brokers=tuple(
+            build(broker_cls, node_id=b.node_id, host=b.host, port=b.port) for b in brokers
+        ),
+        cluster_id=st.cluster_id,
+        controller_id=brokers[0].node_id if brokers else -1,
+        topics=tuple(out),
+        cluster_authorized_operations=-(2**31),
+    )
+
+
+# -- Produce -----------------------------------------------------------------------------
+
+
+async def produce(ctx: KafkaContext, req: Request) -> Any:
+    """Check every partition's batches, append the good ones to the shared batcher.
+
+    A partition with an unknown topic or partition, a corrupt batch or a batch over
+    ``max.message.bytes`` gets its error and stores nothing; the others are appended
+    in one call, so they share a flush. The answer waits for that flush's commit
+    (acks 1 and all alike: an ack means committed); with acks=0 there is none.
+    """
+    body = req.body
+    resp = response_cls(type(body))
+    errors: dict[tuple[str, int], tuple[ErrorCode, str | None]] = {}
+    order: list[tuple[str, int]] = []
+    raws: list[RawBatch] = []
+    firsts: dict[tuple[str, int], int] = {}  # partition -> index of its first batch in raws
+    checked: dict[tuple[str, int], tuple[bytes, memoryview, list[BatchInfo]]] = {}
+    for td in body.topic_data:
+        name = td.name
+        topic: TopicInfo | None = None
+        error: tuple[ErrorCode, str | None] = (ErrorCode.unknown_topic_or_partition, None)
+        try:
+            topic = await ctx.state.topics.get(name)
+        except LakelogError as e:
+            error = (code_for(e), e.message)
+        for pd in td.partition_data:
+            tp = (name, pd.index)
+            order.append(tp)
+            if topic is None:
+                errors[tp] = error
+                continue
+            if not 0 <= pd.index < topic.partitions:
+                errors[tp] = (ErrorCode.unknown_topic_or_partition, None)
+                continue
+            problem = _check_partition(pd.records, max_message_bytes(topic))
+            if isinstance(problem, tuple):
+                errors[tp] = problem
+                continue
+            checked[tp] = (topic.topic_id, memoryview(pd.records), problem)
+    ctx.state.metrics.produce_requests.labels(api="kafka").inc()
+    tickets, duplicates = await _admit_idempotent(ctx, checked, errors)
+    for tp, (topic_id, view, infos) in checked.items():
+        if tp in errors or tp in duplicates:
+            continue
+        firsts[tp] = len(raws)
+        raws.extend(
+            RawBatch(
+                topic_id,
+                tp[1],
+                view[b.position : b.position + b.length],
+                b.record_count,
+                b.min_timestamp_ms,
+                b.max_timestamp_ms,
+                (b.producer_id, b.producer_epoch, b.base_sequence) if b.idempotent else None,
+            )
+            for b in infos
+        )
+
+    async def finish() -> Any:
+        bases: list[int] = []
+        failure: tuple[ErrorCode, str | None] | None = None
+        try:
+            if raws:
+                bases = await ctx.state.batcher.append_batches(raws)
+        except LakelogError as e:
+            failure = (code_for(e), e.message)
+        finally:
+            for ticket in tickets:
+                ctx.gate.release(ticket)
+        if body.acks == 0:
+            return None
+        return _produce_response(resp, order, errors, firsts, bases, failure, duplicates)
+
+    return Deferred(asyncio.get_running_loop().create_task(finish()))
+
+
+async def _admit_idempotent(
+    ctx: KafkaContext,
+    checked: dict[tuple[str, int], tuple[bytes, memoryview, list[BatchInfo]]],
+    errors: dict[tuple[str, int], tuple[ErrorCode, str | None]],
+) -> tuple[list[Ticket], dict[tuple[str, int], int]]:
+    """Idempotent partitions through the agent's ProducerGate: the tickets of those to
+    append, the offsets of duplicates; refusals go into ``errors``."""
+    wanted: list[tuple[str, int]] = []
+    requests: list[tuple[bytes, int, list[ProducerBatch]]] = []
+    for tp, (topic_id, _, infos) in checked.items():
+        if not any(b.idempotent for b in infos):
+            continue
+        if len({(b.producer_id, b.producer_epoch) for b in infos}) != 1:
+            errors[tp] = (ErrorCode.invalid_record, "Batches of one producer epoch only.")
+            continue
+        wanted.append(tp)
+        requests.append(
+            (
+                topic_id,
+                tp[1],
+                [
+                    ProducerBatch(b.producer_id, b.producer_epoch, b.base_sequence, b.record_count)
+                    for b in infos
+                ],
+            )
+        )
+    tickets: list[Ticket] = []
+    duplicates: dict[tuple[str, int], int] = {}
+    if not requests:
+        return tickets, duplicates
+    try:
+        decisions = await ctx.gate.admit(requests)
+    except LakelogError as e:
+        for tp in wanted:
+            errors[tp] = (code_for(e), e.message)
+        return tickets, duplicates
+    for tp, d in zip(wanted, decisions, strict=True):
+        if d.admission is Admission.APPEND and d.ticket is not None:
+            tickets.append(d.ticket)
+        elif d.admission is Admission.DUPLICATE:
+            duplicates[tp] = d.offset
+        else:
+            errors[tp] = (_REFUSED[d.admission], None)
+    return tickets, duplicates
+
+
+_REFUSED = {
+    Admission.FENCED: ErrorCode.invalid_producer_epoch,
+    Admission.OUT_OF_ORDER: ErrorCode.out_of_order_sequence_number,
+    # A retry of a batch this agent is still writing: try again once it is committed.
+    Admission.IN_FLIGHT: ErrorCode.request_timed_out,
+}
+
+
+def _check_partition(records: bytes | None, limit: int) -> list[Any] | tuple[ErrorCode, str | None]:
+    """The checked batches of one partition, or its (error code, message)."""
+    if not records:
+        return ErrorCode.corrupt_message, "The record set is empty."
+    try:
+        infos = check_batches(records)
+    except LakelogError as e:
+        return code_for(e), e.message
+    for info in infos:
+        if info.length > limit:
+            return (
+                ErrorCode.message_too_large,
+                f"A batch of {info.length} bytes is over max.message.bytes ({limit}).",
+            )
+    return infos
+
+
+def _produce_response(
+    resp: type,
+    order: list[tuple[str, int]],
+    errors: dict[tuple[str, int], tuple[ErrorCode, str | None]],
+    firsts: dict[tuple[str, int], int],
+    bases: list[int],
+    failure: tuple[ErrorCode, str | None] | None,
+    duplicates: dict[tuple[str, int], int],
+) -> Any:
+    part_cls = nested(resp, "PartitionProduceResponse")
+    by_topic: dict[str, list[Any]] = {}
+    for tp in order:
+        error = errors.get(tp)
+        if error is None and failure is not None and tp not in duplicates:
+            error = failure
+        if error is not None:
+            base = -1
+        else:
+            base = duplicates[tp] if tp in duplicates else bases[firsts[tp]]
+        code, message = error if error is not None else (ErrorCode.none, None)
+        by_topic.setdefault(tp[0], []).append(
+            build(
+                part_cls,
+                index=tp[1],
+                error_code=code,
+                base_offset=base,
+                log_append_time=-1,
+                log_start_offset=-1,
+                record_errors=(),
+                error_message=message,
+            )
+        )
+    topic_cls = nested(resp, "TopicProduceResponse")
+    return build(
+        resp,
+        responses=tuple(
+            build(topic_cls, name=name, partition_responses=tuple(parts))
+            for name, parts in by_topic.items()
+        ),
+        throttle_time=0,
+    )
+
+
+# -- InitProducerId ----------------------------------------------------------------------
+
+
+async def init_producer_id(ctx: KafkaContext, req: Request) -> Any:
+    """Producer ids and epochs from the coordinator; transactions are not supported."""
+    body = req.body
+    resp = response_cls(type(body))
+    if body.transactional_id is not None:
+        # No transaction coordinator: say so plainly rather than pretend.
+        return build(
+            resp,
+            throttle_time=0,
+            error_code=ErrorCode.unsupported_version,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    try:
+        pid, epoch = await call(
+            ctx.state.coordinator.init_producer_id,
+            getattr(body, "producer_id", -1),
+            getattr(body, "producer_epoch", -1),
+        )
+    except LakelogError as e:
+        return build(
+            resp, throttle_time=0, error_code=code_for(e), producer_id=-1, producer_epoch=-1
+        )
+    return build(resp, throttle_time=0, error_code=0, producer_id=pid, producer_epoch=epoch)
+
+
+# -- Fetch -------------------------------------------------------------------------------
+
+
+@dataclass
+class _PartitionRead:
+    error: ErrorCode = ErrorCode.none
+    high_watermark: int = -1
+    log_start: int = -1
+    records: bytearray = field(default_factory=bytearray)
+
+
+async def fetch(ctx: KafkaContext, req: Request) -> Any:
+    """Batches from each partition's offset, long-polling until ``min_bytes`` or ``max_wait``.
+
+    Stored batches go out as they are, base offsets patched; tiered rows are encoded
+    as batches. At least one batch is returned when the first non-empty partition's
+    first batch is over the limits (KIP-74). Commits wake the wait (``service.notify``).
+    """
+    body = req.body
+    st = ctx.state
+    wanted: list[tuple[str, int, int, int]] = []
+    unknown: dict[tuple[str, int], ErrorCode] = {}
+    watches: dict[tuple[bytes, int], tuple[str, int]] = {}
+    for t in body.topics:
+        info: TopicInfo | None = None
+        code = ErrorCode.unknown_topic_or_partition
+        try:
+            info = await st.topics.get(t.topic)
+        except LakelogError as e:
+            code = code_for(e)
+        for p in t.partitions:
+            if info is None or not 0 <= p.partition < info.partitions:
+                unknown[(t.topic, p.partition)] = (
+                    code if info is None else ErrorCode.unknown_topic_or_partition
+                )
+                continue
+            wanted.append((t.topic, p.partition, p.fetch_offset, p.partition_max_bytes))
+            watches[(info.topic_id, p.partition)] = (t.topic, p.fetch_offset)
+    max_wait_s = max(0, millis(body.max_wait)) / 1000
+    deadline = time.monotonic() + max_wait_s
+    with st.notifier.watch(watches) as waiter:
+        while True:
+            reads = await run(Kind.READ, _read_partitions, st, wanted, body.max_bytes)
+            total = sum(len(r.records) for r in reads)
+            remaining = deadline - time.monotonic()
+            failed = unknown or any(r.error != ErrorCode.none for r in reads)
+            if total >= body.min_bytes or failed or remaining <= 0:
+                break
+            await st.notifier.wait(waiter, remaining)
+    resp = response_cls(type(body))
+    part_cls, topic_cls = nested(resp, "PartitionData"), nested(resp, "FetchableTopicResponse")
+    by_topic: dict[str, list[Any]] = {}
+    results = {(w[0], w[1]): r for w, r in zip(wanted, reads, strict=True)}
+    for t in body.topics:
+        for p in t.partitions:
+            tp = (t.topic, p.partition)
+            r = results.get(tp) or _PartitionRead(error=unknown[tp])
+            by_topic.setdefault(t.topic, []).append(
+                build(
+                    part_cls,
+                    partition_index=p.partition,
+                    error_code=r.error,
+                    high_watermark=r.high_watermark,
+                    last_stable_offset=r.high_watermark,
+                    log_start_offset=r.log_start,
+                    aborted_transactions=None,
+                    preferred_read_replica=-1,
+                    records=r.records,  # written as is: no copy
+                )
+            )
+    return build(
+        resp,
+        throttle_time=0,
+        error_code=0,
+        session_id=0,
+        responses=tuple(
+            build(topic_cls, topic=name, partitions=tuple(parts))
+            for name, parts in by_topic.items()
+        ),
+    )
+
+
+def _read_partitions(
+    st: AgentState, wanted: list[tuple[str, int, int, int]], max_bytes: int
+) -> list[_PartitionRead]:
+    """One pass over the fetched partitions (worker thread): offsets, then batches."""
+    out = []
+    remaining = max_bytes
+    empty = True  # nothing in the answer yet: the next first batch goes in whatever size
+    known = st.coordinator.offsets_many([TopicPartition(t, p) for t, p, _, _ in wanted])
+    for topic, partition, offset, partition_max in wanted:
+        r = _PartitionRead()
+        out.append(r)
+        try:
+            offsets = known.get(TopicPartition(topic, partition))
+            if offsets is None:
+                r.error = ErrorCode.unknown_topic_or_partition
+                continue
+            r.high_watermark, r.log_start = offsets.high_watermark, offsets.log_start
+            if not offsets.log_start <= offset <= offsets.high_watermark:
+                r.error = ErrorCode.offset_out_of_range
+                continue
+            if offset == offsets.high_watermark or (remaining <= 0 and not empty):
+                continue
+            budget = min(partition_max, remaining)
+            _collect(st, topic, partition, offset, budget, empty, r.records)
+        except LakelogError as e:
+            r.error = code_for(e)
+            r.records.clear()
+            continue
+        remaining -= len(r.records)
+        empty = empty and not r.records
+    return out
+
+
+def _collect(
+    st: AgentState,
+    topic: str,
+    partition: int,
+    offset: int,
+    budget: int,
+    first_may_exceed: bool,
+    out: bytearray,
+) -> None:
+    """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``."""
+    # Read ahead twice the budget: the next Fetch's chunks arrive while the client is busy
+    # with this one's (one Fetch in flight per connection).
+    ahead = 2 * budget
+    for ref, data, start in st.reader.entries(topic, partition, offset, read_ahead_bytes=ahead):
+        if ref.kind == "segment":
+            if not fetch_batches(data, ref.base_offset, start, out, budget, first_may_exceed):
+                return
+        else:  # a tier object: its rows from `start`, encoded as batches
+            for batch in _tier_batches(decode_entry(ref, data, topic, partition, start), budget):
+                if len(out) + len(batch) > budget and (out or not first_may_exceed):
+                    return
+                out += batch
+        if len(out) >= budget:
+            return
+
+
+def _tier_batches(records: Any, budget: int) -> list[bytes]:
+    """Rows of a tier object as batches of about 1 MiB, no more than ``budget`` in all."""
+    rows: list[ConsumedRecord] = []
+    size = 0
+    for rec in records:
+        rows.append(rec)
+        size += len(rec.key or b"") + len(rec.value or b"") + 16
+        if size >= budget:
+            break
+    if not rows:
+        return []
+    return [encode_records(rows)]
+
+
+# -- ListOffsets -------------------------------------------------------------------------
+
+
+async def list_offsets(ctx: KafkaContext, req: Request) -> Any:
+    body = req.body
+    resp = response_cls(type(body))
+    part_cls, topic_cls = (
+        nested(resp, "ListOffsetsPartitionResponse"),
+        nested(resp, "ListOffsetsTopicResponse"),
+    )
+    topics = []
+    for t in body.topics:
+        parts = []
+        for p in t.partitions:
+            try:
+                offset, ts = await run(
+                    Kind.READ, _offset_for, ctx.state, t.name, p.partition_index, int(p.timestamp)
+                )
+                code = ErrorCode.none
+            except LakelogError as e:
+                offset, ts, code = -1, -1, code_for(e)
+            parts.append(
+                build(
+                    part_cls,
+                    partition_index=p.partition_index,
+                    error_code=code,
+                    timestamp=ts,
+                    offset=offset,
+                    leader_epoch=LEADER_EPOCH if code == ErrorCode.none else -1,
+                    old_style_offsets=(),
+                )
+            )
+        topics.append(build(topic_cls, name=t.name, partitions=tuple(parts)))
+    return build(resp, throttle_time=0, topics=tuple(topics))
+
+
+def _offset_for(st: AgentState, topic: str, partition: int, timestamp: int) -> tuple[int, int]:
+    """(offset, timestamp) ListOffsets answers for one partition (worker thread)."""
+    offsets = st.coordinator.offsets(topic, partition)
+    if timestamp == LATEST:
+        return offsets.high_watermark, -1
+    if timestamp == EARLIEST:
+        return offsets.log_start, -1
+    if timestamp == MAX_TIMESTAMP:
+        return _max_timestamp(st, topic, partition, offsets.log_start)
+    if timestamp < 0:  # specials of versions we do not serve (earliest-local, ...)
+        return -1, -1
+    found = st.reader.record_for_timestamp(topic, partition, timestamp)
+    if found is None or found.offset < offsets.log_start:
+        return -1, -1
+    return found.offset, found.timestamp_ms
+
+
+def _max_timestamp(st: AgentState, topic: str, partition: int, log_start: int) -> tuple[int, int]:
+    """The first record with the partition's largest timestamp (KIP-734), or (-1, -1)."""
+    best = None
+    offset = log_start
+    while True:
+        refs = st.coordinator.lookup(topic, partition, offset, 1000)
+        if not refs:
+            break
+        for ref in refs:
+            if best is None or ref.max_timestamp_ms > best.max_timestamp_ms:
+                best = ref
+        offset = refs[-1].end_offset
+    if best is None:
+        return -1, -1
+    data = st.reader.fetch_chunk(best)
+    for rec in decode_entry(best, data, topic, partition, max(log_start, best.base_offset)):
+        if rec.timestamp_ms == best.max_timestamp_ms:
+            return rec.offset, rec.timestamp_ms
+    return -1, -1

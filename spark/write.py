@@ -1,0 +1,249 @@
+"""Writing Kafka-sink rows as segment objects: what a Spark write task and the job commit do.
+
+A task turns its rows (the Kafka sink's columns: ``key``, ``value``, ``topic`` or the
+``topic`` option, optional ``partition`` and ``headers``) into segment objects of at
+most about ``maxBytesPerObject`` (one per task unless it writes more than that), PUTs
+them under fresh random keys and returns their chunk lists. Nothing is visible yet.
+
+The job commit (Spark's driver, once every task has succeeded) commits the objects to
+the coordinator, task by task: each commit is one transaction that assigns the
+object's offsets, and repeating it with the same object key answers the same offsets.
+
+Why the driver commits, not the task: Spark may run a task more than once (a retry
+after a failure, a speculative copy) and uses only one attempt's result. An attempt
+that committed its own objects and then failed, or lost the race, would leave its
+records visible next to the retry's: duplicates. Here an attempt that fails or loses
+only leaves objects no index entry names; garbage collection deletes them after its
+grace period, like any flush that died before its commit (invariant 3).
+
+Partitioning is the Kafka producer's: an explicit ``partition`` wins, a keyed record
+goes to ``murmur2`` of its key (``segments.partitioning``, as the agent and Java
+clients place it), keyless records stick to one partition per Arrow batch and move on
+round-robin.
+
+No pyspark here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from coordinator.client import Coordinator
+from index.log import LogWriter, UploadedSegment, WriteResult
+from segments.partitioning import partition_for_key
+from segments.segment import SegmentBuilder
+from segments.store import ObjectStore
+from segments.types import ChunkInfo, Headers, Record, TopicInfo
+
+__all__ = [
+    "SINK_COLUMNS",
+    "ObjectsWritten",
+    "TaskWriter",
+    "check_sink_schema",
+    "commit_objects",
+    "delete_objects",
+]
+
+log = logging.getLogger(__name__)
+
+#: The Kafka sink's columns and the Spark types each may have (DDL ``simpleString``).
+SINK_COLUMNS: dict[str, tuple[str, ...]] = {
+    "key": ("binary", "string"),
+    "value": ("binary", "string"),
+    "topic": ("string",),
+    "partition": ("int",),
+    "headers": ("array<struct<key:string,value:binary>>",),
+}
+
+
+def check_sink_schema(columns: dict[str, str], topic_option: str | None) -> None:
+    """Refuse a DataFrame that is not Kafka-sink shaped, naming the column.
+
+    Args:
+        columns: column name -> Spark type ``simpleString()``.
+        topic_option: the ``topic`` option (then the ``topic`` column is ignored).
+
+    Raises:
+        ValueError: no ``value`` column, no topic at all, an unknown column or a column
+            of another type.
+    """
+    for name, kind in columns.items():
+        allowed = SINK_COLUMNS.get(name)
+        if allowed is None:
+            raise ValueError(
+                f"column {name!r} is not one of the Kafka sink's columns "
+                f"({', '.join(SINK_COLUMNS)}); select only those"
+            )
+        if kind not in allowed:
+            raise ValueError(f"column {name!r} must be {' or '.join(allowed)}, not {kind}")
+    if "value" not in columns:
+        raise ValueError("a write needs a 'value' column (binary or string)")
+    if topic_option is None and "topic" not in columns:
+        raise ValueError("a write needs a 'topic' column or the option 'topic'")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectsWritten:
+    """A task's uploaded (not yet committed) segment objects: its commit message's body.
+
+    ``objects``: (object key, size, chunks) per object, in the order written.
+    """
+
+    objects: tuple[tuple[str, int, tuple[ChunkInfo, ...]], ...]
+    records: int
+    partition_id: int = -1
+    attempt: int = -1
+
+
+def _as_bytes(values: list[Any]) -> list[bytes | None]:
+    return [v.encode() if isinstance(v, str) else v for v in values]
+
+
+def _headers(value: Any) -> Headers:
+    if not value:
+        return ()
+    return tuple((h["key"], h["value"]) for h in value)
+
+
+@dataclass
+class TaskWriter:
+    """One write task: Arrow batches in, uploaded segment objects out.
+
+    Args:
+        writer: PUTs objects (``LogWriter.upload``: fresh random key, if-none-match).
+        topic_info: looks a topic up by name (cached here per topic).
+        topic: the ``topic`` option, overriding the ``topic`` column.
+        compression: batch compression of the segment objects.
+        max_bytes: a new object is started once the current one holds this many bytes.
+    """
+
+    writer: LogWriter
+    topic_info: Callable[[str], TopicInfo]
+    topic: str | None
+    compression: str
+    max_bytes: int
+    _builder: SegmentBuilder | None = None
+    _uploaded: list[UploadedSegment] = field(default_factory=list)
+    _topics: dict[str, TopicInfo] = field(default_factory=dict)
+    _sticky: dict[str, int] = field(default_factory=dict)
+    _random: random.Random = field(default_factory=random.Random)
+    records: int = 0
+
+    def _info(self, name: str) -> TopicInfo:
+        info = self._topics.get(name)
+        if info is None:
+            info = self._topics[name] = self.topic_info(name)
+        return info
+
+    def _keyless_partition(self, info: TopicInfo) -> int:
+        cursor = self._sticky.get(info.name)
+        cursor = self._random.randrange(1 << 31) if cursor is None else cursor + 1
+        self._sticky[info.name] = cursor
+        return cursor % info.partitions
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Append one batch's rows (uploading the current object when it is full).
+
+        Raises:
+            ValueError: a null topic, an unknown topic, a partition out of range.
+        """
+        n = batch.num_rows
+        if not n:
+            return
+        names = batch.schema.names
+
+        def column(name: str) -> list[Any]:
+            return batch.column(names.index(name)).to_pylist() if name in names else [None] * n
+
+        values = _as_bytes(column("value"))
+        keys = _as_bytes(column("key"))
+        topics = [self.topic] * n if self.topic is not None else column("topic")
+        parts = column("partition")
+        headers = [_headers(h) for h in column("headers")]
+        now = int(time.time() * 1000)
+        grouped: dict[tuple[str, int], list[Record]] = {}
+        keyless: dict[str, int] = {}
+        for i in range(n):
+            name = topics[i]
+            if name is None:
+                raise ValueError("a row's topic is null: set the 'topic' column or option")
+            info = self._info(name)
+            p, key = parts[i], keys[i]
+            if p is not None:
+                if not 0 <= p < info.partitions:
+                    raise ValueError(
+                        f"partition {p} of topic {name!r} does not exist "
+                        f"({info.partitions} partitions)"
+                    )
+            elif key is not None:
+                p = partition_for_key(key, info.partitions)
+            else:
+                p = keyless.get(name)
+                if p is None:
+                    p = keyless[name] = self._keyless_partition(info)
+            grouped.setdefault((name, p), []).append(Record(key, values[i], now, headers[i]))
+        if self._builder is None:
+            self._builder = SegmentBuilder(compression=self.compression)
+        for (name, p), records in grouped.items():
+            self._builder.append(self._info(name).topic_id, p, records)
+        self.records += n
+        if self._builder.estimated_size >= self.max_bytes:
+            self._upload()
+
+    def _upload(self) -> None:
+        if self._builder is not None and self._builder.record_count:
+            up = self.writer.upload(self._builder)
+            # Without the bytes: the job commit needs the key and the chunks only.
+            self._uploaded.append(UploadedSegment(up.object_key, up.size, up.chunks))
+            log.info("uploaded %s (%d bytes)", up.object_key, up.size)
+        self._builder = None
+
+    def finish(self, partition_id: int = -1, attempt: int = -1) -> ObjectsWritten:
+        """Upload what is left; the objects for the job commit (nothing committed here)."""
+        self._upload()
+        return ObjectsWritten(
+            tuple((u.object_key, u.size, tuple(u.chunks)) for u in self._uploaded),
+            self.records,
+            partition_id,
+            attempt,
+        )
+
+
+def commit_objects(
+    store: ObjectStore, coordinator: Coordinator, tasks: Iterable[ObjectsWritten | None]
+) -> list[WriteResult]:
+    """The job commit: every task's objects to the coordinator, in task order.
+
+    A repeated commit of an object key answers the offsets it already has, so running
+    this again after a failure part way commits each object once.
+    """
+    writer = LogWriter(store, coordinator)
+    results = []
+    for task in sorted((t for t in tasks if t is not None), key=lambda t: t.partition_id):
+        for key, size, chunks in task.objects:
+            results.append(writer.commit(UploadedSegment(key, size, list(chunks))))
+    return results
+
+
+def delete_objects(store: ObjectStore, tasks: Sequence[ObjectsWritten | None]) -> int:
+    """Best effort after a failed job: delete the objects its finished tasks uploaded.
+
+    Tasks that failed part way may have uploaded objects nobody reports: garbage
+    collection finds those as orphans.
+    """
+    deleted = 0
+    for task in tasks:
+        for key, _size, _chunks in task.objects if task is not None else ():
+            try:
+                store.delete(key)
+                deleted += 1
+            except Exception:
+                log.warning("could not delete %s; garbage collection will", key, exc_info=True)
+    return deleted

@@ -1,0 +1,127 @@
+"""Idempotent Kafka producers across an agent's crash (DESIGN.md invariant 7)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from confluent_kafka import Producer
+from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+
+from tests.integration.conftest import Cluster, ClusterFactory
+from tests.integration.test_kafka_clients import (
+    _raw_produce,
+    consume_all,
+    create_topic,
+    kafka_call,
+    watermarks,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_idempotent_producer_survives_agent_sigkill(
+    cluster_factory: ClusterFactory, unique_topic: Any
+) -> None:
+    """Race: an agent is SIGKILLed while an idempotent producer streams to it, so some
+    batches were committed but never acknowledged. The producer retries them through the
+    other agent: every record is stored exactly once (none lost, none twice), each
+    partition's offsets contiguous."""
+    cluster = cluster_factory(kafka=True, agent_env={"LAKELOG_LINGER_MS": "20"})
+    topic = unique_topic("idem")
+    create_topic(cluster, topic, 4)
+    p = Producer(
+        {
+            "bootstrap.servers": ",".join(cluster.kafka),
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 120_000,
+            "partitioner": "murmur2_random",
+        }
+    )
+    acked: list[tuple[bytes, int, int]] = []
+    errors: list[Any] = []
+
+    def report(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            acked.append((msg.value(), msg.partition(), msg.offset()))
+
+    total = 3000
+    for i in range(total):
+        p.produce(topic, key=b"%d" % (i % 97), value=b"rec-%d" % i, on_delivery=report)
+        p.poll(0)
+        if i == total // 2:
+            # Half sent, some acknowledged, the rest in flight: kill agent 0 now.
+            deadline = time.monotonic() + 60
+            while len(acked) < 300 and time.monotonic() < deadline:
+                p.poll(0.05)
+            assert len(acked) >= 300, "no acknowledgement before the kill"
+            cluster.agent_procs[0].kill()
+    assert p.flush(150) == 0, "records still unacknowledged"
+    assert errors == []
+    assert len(acked) == total
+    got = consume_all(cluster.kafka[1], topic, 4, total)
+    values = Counter(m.value() for m in got)
+    assert [v for v, n in values.items() if n > 1] == []  # nothing stored twice
+    assert set(values) == {b"rec-%d" % i for i in range(total)}  # nothing lost
+    assert {(m.value(), m.partition(), m.offset()) for m in got} == set(acked)
+    for part in range(4):
+        offsets = sorted(m.offset() for m in got if m.partition() == part)
+        assert offsets == list(range(len(offsets)))
+
+
+def _idempotent_batch(pid: int, epoch: int, seq: int, n: int) -> bytes:
+    b = DefaultRecordBatchBuilder(2, 0, 0, pid, epoch, seq, 1 << 20)
+    for i in range(n):
+        b.append(i, 1000, None, b"seq-%d" % (seq + i), [])
+    return bytes(b.build())
+
+
+def test_a_retry_through_another_agent_is_stored_once(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """Race: a producer's ack is lost and it retries the same batch through the other
+    agent: the retry is answered with the first offsets and nothing is stored twice.
+    A gap is OUT_OF_ORDER_SEQUENCE_NUMBER; an epoch older than the producer's latest is
+    INVALID_PRODUCER_EPOCH; a transactional id is refused plainly."""
+    topic = unique_topic("retry")
+    create_topic(kafka_cluster, topic, 1)
+    a, b = kafka_cluster.kafka
+    init = InitProducerIdRequest(
+        transactional_id=None,
+        transaction_timeout=datetime.timedelta(seconds=60),
+        producer_id=-1,
+        producer_epoch=-1,
+    )
+    got = kafka_call(a, init)
+    assert got.error_code == ErrorCode.none and got.producer_epoch == 0
+    pid = got.producer_id
+    first = _raw_produce(a, topic, 0, _idempotent_batch(pid, 0, 0, 5))
+    assert (first.error_code, first.base_offset) == (ErrorCode.none, 0)
+    retry = _raw_produce(b, topic, 0, _idempotent_batch(pid, 0, 0, 5))
+    assert (retry.error_code, retry.base_offset) == (ErrorCode.none, 0)
+    nxt = _raw_produce(b, topic, 0, _idempotent_batch(pid, 0, 5, 3))
+    assert (nxt.error_code, nxt.base_offset) == (ErrorCode.none, 5)
+    assert watermarks(kafka_cluster, topic) == (0, 8)  # 5 + 3, not 13
+    gap = _raw_produce(a, topic, 0, _idempotent_batch(pid, 0, 20, 1))
+    assert gap.error_code == ErrorCode.out_of_order_sequence_number
+    bumped = kafka_call(a, replace(init, producer_id=pid, producer_epoch=0))
+    assert (bumped.error_code, bumped.producer_id, bumped.producer_epoch) == (
+        ErrorCode.none,
+        pid,
+        1,
+    )
+    assert _raw_produce(b, topic, 0, _idempotent_batch(pid, 1, 0, 2)).error_code == 0
+    stale = _raw_produce(a, topic, 0, _idempotent_batch(pid, 0, 8, 1))
+    assert stale.error_code == ErrorCode.invalid_producer_epoch
+    assert watermarks(kafka_cluster, topic) == (0, 10)
+    txn = kafka_call(a, replace(init, transactional_id="tx"))
+    assert txn.error_code == ErrorCode.unsupported_version

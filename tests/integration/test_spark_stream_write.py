@@ -1,0 +1,512 @@
+"""Spark as data engineers use it: no registration, streams, writes.
+
+Against the shared cluster (a coordinator process and agents over a moto S3 server):
+Spark is given the coordinator's URL and nothing else about the store, records are
+produced and read back through the agents' REST API, and the run's one SparkSession
+(``spark`` in conftest) does the reading and writing; the no-registration test starts
+its own session in a fresh process, on lakelog installed from its wheel.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from coordinator.http_client import HttpCoordinator
+from segments.partitioning import partition_for_key
+from segments.segment import SegmentReader
+from segments.store import open_store
+from tests.integration.conftest import Cluster
+from tests.integration.test_consumer_api import BINARY, create_topic, request
+from tests.integration.test_spark import Row, rest_view
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+PAD = b"x" * 1000
+
+
+def produce(
+    cluster: Cluster,
+    topic: str,
+    records: list[dict[str, Any]],
+    partition: int | None = None,
+) -> list[tuple[int, int]]:
+    """REST v2 binary produce (keys, values, headers given as bytes); (partition, offset)s."""
+
+    def b64(v: bytes | None) -> str | None:
+        return None if v is None else base64.b64encode(v).decode()
+
+    body = {
+        "records": [
+            {
+                "key": b64(r.get("key")),
+                "value": b64(r["value"]),
+                **(
+                    {"headers": [{"key": k, "value": b64(v)} for k, v in r["headers"]]}
+                    if r.get("headers")
+                    else {}
+                ),
+            }
+            for r in records
+        ]
+    }
+    path = f"/topics/{topic}" + ("" if partition is None else f"/partitions/{partition}")
+    r = request("POST", cluster.agents[0] + path, body, content_type=BINARY)
+    assert r.status_code == 200, r.text
+    return [(o["partition"], o["offset"]) for o in r.json()["offsets"]]
+
+
+def as_json(offsets: str | dict[str, Any]) -> str:
+    """Offsets from a query's progress (a JSON string or already parsed) as JSON text."""
+    return offsets if isinstance(offsets, str) else json.dumps(offsets)
+
+
+def lakelog(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
+    """A batch read through the coordinator only."""
+    return (
+        spark.read.format("lakelog")
+        .options(coordinator=cluster.coordinator_url, subscribe=topic, **options)
+        .load()
+    )
+
+
+def read_stream(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
+    """A stream from the earliest offsets, through the coordinator only."""
+    return (
+        spark.readStream.format("lakelog")
+        .options(coordinator=cluster.coordinator_url, subscribe=topic)
+        .options(startingOffsets="earliest", **options)
+        .load()
+    )
+
+
+def rows_of(df: Any) -> list[Row]:
+    """Rows as the REST view's tuples, sorted by (topic, partition, offset)."""
+    out = []
+    for r in df.collect():
+        headers = tuple((h.key, h.value and bytes(h.value)) for h in r.headers or [])
+        out.append(
+            (
+                r.topic,
+                r.partition,
+                r.offset,
+                r.key and bytes(r.key),
+                r.value and bytes(r.value),
+                int(r.timestamp.timestamp() * 1000),
+                headers,
+            )
+        )
+    return sorted(out, key=lambda x: (x[0], x[1], x[2]))
+
+
+@pytest.fixture
+def topic_of(lakelog_cluster: Cluster) -> Callable[[int], str]:
+    def make(partitions: int) -> str:
+        return create_topic(lakelog_cluster, f"sw-{uuid.uuid4().hex[:10]}", partitions)
+
+    return make
+
+
+# --- no registration -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """lakelog as ``pip install`` puts it: its wheel, installed (without deps) into a dir."""
+    tmp = tmp_path_factory.mktemp("installed")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    wheel = tmp / "wheel"
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheel), str(ROOT)], check=True)
+    (built,) = wheel.glob("lakelog-*.whl")
+    site = tmp / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(built)], check=True)
+    assert (site / "pyspark_lakelog.py").is_file()
+    return site
+
+
+FRESH_SESSION = """
+import json, sys
+from pyspark.sql import SparkSession
+
+session = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+session.sparkContext.setLogLevel("ERROR")
+df = (
+    session.read.format("lakelog")
+    .option("coordinator", sys.argv[1])
+    .option("subscribe", sys.argv[2])
+    .load()
+)
+filtered = df.where("partition = 1 AND offset >= 3").select("partition", "offset", "value")
+print(json.dumps({
+    "schema": df.schema.simpleString(),
+    "pushdown": session.conf.get("spark.sql.python.filterPushdown.enabled"),
+    "count": df.count(),
+    "rows": [[r.partition, r.offset, bytes(r.value).decode()] for r in filtered.collect()],
+}))
+"""
+
+
+def test_a_fresh_session_needs_no_registration(
+    installed: Path, lakelog_cluster: Cluster, topic_of: Callable[[int], str], tmp_path: Path
+) -> None:
+    """A new process with lakelog installed: a fresh SparkSession reads a topic with only
+    ``coordinator`` and ``subscribe``, no register() call and no store option (Spark's
+    lookup of ``pyspark_*`` modules finds the source; the coordinator tells the bucket).
+    Filter pushdown is off there, as in any new session: filters still give the right rows.
+    """
+    topic = topic_of(2)
+    for p in range(2):
+        produce(lakelog_cluster, topic, [{"value": f"{p}-{i}".encode()} for i in range(8)], p)
+    script = tmp_path / "job.py"
+    script.write_text(FRESH_SESSION)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(installed),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), lakelog_cluster.coordinator_url, topic],
+        cwd=tmp_path,  # nothing of this tree on the path but the installed copy
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["pushdown"] == "false"
+    assert result["schema"].startswith("struct<key:binary,value:binary,topic:string,")
+    assert result["count"] == 16
+    assert result["rows"] == [[1, i, f"1-{i}"] for i in range(3, 8)]
+
+
+# --- streams ---------------------------------------------------------------------------
+
+
+def test_micro_batches_are_batch_reads_of_their_offsets(
+    spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str], tmp_path: Path
+) -> None:
+    """Trigger.AvailableNow with maxOffsetsPerTrigger: several micro-batches, each at most
+    the limit, each exactly what a batch read of its start and end offsets returns, all
+    of them together every record once; headers with includeHeaders."""
+    topic = topic_of(3)
+    for p in range(3):
+        produce(
+            lakelog_cluster,
+            topic,
+            [
+                {"key": b"k%d" % i, "value": b"%d-%d" % (p, i), "headers": [("h", b"%d" % i)]}
+                for i in range(150 + 50 * p)
+            ],
+            p,
+        )
+    batches: dict[int, list[Row]] = {}
+
+    def sink(df: Any, batch_id: int) -> None:
+        batches[batch_id] = rows_of(df)
+
+    stream = read_stream(
+        spark, lakelog_cluster, topic, maxOffsetsPerTrigger="250", includeHeaders="true"
+    )
+    query = (
+        stream.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180)
+    assert query.exception() is None
+    progress = {p["batchId"]: p["sources"][0] for p in query.recentProgress if p["numInputRows"]}
+    assert len(batches) == 3 and set(progress) == set(batches), progress
+    everything = []
+    for batch_id, rows in sorted(batches.items()):
+        assert 0 < len(rows) <= 250
+        # Offsets as the checkpoint holds them (the first batch starts at "earliest").
+        start, end = progress[batch_id]["startOffset"], progress[batch_id]["endOffset"]
+        again = lakelog(
+            spark,
+            lakelog_cluster,
+            topic,
+            includeHeaders="true",
+            startingOffsets="earliest" if start in (None, "null") else as_json(start),
+            endingOffsets=as_json(end),
+        )
+        assert rows == rows_of(again), batch_id
+        everything += rows
+    assert sorted(everything) == rest_view(lakelog_cluster.agents, topic, 3, 600)
+
+
+def test_stream_stopped_and_restarted_reads_every_record_once(
+    spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str], tmp_path: Path
+) -> None:
+    """Race: producers keep writing over REST while a query (file sink, checkpoint) runs,
+    is stopped, restarted from its checkpoint, stopped again, and drained with
+    Trigger.AvailableNow once the producers stop.
+
+    Expected: the sink holds every produced record exactly once: per partition the
+    offsets 0..n-1 without a gap or a repeat, each with the value produced there.
+    """
+    topic = topic_of(3)
+    produced: dict[tuple[int, int], bytes] = {}
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        i = 0
+        while not stop.is_set():
+            values = [f"r{i + j}".encode() for j in range(60)]
+            placed = produce(lakelog_cluster, topic, [{"value": v} for v in values], i % 3)
+            produced.update(zip(placed, values, strict=True))
+            i += 60
+            time.sleep(0.02)
+
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def start(**trigger: Any) -> Any:
+        stream = read_stream(spark, lakelog_cluster, topic, maxOffsetsPerTrigger="400")
+        stream = stream.selectExpr("partition", "offset", "value")
+        return (
+            stream.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(**trigger)
+            .start()
+        )
+
+    def run_a_while(batches: int) -> None:
+        query = start(processingTime="300 milliseconds")
+        deadline = time.monotonic() + 90
+        try:
+            while sum(1 for p in query.recentProgress if p["numInputRows"]) < batches:
+                assert query.exception() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        finally:
+            query.stop()
+
+    producer = threading.Thread(target=keep_producing)
+    producer.start()
+    try:
+        run_a_while(2)
+        run_a_while(2)  # from the checkpoint, producers still writing
+    finally:
+        stop.set()
+        producer.join()
+    drain = start(availableNow=True)
+    assert drain.awaitTermination(180)
+    assert drain.exception() is None
+
+    got: dict[tuple[int, int], bytes] = {}
+    for r in spark.read.parquet(str(out)).collect():
+        assert (r.partition, r.offset) not in got, (r.partition, r.offset)
+        got[(r.partition, r.offset)] = bytes(r.value)
+    assert got == produced
+    for p in range(3):
+        offsets = sorted(o for q, o in got if q == p)
+        assert offsets == list(range(len(offsets)))
+    assert len(got) >= 4 * 400
+
+
+# --- writes ------------------------------------------------------------------------------
+
+
+def test_write_then_read_back_over_rest(
+    spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str]
+) -> None:
+    """df.write.format("lakelog") with the Kafka sink's columns, several tasks and several
+    objects per task: read back over REST, each row once, offsets contiguous from 0 in
+    every partition, keyed rows where murmur2 puts them, explicit partitions kept,
+    headers kept; a second write (topic column) continues the offsets."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    topic = topic_of(4)
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    schema = StructType(
+        [
+            StructField("key", StringType()),
+            StructField("value", BinaryType()),
+            StructField("partition", IntegerType()),
+            StructField("headers", ArrayType(header)),
+        ]
+    )
+    data = [
+        (
+            None if i % 5 == 0 else f"user-{i % 37}",
+            b"v%05d" % i,
+            i % 4 if i % 11 == 0 else None,
+            [("i", b"%d" % i)] if i % 3 == 0 else None,
+        )
+        for i in range(3000)
+    ]
+    df = spark.createDataFrame(data, schema).repartition(3)
+    (
+        df.write.format("lakelog")
+        .option("coordinator", lakelog_cluster.coordinator_url)
+        .option("topic", topic)
+        .option("maxBytesPerObject", "16384")
+        .mode("append")
+        .save()
+    )
+    second = spark.createDataFrame(
+        [(topic, b"w%05d" % i) for i in range(500)], "topic string, value binary"
+    )
+    second.write.format("lakelog").option("coordinator", lakelog_cluster.coordinator_url).mode(
+        "append"
+    ).save()
+
+    rows = rest_view(lakelog_cluster.agents, topic, 4, 3500)
+    by_value = {r[4]: r for r in rows}
+    assert len(by_value) == 3500  # each row once
+    for p in range(4):
+        assert [r[2] for r in rows if r[1] == p] == list(range(sum(1 for r in rows if r[1] == p)))
+    for key, value, partition, headers in data:
+        row = by_value[value]
+        if partition is not None:
+            assert row[1] == partition
+        elif key is not None:
+            assert row[1] == partition_for_key(key.encode(), 4)
+        assert row[3] == (None if key is None else key.encode())
+        assert row[6] == (tuple(headers) if headers else ())
+    # The second write came after the first: its rows follow in every partition.
+    for p in range(4):
+        values = [r[4] for r in rows if r[1] == p]
+        firsts = [i for i, v in enumerate(values) if v.startswith(b"w")]
+        assert firsts == list(range(len(values) - len(firsts), len(values)))
+
+
+def test_a_killed_write_task_leaves_nothing_visible_twice(
+    spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str]
+) -> None:
+    """Race: the first attempt of one write task dies (its Python worker is killed) after
+    its writer uploaded an object; Spark retries the task, the retry writes it all.
+
+    Expected: every row visible exactly once over REST; the killed attempt's objects
+    are in the bucket but were never committed (orphans, for garbage collection).
+    """
+    topic = topic_of(2)
+    store = open_store(lakelog_cluster.store_url, endpoint_url=lakelog_cluster.store_endpoint)
+    before = {o.key for o in store.list("segments/")}
+    store_url, endpoint = lakelog_cluster.store_url, lakelog_cluster.store_endpoint
+
+    from pyspark.sql import functions as F
+
+    def uploaded_by_this_task(watched: Any) -> bool:
+        """Whether a new object holds rows of task 0 (ids below 1000)."""
+        for key in {o.key for o in watched.list("segments/")} - before:
+            reader = SegmentReader(watched.get(key))
+            for chunk in reader.chunks:
+                if any(int(rec.value[1:7]) < 1000 for _, rec in reader.records(chunk)):
+                    return True
+        return False
+
+    @F.udf("binary", useArrow=False)  # type: ignore[misc]
+    def value(i: int) -> bytes:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context.partitionId() == 0 and context.attemptNumber() == 0 and i == 800:
+            # Die once this task's writer has put an object in the bucket.
+            watched = open_store(store_url, endpoint_url=endpoint)
+            deadline = time.monotonic() + 60
+            while not uploaded_by_this_task(watched) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os._exit(1)
+        # 1 KiB values: the JVM's 64 KiB socket buffers pass rows on to the writer.
+        return b"v%06d" % i + PAD
+
+    # Small Arrow batches into the writer, small objects: it uploads as rows arrive.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "50")
+    try:
+        df = spark.range(0, 2000, 1, 2).select(
+            F.col("id").cast("string").cast("binary").alias("key"), value("id").alias("value")
+        )
+        (
+            df.write.format("lakelog")
+            .option("coordinator", lakelog_cluster.coordinator_url)
+            .option("topic", topic)
+            .option("maxBytesPerObject", str(64 << 10))
+            .mode("append")
+            .save()
+        )
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    got = rest_view(lakelog_cluster.agents, topic, 2, 2000)
+    assert sorted(r[4] for r in got) == [b"v%06d" % i + PAD for i in range(2000)]
+    new = {o.key for o in store.list("segments/")} - before
+    with HttpCoordinator(lakelog_cluster.coordinator_url) as coordinator:
+        committed = coordinator.committed_object_keys(sorted(new))
+    assert new - committed, "the killed attempt uploaded nothing: the test did not kill mid-write"
+
+
+def test_write_stream_copies_a_topic(
+    spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str], tmp_path: Path
+) -> None:
+    """readStream of one topic into writeStream of another (key and value, the topic
+    option): the copy holds every record once, keyed records placed by murmur2."""
+    source, target = topic_of(2), topic_of(3)
+    for p in range(2):
+        produce(
+            lakelog_cluster,
+            source,
+            [{"key": b"k%d" % (i % 17), "value": b"%d-%d" % (p, i)} for i in range(300)],
+            p,
+        )
+    query = (
+        read_stream(spark, lakelog_cluster, source, maxOffsetsPerTrigger="250")
+        .select("key", "value")
+        .writeStream.format("lakelog")
+        .option("coordinator", lakelog_cluster.coordinator_url)
+        .option("topic", target)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180)
+    assert query.exception() is None
+    copied = rest_view(lakelog_cluster.agents, target, 3, 600)
+    assert sorted(r[4] for r in copied) == sorted(
+        b"%d-%d" % (p, i) for p in range(2) for i in range(300)
+    )
+    for r in copied:
+        assert r[1] == partition_for_key(r[3], 3)
+    orjson.dumps(copied[0][4].decode())  # values are the source's bytes, not re-encoded
+
+
+def test_writes_that_cannot_be_done_say_why(
+    spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str]
+) -> None:
+    """Overwrite, a column the Kafka sink does not have, an unknown topic: refused when the
+    write is planned, with the reason, and nothing written."""
+    topic = topic_of(1)
+    url = lakelog_cluster.coordinator_url
+    df = spark.createDataFrame([("k", "v", 3)], "key string, value string, offset bigint")
+    cases = [
+        (df.select("key", "value").write.mode("overwrite"), topic, "append-only"),
+        (df.write.mode("append"), topic, "'offset' is not one of the Kafka sink's columns"),
+        (df.select("value").write.mode("append"), "no-such-topic-x", "does not exist"),
+    ]
+    for writer, target, message in cases:
+        with pytest.raises(Exception, match=message):
+            writer.format("lakelog").option("coordinator", url).option("topic", target).save()
+    with HttpCoordinator(url) as coordinator:
+        assert coordinator.offsets(topic, 0).high_watermark == 0

@@ -1,0 +1,114 @@
+"""Idempotent producers: the sequence rules, and their check inside the commit transaction
+(SQLite and PostgreSQL, in-process and over the coordinator's HTTP API)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from starlette.testclient import TestClient
+
+from coordinator.client import ChunkCommit
+from coordinator.http_client import HttpCoordinator
+from coordinator.local import LocalCoordinator
+from coordinator.producers import (
+    ProducerBatch,
+    ProducerPartitionState,
+    Verdict,
+    judge,
+    remember,
+)
+from coordinator.server import create_app
+from segments.errors import ProducerConflictError, ProducerFencedError
+
+
+def test_judge_follows_kafkas_rules() -> None:
+    b = ProducerBatch
+    assert judge(None, b(1, 0, 0, 5))[0] is Verdict.APPEND
+    assert judge(None, b(1, 0, 3, 5))[0] is Verdict.OUT_OF_ORDER
+    state = remember(None, b(1, 0, 0, 5), 100)
+    assert judge(state, b(1, 0, 5, 2))[0] is Verdict.APPEND
+    assert judge(state, b(1, 0, 0, 5)) == (Verdict.DUPLICATE, 100)
+    assert judge(state, b(1, 0, 6, 1))[0] is Verdict.OUT_OF_ORDER
+    assert judge(state, b(1, 1, 0, 1))[0] is Verdict.APPEND  # a new epoch starts at 0
+    assert judge(state, b(1, 1, 4, 1))[0] is Verdict.OUT_OF_ORDER
+    for i in range(1, 7):
+        state = remember(state, b(1, 0, 5 * i, 5), 100 + 5 * i)
+    assert len(state.batches) == 5  # Kafka keeps the last five
+    assert judge(state, b(1, 0, 5, 5))[0] is Verdict.OUT_OF_ORDER  # forgotten
+    assert judge(state, b(1, 0, 15, 5)) == (Verdict.DUPLICATE, 115)
+    fenced = ProducerPartitionState(3, [(0, 0, 0)])
+    assert judge(fenced, b(1, 2, 1, 1))[0] is Verdict.FENCED
+    wrap = remember(None, b(1, 0, 0, 1), 0)
+    wrap.batches[-1] = (2**31 - 2, 2**31 - 1, 7)
+    assert judge(wrap, b(1, 0, 0, 1))[0] is Verdict.APPEND  # sequences wrap at 2**31
+
+
+@pytest.fixture(params=["local", "http"])
+def coordinator(request: pytest.FixtureRequest, db_url: str) -> Iterator[object]:
+    local = LocalCoordinator(db_url)
+    if request.param == "local":
+        yield local
+    else:
+        with TestClient(create_app(local)) as client:
+            yield HttpCoordinator("http://testserver", client=client)
+    local.close()
+
+
+def _chunk(topic_id: bytes, count: int, *batches: ProducerBatch) -> ChunkCommit:
+    return ChunkCommit(topic_id, 0, 0, 100, count, 1, 2, batches)
+
+
+def test_a_retried_batch_is_committed_once(coordinator: LocalCoordinator) -> None:
+    """Race: the same batch reaches two agents, whose flushes commit one after the other.
+    The first commit stores it; the second is refused whole (nothing of it stored)."""
+    topic = coordinator.create_topic("t", 1)
+    pid, epoch = coordinator.init_producer_id()
+    assert epoch == 0
+    batch = ProducerBatch(pid, 0, 0, 3, relative_offset=2)
+    assert coordinator.commit("k1", [_chunk(topic.topic_id, 5, batch)]) == [0]
+    state = coordinator.producer_state(pid, [(topic.topic_id, 0)])
+    assert state[(topic.topic_id, 0)].batches == [(0, 2, 2)]  # base 0 + relative 2
+    with pytest.raises(ProducerConflictError):
+        coordinator.commit("k2", [_chunk(topic.topic_id, 3, batch)])
+    assert coordinator.offsets("t", 0).high_watermark == 5
+    with pytest.raises(ProducerConflictError):  # a gap
+        coordinator.commit("k3", [_chunk(topic.topic_id, 1, ProducerBatch(pid, 0, 9, 1))])
+    nxt = ProducerBatch(pid, 0, 3, 1)
+    assert coordinator.commit("k4", [_chunk(topic.topic_id, 1, nxt)]) == [5]
+    assert coordinator.commit("k4", [_chunk(topic.topic_id, 1, nxt)]) == [5]  # same key
+
+
+def test_epochs_bump_and_fence(coordinator: LocalCoordinator) -> None:
+    pid, _ = coordinator.init_producer_id()
+    assert coordinator.init_producer_id(pid, 0) == (pid, 1)
+    with pytest.raises(ProducerFencedError):
+        coordinator.init_producer_id(pid, 0)
+    other, _ = coordinator.init_producer_id()
+    assert other != pid
+
+
+def test_concurrent_commits_of_one_sequence_store_it_once(db_url: str) -> None:
+    """Race: eight threads commit the same producer batch under eight object keys at
+    once; exactly one wins, the others get ProducerConflictError, offsets stay contiguous."""
+    with LocalCoordinator(db_url) as c:
+        topic = c.create_topic("race", 1)
+        pid, _ = c.init_producer_id()
+        batch = ProducerBatch(pid, 0, 0, 4)
+        outcomes: list[str] = []
+
+        def commit(i: int) -> None:
+            try:
+                c.commit(f"obj-{i}", [_chunk(topic.topic_id, 4, batch)])
+                outcomes.append("ok")
+            except ProducerConflictError:
+                outcomes.append("conflict")
+
+        threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
+        assert c.offsets("race", 0).high_watermark == 4

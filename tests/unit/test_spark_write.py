@@ -1,0 +1,136 @@
+"""Spark writes without Spark (``spark.write``): Kafka-sink rows into segment objects,
+placed as every producer places them, committed only by the job commit, once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from coordinator.local import LocalCoordinator
+from index.log import LogReader, LogWriter
+from segments.partitioning import partition_for_key
+from segments.store import ObjectStore, open_store
+from spark.write import TaskWriter, check_sink_schema, commit_objects, delete_objects
+
+
+@pytest.fixture
+def coordinator(tmp_path: Path) -> Iterator[LocalCoordinator]:
+    c = LocalCoordinator(f"sqlite:///{tmp_path / 'meta.db'}")
+    c.create_topic("t", 4)
+    c.create_topic("u", 2)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def store() -> ObjectStore:
+    return open_store("memory://")
+
+
+def task(store: ObjectStore, coordinator: LocalCoordinator, **kw: object) -> TaskWriter:
+    args: dict[str, object] = {"topic": "t", "compression": "zstd", "max_bytes": 1 << 20}
+    args.update(kw)
+    return TaskWriter(LogWriter(store, coordinator), coordinator.get_topic, **args)  # type: ignore[arg-type]
+
+
+def all_records(store: ObjectStore, c: LocalCoordinator, topic: str, n: int) -> list[tuple]:
+    reader = LogReader(store, c)
+    out = []
+    for p in range(n):
+        for r in reader.read(topic, p, 0, max_bytes=1 << 30):
+            out.append((r.partition, r.offset, r.key, r.value, r.headers))
+    return out
+
+
+def test_sink_schema_is_the_kafka_sinks() -> None:
+    check_sink_schema({"key": "string", "value": "binary", "topic": "string"}, None)
+    check_sink_schema({"value": "string"}, "t")
+    with pytest.raises(ValueError, match="needs a 'value' column"):
+        check_sink_schema({"key": "binary"}, "t")
+    with pytest.raises(ValueError, match="'topic' column or the option"):
+        check_sink_schema({"value": "binary"}, None)
+    with pytest.raises(ValueError, match="column 'partition' must be int, not bigint"):
+        check_sink_schema({"value": "binary", "partition": "bigint"}, "t")
+    with pytest.raises(ValueError, match="'offset' is not one of the Kafka sink's columns"):
+        check_sink_schema({"value": "binary", "offset": "bigint"}, "t")
+
+
+def test_rows_are_placed_like_every_producer_and_invisible_until_the_job_commit(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    """Explicit partitions win, keys go where murmur2 puts them, keyless rows of one
+    batch stick to one partition; nothing is visible before commit_objects."""
+    w = task(store, coordinator, topic=None)
+    keys = [None if i % 4 == 0 else f"key-{i}" for i in range(200)]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "key": keys,
+            "value": [b"v%d" % i for i in range(200)],
+            "topic": ["t" if i % 2 else "u" for i in range(200)],
+            "partition": [1 if i % 10 == 3 else None for i in range(200)],
+            "headers": [
+                [{"key": "i", "value": b"%d" % i}] if i % 7 == 0 else None for i in range(200)
+            ],
+        }
+    )
+    w.add(batch)
+    written = w.finish(0, 0)
+    assert written.records == 200 and len(written.objects) == 1
+    assert all_records(store, coordinator, "t", 4) == []  # uploaded, not committed
+
+    commit_objects(store, coordinator, [written])
+    got = {r[3]: r for r in all_records(store, coordinator, "t", 4)}
+    got.update({r[3]: r for r in all_records(store, coordinator, "u", 2)})
+    assert len(got) == 200
+    keyless: dict[str, set[int]] = {}
+    for i, key in enumerate(keys):
+        p, _off, k, _v, headers = got[b"v%d" % i]
+        topic, n = ("t", 4) if i % 2 else ("u", 2)
+        if i % 10 == 3:
+            assert p == 1
+        elif key is not None:
+            assert p == partition_for_key(key.encode(), n)
+        else:
+            keyless.setdefault(topic, set()).add(p)
+        assert k == (None if key is None else key.encode())
+        assert headers == ((("i", b"%d" % i),) if i % 7 == 0 else ())
+    assert all(len(ps) == 1 for ps in keyless.values())  # sticky within a batch
+
+
+def test_a_task_uploads_an_object_per_max_bytes_and_a_repeated_commit_changes_nothing(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    w = task(store, coordinator, max_bytes=4096)
+    for b in range(10):
+        w.add(
+            pa.RecordBatch.from_pydict(
+                {"value": [b"x" * 100 + b"%d" % (b * 20 + i) for i in range(20)]}
+            )
+        )
+    written = w.finish(3, 1)
+    assert len(written.objects) >= 4
+    first = commit_objects(store, coordinator, [written, None])
+    again = commit_objects(store, coordinator, [written])  # the driver retried its commit
+    assert [r.base_offsets for r in again] == [r.base_offsets for r in first]
+    records = all_records(store, coordinator, "t", 4)
+    assert len(records) == 200
+    for p in range(4):
+        offsets = [r[1] for r in records if r[0] == p]
+        assert offsets == list(range(len(offsets)))
+
+
+def test_refusals_and_abort(store: ObjectStore, coordinator: LocalCoordinator) -> None:
+    w = task(store, coordinator)
+    with pytest.raises(ValueError, match="partition 9 of topic 't' does not exist"):
+        w.add(pa.RecordBatch.from_pydict({"value": [b"v"], "partition": pa.array([9], pa.int32())}))
+    w = task(store, coordinator, topic=None)
+    with pytest.raises(ValueError, match="topic is null"):
+        w.add(pa.RecordBatch.from_pydict({"value": [b"v"], "topic": pa.array([None], pa.string())}))
+    w = task(store, coordinator)
+    w.add(pa.RecordBatch.from_pydict({"value": [b"v"]}))
+    written = w.finish()
+    assert delete_objects(store, [written, None]) == 1
+    assert list(store.list("segments/")) == []
