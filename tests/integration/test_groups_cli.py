@@ -6,6 +6,7 @@ group calls go agent -> coordinator process -> SQLite, the records through moto 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -233,3 +234,64 @@ def test_durations_as_java_parses_them(text: str, ms: int) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError):
         parse_duration_ms(text)
+
+
+def test_groups_of_kafka_clients(
+    kafka_cluster: Cluster, unique_topic: Callable[[str], str]
+) -> None:
+    """The same tool on a group of Kafka clients: describe shows what it committed and its
+    member; reset is refused with its state while it runs, moves its offsets once it left
+    (the client then starts there), and delete removes it."""
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import Producer
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    cluster = kafka_cluster
+    topic = create_topic(cluster, unique_topic("kgroups"), 1)
+    producer = Producer({"bootstrap.servers": cluster.kafka[0]})
+    for i in range(10):
+        producer.produce(topic, value=b"%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    group = f"k-{uuid.uuid4().hex[:8]}"
+    settings = {
+        "bootstrap.servers": cluster.kafka[0],
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 300,
+    }
+    consumer = KafkaConsumer(settings)
+    consumer.subscribe([topic])
+    got = 0
+    deadline = time.monotonic() + 40
+    while got < 4 and time.monotonic() < deadline:
+        if (m := consumer.poll(0.2)) is not None and m.error() is None:
+            got += 1
+    assert got == 4
+    consumer.commit(offsets=[KafkaTP(topic, 0, 4)], asynchronous=False)
+    view = describe(cluster, group)
+    assert view["state"] == "STABLE" and len(view["members"]) == 1
+    assert [(o["current_offset"], o["log_end_offset"], o["lag"]) for o in view["offsets"]] == [
+        (4, 10, 6)
+    ]
+    out = lakelog(cluster, "groups", "reset-offsets", group, "--topic", topic, "--to-offset",
+                  "8", "--execute", code=1)  # fmt: skip
+    assert "is inactive, but the current state is Stable." in out
+    consumer.close()
+
+    lakelog(cluster, "groups", "reset-offsets", group, "--topic", topic, "--to-offset", "8",
+            "--execute")  # fmt: skip
+    assert committed(cluster, group) == {0: 8}
+    again = KafkaConsumer(settings)
+    again.subscribe([topic])
+    first = None
+    deadline = time.monotonic() + 40
+    while first is None and time.monotonic() < deadline:
+        if (m := again.poll(0.2)) is not None and m.error() is None:
+            first = m.offset()
+    again.close()
+    assert first == 8
+    out = lakelog(cluster, "groups", "delete", group)
+    assert "was successful" in out
+    assert group not in lakelog(cluster, "groups", "list").split()
