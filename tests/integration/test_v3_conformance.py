@@ -159,7 +159,11 @@ def run_schemathesis(spec: Path, base: str, config: Path, report: Path) -> dict[
         "--max-examples", "5", "--generation-deterministic", "--workers", "1",
         "--report", "json", "--report-json-path", str(report), "--no-color",
     ]  # fmt: skip
-    done = subprocess.run(args, capture_output=True, text=True, timeout=600, check=False)
+    # In the run's own folder: schemathesis keeps a cache of past failures in its working
+    # directory and replays them, which would make one run depend on the previous ones.
+    done = subprocess.run(
+        args, capture_output=True, text=True, timeout=600, check=False, cwd=report.parent
+    )
     assert report.is_file(), f"schemathesis wrote no report:\n{done.stdout[-3000:]}{done.stderr}"
     result: dict[str, Any] = json.loads(report.read_text())
     result["_output"] = done.stdout
