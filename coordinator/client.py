@@ -79,6 +79,22 @@ class Coordinator(Protocol):
         """Set and reset overrides in one step. Raises InvalidConfigError."""
         ...
 
+    def broker_configs(self) -> dict[str, str]:
+        """The cluster-wide broker configs set (Kafka's names: ``log.retention.ms``, ...);
+        topics without an override inherit them."""
+        ...
+
+    def alter_broker_configs(
+        self,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> dict[str, str]:
+        """Set and reset cluster-wide broker configs in one step; returns them all after.
+        Raises InvalidConfigError."""
+        ...
+
     # -- the log --------------------------------------------------------------
     def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
         """Assign base offsets to every chunk of one object in ONE transaction.

@@ -398,6 +398,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE consumers ADD COLUMN fetch_expires {double} NOT NULL DEFAULT 0",
         ),
     ),
+    Migration(
+        9,
+        "cluster-wide dynamic broker configs (the defaults topic configs inherit)",
+        (
+            # Kafka's broker config names (log.retention.ms, ...), values as the client sent
+            # them (trimmed); coordinator.topic_configs maps them to topic configs.
+            """CREATE TABLE cluster_configs (
+                name TEXT NOT NULL PRIMARY KEY,
+                value TEXT NOT NULL
+            )""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -124,6 +124,16 @@ class GroupInfo:
     committed: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
 
 
+class GroupTopicLag(NamedTuple):
+    """A group's lag on one topic, from its committed offsets (for metrics)."""
+
+    group: str
+    topic: str
+    lag: int  # summed over the topic's partitions with a committed offset
+    max_lag: int  # of one partition
+    partitions: int
+
+
 class GroupCoordinator(Protocol):
     def create_consumer(self, group: str, name: str, config: ConsumerConfig) -> ConsumerState:
         """Raises ConsumerExistsError, InvalidConsumerConfigError."""
@@ -221,4 +231,19 @@ class GroupCoordinator(Protocol):
 
     def describe_group(self, group: str) -> GroupInfo:
         """Raises GroupNotFoundError for a group with no member and no committed offset."""
+        ...
+
+    def alter_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, CommittedOffset]
+    ) -> None:
+        """Set committed offsets of a group with no member, as an operator does (Kafka's
+        ``alterConsumerGroupOffsets``; ``lakelog groups reset-offsets``). A group that does
+        not exist yet gets them. Raises NonEmptyGroupError while the group has members,
+        TopicNotFoundError / PartitionNotFoundError, ConsumerStateError for a negative
+        offset; nothing is stored then."""
+        ...
+
+    def delete_group(self, group: str) -> None:
+        """Delete a group with no member and its committed offsets (Kafka's DeleteGroups).
+        Raises GroupNotFoundError, NonEmptyGroupError."""
         ...

@@ -105,6 +105,7 @@ from coordinator.groups import (
     ConsumerState,
     FetchLease,
     GroupInfo,
+    GroupTopicLag,
 )
 from coordinator.patterns import compile_topic_pattern, match_topics
 from coordinator.topic_configs import validate_topic_name
@@ -117,6 +118,7 @@ from segments.errors import (
     InvalidConsumerConfigError,
     InvalidTopicPatternError,
     LakelogError,
+    NonEmptyGroupError,
     PartitionNotFoundError,
     StaleGenerationError,
     TopicNotFoundError,
@@ -204,6 +206,20 @@ _UPSERT_COMMITTED = (
     "committed_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, topic, partition) "
     "DO UPDATE SET committed_offset = excluded.committed_offset, "
     "metadata = excluded.metadata, committed_at = excluded.committed_at"
+)
+_DELETE_GROUP = (
+    "DELETE FROM committed_offsets WHERE group_id = ?",
+    "DELETE FROM consumer_groups WHERE group_id = ?",
+)
+_LAG_BY_TOPIC = (
+    "SELECT c.group_id, c.topic, "
+    "SUM(CASE WHEN p.high_watermark > c.committed_offset "
+    "THEN p.high_watermark - c.committed_offset ELSE 0 END), "
+    "MAX(CASE WHEN p.high_watermark > c.committed_offset "
+    "THEN p.high_watermark - c.committed_offset ELSE 0 END), COUNT(*) "
+    "FROM committed_offsets c JOIN topics t ON t.name = c.topic "
+    "JOIN partitions p ON p.topic_id = t.topic_id AND p.partition = c.partition "
+    "GROUP BY c.group_id, c.topic ORDER BY c.group_id, c.topic"
 )
 _GROUP_IDS = (
     "SELECT group_id FROM consumer_groups UNION SELECT group_id FROM committed_offsets ORDER BY 1"
@@ -563,6 +579,24 @@ class _Ctx:
     group: _Group
     topics: _Topics
     now: float
+
+
+def _committed_rows(
+    ctx: _Ctx, offsets: Mapping[TopicPartition, CommittedOffset]
+) -> list[tuple[Any, ...]]:
+    """``committed_offsets`` rows for ``offsets``, checked.
+
+    Raises:
+        TopicNotFoundError, PartitionNotFoundError; ConsumerStateError for a negative offset.
+    """
+    rows = []
+    for key, committed in offsets.items():
+        tp = TopicPartition(key[0], key[1])
+        ctx.topics.check(tp)
+        offset = _check_offset("committed offset", tp, committed.offset)
+        metadata = str(committed.metadata or "")
+        rows.append((ctx.group.group_id, tp.topic, tp.partition, offset, metadata, ctx.now))
+    return rows
 
 
 # -- the store -------------------------------------------------------------------
@@ -1226,14 +1260,7 @@ class GroupStore:
         def apply(ctx: _Ctx) -> None:
             g = ctx.group
             m = g.member(name)
-            rows = []
-            for key, committed in offsets.items():
-                tp = TopicPartition(key[0], key[1])
-                ctx.topics.check(tp)
-                offset = _check_offset("committed offset", tp, committed.offset)
-                rows.append(
-                    (group, tp.topic, tp.partition, offset, str(committed.metadata or ""), ctx.now)
-                )
+            rows = _committed_rows(ctx, offsets)
             if not m.manual and rows:
                 if generation is not None and generation != g.generation:
                     raise StaleGenerationError(
@@ -1308,3 +1335,57 @@ class GroupStore:
             )
 
         return self._transact(group, apply)
+
+    # -- operators' calls (lakelog groups) ------------------------------------------
+
+    def alter_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, CommittedOffset]
+    ) -> None:
+        """Set committed offsets of a group without instances (after expiry), in one
+        transaction; a group that does not exist yet gets them.
+
+        Raises:
+            NonEmptyGroupError: the group has instances (Kafka's tool message).
+            TopicNotFoundError, PartitionNotFoundError; ConsumerStateError for a
+            negative offset. Nothing is stored then.
+        """
+        validate_name("consumer group", group)
+
+        def apply(ctx: _Ctx) -> None:
+            if ctx.group.members:  # kafka-consumer-groups' words
+                raise NonEmptyGroupError(
+                    f"Assignments can only be reset if the group '{group}' is inactive, but "
+                    "the current state is Stable."
+                )
+            ctx.conn.executemany(self._q(_UPSERT_COMMITTED), _committed_rows(ctx, offsets))
+
+        self._transact(group, apply)
+
+    def delete_group(self, group: str) -> None:
+        """Delete a group without instances: its row and its committed offsets.
+
+        Raises:
+            GroupNotFoundError: no such group (no instance, no committed offset).
+            NonEmptyGroupError: it has instances.
+        """
+
+        def apply(ctx: _Ctx) -> None:
+            if not ctx.group.stored and not ctx.group.members and not self._committed(ctx):
+                raise GroupNotFoundError(f"Consumer group '{group}' not found.")
+            if ctx.group.members:  # Kafka's GroupNotEmptyException
+                raise NonEmptyGroupError(
+                    f"Group '{group}' could not be deleted: the group is not empty."
+                )
+            for statement in _DELETE_GROUP:
+                ctx.conn.execute(self._q(statement), (group,))
+            ctx.group.stored = False
+
+        self._transact(group, apply)
+
+    def lag_by_topic(self) -> list[GroupTopicLag]:
+        """Every group's lag per topic from its committed offsets (any door's), in one
+        read: the records between each committed offset and its partition's high
+        watermark, summed and the largest. For /metrics; no settling, nothing written."""
+        with self._db.read() as conn:
+            rows = conn.execute(self._q(_LAG_BY_TOPIC)).fetchall()
+        return [GroupTopicLag(g, t, int(total), int(top), int(n)) for g, t, total, top, n in rows]

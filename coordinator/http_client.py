@@ -67,6 +67,7 @@ def topic_to_json(t: TopicInfo) -> JSON:
         "topic_id": t.topic_id.hex(),
         "partitions": t.partitions,
         "configs": dict(t.configs),
+        "defaults": dict(t.defaults),
     }
 
 
@@ -76,6 +77,7 @@ def topic_from_json(d: JSON) -> TopicInfo:
         topic_id=bytes.fromhex(d["topic_id"]),
         partitions=int(d["partitions"]),
         configs=dict(d["configs"]),
+        defaults=dict(d.get("defaults") or {}),
     )
 
 
@@ -671,6 +673,24 @@ class HttpCoordinator:
         data = self._request("POST", topic_path(name) + "/configs", body=body, idempotent=True)
         return topic_from_json(data)
 
+    def broker_configs(self) -> dict[str, str]:
+        return dict(self._request("GET", "/v1/broker-configs", idempotent=True)["configs"])
+
+    def alter_broker_configs(
+        self,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> dict[str, str]:
+        body = {
+            "set": dict(set_configs or {}),
+            "delete": list(delete_configs),
+            "validate_only": validate_only,
+        }
+        data = self._request("POST", "/v1/broker-configs", body=body, idempotent=True)
+        return dict(data["configs"])
+
     def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
         body = {"object_key": object_key, "chunks": [chunk_commit_to_json(c) for c in chunks]}
         # A commit that timed out may have been applied; the coordinator answers a
@@ -888,6 +908,16 @@ class HttpCoordinator:
 
     def describe_group(self, group: str) -> GroupInfo:
         return group_info_from_json(self._group_call("/v1/groups/describe", {"group": group}))
+
+    def alter_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, CommittedOffset]
+    ) -> None:
+        # Idempotent: sending the same offsets again leaves the same state.
+        body = {"group": group, "offsets": committed_to_json(offsets)}
+        self._group_call("/v1/groups/alter-offsets", body)
+
+    def delete_group(self, group: str) -> None:
+        self._group_call("/v1/groups/delete", {"group": group}, idempotent=False)
 
     # -- Kafka consumer groups (KafkaGroupCoordinator) ------------------------
     # Join, sync and heartbeat are idempotent for their member (a repeat finds the

@@ -3,6 +3,7 @@ or PostgreSQL metadata store."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -18,6 +19,7 @@ from coordinator.groups import (
     FetchLease,
     GroupCoordinator,
     GroupInfo,
+    GroupTopicLag,
 )
 from coordinator.groups_store import GroupStore
 from coordinator.kafka_groups import (
@@ -157,6 +159,20 @@ class LocalCoordinator:
             name, set_configs, delete_configs, validate_only=validate_only
         )
 
+    def broker_configs(self) -> dict[str, str]:
+        return self._store.broker_configs()
+
+    def alter_broker_configs(
+        self,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> dict[str, str]:
+        return self._store.alter_broker_configs(
+            set_configs, delete_configs, validate_only=validate_only
+        )
+
     # -- the log --------------------------------------------------------------
     def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
         return self._store.commit(object_key, chunks)
@@ -278,6 +294,35 @@ class LocalCoordinator:
         if kafka is not None and kafka.members:
             return kafka_group_info(kafka, self._kafka_groups.committed(group))
         return self._groups.describe_group(group)
+
+    def alter_group_offsets(
+        self, group: str, offsets: Mapping[TopicPartition, CommittedOffset]
+    ) -> None:
+        """Any door's group: refused while it has Kafka members or REST instances."""
+        kafka = self._kafka_groups.describe(group)
+        if kafka is not None and kafka.members:
+            raise NonEmptyGroupError(
+                f"Assignments can only be reset if the group '{group}' is inactive, but the "
+                f"current state is {kafka.state}."
+            )
+        self._groups.alter_group_offsets(group, offsets)
+
+    def delete_group(self, group: str) -> None:
+        """Any door's group (one door at a time uses an id): its state and its offsets."""
+        kafka = self._kafka_groups.describe(group)
+        if kafka is not None and kafka.members:
+            raise NonEmptyGroupError(
+                f"Group '{group}' could not be deleted: the group is not empty."
+            )
+        if kafka is not None and kafka.stored:
+            self._kafka_groups.delete(group)  # its row and the committed offsets
+            with contextlib.suppress(GroupNotFoundError):
+                self._groups.delete_group(group)
+            return
+        self._groups.delete_group(group)
+
+    def group_lag(self) -> list[GroupTopicLag]:
+        return self._groups.lag_by_topic()
 
     # -- Kafka consumer groups ------------------------------------------------
     def kafka_join(self, group: str, member_id: str, **options: Any) -> JoinResult:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
@@ -25,9 +25,12 @@ from coordinator.client import ChunkCommit
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
 from coordinator.producers import ProducerPartitionState, Verdict, judge, remember
 from coordinator.topic_configs import (
+    ConfigDef,
+    broker_config_def,
     check_consistent,
     config_def,
-    validate_config,
+    topic_defaults,
+    validate_broker_configs,
     validate_configs,
     validate_topic_name,
 )
@@ -59,6 +62,12 @@ _TOPIC_BY_ID = _SELECT_TOPIC + " WHERE topic_id = ?"
 _ALL_TOPICS = _SELECT_TOPIC + " ORDER BY name"
 _CONFIGS_OF = "SELECT name, value FROM topic_configs WHERE topic_id = ?"
 _ALL_CONFIGS = "SELECT topic_id, name, value FROM topic_configs"
+_CLUSTER_CONFIGS = "SELECT name, value FROM cluster_configs ORDER BY name"
+_UPSERT_CLUSTER_CONFIG = (
+    "INSERT INTO cluster_configs (name, value) VALUES (?, ?) "
+    "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+)
+_DELETE_CLUSTER_CONFIG = "DELETE FROM cluster_configs WHERE name = ?"
 _INSERT_TOPIC = (
     "INSERT INTO topics (topic_id, name, partition_count, created_at) VALUES (?, ?, ?, ?)"
 )
@@ -242,6 +251,27 @@ def _check_partition_count(partitions: object) -> int:
     return partitions
 
 
+def _split_alter(
+    set_configs: Mapping[str, str] | None,
+    delete_configs: Sequence[str],
+    definition: Callable[[object], ConfigDef],
+) -> tuple[dict[str, str], set[str]]:
+    """An alter's (values to set, checked and trimmed; names to reset), for topic or
+    broker configs (``definition`` looks a name up).
+
+    Raises:
+        InvalidConfigError: an unknown name, a bad value, a name both set and reset.
+    """
+    sets = {key: definition(key).validate(value) for key, value in (set_configs or {}).items()}
+    if isinstance(delete_configs, str):
+        raise InvalidConfigError("delete_configs must be a sequence of names, not a string")
+    deletes = {definition(key).name for key in delete_configs}
+    both = sorted(deletes & sets.keys())
+    if both:
+        raise InvalidConfigError(f"Config {both[0]} is both set and reset in one request.")
+    return sets, deletes
+
+
 def check_chunks(object_key: str, chunks: Sequence[ChunkCommit]) -> None:
     """Reject a malformed commit before touching the database.
 
@@ -333,8 +363,10 @@ class MetadataStore:
         validate_topic_name(name)
         _check_partition_count(partitions)
         overrides = validate_configs(configs)
-        info = TopicInfo(name, uuid.uuid4().bytes, partitions, overrides)
         with self._db.read() if validate_only else self._db.write() as conn:
+            defaults = self._defaults(conn)
+            check_consistent(overrides, defaults)
+            info = TopicInfo(name, uuid.uuid4().bytes, partitions, overrides, defaults)
             if conn.execute(self._q(_TOPIC_BY_NAME), (name,)).fetchone() is not None:
                 raise TopicExistsError(f"Topic '{name}' already exists.")
             if validate_only:
@@ -368,8 +400,9 @@ class MetadataStore:
             configs: dict[bytes, dict[str, str]] = {}
             for topic_id, key, value in conn.execute(self._q(_ALL_CONFIGS)):
                 configs.setdefault(topic_id, {})[key] = value
+            defaults = self._defaults(conn)
         return [
-            TopicInfo(name, topic_id, count, configs.get(topic_id, {}))
+            TopicInfo(name, topic_id, count, configs.get(topic_id, {}), dict(defaults))
             for topic_id, name, count in topics
         ]
 
@@ -403,7 +436,7 @@ class MetadataStore:
                 [(topic.topic_id, p) for p in range(topic.partitions, partitions)],
             )
             conn.execute(self._q(_SET_PARTITION_COUNT), (partitions, topic.topic_id))
-        return TopicInfo(topic.name, topic.topic_id, partitions, topic.configs)
+        return TopicInfo(topic.name, topic.topic_id, partitions, topic.configs, topic.defaults)
 
     def alter_configs(
         self,
@@ -419,18 +452,12 @@ class MetadataStore:
             TopicNotFoundError; InvalidConfigError for an unknown name, a bad value, a
             name both set and reset, or a result that breaks a cross-config rule.
         """
-        sets = {key: validate_config(key, value) for key, value in (set_configs or {}).items()}
-        if isinstance(delete_configs, str):
-            raise InvalidConfigError("delete_configs must be a sequence of names, not a string")
-        deletes = {config_def(key).name for key in delete_configs}
-        both = sorted(deletes & sets.keys())
-        if both:
-            raise InvalidConfigError(f"Config {both[0]} is both set and reset in one request.")
+        sets, deletes = _split_alter(set_configs, delete_configs, config_def)
         with self._db.read() if validate_only else self._db.write() as conn:
             topic = self._topic(conn, name)
             overrides = {k: v for k, v in topic.configs.items() if k not in deletes}
             overrides.update(sets)
-            check_consistent(overrides)
+            check_consistent(overrides, topic.defaults)
             if not validate_only:
                 conn.executemany(
                     self._q(_DELETE_CONFIG), [(topic.topic_id, key) for key in sorted(deletes)]
@@ -440,7 +467,11 @@ class MetadataStore:
                     [(topic.topic_id, k, v) for k, v in sets.items()],
                 )
         return TopicInfo(
-            topic.name, topic.topic_id, topic.partitions, dict(sorted(overrides.items()))
+            topic.name,
+            topic.topic_id,
+            topic.partitions,
+            dict(sorted(overrides.items())),
+            topic.defaults,
         )
 
     def _topic(self, conn: Any, name: str, *, with_configs: bool = True) -> TopicInfo:
@@ -454,7 +485,48 @@ class MetadataStore:
     def _topic_info(self, conn: Any, row: tuple[bytes, str, int]) -> TopicInfo:
         topic_id, name, count = row
         configs = dict(sorted(conn.execute(self._q(_CONFIGS_OF), (topic_id,)).fetchall()))
-        return TopicInfo(name, topic_id, count, configs)
+        return TopicInfo(name, topic_id, count, configs, self._defaults(conn))
+
+    def _defaults(self, conn: Any) -> dict[str, str]:
+        """The cluster-wide broker configs, keyed by the topic configs they set."""
+        return topic_defaults(dict(conn.execute(self._q(_CLUSTER_CONFIGS)).fetchall()))
+
+    # -- cluster-wide broker configs -------------------------------------------
+    def broker_configs(self) -> dict[str, str]:
+        """The dynamic cluster-wide broker configs set, by (Kafka's broker config) name."""
+        with self._db.read() as conn:
+            return dict(conn.execute(self._q(_CLUSTER_CONFIGS)).fetchall())
+
+    def alter_broker_configs(
+        self,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> dict[str, str]:
+        """Set and reset cluster-wide broker configs in one step; returns them all after.
+
+        Every topic without an override of the matching topic config inherits the value.
+
+        Raises:
+            InvalidConfigError: an unknown name, a bad value, a name both set and reset,
+                a result that breaks a cross-config rule for some topic.
+        """
+        sets, deletes = _split_alter(set_configs, delete_configs, broker_config_def)
+        with self._db.read() if validate_only else self._db.write() as conn:
+            current = dict(conn.execute(self._q(_CLUSTER_CONFIGS)).fetchall())
+            after = {k: v for k, v in current.items() if k not in deletes} | sets
+            validate_broker_configs(after)
+            defaults = topic_defaults(after)
+            overrides: dict[bytes, dict[str, str]] = {}
+            for topic_id, key, value in conn.execute(self._q(_ALL_CONFIGS)):
+                overrides.setdefault(bytes(topic_id), {})[key] = value
+            for topic_overrides in overrides.values():
+                check_consistent(topic_overrides, defaults)
+            if not validate_only:
+                conn.executemany(self._q(_DELETE_CLUSTER_CONFIG), [(k,) for k in sorted(deletes)])
+                conn.executemany(self._q(_UPSERT_CLUSTER_CONFIG), sorted(sets.items()))
+        return dict(sorted(after.items()))
 
     # -- the log --------------------------------------------------------------
     def commit(

@@ -12,6 +12,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     DELETE /v1/topics/{name}                 204
     POST   /v1/topics/{name}/partitions      topic  <- {"partitions"}
     POST   /v1/topics/{name}/configs         topic  <- {"set", "delete", "validate_only"}
+    GET    /v1/broker-configs                {"configs": {name: value}}  (cluster-wide)
+    POST   /v1/broker-configs                {"configs"}  <- {"set", "delete", "validate_only"}
     GET    /v1/topics/{name}/partitions/{p}/offsets                 {"log_start", "high_watermark"}
     POST   /v1/offsets                       {"offsets": [tp + log_start + high_watermark]}
                                              <- {"partitions": [tp]}  (unknown ones left out)
@@ -28,6 +30,11 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
                                                                "kafka_host", "kafka_port"}
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
     GET    /v1/orphans?grace_s=&prefix=      {"orphans": [object]}  (only with a store)
+    POST   /v1/janitors/{name}/run           NDJSON stream (only with a store): {"progress":
+                                             {"done", "total", "what"}} lines, then {"report"}
+                                             or {"error", "message"}; 503 JanitorBusyError
+                                             <- {"topic", "tier_age_s", "tier_untiered_bytes",
+                                                 "gc_grace_s"} (all optional)
     GET    /v1/store                         {"url", "endpoint", "region"}: where the objects
                                              are, for Spark jobs (nulls without a store;
                                              never credentials)
@@ -44,6 +51,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/groups/describe               group  <- {"group"}
     POST   /v1/groups/committed              {"offsets": [committed]}
                                              <- {"group", "partitions": [tp]}
+    POST   /v1/groups/alter-offsets          204  <- {"group", "offsets": [tp + offset + metadata]}
+    POST   /v1/groups/delete                 204  <- {"group"}
     POST   /v1/consumers/create              consumer (201)  <- {"group", "name", "config"}
     POST   /v1/consumers/delete              204  <- {"group", "name"}
     POST   /v1/consumers/get                 consumer  <- {"group", "name", "touch"}
@@ -98,22 +107,27 @@ with status 422. The coordinator calls block (SQLite), so they run in the thread
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from fastapi import Body, FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.client import Coordinator
+from coordinator.group_metrics import GroupLagCollector
 from coordinator.groups import GroupCoordinator
 from coordinator.http_client import (
     agent_to_json,
@@ -139,12 +153,17 @@ from coordinator.http_client import (
     tp_from_json,
 )
 from coordinator.janitors.context import JanitorConfig
+from coordinator.janitors.leases import Lease
+from coordinator.janitors.runner import JanitorRunner
 from coordinator.kafka_groups import KafkaGroupCoordinator
 from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
 from segments.errors import LakelogError, MalformedRequestError
 from segments.store import ObjectStore, absolute_store_url
 from segments.types import StoreLocation, TopicPartition
+
+if TYPE_CHECKING:
+    from coordinator.local import LocalCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +200,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "GroupProtocolConflictError": 409,
     "RebalanceInProgressError": 503,
     "NonEmptyGroupError": 409,
+    "JanitorBusyError": 503,
     "BufferFullError": 503,
     "RequestError": 400,
     "MalformedRequestError": 422,
@@ -492,6 +512,17 @@ def create_app(
         )
         return _json(topic_to_json(topic))
 
+    @app.get("/v1/broker-configs")
+    def broker_configs() -> Response:
+        return _json({"configs": coordinator.broker_configs()})
+
+    @app.post("/v1/broker-configs")
+    def alter_broker_configs(body: AlterConfigsBody) -> Response:
+        after = coordinator.alter_broker_configs(
+            body.set, body.delete, validate_only=body.validate_only
+        )
+        return _json({"configs": after})
+
     @app.get("/v1/topics/{name:path}")
     def get_topic(name: str) -> Response:
         return _json(topic_to_json(coordinator.get_topic(name)))
@@ -596,6 +627,21 @@ def create_app(
             partitions = [tp_from_json(tp) for tp in _list(body, "partitions")]
         offsets = coordinator.committed_offsets(group, partitions)
         return _json({"offsets": committed_to_json(offsets)})
+
+    @app.post("/v1/groups/alter-offsets")
+    def alter_group_offsets(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("alter group offsets"):
+            group = _str(body, "group")
+            offsets = committed_from_json(_list(body, "offsets"))
+        coordinator.alter_group_offsets(group, offsets)
+        return Response(status_code=204)
+
+    @app.post("/v1/groups/delete")
+    def delete_group(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("delete group"):
+            group = _str(body, "group")
+        coordinator.delete_group(group)
+        return Response(status_code=204)
 
     @app.post("/v1/consumers/create")
     def create_consumer(body: dict[str, Any] = Body()) -> Response:
@@ -893,6 +939,95 @@ def create_app(
             found = find_orphans(object_store, coordinator, grace_s, prefix)
             return _json({"orphans": [object_info_to_json(o) for o in found]})
 
+        @app.post("/v1/janitors/{name}/run")
+        async def run_janitor_now(
+            name: str, request: Request, body: dict[str, Any] | None = Body(None)
+        ) -> Response:
+            runner: JanitorRunner | None = getattr(request.app.state, "janitor_runner", None)
+            if runner is None:
+                raise MalformedRequestError("this coordinator runs no janitors")
+            with _parsing("run janitor"):
+                topic, overrides = _janitor_request(body or {})
+                config = replace(runner.config, **overrides)
+            try:
+                lease = await run_in_threadpool(runner.take_lease, name)
+            except ValueError as e:
+                raise _malformed(str(e)) from None
+            return StreamingResponse(
+                _janitor_events(runner, lease, config, topic), media_type="application/x-ndjson"
+            )
+
+    return app
+
+
+#: What a request to run a janitor now may change for that run.
+_JANITOR_OVERRIDES = {"tier_age_s": float, "tier_untiered_bytes": int, "gc_grace_s": float}
+
+
+def _janitor_request(body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(topic, config overrides) of a run-now request. Raises KeyError/TypeError/ValueError."""
+    unknown = set(body) - {"topic", *_JANITOR_OVERRIDES}
+    if unknown:
+        raise KeyError(f"unknown fields {sorted(unknown)}")
+    topic = _opt_str(body, "topic")
+    overrides = {}
+    for key, kind in _JANITOR_OVERRIDES.items():
+        value = body.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{key} must be a number, got {value!r}")
+            overrides[key] = kind(value)
+    return topic, overrides
+
+
+async def _janitor_events(
+    runner: JanitorRunner, lease: Lease, config: JanitorConfig, topic: str | None
+) -> AsyncIterator[bytes]:
+    """Run a janitor on its own thread; one NDJSON line per progress step, then
+    ``{"report": ...}`` or ``{"error", "message"}``. A client that goes away does not
+    stop the run: it holds the lease until it ends."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def emit(event: dict[str, Any] | None) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    def progress(done: int, total: int, what: str) -> None:
+        emit({"progress": {"done": done, "total": total, "what": what}})
+
+    def work() -> None:
+        try:
+            report = runner.run_lease(lease, config, topic, progress)
+            emit({"report": report.as_dict()})
+        except Exception as e:
+            emit({"error": type(e).__name__, "message": str(e)})
+        finally:
+            emit(None)
+
+    threading.Thread(target=work, name=f"janitor-{lease.name}-now", daemon=True).start()
+    while (event := await events.get()) is not None:
+        yield orjson.dumps(event) + b"\n"
+
+
+def create_process_app(
+    coordinator: LocalCoordinator,
+    store: ObjectStore | None,
+    janitors: JanitorConfig | None,
+    location: StoreLocation | None = None,
+) -> FastAPI:
+    """The app ``lakelog coordinator`` serves: the API, and on its /metrics the consumer
+    groups' lag and, with a store, the janitors' (whose runner, not started, is
+    ``app.state.janitor_runner``)."""
+    from coordinator.janitors.runner import JanitorMetrics
+
+    app = create_app(coordinator, store, location)
+    app.state.metrics.registry.register(GroupLagCollector(coordinator.group_lag))
+    app.state.janitor_runner = None
+    if store is not None:
+        metrics = JanitorMetrics(app.state.metrics.registry)
+        app.state.janitor_runner = JanitorRunner(
+            coordinator, store, janitors or JanitorConfig(), metrics=metrics
+        )
     return app
 
 
@@ -908,11 +1043,12 @@ def run(
 ) -> None:
     """Serve a coordinator over ``db_url`` with uvicorn until interrupted.
 
-    ``janitors``: which janitors to run in the background (they need ``store_url``).
+    ``janitors``: which janitors to run in the background, and how (they need
+    ``store_url``). With a store, janitors can also be run now through the API, and
+    their lag is on /metrics, whether or not any runs in the background.
     """
     import uvicorn
 
-    from coordinator.janitors.runner import JanitorMetrics, JanitorRunner
     from coordinator.local import LocalCoordinator
     from segments.store import open_store
 
@@ -931,10 +1067,9 @@ def run(
             if store_url
             else None
         )
-        app = create_app(coordinator, store, location)
-        if janitors is not None and store is not None:
-            metrics = JanitorMetrics(app.state.metrics.registry)
-            runner = JanitorRunner(coordinator, store, janitors, metrics=metrics)
+        app = create_process_app(coordinator, store, janitors, location)
+        runner = app.state.janitor_runner
+        if runner is not None:
             runner.start()
         log.info(
             "lakelog coordinator on http://%s:%d (db %s, store %s, cluster %s)",

@@ -6,6 +6,14 @@ Kafka gets the same answers here. Values are kept as the strings the client
 sent (trimmed): the coordinator stores overrides only, and
 :func:`effective_configs` / :func:`describe_configs` add the defaults.
 
+Cluster-wide broker configs (Kafka's dynamic default broker configs, ``/broker-configs``
+in REST v3) are the defaults topics inherit: each topic config has Kafka's broker
+synonym (``retention.ms`` <- ``log.retention.ms``, ``max.message.bytes`` <-
+``message.max.bytes``, ...). A topic's value is its override, else the cluster-wide
+broker config (source ``DYNAMIC_DEFAULT_BROKER_CONFIG``), else Kafka's default.
+Those synonyms are the only broker configs lakelog has: every agent serves every
+partition, so nothing is configured per broker.
+
 No I/O here; ``coordinator.metadata`` calls these inside its transactions.
 """
 
@@ -13,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from segments.errors import InvalidConfigError, InvalidTopicNameError
@@ -32,6 +40,7 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 _DOUBLE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 SOURCE_OVERRIDE = "DYNAMIC_TOPIC_CONFIG"
+SOURCE_BROKER_DEFAULT = "DYNAMIC_DEFAULT_BROKER_CONFIG"
 SOURCE_DEFAULT = "DEFAULT_CONFIG"
 
 
@@ -261,6 +270,77 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
 }
 
 
+#: Kafka's broker config (``ServerTopicConfigSynonyms``) giving each topic config its
+#: cluster-wide default.
+BROKER_SYNONYMS: dict[str, str] = {
+    "cleanup.policy": "log.cleanup.policy",
+    "compression.type": "compression.type",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "max.message.bytes": "message.max.bytes",
+    "message.downconversion.enable": "log.message.downconversion.enable",
+    "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "min.insync.replicas": "min.insync.replicas",
+    "preallocate": "log.preallocate",
+    "retention.bytes": "log.retention.bytes",
+    "retention.ms": "log.retention.ms",
+    "segment.bytes": "log.segment.bytes",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "segment.jitter.ms": "log.roll.jitter.ms",
+    "segment.ms": "log.roll.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+}
+
+#: The topic config each broker config is the default of.
+TOPIC_CONFIG_OF: dict[str, str] = {broker: topic for topic, broker in BROKER_SYNONYMS.items()}
+
+#: Every broker config lakelog accepts, by name: the topic config's type, range, default.
+BROKER_CONFIG_DEFS: dict[str, ConfigDef] = {
+    broker: replace(CONFIG_DEFS[topic], name=broker)
+    for broker, topic in sorted(TOPIC_CONFIG_OF.items())
+}
+
+
+def broker_config_def(name: object) -> ConfigDef:
+    """The definition of a broker config.
+
+    Raises:
+        InvalidConfigError: no broker config has that name.
+    """
+    d = BROKER_CONFIG_DEFS.get(name) if isinstance(name, str) else None
+    if d is None:
+        raise InvalidConfigError(
+            f"Unknown broker config name: {name}. lakelog's broker configs are the "
+            "cluster-wide defaults of topic configs, e.g. log.retention.ms."
+        )
+    return d
+
+
+def validate_broker_configs(configs: Mapping[str, str]) -> dict[str, str]:
+    """Check cluster-wide broker configs, each alone and together; values trimmed.
+
+    Raises:
+        InvalidConfigError: the first bad name or value, or a cross-config rule broken.
+    """
+    checked = {name: broker_config_def(name).validate(value) for name, value in configs.items()}
+    check_consistent({}, topic_defaults(checked))
+    return checked
+
+
+def topic_defaults(broker_configs: Mapping[str, str]) -> dict[str, str]:
+    """Cluster-wide broker configs keyed by the topic configs they are the defaults of."""
+    return {TOPIC_CONFIG_OF[b]: v for b, v in broker_configs.items() if b in TOPIC_CONFIG_OF}
+
+
 def config_def(name: object) -> ConfigDef:
     """The definition of a topic config.
 
@@ -296,13 +376,15 @@ def validate_configs(configs: Mapping[str, str] | None) -> dict[str, str]:
     return checked
 
 
-def check_consistent(overrides: Mapping[str, str]) -> None:
+def check_consistent(
+    overrides: Mapping[str, str], defaults: Mapping[str, str] | None = None
+) -> None:
     """Cross-config rules Kafka enforces on the effective configs of a topic.
 
     Raises:
         InvalidConfigError: ``min.compaction.lag.ms`` above ``max.compaction.lag.ms``.
     """
-    effective = effective_configs(overrides)
+    effective = effective_configs(overrides, defaults)
     min_lag = int(effective["min.compaction.lag.ms"])
     max_lag = int(effective["max.compaction.lag.ms"])
     if min_lag > max_lag:
@@ -312,46 +394,101 @@ def check_consistent(overrides: Mapping[str, str]) -> None:
         )
 
 
-def effective_configs(overrides: Mapping[str, str]) -> dict[str, str]:
-    """Every config's value for a topic: Kafka's default unless overridden. Sorted by name."""
-    return {name: overrides.get(name, d.default) for name, d in sorted(CONFIG_DEFS.items())}
+def effective_configs(
+    overrides: Mapping[str, str], defaults: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Every config's value for a topic: its override, else the cluster-wide default
+    (``defaults``, keyed by topic config name), else Kafka's default. Sorted by name."""
+    inherited = defaults or {}
+    return {
+        name: overrides.get(name, inherited.get(name, d.default))
+        for name, d in sorted(CONFIG_DEFS.items())
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSynonym:
+    """One layer a config's value may come from (Kafka's ConfigSynonym)."""
+
+    name: str
+    value: str
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
 class ConfigEntry:
-    """One row of a topic's DescribeConfigs answer, as the REST v3 layer reports it."""
+    """One row of a DescribeConfigs answer (topic or broker), as REST v3 reports it.
+
+    ``synonyms``: every layer that has a value, the one in force first (Kafka's order:
+    topic override, cluster-wide broker config, default).
+    """
 
     name: str
     value: str
     is_default: bool
-    source: str  # SOURCE_OVERRIDE ("DYNAMIC_TOPIC_CONFIG") or SOURCE_DEFAULT ("DEFAULT_CONFIG")
+    source: str  # SOURCE_OVERRIDE, SOURCE_BROKER_DEFAULT or SOURCE_DEFAULT
     type: ConfigType
     is_read_only: bool = False
     is_sensitive: bool = False
+    synonyms: tuple[ConfigSynonym, ...] = ()
+
+
+def _entry(name: str, d: ConfigDef, layers: list[ConfigSynonym]) -> ConfigEntry:
+    layers.append(ConfigSynonym(name, d.default, SOURCE_DEFAULT))
+    top = layers[0]
+    return ConfigEntry(
+        name=name,
+        value=top.value,
+        is_default=top.source == SOURCE_DEFAULT,
+        source=top.source,
+        type=d.type,
+        synonyms=tuple(layers),
+    )
 
 
 def describe_configs(
-    overrides: Mapping[str, str], names: Iterable[str] | None = None
+    overrides: Mapping[str, str],
+    names: Iterable[str] | None = None,
+    defaults: Mapping[str, str] | None = None,
 ) -> list[ConfigEntry]:
-    """Every config of a topic (or those in ``names``) with its value and where it comes from.
+    """Every config of a topic (or those in ``names``) with its value and where it comes
+    from; ``defaults`` are the cluster-wide broker configs, keyed by topic config name.
 
     Raises:
         InvalidConfigError: a name in ``names`` is not a topic config.
     """
     wanted = sorted(CONFIG_DEFS) if names is None else [config_def(n).name for n in names]
+    inherited = defaults or {}
     entries = []
     for name in wanted:
-        d = CONFIG_DEFS[name]
-        overridden = name in overrides
-        entries.append(
-            ConfigEntry(
-                name=name,
-                value=overrides[name] if overridden else d.default,
-                is_default=not overridden,
-                source=SOURCE_OVERRIDE if overridden else SOURCE_DEFAULT,
-                type=d.type,
+        layers = []
+        if name in overrides:
+            layers.append(ConfigSynonym(name, overrides[name], SOURCE_OVERRIDE))
+        if name in inherited:
+            layers.append(
+                ConfigSynonym(BROKER_SYNONYMS[name], inherited[name], SOURCE_BROKER_DEFAULT)
             )
-        )
+        entries.append(_entry(name, CONFIG_DEFS[name], layers))
+    return entries
+
+
+def describe_broker_configs(
+    dynamic: Mapping[str, str], names: Iterable[str] | None = None
+) -> list[ConfigEntry]:
+    """Every broker config (or those in ``names``): its cluster-wide value, else the default.
+
+    Raises:
+        InvalidConfigError: a name in ``names`` is not a broker config.
+    """
+    wanted = (
+        sorted(BROKER_CONFIG_DEFS) if names is None else [broker_config_def(n).name for n in names]
+    )
+    entries = []
+    for name in wanted:
+        layers = []
+        if name in dynamic:
+            layers.append(ConfigSynonym(name, dynamic[name], SOURCE_BROKER_DEFAULT))
+        entries.append(_entry(name, BROKER_CONFIG_DEFS[name], layers))
     return entries
 
 

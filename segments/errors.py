@@ -35,6 +35,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── GroupProtocolConflictError  a group used through the other door (REST/Kafka)
     │   ├── RebalanceInProgressError  retriable: a Kafka group is rebalancing, rejoin
     │   ├── NonEmptyGroupError        deleting a group that has members
+    │   ├── JanitorBusyError          retriable: another run holds the janitor's lease
     │   ├── ProducerConflictError     retriable: a batch's sequence clashed at commit
     │   ├── SchemaRegistryError       the schema registry's subjects, versions, schemas
     │   │   ├── SubjectNotFoundError
@@ -64,6 +65,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         ├── RecordTooLargeError       one record is over max.message.bytes
         ├── CorruptRecordError        a producer's RecordBatch fails its checks (CRC, ...)
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
+        ├── InvalidBatchError         records:batch: empty, too many entries, ids not distinct
         ├── UnsupportedFormatError    a key/value that names no format (v3 without type)
         ├── KeySchemaMissingError     schema-format keys and no key_schema(_id)
         ├── ValueSchemaMissingError   schema-format values and no value_schema(_id)
@@ -193,6 +195,12 @@ class NoOffsetError(MetadataError):
     """auto.offset.reset is none and the partition has no committed offset."""
 
 
+class JanitorBusyError(MetadataError):
+    """A janitor asked to run now is running elsewhere (another run holds its lease)."""
+
+    retriable = True
+
+
 class SecurityDisabledError(MetadataError):
     """An ACL request while no authorizer is configured (Kafka's SecurityDisabledException)."""
 
@@ -278,6 +286,11 @@ class CorruptRecordError(RequestError):
 
 class UnprocessableRequestError(RequestError):
     """Well-formed but unusable: empty records, missing fields, ..."""
+
+
+class InvalidBatchError(RequestError):
+    """A v3 records:batch request that cannot be produced as a batch: no entry, more
+    than the limit, ids that are not distinct 1-80 character strings."""
 
 
 class UnsupportedFormatError(RequestError):
@@ -394,6 +407,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         InvalidConsumerConfigError,
         InvalidTopicPatternError,
         NoOffsetError,
+        JanitorBusyError,
         SecurityDisabledError,
         OffsetOutOfRangeError,
         ProducerFencedError,
@@ -412,6 +426,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         RecordTooLargeError,
         CorruptRecordError,
         UnprocessableRequestError,
+        InvalidBatchError,
         UnsupportedFormatError,
         KeySchemaMissingError,
         ValueSchemaMissingError,

@@ -92,12 +92,15 @@ class PartitionOffsets:
 
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
-    """A topic as the coordinator stores it. ``configs`` holds only the overrides."""
+    """A topic as the coordinator stores it. ``configs`` holds only the overrides;
+    ``defaults`` the cluster-wide broker configs it inherits, keyed by topic config name
+    (``coordinator.topic_configs.effective_configs`` combines the two)."""
 
     name: str
     topic_id: bytes
     partitions: int
     configs: dict[str, str] = field(default_factory=dict)
+    defaults: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ from service.v3 import brokers as v3_brokers
 from service.v3 import clusters as v3_clusters
 from service.v3 import configs as v3_configs
 from service.v3 import consumer_groups as v3_consumer_groups
+from service.v3 import group_admin as v3_group_admin
 from service.v3 import partitions as v3_partitions
 from service.v3 import records as v3_records
 from service.v3 import topics as v3_topics
@@ -88,6 +89,16 @@ def as_group_coordinator(coordinator: Coordinator) -> GroupCoordinator:
     if missing:
         log.warning("coordinator client %r has no consumer-group API (%s)", coordinator, missing)
     return cast(GroupCoordinator, coordinator)
+
+
+def register_coordinator_metrics(metrics: Metrics, coordinator: Coordinator) -> None:
+    """``lakelog serve``: the in-process coordinator's consumer-group lag on this /metrics
+    (a coordinator process exports it on its own)."""
+    from coordinator.group_metrics import GroupLagCollector
+    from coordinator.local import LocalCoordinator
+
+    if isinstance(coordinator, LocalCoordinator):
+        metrics.registry.register(GroupLagCollector(coordinator.group_lag))
 
 
 def build_read_path(
@@ -238,6 +249,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         writer = LogWriter(store, coordinator)
         metrics = Metrics()
         metrics.registry.register(ExecutorCollector(executors))
+        register_coordinator_metrics(metrics, coordinator)
         reader, notifier, consume_metrics = build_read_path(settings, store, coordinator, metrics)
         notifier.attach(asyncio.get_running_loop())
         stack.callback(reader.close)
@@ -381,6 +393,7 @@ def create_app(
         v3_acls.router,
         v3_configs.router,  # before topics: /topics/-/configs
         v3_consumer_groups.router,
+        v3_group_admin.router,
         v3_partitions.router,
         v3_topics.router,
         v3_records.router,

@@ -2,10 +2,14 @@
 
 Servers: ``lakelog serve`` (agent + in-process coordinator, SQLite and
 ``file://./data`` by default), ``lakelog agent`` (against coordinator processes),
-``lakelog coordinator``. Clients over the REST API, like Kafka's tools:
-``lakelog topics create|list|describe|delete|alter-config`` and ``lakelog
-produce`` (a console producer). Server flags map to ``Settings`` fields and
-override ``LAKELOG_*`` environment variables.
+``lakelog coordinator``; ``lakelog janitor NAME`` runs a janitor now, here or in a
+coordinator. Every one of them reads the same ``LAKELOG_*`` variables and the same
+optional TOML file (``--config``); their flags are settings of the same names and win
+over both (``coordinator.settings``; ``lakelog settings`` lists them all). Clients over
+the REST API, like Kafka's tools: ``lakelog topics create|list|describe|delete|
+alter-config``, ``lakelog groups list|describe|reset-offsets|delete``
+(kafka-consumer-groups), ``lakelog produce`` and ``lakelog consume`` (console producer
+and consumer).
 """
 
 from __future__ import annotations
@@ -13,21 +17,31 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import re
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import httpx
 import typer
 from pydantic import ValidationError
 
-from service.settings import Settings
+from coordinator.settings import (
+    ConfigFileError,
+    CoordinatorSettings,
+    JanitorCommandSettings,
+    LakelogSettings,
+    load,
+)
+from service.settings import Settings, settings_table
 
 if TYPE_CHECKING:
-    from coordinator.janitors.context import JanitorConfig
+    from coordinator.janitors.context import JanitorConfig, JanitorReport
+
+S = TypeVar("S", bound=LakelogSettings)
 
 app = typer.Typer(
     name="lakelog",
@@ -37,15 +51,30 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(help="Manage topics over the REST API (like kafka-topics).")
 app.add_typer(topics_app, name="topics")
+groups_app = typer.Typer(help="Consumer groups over the REST API (like kafka-consumer-groups).")
+app.add_typer(groups_app, name="groups")
 janitor_app = typer.Typer(
-    help="Run a janitor once against the metadata database and the object store."
+    help="Run a janitor now: in a running coordinator (--coordinator URL, under its lease) "
+    "or here, against the metadata database and the object store."
 )
 app.add_typer(janitor_app, name="janitor")
 
-# -- shared options ---------------------------------------------------------------
+# -- shared options: each is a setting of the same name (None: not given) ----------------
 
-HostOpt = Annotated[str | None, typer.Option(help="Interface to listen on [default: 0.0.0.0].")]
-PortOpt = Annotated[int | None, typer.Option(help="Port to listen on [default: 8082].")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="LAKELOG_CONFIG",
+        help="TOML settings file: top-level keys for every process, a table per process "
+        "(serve, agent, coordinator, janitor) for one; LAKELOG_* variables and flags win.",
+    ),
+]
+HostOpt = Annotated[str | None, typer.Option(help="Interface to listen on.")]
+PortOpt = Annotated[int | None, typer.Option(help="Port to listen on.")]
+DbOpt = Annotated[
+    str | None, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
+]
 StoreOpt = Annotated[
     str | None, typer.Option(help="Object store URL: s3://bucket/prefix, file:///path, memory://.")
 ]
@@ -85,28 +114,20 @@ KafkaAdvertisedOpt = Annotated[
     str | None,
     typer.Option("--kafka-advertised", help="host:port Kafka clients reach this agent at."),
 ]
-LogLevelOpt = Annotated[str, typer.Option("--log-level", help="Python log level.")]
-AccessLogOpt = Annotated[bool, typer.Option("--access-log", help="Log every request.")]
+LogLevelOpt = Annotated[str | None, typer.Option("--log-level", help="Python log level.")]
+AccessLogOpt = Annotated[
+    bool | None, typer.Option("--access-log/--no-access-log", help="Log every request.")
+]
 UrlOpt = Annotated[
     str, typer.Option("--url", envvar="LAKELOG_URL", help="Base URL of a lakelog agent.")
 ]
-
+CoordinatorOpt = Annotated[str | None, typer.Option(help="Coordinator URL(s), comma-separated.")]
 JanitorsOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--janitors",
-        envvar="LAKELOG_JANITORS",
         help="Janitors to run in the background: comma-separated tier,retention,compact,gc, "
         "all, or none [default: none].",
-    ),
-]
-ServeJanitorsOpt = Annotated[
-    str,
-    typer.Option(
-        "--janitors",
-        envvar="LAKELOG_JANITORS",
-        help="Janitors to run on their schedules: comma-separated tier,retention,compact,gc, "
-        "all, or none.",
     ),
 ]
 IntervalOpt = Annotated[
@@ -117,28 +138,18 @@ IntervalOpt = Annotated[
         "compact=600 gc=300).",
     ),
 ]
-TierAgeOpt = Annotated[
-    float | None,
-    typer.Option("--tier-age-s", envvar="LAKELOG_TIER_AGE_S", help="Tier chunks this old."),
-]
+TierAgeOpt = Annotated[float | None, typer.Option("--tier-age-s", help="Tier chunks this old.")]
 TierBytesOpt = Annotated[
     int | None,
     typer.Option(
         "--tier-untiered-bytes",
-        envvar="LAKELOG_TIER_UNTIERED_BYTES",
         help="Tier a partition's chunks whatever their age once it holds this many bytes.",
     ),
 ]
 GraceOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--gc-grace-s", envvar="LAKELOG_GC_GRACE_S", help="Delete garbage this long after."
-    ),
+    float | None, typer.Option("--gc-grace-s", help="Delete garbage this long after.")
 ]
-LeaseTtlOpt = Annotated[
-    float | None,
-    typer.Option("--lease-ttl-s", envvar="LAKELOG_LEASE_TTL_S", help="Janitor lease TTL."),
-]
+LeaseTtlOpt = Annotated[float | None, typer.Option("--lease-ttl-s", help="Janitor lease TTL.")]
 
 DEFAULT_URL = "http://localhost:8082"
 
@@ -148,16 +159,24 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _settings(**given: Any) -> Settings:
-    """Settings from the environment, overridden by the flags that were given."""
+def _load(cls: type[S], process: str, config: Path | None, **flags: Any) -> S:
+    """``process``'s settings from flags, LAKELOG_* variables, the config file; exits 2 if
+    any is invalid."""
     try:
-        return Settings(**{k: v for k, v in given.items() if v is not None})
+        return load(cls, process, config, **flags)
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
             for err in e.errors()
         )
         _fail(f"invalid settings: {problems}", code=2)
+    except ConfigFileError as e:
+        _fail(str(e), code=2)
+
+
+def _intervals(items: list[str] | None) -> dict[str, str] | None:
+    """``--janitor-interval tier=30`` (repeatable) as the setting's mapping."""
+    return _pairs(items, "janitor interval") if items else None
 
 
 def _setup_logging(log_level: str) -> None:
@@ -168,32 +187,30 @@ def _setup_logging(log_level: str) -> None:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def _run_agent(
-    settings: Settings, log_level: str, access_log: bool, janitors: JanitorConfig | None = None
-) -> None:
+def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> None:
     import uvicorn
 
     from service.app import create_app
 
-    _setup_logging(log_level)
+    _setup_logging(settings.log_level)
     uvicorn.run(
         create_app(settings, janitors=janitors),
         host=settings.host,
         port=settings.port,
-        log_level=log_level.lower(),
-        access_log=access_log,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
         proxy_headers=False,  # the app applies them, trusting settings.forwarded_allow_ips
     )
 
 
-def _ensure_local_dirs(settings: Settings) -> None:
-    """``serve`` runs on local paths by default; create their directories."""
-    if settings.db.startswith("sqlite:///"):
-        path = settings.db.removeprefix("sqlite:///")
+def _ensure_local_dirs(db: str, store: str | None) -> None:
+    """Local paths (``serve``'s defaults) get their directories."""
+    if db.startswith("sqlite:///"):
+        path = db.removeprefix("sqlite:///")
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-    if settings.store.startswith("file://"):
-        Path(settings.store.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    if store and store.startswith("file://"):
+        Path(store.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
 
 
 # -- servers ----------------------------------------------------------------------
@@ -203,9 +220,7 @@ def _ensure_local_dirs(settings: Settings) -> None:
 def serve(
     host: HostOpt = None,
     port: PortOpt = None,
-    db: Annotated[
-        str | None, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
-    ] = None,
+    db: DbOpt = None,
     store: StoreOpt = None,
     store_endpoint: EndpointOpt = None,
     store_region: RegionOpt = None,
@@ -218,24 +233,25 @@ def serve(
     compression: CompressionOpt = None,
     kafka_port: KafkaPortOpt = None,
     kafka_advertised: KafkaAdvertisedOpt = None,
-    log_level: LogLevelOpt = "info",
-    access_log: AccessLogOpt = False,
-    janitors: ServeJanitorsOpt = "all",
+    log_level: LogLevelOpt = None,
+    access_log: AccessLogOpt = None,
+    janitors: JanitorsOpt = None,
     janitor_interval: IntervalOpt = None,
     tier_age_s: TierAgeOpt = None,
     tier_untiered_bytes: TierBytesOpt = None,
     gc_grace_s: GraceOpt = None,
     lease_ttl_s: LeaseTtlOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Agent and coordinator in one process: SQLite and file://./data unless told otherwise.
 
     The janitors (tiering, retention, compaction, garbage collection) run in it on their
-    schedules, as in ``lakelog coordinator --janitors all``.
+    schedules (``--janitors all``, the default), as ``lakelog coordinator --janitors all``.
     """
-    config = _janitor_config(
-        janitors, janitor_interval, tier_age_s, tier_untiered_bytes, gc_grace_s, lease_ttl_s
-    )
-    settings = _settings(
+    settings = _load(
+        Settings,
+        "serve",
+        config,
         coordinator="",
         host=host,
         port=port,
@@ -252,16 +268,22 @@ def serve(
         compression=compression,
         kafka_port=kafka_port,
         kafka_advertised=kafka_advertised,
+        log_level=log_level,
+        access_log=access_log,
+        janitors=janitors,
+        janitor_interval=_intervals(janitor_interval),
+        tier_age_s=tier_age_s,
+        tier_untiered_bytes=tier_untiered_bytes,
+        gc_grace_s=gc_grace_s,
+        lease_ttl_s=lease_ttl_s,
     )
-    _ensure_local_dirs(settings)
-    _run_agent(settings, log_level, access_log, config)
+    _ensure_local_dirs(settings.db, settings.store)
+    _run_agent(settings, settings.background_janitors())
 
 
 @app.command()
 def agent(
-    coordinator: Annotated[
-        str | None, typer.Option(help="Coordinator URL(s), comma-separated.")
-    ] = None,
+    coordinator: CoordinatorOpt = None,
     host: HostOpt = None,
     port: PortOpt = None,
     store: StoreOpt = None,
@@ -278,11 +300,15 @@ def agent(
     compression: CompressionOpt = None,
     kafka_port: KafkaPortOpt = None,
     kafka_advertised: KafkaAdvertisedOpt = None,
-    log_level: LogLevelOpt = "info",
-    access_log: AccessLogOpt = False,
+    log_level: LogLevelOpt = None,
+    access_log: AccessLogOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """A stateless agent serving the REST API against coordinator process(es)."""
-    settings = _settings(
+    settings = _load(
+        Settings,
+        "agent",
+        config,
         coordinator=coordinator,
         host=host,
         port=port,
@@ -298,185 +324,226 @@ def agent(
         compression=compression,
         kafka_port=kafka_port,
         kafka_advertised=kafka_advertised,
+        log_level=log_level,
+        access_log=access_log,
     )
     if not settings.coordinator_urls():
         _fail("lakelog agent needs --coordinator URL (or LAKELOG_COORDINATOR); see lakelog serve")
-    _run_agent(settings, log_level, access_log)
+    _run_agent(settings)
 
 
 @app.command("coordinator")
 def coordinator_cmd(
-    db: Annotated[
-        str, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
-    ] = "sqlite:///./data/lakelog.db",
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8083,
+    db: DbOpt = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
     store: Annotated[
         str | None,
-        typer.Option(
-            help="Object store URL: runs the janitors, and Spark jobs learn it from /v1/store."
-        ),
+        typer.Option(help="Object store URL: the janitors need it (background or run now)."),
     ] = None,
     store_endpoint: EndpointOpt = None,
     store_region: RegionOpt = None,
     cluster_id: ClusterOpt = None,
-    log_level: LogLevelOpt = "info",
-    janitors: JanitorsOpt = "",
+    log_level: LogLevelOpt = None,
+    janitors: JanitorsOpt = None,
     janitor_interval: IntervalOpt = None,
     tier_age_s: TierAgeOpt = None,
     tier_untiered_bytes: TierBytesOpt = None,
     gc_grace_s: GraceOpt = None,
     lease_ttl_s: LeaseTtlOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
     from coordinator.server import run
 
-    _setup_logging(log_level)
-    config = _janitor_config(
-        janitors, janitor_interval, tier_age_s, tier_untiered_bytes, gc_grace_s, lease_ttl_s
-    )
-    if config.enabled and not store:
-        _fail("janitors need the object store: pass --store", code=2)
-    if db.startswith("sqlite:///"):
-        Path(db.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    run(
-        db,
-        host,
-        port,
-        store,
-        store_endpoint,
-        cluster_id,
-        janitors=config,
+    settings = _load(
+        CoordinatorSettings,
+        "coordinator",
+        config,
+        db=db,
+        host=host,
+        port=port,
+        store=store,
+        store_endpoint=store_endpoint,
         store_region=store_region,
+        cluster_id=cluster_id,
+        log_level=log_level,
+        janitors=janitors,
+        janitor_interval=_intervals(janitor_interval),
+        tier_age_s=tier_age_s,
+        tier_untiered_bytes=tier_untiered_bytes,
+        gc_grace_s=gc_grace_s,
+        lease_ttl_s=lease_ttl_s,
     )
-
-
-def _janitor_config(
-    janitors: str,
-    intervals: list[str] | None,
-    tier_age_s: float | None,
-    tier_untiered_bytes: int | None,
-    gc_grace_s: float | None,
-    lease_ttl_s: float | None,
-) -> JanitorConfig:
-    """A JanitorConfig from the flags (unset ones keep the defaults); exits 2 if invalid."""
-    from coordinator.janitors.context import DEFAULT_INTERVALS_S, JanitorConfig
-
-    names = {n.strip() for n in janitors.split(",") if n.strip()}
-    if names == {"all"}:
-        names = set(DEFAULT_INTERVALS_S)
-    elif names == {"none"}:
-        names = set()
-    given: dict[str, Any] = {
-        "tier_age_s": tier_age_s,
-        "tier_untiered_bytes": tier_untiered_bytes,
-        "gc_grace_s": gc_grace_s,
-        "lease_ttl_s": lease_ttl_s,
-    }
+    _setup_logging(settings.log_level)
     try:
-        every = dict(DEFAULT_INTERVALS_S)
-        for k, v in _pairs(intervals or [], "janitor interval").items():
-            every[k] = float(v)
-        return JanitorConfig(
-            enabled=frozenset(names),
-            intervals_s=every,
-            **{k: v for k, v in given.items() if v is not None},
-        )
+        background = settings.background_janitors()
     except ValueError as e:
         _fail(f"invalid janitor settings: {e}", code=2)
+    if background.enabled and not settings.store:
+        _fail("janitors need the object store: pass --store (or LAKELOG_STORE)", code=2)
+    _ensure_local_dirs(settings.db, None)
+    run(
+        settings.db,
+        settings.host,
+        settings.port,
+        settings.store,
+        settings.store_endpoint,
+        settings.cluster_id,
+        janitors=background,
+        store_region=settings.store_region,
+    )
 
 
-def run_janitor_once(
-    janitor: str,
-    db: str,
-    store: str,
-    store_endpoint: str | None,
-    topic: str | None,
-    tier_age_s: float | None,
-    tier_untiered_bytes: int | None,
-    gc_grace_s: float | None,
-    log_level: str,
-) -> None:
-    """``lakelog janitor <name>``: one run with a progress bar on stderr, its report as JSON."""
-    import orjson
-    from rich.progress import Progress
+@app.command("settings")
+def settings_cmd() -> None:
+    """Every setting of every process (name, LAKELOG_* variable, defaults) as Markdown."""
+    typer.echo(settings_table(), nl=False)
 
-    from coordinator.janitors.catalog import Catalog
-    from coordinator.janitors.context import JANITORS, JanitorContext
-    from coordinator.janitors.leases import LeaseLostError, LeaseStore
-    from coordinator.janitors.runner import run_janitor
+
+# -- janitors now ---------------------------------------------------------------------
+
+
+def _progress_sink(janitor: str) -> tuple[Callable[[int, int, str], None], Callable[[], None]]:
+    """Where progress goes: a bar on a terminal, else one line per step on stderr."""
+    if sys.stderr.isatty():
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        task = bar.add_task(f"janitor {janitor}", total=None)
+        bar.start()
+
+        def show(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{janitor} {what}")
+
+        return show, bar.stop
+
+    def line(done: int, total: int, what: str) -> None:
+        typer.echo(f"janitor {janitor}: {done}/{total} {what}", err=True)
+
+    return line, lambda: None
+
+
+def _run_here(name: str, settings: JanitorCommandSettings, topic: str | None) -> JanitorReport:
+    """Run the janitor in this process, on the database and the store, under its lease."""
+    from coordinator.janitors.leases import LeaseLostError
+    from coordinator.janitors.runner import JanitorRunner
     from coordinator.local import LocalCoordinator
+    from segments.errors import JanitorBusyError
     from segments.store import open_store
 
-    _setup_logging(log_level)
-    if janitor not in JANITORS:
-        _fail(f"unknown janitor {janitor!r}; expected one of {', '.join(JANITORS)}", code=2)
-    if topic is not None and janitor == "gc":
-        _fail("gc works on the whole store; --topic does not apply", code=2)
-    config = _janitor_config("", None, tier_age_s, tier_untiered_bytes, gc_grace_s, None)
-    coordinator = LocalCoordinator(db)
-    object_store = open_store(store, endpoint_url=store_endpoint)
+    coordinator = LocalCoordinator(settings.db)
+    store = open_store(
+        settings.store, endpoint_url=settings.store_endpoint, region=settings.store_region
+    )
+    show, done = _progress_sink(name)
     try:
-        leases = LeaseStore(coordinator.db, ttl_s=config.lease_ttl_s)
-        lease = leases.acquire(janitor, f"cli-{uuid.uuid4().hex[:12]}", scheduled=False)
-        if lease is None:
-            _fail(f"janitor {janitor} is running in another process; try again later")
-        with Progress(transient=True) as bar:
-            task = bar.add_task(f"janitor {janitor}", total=None)
-
-            def progress(done: int, total: int, what: str) -> None:
-                bar.update(task, completed=done, total=total, description=f"{janitor} {what}")
-
-            ctx = JanitorContext(
-                Catalog(coordinator.db),
-                coordinator.store,
-                object_store,
-                check=lease.check,
-                progress=progress,
-            )
-            run_id = leases.start_run(lease)
-            outcome, summary = "error", {}
-            try:
-                report = run_janitor(janitor, ctx, config, topic)
-                outcome, summary = "ok", report.as_dict()
-            except LeaseLostError as e:
-                outcome = "lost"
-                _fail(str(e))
-            finally:
-                leases.finish_run(run_id, outcome, summary)
-                leases.release(lease, time.time() + config.interval_s(janitor))
-        typer.echo(orjson.dumps(report.as_dict()).decode())
+        runner = JanitorRunner(
+            coordinator, store, settings.janitor_config(), holder=f"cli-{uuid.uuid4().hex[:12]}"
+        )
+        try:
+            lease = runner.take_lease(name)
+            return runner.run_lease(lease, topic=topic, progress=show)
+        except (JanitorBusyError, LeaseLostError) as e:
+            _fail(str(e))
     finally:
-        object_store.close()
+        done()
+        store.close()
         coordinator.close()
+
+
+def _run_remote(name: str, settings: JanitorCommandSettings, topic: str | None) -> dict[str, Any]:
+    """Ask a coordinator to run the janitor now; follow its progress; its report."""
+    import orjson
+
+    body: dict[str, Any] = {"topic": topic}
+    for key in ("tier_age_s", "tier_untiered_bytes", "gc_grace_s"):
+        if key in settings.model_fields_set:
+            body[key] = getattr(settings, key)
+    show, done = _progress_sink(name)
+    errors = []
+    try:
+        for url in settings.coordinator_urls():
+            try:
+                with (
+                    httpx.Client(timeout=httpx.Timeout(30.0, read=None)) as http,
+                    http.stream("POST", f"{url}/v1/janitors/{name}/run", json=body) as resp,
+                ):
+                    if resp.status_code != 200:
+                        resp.read()
+                        try:
+                            message = resp.json()["message"]
+                        except (ValueError, KeyError, TypeError):
+                            message = f"HTTP {resp.status_code} from {url}: {resp.text[:200]}"
+                        _fail(message)
+                    for line in resp.iter_lines():
+                        if not line:
+                            continue
+                        event = orjson.loads(line)
+                        if "progress" in event:
+                            p = event["progress"]
+                            show(p["done"], p["total"], p["what"])
+                        elif "report" in event:
+                            report: dict[str, Any] = event["report"]
+                            return report
+                        else:
+                            _fail(f"janitor {name} failed: {event['error']}: {event['message']}")
+                    _fail(f"{url} ended the run's stream without a report")
+            except httpx.TransportError as e:
+                errors.append(f"{url}: {e}")
+        _fail(f"cannot reach a coordinator: {'; '.join(errors)}")
+    finally:
+        done()
 
 
 def _janitor_shortcut(name: str) -> None:
     def command(
-        db: Annotated[
-            str, typer.Option(help="Metadata store URL.")
-        ] = "sqlite:///./data/lakelog.db",
-        store: Annotated[str, typer.Option(help="Object store URL.")] = "file://./data",
-        store_endpoint: EndpointOpt = None,
         topic: Annotated[str | None, typer.Option(help="Only this topic's partitions.")] = None,
+        coordinator: Annotated[
+            str | None,
+            typer.Option(help="Ask this running coordinator (URLs, comma-separated) to run it."),
+        ] = None,
+        db: DbOpt = None,
+        store: StoreOpt = None,
+        store_endpoint: EndpointOpt = None,
+        store_region: RegionOpt = None,
         tier_age_s: TierAgeOpt = None,
         tier_untiered_bytes: TierBytesOpt = None,
         gc_grace_s: GraceOpt = None,
-        log_level: LogLevelOpt = "warning",
+        lease_ttl_s: LeaseTtlOpt = None,
+        log_level: LogLevelOpt = None,
+        config: ConfigOpt = None,
     ) -> None:
-        run_janitor_once(
-            name,
-            db,
-            store,
-            store_endpoint,
-            topic,
-            tier_age_s,
-            tier_untiered_bytes,
-            gc_grace_s,
-            log_level,
-        )
+        import orjson
 
-    command.__doc__ = f"Run the {name} janitor once, now (under its lease)."
+        if topic is not None and name == "gc":
+            _fail("gc works on the whole store; --topic does not apply", code=2)
+        settings = _load(
+            JanitorCommandSettings,
+            "janitor",
+            config,
+            coordinator=coordinator,
+            db=db,
+            store=store,
+            store_endpoint=store_endpoint,
+            store_region=store_region,
+            tier_age_s=tier_age_s,
+            tier_untiered_bytes=tier_untiered_bytes,
+            gc_grace_s=gc_grace_s,
+            lease_ttl_s=lease_ttl_s,
+            log_level=log_level,
+        )
+        _setup_logging(settings.log_level)
+        if settings.coordinator_urls():
+            report = _run_remote(name, settings, topic)
+        else:
+            report = _run_here(name, settings, topic).as_dict()
+        typer.echo(orjson.dumps(report).decode())
+
+    command.__doc__ = (
+        f"Run the {name} janitor now, under its lease: in the coordinator given by "
+        "--coordinator (LAKELOG_COORDINATOR), else here on --db and --store."
+    )
     janitor_app.command(name)(command)
 
 
@@ -494,6 +561,12 @@ class Rest:
         self.url = url.rstrip("/")
         self.http = httpx.Client(base_url=self.url, timeout=30.0)
         self._cluster: str | None = None
+
+    def __enter__(self) -> Rest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -580,7 +653,9 @@ def topics_list(url: UrlOpt = DEFAULT_URL) -> None:
 def _describe(rest: Rest, topic: str) -> Iterator[str]:
     t = rest.json("GET", rest.cluster(f"/topics/{topic}"))
     configs = rest.json("GET", rest.cluster(f"/topics/{topic}/configs"))["data"]
-    overrides = ",".join(f"{c['name']}={c['value']}" for c in configs if not c["is_default"])
+    overrides = ",".join(
+        f"{c['name']}={c['value']}" for c in configs if c["source"] == "DYNAMIC_TOPIC_CONFIG"
+    )
     yield (
         f"Topic: {topic}\tPartitionCount: {t['partitions_count']}\t"
         f"ReplicationFactor: {t['replication_factor']}\tConfigs: {overrides}"
@@ -651,6 +726,330 @@ def topics_alter_config(
     )
     verb = "Validated" if validate_only else "Completed updating"
     typer.echo(f"{verb} config for topic {topic}.")
+
+
+# -- consumer groups (like kafka-consumer-groups) ------------------------------------
+
+OutputOpt = Annotated[
+    str, typer.Option("--output", "-o", help="table (Kafka's tool's columns) or json.")
+]
+
+
+def _check_output(output: str) -> None:
+    if output not in ("table", "json"):
+        _fail(f"--output must be table or json, not {output!r}", code=2)
+
+
+def _table(headers: list[str], rows: list[list[object]]) -> Iterator[str]:
+    """Left-aligned columns as wide as their widest cell, as Kafka's tools print them."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    for row in [headers, *cells]:
+        yield " ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+
+def _dash(value: object) -> object:
+    return "-" if value is None or value == "" else value
+
+
+def _echo_json(data: object) -> None:
+    import orjson
+
+    typer.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+
+
+@groups_app.command("list")
+def groups_list(
+    state: Annotated[bool, typer.Option("--state", help="Show each group's state.")] = False,
+    output: OutputOpt = "table",
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """List consumer groups (REST consumer groups and Kafka groups alike)."""
+    _check_output(output)
+    with Rest(url) as rest:
+        groups = rest.json("GET", rest.cluster("/consumer-groups"))["data"]
+        if output == "json":
+            _echo_json([{"group": g["consumer_group_id"], "state": g["state"]} for g in groups])
+        elif state:
+            rows: list[list[object]] = [[g["consumer_group_id"], g["state"]] for g in groups]
+            for line in _table(["GROUP", "STATE"], rows):
+                typer.echo(line)
+        else:
+            for g in groups:
+                typer.echo(g["consumer_group_id"])
+
+
+def _coordinator_broker(rest: Rest, info: dict[str, Any]) -> str:
+    """``host:port (id)`` of the broker shown as the group's coordinator."""
+    broker_id = _last_segment(info["coordinator"]["related"])
+    broker = rest.json("GET", rest.cluster(f"/brokers/{broker_id}"))
+    return f"{broker['host']}:{broker['port']} ({broker_id})"
+
+
+def _group_view(rest: Rest, group: str, members: bool) -> dict[str, Any]:
+    """Everything ``describe`` shows, from the v3 consumer-group views."""
+    base = f"/consumer-groups/{group}"
+    info = rest.json("GET", rest.cluster(base))
+    consumers = rest.json("GET", rest.cluster(base + "/consumers"))["data"]
+    lags = rest.json("GET", rest.cluster(base + "/lags"))["data"]
+    view: dict[str, Any] = {
+        "group": group,
+        "state": info["state"],
+        "assignor": info["partition_assignor"],
+        "coordinator": _coordinator_broker(rest, info),
+        "offsets": [
+            {
+                "topic": lag["topic_name"],
+                "partition": lag["partition_id"],
+                "current_offset": lag["current_offset"],
+                "log_end_offset": lag["log_end_offset"],
+                "lag": lag["lag"],
+                "consumer_id": lag["consumer_id"] or None,
+                "client_id": lag["client_id"] or None,
+            }
+            for lag in lags
+        ],
+        "members": [],
+    }
+    for c in consumers:
+        member: dict[str, Any] = {"consumer_id": c["consumer_id"], "client_id": c["client_id"]}
+        if members:
+            path = f"{base}/consumers/{c['consumer_id']}/assignments"
+            assigned = rest.json("GET", rest.cluster(path))["data"]
+            member["assignment"] = [
+                {"topic": a["topic_name"], "partition": a["partition_id"]} for a in assigned
+            ]
+        view["members"].append(member)
+    return view
+
+
+@groups_app.command("describe")
+def groups_describe(
+    group: Annotated[str, typer.Argument(help="Consumer group id.")],
+    members: Annotated[bool, typer.Option("--members", help="List the members.")] = False,
+    offsets: Annotated[
+        bool, typer.Option("--offsets", help="Offsets and lag per partition (the default).")
+    ] = False,
+    state: Annotated[bool, typer.Option("--state", help="The group's state.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="With --members: each member's partitions.")
+    ] = False,
+    output: OutputOpt = "table",
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Committed offsets and lag per partition, members, or state of a group."""
+    _check_output(output)
+    with Rest(url) as rest:
+        view = _group_view(rest, group, members)
+        offsets = offsets or not (members or state)
+        if output == "json":
+            shown = {k: view[k] for k in ("group", "state", "assignor", "coordinator")}
+            if offsets:
+                shown["offsets"] = view["offsets"]
+            if members:
+                shown["members"] = view["members"]
+            _echo_json(shown)
+            return
+        if not view["members"] and (offsets or members):
+            typer.echo(f"\nConsumer group '{group}' has no active members.")
+        if state:
+            rows: list[list[object]] = [
+                [
+                    group,
+                    view["coordinator"],
+                    view["assignor"],
+                    view["state"],
+                    len(view["members"]),
+                ]
+            ]
+            headers = ["GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"]
+            typer.echo("")
+            for line in _table(headers, rows):
+                typer.echo(line)
+        if members:
+            headers = ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS"]
+            if verbose:
+                headers.append("ASSIGNMENT")
+            rows = []
+            for m in view["members"]:
+                row: list[object] = [group, m["consumer_id"], "-", m["client_id"]]
+                row.append(len(m["assignment"]))
+                if verbose:
+                    row.append(
+                        ",".join(f"{a['topic']}({a['partition']})" for a in m["assignment"]) or "-"
+                    )
+                rows.append(row)
+            typer.echo("")
+            for line in _table(headers, rows):
+                typer.echo(line)
+        if offsets:
+            headers = [
+                "GROUP",
+                "TOPIC",
+                "PARTITION",
+                "CURRENT-OFFSET",
+                "LOG-END-OFFSET",
+                "LAG",
+                "CONSUMER-ID",
+                "HOST",
+                "CLIENT-ID",
+            ]
+            rows = [
+                [
+                    group,
+                    o["topic"],
+                    o["partition"],
+                    o["current_offset"],
+                    o["log_end_offset"],
+                    o["lag"],
+                    _dash(o["consumer_id"]),
+                    "-",
+                    _dash(o["client_id"]),
+                ]
+                for o in view["offsets"]
+            ]
+            typer.echo("")
+            for line in _table(headers, rows):
+                typer.echo(line)
+
+
+_DURATION = re.compile(
+    r"P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?"
+)
+
+
+def parse_duration_ms(text: str) -> int:
+    """An ISO-8601 duration as Java's ``Duration.parse`` takes it (``PnDTnHnMn.nS``), in
+    milliseconds. Hand-written: a dozen lines, no library needed. Raises ValueError."""
+    m = _DURATION.fullmatch(text.strip().upper())
+    if not m or text.strip().upper() in ("P", "PT") or text.strip().upper().endswith("T"):
+        raise ValueError(f"not a duration like P1DT2H30M: {text!r}")
+    d, h, mi, s = (float(m.group(k) or 0) for k in ("d", "h", "m", "s"))
+    return int((((d * 24 + h) * 60 + mi) * 60 + s) * 1000)
+
+
+def parse_datetime_ms(text: str) -> int:
+    """``YYYY-MM-DDTHH:mm:SS[.sss][zone]`` in epoch ms; no zone: local time, as Kafka's
+    tool. Raises ValueError."""
+    from datetime import datetime
+
+    when = datetime.fromisoformat(text.strip())
+    return int(when.timestamp() * 1000)  # naive datetimes are local time here too
+
+
+def _reset_topics(topics: list[str]) -> list[dict[str, Any]]:
+    """``--topic t`` (every partition) or ``--topic t:0,2`` -> the request's partitions."""
+    out: list[dict[str, Any]] = []
+    for item in topics:
+        name, sep, parts = item.partition(":")
+        if not name:
+            _fail(f"--topic must look like TOPIC or TOPIC:P,P, got {item!r}", code=2)
+        if not sep:
+            out.append({"topic_name": name})
+            continue
+        try:
+            ids = [int(p) for p in parts.split(",")]
+        except ValueError:
+            _fail(f"--topic partitions must be integers, got {item!r}", code=2)
+        out.extend({"topic_name": name, "partition_id": p} for p in ids)
+    return out
+
+
+@groups_app.command("reset-offsets")
+def groups_reset_offsets(
+    group: Annotated[str, typer.Argument(help="Consumer group id.")],
+    topic: Annotated[
+        list[str] | None,
+        typer.Option("--topic", help="TOPIC (every partition) or TOPIC:P,P; repeatable."),
+    ] = None,
+    all_topics: Annotated[
+        bool, typer.Option("--all-topics", help="Every topic the group has offsets for.")
+    ] = False,
+    to_earliest: Annotated[bool, typer.Option("--to-earliest", help="Log-start.")] = False,
+    to_latest: Annotated[bool, typer.Option("--to-latest", help="Log-end.")] = False,
+    to_offset: Annotated[int | None, typer.Option("--to-offset", help="This offset.")] = None,
+    to_datetime: Annotated[
+        str | None,
+        typer.Option("--to-datetime", help="First offset at/after YYYY-MM-DDTHH:mm:SS.sss."),
+    ] = None,
+    shift_by: Annotated[
+        int | None, typer.Option("--shift-by", help="Committed offset plus N (may be < 0).")
+    ] = None,
+    by_duration: Annotated[
+        str | None, typer.Option("--by-duration", help="First offset at/after now - PnDTnHnM.")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (default).")] = False,
+    execute: Annotated[bool, typer.Option("--execute", help="Apply the plan.")] = False,
+    output: OutputOpt = "table",
+    url: UrlOpt = DEFAULT_URL,
+) -> None:
+    """Move a group's committed offsets; prints the plan, applies it with --execute.
+
+    The group must have no members (Kafka's rule), even for a dry run.
+    """
+    _check_output(output)
+    given: list[tuple[str, int | None]] = []
+    if to_earliest:
+        given.append(("EARLIEST", None))
+    if to_latest:
+        given.append(("LATEST", None))
+    if to_offset is not None:
+        given.append(("OFFSET", to_offset))
+    if shift_by is not None:
+        given.append(("SHIFT", shift_by))
+    try:
+        if to_datetime is not None:
+            given.append(("TIMESTAMP", parse_datetime_ms(to_datetime)))
+        if by_duration is not None:
+            now_ms = int(time.time() * 1000)
+            given.append(("TIMESTAMP", now_ms - parse_duration_ms(by_duration)))
+    except ValueError as e:
+        _fail(str(e), code=2)
+    if len(given) != 1:
+        _fail(
+            "give exactly one of --to-earliest, --to-latest, --to-offset, --to-datetime, "
+            "--shift-by, --by-duration",
+            code=2,
+        )
+    if dry_run and execute:
+        _fail("--dry-run and --execute are mutually exclusive", code=2)
+    if not topic and not all_topics:
+        _fail("give --topic TOPIC[:P,...] (repeatable) or --all-topics", code=2)
+    if not execute and not dry_run:
+        typer.echo(
+            "WARN: No action will be performed as the --execute option is missing. Add "
+            "--dry-run to keep this behaviour without the warning.",
+            err=True,
+        )
+    strategy, value = given[0]
+    body = {
+        "partitions": _reset_topics(topic or []),
+        "all_topics": all_topics,
+        "strategy": strategy,
+        "value": value,
+        "validate_only": not execute,
+    }
+    with Rest(url) as rest:
+        plan = rest.json("POST", rest.cluster(f"/consumer-groups/{group}/offsets:reset"), json=body)
+        if output == "json":
+            _echo_json(plan)
+            return
+        rows: list[list[object]] = [
+            [group, p["topic_name"], p["partition_id"], p["new_offset"]] for p in plan["data"]
+        ]
+        typer.echo("")
+        for line in _table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"], rows):
+            typer.echo(line)
+
+
+@groups_app.command("delete")
+def groups_delete(
+    group: Annotated[str, typer.Argument(help="Consumer group id.")], url: UrlOpt = DEFAULT_URL
+) -> None:
+    """Delete a group without members, with its committed offsets."""
+    with Rest(url) as rest:
+        rest.request("DELETE", rest.cluster(f"/consumer-groups/{group}"))
+        typer.echo(f"Deletion of requested consumer groups ('{group}') was successful.")
 
 
 # -- console producer ---------------------------------------------------------------

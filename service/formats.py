@@ -212,8 +212,9 @@ BATCH_OVERHEAD: Final = 61 + 5 * 5 + 1
 
 
 def max_message_bytes(topic: TopicInfo) -> int:
-    """The topic's ``max.message.bytes`` (its override, else Kafka's default)."""
-    value = topic.configs.get("max.message.bytes")
+    """The topic's ``max.message.bytes`` (its override, else the cluster-wide
+    ``message.max.bytes``, else Kafka's default)."""
+    value = topic.configs.get("max.message.bytes", topic.defaults.get("max.message.bytes"))
     return DEFAULT_MAX_MESSAGE_BYTES if value is None else int(value)
 
 

@@ -1,25 +1,36 @@
-"""The agent's settings: one pydantic-settings class, env prefix ``LAKELOG_``.
+"""The agent's settings (``lakelog serve`` and ``lakelog agent``), env prefix ``LAKELOG_``.
 
-Values come from (highest first) keyword arguments (the CLI passes its flags
-this way), ``LAKELOG_*`` environment variables, then the defaults below. A bad
-value fails at start-up with pydantic's message naming the field.
+One of the per-process settings classes of ``coordinator.settings`` (which says where
+values come from: flags, ``LAKELOG_*`` variables, the ``--config`` TOML file, the
+defaults). A bad value fails at start-up with pydantic's message naming the field.
+``settings_table()`` renders every process's settings as the README's table.
 """
 
 from __future__ import annotations
 
-import re
 import uuid
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_core import PydanticUndefined
+
+from coordinator.settings import (
+    CLUSTER_ID_RE as CLUSTER_ID_RE,
+)
+from coordinator.settings import (
+    COORDINATOR_URLS,
+    PROCESS_NAMES,
+    DatabaseSettings,
+    JanitorSchedule,
+    LakelogSettings,
+    StoreSettings,
+    process_settings,
+    register,
+)
 
 MiB = 1 << 20
-
-#: Kafka's cluster id form: a UUID as 22 characters of URL-safe base64, no padding.
-CLUSTER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{22}$")
 
 Compression = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
@@ -28,110 +39,169 @@ def _new_agent_id() -> str:
     return uuid.uuid4().hex
 
 
-class Settings(BaseSettings):
+class Settings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule):
     """Everything an agent (and ``lakelog serve``) can be configured with."""
 
-    model_config = SettingsConfigDict(env_prefix="LAKELOG_", extra="ignore")
+    process: ClassVar[str] = "agent"
+    #: Settings only ``serve`` uses (its in-process coordinator and janitors) / only
+    #: ``agent`` uses.
+    SERVE_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"db", "cluster_id", *JanitorSchedule.model_fields}
+    )
+    AGENT_ONLY: ClassVar[frozenset[str]] = frozenset({"coordinator"})
+
+    janitors: str = Field(
+        default="all",
+        description="Janitors to run in the background on their schedules: comma-separated "
+        "tier, retention, compact, gc, or all, or none.",
+    )
 
     # -- listening and identity ----------------------------------------------
-    host: str = "0.0.0.0"
-    port: Annotated[int, Field(ge=1, le=65535)] = 8082
-    #: Base URL clients reach this agent at (behind a proxy or NAT); used for v3
-    #: ``self`` links and the broker host/port. None: from the request / listen address.
-    advertised_url: str | None = None
-    #: Proxies trusted to set ``X-Forwarded-Proto``/``-Host``/``-For`` (comma-separated
-    #: IPs or CIDRs, ``*`` for any): behind a TLS proxy, ``base_uri`` and ``self`` links
-    #: then carry the client's scheme and host. ``advertised_url`` wins when set.
-    forwarded_allow_ips: str = "127.0.0.1"
-    agent_id: str = Field(default_factory=_new_agent_id, min_length=1)
-    cluster_id: str | None = None
+    host: str = Field(default="0.0.0.0", description="Interface to listen on.")
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(
+        default=8082, description="Port to listen on."
+    )
+    access_log: bool = Field(default=False, description="Log every request.")
+    advertised_url: str | None = Field(
+        default=None,
+        description="Base URL clients reach this agent at (behind a proxy or NAT): v2 base_uri, "
+        "v3 self links, the broker's host and port. Unset: from the request.",
+    )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1",
+        description="Proxies trusted to set X-Forwarded-Proto/-Host/-For (comma-separated IPs "
+        "or CIDRs, * for any); advertised_url wins when set.",
+    )
+    agent_id: str = Field(
+        default_factory=_new_agent_id,
+        min_length=1,
+        description="Stable agent id (its broker id follows it); random when unset.",
+    )
 
-    # -- coordinator and store -----------------------------------------------
-    #: Comma-separated coordinator URLs; "" runs an in-process LocalCoordinator on ``db``.
-    coordinator: str = ""
-    db: str = "sqlite:///./data/lakelog.db"
-    store: str = "file://./data"
-    store_endpoint: str | None = None
-    store_region: str | None = None
+    # -- coordinator ---------------------------------------------------------
+    coordinator: str = Field(default="", description=COORDINATOR_URLS)
 
     # -- write path ----------------------------------------------------------
-    linger_ms: Annotated[int, Field(ge=0)] = 50
-    flush_bytes: Annotated[int, Field(gt=0)] = 4 * MiB
-    max_buffer_bytes: Annotated[int, Field(gt=0)] = 64 * MiB
-    buffer_wait_ms: Annotated[int, Field(ge=0)] = 5000
-    max_request_bytes: Annotated[int, Field(gt=0)] = 16 * MiB
-    #: Body limit of every route but produce (consumer, admin): these bodies are small.
-    max_body_bytes: Annotated[int, Field(gt=0)] = 1 * MiB
-    #: Produce bodies (v2) or record groups (v3) from this size on are parsed and
-    #: partitioned in the ``cpu`` pool, off the event loop; smaller ones inline (the
-    #: thread hop costs more than it saves).
-    offload_parse_bytes: Annotated[int, Field(ge=0)] = 256 * 1024
-    compression: Compression = "none"
+    linger_ms: Annotated[int, Field(ge=0)] = Field(
+        default=50, description="Flush the write buffer at least this often."
+    )
+    flush_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=4 * MiB,
+        description="Flush when this many bytes are buffered (one object per flush).",
+    )
+    max_buffer_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=64 * MiB, description="Most bytes buffered at once; produce waits beyond."
+    )
+    buffer_wait_ms: Annotated[int, Field(ge=0)] = Field(
+        default=5000, description="How long produce waits for room in a full buffer (then 50003)."
+    )
+    max_request_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=16 * MiB, description="Largest produce body (v2, records:batch) or v3 record."
+    )
+    max_body_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=1 * MiB, description="Body limit of every route but produce (consumer, admin)."
+    )
+    offload_parse_bytes: Annotated[int, Field(ge=0)] = Field(
+        default=256 * 1024,
+        description="Produce bodies (or v3 record groups) from this size on are parsed on the "
+        "cpu pool, off the event loop.",
+    )
+    compression: Compression = Field(
+        default="none", description="Batch compression: none, gzip, snappy, lz4, zstd."
+    )
+    produce_batch_max_entries: Annotated[int, Field(ge=1)] = Field(
+        default=10,
+        description="Most entries of one v3 records:batch (kafka-rest's "
+        "api.v3.produce.batch.maximum.entries).",
+    )
 
     # -- the Kafka protocol --------------------------------------------------
-    #: Port of the Kafka listener on ``host``; 0 turns it off.
-    kafka_port: Annotated[int, Field(ge=0, le=65535)] = 9092
-    #: ``host:port`` Kafka clients reach this agent at (Metadata's broker address);
-    #: None: the advertised URL's host (else the listen host) and ``kafka_port``.
-    kafka_advertised: str | None = None
-    #: Largest request frame the listener reads (Kafka's ``socket.request.max.bytes``).
-    kafka_max_request_bytes: Annotated[int, Field(gt=0)] = 100 * MiB
+    kafka_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        default=9092, description="Port of the Kafka listener on host; 0 turns it off."
+    )
+    kafka_advertised: str | None = Field(
+        default=None,
+        description="host:port Kafka clients reach this agent at (Metadata's broker address); "
+        "unset: the advertised URL's host (else the listen host) and kafka_port.",
+    )
+    kafka_max_request_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=100 * MiB,
+        description="Largest request frame the Kafka listener reads (Kafka's "
+        "socket.request.max.bytes).",
+    )
 
     # -- topics and metadata -------------------------------------------------
-    auto_create_topics: bool = False
-    default_partitions: Annotated[int, Field(ge=1)] = 1
-    heartbeat_interval_s: Annotated[float, Field(gt=0)] = 3.0
-    #: Threads of the pools for coordinator calls and for consumers' store reads (see
-    #: service/executors.py: flushes and the heartbeat have pools of their own).
-    coordinator_threads: Annotated[int, Field(ge=1)] = 8
-    read_threads: Annotated[int, Field(ge=1)] = 8
-    metadata_ttl_s: Annotated[float, Field(ge=0)] = 2.0
+    auto_create_topics: bool = Field(default=False, description="Create topics on first produce.")
+    default_partitions: Annotated[int, Field(ge=1)] = Field(
+        default=1, description="Partitions of auto-created topics and of creates that give none."
+    )
+    heartbeat_interval_s: Annotated[float, Field(gt=0)] = Field(
+        default=3.0, description="How often the agent tells the coordinator it is alive (a broker)."
+    )
+    coordinator_threads: Annotated[int, Field(ge=1)] = Field(
+        default=8, description="Threads for coordinator calls (service/executors.py)."
+    )
+    read_threads: Annotated[int, Field(ge=1)] = Field(
+        default=8, description="Threads for consumers' store reads (service/executors.py)."
+    )
+    metadata_ttl_s: Annotated[float, Field(ge=0)] = Field(
+        default=2.0, description="How long topic metadata (and registry lookups) are cached."
+    )
 
     # -- consumers and the read path -----------------------------------------
-    #: Default ``max_bytes`` of a consumer fetch (kafka-rest's consumer.request.max.bytes).
-    consumer_request_max_bytes: Annotated[int, Field(gt=0)] = 64 * MiB
-    #: Upper bound of a fetch's long-poll, whatever ``timeout`` the client asks for.
-    consumer_max_wait_ms: Annotated[int, Field(ge=0)] = 60_000
-    #: Defaults of new consumer instances (a create request may override them). An
-    #: instance leaves its group's assignment when no agent heartbeated it for the
-    #: session timeout (its agents died) or its client did not fetch for the poll
-    #: interval (kafka-rest's max.poll.interval.ms); it is deleted when idle (no call at
-    #: all) for the instance timeout.
-    consumer_session_timeout_ms: Annotated[int, Field(gt=0)] = 30_000
-    consumer_max_poll_interval_ms: Annotated[int, Field(gt=0)] = 300_000
-    consumer_instance_timeout_ms: Annotated[int, Field(gt=0)] = 300_000
-    #: How often the agent heartbeats the consumer instances it served (one coordinator
-    #: call for all of them) and renews the fetch leases it holds.
-    consumer_heartbeat_interval_ms: Annotated[int, Field(gt=0)] = 3_000
-    #: How long a fetch's lease on its instance lasts without renewal: what an agent that
-    #: died mid-fetch holds the instance up for.
-    consumer_fetch_lease_ms: Annotated[int, Field(gt=0)] = 10_000
-    #: Key+value bytes all fetches in flight on this agent may hold at once; a fetch's
-    #: max_bytes is cut to what is left (it waits for at least 1 MiB, or its max_bytes).
-    #: Rendering costs about 2.5x this in memory (records, base64 text, the JSON body).
-    consumer_fetch_memory_bytes: Annotated[int, Field(gt=0)] = 256 * MiB
-    #: How often the one background poller checks high watermarks while fetches wait
-    #: (catches data committed through other agents; local commits wake at once).
-    hw_poll_interval_ms: Annotated[int, Field(gt=0)] = 200
-    #: Read cache budgets: this agent's own flushes (the hot tail) vs ranges fetched
-    #: from the store (history), kept apart so a lagging reader cannot evict the tail.
-    read_cache_tail_bytes: Annotated[int, Field(ge=0)] = 64 * MiB
-    read_cache_history_bytes: Annotated[int, Field(ge=0)] = 128 * MiB
-    #: Index entries (ChunkRef) cached per agent, and how long (tiering swaps them).
-    index_cache_entries: Annotated[int, Field(ge=0)] = 100_000
-    index_cache_ttl_s: Annotated[float, Field(ge=0)] = 30.0
-    #: Chunks fetched ahead of a reader (in parallel) when catching up on history.
-    read_ahead_chunks: Annotated[int, Field(ge=0)] = 8
-
-    @field_validator("cluster_id")
-    @classmethod
-    def _check_cluster_id(cls, v: str | None) -> str | None:
-        if v is not None and not CLUSTER_ID_RE.match(v):
-            raise ValueError(
-                "cluster_id must be 22 characters of URL-safe base64 (Kafka's form), "
-                f"e.g. 'EV-5o5e3SViiGP0hpgKn1g'; got {v!r}"
-            )
-        return v
+    consumer_request_max_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=64 * MiB,
+        description="Default max_bytes of a consumer fetch (kafka-rest's "
+        "consumer.request.max.bytes).",
+    )
+    consumer_max_wait_ms: Annotated[int, Field(ge=0)] = Field(
+        default=60_000, description="Longest long-poll of a fetch, whatever timeout it asks for."
+    )
+    consumer_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=30_000, description="Default session timeout of new consumer instances."
+    )
+    consumer_max_poll_interval_ms: Annotated[int, Field(gt=0)] = Field(
+        default=300_000,
+        description="Default max.poll.interval.ms of new consumer instances: a member that "
+        "does not fetch for this long leaves its group's assignment (kafka-rest's default).",
+    )
+    consumer_instance_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=300_000, description="Default idle timeout of new consumer instances."
+    )
+    consumer_heartbeat_interval_ms: Annotated[int, Field(gt=0)] = Field(
+        default=3_000,
+        description="How often the agent heartbeats the consumer instances it served (one "
+        "coordinator call for all) and renews its fetch leases.",
+    )
+    consumer_fetch_lease_ms: Annotated[int, Field(gt=0)] = Field(
+        default=10_000,
+        description="How long a fetch's lease on its instance lasts without renewal (what an "
+        "agent that died mid-fetch holds the instance up for).",
+    )
+    consumer_fetch_memory_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=256 * MiB,
+        description="Key+value bytes all fetches in flight on this agent may hold at once.",
+    )
+    hw_poll_interval_ms: Annotated[int, Field(gt=0)] = Field(
+        default=200,
+        description="How often waiting fetches check high watermarks (commits through other "
+        "agents; local ones wake them at once).",
+    )
+    read_cache_tail_bytes: Annotated[int, Field(ge=0)] = Field(
+        default=64 * MiB, description="Read cache for this agent's own flushes (the hot tail)."
+    )
+    read_cache_history_bytes: Annotated[int, Field(ge=0)] = Field(
+        default=128 * MiB, description="Read cache for ranges fetched from the store (history)."
+    )
+    index_cache_entries: Annotated[int, Field(ge=0)] = Field(
+        default=100_000, description="Index entries (chunk locations) cached per agent."
+    )
+    index_cache_ttl_s: Annotated[float, Field(ge=0)] = Field(
+        default=30.0, description="How long index entries are cached (tiering swaps them)."
+    )
+    read_ahead_chunks: Annotated[int, Field(ge=0)] = Field(
+        default=8, description="Chunks fetched ahead of a reader catching up on history."
+    )
 
     @field_validator("advertised_url")
     @classmethod
@@ -153,11 +223,6 @@ class Settings(BaseSettings):
             raise ValueError(f"kafka_advertised must be host:port; got {v!r}")
         return v
 
-    @field_validator("store_endpoint", "store_region")
-    @classmethod
-    def _empty_is_none(cls, v: str | None) -> str | None:
-        return v or None
-
     @model_validator(mode="after")
     def _check_sizes(self) -> Settings:
         if self.max_buffer_bytes < self.flush_bytes:
@@ -178,7 +243,63 @@ class Settings(BaseSettings):
         return [u.strip().rstrip("/") for u in self.coordinator.split(",") if u.strip()]
 
 
+register("serve", Settings)
+register("agent", Settings)
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process's settings from the environment (a FastAPI dependency; tests override it)."""
     return Settings()
+
+
+# -- the README's table -------------------------------------------------------------------
+
+
+def _applies(process: str, cls: type[LakelogSettings], name: str) -> bool:
+    if name not in cls.model_fields:
+        return False
+    if cls is Settings:
+        if process == "agent" and name in Settings.SERVE_ONLY:
+            return False
+        if process == "serve" and name in Settings.AGENT_ONLY:
+            return False
+    return True
+
+
+def _default(cls: type[LakelogSettings], name: str) -> str:
+    field = cls.model_fields[name]
+    if field.default_factory is not None:
+        value: Any = field.default_factory()  # type: ignore[call-arg]
+        return "random" if name == "agent_id" else ("" if not value else str(value))
+    value = field.default
+    if value is PydanticUndefined or value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "`(empty)`" if value == "" else f"`{value}`"
+
+
+def settings_table() -> str:
+    """Every setting of every process as a Markdown table (the README's, generated)."""
+    classes = process_settings()
+    names: list[str] = []
+    for process in PROCESS_NAMES:
+        for name in classes[process].model_fields:
+            if name not in names:
+                names.append(name)
+    head = ["setting", "variable", *PROCESS_NAMES, "meaning"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in sorted(names):
+        cells = [f"`{name}`", f"`LAKELOG_{name.upper()}`"]
+        description = ""
+        for process in PROCESS_NAMES:
+            cls = classes[process]
+            if _applies(process, cls, name):
+                cells.append(_default(cls, name) or "(none)")
+                description = description or (cls.model_fields[name].description or "")
+            else:
+                cells.append("")
+        cells.append(description.replace("|", "\\|"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -78,3 +78,7 @@ class TopicCache:
     def invalidate(self, name: str) -> None:
         """Forget ``name`` so the next ``get`` asks the coordinator."""
         self._entries.pop(name, None)
+
+    def invalidate_all(self) -> None:
+        """Forget every topic (the cluster-wide configs they inherit changed)."""
+        self._entries.clear()

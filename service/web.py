@@ -1,4 +1,5 @@
-"""ASGI wrappers around the agent app: body limit, proxy headers, trailing slashes.
+"""ASGI wrappers around the agent app: body limit, proxy headers, trailing slashes, the
+cluster check, OPTIONS and ``Allow``.
 
 - One body limit for every route but produce (``max_body_bytes``): consumer and
   admin bodies are small, and were read whole whatever their size. A declared
@@ -18,16 +19,23 @@
   consumer route both ways). Starlette would answer the slashed form with a 307
   redirect, which curl and many clients do not follow on a POST; the slash is
   dropped before routing instead.
+- ``/v3/clusters/<id>/...`` with another cluster's id is a 404 (``Cluster <id> cannot
+  be found.``) on every route and method, produce included, before anything is read.
+- ``OPTIONS`` on a path answers 204 with ``Allow`` listing the methods its routes
+  serve; a 405 lists all of them too (Starlette's names only the first route's, and
+  our routes of one path are often several).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable, Iterator
 
 import orjson
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
@@ -36,7 +44,7 @@ from service.settings import Settings
 
 #: POST routes that enforce their own body limits (produce).
 _PRODUCE = re.compile(
-    r"/topics/[^/]+(?:/partitions/[^/]+)?|/v3/clusters/[^/]+/topics/[^/]+/records"
+    r"/topics/[^/]+(?:/partitions/[^/]+)?|/v3/clusters/[^/]+/topics/[^/]+/records(?::batch)?"
 )
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -156,26 +164,121 @@ class BodyLimitMiddleware:
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
         message = BodyTooLargeError(self.limit).detail
-        body = orjson.dumps({"error_code": int(ErrorCode.REQUEST_TOO_LARGE), "message": message})
-        media_type = content_type_for(scope["path"])
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", media_type.encode()),
-                    (b"content-length", b"%d" % len(body)),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(scope, send, 413, int(ErrorCode.REQUEST_TOO_LARGE), message)
+
+
+async def send_error(
+    scope: Scope,
+    send: Send,
+    status: int,
+    code: int,
+    message: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    """Answer with the Confluent error body, from an ASGI wrapper (before any route)."""
+    body = orjson.dumps({"error_code": code, "message": message})
+    media_type = content_type_for(scope["path"])
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", media_type.encode()),
+                (b"content-length", b"%d" % len(body)),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+_CLUSTER_PATH = re.compile(r"/v3/clusters/([^/]+)(?:/|$)")
+
+
+class ClusterCheckMiddleware:
+    """404 for every request naming another cluster than this agent's (see module doc)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            m = _CLUSTER_PATH.match(scope["path"])
+            agent = getattr(scope["app"].state, "agent", None) if m else None
+            if m and agent is not None and m.group(1) != agent.cluster_id:
+                message = f"Cluster {m.group(1)} cannot be found."
+                await send_error(scope, send, 404, int(ErrorCode.NOT_FOUND), message)
+                return
+        await self.app(scope, receive, send)
+
+
+def _leaf_routes(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    """Every route, included routers flattened (newer FastAPI keeps an included router as
+    one entry with its ``original_router``; ours are included without a prefix)."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _leaf_routes(inner.routes)
+        else:
+            yield route
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods the routes of this request's path serve (none: no such path)."""
+    routes: list[BaseRoute] | None = getattr(app.state, "leaf_routes", None)
+    if routes is None:
+        routes = app.state.leaf_routes = list(_leaf_routes(app.router.routes))
+    methods: set[str] = set()
+    for route in routes:
+        match, _ = route.matches({**scope, "method": "GET"})
+        route_methods = getattr(route, "methods", None)
+        if match is not Match.NONE and route_methods:
+            methods.update(route_methods)
+    return sorted(methods)
+
+
+class MethodsMiddleware:
+    """``OPTIONS`` -> 204 with ``Allow``; every 405 carries the path's full ``Allow``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] == "OPTIONS":
+            methods = allowed_methods(scope["app"], scope)
+            if methods:
+                allow = ", ".join([*methods, "OPTIONS"]).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 204,
+                        "headers": [(b"allow", allow)],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b""})
+                return
+
+        async def send_with_allow(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 405:
+                allow = ", ".join([*allowed_methods(scope["app"], scope), "OPTIONS"])
+                headers = [(n, v) for n, v in message.get("headers", []) if n.lower() != b"allow"]
+                message = {**message, "headers": [*headers, (b"allow", allow.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_allow)
 
 
 def install_middleware(app: FastAPI, settings: Settings) -> None:
-    """Wrap ``app``: forwarded host, proto/for, trailing slash, body limit (outermost first)."""
+    """Wrap ``app``: forwarded host, proto/for, trailing slash, the cluster check, OPTIONS
+    and Allow, body limit (outermost first)."""
     trusted = settings.forwarded_allow_ips
     # add_middleware puts each new one outside the ones added before.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(MethodsMiddleware)
+    app.add_middleware(ClusterCheckMiddleware)
     app.add_middleware(TrailingSlashMiddleware)
     app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=trusted)
     app.add_middleware(ForwardedHostMiddleware, trusted=TrustedProxies(trusted))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.db import MetadataDatabase
+from coordinator.topic_configs import topic_defaults
 from segments.types import ChunkRef
 
 _PARTITIONS = (
@@ -28,6 +29,7 @@ _PARTITIONS = (
     "ORDER BY t.name, p.partition"
 )
 _CONFIGS = "SELECT topic_id, name, value FROM topic_configs"
+_CLUSTER_CONFIGS = "SELECT name, value FROM cluster_configs"
 _ROWS = (
     "SELECT e.base_offset, e.record_count, e.object_id, o.object_key, e.position, e.length, "
     "e.min_ts, e.max_ts, e.kind, o.committed_at "
@@ -75,7 +77,8 @@ _COUNT_ROWS = "SELECT COUNT(*) FROM index_entries"
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
-    """One partition as the janitors see it: ids, bounds and the topic's overrides."""
+    """One partition as the janitors see it: ids, bounds and the topic's configs (its
+    overrides over the cluster-wide broker configs it inherits)."""
 
     topic_id: bytes
     topic: str
@@ -144,12 +147,13 @@ class Catalog:
     def partitions(self, topic: str | None = None) -> list[PartitionState]:
         """Every partition (of ``topic`` only, if given), by topic name and partition."""
         with self._db.read() as conn:
+            defaults = topic_defaults(dict(conn.execute(self._q(_CLUSTER_CONFIGS)).fetchall()))
             configs: dict[bytes, dict[str, str]] = {}
             for topic_id, key, value in conn.execute(self._q(_CONFIGS)):
                 configs.setdefault(bytes(topic_id), {})[key] = value
             rows = conn.execute(self._q(_PARTITIONS)).fetchall()
         return [
-            PartitionState(bytes(tid), name, p, ls, hw, configs.get(bytes(tid), {}))
+            PartitionState(bytes(tid), name, p, ls, hw, defaults | configs.get(bytes(tid), {}))
             for tid, name, p, ls, hw in rows
             if topic is None or name == topic
         ]

@@ -7,6 +7,11 @@ N coordinators do not run a janitor N times per interval), runs it while a
 second thread renews the lease, records the run in ``janitor_runs``, and
 releases the lease with the next due time. Runs stop at their next check when
 the lease is lost.
+
+On demand (``lakelog janitor NAME``, here or through a coordinator's
+``/v1/janitors/{name}/run``): ``take_lease`` takes the janitor's lease whatever its
+schedule (JanitorBusyError while another run holds it), ``run_lease`` runs it the
+same way, with a progress callback, and raises what stopped it.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from coordinator.janitors.context import (
     JanitorConfig,
     JanitorContext,
     JanitorReport,
+    Progress,
 )
 from coordinator.janitors.gc import run_gc
 from coordinator.janitors.leases import Lease, LeaseLostError, LeaseStore, Renewer
 from coordinator.janitors.retention import run_retention
 from coordinator.janitors.tiering import run_compaction, run_tiering
 from coordinator.local import LocalCoordinator
+from segments.errors import JanitorBusyError
 from segments.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -163,6 +170,49 @@ class JanitorRunner:
 
     def run_under(self, lease: Lease) -> JanitorReport:
         """Run the lease's janitor, record the run, release the lease with the next due time."""
+        report, _ = self._run(lease, self.config, None, None)
+        return report
+
+    def take_lease(self, name: str) -> Lease:
+        """The lease of janitor ``name`` for a run now, whatever its schedule.
+
+        Raises:
+            ValueError: an unknown janitor.
+            JanitorBusyError: another run (scheduled or not, any process) holds it.
+        """
+        if name not in JANITORS:
+            raise ValueError(f"unknown janitor {name!r}; expected one of {', '.join(JANITORS)}")
+        # A holder of its own: the background thread of this process must not re-enter it.
+        holder = f"{self.holder}-now-{uuid.uuid4().hex[:8]}"
+        lease = self.leases.acquire(name, holder, scheduled=False)
+        if lease is None:
+            raise JanitorBusyError(f"janitor {name} is running in another process; try again later")
+        return lease
+
+    def run_lease(
+        self,
+        lease: Lease,
+        config: JanitorConfig | None = None,
+        topic: str | None = None,
+        progress: Progress | None = None,
+    ) -> JanitorReport:
+        """Run a lease from ``take_lease`` now (recorded and released as scheduled runs are).
+
+        Raises:
+            LeaseLostError: the lease was lost part way; whatever the janitor raised.
+        """
+        report, error = self._run(lease, config or self.config, topic, progress)
+        if error is not None:
+            raise error
+        return report
+
+    def _run(
+        self,
+        lease: Lease,
+        config: JanitorConfig,
+        topic: str | None,
+        progress: Progress | None,
+    ) -> tuple[JanitorReport, Exception | None]:
         name = lease.name
 
         def check() -> None:
@@ -170,26 +220,30 @@ class JanitorRunner:
                 raise LeaseLostError("coordinator stopping")
             lease.check()
 
-        ctx = JanitorContext(self.catalog, self._coordinator.store, self._store, time.time, check)
+        ctx = JanitorContext(
+            self.catalog, self._coordinator.store, self._store, time.time, check, progress
+        )
         run_id = self.leases.start_run(lease)
         report = JanitorReport(name)
         outcome = "error"
+        failure: Exception | None = None
         try:
-            with Renewer(lease, self.config.lease_ttl_s / 3):
-                report = run_janitor(name, ctx, self.config)
+            with Renewer(lease, config.lease_ttl_s / 3):
+                report = run_janitor(name, ctx, config, topic)
             outcome = "ok"
         except LeaseLostError as e:
-            outcome = "lost"
+            outcome, failure = "lost", e
             log.warning("janitor %s stopped: %s", name, e)
-        except Exception:
+        except Exception as e:
+            failure = e
             log.exception("janitor %s failed", name)
         finally:
             self.leases.finish_run(run_id, outcome, report.as_dict())
-            self.leases.release(lease, time.time() + self.config.interval_s(name))
+            self.leases.release(lease, time.time() + config.interval_s(name))
         if self.metrics is not None:
             self.metrics.observe(report, outcome)
         log.info("janitor %s: %s %s", name, outcome, report.as_dict())
-        return report
+        return report, failure
 
     def _update_lag(self) -> None:
         if self.metrics is None:

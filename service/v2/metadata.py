@@ -68,7 +68,7 @@ async def get_topic(topic: str, state: AgentState = Depends(get_state)) -> JSON:
     brokers = await _broker_ids(state)
     return {
         "name": info.name,
-        "configs": effective_configs(info.configs),
+        "configs": effective_configs(info.configs, info.defaults),
         "partitions": [
             partition_json(p, leader_for(p, brokers, state.broker_id))
             for p in range(info.partitions)

@@ -1,15 +1,17 @@
 """v3 topic configs: list (one topic or all), get, update (PUT), reset (DELETE), batch alter.
 
-Values are the effective ones (Kafka's default unless overridden); ``source``
-says which: ``DYNAMIC_TOPIC_CONFIG`` for an override, ``DEFAULT_CONFIG`` otherwise.
+Values are the effective ones; ``source`` says where each comes from:
+``DYNAMIC_TOPIC_CONFIG`` for the topic's override, ``DYNAMIC_DEFAULT_BROKER_CONFIG`` for
+a cluster-wide broker config it inherits (``/broker-configs``), ``DEFAULT_CONFIG`` for
+Kafka's default; ``synonyms`` lists every layer that has a value, the one in force first.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictBool
 
-from coordinator.topic_configs import CONFIG_DEFS, SOURCE_DEFAULT, ConfigEntry, describe_configs
+from coordinator.topic_configs import CONFIG_DEFS, ConfigEntry, describe_configs
 from segments.errors import ConfigNotFoundError, InvalidConfigError, MalformedRequestError
 from segments.types import TopicInfo
 from service.state import AgentState, get_state
@@ -30,33 +32,65 @@ class AlterConfigEntry(BaseModel):
 
 class AlterConfigBatchRequest(BaseModel):
     data: list[AlterConfigEntry]
-    validate_only: bool = False
+    #: A JSON boolean only: "false" or 1 would be a dry run or an alter by accident.
+    validate_only: StrictBool = False
+
+
+def config_fields(entry: ConfigEntry) -> JSON:
+    """The fields every v3 config resource has (AbstractConfigData)."""
+    return {
+        "name": entry.name,
+        "value": entry.value,
+        "is_default": entry.is_default,
+        "is_read_only": entry.is_read_only,
+        "is_sensitive": entry.is_sensitive,
+        "source": entry.source,
+        "synonyms": [
+            {"name": s.name, "value": s.value, "source": s.source} for s in entry.synonyms
+        ],
+    }
 
 
 def config_data(links: Links, topic: str, entry: ConfigEntry) -> JSON:
-    """A KafkaTopicConfig resource, with Kafka's synonyms (override first, then default)."""
-    synonyms = [{"name": entry.name, "value": entry.value, "source": entry.source}]
-    if entry.source != SOURCE_DEFAULT:
-        default = CONFIG_DEFS[entry.name].default
-        synonyms.append({"name": entry.name, "value": default, "source": SOURCE_DEFAULT})
+    """A KafkaTopicConfig resource."""
     return Links.resource(
         "KafkaTopicConfig",
         links.topic(topic, f"/configs/{entry.name}"),
         links.crn(("topic", topic), ("config", entry.name)),
         cluster_id=links.cluster_id,
         topic_name=topic,
-        name=entry.name,
-        value=entry.value,
-        is_default=entry.is_default,
-        is_read_only=entry.is_read_only,
-        is_sensitive=entry.is_sensitive,
-        source=entry.source,
-        synonyms=synonyms,
+        **config_fields(entry),
     )
 
 
 def topic_configs(links: Links, info: TopicInfo) -> list[JSON]:
-    return [config_data(links, info.name, e) for e in describe_configs(info.configs)]
+    entries = describe_configs(info.configs, defaults=info.defaults)
+    return [config_data(links, info.name, e) for e in entries]
+
+
+def split_alter(body: AlterConfigBatchRequest) -> tuple[dict[str, str], list[str]]:
+    """A batch alter's entries as (configs to set, configs to reset).
+
+    Raises:
+        InvalidConfigError: SET without a value. MalformedRequestError: another operation.
+    """
+    set_configs: dict[str, str] = {}
+    delete_configs: list[str] = []
+    for entry in body.data:
+        op = (entry.operation or "SET").upper()
+        if op == "DELETE":
+            delete_configs.append(entry.name)
+        elif op == "SET":
+            if entry.value is None:
+                raise InvalidConfigError(
+                    f"Invalid value null for configuration {entry.name}: SET needs a value"
+                )
+            set_configs[entry.name] = entry.value
+        else:
+            raise MalformedRequestError(
+                f"Bad Request: operation must be SET or DELETE, got {entry.operation!r}."
+            )
+    return set_configs, delete_configs
 
 
 def _not_found(links: Links, topic: str, name: str) -> ConfigNotFoundError:
@@ -105,7 +139,7 @@ async def get_topic_config(
     info = await call(state.coordinator.get_topic, topic_name)
     if name not in CONFIG_DEFS:
         raise _not_found(links, topic_name, name)
-    (entry,) = describe_configs(info.configs, [name])
+    (entry,) = describe_configs(info.configs, [name], info.defaults)
     return config_data(links, topic_name, entry)
 
 
@@ -152,22 +186,7 @@ async def alter_topic_configs(
 
     ``operation`` is SET (the default) or DELETE. Any bad entry fails the whole batch.
     """
-    set_configs: dict[str, str] = {}
-    delete_configs: list[str] = []
-    for entry in body.data:
-        op = (entry.operation or "SET").upper()
-        if op == "DELETE":
-            delete_configs.append(entry.name)
-        elif op == "SET":
-            if entry.value is None:
-                raise InvalidConfigError(
-                    f"Invalid value null for configuration {entry.name}: SET needs a value"
-                )
-            set_configs[entry.name] = entry.value
-        else:
-            raise MalformedRequestError(
-                f"Bad Request: operation must be SET or DELETE, got {entry.operation!r}."
-            )
+    set_configs, delete_configs = split_alter(body)
     await call(
         state.coordinator.alter_configs,
         topic_name,

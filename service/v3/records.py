@@ -1,4 +1,5 @@
-"""REST v3 produce: ``POST /v3/clusters/{c}/topics/{t}/records`` (REST-API.md section 3.6).
+"""REST v3 produce: ``POST /v3/clusters/{c}/topics/{t}/records`` (REST-API.md section 3.6)
+and ``POST .../records:batch`` (at the end of this module).
 
 The body is one JSON object per record: a single object, or many concatenated
 objects, possibly sent with ``Transfer-Encoding: chunked`` while the client reads the
@@ -19,8 +20,8 @@ that does not fit -> 42205, a failed flush -> 50003/50002, an unexpected excepti
 bug) -> 500 for the records concerned while the stream goes on. An object larger than
 ``max_request_bytes`` ends the stream with a 413 report. JSON data is stored as the
 exact text sent; record groups of ``offload_parse_bytes`` or more are parsed on the
-``cpu`` pool, off the event loop. The cluster id in
-the URL is not checked: kafka-rest does not validate it on produce.
+``cpu`` pool, off the event loop. An unknown cluster id in the URL is a 404, as on
+every v3 route (``service.web``; kafka-rest skips that check on produce).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from starlette.requests import ClientDisconnect
@@ -42,6 +44,7 @@ from starlette.types import Receive, Scope, Send
 
 from segments.errors import (
     InternalError,
+    InvalidBatchError,
     LakelogError,
     MalformedRequestError,
     PartitionNotFoundError,
@@ -57,6 +60,7 @@ from service.formats import (
     check_v3_content_type,
     decode_base64,
     max_message_bytes,
+    read_body,
     v3_json_span,
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
@@ -327,6 +331,8 @@ def parse_record(
     now_ms: int,
     sticky: list[int],
     doc: dict[str, Any] | None = None,
+    *,
+    fields: frozenset[str] = _RECORD_FIELDS,
 ) -> _Parsed:
     """Check one v3 record object (its JSON text) and pick its partition.
 
@@ -348,7 +354,7 @@ def parse_record(
             raise NeedsSchema(text, doc)
     if not isinstance(doc, dict):
         raise MalformedRequestError("Bad Request: a record must be a JSON object.")
-    unknown = doc.keys() - _RECORD_FIELDS
+    unknown = doc.keys() - fields
     if unknown:
         raise MalformedRequestError(f'Bad Request: Unrecognized field "{sorted(unknown)[0]}".')
     key, key_report = _parse_data(doc.get("key"), "key", text)
@@ -384,10 +390,8 @@ def _internal_error() -> InternalError:
     return InternalError("Internal error while producing this record (see the agent's log).")
 
 
-def _error_report(exc: LakelogError) -> bytes:
-    return orjson.dumps(
-        {"error_code": error_code_for(exc, v3=True), "message": error_message_for(exc, v3=True)}
-    )
+def _error_report(exc: LakelogError) -> dict[str, Any]:
+    return {"error_code": error_code_for(exc, v3=True), "message": error_message_for(exc, v3=True)}
 
 
 # -- the route --------------------------------------------------------------------------
@@ -437,14 +441,110 @@ async def produce_records(
     )
 
 
-class _Stream:
+class _Producer:
+    """Checks and produces groups of v3 record objects to one topic, with their reports."""
+
+    def __init__(
+        self, state: AgentState, topic: TopicInfo, fields: frozenset[str] = _RECORD_FIELDS
+    ) -> None:
+        self.state = state
+        self.topic = topic
+        self.limit = max_message_bytes(topic)
+        self.fields = fields  # what a record object may hold (records:batch adds "id")
+
+    def _parse_group(
+        self, items: list[Item], now_ms: int, sticky: list[int]
+    ) -> list[_Parsed | LakelogError | NeedsSchema]:
+        results: list[_Parsed | LakelogError | NeedsSchema] = []
+        for item in items:
+            try:
+                if isinstance(item, RequestTooLargeError):
+                    raise item
+                if isinstance(item, SplitError):
+                    raise MalformedRequestError(str(item))
+                results.append(
+                    parse_record(item, self.topic, self.limit, now_ms, sticky, fields=self.fields)
+                )
+            except NeedsSchema as pending:
+                results.append(pending)
+            except LakelogError as exc:
+                results.append(exc)
+            except Exception:
+                log.exception("a v3 record to %s failed unexpectedly", self.topic.name)
+                results.append(_internal_error())
+        return results
+
+    async def _with_schema(
+        self, pending: NeedsSchema, now_ms: int, sticky: list[int]
+    ) -> _Parsed | LakelogError:
+        """A record naming a registry schema: its key/value encoded, then checked."""
+        try:
+            doc, reports = await prepare_v3(self.state.registry, self.topic.name, pending.doc)
+            assert isinstance(doc, dict)
+            record = parse_record(
+                pending.text, self.topic, self.limit, now_ms, sticky, doc, fields=self.fields
+            )
+        except LakelogError as exc:
+            return exc
+        except Exception:
+            log.exception("a v3 record to %s failed unexpectedly", self.topic.name)
+            return _internal_error()
+        record.key_report = reports.get("key", record.key_report)
+        record.value_report = reports.get("value", record.value_report)
+        return record
+
+    async def produce(self, items: list[Item]) -> list[dict[str, Any]]:
+        """Produce a group of records with one batcher call: each one's delivery report
+        (``error_code`` 200 with its offset, or its error), in order."""
+        size = sum(len(i) for i in items if isinstance(i, bytes))
+        offload = size >= self.state.settings.offload_parse_bytes
+        now_ms, sticky = int(time.time() * 1000), [-1]
+        parsed = await run_if(offload, Kind.CPU, self._parse_group, items, now_ms, sticky)
+        results = [
+            await self._with_schema(r, now_ms, sticky) if isinstance(r, NeedsSchema) else r
+            for r in parsed
+        ]
+        good = [r for r in results if isinstance(r, _Parsed)]
+        offsets: list[int] = []
+        failure: LakelogError | None = None
+        if good:
+            try:
+                offsets = await self.state.batcher.append(
+                    self.topic.topic_id, [(r.partition, r.record) for r in good]
+                )
+            except LakelogError as exc:
+                failure = exc
+        out: list[dict[str, Any]] = []
+        next_offset = iter(offsets)
+        cluster = self.state.cluster_id
+        for r in results:
+            if isinstance(r, LakelogError):
+                out.append(_error_report(r))
+            elif failure is not None:
+                out.append(_error_report(failure))
+            else:
+                report: dict[str, Any] = {
+                    "error_code": 200,
+                    "cluster_id": cluster,
+                    "topic_name": self.topic.name,
+                    "partition_id": r.partition,
+                    "offset": next(next_offset),
+                    "timestamp": _format_timestamp(r.record.timestamp_ms),
+                }
+                if r.key_report is not None:
+                    report["key"] = r.key_report
+                if r.value_report is not None:
+                    report["value"] = r.value_report
+                out.append(report)
+        return out
+
+
+class _Stream(_Producer):
     """One v3 produce stream: reads groups of records, produces them, reports in order."""
 
     def __init__(self, state: AgentState, topic: TopicInfo, splitter: ObjectSplitter) -> None:
-        self.state = state
-        self.topic = topic
+        super().__init__(state, topic)
         self.splitter = splitter
-        self.limit = max_message_bytes(topic)
         self.queue: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(_MAX_PENDING_GROUPS)
 
     async def reports(
@@ -492,86 +592,95 @@ class _Stream:
             return await self._produce_group(items)
         except Exception:
             log.exception("v3 produce to %s failed unexpectedly", self.topic.name)
-            failed = _error_report(_internal_error())
+            failed = orjson.dumps(_error_report(_internal_error()))
             return b"\r\n".join([failed] * len(items) + [b""])
 
-    def _parse_group(
-        self, items: list[Item], now_ms: int, sticky: list[int]
-    ) -> list[_Parsed | LakelogError | NeedsSchema]:
-        results: list[_Parsed | LakelogError | NeedsSchema] = []
-        for item in items:
-            try:
-                if isinstance(item, RequestTooLargeError):
-                    raise item
-                if isinstance(item, SplitError):
-                    raise MalformedRequestError(str(item))
-                results.append(parse_record(item, self.topic, self.limit, now_ms, sticky))
-            except NeedsSchema as pending:
-                results.append(pending)
-            except LakelogError as exc:
-                results.append(exc)
-            except Exception:
-                log.exception("a v3 record to %s failed unexpectedly", self.topic.name)
-                results.append(_internal_error())
-        return results
-
-    async def _with_schema(
-        self, pending: NeedsSchema, now_ms: int, sticky: list[int]
-    ) -> _Parsed | LakelogError:
-        """A record naming a registry schema: its key/value encoded, then checked."""
-        try:
-            doc, reports = await prepare_v3(self.state.registry, self.topic.name, pending.doc)
-            assert isinstance(doc, dict)
-            record = parse_record(pending.text, self.topic, self.limit, now_ms, sticky, doc)
-        except LakelogError as exc:
-            return exc
-        except Exception:
-            log.exception("a v3 record to %s failed unexpectedly", self.topic.name)
-            return _internal_error()
-        record.key_report = reports.get("key", record.key_report)
-        record.value_report = reports.get("value", record.value_report)
-        return record
-
     async def _produce_group(self, items: list[Item]) -> bytes:
-        size = sum(len(i) for i in items if isinstance(i, bytes))
-        offload = size >= self.state.settings.offload_parse_bytes
-        now_ms, sticky = int(time.time() * 1000), [-1]
-        parsed = await run_if(offload, Kind.CPU, self._parse_group, items, now_ms, sticky)
-        results = [
-            await self._with_schema(r, now_ms, sticky) if isinstance(r, NeedsSchema) else r
-            for r in parsed
-        ]
-        good = [r for r in results if isinstance(r, _Parsed)]
-        offsets: list[int] = []
-        failure: LakelogError | None = None
-        if good:
-            try:
-                offsets = await self.state.batcher.append(
-                    self.topic.topic_id, [(r.partition, r.record) for r in good]
-                )
-            except LakelogError as exc:
-                failure = exc
-        out: list[bytes] = []
-        next_offset = iter(offsets)
-        cluster = self.state.cluster_id
-        for r in results:
-            if isinstance(r, LakelogError):
-                out.append(_error_report(r))
-            elif failure is not None:
-                out.append(_error_report(failure))
-            else:
-                report: dict[str, Any] = {
-                    "error_code": 200,
-                    "cluster_id": cluster,
-                    "topic_name": self.topic.name,
-                    "partition_id": r.partition,
-                    "offset": next(next_offset),
-                    "timestamp": _format_timestamp(r.record.timestamp_ms),
-                }
-                if r.key_report is not None:
-                    report["key"] = r.key_report
-                if r.value_report is not None:
-                    report["value"] = r.value_report
-                out.append(orjson.dumps(report))
-        out.append(b"")
-        return b"\r\n".join(out)
+        reports = await self.produce(items)
+        return b"\r\n".join([orjson.dumps(r) for r in reports] + [b""])
+
+
+# -- records:batch ----------------------------------------------------------------------
+
+_BATCH_FIELDS = _RECORD_FIELDS | {"id"}
+_MAX_ID_LENGTH = 80
+
+
+class _BatchBody(msgspec.Struct):
+    """A records:batch body; each entry kept as its exact text (JSON data is stored as
+    sent, see ``v3_json_span``)."""
+
+    entries: list[msgspec.Raw]
+
+
+def _batch_ids(entries: list[msgspec.Raw], max_entries: int) -> list[str]:
+    """Each entry's id, checked.
+
+    Raises:
+        InvalidBatchError: no entry, more than ``max_entries``, an id that is not a
+            string of 1 to 80 characters, ids that are not distinct (422 42208).
+        MalformedRequestError: an entry that is not a JSON object.
+    """
+    if not entries:
+        raise InvalidBatchError("Empty batch.")
+    if len(entries) > max_entries:
+        raise InvalidBatchError(
+            f"Too many entries in batch: {len(entries)}; at most {max_entries} allowed."
+        )
+    ids = []
+    for i, raw in enumerate(entries):
+        entry = orjson.loads(bytes(raw))  # msgspec already checked it is JSON
+        if not isinstance(entry, dict):
+            raise MalformedRequestError(f"Bad Request: entries[{i}] must be an object.")
+        entry_id = entry.get("id")
+        if not isinstance(entry_id, str) or not 1 <= len(entry_id) <= _MAX_ID_LENGTH:
+            raise InvalidBatchError(
+                f"Batch entry IDs must be strings of 1 to {_MAX_ID_LENGTH} characters: "
+                f"entries[{i}].id is {entry_id!r}."
+            )
+        ids.append(entry_id)
+    if len(set(ids)) != len(ids):
+        raise InvalidBatchError("Batch entry IDs are not distinct.")
+    return ids
+
+
+@router.post(
+    "/v3/clusters/{cluster_id}/topics/{topic_name}/records:batch",
+    status_code=207,
+    summary="Produce a batch of records",
+)
+async def produce_records_batch(
+    cluster_id: str, topic_name: str, request: Request, state: AgentState = Depends(get_state)
+) -> Response:
+    """``{"entries": [{"id": ..., <a record>}, ...]}`` -> 207 with ``successes`` and
+    ``failures`` (each by id, in input order). All entries go to the batcher in one call.
+
+    Request-level errors: 415 (not JSON), 404 40403 (unknown topic), 413 (body over
+    ``max_request_bytes``), 400 (not a batch object), 422 42208 (empty, more than
+    ``produce_batch_max_entries``, bad or repeated ids).
+    """
+    check_v3_content_type(request.headers.get("content-type"))
+    topic = await state.topics.get_or_create(topic_name)
+    body = await read_body(request, state.settings.max_request_bytes)
+    if not body.strip():
+        raise UnprocessableRequestError(_EMPTY_BODY)
+    try:
+        batch = msgspec.json.decode(body, type=_BatchBody)
+    except msgspec.DecodeError as e:
+        raise MalformedRequestError(f"Bad Request: {e}") from None
+    ids = _batch_ids(batch.entries, state.settings.produce_batch_max_entries)
+    state.metrics.produce_requests.labels(api="v3").inc()
+    producer = _Producer(state, topic, _BATCH_FIELDS)
+    reports = await producer.produce([bytes(raw) for raw in batch.entries])
+    successes, failures = [], []
+    for entry_id, report in zip(ids, reports, strict=True):
+        if report["error_code"] == 200:
+            del report["error_code"]
+            successes.append({"id": entry_id, **report})
+        else:
+            failures.append({"id": entry_id, **report})
+    return Response(
+        orjson.dumps({"successes": successes, "failures": failures}),
+        status_code=207,
+        media_type="application/json",
+    )

@@ -113,9 +113,13 @@ async def create_topic(
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}")
 async def get_topic(
-    topic_name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
+    topic_name: str,
+    include_authorized_operations: bool | None = None,
+    links: Links = Depends(cluster_links),
+    state: AgentState = Depends(get_state),
 ) -> JSON:
-    """KafkaTopic. Unknown topic: 404 40403."""
+    """KafkaTopic. Unknown topic: 404 40403. ``include_authorized_operations`` is checked
+    (a boolean) and otherwise ignored: with no authorizer there are no operations to list."""
     return topic_data(links, await call(state.coordinator.get_topic, topic_name))
 
 

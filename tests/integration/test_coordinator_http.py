@@ -91,7 +91,13 @@ def test_topic_routes_statuses_and_bodies(api: TestClient, local: LocalCoordinat
     r = api.post("/v1/topics", json={"name": "orders", "partitions": 3, "configs": {}})
     assert r.status_code == 201
     t = local.get_topic("orders")
-    body = {"name": "orders", "topic_id": t.topic_id.hex(), "partitions": 3, "configs": {}}
+    body = {
+        "name": "orders",
+        "topic_id": t.topic_id.hex(),
+        "partitions": 3,
+        "configs": {},
+        "defaults": {},
+    }
     assert r.json() == body
     assert api.get("/v1/topics/orders").json() == body
     assert api.get(f"/v1/topic-ids/{t.topic_id.hex()}").json() == body

@@ -13,13 +13,15 @@ which proves the tool really runs and really looks):
 - ``deploy/nginx.conf``: ``nginx -t`` (Debian's nginx).
 
 Then against the code: every ``lakelog`` command in compose and Kubernetes is
-parsed by the real typer/click CLI, the compose ``spark`` job's by the example job's own
-argument parser (and run, as that service would, against the test topology), and every
-``LAKELOG_*`` variable must be a ``Settings`` field (``Settings`` ignores unknown
-ones, so a typo would pass silently). The process topology of ``tests/integration/topology.py`` (on
-PostgreSQL, like compose) must run the compose file's commands and environment
-(differing only in addresses), and serves requests behind nginx running
-``deploy/nginx.conf``.
+parsed by the real typer/click CLI and passes no flag that a ``LAKELOG_*`` variable
+covers (the variables configure every process); each process's settings are built from
+the file's variables by the CLI's own loader; the compose ``spark`` job's command is
+parsed by the example job's own argument parser (and run, as that service would, against
+the test topology); and every ``LAKELOG_*`` variable must be a setting of some process
+(settings ignore unknown ones, so a typo would pass silently). The process topology
+of ``tests/integration/topology.py`` (on PostgreSQL, like compose) must run the compose
+file's commands and environment (differing only in addresses), and serves requests
+behind nginx running ``deploy/nginx.conf``.
 
 ``.ci/run`` installs docker-compose and nginx; pip's dev extras bring the rest.
 """
@@ -46,6 +48,7 @@ import pytest
 import typer
 import yaml  # type: ignore[import-untyped]
 
+from coordinator.settings import CoordinatorSettings, LakelogSettings, load, process_settings
 from service.cli import app as cli_app
 from service.settings import Settings
 from spark.examples import key_counts
@@ -66,9 +69,11 @@ BIN = Path(sys.executable).parent
 #: The Kubernetes version the manifests are checked against (oldest we claim to support).
 K8S_VERSION = "1.30.0"
 
-#: Every LAKELOG_* name a deployment file may use: the Settings fields, plus the CLI
-#: clients' LAKELOG_URL.
-KNOWN_LAKELOG_VARS = {f"LAKELOG_{name.upper()}" for name in Settings.model_fields} | {"LAKELOG_URL"}
+#: Every LAKELOG_* name a deployment file may use: every process's settings, plus the
+#: CLI clients' LAKELOG_URL and the config file's LAKELOG_CONFIG.
+KNOWN_LAKELOG_VARS = {
+    f"LAKELOG_{name.upper()}" for cls in process_settings().values() for name in cls.model_fields
+} | {"LAKELOG_URL", "LAKELOG_CONFIG"}
 LAKELOG_VAR_RE = re.compile(r"\bLAKELOG_[A-Z0-9_]+\b")
 
 
@@ -148,20 +153,31 @@ def parse_lakelog(args: list[str]) -> tuple[str, dict[str, Any]]:
         return name, dict(ctx.params)
 
 
-def agent_settings(params: dict[str, Any], env: dict[str, str]) -> Settings:
-    """The Settings ``lakelog agent`` would build from these flags and environment."""
+def process_settings_of(args: list[str], env: dict[str, str]) -> LakelogSettings:
+    """The settings ``lakelog <args>`` would run with in a container with ``env``: the
+    command parsed by the real CLI, then its flags, the variables and the defaults
+    through the CLI's own loader (``coordinator.settings.load``)."""
+    sub, params = parse_lakelog(args)
+    cls = process_settings()[sub]
     saved = {k: v for k, v in os.environ.items() if k.startswith("LAKELOG_")}
     try:
         for k in saved:
             del os.environ[k]
-        os.environ.update({k: v for k, v in env.items() if k.startswith("LAKELOG_")})
-        given = {k: v for k, v in params.items() if v is not None and k in Settings.model_fields}
-        return Settings(**given)
+        os.environ.update({k: str(v) for k, v in env.items() if k.startswith("LAKELOG_")})
+        given = {k: v for k, v in params.items() if k in cls.model_fields and v not in ([], ())}
+        return load(cls, sub, **given)
     finally:
         for k in list(os.environ):
             if k.startswith("LAKELOG_"):
                 del os.environ[k]
         os.environ.update(saved)
+
+
+def flags_a_variable_covers(args: list[str]) -> set[str]:
+    """The settings a command line sets by flag (the deploy files set them by variable)."""
+    sub, params = parse_lakelog(args)
+    fields = process_settings()[sub].model_fields
+    return {k for k, v in params.items() if v not in (None, [], ()) and k in fields}
 
 
 def services_of_target(config: dict[str, Any], target: str) -> dict[str, dict[str, Any]]:
@@ -216,7 +232,7 @@ def test_compose_config_accepts_the_file_and_resolves_the_topology(
     assert services["postgres"]["image"] == "postgres:15"
     # Values came from .env.example, not the in-file defaults.
     example = env_example()
-    db = services["coordinator-1"]["command"][3]
+    db = services["coordinator-1"]["environment"]["LAKELOG_DB"]
     assert example["POSTGRES_PASSWORD"] in db
     assert services["minio"]["environment"]["MINIO_ROOT_PASSWORD"] == example["MINIO_ROOT_PASSWORD"]
     # Every long-running service has a healthcheck (the one-shot jobs do not restart);
@@ -289,34 +305,36 @@ def test_compose_lakelog_commands_parse_with_the_real_cli(compose_config: dict[s
     services = compose_config["services"]
     lakelog = lakelog_services(compose_config)
     assert set(lakelog) == {"coordinator-1", "coordinator-2", "agent-1", "agent-2", "agent-3"}
-    coordinators: dict[str, dict[str, Any]] = {}
+    coordinators: dict[str, CoordinatorSettings] = {}
     agents: dict[str, Settings] = {}
     for name, svc in lakelog.items():
-        sub, params = parse_lakelog(svc["command"])
-        if sub == "coordinator":
-            coordinators[name] = params
+        assert flags_a_variable_covers(svc["command"]) == set(), name
+        settings = process_settings_of(svc["command"], svc.get("environment", {}))
+        if isinstance(settings, CoordinatorSettings):
+            coordinators[name] = settings
         else:
-            assert sub == "agent", name
-            agents[name] = agent_settings(params, svc.get("environment", {}))
+            assert isinstance(settings, Settings) and svc["command"] == ["agent"], name
+            agents[name] = settings
     assert set(coordinators) == {"coordinator-1", "coordinator-2"}
 
     stores = set()
     for name, params in coordinators.items():
-        assert params["host"] == "0.0.0.0", name
-        db = urlsplit(params["db"])
+        assert params.host == "0.0.0.0", name
+        assert params.background_janitors().enabled == {"tier", "retention", "compact", "gc"}
+        db = urlsplit(params.db)
         assert db.scheme == "postgresql"
         assert db.hostname in services and db.port == 5432
         assert services[str(db.hostname)]["image"].startswith("postgres:")
         assert db.path.lstrip("/") == services["postgres"]["environment"]["POSTGRES_DB"]
         assert db.username == services["postgres"]["environment"]["POSTGRES_USER"]
         assert db.password == services["postgres"]["environment"]["POSTGRES_PASSWORD"]
-        stores.add((params["store"], params["store_endpoint"]))
-        assert svc_healthcheck_port(services[name]) == params["port"]
+        stores.add((params.store, params.store_endpoint))
+        assert svc_healthcheck_port(services[name]) == params.port
 
     for name, settings in agents.items():
         urls = [urlsplit(u) for u in settings.coordinator_urls()]
         assert {(u.hostname, u.port) for u in urls} == {
-            (c, coordinators[c]["port"]) for c in coordinators
+            (c, coordinators[c].port) for c in coordinators
         }, name
         stores.add((settings.store, settings.store_endpoint))
         assert settings.agent_id == name
@@ -352,13 +370,13 @@ def test_compose_spark_job_parses_and_reads_the_clusters_bucket(
     assert args.topic == env_example()["SPARK_TOPIC"]
     assert args.sum in [field.split()[0] for field in args.schema.split(",")]
 
-    _, coordinator = parse_lakelog(services["coordinator-1"]["command"])
-    url = urlsplit(args.coordinator)
-    assert (url.scheme, url.hostname, url.port) == ("http", "coordinator-1", coordinator["port"])
-    assert (args.store, args.store_endpoint) == (
-        coordinator["store"],
-        coordinator["store_endpoint"],
+    coordinator = process_settings_of(
+        services["coordinator-1"]["command"], services["coordinator-1"]["environment"]
     )
+    assert isinstance(coordinator, CoordinatorSettings)
+    url = urlsplit(args.coordinator)
+    assert (url.scheme, url.hostname, url.port) == ("http", "coordinator-1", coordinator.port)
+    assert (args.store, args.store_endpoint) == (coordinator.store, coordinator.store_endpoint)
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
         assert svc["environment"][key] == services["agent-1"]["environment"][key], key
     assert svc["depends_on"].keys() == {"create-bucket", "coordinator-1"}
@@ -387,8 +405,7 @@ def test_every_lakelog_variable_in_the_deploy_files_is_a_setting(
     assert not unknown, f"not Settings fields: {unknown}"
     # And each value compose sets is valid for its field.
     for svc in lakelog_services(compose_config).values():
-        if svc["command"][0] == "agent":
-            agent_settings({}, svc["environment"])  # raises ValidationError if not
+        process_settings_of(svc["command"], svc["environment"])  # ValidationError if not
 
 
 # -- deploy/k8s -----------------------------------------------------------------------
@@ -482,24 +499,29 @@ def test_k8s_commands_parse_with_the_real_cli() -> None:
                 env.update(config)
         for e in c.get("env", []):
             src = e.get("valueFrom", {})
-            if "secretKeyRef" in src:
+            if "value" in e:
+                env[e["name"]] = e["value"]
+            elif "secretKeyRef" in src:
                 env[e["name"]] = secret[src["secretKeyRef"]["key"]]
             elif "configMapKeyRef" in src:
                 env[e["name"]] = config[src["configMapKeyRef"]["key"]]
             elif "fieldRef" in src:
                 env[e["name"]] = "lakelog-agent-5d9c7b6f8-abcde"
-        sub, params = parse_lakelog([_expand(a, env) for a in c["args"]])
+        args = [_expand(a, env) for a in c["args"]]
+        assert flags_a_variable_covers(args) == set(), args
+        settings = process_settings_of(args, env)
         port = c["ports"][0]["containerPort"]
-        if sub == "coordinator":
-            assert params["host"] == "0.0.0.0"
-            assert params["port"] == port
-            assert params["db"].startswith("postgresql://")
-            assert params["store"] == config["LAKELOG_STORE"]
+        if isinstance(settings, CoordinatorSettings):
+            assert settings.host == "0.0.0.0"
+            assert settings.port == port
+            assert settings.db.startswith("postgresql://")
+            assert settings.store == config["LAKELOG_STORE"]
+            assert settings.store_region == config["LAKELOG_STORE_REGION"]
+            assert settings.background_janitors().enabled == {"tier", "retention", "compact", "gc"}
             coord_service = services[dep["metadata"]["name"]]
             assert coord_service["spec"]["ports"][0]["port"] == port
         else:
-            assert sub == "agent"
-            settings = agent_settings(params, env)
+            assert isinstance(settings, Settings) and args == ["agent"]
             assert settings.port == port
             assert settings.agent_id.startswith("lakelog-agent-")
             (url,) = settings.coordinator_urls()
@@ -678,10 +700,15 @@ def _flags(command: list[str]) -> set[str]:
 #: Values that differ between compose and the test topology only because of addresses:
 #: service names vs 127.0.0.1 ports, MinIO vs moto (and its fake keys), PostgreSQL
 #: service vs a test schema, localhost:8082 vs the test LB.
-ADDRESS_PARAMS = {"host", "port", "db", "store", "store_endpoint", "coordinator"}
 ADDRESS_ENV = {
     "HEALTHCHECK_URL",
     "LAKELOG_ADVERTISED_URL",
+    "LAKELOG_HOST",
+    "LAKELOG_PORT",
+    "LAKELOG_DB",
+    "LAKELOG_STORE",
+    "LAKELOG_STORE_ENDPOINT",
+    "LAKELOG_COORDINATOR",
     "LAKELOG_KAFKA_PORT",  # free ports in the test topology, 9092 in containers
     "LAKELOG_KAFKA_ADVERTISED",
     "AWS_ACCESS_KEY_ID",
@@ -692,30 +719,28 @@ ADDRESS_ENV = {
 def test_test_topology_mirrors_the_compose_file(
     compose_config: dict[str, Any], topology: Topology
 ) -> None:
-    """Same services, subcommands, flags and environment in compose and the test topology.
+    """Same services, commands and environment in compose and the test topology.
 
-    Flags and values may differ only in addresses (and the topology adds --host and
-    --port to agents: one machine, one port each); every other value is equal.
+    Values may differ only in addresses (and the topology sets LAKELOG_HOST and
+    LAKELOG_PORT on agents: one machine, one port each); every other value is equal.
     """
     compose = lakelog_services(compose_config)
     mirror = topology.commands()
     assert set(mirror) == set(compose)
     for name, svc in compose.items():
         ours, theirs = svc["command"], mirror[name]["command"]
-        assert ours[0] == theirs[0], name
-        extra = {"--host", "--port"} if ours[0] == "agent" else set()
-        assert _flags(ours) | extra == _flags(theirs), name
-        _, ours_p = parse_lakelog(ours)
-        _, theirs_p = parse_lakelog(theirs)
-        for key in ours_p.keys() - ADDRESS_PARAMS:
-            assert ours_p[key] == theirs_p[key], (name, key)
-        if ours[0] == "agent":
-            assert len(ours_p["coordinator"].split(",")) == len(theirs_p["coordinator"].split(","))
-        assert ours_p["store"].split("/", 3)[3:] == theirs_p["store"].split("/", 3)[3:]
+        assert ours == theirs and _flags(ours) == set(), name
         env, their_env = svc["environment"], mirror[name]["environment"]
-        assert set(env) == set(their_env), name
+        extra = {"LAKELOG_HOST", "LAKELOG_PORT"} if ours[0] == "agent" else set()
+        assert set(env) | extra == set(their_env), name
         for key in set(env) - ADDRESS_ENV:
             assert str(env[key]) == their_env[key], (name, key)
+        if ours[0] == "agent":
+            count = len(env["LAKELOG_COORDINATOR"].split(","))
+            assert count == len(their_env["LAKELOG_COORDINATOR"].split(","))
+        assert (
+            env["LAKELOG_STORE"].split("/", 3)[3:] == their_env["LAKELOG_STORE"].split("/", 3)[3:]
+        )
 
 
 def test_nginx_conf_passes_nginx_t(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import time
@@ -254,3 +255,53 @@ def test_two_coordinators_never_run_one_janitor_at_once(moto_endpoint: str, tmp_
     assert [r.offset for r in got] == sorted({r.offset for r in got})
     setup.close()
     assert sys.executable  # the processes ran this interpreter (lakelog_cmd)
+
+
+def test_janitor_run_now_in_a_running_coordinator(
+    cluster_factory: ClusterFactory, tmp_path: Path
+) -> None:
+    """``lakelog janitor tier --coordinator URL`` (here through LAKELOG_COORDINATOR): the
+    coordinator runs it now under its lease, the CLI shows each step and prints the report;
+    a run while another holds the lease is refused, nothing run."""
+    cluster = cluster_factory(agents=1)
+    topic = f"now-{uuid.uuid4().hex[:8]}"
+    r = httpx.post(
+        f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics",
+        json={"topic_name": topic, "partitions_count": 2},
+    )
+    assert r.status_code == 201, r.text
+    for p in (0, 1):
+        body = {"records": [{"value": b64(b"x" * 100), "partition": p}] * 20}
+        r = request("POST", f"{cluster.agents[0]}/topics/{topic}", body, content_type=BINARY)
+        assert r.status_code == 200, r.text
+    env = {"LAKELOG_COORDINATOR": cluster.coordinator_url}
+    leases = LeaseStore(LocalCoordinator(f"sqlite:///{cluster.tmp / 'meta.db'}").db, ttl_s=60)
+
+    # Held elsewhere: refused with the coordinator's message.
+    lease = leases.acquire("tier", "another-process", scheduled=False)
+    assert lease is not None
+    proc = subprocess.run(
+        lakelog_cmd("janitor", "tier", "--tier-age-s", "0"),
+        capture_output=True, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert b"janitor tier is running in another process" in proc.stderr
+    leases.release(lease, 0)
+    assert [run.janitor for run in leases.runs()] == []
+
+    proc = subprocess.run(
+        lakelog_cmd("janitor", "tier", "--tier-age-s", "0", "--topic", topic),
+        capture_output=True, timeout=60, env={**os.environ, **env},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    report = orjson.loads(proc.stdout.splitlines()[-1])
+    assert report["janitor"] == "tier" and report["partitions"] == 2
+    assert report["rows_replaced"] >= 2 and report["objects_written"] >= 2
+    steps = [line for line in proc.stderr.decode().splitlines() if line.startswith("janitor tier:")]
+    assert steps and steps[-1].startswith("janitor tier: 2/2"), proc.stderr.decode()
+    (run,) = leases.runs()
+    assert (run.janitor, run.outcome) == ("tier", "ok")
+    assert run.holder.startswith("coordinator-") and "-now-" in run.holder  # the coordinator's
+    # What a reader sees is unchanged, now from Parquet.
+    got = _consume_all(cluster.agents, f"g-{uuid.uuid4().hex[:6]}", topic, 20)
+    assert len(got) == 20

@@ -389,8 +389,10 @@ def test_v3_single_record_with_everything(
         "value": {"type": "JSON", "data": {"foo": "bar"}},
         "timestamp": "2021-02-05T19:14:42Z",
     }
-    # The cluster id is not checked on produce (kafka-rest behaviour).
+    # Another cluster's id is a 404 on produce too (kafka-rest skips that check; issue 14).
     r = httpx.post(v3_url(cluster, topic, cluster_id="any-cluster"), json=record)
+    assert (r.status_code, r.json()["error_code"]) == (404, 404)
+    r = httpx.post(v3_url(cluster, topic), json=record)
     assert r.status_code == 200
     assert r.headers["content-type"] == "application/json"
     assert reports(r) == [

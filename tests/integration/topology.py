@@ -6,7 +6,7 @@ compose file's shape so a test can compare):
 
 - S3: the run's moto server behind a fault proxy (``tests/faultproxy.py``); the
   lakelog processes talk to the proxy, checkers read moto directly.
-- a metadata database (PostgreSQL in the fault tests; any ``--db`` URL works);
+- a metadata database (PostgreSQL in the fault tests; any ``LAKELOG_DB`` URL works);
 - ``coordinator-1`` and ``coordinator-2`` (the second started once the first is
   healthy, as compose orders them, so migrations do not race);
 - ``agent-1..3``, each given both coordinator URLs;
@@ -18,7 +18,7 @@ compose file's shape so a test can compare):
   already reached an agent.
 
 Differences from compose, all forced by sharing one machine: every process listens
-on 127.0.0.1 on its own free port (``--host``/``--port`` flags on agents and
+on 127.0.0.1 on its own free port (``LAKELOG_HOST``/``LAKELOG_PORT`` on agents and
 coordinators), the bucket is a moto bucket, the advertised URL is the LB's.
 
 Helpers for fault tests: ``ProduceLoad`` (threads producing records whose values are
@@ -244,15 +244,17 @@ def start_topology(
             coords.append(
                 Service(
                     name=f"coordinator-{i}",
-                    command=[
-                        "coordinator",
-                        "--host=127.0.0.1",
-                        f"--port={port}",
-                        f"--db={db_url}",
-                        f"--store={store_url}",
-                        f"--store-endpoint={s3_endpoint}",
-                    ],
-                    environment={**S3_ENV, "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health"},
+                    command=["coordinator"],
+                    environment={
+                        **S3_ENV,
+                        "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
+                        "LAKELOG_HOST": "127.0.0.1",
+                        "LAKELOG_PORT": str(port),
+                        "LAKELOG_DB": db_url,
+                        "LAKELOG_STORE": store_url,
+                        "LAKELOG_STORE_ENDPOINT": s3_endpoint,
+                        "LAKELOG_JANITORS": "all",
+                    },
                     url=f"http://127.0.0.1:{port}",
                     log=tmp / f"coordinator-{i}.log",
                 )
@@ -265,17 +267,15 @@ def start_topology(
             agent_list.append(
                 Service(
                     name=f"agent-{i}",
-                    command=[
-                        "agent",
-                        f"--coordinator={','.join(c.url for c in coords)}",
-                        f"--store={store_url}",
-                        f"--store-endpoint={s3_endpoint}",
-                        "--host=127.0.0.1",
-                        f"--port={port}",
-                    ],
+                    command=["agent"],
                     environment={
                         **S3_ENV,
                         "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
+                        "LAKELOG_COORDINATOR": ",".join(c.url for c in coords),
+                        "LAKELOG_STORE": store_url,
+                        "LAKELOG_STORE_ENDPOINT": s3_endpoint,
+                        "LAKELOG_HOST": "127.0.0.1",
+                        "LAKELOG_PORT": str(port),
                         "LAKELOG_ADVERTISED_URL": lb_url,
                         "LAKELOG_AUTO_CREATE_TOPICS": "false",
                         "LAKELOG_DEFAULT_PARTITIONS": "3",

@@ -150,6 +150,23 @@ def test_retention_ms_drops_exactly_the_expired_entries(h: Harness) -> None:
     assert h.coordinator.lookup("r", 0, 0)[0].base_offset == 30
 
 
+def test_retention_follows_the_cluster_wide_broker_config(h: Harness) -> None:
+    """log.retention.ms set cluster-wide applies to a topic without an override (source
+    DYNAMIC_DEFAULT_BROKER_CONFIG); a topic's own retention.ms still wins."""
+    h.coordinator.create_topic("inherits", 1)
+    h.coordinator.create_topic("keeps", 1, {"retention.ms": "-1"})
+    now_ms = int(h.clock() * 1000)
+    for topic in ("inherits", "keeps"):
+        h.produce(topic, 0, records(10, now_ms - 60_000))
+        h.produce(topic, 0, records(10, now_ms - 1_000))
+    run_retention(h.ctx())
+    assert h.coordinator.offsets("inherits", 0).log_start == 0  # Kafka's 7 days: all live
+    h.coordinator.alter_broker_configs({"log.retention.ms": "10000"})
+    run_retention(h.ctx())
+    assert h.coordinator.offsets("inherits", 0).log_start == 10
+    assert h.coordinator.offsets("keeps", 0).log_start == 0
+
+
 def test_retention_bytes_keeps_at_least_the_limit(h: Harness) -> None:
     """retention.bytes: the oldest entries go while what stays is >= the limit (Kafka's rule)."""
     h.coordinator.create_topic("b", 1, {"retention.bytes": "0", "retention.ms": "-1"})

@@ -5,13 +5,19 @@ from __future__ import annotations
 import pytest
 
 from coordinator.topic_configs import (
+    BROKER_CONFIG_DEFS,
+    BROKER_SYNONYMS,
     CONFIG_DEFS,
+    SOURCE_BROKER_DEFAULT,
     SOURCE_DEFAULT,
     SOURCE_OVERRIDE,
     ConfigType,
+    describe_broker_configs,
     describe_configs,
     effective_configs,
     is_default,
+    topic_defaults,
+    validate_broker_configs,
     validate_config,
     validate_configs,
     validate_topic_name,
@@ -199,3 +205,65 @@ def test_describe_configs_tells_default_from_override() -> None:
         describe_configs({}, ["nope"])
     assert is_default({}, "retention.ms")
     assert not is_default({"retention.ms": "1"}, "retention.ms")
+
+
+def test_every_topic_config_has_a_broker_synonym_of_the_same_kind() -> None:
+    """Kafka's ServerTopicConfigSynonyms: one broker config per topic config, same type,
+    same default and range (so a cluster-wide value is checked as a topic value is)."""
+    assert set(BROKER_SYNONYMS) == set(CONFIG_DEFS)
+    assert len(set(BROKER_SYNONYMS.values())) == len(CONFIG_DEFS)
+    for topic, broker in BROKER_SYNONYMS.items():
+        d, b = CONFIG_DEFS[topic], BROKER_CONFIG_DEFS[broker]
+        assert (b.type, b.default, b.minimum, b.choices) == (
+            d.type,
+            d.default,
+            d.minimum,
+            d.choices,
+        )
+    assert BROKER_SYNONYMS["retention.ms"] == "log.retention.ms"
+    assert BROKER_SYNONYMS["max.message.bytes"] == "message.max.bytes"
+
+
+def test_topics_inherit_cluster_wide_broker_configs() -> None:
+    """Override, else the cluster-wide value, else Kafka's default; synonyms list every
+    layer with a value, the one in force first."""
+    defaults = topic_defaults({"log.retention.ms": "1000", "log.cleanup.policy": "compact"})
+    assert defaults == {"retention.ms": "1000", "cleanup.policy": "compact"}
+    effective = effective_configs({"cleanup.policy": "delete"}, defaults)
+    assert effective["retention.ms"] == "1000"
+    assert effective["cleanup.policy"] == "delete"
+    assert effective["segment.ms"] == CONFIG_DEFS["segment.ms"].default
+    inherited, overridden, plain = describe_configs(
+        {"cleanup.policy": "delete"}, ["retention.ms", "cleanup.policy", "segment.ms"], defaults
+    )
+    assert (inherited.value, inherited.source, inherited.is_default) == (
+        "1000",
+        SOURCE_BROKER_DEFAULT,
+        False,
+    )
+    assert [(s.name, s.value, s.source) for s in inherited.synonyms] == [
+        ("log.retention.ms", "1000", SOURCE_BROKER_DEFAULT),
+        ("retention.ms", "604800000", SOURCE_DEFAULT),
+    ]
+    assert [(s.name, s.value, s.source) for s in overridden.synonyms] == [
+        ("cleanup.policy", "delete", SOURCE_OVERRIDE),
+        ("log.cleanup.policy", "compact", SOURCE_BROKER_DEFAULT),
+        ("cleanup.policy", "delete", SOURCE_DEFAULT),
+    ]
+    assert (plain.source, plain.is_default) == (SOURCE_DEFAULT, True)
+
+
+def test_broker_configs_are_checked_like_topic_configs() -> None:
+    assert validate_broker_configs({"log.retention.ms": " 5 "}) == {"log.retention.ms": "5"}
+    with pytest.raises(InvalidConfigError, match=r"Unknown broker config name: retention\.ms"):
+        validate_broker_configs({"retention.ms": "5"})
+    with pytest.raises(InvalidConfigError, match=r"Invalid value x for configuration message\.max"):
+        validate_broker_configs({"message.max.bytes": "x"})
+    with pytest.raises(InvalidConfigError, match=r"min\.compaction\.lag\.ms"):
+        validate_broker_configs(
+            {"log.cleaner.min.compaction.lag.ms": "10", "log.cleaner.max.compaction.lag.ms": "5"}
+        )
+    (entry,) = describe_broker_configs({"message.max.bytes": "2000"}, ["message.max.bytes"])
+    assert (entry.value, entry.source, entry.is_default) == ("2000", SOURCE_BROKER_DEFAULT, False)
+    assert [s.source for s in entry.synonyms] == [SOURCE_BROKER_DEFAULT, SOURCE_DEFAULT]
+    assert len(describe_broker_configs({})) == len(BROKER_CONFIG_DEFS)

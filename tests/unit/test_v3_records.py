@@ -107,10 +107,10 @@ def test_an_unexpected_exception_fails_only_its_record(
     """
     real = records.parse_record
 
-    def poisoned(text: Any, *args: Any) -> Any:
+    def poisoned(text: Any, *args: Any, **kwargs: Any) -> Any:
         if "poison" in str(text):
             raise RuntimeError("a bug")
-        return real(text, *args)
+        return real(text, *args, **kwargs)
 
     monkeypatch.setattr(records, "parse_record", poisoned)
     settings = Settings(db=f"sqlite:///{tmp_path}/meta.db", store=f"file://{tmp_path}/data")

@@ -1,0 +1,198 @@
+"""One way to configure every process: each setting by variable and by file, the order of
+sources, and the README's table generated from the settings classes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from coordinator.settings import (
+    PROCESS_NAMES,
+    ConfigFileError,
+    CoordinatorSettings,
+    LakelogSettings,
+    load,
+    process_settings,
+)
+from service.cli import app
+from service.settings import Settings, settings_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Valid non-default values for settings whose type alone does not give one: (the value
+#: as a variable holds it, as TOML writes it, as the field holds it).
+SAMPLES: dict[str, tuple[str, str, Any]] = {
+    "host": ("10.1.2.3", '"10.1.2.3"', "10.1.2.3"),
+    "store": ("s3://bucket/prefix", '"s3://bucket/prefix"', "s3://bucket/prefix"),
+    "store_endpoint": ("http://minio:9000", '"http://minio:9000"', "http://minio:9000"),
+    "store_region": ("eu-west-1", '"eu-west-1"', "eu-west-1"),
+    "db": ("postgresql://u@pg/lakelog", '"postgresql://u@pg/lakelog"', "postgresql://u@pg/lakelog"),
+    "cluster_id": ("EV-5o5e3SViiGP0hpgKn1g", '"EV-5o5e3SViiGP0hpgKn1g"', "EV-5o5e3SViiGP0hpgKn1g"),
+    "advertised_url": ("https://lb.example", '"https://lb.example"', "https://lb.example"),
+    "forwarded_allow_ips": ("10.0.0.0/8", '"10.0.0.0/8"', "10.0.0.0/8"),
+    "agent_id": ("agent-7", '"agent-7"', "agent-7"),
+    "coordinator": ("http://c1:8083,http://c2:8083", '"http://c1:8083,http://c2:8083"',
+                    "http://c1:8083,http://c2:8083"),
+    "compression": ("zstd", '"zstd"', "zstd"),
+    "log_level": ("error", '"error"', "error"),
+    "janitors": ("tier,gc", '"tier,gc"', "tier,gc"),
+    "janitor_interval": ("tier=7,gc=9", "{ tier = 7, gc = 9 }", {"tier": 7.0, "gc": 9.0}),
+    "kafka_advertised": ("kafka.example:9093", '"kafka.example:9093"', "kafka.example:9093"),
+    # heartbeats must renew fetch leases: at most half of consumer_fetch_lease_ms
+    "consumer_heartbeat_interval_ms": ("2000", "2000", 2000),
+}  # fmt: skip
+
+
+def sample(cls: type[LakelogSettings], name: str) -> tuple[str, str, Any]:
+    """A valid value other than the default: from SAMPLES, else derived from its type."""
+    if name in SAMPLES:
+        return SAMPLES[name]
+    default = cls.model_fields[name].default
+    if isinstance(default, bool):
+        return (str(not default).lower(), str(not default).lower(), not default)
+    if isinstance(default, int):
+        return (str(default * 2 + 1), str(default * 2 + 1), default * 2 + 1)
+    if isinstance(default, float):
+        return (str(default + 1.5), str(default + 1.5), default + 1.5)
+    raise AssertionError(f"no sample value for {cls.__name__}.{name}: add one to SAMPLES")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No LAKELOG_* variable of the machine leaks in; relative paths land in tmp."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("LAKELOG_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
+
+
+def every_setting() -> list[tuple[str, str]]:
+    return [(p, name) for p, cls in process_settings().items() for name in cls.model_fields]
+
+
+def test_every_process_has_settings() -> None:
+    assert set(process_settings()) == set(PROCESS_NAMES)
+
+
+@pytest.mark.parametrize(("process", "name"), every_setting())
+def test_every_setting_is_settable_by_variable_and_by_file(
+    process: str, name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cls = process_settings()[process]
+    env_text, toml_text, value = sample(cls, name)
+    assert getattr(load(cls, process), name) != value  # the sample is not the default
+
+    monkeypatch.setenv(f"LAKELOG_{name.upper()}", env_text)
+    assert getattr(load(cls, process), name) == value
+    monkeypatch.delenv(f"LAKELOG_{name.upper()}")
+
+    top = tmp_path / "top.toml"
+    top.write_text(f"{name} = {toml_text}\n")
+    assert getattr(load(cls, process, top), name) == value
+    table = tmp_path / "table.toml"
+    table.write_text(f"[{process}]\n{name} = {toml_text}\n")
+    assert getattr(load(cls, process, table), name) == value
+    monkeypatch.setenv("LAKELOG_CONFIG", str(table))  # the variable names the file too
+    assert getattr(load(cls, process), name) == value
+
+
+def test_order_flags_variables_process_table_top_level_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = tmp_path / "lakelog.toml"
+    config.write_text(
+        'store = "s3://top/x"\nlinger_ms = 7\nport = 9000\n\n'
+        "[coordinator]\nport = 9100\n\n[agent]\nlinger_ms = 8\n"
+    )
+    agent = load(Settings, "agent", config)
+    assert (agent.store, agent.linger_ms, agent.port) == ("s3://top/x", 8, 9000)
+    coordinator = load(CoordinatorSettings, "coordinator", config)
+    assert (coordinator.store, coordinator.port) == ("s3://top/x", 9100)
+    serve = load(Settings, "serve", config)
+    assert (serve.linger_ms, serve.flush_bytes) == (7, 4 << 20)  # [agent] is not serve's
+    monkeypatch.setenv("LAKELOG_PORT", "9200")
+    assert load(CoordinatorSettings, "coordinator", config).port == 9200
+    assert load(CoordinatorSettings, "coordinator", config, port=9300, host=None).port == 9300
+
+
+def test_config_file_errors_name_the_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('lingr_ms = 5\n[agent]\nport = 1\nsotre = "x"\n')
+    with pytest.raises(ConfigFileError, match=r"unknown settings lingr_ms, agent\.sotre"):
+        load(Settings, "agent", bad)
+    bad.write_text("port = \n")
+    with pytest.raises(ConfigFileError, match="not TOML"):
+        load(Settings, "agent", bad)
+    with pytest.raises(ConfigFileError, match="cannot read"):
+        load(Settings, "agent", tmp_path / "missing.toml")
+    bad.write_text("port = 70000\n")
+    with pytest.raises(ValidationError, match="port"):
+        load(CoordinatorSettings, "coordinator", bad)
+
+
+def test_the_cli_exits_2_on_bad_settings(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('gc_grace_s = -1\n[coordinator]\njanitors = "tier,sweep"\n')
+    for args, name in (
+        (["coordinator", "--config", str(bad)], "janitors"),
+        (["janitor", "gc", "--config", str(bad)], "gc_grace_s"),
+    ):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "invalid settings: " in result.output and f"{name}: " in result.output
+    bad.write_text("colour = 1\n")
+    result = CliRunner().invoke(app, ["serve", "--config", str(bad)])
+    assert result.exit_code == 2 and "unknown settings colour" in result.output
+
+
+def test_every_server_flag_is_a_setting() -> None:
+    """Flags map to settings of the same name (so each is settable the same three ways)."""
+    group: Any = typer.main.get_command(app)
+    commands = {
+        "serve": ("serve", Settings),
+        "agent": ("agent", Settings),
+        "coordinator": ("coordinator", CoordinatorSettings),
+    }
+    for command_name, (_, cls) in commands.items():
+        command = group.get_command(group.context_class(group), command_name)
+        names = {p.name for p in command.params} - {"config"}
+        assert names <= set(cls.model_fields), (command_name, names - set(cls.model_fields))
+    janitor = group.get_command(group.context_class(group), "janitor")
+    tier = janitor.get_command(janitor.context_class(janitor), "tier")
+    names = {p.name for p in tier.params} - {"config", "topic"}
+    assert names <= set(process_settings()["janitor"].model_fields)
+
+
+def test_readme_table_is_the_generated_one() -> None:
+    """The README's settings table is exactly ``lakelog settings``' output."""
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(
+        r"<!-- settings-table: start -->\n(.*?)<!-- settings-table: end -->", readme, re.S
+    )
+    assert found, "README.md lacks the settings table markers"
+    assert found.group(1) == settings_table(), (
+        "README.md's settings table is stale: regenerate it with `lakelog settings`"
+    )
+    result = CliRunner().invoke(app, ["settings"])
+    assert result.exit_code == 0 and result.output == settings_table()
+
+
+def test_the_readme_example_config_file_works(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    config = tmp_path / "lakelog.toml"
+    config.write_text(example)
+    coordinator = load(CoordinatorSettings, "coordinator", config)
+    assert coordinator.db.startswith("postgresql://") and coordinator.store == "s3://lakelog/data"
+    assert coordinator.background_janitors().interval_s("tier") == 30
+    agent = load(Settings, "agent", config)
+    assert (agent.coordinator_urls(), agent.linger_ms) == (["http://127.0.0.1:8083"], 20)
+    assert agent.store_endpoint == "http://127.0.0.1:9000"
