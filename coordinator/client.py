@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from coordinator.producers import ProducerBatch, ProducerPartitionState
+from coordinator.producers import ProducerBatch, ProducerPartitionState, RequestKey, StoredKey
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 
@@ -30,6 +30,9 @@ class ChunkCommit:
     #: Idempotent producers' batches in this chunk, in chunk order: their sequences
     #: are checked inside the commit (``coordinator.producers``).
     producer_batches: tuple[ProducerBatch, ...] = ()
+    #: REST idempotency keys of requests with records in this chunk: stored by the
+    #: commit with their offsets, refused at commit if already stored (live).
+    request_keys: tuple[RequestKey, ...] = ()
 
 
 class Coordinator(Protocol):
@@ -150,6 +153,11 @@ class Coordinator(Protocol):
         self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
     ) -> dict[tuple[bytes, int], ProducerPartitionState]:
         """What the partitions (topic id, partition) remember of a producer."""
+        ...
+
+    def request_key(self, topic_id: bytes, key: str, now_ms: int) -> StoredKey | None:
+        """A REST idempotency key of a topic as its commit stored it; None when it was
+        never stored or expired before ``now_ms``."""
         ...
 
     # -- agents (the cluster's "brokers") -------------------------------------

@@ -410,6 +410,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        10,
+        "REST idempotency keys: each key's request digest and offsets, until it expires",
+        (
+            # Written by the commit that stores the request's records (coordinator.producers).
+            # parts: JSON [[partition, first offset, record count], ...].
+            """CREATE TABLE idempotency_keys (
+                topic_id {blob} NOT NULL,
+                request_key TEXT NOT NULL,
+                digest TEXT NOT NULL,
+                created_ms {bigint} NOT NULL,
+                expires_ms {bigint} NOT NULL,
+                parts TEXT NOT NULL,
+                PRIMARY KEY (topic_id, request_key)
+            ){clustered}""",
+            "CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys (expires_ms)",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -41,7 +41,7 @@ from coordinator.groups import (
     GroupInfo,
 )
 from coordinator.kafka_groups import JoinResult, KafkaGroup, KafkaGroupCoordinator, Member
-from coordinator.producers import ProducerBatch, ProducerPartitionState
+from coordinator.producers import ProducerBatch, ProducerPartitionState, RequestKey, StoredKey
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectInfo
@@ -97,6 +97,12 @@ def chunk_commit_to_json(c: ChunkCommit) -> JSON:
             [b.producer_id, b.epoch, b.base_sequence, b.record_count, b.relative_offset]
             for b in c.producer_batches
         ]
+    if c.request_keys:
+        # [key, digest, relative offset, record count, created ms, expires ms]
+        out["request_keys"] = [
+            [k.key, k.digest, k.relative_offset, k.record_count, k.created_ms, k.expires_ms]
+            for k in c.request_keys
+        ]
     return out
 
 
@@ -113,7 +119,15 @@ def chunk_commit_from_json(d: JSON) -> ChunkCommit:
         producer_batches=tuple(
             ProducerBatch(*(_int(v) for v in b)) for b in d.get("producer_batches") or ()
         ),
+        request_keys=tuple(_request_key(k) for k in d.get("request_keys") or ()),
     )
+
+
+def _request_key(k: list[object]) -> RequestKey:
+    key, digest, relative, count, created, expires = k
+    if type(key) is not str or type(digest) is not str:
+        raise TypeError(f"expected a key and a digest, got {k!r}")
+    return RequestKey(key, digest, _int(relative), _int(count), _int(created), _int(expires))
 
 
 def _int(v: object) -> int:
@@ -764,6 +778,16 @@ class HttpCoordinator:
             )
             for d in data["states"]
         }
+
+    def request_key(self, topic_id: bytes, key: str, now_ms: int) -> StoredKey | None:
+        body = {"topic_id": topic_id.hex(), "key": key, "now_ms": now_ms}
+        data = self._request("POST", "/v1/request-keys/get", body=body, idempotent=True)
+        found = data.get("found")
+        if found is None:
+            return None
+        return StoredKey(
+            found["digest"], int(found["created_ms"]), tuple(tuple(p) for p in found["parts"])
+        )
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         # Moving log-start to the same offset twice ends in the same state.

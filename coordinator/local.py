@@ -30,7 +30,7 @@ from coordinator.kafka_groups import (
     kafka_group_info,
 )
 from coordinator.metadata import MetadataStore
-from coordinator.producers import ProducerPartitionState
+from coordinator.producers import ProducerPartitionState, StoredKey
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from coordinator.schemas_store import SchemaRegistryStore
 from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
@@ -207,6 +207,9 @@ class LocalCoordinator:
         self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
     ) -> dict[tuple[bytes, int], ProducerPartitionState]:
         return self._store.producer_state(producer_id, partitions)
+
+    def request_key(self, topic_id: bytes, key: str, now_ms: int) -> StoredKey | None:
+        return self._store.request_key(topic_id, key, now_ms)
 
     # -- agents ---------------------------------------------------------------
     def heartbeat_agent(

@@ -23,7 +23,14 @@ from typing import Any, Protocol, cast
 
 from coordinator.client import ChunkCommit
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
-from coordinator.producers import ProducerPartitionState, Verdict, judge, remember
+from coordinator.producers import (
+    ProducerPartitionState,
+    RequestKey,
+    StoredKey,
+    Verdict,
+    judge,
+    remember,
+)
 from coordinator.topic_configs import (
     ConfigDef,
     broker_config_def,
@@ -195,6 +202,21 @@ _UPSERT_PRODUCER_STATE = (
 _PRODUCER_EPOCH = "SELECT epoch FROM producers WHERE producer_id = ?"
 _BUMP_EPOCH = "UPDATE producers SET epoch = ? WHERE producer_id = ?"
 _NEW_PRODUCER = "INSERT INTO producers (epoch, created_at) VALUES (0, ?) RETURNING producer_id"
+_REQUEST_KEY = (
+    "SELECT digest, created_ms, parts FROM idempotency_keys "
+    "WHERE topic_id = ? AND request_key = ? AND expires_ms >= ?"
+)
+# A key is taken unless it is stored and still live: an expired row is overwritten.
+_STORE_REQUEST_KEY = (
+    "INSERT INTO idempotency_keys "
+    "(topic_id, request_key, digest, created_ms, expires_ms, parts) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (topic_id, request_key) DO UPDATE SET digest = excluded.digest, "
+    "created_ms = excluded.created_ms, expires_ms = excluded.expires_ms, parts = excluded.parts "
+    "WHERE idempotency_keys.expires_ms < excluded.created_ms RETURNING request_key"
+)
+_PURGE_REQUEST_KEYS = "DELETE FROM idempotency_keys WHERE expires_ms < ?"
+#: Seconds between purges of expired idempotency keys (after a keyed commit).
+REQUEST_KEY_PURGE_S = 60.0
 #: Producer epochs are Kafka int16s.
 _MAX_EPOCH = 32767
 
@@ -320,6 +342,7 @@ class MetadataStore:
         self._db = db
         self._q = db.dialect.sql
         self._cluster_id = self._init_cluster_id(cluster_id)
+        self._next_key_purge = 0.0
 
     def _init_cluster_id(self, wanted: str | None) -> str:
         if wanted is not None and (not isinstance(wanted, str) or not wanted.strip()):
@@ -549,7 +572,7 @@ class MetadataStore:
             CommitConflictError: the key is committed with other chunks.
         """
         check_chunks(object_key, chunks)
-        idempotent = any(c.producer_batches for c in chunks)
+        idempotent = any(c.producer_batches or c.request_keys for c in chunks)
         if self._db.dialect.name == POSTGRESQL.name and not idempotent:
             return self._commit_one_statement(object_key, chunks, size)
         q = self._q
@@ -574,6 +597,7 @@ class MetadataStore:
                 bases[i] = hw[0] - c.record_count
             if idempotent:  # the partition rows are locked: their producer state too
                 self._check_producers(conn, chunks, order, bases)
+                self._store_request_keys(conn, chunks, bases)
             conn.executemany(
                 q(_INSERT_ENTRY),
                 [
@@ -591,7 +615,52 @@ class MetadataStore:
                     for c, base in zip(chunks, bases, strict=True)
                 ],
             )
+        if any(c.request_keys for c in chunks):
+            self._purge_request_keys()
         return bases
+
+    def _store_request_keys(
+        self, conn: Any, chunks: Sequence[ChunkCommit], bases: list[int]
+    ) -> None:
+        """Store each REST idempotency key with the offsets its records got here.
+
+        Raises:
+            ProducerConflictError: a key is stored (and live) already: another agent
+                committed the same request meanwhile (or another request under the
+                key); the whole commit rolls back and the agent's retry answers it.
+        """
+        keys: dict[tuple[bytes, str], tuple[RequestKey, list[tuple[int, int, int]]]] = {}
+        for c, base in zip(chunks, bases, strict=True):
+            for k in c.request_keys:
+                part = (c.partition, base + k.relative_offset, k.record_count)
+                keys.setdefault((c.topic_id, k.key), (k, []))[1].append(part)
+        for (topic_id, name), (k, parts) in sorted(keys.items()):
+            stored = StoredKey(k.digest, k.created_ms, tuple(sorted(parts)))
+            row = conn.execute(
+                self._q(_STORE_REQUEST_KEY),
+                (topic_id, name, k.digest, k.created_ms, k.expires_ms, stored.to_json()),
+            ).fetchone()
+            if row is None:
+                raise ProducerConflictError(
+                    f"Idempotency key {name!r} of topic id {format_topic_id(topic_id)} was "
+                    "stored by another commit meanwhile; nothing was stored, retry."
+                )
+
+    def _purge_request_keys(self) -> None:
+        """Delete expired idempotency keys, at most every REQUEST_KEY_PURGE_S seconds
+        (in its own transaction: never holding a commit's locks longer)."""
+        now = time.time()
+        if now < self._next_key_purge:
+            return
+        self._next_key_purge = now + REQUEST_KEY_PURGE_S
+        with self._db.write(exclusive=False) as conn:
+            conn.execute(self._q(_PURGE_REQUEST_KEYS), (int(now * 1000),))
+
+    def request_key(self, topic_id: bytes, key: str, now_ms: int) -> StoredKey | None:
+        """A live REST idempotency key of a topic (see ``Coordinator.request_key``)."""
+        with self._db.read() as conn:
+            row = conn.execute(self._q(_REQUEST_KEY), (bytes(topic_id), key, now_ms)).fetchone()
+        return None if row is None else StoredKey.from_row(*row)
 
     def _check_producers(
         self, conn: Any, chunks: Sequence[ChunkCommit], order: list[int], bases: list[int]

@@ -64,6 +64,7 @@ class Verdict(StrEnum):
     DUPLICATE = "duplicate"
     OUT_OF_ORDER = "out_of_order"
     FENCED = "fenced"
+    MISMATCH = "mismatch"  # an idempotency key reused for another request
 
 
 def judge(state: ProducerPartitionState | None, batch: ProducerBatch) -> tuple[Verdict, int | None]:
@@ -96,3 +97,51 @@ def remember(
     state.batches.append((batch.base_sequence, batch.last_sequence, base_offset))
     del state.batches[:-REMEMBERED_BATCHES]
     return state
+
+
+# -- REST idempotency keys --------------------------------------------------------------
+#
+# The same rule for REST clients that send an ``Idempotency-Key`` header instead of a
+# producer id and sequences: the key, a digest of the request and the offsets its records
+# got are stored by the commit that stores the records (the same transaction as the
+# producer state above), and judged the same way: a key already stored with the same
+# digest is a duplicate (answered with its first offsets), with another digest a
+# mismatch; a key that is not stored (or has expired) is appended.
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKey:
+    """The part of one keyed REST request that sits in one chunk (one partition)."""
+
+    key: str
+    digest: str  # of the request (method, path, content type, body)
+    relative_offset: int  # records of the chunk before this request's
+    record_count: int
+    created_ms: int  # when the agent took the request (its records' default timestamp)
+    expires_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredKey:
+    """A key as the coordinator stored it: the request's digest and its records' offsets."""
+
+    digest: str
+    created_ms: int
+    #: (partition, first offset, record count) per partition of the request.
+    parts: tuple[tuple[int, int, int], ...]
+
+    def to_json(self) -> str:
+        return json.dumps([list(p) for p in self.parts])
+
+    @classmethod
+    def from_row(cls, digest: str, created_ms: int, parts: str) -> StoredKey:
+        found = json.loads(parts)
+        return cls(digest, int(created_ms), tuple((int(p), int(o), int(n)) for p, o, n in found))
+
+
+def judge_key(stored: StoredKey | None, digest: str) -> Verdict:
+    """APPEND a key not stored, DUPLICATE one stored with the same digest, else
+    MISMATCH (the key was used for another request)."""
+    if stored is None:
+        return Verdict.APPEND
+    return Verdict.DUPLICATE if stored.digest == digest else Verdict.MISMATCH

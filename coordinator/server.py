@@ -591,6 +591,27 @@ def create_app(
             }
         )
 
+    @app.post("/v1/request-keys/get")
+    def request_key(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("request key"):
+            topic_id = bytes.fromhex(_str(body, "topic_id"))
+            key = _str(body, "key")
+            now_ms = _opt_int(body, "now_ms")
+            if now_ms is None:
+                raise KeyError("now_ms")
+        found = coordinator.request_key(topic_id, key, now_ms)
+        if found is None:
+            return _json({"found": None})
+        return _json(
+            {
+                "found": {
+                    "digest": found.digest,
+                    "created_ms": found.created_ms,
+                    "parts": [list(p) for p in found.parts],
+                }
+            }
+        )
+
     @app.post("/v1/objects/committed")
     def committed_object_keys(body: KeysBody) -> Response:
         return _json({"committed": sorted(coordinator.committed_object_keys(body.keys))})

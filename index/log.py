@@ -18,7 +18,7 @@ from typing import TypeVar
 from ulid import ULID
 
 from coordinator.client import ChunkCommit, Coordinator
-from coordinator.producers import ProducerBatch
+from coordinator.producers import ProducerBatch, RequestKey
 from segments.errors import (
     CorruptSegmentError,
     LakelogError,
@@ -88,6 +88,8 @@ class UploadedSegment:
     data: bytes = b""
     #: Idempotent producers' batches per chunk (SegmentBuilder.producer_batches).
     producer_batches: dict[tuple[bytes, int], list[ProducerBatch]] = field(default_factory=dict)
+    #: REST idempotency keys per chunk, stored by the commit (set by the batcher).
+    request_keys: dict[tuple[bytes, int], list[RequestKey]] = field(default_factory=dict)
 
 
 #: Called after every committed write with the result and the object's bytes.
@@ -154,6 +156,7 @@ class LogWriter:
                 producer_batches=tuple(
                     uploaded.producer_batches.get((c.topic_id, c.partition), ())
                 ),
+                request_keys=tuple(uploaded.request_keys.get((c.topic_id, c.partition), ())),
             )
             for c in uploaded.chunks
         ]

@@ -66,6 +66,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         ├── CorruptRecordError        a producer's RecordBatch fails its checks (CRC, ...)
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
         ├── InvalidBatchError         records:batch: empty, too many entries, ids not distinct
+        ├── IdempotencyKeyMismatchError  an Idempotency-Key reused for another request
         ├── UnsupportedFormatError    a key/value that names no format (v3 without type)
         ├── KeySchemaMissingError     schema-format keys and no key_schema(_id)
         ├── ValueSchemaMissingError   schema-format values and no value_schema(_id)
@@ -293,6 +294,11 @@ class InvalidBatchError(RequestError):
     than the limit, ids that are not distinct 1-80 character strings."""
 
 
+class IdempotencyKeyMismatchError(RequestError):
+    """An ``Idempotency-Key`` the coordinator holds for a request with another body
+    (or path or content type); nothing of this request was stored."""
+
+
 class UnsupportedFormatError(RequestError):
     """A key or value that names no embedded format lakelog can encode."""
 
@@ -427,6 +433,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         CorruptRecordError,
         UnprocessableRequestError,
         InvalidBatchError,
+        IdempotencyKeyMismatchError,
         UnsupportedFormatError,
         KeySchemaMissingError,
         ValueSchemaMissingError,

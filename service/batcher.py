@@ -35,9 +35,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from coordinator.producers import RequestKey
 from index.log import LogWriter, WriteResult
 from segments.errors import (
     BufferFullError,
@@ -84,6 +85,8 @@ class _Buffer:
     records: int = 0
     counts: dict[tuple[bytes, int], int] = field(default_factory=dict)
     waiters: list[asyncio.Future[BaseOffsets]] = field(default_factory=list)
+    #: REST idempotency keys of the requests buffered here, per chunk.
+    request_keys: dict[tuple[bytes, int], list[RequestKey]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +186,17 @@ class Batcher:
         return self._used()
 
     # -- appending ------------------------------------------------------------
-    async def append(self, topic_id: bytes, records: Sequence[tuple[int, Record]]) -> list[int]:
+    async def append(
+        self,
+        topic_id: bytes,
+        records: Sequence[tuple[int, Record]],
+        request_key: RequestKey | None = None,
+    ) -> list[int]:
         """Buffer ``(partition, record)`` pairs of one topic; wait for their flush.
 
         Records of one partition keep their order; the whole call lands in one flush.
+        ``request_key`` (its offset and count ignored): a REST idempotency key the
+        commit stores with the offsets of these records, or refuses if already stored.
 
         Returns:
             The offset of each record, in the order given.
@@ -231,6 +241,11 @@ class Batcher:
             ) from exc
         for partition, group in groups.items():
             buf.counts[(topic_id, partition)] = starts[partition] + len(group)
+            if request_key is not None:
+                part = replace(
+                    request_key, relative_offset=starts[partition], record_count=len(group)
+                )
+                buf.request_keys.setdefault((topic_id, partition), []).append(part)
         buf.records += len(records)
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
@@ -435,7 +450,7 @@ class Batcher:
         self.metrics.buffer_bytes.set(self._used())
         started = time.perf_counter()
         try:
-            result = await self._offload(self._write, buf.builder)
+            result = await self._offload(self._write, buf.builder, buf.request_keys)
         except BaseException as exc:
             error = _as_flush_error(exc)
             if isinstance(exc, Exception) and not isinstance(exc, LakelogError):
@@ -466,10 +481,14 @@ class Batcher:
             self.metrics.buffer_bytes.set(self._used())
             self._admit()
 
-    def _write(self, builder: SegmentBuilder) -> WriteResult:
+    def _write(
+        self,
+        builder: SegmentBuilder,
+        request_keys: dict[tuple[bytes, int], list[RequestKey]],
+    ) -> WriteResult:
         """Build + PUT, then commit (the two steps of LogWriter.write), timing each."""
         started = time.perf_counter()
-        uploaded = self.writer.upload(builder)
+        uploaded = replace(self.writer.upload(builder), request_keys=request_keys)
         put_done = time.perf_counter()
         self.metrics.put_seconds.observe(put_done - started)
         result = self.writer.commit(uploaded)

@@ -68,6 +68,8 @@ class ErrorCode(IntEnum):
     PAYLOAD_ERROR = 42206
     SERIALIZATION_ERROR = 42207
     BATCH_ERROR = 42208
+    #: lakelog's own: an Idempotency-Key reused with another request (issue 16).
+    IDEMPOTENCY_KEY_MISMATCH = 42209
     ZOOKEEPER_ERROR = 50001
     KAFKA_ERROR = 50002
     KAFKA_RETRIABLE_ERROR = 50003
@@ -169,6 +171,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.CorruptRecordError: ErrorSpec(ErrorCode.BAD_REQUEST),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.InvalidBatchError: ErrorSpec(ErrorCode.BATCH_ERROR),
+    e.IdempotencyKeyMismatchError: ErrorSpec(ErrorCode.IDEMPOTENCY_KEY_MISMATCH),
     e.UnsupportedFormatError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),
     e.KeySchemaMissingError: ErrorSpec(ErrorCode.KEY_SCHEMA_MISSING),
     e.ValueSchemaMissingError: ErrorSpec(ErrorCode.VALUE_SCHEMA_MISSING),

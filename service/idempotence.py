@@ -8,8 +8,11 @@ agent has buffered but not committed yet (pipelined requests of one producer). A
 the coordinator already stored is answered with its first offsets; an older epoch is
 fenced; a gap is out of order; a retry of a batch still in flight here must wait.
 
-Any door can use it (Kafka Produce now, REST idempotent produce later): it speaks
-``ProducerBatch`` and (topic id, partition), not a protocol.
+Any door can use it: it speaks ``ProducerBatch`` and (topic id, partition), not a
+protocol. REST requests with an ``Idempotency-Key`` go through the same gate
+(:meth:`ProducerGate.admit_key`): a key stored by a commit is a duplicate (answered with
+the stored offsets), stored for another request a mismatch, held by a request this agent
+is still writing in flight; the commit judges it again (``coordinator.producers``).
 """
 
 from __future__ import annotations
@@ -22,14 +25,18 @@ from coordinator.client import Coordinator
 from coordinator.producers import (
     ProducerBatch,
     ProducerPartitionState,
+    StoredKey,
     Verdict,
     judge,
+    judge_key,
     remember,
 )
 from service.executors import call
 
 #: (producer id, topic id, partition)
 Key = tuple[int, bytes, int]
+#: (topic id, REST idempotency key)
+RequestKeyOf = tuple[bytes, str]
 
 
 class Admission(StrEnum):
@@ -38,13 +45,14 @@ class Admission(StrEnum):
     FENCED = "fenced"
     OUT_OF_ORDER = "out_of_order"
     IN_FLIGHT = "in_flight"  # a retry of a batch this agent is still writing
+    MISMATCH = "mismatch"  # an idempotency key stored for another request
 
 
 @dataclass
 class Ticket:
     """Batches admitted for one partition, pending until their flush ends."""
 
-    key: Key
+    key: Key | RequestKeyOf
     batches: list[ProducerBatch] = field(default_factory=list)
 
 
@@ -53,6 +61,7 @@ class Decision:
     admission: Admission
     offset: int = -1  # the first copy's base offset, for DUPLICATE
     ticket: Ticket | None = None  # for APPEND: release it once the flush ended
+    stored: StoredKey | None = None  # for a DUPLICATE idempotency key: what was stored
 
 
 class ProducerGate:
@@ -60,8 +69,8 @@ class ProducerGate:
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
-        self._pending: dict[Key, list[Ticket]] = {}
-        self._versions: dict[Key, int] = {}
+        self._pending: dict[Key | RequestKeyOf, list[Ticket]] = {}
+        self._versions: dict[Key | RequestKeyOf, int] = {}
 
     async def admit(
         self, requests: Sequence[tuple[bytes, int, Sequence[ProducerBatch]]]
@@ -84,6 +93,27 @@ class ProducerGate:
                 if d.ticket is not None:
                     self.release(d.ticket)
         return decisions
+
+    async def admit_key(self, topic_id: bytes, key: str, digest: str, now_ms: int) -> Decision:
+        """The decision on a REST request under idempotency ``key`` (see the module
+        docstring); an APPEND holds the key on this agent until its ticket is released."""
+        held: RequestKeyOf = (topic_id, key)
+        if held in self._pending:
+            return Decision(Admission.IN_FLIGHT)
+        ticket = Ticket(held)
+        self._pending[held] = [ticket]  # before asking: a concurrent retry here waits
+        try:
+            stored = await call(self.coordinator.request_key, topic_id, key, now_ms)
+        except BaseException:
+            self.release(ticket)
+            raise
+        verdict = judge_key(stored, digest)
+        if verdict is Verdict.APPEND:
+            return Decision(Admission.APPEND, ticket=ticket)
+        self.release(ticket)
+        if verdict is Verdict.DUPLICATE:
+            return Decision(Admission.DUPLICATE, stored=stored)
+        return Decision(Admission.MISMATCH)
 
     def release(self, ticket: Ticket) -> None:
         """The ticket's flush ended (committed or failed): stop counting its batches."""

@@ -86,6 +86,13 @@ class Metrics:
             "Appends refused because the buffer stayed full past buffer_wait_ms.",
             registry=r,
         )
+        self.idempotent_requests = Counter(
+            "lakelog_rest_idempotent_requests",
+            "REST produce requests with an Idempotency-Key, by outcome: appended, "
+            "duplicate (answered with the first offsets), mismatch (refused).",
+            ["outcome"],
+            registry=r,
+        )
         self.heartbeat_failures = Counter(
             "lakelog_heartbeat_failures",
             "Agent heartbeats to the coordinator that failed (retried at the next interval).",

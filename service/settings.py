@@ -114,6 +114,11 @@ class Settings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule
         description="Most entries of one v3 records:batch (kafka-rest's "
         "api.v3.produce.batch.maximum.entries).",
     )
+    idempotency_key_window_s: Annotated[int, Field(ge=1)] = Field(
+        default=86400,
+        description="How long a REST produce's Idempotency-Key is remembered: a retry within "
+        "it answers the first offsets and stores nothing; after it the key is free again.",
+    )
 
     # -- the Kafka protocol --------------------------------------------------
     kafka_port: Annotated[int, Field(ge=0, le=65535)] = Field(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -14,6 +14,7 @@ from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
 from service.consumer_sessions import ConsumerSessions
 from service.executors import Executors
+from service.idempotence import ProducerGate
 from service.metrics import Metrics
 from service.notify import Notifier
 from service.read_cache import CachingLogReader
@@ -52,6 +53,11 @@ class AgentState:
     consumers: ConsumerSessions
     #: (host, port) of this agent's Kafka listener as clients reach it; None when off.
     kafka_address: tuple[str, int] | None = None
+    #: Idempotent produce's pre-check, shared by the Kafka and REST doors.
+    gate: ProducerGate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gate = ProducerGate(self.coordinator)
 
 
 def get_state(request: Request) -> AgentState:

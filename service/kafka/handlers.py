@@ -62,7 +62,7 @@ class KafkaContext:
     gate: ProducerGate = field(init=False)
 
     def __post_init__(self) -> None:
-        self.gate = ProducerGate(self.state.coordinator)
+        self.gate = self.state.gate
 
     async def brokers(self) -> list[Broker]:
         """Live agents with a Kafka listener, by node id; this agent always among them."""

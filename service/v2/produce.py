@@ -64,6 +64,7 @@ from service.formats import (
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
 from service.registry.rest import encode_v2
+from service.request_keys import KeyedProduce, admit, keyed_produce, release, stored_offsets
 from service.state import AgentState, get_state
 
 router = APIRouter(tags=["v2 produce"])
@@ -102,6 +103,7 @@ async def _produce(
     fmt = v2_format(headers.get("content-type"))
     check_v2_accept(headers.get("accept"))
     body = await read_body(request, state.settings.max_request_bytes)
+    keyed = keyed_produce(request, body, state.settings.idempotency_key_window_s)
     offload = len(body) >= state.settings.offload_parse_bytes
     parsed = await run_if(offload, Kind.CPU, _parse_body, body, fmt)
 
@@ -113,19 +115,27 @@ async def _produce(
         )
     if url_partition is not None and not 0 <= url_partition < topic.partitions:
         raise PartitionNotFoundError(f"Partition {url_partition} of {topic_name} not found.")
-    entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition)
-
-    state.metrics.produce_requests.labels(api="v2").inc()
+    ticket, stored = (None, None) if keyed is None else await admit(state, topic.topic_id, keyed)
     try:
-        assigned = await state.batcher.append(topic.topic_id, entries)
-    except LakelogError as exc:
-        code = kafka_error_code(exc)
-        failed = {"partition": None, "offset": None, "error_code": code, "error": exc.message}
-        answer = _answer([failed] * len(entries), key_schema_id, value_schema_id)
-    else:
-        answer = await run_if(
-            offload, Kind.CPU, _acked, entries, assigned, key_schema_id, value_schema_id
-        )
+        entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition, keyed)
+        state.metrics.produce_requests.labels(api="v2").inc()
+        try:
+            if stored is not None:  # a retry of a stored request: its first offsets
+                assigned = stored_offsets(stored, [p for p, _ in entries])
+            else:
+                assigned = await state.batcher.append(
+                    topic.topic_id, entries, None if keyed is None else keyed.request_key()
+                )
+        except LakelogError as exc:
+            code = kafka_error_code(exc)
+            failed = {"partition": None, "offset": None, "error_code": code, "error": exc.message}
+            answer = _answer([failed] * len(entries), key_schema_id, value_schema_id)
+        else:
+            answer = await run_if(
+                offload, Kind.CPU, _acked, entries, assigned, key_schema_id, value_schema_id
+            )
+    finally:
+        release(state, ticket)
     return Response(answer, media_type=V2_CONTENT_TYPE)
 
 
@@ -150,8 +160,14 @@ def _answer(
     )
 
 
-def _place(parsed: list[_Parsed], topic: TopicInfo, url_partition: int | None) -> list[_Entry]:
-    """Records with their partitions: the URL's, the record's own, by key, else sticky.
+def _place(
+    parsed: list[_Parsed],
+    topic: TopicInfo,
+    url_partition: int | None,
+    keyed: KeyedProduce | None = None,
+) -> list[_Entry]:
+    """Records with their partitions: the URL's, the record's own, by key, else sticky
+    (for a request with an Idempotency-Key: the partition of that key, at its time).
 
     Raises:
         PartitionNotFoundError: a record's explicit partition is outside the topic.
@@ -159,8 +175,8 @@ def _place(parsed: list[_Parsed], topic: TopicInfo, url_partition: int | None) -
     """
     partitions = topic.partitions
     limit = max_message_bytes(topic)
-    now_ms = int(time.time() * 1000)
-    sticky = -1
+    now_ms = int(time.time() * 1000) if keyed is None else keyed.now_ms
+    sticky = -1 if keyed is None else keyed.sticky_partition(partitions)
     entries: list[_Entry] = []
     for key, value, explicit, rec_headers in parsed:
         record = Record(key, value, now_ms, rec_headers)

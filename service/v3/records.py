@@ -42,6 +42,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from coordinator.producers import StoredKey
 from segments.errors import (
     InternalError,
     InvalidBatchError,
@@ -65,6 +66,7 @@ from service.formats import (
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
 from service.registry.rest import prepare_v3, wants_schema
+from service.request_keys import HEADER, KeyedProduce, admit, keyed_produce, release, stored_offsets
 from service.state import AgentState, get_state
 
 log = logging.getLogger(__name__)
@@ -419,6 +421,8 @@ async def produce_records(
     """One JSON object per record, concatenated; one delivery report per record, streamed."""
     check_v3_content_type(request.headers.get("content-type"))
     topic = await state.topics.get_or_create(topic_name)
+    if request.headers.get(HEADER) is not None:
+        return await _produce_keyed(request, state, topic)
     splitter = ObjectSplitter(state.settings.max_request_bytes)
     chunks = request.stream().__aiter__()
     # Read until the first value (or the end) so an empty body is a plain 422, not a stream.
@@ -438,6 +442,27 @@ async def produce_records(
     stream = _Stream(state, topic, splitter)
     return _DuplexStreamingResponse(
         stream.reports(first, None if ended else chunks), media_type="application/json"
+    )
+
+
+async def _produce_keyed(request: Request, state: AgentState, topic: TopicInfo) -> Response:
+    """A v3 produce with an Idempotency-Key: the body read whole, produced as one group
+    (``service.request_keys``), the reports answered at once in the stream's format."""
+    limit = state.settings.max_request_bytes
+    # The whole stream is one keyed request: its size is bounded by the limit of one record
+    # times the batch entries allowed (a stream without a key has no bound at all).
+    body = await read_body(request, limit * state.settings.produce_batch_max_entries)
+    keyed = keyed_produce(request, body, state.settings.idempotency_key_window_s)
+    splitter = ObjectSplitter(limit)
+    items = [*splitter.feed(body), *splitter.finish()]
+    if not items:
+        raise UnprocessableRequestError(_EMPTY_BODY)
+    if isinstance(items[0], RequestTooLargeError):
+        raise items[0]
+    state.metrics.produce_requests.labels(api="v3").inc()
+    reports = await _Producer(state, topic).produce(items, keyed)
+    return Response(
+        b"\r\n".join([orjson.dumps(r) for r in reports] + [b""]), media_type="application/json"
     )
 
 
@@ -493,12 +518,33 @@ class _Producer:
         record.value_report = reports.get("value", record.value_report)
         return record
 
-    async def produce(self, items: list[Item]) -> list[dict[str, Any]]:
+    async def produce(
+        self, items: list[Item], keyed: KeyedProduce | None = None
+    ) -> list[dict[str, Any]]:
         """Produce a group of records with one batcher call: each one's delivery report
-        (``error_code`` 200 with its offset, or its error), in order."""
+        (``error_code`` 200 with its offset, or its error), in order. With ``keyed``,
+        the group is one idempotent request (``service.request_keys``)."""
+        now_ms, sticky = int(time.time() * 1000), [-1]
+        ticket = stored = None
+        if keyed is not None:
+            ticket, stored = await admit(self.state, self.topic.topic_id, keyed)
+            now_ms = keyed.now_ms if stored is None else stored.created_ms
+            sticky[0] = keyed.sticky_partition(self.topic.partitions)
+        try:
+            return await self._produce_group(items, now_ms, sticky, keyed, stored)
+        finally:
+            release(self.state, ticket)
+
+    async def _produce_group(
+        self,
+        items: list[Item],
+        now_ms: int,
+        sticky: list[int],
+        keyed: KeyedProduce | None,
+        stored: StoredKey | None,
+    ) -> list[dict[str, Any]]:
         size = sum(len(i) for i in items if isinstance(i, bytes))
         offload = size >= self.state.settings.offload_parse_bytes
-        now_ms, sticky = int(time.time() * 1000), [-1]
         parsed = await run_if(offload, Kind.CPU, self._parse_group, items, now_ms, sticky)
         results = [
             await self._with_schema(r, now_ms, sticky) if isinstance(r, NeedsSchema) else r
@@ -509,9 +555,14 @@ class _Producer:
         failure: LakelogError | None = None
         if good:
             try:
-                offsets = await self.state.batcher.append(
-                    self.topic.topic_id, [(r.partition, r.record) for r in good]
-                )
+                if stored is not None:  # a retry of a stored request: its first offsets
+                    offsets = stored_offsets(stored, [r.partition for r in good])
+                else:
+                    offsets = await self.state.batcher.append(
+                        self.topic.topic_id,
+                        [(r.partition, r.record) for r in good],
+                        None if keyed is None else keyed.request_key(),
+                    )
             except LakelogError as exc:
                 failure = exc
         out: list[dict[str, Any]] = []
@@ -589,13 +640,13 @@ class _Stream(_Producer):
         exception is a non-retriable 500, logged with its traceback).
         """
         try:
-            return await self._produce_group(items)
+            return await self._stream_group(items)
         except Exception:
             log.exception("v3 produce to %s failed unexpectedly", self.topic.name)
             failed = orjson.dumps(_error_report(_internal_error()))
             return b"\r\n".join([failed] * len(items) + [b""])
 
-    async def _produce_group(self, items: list[Item]) -> bytes:
+    async def _stream_group(self, items: list[Item]) -> bytes:
         reports = await self.produce(items)
         return b"\r\n".join([orjson.dumps(r) for r in reports] + [b""])
 
@@ -671,7 +722,8 @@ async def produce_records_batch(
     ids = _batch_ids(batch.entries, state.settings.produce_batch_max_entries)
     state.metrics.produce_requests.labels(api="v3").inc()
     producer = _Producer(state, topic, _BATCH_FIELDS)
-    reports = await producer.produce([bytes(raw) for raw in batch.entries])
+    keyed = keyed_produce(request, body, state.settings.idempotency_key_window_s)
+    reports = await producer.produce([bytes(raw) for raw in batch.entries], keyed)
     successes, failures = [], []
     for entry_id, report in zip(ids, reports, strict=True):
         if report["error_code"] == 200:

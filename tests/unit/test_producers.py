@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,8 +16,11 @@ from coordinator.local import LocalCoordinator
 from coordinator.producers import (
     ProducerBatch,
     ProducerPartitionState,
+    RequestKey,
+    StoredKey,
     Verdict,
     judge,
+    judge_key,
     remember,
 )
 from coordinator.server import create_app
@@ -112,3 +116,87 @@ def test_concurrent_commits_of_one_sequence_store_it_once(db_url: str) -> None:
             t.join()
         assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
         assert c.offsets("race", 0).high_watermark == 4
+
+
+# -- REST idempotency keys: the same commit-time check ---------------------------------
+
+
+def _keyed(topic_id: bytes, partition: int, count: int, *keys: RequestKey) -> ChunkCommit:
+    return ChunkCommit(topic_id, partition, 0, 100, count, 1, 2, (), keys)
+
+
+def test_judge_key() -> None:
+    stored = StoredKey("d1", 5, ((0, 10, 2),))
+    assert judge_key(None, "d1") is Verdict.APPEND
+    assert judge_key(stored, "d1") is Verdict.DUPLICATE
+    assert judge_key(stored, "d2") is Verdict.MISMATCH
+
+
+def test_a_request_key_is_stored_with_its_offsets_by_the_commit(
+    coordinator: LocalCoordinator,
+) -> None:
+    """A key spanning two chunks (partitions) is stored with each part's first offset;
+    a second commit carrying the live key is refused whole (nothing stored), and an
+    expired key is free again."""
+    t = int(time.time() * 1000)  # expired keys are purged by real time
+    topic = coordinator.create_topic("keys", 2)
+    tid = topic.topic_id
+    coordinator.commit("pre", [_keyed(tid, 1, 7)])  # partition 1 starts at 7
+    key = RequestKey("order-1", "digest-a", 3, 2, t, t + 5000)
+    bases = coordinator.commit(
+        "o1",
+        [
+            _keyed(tid, 0, 5, RequestKey("order-1", "digest-a", 0, 5, t, t + 5000)),
+            _keyed(tid, 1, 4, key),
+        ],
+    )
+    assert bases == [0, 7]
+    stored = coordinator.request_key(tid, "order-1", t + 4000)
+    assert stored == StoredKey("digest-a", t, ((0, 0, 5), (1, 10, 2)))
+    assert coordinator.request_key(tid, "order-1", t + 5001) is None  # expired
+    assert coordinator.request_key(tid, "other", t + 4000) is None
+    with pytest.raises(ProducerConflictError):
+        coordinator.commit(
+            "o2", [_keyed(tid, 0, 1, RequestKey("order-1", "x", 0, 1, t + 2000, t + 9000))]
+        )
+    assert coordinator.offsets("keys", 0).high_watermark == 5  # nothing of o2 stored
+    # The same object key again (a commit retried after a lost answer): its first offsets.
+    assert coordinator.commit(
+        "o1",
+        [
+            _keyed(tid, 0, 5, RequestKey("order-1", "digest-a", 0, 5, t, t + 5000)),
+            _keyed(tid, 1, 4, key),
+        ],
+    ) == [0, 7]
+    # Expired: the key is taken by the next request that uses it.
+    renewed = RequestKey("order-1", "digest-b", 0, 1, t + 6000, t + 9000)
+    assert coordinator.commit("o3", [_keyed(tid, 0, 1, renewed)]) == [5]
+    assert coordinator.request_key(tid, "order-1", t + 6000) == StoredKey(
+        "digest-b", t + 6000, ((0, 5, 1),)
+    )
+
+
+def test_concurrent_commits_of_one_request_key_store_it_once(db_url: str) -> None:
+    """Race: eight threads commit chunks carrying the same idempotency key under eight
+    object keys at once (the same request through eight agents); exactly one wins, the
+    others get ProducerConflictError and store nothing."""
+    with LocalCoordinator(db_url) as c:
+        topic = c.create_topic("keyrace", 1)
+        key = RequestKey("k", "d", 0, 3, 1, 10**13)
+        outcomes: list[str] = []
+
+        def commit(i: int) -> None:
+            try:
+                c.commit(f"obj-{i}", [_keyed(topic.topic_id, 0, 3, key)])
+                outcomes.append("ok")
+            except ProducerConflictError:
+                outcomes.append("conflict")
+
+        threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
+        assert c.offsets("keyrace", 0).high_watermark == 3
+        assert c.request_key(topic.topic_id, "k", 2) == StoredKey("d", 1, ((0, 0, 3),))

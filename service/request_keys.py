@@ -1,0 +1,156 @@
+"""Idempotent REST produce: the ``Idempotency-Key`` request header (issue 16).
+
+A v2 ``POST /topics/{t}[/partitions/{p}]``, a v3 ``POST .../records`` or
+``.../records:batch`` carrying ``Idempotency-Key: <1-255 visible ASCII characters>``
+goes through the agent's ``ProducerGate`` (the Kafka door's idempotent-producer gate),
+and its records are committed with the key (``coordinator.producers.RequestKey``): the
+commit that stores the records stores, in the same transaction, the key, a SHA-256
+digest of the request (method, path, content type, body) and the offsets the records
+got. So, whichever agent a retry reaches, whenever (until the key expires after
+``idempotency_key_window_s``):
+
+- the same key and the same request: answered with the first answer's offsets (and
+  the first request's timestamps), nothing stored;
+- the same key and another request: 422 with error_code 42209, nothing stored;
+- the same key while the first request is still being written by this agent: the
+  retry waits for it (up to ``buffer_wait_ms``), then is answered as above; on two
+  agents at once, the commit lets one through and the other's flush fails retriably
+  (50003), and its retry is answered with the first offsets.
+
+A keyed request is produced as one group (a v3 stream is read whole first), and its
+keyless records go to the partition the key hashes to (not the sticky round robin), so
+a retry places every record where the first request did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from coordinator.producers import RequestKey, StoredKey
+from segments.errors import (
+    BufferFullError,
+    IdempotencyKeyMismatchError,
+    InternalError,
+    MalformedRequestError,
+)
+from segments.partitioning import partition_for_key
+from service.idempotence import Admission, Ticket
+from service.state import AgentState
+
+HEADER = "idempotency-key"
+_MAX_KEY = 255
+# While the same key is being written by this agent, look again this often.
+_IN_FLIGHT_POLL_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedProduce:
+    """What the gate and the commit need of one keyed request."""
+
+    key: str
+    digest: str
+    now_ms: int
+    expires_ms: int
+
+    def request_key(self) -> RequestKey:
+        """The key as the batcher carries it to the commit (offsets filled in there)."""
+        return RequestKey(self.key, self.digest, 0, 0, self.now_ms, self.expires_ms)
+
+    def sticky_partition(self, partitions: int) -> int:
+        """Where the request's keyless records go: the same on every retry."""
+        return partition_for_key(self.key.encode(), partitions)
+
+
+def keyed_produce(request: Request, body: bytes, window_s: int) -> KeyedProduce | None:
+    """The request's idempotency key and digest; None without the header.
+
+    Raises:
+        MalformedRequestError: a key that is empty, longer than 255 characters or not
+            visible ASCII (400).
+    """
+    key = request.headers.get(HEADER)
+    if key is None:
+        return None
+    if not 0 < len(key) <= _MAX_KEY or not all(0x21 <= ord(c) <= 0x7E for c in key):
+        raise MalformedRequestError(
+            f"Bad Request: the Idempotency-Key header must be 1 to {_MAX_KEY} visible ASCII "
+            "characters."
+        )
+    digest = hashlib.sha256()
+    for part in (request.method, request.url.path, request.headers.get("content-type", "")):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    digest.update(body)
+    now_ms = int(time.time() * 1000)
+    return KeyedProduce(key, digest.hexdigest(), now_ms, now_ms + window_s * 1000)
+
+
+async def admit(
+    state: AgentState, topic_id: bytes, keyed: KeyedProduce
+) -> tuple[Ticket | None, StoredKey | None]:
+    """Judge a keyed request: (its ticket, None) to produce it, releasing the ticket
+    once produced; (None, what was stored) for a duplicate.
+
+    Raises:
+        IdempotencyKeyMismatchError: the key is stored for another request (422).
+        BufferFullError: the first request under the key was still being written here
+            after ``buffer_wait_ms`` (retriable).
+    """
+    metric = state.metrics.idempotent_requests
+    deadline = time.monotonic() + state.settings.buffer_wait_ms / 1000
+    while True:
+        decision = await state.gate.admit_key(topic_id, keyed.key, keyed.digest, keyed.now_ms)
+        if decision.admission is Admission.APPEND:
+            metric.labels(outcome="appended").inc()
+            return decision.ticket, None
+        if decision.admission is Admission.DUPLICATE:
+            metric.labels(outcome="duplicate").inc()
+            return None, decision.stored
+        if decision.admission is Admission.MISMATCH:
+            metric.labels(outcome="mismatch").inc()
+            raise IdempotencyKeyMismatchError(
+                f"Idempotency-Key {keyed.key!r} was used for another request (another "
+                "body, path or content type); nothing was stored. Use a new key."
+            )
+        if time.monotonic() > deadline:
+            raise BufferFullError(
+                f"The request under Idempotency-Key {keyed.key!r} is still being written; retry."
+            )
+        await asyncio.sleep(_IN_FLIGHT_POLL_S)
+
+
+def stored_offsets(stored: StoredKey, partitions: Sequence[int]) -> list[int]:
+    """The offsets a duplicate is answered with: one per record, given each record's
+    partition in request order (records of one partition are contiguous in the log).
+
+    Raises:
+        InternalError: the records do not fit what was stored (cannot happen for the
+            same digest unless the topic changed partitions meanwhile).
+    """
+    following = {p: first for p, first, _ in stored.parts}
+    counts = {p: n for p, _, n in stored.parts}
+    out = []
+    for p in partitions:
+        if p not in following:
+            break
+        out.append(following[p])
+        following[p] += 1
+    seen = {p: following[p] - first for p, first, _ in stored.parts}
+    if len(out) != len(partitions) or seen != counts:
+        raise InternalError(
+            "The records of this request do not match what was stored under its "
+            "Idempotency-Key (did the topic's partition count change?)."
+        )
+    return out
+
+
+def release(state: AgentState, ticket: Ticket | None) -> None:
+    """The keyed request was produced (or failed): a retry here may be judged now."""
+    if ticket is not None:
+        state.gate.release(ticket)
