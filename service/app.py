@@ -53,6 +53,7 @@ from service.v3 import acls as v3_acls
 from service.v3 import brokers as v3_brokers
 from service.v3 import clusters as v3_clusters
 from service.v3 import configs as v3_configs
+from service.v3 import consume as v3_consume
 from service.v3 import consumer_groups as v3_consumer_groups
 from service.v3 import group_admin as v3_group_admin
 from service.v3 import partitions as v3_partitions
@@ -394,6 +395,7 @@ def create_app(
         v3_configs.router,  # before topics: /topics/-/configs
         v3_consumer_groups.router,
         v3_group_admin.router,
+        v3_consume.router,  # before partitions: .../partitions/{p}/records
         v3_partitions.router,
         v3_topics.router,
         v3_records.router,

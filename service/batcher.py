@@ -34,11 +34,11 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from coordinator.producers import RequestKey
+from coordinator.producers import ProducerBatch, RequestKey
 from index.log import LogWriter, WriteResult
 from segments.errors import (
     BufferFullError,
@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: An idempotent REST producer's records: (producer id, epoch, partition -> base sequence).
+RestProducer = tuple[int, int, Mapping[int, int]]
 #: Offsets of a flush: (topic id, partition) -> base offset of that chunk.
 BaseOffsets = dict[tuple[bytes, int], int]
 #: Runs a blocking call off the event loop: ``await offload(fn, *args)``.
@@ -87,6 +89,8 @@ class _Buffer:
     waiters: list[asyncio.Future[BaseOffsets]] = field(default_factory=list)
     #: REST idempotency keys of the requests buffered here, per chunk.
     request_keys: dict[tuple[bytes, int], list[RequestKey]] = field(default_factory=dict)
+    #: REST records of idempotent producers (v3 records:batch), per chunk.
+    producer_batches: dict[tuple[bytes, int], list[ProducerBatch]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,12 +195,15 @@ class Batcher:
         topic_id: bytes,
         records: Sequence[tuple[int, Record]],
         request_key: RequestKey | None = None,
+        producer: RestProducer | None = None,
     ) -> list[int]:
         """Buffer ``(partition, record)`` pairs of one topic; wait for their flush.
 
         Records of one partition keep their order; the whole call lands in one flush.
         ``request_key`` (its offset and count ignored): a REST idempotency key the
         commit stores with the offsets of these records, or refuses if already stored.
+        ``producer``: an idempotent producer's (id, epoch, base sequence per partition)
+        for these records, checked by the commit as a Kafka producer's batches are.
 
         Returns:
             The offset of each record, in the order given.
@@ -246,6 +253,12 @@ class Batcher:
                     request_key, relative_offset=starts[partition], record_count=len(group)
                 )
                 buf.request_keys.setdefault((topic_id, partition), []).append(part)
+            if producer is not None:
+                pid, epoch, sequences = producer
+                batch = ProducerBatch(
+                    pid, epoch, sequences[partition], len(group), starts[partition]
+                )
+                buf.producer_batches.setdefault((topic_id, partition), []).append(batch)
         buf.records += len(records)
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
@@ -450,7 +463,7 @@ class Batcher:
         self.metrics.buffer_bytes.set(self._used())
         started = time.perf_counter()
         try:
-            result = await self._offload(self._write, buf.builder, buf.request_keys)
+            result = await self._offload(self._write, buf)
         except BaseException as exc:
             error = _as_flush_error(exc)
             if isinstance(exc, Exception) and not isinstance(exc, LakelogError):
@@ -481,14 +494,15 @@ class Batcher:
             self.metrics.buffer_bytes.set(self._used())
             self._admit()
 
-    def _write(
-        self,
-        builder: SegmentBuilder,
-        request_keys: dict[tuple[bytes, int], list[RequestKey]],
-    ) -> WriteResult:
+    def _write(self, buf: _Buffer) -> WriteResult:
         """Build + PUT, then commit (the two steps of LogWriter.write), timing each."""
         started = time.perf_counter()
-        uploaded = replace(self.writer.upload(builder), request_keys=request_keys)
+        uploaded = self.writer.upload(buf.builder)
+        producers = dict(uploaded.producer_batches)
+        for tp, batches in buf.producer_batches.items():  # REST ones among Kafka's
+            merged = [*producers.get(tp, ()), *batches]
+            producers[tp] = sorted(merged, key=lambda b: b.relative_offset)
+        uploaded = replace(uploaded, request_keys=buf.request_keys, producer_batches=producers)
         put_done = time.perf_counter()
         self.metrics.put_seconds.observe(put_done - started)
         result = self.writer.commit(uploaded)

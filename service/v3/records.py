@@ -22,6 +22,12 @@ bug) -> 500 for the records concerned while the stream goes on. An object larger
 exact text sent; record groups of ``offload_parse_bytes`` or more are parsed on the
 ``cpu`` pool, off the event loop. An unknown cluster id in the URL is a 404, as on
 every v3 route (``service.web``; kafka-rest skips that check on produce).
+
+Idempotent produce (issue 16): a request with an ``Idempotency-Key`` header is read
+whole and produced as one request (``service.request_keys``); a records:batch body may
+carry an idempotent ``producer`` (id, epoch, a sequence per partition), judged by the
+agent's ``ProducerGate`` and the commit as a Kafka producer's batches; ``POST
+.../producers`` hands out producer ids.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import contextlib
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -42,20 +49,23 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from coordinator.producers import StoredKey
+from coordinator.producers import ProducerBatch, StoredKey
 from segments.errors import (
     InternalError,
     InvalidBatchError,
     LakelogError,
     MalformedRequestError,
     PartitionNotFoundError,
+    ProducerConflictError,
+    ProducerFencedError,
     RequestTooLargeError,
     UnprocessableRequestError,
     UnsupportedFormatError,
 )
 from segments.types import Headers, Record, TopicInfo
+from service.batcher import RestProducer
 from service.errors import error_code_for, error_message_for
-from service.executors import Kind, run_if
+from service.executors import Kind, call, run_if
 from service.formats import (
     check_record_size,
     check_v3_content_type,
@@ -64,6 +74,7 @@ from service.formats import (
     read_body,
     v3_json_span,
 )
+from service.idempotence import Admission
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
 from service.registry.rest import prepare_v3, wants_schema
 from service.request_keys import HEADER, KeyedProduce, admit, keyed_produce, release, stored_offsets
@@ -519,7 +530,10 @@ class _Producer:
         return record
 
     async def produce(
-        self, items: list[Item], keyed: KeyedProduce | None = None
+        self,
+        items: list[Item],
+        keyed: KeyedProduce | None = None,
+        idempotent: RestProducer | None = None,
     ) -> list[dict[str, Any]]:
         """Produce a group of records with one batcher call: each one's delivery report
         (``error_code`` 200 with its offset, or its error), in order. With ``keyed``,
@@ -531,7 +545,7 @@ class _Producer:
             now_ms = keyed.now_ms if stored is None else stored.created_ms
             sticky[0] = keyed.sticky_partition(self.topic.partitions)
         try:
-            return await self._produce_group(items, now_ms, sticky, keyed, stored)
+            return await self._produce_group(items, now_ms, sticky, keyed, stored, idempotent)
         finally:
             release(self.state, ticket)
 
@@ -542,6 +556,7 @@ class _Producer:
         sticky: list[int],
         keyed: KeyedProduce | None,
         stored: StoredKey | None,
+        idempotent: RestProducer | None = None,
     ) -> list[dict[str, Any]]:
         size = sum(len(i) for i in items if isinstance(i, bytes))
         offload = size >= self.state.settings.offload_parse_bytes
@@ -557,6 +572,8 @@ class _Producer:
             try:
                 if stored is not None:  # a retry of a stored request: its first offsets
                     offsets = stored_offsets(stored, [r.partition for r in good])
+                elif idempotent is not None:
+                    offsets = await self._append_idempotent(good, idempotent)
                 else:
                     offsets = await self.state.batcher.append(
                         self.topic.topic_id,
@@ -588,6 +605,82 @@ class _Producer:
                     report["value"] = r.value_report
                 out.append(report)
         return out
+
+    async def _append_idempotent(self, good: list[_Parsed], producer: RestProducer) -> list[int]:
+        """An idempotent producer's records, through the agent's ProducerGate as a Kafka
+        producer's batches: partitions already stored are answered with their first
+        offsets, the others appended with their sequences (checked again at commit).
+
+        Raises:
+            InvalidBatchError: a partition with records and no sequence (422 42208).
+            ProducerFencedError: an epoch older than the producer's latest (400 40002).
+            UnprocessableRequestError: a sequence that does not follow (422 42206).
+            ProducerConflictError: the same records are being written here (retriable).
+        """
+        pid, epoch, sequences = producer
+        counts = Counter(r.partition for r in good)
+        missing = sorted(set(counts) - set(sequences))
+        if missing:
+            raise InvalidBatchError(f"No sequence for partition {missing[0]} in producer.")
+        order = sorted(counts)
+        tid = self.topic.topic_id
+        decisions = await self.state.gate.admit(
+            [(tid, p, [ProducerBatch(pid, epoch, sequences[p], counts[p])]) for p in order]
+        )
+        tickets = [d.ticket for d in decisions if d.ticket is not None]
+        try:
+            kinds = {d.admission for d in decisions}
+            if Admission.FENCED in kinds:
+                raise ProducerFencedError(f"Producer {pid} at epoch {epoch} is fenced.")
+            if Admission.OUT_OF_ORDER in kinds:
+                raise UnprocessableRequestError(
+                    f"Payload error. Out of order sequence for producer {pid}: nothing stored."
+                )
+            if Admission.IN_FLIGHT in kinds:
+                raise ProducerConflictError("The same records are being written: retry.")
+            first = {
+                p: d.offset
+                for p, d in zip(order, decisions, strict=True)
+                if d.admission is Admission.DUPLICATE
+            }
+            fresh = [r for r in good if r.partition not in first]
+            appended = iter(
+                await self.state.batcher.append(
+                    tid, [(r.partition, r.record) for r in fresh], producer=producer
+                )
+            )
+        finally:
+            for t in tickets:
+                self.state.gate.release(t)
+        out = []
+        for r in good:
+            if r.partition in first:
+                out.append(first[r.partition])
+                first[r.partition] += 1
+            else:
+                out.append(next(appended))
+        return out
+
+
+@router.post("/v3/clusters/{cluster_id}/producers", summary="Get an idempotent producer id")
+async def init_producer(
+    cluster_id: str, request: Request, state: AgentState = Depends(get_state)
+) -> Response:
+    """lakelog's: a new producer id at epoch 0 (an empty body), or ``{"producer_id",
+    "producer_epoch"}`` at its current epoch for the next epoch (fencing older ones), as
+    Kafka's InitProducerId. Use them in records:batch's ``producer``."""
+    body = await read_body(request, state.settings.max_body_bytes)
+    try:
+        doc = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError:
+        raise MalformedRequestError("Bad Request: malformed JSON.") from None
+    pid, epoch = (doc.get("producer_id", -1), doc.get("producer_epoch", -1)) if doc else (-1, -1)
+    if type(pid) is not int or type(epoch) is not int:
+        raise MalformedRequestError("Bad Request: producer_id and producer_epoch are integers.")
+    pid, epoch = await call(state.coordinator.init_producer_id, pid, epoch)
+    return Response(
+        orjson.dumps({"producer_id": pid, "producer_epoch": epoch}), media_type="application/json"
+    )
 
 
 class _Stream(_Producer):
@@ -657,11 +750,26 @@ _BATCH_FIELDS = _RECORD_FIELDS | {"id"}
 _MAX_ID_LENGTH = 80
 
 
+class _Sequence(msgspec.Struct):
+    partition_id: int
+    sequence: int
+
+
+class _BatchProducer(msgspec.Struct):
+    """An idempotent producer's id, epoch and, per partition, the sequence of its first
+    record in this batch (lakelog's; Kafka's rules, ``coordinator.producers``)."""
+
+    producer_id: int
+    producer_epoch: int
+    sequences: list[_Sequence]
+
+
 class _BatchBody(msgspec.Struct):
     """A records:batch body; each entry kept as its exact text (JSON data is stored as
     sent, see ``v3_json_span``)."""
 
     entries: list[msgspec.Raw]
+    producer: _BatchProducer | None = None
 
 
 def _batch_ids(entries: list[msgspec.Raw], max_entries: int) -> list[str]:
@@ -723,7 +831,19 @@ async def produce_records_batch(
     state.metrics.produce_requests.labels(api="v3").inc()
     producer = _Producer(state, topic, _BATCH_FIELDS)
     keyed = keyed_produce(request, body, state.settings.idempotency_key_window_s)
-    reports = await producer.produce([bytes(raw) for raw in batch.entries], keyed)
+    idempotent: RestProducer | None = None
+    if batch.producer is not None:
+        if keyed is not None:
+            raise UnprocessableRequestError(
+                "Payload error. Use an Idempotency-Key or a producer, not both."
+            )
+        p = batch.producer
+        idempotent = (
+            p.producer_id,
+            p.producer_epoch,
+            {s.partition_id: s.sequence for s in p.sequences},
+        )
+    reports = await producer.produce([bytes(raw) for raw in batch.entries], keyed, idempotent)
     successes, failures = [], []
     for entry_id, report in zip(ids, reports, strict=True):
         if report["error_code"] == 200:

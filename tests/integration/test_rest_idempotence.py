@@ -181,3 +181,71 @@ def test_keyed_records_batch_and_bad_keys(
     assert (bad.status_code, bad.json()["error_code"]) == (400, 400)
     metrics = httpx.get(b + "/metrics").text
     assert 'lakelog_rest_idempotent_requests_total{outcome="duplicate"} 1.0' in metrics
+
+
+def test_an_idempotent_producer_in_records_batch(
+    cluster_factory: ClusterFactory, unique_topic: Any
+) -> None:
+    """A producer id and per-partition sequences in records:batch: a retry through the
+    other agent is answered with the first offsets and stores nothing; the next
+    sequences append; a gap fails every entry with 42206, an epoch older than the latest
+    with 40002 (nothing stored)."""
+    cluster = cluster_factory(agents=2)
+    topic = unique_topic("pid")
+    create_topic(cluster, topic, 2)
+    a, b = cluster.agents
+    cid = cluster.cluster_id
+    url = f"/v3/clusters/{cid}/topics/{topic}/records:batch"
+    got = httpx.post(f"{a}/v3/clusters/{cid}/producers").json()
+    pid, epoch = got["producer_id"], got["producer_epoch"]
+    assert epoch == 0
+
+    def batch(seq0: int, seq1: int, tag: str, ep: int = 0) -> dict[str, Any]:
+        entries = [
+            {
+                "id": f"{tag}{n}",
+                "partition_id": n % 2,
+                "value": {"type": "STRING", "data": f"{tag}{n}"},
+            }
+            for n in range(5)
+        ]
+        sequences = [{"partition_id": 0, "sequence": seq0}, {"partition_id": 1, "sequence": seq1}]
+        producer = {"producer_id": pid, "producer_epoch": ep, "sequences": sequences}
+        return {"entries": entries, "producer": producer}
+
+    one = httpx.post(a + url, json=batch(0, 0, "a"))
+    assert one.status_code == 207, one.text
+    assert [(s["partition_id"], s["offset"]) for s in one.json()["successes"]] == [
+        (0, 0),
+        (1, 0),
+        (0, 1),
+        (1, 1),
+        (0, 2),
+    ]
+    retry = httpx.post(b + url, json=batch(0, 0, "a")).json()  # through the other agent
+    assert [(x["id"], x["partition_id"], x["offset"]) for x in retry["successes"]] == [
+        (x["id"], x["partition_id"], x["offset"]) for x in one.json()["successes"]
+    ]
+    two = httpx.post(b + url, json=batch(3, 2, "b")).json()
+    assert [(s["partition_id"], s["offset"]) for s in two["successes"]] == [
+        (0, 3),
+        (1, 2),
+        (0, 4),
+        (1, 3),
+        (0, 5),
+    ]
+    gap = httpx.post(a + url, json=batch(9, 4, "c"))
+    assert gap.status_code == 207 and gap.json()["successes"] == []
+    assert {f["error_code"] for f in gap.json()["failures"]} == {42206}
+    bumped = httpx.post(
+        f"{b}/v3/clusters/{cid}/producers", json={"producer_id": pid, "producer_epoch": 0}
+    ).json()
+    assert bumped == {"producer_id": pid, "producer_epoch": 1}
+    assert httpx.post(a + url, json=batch(0, 0, "e", ep=1)).status_code == 207
+    stale = httpx.post(a + url, json=batch(6, 4, "d"))
+    assert stale.status_code == 207 and stale.json()["successes"] == []
+    assert {f["error_code"] for f in stale.json()["failures"]} == {40002}
+    values = sorted(r.value.decode() for p in range(2) for r in read_partition(cluster, topic, p))
+    assert values == sorted(
+        [f"a{n}" for n in range(5)] + [f"b{n}" for n in range(5)] + [f"e{n}" for n in range(5)]
+    )

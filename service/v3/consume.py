@@ -1,0 +1,104 @@
+"""REST v3 consume by offset (lakelog's; Confluent never shipped a v3 consume, kafka-rest #1010).
+
+``GET /v3/clusters/{c}/topics/{t}/partitions/{p}/records?offset=&max_bytes=&timeout_ms=&format=``
+is stateless: no consumer instance, no group. It answers the records of one partition
+from ``offset`` (default: the log start) up to ``max_bytes`` of keys and values (at
+least one record, as Kafka's fetch), in the v2 consumer's shape and formats
+(``format``: binary (base64, the default), json, avro, jsonschema, protobuf), with
+``next_offset`` to ask from next and the partition's offsets::
+
+    {"records": [{"topic", "key", "value", "partition", "offset", "timestamp",
+                  "headers": [{"key", "value"}]}, ...],
+     "next_offset": 42, "log_start_offset": 0, "high_watermark": 57}
+
+At the high watermark it long-polls up to ``timeout_ms`` (capped by
+``consumer_max_wait_ms``), woken by commits as the v2 consumer's fetch is
+(``service.notify``). An offset below the log start or beyond the high watermark is
+400 40002 naming both; an unknown topic 404 40403, partition 404 40402.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Response
+
+from segments.errors import MalformedRequestError, OffsetOutOfRangeError
+from segments.types import ConsumedRecord, TopicPartition
+from service.executors import Kind, call, run
+from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
+from service.registry.rest import render_records as render_schema_records
+from service.state import AgentState, get_state
+from service.v2.consumers import read_round_robin, render_records
+from service.v3.partitions import check_partition
+
+router = APIRouter(tags=["v3 consume (lakelog)"])
+
+FORMATS = ("binary", "json", *SCHEMA_TYPE_OF_FORMAT)
+
+
+async def render(state: AgentState, records: list[ConsumedRecord], fmt: str) -> list[Any]:
+    """Records in the v2 consumer's shape for ``fmt``."""
+    if fmt in SCHEMA_TYPE_OF_FORMAT:
+        return await render_schema_records(state.registry, records, fmt)
+    return render_records(records, fmt)
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise MalformedRequestError(f"Bad Request: format must be one of {', '.join(FORMATS)}.")
+
+
+@router.get(
+    "/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/records",
+    summary="Read records of a partition from an offset (lakelog)",
+)
+async def read_partition_records(
+    cluster_id: str,
+    topic_name: str,
+    partition_id: int,
+    offset: int | None = Query(default=None, description="First offset; default: log start."),
+    max_bytes: int | None = Query(
+        default=None, gt=0, description="Key + value bytes; default consumer_request_max_bytes."
+    ),
+    timeout_ms: int = Query(
+        default=0, ge=0, description="Long-poll this long at the high watermark."
+    ),
+    format: str = Query(default="binary", description="binary, json, avro, jsonschema, protobuf"),
+    state: AgentState = Depends(get_state),
+) -> Response:
+    """Stateless read by offset; see the module docstring."""
+    check_format(format)
+    topic = await state.topics.get(topic_name)
+    check_partition(topic, partition_id)
+    tp = TopicPartition(topic_name, partition_id)
+    offsets = await call(state.coordinator.offsets, topic_name, partition_id)
+    start = offsets.log_start if offset is None else offset
+    if not offsets.log_start <= start <= offsets.high_watermark:
+        raise OffsetOutOfRangeError(
+            f"Offset {start} is out of range for partition {partition_id} of {topic_name}: "
+            f"the log holds offsets {offsets.log_start} to "
+            f"{offsets.high_watermark - 1} (high watermark {offsets.high_watermark})."
+        )
+    limit = max_bytes or state.settings.consumer_request_max_bytes
+    deadline = time.monotonic() + min(timeout_ms, state.settings.consumer_max_wait_ms) / 1000
+    key = (topic.topic_id, partition_id)
+    with state.notifier.watch({key: (topic_name, start)}) as waiter:
+        while True:
+            records, _, _ = await run(Kind.READ, read_round_robin, state.reader, {tp: start}, limit)
+            remaining = deadline - time.monotonic()
+            if records or remaining <= 0:
+                break
+            await state.notifier.wait(waiter, remaining)
+    if records:
+        state.consume_metrics.consumed_records.inc(len(records))
+    latest = await call(state.coordinator.offsets, topic_name, partition_id)
+    body = {
+        "records": await render(state, records, format),
+        "next_offset": records[-1].offset + 1 if records else start,
+        "log_start_offset": latest.log_start,
+        "high_watermark": latest.high_watermark,
+    }
+    return Response(orjson.dumps(body), media_type="application/json")
