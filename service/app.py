@@ -56,6 +56,7 @@ from service.v3 import configs as v3_configs
 from service.v3 import consume as v3_consume
 from service.v3 import consumer_groups as v3_consumer_groups
 from service.v3 import group_admin as v3_group_admin
+from service.v3 import group_stream as v3_group_stream
 from service.v3 import partitions as v3_partitions
 from service.v3 import records as v3_records
 from service.v3 import topics as v3_topics
@@ -393,6 +394,7 @@ def create_app(
         v3_brokers.router,
         v3_acls.router,
         v3_configs.router,  # before topics: /topics/-/configs
+        v3_group_stream.router,  # before consumer groups: .../consumer-groups/{g}/records
         v3_consumer_groups.router,
         v3_group_admin.router,
         v3_consume.router,  # before partitions: .../partitions/{p}/records
