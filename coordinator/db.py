@@ -410,6 +410,38 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        12,
+        "security: users, API keys, ACLs (coordinator.security_store)",
+        (
+            # password_hash: argon2id in PHC string form (salt and parameters inside).
+            """CREATE TABLE users (
+                name TEXT NOT NULL PRIMARY KEY,
+                password_hash TEXT NOT NULL,
+                created_at {double} NOT NULL
+            )""",
+            # secret_hash: argon2id of the secret, which is shown once and never stored.
+            """CREATE TABLE api_keys (
+                key_id TEXT NOT NULL PRIMARY KEY,
+                owner TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+                secret_hash TEXT NOT NULL,
+                description TEXT NOT NULL,
+                created_at {double} NOT NULL
+            )""",
+            "CREATE INDEX api_keys_by_owner ON api_keys (owner)",
+            """CREATE TABLE acls (
+                principal TEXT NOT NULL,
+                host TEXT NOT NULL,
+                resource_type TEXT NOT NULL,
+                resource_name TEXT NOT NULL,
+                pattern_type TEXT NOT NULL,
+                operation TEXT NOT NULL,
+                permission TEXT NOT NULL,
+                PRIMARY KEY (resource_type, resource_name, pattern_type, principal, host,
+                             operation, permission)
+            ){clustered}""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

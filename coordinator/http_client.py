@@ -502,6 +502,7 @@ class HttpCoordinator:
         timeout: seconds for connect, read and write of one request.
         client: an ``httpx.Client`` to use instead of building one (tests pass a
             Starlette ``TestClient`` to run the real client against an app in-process).
+        headers: sent with every request (the coordinator's shared secret).
     """
 
     def __init__(
@@ -510,6 +511,7 @@ class HttpCoordinator:
         timeout: float = 10.0,
         *,
         client: httpx.Client | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -522,6 +524,7 @@ class HttpCoordinator:
         self._client = client or httpx.Client(
             timeout=timeout,
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+            headers=headers,  # the shared secret (coordinator.security_http)
         )
         self._cluster_id: str | None = None
 

@@ -31,7 +31,7 @@ from coordinator.schemas import SchemaStore
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectStore, open_store
-from service import errors
+from service import errors, security, security_routes
 from service import executors as executors_module
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
@@ -72,8 +72,9 @@ def build_coordinator(settings: Settings) -> Coordinator:
     urls = settings.coordinator_urls()
     if urls:
         from coordinator.http_client import HttpCoordinator
+        from coordinator.security_http import secret_headers
 
-        return HttpCoordinator(urls)
+        return HttpCoordinator(urls, headers=secret_headers(settings.shared_secret()))
     from coordinator.local import LocalCoordinator
 
     return LocalCoordinator(settings.db, cluster_id=settings.cluster_id)
@@ -325,6 +326,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await consumer_heartbeat
 
         stack.push_async_callback(_stop_consumer_heartbeat)
+        security.start(app, settings, coordinator, metrics.registry)
         app.state.agent = state
         janitors: JanitorConfig | None = app.state.janitors
         if janitors is not None and janitors.enabled:
@@ -383,6 +385,8 @@ def create_app(
     app.state.janitors = janitors
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install_error_handlers(app)
+    # Inside the body limit, trailing-slash and proxy-header middleware added next.
+    security.install(app, settings)
     install_middleware(app, settings)
     app.add_api_route("/health", health, methods=["GET"], tags=["ops"])
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"])
@@ -401,6 +405,7 @@ def create_app(
         v2_produce.router,
         v2_consumers.router,
         registry_routes.router,
+        security_routes.router,
     ):
         app.include_router(router)
     return app

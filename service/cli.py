@@ -115,6 +115,16 @@ KafkaAdvertisedOpt = Annotated[
     typer.Option("--kafka-advertised", help="host:port Kafka clients reach this agent at."),
 ]
 LogLevelOpt = Annotated[str | None, typer.Option("--log-level", help="Python log level.")]
+AuthenticationOpt = Annotated[
+    str | None,
+    typer.Option(help="none, or basic: clients need a user's password or an API key."),
+]
+AuthorizationOpt = Annotated[
+    str | None, typer.Option(help="none, or acl: every request is checked against the ACLs.")
+]
+SuperUsersOpt = Annotated[
+    str | None, typer.Option("--super-users", help="Principals allowed everything: User:a;User:b.")
+]
 AccessLogOpt = Annotated[
     bool | None, typer.Option("--access-log/--no-access-log", help="Log every request.")
 ]
@@ -172,6 +182,13 @@ def _load(cls: type[S], process: str, config: Path | None, **flags: Any) -> S:
         _fail(f"invalid settings: {problems}", code=2)
     except ConfigFileError as e:
         _fail(str(e), code=2)
+
+
+def _check_security(settings: CoordinatorSettings | Settings) -> None:
+    """Exit 2 when the security settings do not go together."""
+    problems = settings.security_problems()
+    if problems:
+        _fail(f"invalid settings: {'; '.join(problems)}", code=2)
 
 
 def _intervals(items: list[str] | None) -> dict[str, str] | None:
@@ -241,6 +258,9 @@ def serve(
     tier_untiered_bytes: TierBytesOpt = None,
     gc_grace_s: GraceOpt = None,
     lease_ttl_s: LeaseTtlOpt = None,
+    authentication: AuthenticationOpt = None,
+    authorization: AuthorizationOpt = None,
+    super_users: SuperUsersOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Agent and coordinator in one process: SQLite and file://./data unless told otherwise.
@@ -276,7 +296,11 @@ def serve(
         tier_untiered_bytes=tier_untiered_bytes,
         gc_grace_s=gc_grace_s,
         lease_ttl_s=lease_ttl_s,
+        authentication=authentication,
+        authorization=authorization,
+        super_users=super_users,
     )
+    _check_security(settings)
     _ensure_local_dirs(settings.db, settings.store)
     _run_agent(settings, settings.background_janitors())
 
@@ -302,6 +326,9 @@ def agent(
     kafka_advertised: KafkaAdvertisedOpt = None,
     log_level: LogLevelOpt = None,
     access_log: AccessLogOpt = None,
+    authentication: AuthenticationOpt = None,
+    authorization: AuthorizationOpt = None,
+    super_users: SuperUsersOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """A stateless agent serving the REST API against coordinator process(es)."""
@@ -326,7 +353,11 @@ def agent(
         kafka_advertised=kafka_advertised,
         log_level=log_level,
         access_log=access_log,
+        authentication=authentication,
+        authorization=authorization,
+        super_users=super_users,
     )
+    _check_security(settings)
     if not settings.coordinator_urls():
         _fail("lakelog agent needs --coordinator URL (or LAKELOG_COORDINATOR); see lakelog serve")
     _run_agent(settings)
@@ -351,6 +382,7 @@ def coordinator_cmd(
     tier_untiered_bytes: TierBytesOpt = None,
     gc_grace_s: GraceOpt = None,
     lease_ttl_s: LeaseTtlOpt = None,
+    authentication: AuthenticationOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
@@ -374,8 +406,10 @@ def coordinator_cmd(
         tier_untiered_bytes=tier_untiered_bytes,
         gc_grace_s=gc_grace_s,
         lease_ttl_s=lease_ttl_s,
+        authentication=authentication,
     )
     _setup_logging(settings.log_level)
+    _check_security(settings)
     try:
         background = settings.background_janitors()
     except ValueError as e:
@@ -392,6 +426,7 @@ def coordinator_cmd(
         settings.cluster_id,
         janitors=background,
         store_region=settings.store_region,
+        shared_secret=settings.shared_secret(),
     )
 
 

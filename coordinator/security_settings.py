@@ -1,0 +1,95 @@
+"""The security settings of ``lakelog serve``, ``agent`` and ``coordinator`` (issue 15).
+
+Mixed into the per-process settings classes (``coordinator.settings``,
+``service.settings``); everything is off by default. Secrets are ``SecretStr``, so a
+settings object printed or logged shows ``**********``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from coordinator.security import parse_super_users
+from segments.errors import InvalidSecurityRequestError
+
+Authentication = Literal["none", "basic"]
+Authorization = Literal["none", "acl"]
+
+
+class CoordinatorSecuritySettings(BaseModel):
+    """What a coordinator process needs: whether callers must authenticate, and how."""
+
+    authentication: Authentication = Field(
+        default="none",
+        description="none, or basic: REST clients need HTTP Basic (a user's password or an API "
+        "key), and a coordinator serves only agents presenting coordinator_secret.",
+    )
+    coordinator_secret: SecretStr | None = Field(
+        default=None,
+        description="Shared secret agents present to coordinators (required on both when "
+        "authentication is on and agents use a coordinator process).",
+    )
+
+    def shared_secret(self) -> str | None:
+        return self.coordinator_secret.get_secret_value() if self.coordinator_secret else None
+
+    def security_problems(self) -> list[str]:
+        """What is wrong with the security settings taken together (each one alone is
+        checked by its field); a process refuses to start with any."""
+        if getattr(self, "process", "") == "coordinator" and self.authentication != "none":
+            if not self.shared_secret():
+                return [
+                    "authentication on a coordinator needs coordinator_secret "
+                    "(LAKELOG_COORDINATOR_SECRET): it must never serve an unauthenticated agent"
+                ]
+        return []
+
+
+class AgentSecuritySettings(CoordinatorSecuritySettings):
+    """An agent's (and ``serve``'s): authentication of clients, authorization by ACLs."""
+
+    authorization: Authorization = Field(
+        default="none",
+        description="none, or acl: every REST request is checked against the coordinator's ACLs "
+        "(default deny; super_users may do anything).",
+    )
+    super_users: str = Field(
+        default="",
+        description="Principals allowed everything, semicolon-separated: User:admin;User:ops.",
+    )
+    auth_cache_ttl_s: Annotated[float, Field(ge=0, le=300)] = Field(
+        default=5.0,
+        description="How long an agent trusts a verified credential and its copy of the ACLs "
+        "(the staleness bound of a password change, key rotation or ACL change).",
+    )
+    auth_max_failures: Annotated[int, Field(ge=1)] = Field(
+        default=10,
+        description="Failed logins allowed per principal and per client address within "
+        "auth_failure_window_s; more are refused with 429 until the window passes.",
+    )
+    auth_failure_window_s: Annotated[float, Field(gt=0)] = Field(
+        default=60.0, description="The window failed logins are counted in."
+    )
+
+    @field_validator("super_users")
+    @classmethod
+    def _check_super_users(cls, v: str) -> str:
+        try:
+            parse_super_users(v)
+        except InvalidSecurityRequestError as e:
+            raise ValueError(e.message) from None
+        return v
+
+    def security_problems(self) -> list[str]:
+        problems = []
+        if self.authorization == "acl" and self.authentication == "none":
+            problems.append("authorization acl needs authentication (basic): whom would it check?")
+        coordinators = str(self.__dict__.get("coordinator", ""))
+        if self.authentication != "none" and coordinators and not self.shared_secret():
+            problems.append(
+                "authentication on an agent of coordinator processes needs coordinator_secret "
+                "(LAKELOG_COORDINATOR_SECRET): the coordinators refuse agents without it"
+            )
+        return problems
