@@ -38,12 +38,12 @@ class CoordinatorSecuritySettings(BaseModel):
     def security_problems(self) -> list[str]:
         """What is wrong with the security settings taken together (each one alone is
         checked by its field); a process refuses to start with any."""
-        if getattr(self, "process", "") == "coordinator" and self.authentication != "none":
-            if not self.shared_secret():
-                return [
-                    "authentication on a coordinator needs coordinator_secret "
-                    "(LAKELOG_COORDINATOR_SECRET): it must never serve an unauthenticated agent"
-                ]
+        is_coordinator = getattr(self, "process", "") == "coordinator"
+        if is_coordinator and self.authentication != "none" and not self.shared_secret():
+            return [
+                "authentication on a coordinator needs coordinator_secret "
+                "(LAKELOG_COORDINATOR_SECRET): it must never serve an unauthenticated agent"
+            ]
         return []
 
 
