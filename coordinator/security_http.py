@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from fastapi import Body, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.security import AclBinding, AclFilter
@@ -164,7 +165,6 @@ def _items(body: Any, key: str) -> list[Any]:
 
 def install_security_routes(app: FastAPI, security: SecurityStore) -> None:
     """Add the ``/v1/security`` routes over ``security`` to a coordinator app."""
-    from fastapi import Body, Response
 
     def js(data: Any, status: int = 200) -> Response:
         return Response(orjson.dumps(data), status_code=status, media_type="application/json")

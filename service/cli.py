@@ -36,6 +36,7 @@ from coordinator.settings import (
     LakelogSettings,
     load,
 )
+from service.security_cli import acls_app, api_keys_app, users_app
 from service.settings import Settings, settings_table
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ janitor_app = typer.Typer(
     "or here, against the metadata database and the object store."
 )
 app.add_typer(janitor_app, name="janitor")
+app.add_typer(users_app, name="users")
+app.add_typer(api_keys_app, name="api-keys")
+app.add_typer(acls_app, name="acls")
 
 # -- shared options: each is a setting of the same name (None: not given) ----------------
 
@@ -589,12 +593,24 @@ for _name in ("tier", "retention", "compact", "gc"):
 # -- REST client ------------------------------------------------------------------
 
 
+def rest_credentials() -> tuple[str, str] | None:
+    """HTTP Basic credentials for an agent with authentication on: ``LAKELOG_USER`` (a user
+    or an API key id) and ``LAKELOG_PASSWORD`` (its password or secret), never flags (a
+    flag would show in ``ps``)."""
+    import os
+
+    user = os.environ.get("LAKELOG_USER")
+    if not user:
+        return None
+    return user, os.environ.get("LAKELOG_PASSWORD", "")
+
+
 class Rest:
     """A small client of one agent's REST API that turns error bodies into exits."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=30.0)
+        self.http = httpx.Client(base_url=self.url, timeout=30.0, auth=rest_credentials())
         self._cluster: str | None = None
 
     def __enter__(self) -> Rest:
