@@ -57,7 +57,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   └── SecurityError             who may connect and what each may do (issue 15)
     │       ├── AuthenticationError       a missing or bad credential (401)
     │       ├── AuthorizationError        an operation no ACL allows (403)
-    │       ├── LoginThrottledError       retriable: too many failed logins lately (429)
+    │       ├── LoginThrottledError       too many failed logins lately (429, Retry-After)
     │       ├── PrincipalNotFoundError    no such user or API key
     │       ├── PrincipalExistsError      a user of that name exists
     │       └── InvalidSecurityRequestError  a bad user name, password or ACL
@@ -225,9 +225,8 @@ class AuthorizationError(SecurityError):
 
 
 class LoginThrottledError(SecurityError):
-    """Too many failed logins for this principal or address lately; wait and retry."""
-
-    retriable = True
+    """Too many failed logins for this principal or address lately (not retriable as is:
+    the window must pass first; 429 with Retry-After on REST)."""
 
 
 class PrincipalNotFoundError(SecurityError):

@@ -118,6 +118,16 @@ def group(op: Operation, param: str = "consumer_group_id") -> Rule:
     return Rule(lambda p, b: [Check(op, ResourceType.GROUP, str(p[param]))])
 
 
+def group_topic(op: Operation) -> Rule:
+    """A group's view of one topic: ``op`` on the group and DESCRIBE on the topic."""
+    return Rule(
+        lambda p, b: [
+            Check(op, ResourceType.GROUP, str(p["consumer_group_id"])),
+            Check(Op.DESCRIBE, ResourceType.TOPIC, str(p["topic_name"])),
+        ]
+    )
+
+
 AUTHENTICATED = Rule()
 SUPER_USER = Rule(super_user=True)
 
@@ -229,13 +239,13 @@ RULES: dict[tuple[str, str], Rule] = {
         "GET",
         _C + "/consumer-groups/{consumer_group_id}/consumers/{consumer_id}/assignments/"
         "{topic_name}/partitions/{partition_id}",
-    ): group(Op.DESCRIBE),
+    ): group_topic(Op.DESCRIBE),
     ("GET", _C + "/consumer-groups/{consumer_group_id}/lag-summary"): group(Op.DESCRIBE),
     ("GET", _C + "/consumer-groups/{consumer_group_id}/lags"): group(Op.DESCRIBE),
     (
         "GET",
         _C + "/consumer-groups/{consumer_group_id}/lags/{topic_name}/partitions/{partition_id}",
-    ): (group(Op.DESCRIBE)),
+    ): group_topic(Op.DESCRIBE),
     ("POST", _C + "/consumer-groups/{consumer_group_id}/offsets:reset"): group(Op.READ),
     ("DELETE", _C + "/consumer-groups/{consumer_group_id}"): group(Op.DELETE),
     # -- v2 -------------------------------------------------------------------------------

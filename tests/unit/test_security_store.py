@@ -126,3 +126,29 @@ def test_acls_create_describe_delete(store: SqlSecurityStore) -> None:
     assert store.delete_acls([AclFilter.of(operation="ALTER")]) == []
     assert store.delete_acls([AclFilter()]) == sorted([a, b])
     assert store.describe_acls([AclFilter()]) == []
+
+
+def test_agent_acl_copy_is_never_older_than_its_bound(store: SqlSecurityStore) -> None:
+    """The agent's copy of the ACLs: a change made elsewhere is seen once ttl_s has passed
+    (never later), and at once after invalidate() (a change through this agent)."""
+    import asyncio
+
+    from coordinator.security import Operation, ResourceType
+    from service.acl import AclCache
+
+    now = [100.0]
+    cache = AclCache(store, frozenset(), ttl_s=5.0, clock=lambda: now[0])
+
+    async def may_read() -> bool:
+        auth = await cache.authorizer()
+        return auth.authorize("User:a", "h", Operation.READ, ResourceType.TOPIC, "t")
+
+    assert not asyncio.run(may_read())
+    store.create_acls([_acl("User:a", "t", "READ")])
+    now[0] += 4.9
+    assert not asyncio.run(may_read())  # within the bound the old copy may answer
+    now[0] += 0.2
+    assert asyncio.run(may_read())  # past it, never
+    store.delete_acls([AclFilter()])
+    cache.invalidate()
+    assert not asyncio.run(may_read())
