@@ -339,3 +339,32 @@ def test_acl_bad_input_and_delete_needs_its_filter(
     }
     r = client.delete(acls, params=query, headers=basic("admin"))
     assert [a["resource_name"] for a in r.json()["data"]] == ["t-"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        ({"authorization": "acl", "kafka_port": 0}, "authorization acl needs authentication"),
+        ({"authentication": "basic", "kafka_port": 9092}, "Kafka listener does not authenticate"),
+        (
+            {"authentication": "basic", "kafka_port": 0, "coordinator": "http://c:8083"},
+            "needs coordinator_secret",
+        ),
+    ],
+)
+def test_settings_that_do_not_go_together_refuse_to_start(
+    tmp_path: Path, flags: dict[str, object], problem: str
+) -> None:
+    settings = Settings(db=f"sqlite:///{tmp_path}/m.db", **flags)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=problem):
+        create_app(settings)
+
+
+def test_coordinator_with_authentication_needs_its_secret() -> None:
+    from coordinator.settings import CoordinatorSettings
+
+    bare = CoordinatorSettings(db="sqlite:///x.db", authentication="basic")
+    assert "coordinator_secret" in bare.security_problems()[0]
+    ok = CoordinatorSettings(db="sqlite:///x.db", authentication="basic", coordinator_secret="s")  # type: ignore[arg-type]
+    assert ok.security_problems() == []
+    assert "s" not in repr(ok.coordinator_secret).replace("SecretStr", "")
