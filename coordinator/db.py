@@ -442,6 +442,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             ){clustered}""",
         ),
     ),
+    Migration(
+        13,
+        "security: SCRAM credentials of users (SASL/SCRAM-SHA-256 and -512 on Kafka)",
+        (
+            # RFC 5802's verifier: salt, StoredKey, ServerKey, iterations; never the password.
+            """CREATE TABLE scram_credentials (
+                name TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+                mechanism TEXT NOT NULL,
+                salt {blob} NOT NULL,
+                stored_key {blob} NOT NULL,
+                server_key {blob} NOT NULL,
+                iterations INTEGER NOT NULL,
+                PRIMARY KEY (name, mechanism)
+            ){clustered}""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -12,6 +12,8 @@ Routes (under ``/v1/security``; names travel in bodies, as group names do)::
     POST /v1/security/api-keys/create {"api_key": key, "secret"} (201)  <- {"owner", "description"}
     POST /v1/security/api-keys/rotate {"api_key": key, "secret"}  <- {"key_id"}
     POST /v1/security/api-keys/delete 204  <- {"key_id"}
+    POST /v1/security/scram           {"credential": {"salt", "stored_key", "server_key",
+                                      "iterations"} | null}  <- {"name", "mechanism"} (hex)
     POST /v1/security/acls/create     204  <- {"acls": [acl]}
     POST /v1/security/acls/describe   {"acls": [acl]}  <- {"filters": [filter]}
     POST /v1/security/acls/delete     {"acls": [acl]}  <- {"filters": [filter]}
@@ -35,7 +37,13 @@ from fastapi import Body, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.security import AclBinding, AclFilter
-from coordinator.security_store import ApiKeyInfo, ApiKeySecret, SecurityStore, UserInfo
+from coordinator.security_store import (
+    ApiKeyInfo,
+    ApiKeySecret,
+    ScramCredential,
+    SecurityStore,
+    UserInfo,
+)
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
 
 if TYPE_CHECKING:
@@ -123,6 +131,24 @@ def key_from_json(d: Mapping[str, Any]) -> ApiKeyInfo:
     )
 
 
+def scram_to_json(c: ScramCredential) -> dict[str, Any]:
+    return {
+        "salt": c.salt.hex(),
+        "stored_key": c.stored_key.hex(),
+        "server_key": c.server_key.hex(),
+        "iterations": c.iterations,
+    }
+
+
+def scram_from_json(d: Mapping[str, Any]) -> ScramCredential:
+    return ScramCredential(
+        bytes.fromhex(d["salt"]),
+        bytes.fromhex(d["stored_key"]),
+        bytes.fromhex(d["server_key"]),
+        int(d["iterations"]),
+    )
+
+
 def acl_to_json(b: AclBinding) -> dict[str, str]:
     return dict(zip(_ACL_KEYS, b.row(), strict=True))
 
@@ -174,6 +200,11 @@ def install_security_routes(app: FastAPI, security: SecurityStore) -> None:
         return js(
             {"principal": security.authenticate(_field(body, "name"), _field(body, "secret"))}
         )
+
+    @app.post("/v1/security/scram")
+    def scram_credential(body: Any = Body()) -> Response:
+        cred = security.scram_credential(_field(body, "name"), _field(body, "mechanism"))
+        return js({"credential": None if cred is None else scram_to_json(cred)})
 
     @app.get("/v1/security/users")
     def list_users() -> Response:
@@ -286,6 +317,11 @@ class HttpSecurityStore:
         if not isinstance(principal, str):
             raise AuthenticationError("the coordinator did not name a principal")
         return principal
+
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
+        body = {"name": name, "mechanism": mechanism}
+        data = self._post("scram", body, idempotent=True)["credential"]
+        return None if data is None else scram_from_json(data)
 
     def create_acls(self, bindings: Sequence[AclBinding]) -> None:
         self._post("acls/create", {"acls": [acl_to_json(b) for b in bindings]}, idempotent=True)

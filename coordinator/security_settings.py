@@ -86,9 +86,9 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
         problems = []
         if self.authorization == "acl" and self.authentication == "none":
             problems.append("authorization acl needs authentication (basic): whom would it check?")
-        if self.authentication != "none" and self.__dict__.get("kafka_port"):
+        if self.authorization != "none" and self.__dict__.get("kafka_port"):
             problems.append(
-                "the Kafka listener does not authenticate yet: with authentication on, set "
+                "the Kafka listener does not check ACLs yet: with authorization on, set "
                 "kafka_port 0 (LAKELOG_KAFKA_PORT=0, --kafka-port 0)"
             )
         coordinators = str(self.__dict__.get("coordinator", ""))

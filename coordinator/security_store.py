@@ -71,6 +71,37 @@ class ApiKeySecret:
         return f"ApiKeySecret(key={self.key!r}, secret=***)"
 
 
+@dataclass(frozen=True, slots=True)
+class ScramCredential:
+    """RFC 5802's server-side verifier of one user and mechanism."""
+
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+    iterations: int
+
+    def __repr__(self) -> str:
+        return f"ScramCredential(iterations={self.iterations}, ...)"
+
+
+#: The SCRAM mechanisms kept for every user (Kafka's), and the iterations (Kafka's minimum).
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+SCRAM_ITERATIONS = 4096
+
+
+def scram_credentials(password: str) -> dict[str, ScramCredential]:
+    """The SCRAM verifiers of ``password`` (a random salt each), by mechanism (scramp)."""
+    from scramp import ScramMechanism
+
+    out = {}
+    for mechanism in SCRAM_MECHANISMS:
+        salt, stored, server, iterations = ScramMechanism(mechanism).make_auth_info(
+            password, iteration_count=SCRAM_ITERATIONS
+        )
+        out[mechanism] = ScramCredential(salt, stored, server, iterations)
+    return out
+
+
 class SecurityStore(Protocol):
     """Principals and ACLs, kept by the coordinator."""
 
@@ -106,6 +137,11 @@ class SecurityStore(Protocol):
     def authenticate(self, name: str, secret: str) -> str:
         """The principal (``User:<name>``) of a user name and password, or of an API key
         id and secret. Raises AuthenticationError, the same for every kind of failure."""
+        ...
+
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
+        """The user's SCRAM verifier for ``mechanism`` (SCRAM-SHA-256 or -512); None if the
+        user has none (unknown, or made before SCRAM was kept: set its password again)."""
         ...
 
     def create_acls(self, bindings: Sequence[AclBinding]) -> None:
@@ -147,6 +183,7 @@ class SqlSecurityStore:
     def create_user(self, name: str, password: str) -> UserInfo:
         check_name(name)
         digest = self._hasher.hash(check_password(password))
+        scram = scram_credentials(password)
         now = time.time()
         with self._db.write() as conn:
             row = conn.execute(
@@ -156,23 +193,50 @@ class SqlSecurityStore:
                 ),
                 (name, digest, now),
             ).fetchone()
-        if row is None:
-            raise PrincipalExistsError(f"User {name} already exists.")
+            if row is None:
+                raise PrincipalExistsError(f"User {name} already exists.")
+            self._put_scram(conn, name, scram)
         return UserInfo(name, now)
+
+    def _put_scram(self, conn: Any, name: str, scram: dict[str, ScramCredential]) -> None:
+        conn.execute(self._sql("DELETE FROM scram_credentials WHERE name = ?"), (name,))
+        conn.executemany(
+            self._sql(
+                "INSERT INTO scram_credentials (name, mechanism, salt, stored_key, server_key, "
+                "iterations) VALUES (?, ?, ?, ?, ?, ?)"
+            ),
+            [(name, m, c.salt, c.stored_key, c.server_key, c.iterations) for m, c in scram.items()],
+        )
+
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
+        with self._db.read() as conn:
+            row = conn.execute(
+                self._sql(
+                    "SELECT salt, stored_key, server_key, iterations FROM scram_credentials "
+                    "WHERE name = ? AND mechanism = ?"
+                ),
+                (name, mechanism),
+            ).fetchone()
+        if row is None:
+            return None
+        return ScramCredential(bytes(row[0]), bytes(row[1]), bytes(row[2]), int(row[3]))
 
     def set_password(self, name: str, password: str) -> None:
         digest = self._hasher.hash(check_password(password))
+        scram = scram_credentials(password)
         with self._db.write() as conn:
             row = conn.execute(
                 self._sql("UPDATE users SET password_hash = ? WHERE name = ? RETURNING name"),
                 (digest, name),
             ).fetchone()
-        if row is None:
-            raise PrincipalNotFoundError(f"User {name} does not exist.")
+            if row is None:
+                raise PrincipalNotFoundError(f"User {name} does not exist.")
+            self._put_scram(conn, name, scram)
 
     def delete_user(self, name: str) -> None:
         with self._db.write() as conn:
             conn.execute(self._sql("DELETE FROM api_keys WHERE owner = ?"), (name,))
+            conn.execute(self._sql("DELETE FROM scram_credentials WHERE name = ?"), (name,))
             row = conn.execute(
                 self._sql("DELETE FROM users WHERE name = ? RETURNING name"), (name,)
             ).fetchone()

@@ -298,8 +298,16 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             executors=executors,
             consumers=consumers,
         )
+        security.start(app, settings, coordinator, metrics.registry)
         if settings.kafka_port:
-            kafka = KafkaServer(state, settings.host, settings.kafka_port)
+            kafka = KafkaServer(
+                state,
+                settings.host,
+                settings.kafka_port,
+                authenticator=app.state.authenticator
+                if settings.authentication != "none"
+                else None,
+            )
             await kafka.start()
             state.kafka_address = kafka_address(settings, kafka.port)
             kafka.advertise(state.kafka_address)
@@ -326,7 +334,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await consumer_heartbeat
 
         stack.push_async_callback(_stop_consumer_heartbeat)
-        security.start(app, settings, coordinator, metrics.registry)
         app.state.agent = state
         janitors: JanitorConfig | None = app.state.janitors
         if janitors is not None and janitors.enabled:
