@@ -7,6 +7,7 @@ settings object printed or logged shows ``**********``.
 
 from __future__ import annotations
 
+import ssl
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
@@ -32,12 +33,30 @@ class CoordinatorSecuritySettings(BaseModel):
         "authentication is on and agents use a coordinator process).",
     )
 
+    tls_cert_file: str | None = Field(
+        default=None,
+        description="PEM certificate (chain) to serve TLS with: HTTPS, and on an agent also its "
+        "Kafka listener (SSL / SASL_SSL). Needs tls_key_file.",
+    )
+    tls_key_file: str | None = Field(default=None, description="PEM private key of tls_cert_file.")
+
+    def server_tls(self) -> ssl.SSLContext | None:
+        """The TLS context to serve with, or None for plaintext."""
+        if not self.tls_cert_file:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
+
     def shared_secret(self) -> str | None:
         return self.coordinator_secret.get_secret_value() if self.coordinator_secret else None
 
     def security_problems(self) -> list[str]:
         """What is wrong with the security settings taken together (each one alone is
         checked by its field); a process refuses to start with any."""
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            return ["tls_cert_file and tls_key_file go together"]
         is_coordinator = getattr(self, "process", "") == "coordinator"
         if is_coordinator and self.authentication != "none" and not self.shared_secret():
             return [
@@ -82,8 +101,20 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
             raise ValueError(e.message) from None
         return v
 
+    tls_ca_file: str | None = Field(
+        default=None,
+        description="PEM CA certificates an agent trusts for https:// coordinator URLs "
+        "(default: the system's).",
+    )
+
+    def coordinator_verify(self) -> ssl.SSLContext | bool:
+        """What an agent verifies https:// coordinators with."""
+        if not self.tls_ca_file:
+            return True
+        return ssl.create_default_context(cafile=self.tls_ca_file)
+
     def security_problems(self) -> list[str]:
-        problems = []
+        problems = super().security_problems()
         if self.authorization == "acl" and self.authentication == "none":
             problems.append("authorization acl needs authentication (basic): whom would it check?")
         if self.authorization != "none" and self.__dict__.get("kafka_port"):

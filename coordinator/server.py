@@ -1066,8 +1066,10 @@ def run(
     janitors: JanitorConfig | None = None,
     store_region: str | None = None,
     shared_secret: str | None = None,
+    tls: tuple[str, str | None] | None = None,
 ) -> None:
-    """Serve a coordinator over ``db_url`` with uvicorn until interrupted.
+    """Serve a coordinator over ``db_url`` with uvicorn until interrupted (HTTPS with
+    ``tls``: certificate and key files).
 
     ``janitors``: which janitors to run in the background, and how (they need
     ``store_url``). With a store, janitors can also be run now through the API, and
@@ -1105,7 +1107,16 @@ def run(
             store_url or "none",
             coordinator.cluster_id(),
         )
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        cert, key = tls or (None, None)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+        )
     finally:
         if runner is not None:
             runner.stop()

@@ -74,7 +74,11 @@ def build_coordinator(settings: Settings) -> Coordinator:
         from coordinator.http_client import HttpCoordinator
         from coordinator.security_http import secret_headers
 
-        return HttpCoordinator(urls, headers=secret_headers(settings.shared_secret()))
+        return HttpCoordinator(
+            urls,
+            headers=secret_headers(settings.shared_secret()),
+            verify=settings.coordinator_verify(),
+        )
     from coordinator.local import LocalCoordinator
 
     return LocalCoordinator(settings.db, cluster_id=settings.cluster_id)
@@ -307,6 +311,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 authenticator=app.state.authenticator
                 if settings.authentication != "none"
                 else None,
+                tls=settings.server_tls(),
             )
             await kafka.start()
             state.kafka_address = kafka_address(settings, kafka.port)

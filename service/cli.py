@@ -221,6 +221,8 @@ def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> Non
         log_level=settings.log_level,
         access_log=settings.access_log,
         proxy_headers=False,  # the app applies them, trusting settings.forwarded_allow_ips
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
 
 
@@ -431,6 +433,7 @@ def coordinator_cmd(
         janitors=background,
         store_region=settings.store_region,
         shared_secret=settings.shared_secret(),
+        tls=(settings.tls_cert_file, settings.tls_key_file) if settings.tls_cert_file else None,
     )
 
 

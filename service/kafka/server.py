@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -85,12 +86,19 @@ class KafkaServer:
         state: the agent's core (shared with the REST routes).
         host, port: where to listen (port 0: any free port; see ``port`` after start).
         authenticator: require SASL (``service.kafka.sasl``) and check credentials with it.
+        tls: serve TLS (Kafka's SSL, or SASL_SSL with an authenticator).
     """
 
     def __init__(
-        self, state: AgentState, host: str, port: int, authenticator: Authenticator | None = None
+        self,
+        state: AgentState,
+        host: str,
+        port: int,
+        authenticator: Authenticator | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.state = state
+        self.tls = tls
         #: With an authenticator, every connection authenticates with SASL first.
         self.authenticator = authenticator
         self.host = host
@@ -101,11 +109,12 @@ class KafkaServer:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._accept, self.host, self.port, limit=_READ_BYTES
+            self._accept, self.host, self.port, limit=_READ_BYTES, ssl=self.tls
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self.ctx = h.KafkaContext(self.state, self.host, self.port)
-        log.info("Kafka listener on %s:%d", self.host, self.port)
+        protocol = ("SASL_" if self.authenticator else "") + ("SSL" if self.tls else "PLAINTEXT")
+        log.info("Kafka listener on %s:%d (%s)", self.host, self.port, protocol)
 
     def advertise(self, address: tuple[str, int]) -> None:
         """The (host, port) Metadata gives clients for this agent."""
