@@ -428,6 +428,54 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX idempotency_keys_by_expiry ON idempotency_keys (expires_ms)",
         ),
     ),
+    Migration(
+        12,
+        "security: users, API keys, ACLs (coordinator.security_store)",
+        (
+            # password_hash: argon2id in PHC string form (salt and parameters inside).
+            """CREATE TABLE users (
+                name TEXT NOT NULL PRIMARY KEY,
+                password_hash TEXT NOT NULL,
+                created_at {double} NOT NULL
+            )""",
+            # secret_hash: argon2id of the secret, which is shown once and never stored.
+            """CREATE TABLE api_keys (
+                key_id TEXT NOT NULL PRIMARY KEY,
+                owner TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+                secret_hash TEXT NOT NULL,
+                description TEXT NOT NULL,
+                created_at {double} NOT NULL
+            )""",
+            "CREATE INDEX api_keys_by_owner ON api_keys (owner)",
+            """CREATE TABLE acls (
+                principal TEXT NOT NULL,
+                host TEXT NOT NULL,
+                resource_type TEXT NOT NULL,
+                resource_name TEXT NOT NULL,
+                pattern_type TEXT NOT NULL,
+                operation TEXT NOT NULL,
+                permission TEXT NOT NULL,
+                PRIMARY KEY (resource_type, resource_name, pattern_type, principal, host,
+                             operation, permission)
+            ){clustered}""",
+        ),
+    ),
+    Migration(
+        13,
+        "security: SCRAM credentials of users (SASL/SCRAM-SHA-256 and -512 on Kafka)",
+        (
+            # RFC 5802's verifier: salt, StoredKey, ServerKey, iterations; never the password.
+            """CREATE TABLE scram_credentials (
+                name TEXT NOT NULL REFERENCES users (name) ON DELETE CASCADE,
+                mechanism TEXT NOT NULL,
+                salt {blob} NOT NULL,
+                stored_key {blob} NOT NULL,
+                server_key {blob} NOT NULL,
+                iterations INTEGER NOT NULL,
+                PRIMARY KEY (name, mechanism)
+            ){clustered}""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -21,6 +21,7 @@ the coordinator de-duplicates by object key. Anything else surfaces as
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -516,6 +517,8 @@ class HttpCoordinator:
         timeout: seconds for connect, read and write of one request.
         client: an ``httpx.Client`` to use instead of building one (tests pass a
             Starlette ``TestClient`` to run the real client against an app in-process).
+        headers: sent with every request (the coordinator's shared secret).
+        verify: how https:// coordinators are verified (a context with their CA).
     """
 
     def __init__(
@@ -524,6 +527,8 @@ class HttpCoordinator:
         timeout: float = 10.0,
         *,
         client: httpx.Client | None = None,
+        headers: Mapping[str, str] | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
@@ -536,6 +541,8 @@ class HttpCoordinator:
         self._client = client or httpx.Client(
             timeout=timeout,
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+            headers=headers,  # the shared secret (coordinator.security_http)
+            verify=verify,
         )
         self._cluster_id: str | None = None
 

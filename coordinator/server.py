@@ -158,6 +158,8 @@ from coordinator.janitors.runner import JanitorRunner
 from coordinator.kafka_groups import KafkaGroupCoordinator
 from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
+from coordinator.security_http import SharedSecretMiddleware, install_security_routes
+from coordinator.security_store import SecurityStore, SqlSecurityStore
 from segments.errors import LakelogError, MalformedRequestError
 from segments.store import ObjectStore, absolute_store_url
 from segments.types import StoreLocation, TopicPartition
@@ -226,6 +228,13 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "InvalidCompatibilityLevelError": 422,
     "InvalidSubjectError": 422,
     "ReferenceExistsError": 422,
+    "SecurityError": 400,
+    "AuthenticationError": 401,
+    "AuthorizationError": 403,
+    "LoginThrottledError": 429,
+    "PrincipalNotFoundError": 404,
+    "PrincipalExistsError": 409,
+    "InvalidSecurityRequestError": 400,
 }
 
 
@@ -400,12 +409,17 @@ def create_app(
     coordinator: FullCoordinator,
     store: ObjectStore | None = None,
     location: StoreLocation | None = None,
+    *,
+    security: SecurityStore | None = None,
+    shared_secret: str | None = None,
 ) -> FastAPI:
     """The coordinator's HTTP API over ``coordinator``; ``store`` enables /v1/orphans.
 
     ``location`` is what /v1/store tells Spark jobs (default: ``store``'s URL, made
     absolute for ``file://``). The caller owns the coordinator and the store and closes
-    them after the app stops.
+    them after the app stops. ``security`` adds the ``/v1/security`` routes;
+    ``shared_secret`` makes every route but /health and /metrics require it
+    (``coordinator.security_http``).
     """
     if location is None and store is not None:
         location = StoreLocation(absolute_store_url(store.url))
@@ -413,6 +427,10 @@ def create_app(
     metrics = _Metrics()
     app.state.metrics = metrics
     app.add_middleware(_CountRequests, metrics=metrics)
+    if shared_secret:
+        app.add_middleware(SharedSecretMiddleware, secret=shared_secret)
+    if security is not None:
+        install_security_routes(app, security)
 
     @app.exception_handler(LakelogError)
     async def lakelog_error(request: Request, exc: LakelogError) -> Response:
@@ -1035,13 +1053,20 @@ def create_process_app(
     store: ObjectStore | None,
     janitors: JanitorConfig | None,
     location: StoreLocation | None = None,
+    shared_secret: str | None = None,
 ) -> FastAPI:
     """The app ``lakelog coordinator`` serves: the API, and on its /metrics the consumer
     groups' lag and, with a store, the janitors' (whose runner, not started, is
     ``app.state.janitor_runner``)."""
     from coordinator.janitors.runner import JanitorMetrics
 
-    app = create_app(coordinator, store, location)
+    app = create_app(
+        coordinator,
+        store,
+        location,
+        security=SqlSecurityStore(coordinator.db),
+        shared_secret=shared_secret,
+    )
     app.state.metrics.registry.register(GroupLagCollector(coordinator.group_lag))
     app.state.janitor_runner = None
     if store is not None:
@@ -1061,8 +1086,11 @@ def run(
     cluster_id: str | None = None,
     janitors: JanitorConfig | None = None,
     store_region: str | None = None,
+    shared_secret: str | None = None,
+    tls: tuple[str, str | None] | None = None,
 ) -> None:
-    """Serve a coordinator over ``db_url`` with uvicorn until interrupted.
+    """Serve a coordinator over ``db_url`` with uvicorn until interrupted (HTTPS with
+    ``tls``: certificate and key files).
 
     ``janitors``: which janitors to run in the background, and how (they need
     ``store_url``). With a store, janitors can also be run now through the API, and
@@ -1088,7 +1116,7 @@ def run(
             if store_url
             else None
         )
-        app = create_process_app(coordinator, store, janitors, location)
+        app = create_process_app(coordinator, store, janitors, location, shared_secret)
         runner = app.state.janitor_runner
         if runner is not None:
             runner.start()
@@ -1100,7 +1128,16 @@ def run(
             store_url or "none",
             coordinator.cluster_id(),
         )
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        cert, key = tls or (None, None)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+        )
     finally:
         if runner is not None:
             runner.stop()

@@ -39,6 +39,7 @@ from pydantic_settings import (
 )
 
 from coordinator.janitors.context import DEFAULT_INTERVALS_S, JANITORS, JanitorConfig
+from coordinator.security_settings import CoordinatorSecuritySettings
 
 #: The environment variable naming the config file (``--config`` wins).
 CONFIG_ENV = "LAKELOG_CONFIG"
@@ -279,7 +280,9 @@ class JanitorSchedule(JanitorTuning):
 # -- the coordinator and the janitor command -------------------------------------------
 
 
-class CoordinatorSettings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule):
+class CoordinatorSettings(
+    LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule, CoordinatorSecuritySettings
+):
     """``lakelog coordinator``."""
 
     process: ClassVar[str] = "coordinator"

@@ -53,7 +53,14 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   │   ├── InvalidSubjectError
     │   │   ├── ReferenceExistsError         a version other schemas still reference
     │   │   └── SchemaConflictError          retriable: the subject changed under a registration
-    │   └── SecurityDisabledError     ACL requests while no authorizer is configured
+    │   ├── SecurityDisabledError     ACL requests while no authorizer is configured
+    │   └── SecurityError             who may connect and what each may do (issue 15)
+    │       ├── AuthenticationError       a missing or bad credential (401)
+    │       ├── AuthorizationError        an operation no ACL allows (403)
+    │       ├── LoginThrottledError       too many failed logins lately (429, Retry-After)
+    │       ├── PrincipalNotFoundError    no such user or API key
+    │       ├── PrincipalExistsError      a user of that name exists
+    │       └── InvalidSecurityRequestError  a bad user name, password or ACL
     ├── BufferFullError               retriable: the agent's write buffer stayed full
     ├── InternalError                 not retriable: an unexpected failure (a bug) inside lakelog
     └── RequestError                  a client's request is not acceptable (web layer)
@@ -204,6 +211,35 @@ class JanitorBusyError(MetadataError):
 
 class SecurityDisabledError(MetadataError):
     """An ACL request while no authorizer is configured (Kafka's SecurityDisabledException)."""
+
+
+class SecurityError(MetadataError):
+    """Authentication and authorization (``coordinator.security``)."""
+
+
+class AuthenticationError(SecurityError):
+    """A missing, malformed or wrong credential (Kafka's SaslAuthenticationException)."""
+
+
+class AuthorizationError(SecurityError):
+    """The principal may not do this (Kafka's *AuthorizationException)."""
+
+
+class LoginThrottledError(SecurityError):
+    """Too many failed logins for this principal or address lately (not retriable as is:
+    the window must pass first; 429 with Retry-After on REST)."""
+
+
+class PrincipalNotFoundError(SecurityError):
+    """No user or API key of that name."""
+
+
+class PrincipalExistsError(SecurityError):
+    """A user of that name exists already."""
+
+
+class InvalidSecurityRequestError(SecurityError):
+    """A user name, password, API key or ACL that is not acceptable."""
 
 
 class OffsetOutOfRangeError(MetadataError):
@@ -415,6 +451,13 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         NoOffsetError,
         JanitorBusyError,
         SecurityDisabledError,
+        SecurityError,
+        AuthenticationError,
+        AuthorizationError,
+        LoginThrottledError,
+        PrincipalNotFoundError,
+        PrincipalExistsError,
+        InvalidSecurityRequestError,
         OffsetOutOfRangeError,
         ProducerFencedError,
         ProducerConflictError,

@@ -31,7 +31,7 @@ from coordinator.schemas import SchemaStore
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectStore, open_store
-from service import errors
+from service import errors, security, security_routes
 from service import executors as executors_module
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
@@ -74,8 +74,13 @@ def build_coordinator(settings: Settings) -> Coordinator:
     urls = settings.coordinator_urls()
     if urls:
         from coordinator.http_client import HttpCoordinator
+        from coordinator.security_http import secret_headers
 
-        return HttpCoordinator(urls)
+        return HttpCoordinator(
+            urls,
+            headers=secret_headers(settings.shared_secret()),
+            verify=settings.coordinator_verify(),
+        )
     from coordinator.local import LocalCoordinator
 
     return LocalCoordinator(settings.db, cluster_id=settings.cluster_id)
@@ -299,8 +304,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             executors=executors,
             consumers=consumers,
         )
+        security.start(app, settings, coordinator, metrics.registry)
         if settings.kafka_port:
-            kafka = KafkaServer(state, settings.host, settings.kafka_port)
+            kafka = KafkaServer(
+                state,
+                settings.host,
+                settings.kafka_port,
+                authenticator=app.state.authenticator
+                if settings.authentication != "none"
+                else None,
+                tls=settings.server_tls(),
+            )
             await kafka.start()
             state.kafka_address = kafka_address(settings, kafka.port)
             kafka.advertise(state.kafka_address)
@@ -385,6 +399,8 @@ def create_app(
     app.state.janitors = janitors
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install_error_handlers(app)
+    # Inside the body limit, trailing-slash and proxy-header middleware added next.
+    security.install(app, settings)
     install_middleware(app, settings)
     app.add_api_route("/health", health, methods=["GET"], tags=["ops"])
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"])
@@ -405,6 +421,7 @@ def create_app(
         v2_produce.router,
         v2_consumers.router,
         registry_routes.router,
+        security_routes.router,
     ):
         app.include_router(router)
     return app

@@ -36,6 +36,7 @@ from coordinator.settings import (
     LakelogSettings,
     load,
 )
+from service.security_cli import acls_app, api_keys_app, users_app
 from service.settings import Settings, settings_table
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ janitor_app = typer.Typer(
     "or here, against the metadata database and the object store."
 )
 app.add_typer(janitor_app, name="janitor")
+app.add_typer(users_app, name="users")
+app.add_typer(api_keys_app, name="api-keys")
+app.add_typer(acls_app, name="acls")
 
 # -- shared options: each is a setting of the same name (None: not given) ----------------
 
@@ -115,6 +119,16 @@ KafkaAdvertisedOpt = Annotated[
     typer.Option("--kafka-advertised", help="host:port Kafka clients reach this agent at."),
 ]
 LogLevelOpt = Annotated[str | None, typer.Option("--log-level", help="Python log level.")]
+AuthenticationOpt = Annotated[
+    str | None,
+    typer.Option(help="none, or basic: clients need a user's password or an API key."),
+]
+AuthorizationOpt = Annotated[
+    str | None, typer.Option(help="none, or acl: every request is checked against the ACLs.")
+]
+SuperUsersOpt = Annotated[
+    str | None, typer.Option("--super-users", help="Principals allowed everything: User:a;User:b.")
+]
 AccessLogOpt = Annotated[
     bool | None, typer.Option("--access-log/--no-access-log", help="Log every request.")
 ]
@@ -174,6 +188,13 @@ def _load(cls: type[S], process: str, config: Path | None, **flags: Any) -> S:
         _fail(str(e), code=2)
 
 
+def _check_security(settings: CoordinatorSettings | Settings) -> None:
+    """Exit 2 when the security settings do not go together."""
+    problems = settings.security_problems()
+    if problems:
+        _fail(f"invalid settings: {'; '.join(problems)}", code=2)
+
+
 def _intervals(items: list[str] | None) -> dict[str, str] | None:
     """``--janitor-interval tier=30`` (repeatable) as the setting's mapping."""
     return _pairs(items, "janitor interval") if items else None
@@ -200,6 +221,8 @@ def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> Non
         log_level=settings.log_level,
         access_log=settings.access_log,
         proxy_headers=False,  # the app applies them, trusting settings.forwarded_allow_ips
+        ssl_certfile=settings.tls_cert_file,
+        ssl_keyfile=settings.tls_key_file,
     )
 
 
@@ -241,6 +264,9 @@ def serve(
     tier_untiered_bytes: TierBytesOpt = None,
     gc_grace_s: GraceOpt = None,
     lease_ttl_s: LeaseTtlOpt = None,
+    authentication: AuthenticationOpt = None,
+    authorization: AuthorizationOpt = None,
+    super_users: SuperUsersOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Agent and coordinator in one process: SQLite and file://./data unless told otherwise.
@@ -276,7 +302,11 @@ def serve(
         tier_untiered_bytes=tier_untiered_bytes,
         gc_grace_s=gc_grace_s,
         lease_ttl_s=lease_ttl_s,
+        authentication=authentication,
+        authorization=authorization,
+        super_users=super_users,
     )
+    _check_security(settings)
     _ensure_local_dirs(settings.db, settings.store)
     _run_agent(settings, settings.background_janitors())
 
@@ -302,6 +332,9 @@ def agent(
     kafka_advertised: KafkaAdvertisedOpt = None,
     log_level: LogLevelOpt = None,
     access_log: AccessLogOpt = None,
+    authentication: AuthenticationOpt = None,
+    authorization: AuthorizationOpt = None,
+    super_users: SuperUsersOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """A stateless agent serving the REST API against coordinator process(es)."""
@@ -326,7 +359,11 @@ def agent(
         kafka_advertised=kafka_advertised,
         log_level=log_level,
         access_log=access_log,
+        authentication=authentication,
+        authorization=authorization,
+        super_users=super_users,
     )
+    _check_security(settings)
     if not settings.coordinator_urls():
         _fail("lakelog agent needs --coordinator URL (or LAKELOG_COORDINATOR); see lakelog serve")
     _run_agent(settings)
@@ -351,6 +388,7 @@ def coordinator_cmd(
     tier_untiered_bytes: TierBytesOpt = None,
     gc_grace_s: GraceOpt = None,
     lease_ttl_s: LeaseTtlOpt = None,
+    authentication: AuthenticationOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
@@ -374,8 +412,10 @@ def coordinator_cmd(
         tier_untiered_bytes=tier_untiered_bytes,
         gc_grace_s=gc_grace_s,
         lease_ttl_s=lease_ttl_s,
+        authentication=authentication,
     )
     _setup_logging(settings.log_level)
+    _check_security(settings)
     try:
         background = settings.background_janitors()
     except ValueError as e:
@@ -392,6 +432,8 @@ def coordinator_cmd(
         settings.cluster_id,
         janitors=background,
         store_region=settings.store_region,
+        shared_secret=settings.shared_secret(),
+        tls=(settings.tls_cert_file, settings.tls_key_file) if settings.tls_cert_file else None,
     )
 
 
@@ -554,12 +596,24 @@ for _name in ("tier", "retention", "compact", "gc"):
 # -- REST client ------------------------------------------------------------------
 
 
+def rest_credentials() -> tuple[str, str] | None:
+    """HTTP Basic credentials for an agent with authentication on: ``LAKELOG_USER`` (a user
+    or an API key id) and ``LAKELOG_PASSWORD`` (its password or secret), never flags (a
+    flag would show in ``ps``)."""
+    import os
+
+    user = os.environ.get("LAKELOG_USER")
+    if not user:
+        return None
+    return user, os.environ.get("LAKELOG_PASSWORD", "")
+
+
 class Rest:
     """A small client of one agent's REST API that turns error bodies into exits."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=30.0)
+        self.http = httpx.Client(base_url=self.url, timeout=30.0, auth=rest_credentials())
         self._cluster: str | None = None
 
     def __enter__(self) -> Rest:

@@ -42,6 +42,8 @@ class ErrorCode(IntEnum):
     REQUEST_TOO_LARGE = 413
     UNSUPPORTED_MEDIA_TYPE = 415
     UNPROCESSABLE_ENTITY = 422
+    CONFLICT = 409
+    TOO_MANY_REQUESTS = 429
     INTERNAL_SERVER_ERROR = 500
     #: The one exception to "first three digits are the status": sent with HTTP 422.
     INVALID_CONSUMER_CONFIG_CONSTRAINTS = 40001
@@ -150,6 +152,13 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.NonEmptyGroupError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.JanitorBusyError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.SecurityDisabledError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.SecurityError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    e.AuthenticationError: ErrorSpec(ErrorCode.KAFKA_AUTHENTICATION),
+    e.AuthorizationError: ErrorSpec(ErrorCode.KAFKA_AUTHORIZATION),
+    e.LoginThrottledError: ErrorSpec(ErrorCode.TOO_MANY_REQUESTS),
+    e.PrincipalNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),
+    e.PrincipalExistsError: ErrorSpec(ErrorCode.CONFLICT),
+    e.InvalidSecurityRequestError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.OffsetOutOfRangeError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.ProducerFencedError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.ProducerConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
+from coordinator.security_settings import AgentSecuritySettings
 from coordinator.settings import (
     CLUSTER_ID_RE as CLUSTER_ID_RE,
 )
@@ -39,7 +40,9 @@ def _new_agent_id() -> str:
     return uuid.uuid4().hex
 
 
-class Settings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule):
+class Settings(
+    LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule, AgentSecuritySettings
+):
     """Everything an agent (and ``lakelog serve``) can be configured with."""
 
     process: ClassVar[str] = "agent"
@@ -48,7 +51,7 @@ class Settings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule
     SERVE_ONLY: ClassVar[frozenset[str]] = frozenset(
         {"db", "cluster_id", *JanitorSchedule.model_fields}
     )
-    AGENT_ONLY: ClassVar[frozenset[str]] = frozenset({"coordinator"})
+    AGENT_ONLY: ClassVar[frozenset[str]] = frozenset({"coordinator", "coordinator_secret"})
 
     janitors: str = Field(
         default="all",

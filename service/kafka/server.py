@@ -15,20 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from service.auth import Authenticator
 from service.kafka import admin, groups
 from service.kafka import handlers as h
 from service.kafka.framing import (
     FrameDecoder,
     FrameError,
+    Request,
     UnsupportedRequestError,
     decode_request,
     encode_response,
     request_class,
 )
+from service.kafka.sasl import SASL_HANDSHAKE, SASL_VERSIONS, SaslSession, SaslStateError
 from service.state import AgentState
 
 log = logging.getLogger(__name__)
@@ -67,7 +71,10 @@ HANDLERS: dict[int, tuple[int, int, h.Handler]] = {
 }
 
 #: api key -> (min version, max version): what ApiVersions advertises.
-SUPPORTED: dict[int, tuple[int, int]] = {k: (lo, hi) for k, (lo, hi, _) in HANDLERS.items()}
+SUPPORTED: dict[int, tuple[int, int]] = {
+    **{k: (lo, hi) for k, (lo, hi, _) in HANDLERS.items()},
+    **SASL_VERSIONS,  # answered per connection (service.kafka.sasl)
+}
 
 _READ_BYTES = 256 * 1024
 
@@ -78,10 +85,22 @@ class KafkaServer:
     Args:
         state: the agent's core (shared with the REST routes).
         host, port: where to listen (port 0: any free port; see ``port`` after start).
+        authenticator: require SASL (``service.kafka.sasl``) and check credentials with it.
+        tls: serve TLS (Kafka's SSL, or SASL_SSL with an authenticator).
     """
 
-    def __init__(self, state: AgentState, host: str, port: int) -> None:
+    def __init__(
+        self,
+        state: AgentState,
+        host: str,
+        port: int,
+        authenticator: Authenticator | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.state = state
+        self.tls = tls
+        #: With an authenticator, every connection authenticates with SASL first.
+        self.authenticator = authenticator
         self.host = host
         self.port = port
         self.ctx: h.KafkaContext | None = None
@@ -90,11 +109,12 @@ class KafkaServer:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._accept, self.host, self.port, limit=_READ_BYTES
+            self._accept, self.host, self.port, limit=_READ_BYTES, ssl=self.tls
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self.ctx = h.KafkaContext(self.state, self.host, self.port)
-        log.info("Kafka listener on %s:%d", self.host, self.port)
+        protocol = ("SASL_" if self.authenticator else "") + ("SSL" if self.tls else "PLAINTEXT")
+        log.info("Kafka listener on %s:%d (%s)", self.host, self.port, protocol)
 
     def advertise(self, address: tuple[str, int]) -> None:
         """The (host, port) Metadata gives clients for this agent."""
@@ -129,13 +149,18 @@ class KafkaServer:
         decoder = FrameDecoder(self.state.settings.kafka_max_request_bytes)
         answers: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
         sender = asyncio.create_task(_send(writer, answers), name=f"kafka-send-{peer}")
+        session = (
+            SaslSession(self.authenticator, str(peer[0]) if peer else "")
+            if self.authenticator is not None
+            else None
+        )
         try:
             while not sender.done():
                 data = await reader.read(_READ_BYTES)
                 if not data:
                     break
                 for frame in decoder.feed(data):
-                    answer = await self._handle(frame)
+                    answer = await self._handle(frame, session)
                     if answer is not None:
                         answers.put_nowait(answer)
         except FrameError as e:
@@ -152,8 +177,12 @@ class KafkaServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _handle(self, frame: bytes) -> tuple[int, Any] | None:
+    async def _handle(
+        self, frame: bytes, session: SaslSession | None = None
+    ) -> tuple[int, Any] | None:
         """Decode and run one request: (correlation id, body or Deferred), or None.
+
+        ``session``: the connection's SASL state when authentication is on.
 
         Raises:
             FrameError: the connection must close (after the answers queued so far).
@@ -169,9 +198,28 @@ class KafkaServer:
                 request_class(API_VERSIONS, 0), ErrorCode.unsupported_version
             )
             return e.correlation_id, body
-        handler = HANDLERS[req.header.api_key][2]
+        api_key = req.header.api_key
+        if api_key in SASL_VERSIONS:
+            return req.header.correlation_id, await _sasl(session, req)
+        if session is not None and session.principal is None and api_key != API_VERSIONS:
+            raise FrameError(f"api key {api_key} before SASL authentication")
+        handler = HANDLERS[api_key][2]
         body = await handler(self.ctx, req)
         return req.header.correlation_id, body
+
+
+async def _sasl(session: SaslSession | None, req: Request) -> Any:
+    """Answer SaslHandshake or SaslAuthenticate. Raises FrameError (close) when SASL is off
+    or out of order, as Kafka closes such connections."""
+    if session is None:
+        raise FrameError("SASL request on a listener without authentication")
+    response = h.response_cls(type(req.body))
+    try:
+        if req.header.api_key == SASL_HANDSHAKE:
+            return session.handshake(response, req.body.mechanism)
+        return await session.authenticate(response, req.body.auth_bytes)
+    except SaslStateError as e:
+        raise FrameError(str(e)) from None
 
 
 async def _send(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import typer
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
 from coordinator.settings import (
@@ -46,6 +46,13 @@ SAMPLES: dict[str, tuple[str, str, Any]] = {
     "kafka_advertised": ("kafka.example:9093", '"kafka.example:9093"', "kafka.example:9093"),
     # heartbeats must renew fetch leases: at most half of consumer_fetch_lease_ms
     "consumer_heartbeat_interval_ms": ("2000", "2000", 2000),
+    "authentication": ("basic", '"basic"', "basic"),
+    "authorization": ("acl", '"acl"', "acl"),
+    "super_users": ("User:admin;User:ops", '"User:admin;User:ops"', "User:admin;User:ops"),
+    "coordinator_secret": ("s3cret-value", '"s3cret-value"', SecretStr("s3cret-value")),
+    "tls_cert_file": ("/etc/tls/cert.pem", '"/etc/tls/cert.pem"', "/etc/tls/cert.pem"),
+    "tls_key_file": ("/etc/tls/key.pem", '"/etc/tls/key.pem"', "/etc/tls/key.pem"),
+    "tls_ca_file": ("/etc/tls/ca.pem", '"/etc/tls/ca.pem"', "/etc/tls/ca.pem"),
 }  # fmt: skip
 
 

@@ -1,0 +1,337 @@
+"""The security part of the coordinator's HTTP API: routes, the agents' client, and the
+shared secret that guards the whole API.
+
+Routes (under ``/v1/security``; names travel in bodies, as group names do)::
+
+    POST /v1/security/authenticate    {"principal"}  <- {"name", "secret"}   (401 if wrong)
+    GET  /v1/security/users           {"users": [{"name", "created_at"}]}
+    POST /v1/security/users/create    user (201)  <- {"name", "password"}
+    POST /v1/security/users/password  204  <- {"name", "password"}
+    POST /v1/security/users/delete    204  <- {"name"}
+    POST /v1/security/api-keys/list   {"api_keys": [key]}  <- {"owner" | null}
+    POST /v1/security/api-keys/create {"api_key": key, "secret"} (201)  <- {"owner", "description"}
+    POST /v1/security/api-keys/rotate {"api_key": key, "secret"}  <- {"key_id"}
+    POST /v1/security/api-keys/delete 204  <- {"key_id"}
+    POST /v1/security/scram           {"credential": {"salt", "stored_key", "server_key",
+                                      "iterations"} | null}  <- {"name", "mechanism"} (hex)
+    POST /v1/security/acls/create     204  <- {"acls": [acl]}
+    POST /v1/security/acls/describe   {"acls": [acl]}  <- {"filters": [filter]}
+    POST /v1/security/acls/delete     {"acls": [acl]}  <- {"filters": [filter]}
+
+    acl = {"principal", "host", "resource_type", "resource_name", "pattern_type",
+    "operation", "permission"}; a filter has the same keys, each null for any.
+
+With a shared secret configured (``coordinator_secret``, required when
+``authentication`` is on), every route but ``/health`` and ``/metrics`` answers 401
+unless the request carries ``Authorization: Bearer <secret>``; agents send it.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import Body, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from coordinator.security import AclBinding, AclFilter
+from coordinator.security_store import (
+    ApiKeyInfo,
+    ApiKeySecret,
+    ScramCredential,
+    SecurityStore,
+    UserInfo,
+)
+from segments.errors import AuthenticationError, InvalidSecurityRequestError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from coordinator.http_client import HttpCoordinator
+
+#: Paths a coordinator serves without the shared secret (probes and scrapes).
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+_ACL_KEYS = (
+    "principal",
+    "host",
+    "resource_type",
+    "resource_name",
+    "pattern_type",
+    "operation",
+    "permission",
+)
+
+
+def secret_headers(secret: str | None) -> dict[str, str]:
+    """The headers an agent sends so a coordinator with ``secret`` serves it."""
+    return {"authorization": f"Bearer {secret}"} if secret else {}
+
+
+class SharedSecretMiddleware:
+    """401 for every request without the shared secret (but ``OPEN_PATHS``)."""
+
+    def __init__(self, app: ASGIApp, secret: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {secret}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or ()).get(b"authorization", b"")
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        body = orjson.dumps(
+            {
+                "error": "AuthenticationError",
+                "message": "this coordinator serves only agents that present its shared secret",
+                "retriable": False,
+            }
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(body)),
+                    (b"www-authenticate", b'Bearer realm="lakelog-coordinator"'),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+# -- wire format ----------------------------------------------------------------------
+
+
+def user_to_json(u: UserInfo) -> dict[str, Any]:
+    return {"name": u.name, "created_at": u.created_at}
+
+
+def user_from_json(d: Mapping[str, Any]) -> UserInfo:
+    return UserInfo(str(d["name"]), float(d["created_at"]))
+
+
+def key_to_json(k: ApiKeyInfo) -> dict[str, Any]:
+    return {
+        "key_id": k.key_id,
+        "owner": k.owner,
+        "description": k.description,
+        "created_at": k.created_at,
+    }
+
+
+def key_from_json(d: Mapping[str, Any]) -> ApiKeyInfo:
+    return ApiKeyInfo(
+        str(d["key_id"]), str(d["owner"]), str(d["description"]), float(d["created_at"])
+    )
+
+
+def scram_to_json(c: ScramCredential) -> dict[str, Any]:
+    return {
+        "salt": c.salt.hex(),
+        "stored_key": c.stored_key.hex(),
+        "server_key": c.server_key.hex(),
+        "iterations": c.iterations,
+    }
+
+
+def scram_from_json(d: Mapping[str, Any]) -> ScramCredential:
+    return ScramCredential(
+        bytes.fromhex(d["salt"]),
+        bytes.fromhex(d["stored_key"]),
+        bytes.fromhex(d["server_key"]),
+        int(d["iterations"]),
+    )
+
+
+def acl_to_json(b: AclBinding) -> dict[str, str]:
+    return dict(zip(_ACL_KEYS, b.row(), strict=True))
+
+
+def acl_from_json(d: Any) -> AclBinding:
+    if not isinstance(d, dict):
+        raise InvalidSecurityRequestError(f"an ACL is an object, not {d!r}")
+    return AclBinding.of(*(d.get(k) for k in _ACL_KEYS))
+
+
+def filter_to_json(f: AclFilter) -> dict[str, str | None]:
+    def text(v: object) -> str | None:
+        return None if v is None else str(v)
+
+    return {k: text(getattr(f, k)) for k in _ACL_KEYS}
+
+
+def filter_from_json(d: Any) -> AclFilter:
+    if not isinstance(d, dict):
+        raise InvalidSecurityRequestError(f"an ACL filter is an object, not {d!r}")
+    return AclFilter.of(*(d.get(k) for k in _ACL_KEYS))
+
+
+def _field(body: Any, key: str) -> str:
+    value = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(value, str):
+        raise InvalidSecurityRequestError(f"{key} must be a string")
+    return value
+
+
+def _items(body: Any, key: str) -> list[Any]:
+    value = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(value, list):
+        raise InvalidSecurityRequestError(f"{key} must be a list")
+    return value
+
+
+# -- server ---------------------------------------------------------------------------
+
+
+def install_security_routes(app: FastAPI, security: SecurityStore) -> None:
+    """Add the ``/v1/security`` routes over ``security`` to a coordinator app."""
+
+    def js(data: Any, status: int = 200) -> Response:
+        return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+    @app.post("/v1/security/authenticate")
+    def authenticate(body: Any = Body()) -> Response:
+        return js(
+            {"principal": security.authenticate(_field(body, "name"), _field(body, "secret"))}
+        )
+
+    @app.post("/v1/security/scram")
+    def scram_credential(body: Any = Body()) -> Response:
+        cred = security.scram_credential(_field(body, "name"), _field(body, "mechanism"))
+        return js({"credential": None if cred is None else scram_to_json(cred)})
+
+    @app.get("/v1/security/users")
+    def list_users() -> Response:
+        return js({"users": [user_to_json(u) for u in security.list_users()]})
+
+    @app.post("/v1/security/users/create")
+    def create_user(body: Any = Body()) -> Response:
+        user = security.create_user(_field(body, "name"), _field(body, "password"))
+        return js(user_to_json(user), 201)
+
+    @app.post("/v1/security/users/password", status_code=204)
+    def set_password(body: Any = Body()) -> Response:
+        security.set_password(_field(body, "name"), _field(body, "password"))
+        return Response(status_code=204)
+
+    @app.post("/v1/security/users/delete", status_code=204)
+    def delete_user(body: Any = Body()) -> Response:
+        security.delete_user(_field(body, "name"))
+        return Response(status_code=204)
+
+    @app.post("/v1/security/api-keys/list")
+    def list_api_keys(body: Any = Body()) -> Response:
+        owner = body.get("owner") if isinstance(body, dict) else None
+        keys = security.list_api_keys(owner if isinstance(owner, str) else None)
+        return js({"api_keys": [key_to_json(k) for k in keys]})
+
+    def made(key: ApiKeySecret, status: int) -> Response:
+        return js({"api_key": key_to_json(key.key), "secret": key.secret}, status)
+
+    @app.post("/v1/security/api-keys/create")
+    def create_api_key(body: Any = Body()) -> Response:
+        description = body.get("description", "") if isinstance(body, dict) else ""
+        return made(security.create_api_key(_field(body, "owner"), description), 201)
+
+    @app.post("/v1/security/api-keys/rotate")
+    def rotate_api_key(body: Any = Body()) -> Response:
+        return made(security.rotate_api_key(_field(body, "key_id")), 200)
+
+    @app.post("/v1/security/api-keys/delete", status_code=204)
+    def delete_api_key(body: Any = Body()) -> Response:
+        security.delete_api_key(_field(body, "key_id"))
+        return Response(status_code=204)
+
+    @app.post("/v1/security/acls/create", status_code=204)
+    def create_acls(body: Any = Body()) -> Response:
+        security.create_acls([acl_from_json(a) for a in _items(body, "acls")])
+        return Response(status_code=204)
+
+    @app.post("/v1/security/acls/describe")
+    def describe_acls(body: Any = Body()) -> Response:
+        filters = [filter_from_json(f) for f in _items(body, "filters")]
+        return js({"acls": [acl_to_json(b) for b in security.describe_acls(filters)]})
+
+    @app.post("/v1/security/acls/delete")
+    def delete_acls(body: Any = Body()) -> Response:
+        filters = [filter_from_json(f) for f in _items(body, "filters")]
+        return js({"acls": [acl_to_json(b) for b in security.delete_acls(filters)]})
+
+
+# -- client ---------------------------------------------------------------------------
+
+
+class HttpSecurityStore:
+    """:class:`SecurityStore` over a coordinator's HTTP API, through an HttpCoordinator's
+    transport (its failover, its shared secret)."""
+
+    def __init__(self, coordinator: HttpCoordinator) -> None:
+        self._coordinator = coordinator
+
+    def _post(self, path: str, body: Any, *, idempotent: bool) -> Any:
+        return self._coordinator._request(  # the one transport, kept private there
+            "POST", "/v1/security/" + path, body=body, idempotent=idempotent
+        )
+
+    def create_user(self, name: str, password: str) -> UserInfo:
+        body = {"name": name, "password": password}
+        return user_from_json(self._post("users/create", body, idempotent=False))
+
+    def set_password(self, name: str, password: str) -> None:
+        self._post("users/password", {"name": name, "password": password}, idempotent=True)
+
+    def delete_user(self, name: str) -> None:
+        self._post("users/delete", {"name": name}, idempotent=False)
+
+    def list_users(self) -> list[UserInfo]:
+        data = self._coordinator._request("GET", "/v1/security/users", idempotent=True)
+        return [user_from_json(u) for u in data["users"]]
+
+    @staticmethod
+    def _made(data: Any) -> ApiKeySecret:
+        return ApiKeySecret(key_from_json(data["api_key"]), str(data["secret"]))
+
+    def create_api_key(self, owner: str, description: str = "") -> ApiKeySecret:
+        body = {"owner": owner, "description": description}
+        return self._made(self._post("api-keys/create", body, idempotent=False))
+
+    def list_api_keys(self, owner: str | None = None) -> list[ApiKeyInfo]:
+        data = self._post("api-keys/list", {"owner": owner}, idempotent=True)
+        return [key_from_json(k) for k in data["api_keys"]]
+
+    def rotate_api_key(self, key_id: str) -> ApiKeySecret:
+        return self._made(self._post("api-keys/rotate", {"key_id": key_id}, idempotent=False))
+
+    def delete_api_key(self, key_id: str) -> None:
+        self._post("api-keys/delete", {"key_id": key_id}, idempotent=False)
+
+    def authenticate(self, name: str, secret: str) -> str:
+        data = self._post("authenticate", {"name": name, "secret": secret}, idempotent=True)
+        principal = data.get("principal") if isinstance(data, dict) else None
+        if not isinstance(principal, str):
+            raise AuthenticationError("the coordinator did not name a principal")
+        return principal
+
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
+        body = {"name": name, "mechanism": mechanism}
+        data = self._post("scram", body, idempotent=True)["credential"]
+        return None if data is None else scram_from_json(data)
+
+    def create_acls(self, bindings: Sequence[AclBinding]) -> None:
+        self._post("acls/create", {"acls": [acl_to_json(b) for b in bindings]}, idempotent=True)
+
+    def describe_acls(self, filters: Sequence[AclFilter]) -> list[AclBinding]:
+        body = {"filters": [filter_to_json(f) for f in filters]}
+        return [
+            acl_from_json(a) for a in self._post("acls/describe", body, idempotent=True)["acls"]
+        ]
+
+    def delete_acls(self, filters: Sequence[AclFilter]) -> list[AclBinding]:
+        body = {"filters": [filter_to_json(f) for f in filters]}
+        return [acl_from_json(a) for a in self._post("acls/delete", body, idempotent=True)["acls"]]

@@ -1,0 +1,131 @@
+"""The security settings of ``lakelog serve``, ``agent`` and ``coordinator`` (issue 15).
+
+Mixed into the per-process settings classes (``coordinator.settings``,
+``service.settings``); everything is off by default. Secrets are ``SecretStr``, so a
+settings object printed or logged shows ``**********``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from coordinator.security import parse_super_users
+from segments.errors import InvalidSecurityRequestError
+
+Authentication = Literal["none", "basic"]
+Authorization = Literal["none", "acl"]
+
+
+class CoordinatorSecuritySettings(BaseModel):
+    """What a coordinator process needs: whether callers must authenticate, and how."""
+
+    authentication: Authentication = Field(
+        default="none",
+        description="none, or basic: REST clients need HTTP Basic (a user's password or an API "
+        "key), and a coordinator serves only agents presenting coordinator_secret.",
+    )
+    coordinator_secret: SecretStr | None = Field(
+        default=None,
+        description="Shared secret agents present to coordinators (required on both when "
+        "authentication is on and agents use a coordinator process).",
+    )
+
+    tls_cert_file: str | None = Field(
+        default=None,
+        description="PEM certificate (chain) to serve TLS with: HTTPS, and on an agent also its "
+        "Kafka listener (SSL / SASL_SSL). Needs tls_key_file.",
+    )
+    tls_key_file: str | None = Field(default=None, description="PEM private key of tls_cert_file.")
+
+    def server_tls(self) -> ssl.SSLContext | None:
+        """The TLS context to serve with, or None for plaintext."""
+        if not self.tls_cert_file:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
+
+    def shared_secret(self) -> str | None:
+        return self.coordinator_secret.get_secret_value() if self.coordinator_secret else None
+
+    def security_problems(self) -> list[str]:
+        """What is wrong with the security settings taken together (each one alone is
+        checked by its field); a process refuses to start with any."""
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            return ["tls_cert_file and tls_key_file go together"]
+        is_coordinator = getattr(self, "process", "") == "coordinator"
+        if is_coordinator and self.authentication != "none" and not self.shared_secret():
+            return [
+                "authentication on a coordinator needs coordinator_secret "
+                "(LAKELOG_COORDINATOR_SECRET): it must never serve an unauthenticated agent"
+            ]
+        return []
+
+
+class AgentSecuritySettings(CoordinatorSecuritySettings):
+    """An agent's (and ``serve``'s): authentication of clients, authorization by ACLs."""
+
+    authorization: Authorization = Field(
+        default="none",
+        description="none, or acl: every REST request is checked against the coordinator's ACLs "
+        "(default deny; super_users may do anything).",
+    )
+    super_users: str = Field(
+        default="",
+        description="Principals allowed everything, semicolon-separated: User:admin;User:ops.",
+    )
+    auth_cache_ttl_s: Annotated[float, Field(ge=0, le=300)] = Field(
+        default=5.0,
+        description="How long an agent trusts a verified credential and its copy of the ACLs "
+        "(the staleness bound of a password change, key rotation or ACL change).",
+    )
+    auth_max_failures: Annotated[int, Field(ge=1)] = Field(
+        default=10,
+        description="Failed logins allowed per principal and per client address within "
+        "auth_failure_window_s; more are refused with 429 until the window passes.",
+    )
+    auth_failure_window_s: Annotated[float, Field(gt=0)] = Field(
+        default=60.0, description="The window failed logins are counted in."
+    )
+
+    @field_validator("super_users")
+    @classmethod
+    def _check_super_users(cls, v: str) -> str:
+        try:
+            parse_super_users(v)
+        except InvalidSecurityRequestError as e:
+            raise ValueError(e.message) from None
+        return v
+
+    tls_ca_file: str | None = Field(
+        default=None,
+        description="PEM CA certificates an agent trusts for https:// coordinator URLs "
+        "(default: the system's).",
+    )
+
+    def coordinator_verify(self) -> ssl.SSLContext | bool:
+        """What an agent verifies https:// coordinators with."""
+        if not self.tls_ca_file:
+            return True
+        return ssl.create_default_context(cafile=self.tls_ca_file)
+
+    def security_problems(self) -> list[str]:
+        problems = super().security_problems()
+        if self.authorization == "acl" and self.authentication == "none":
+            problems.append("authorization acl needs authentication (basic): whom would it check?")
+        if self.authorization != "none" and self.__dict__.get("kafka_port"):
+            problems.append(
+                "the Kafka listener does not check ACLs yet: with authorization on, set "
+                "kafka_port 0 (LAKELOG_KAFKA_PORT=0, --kafka-port 0)"
+            )
+        coordinators = str(self.__dict__.get("coordinator", ""))
+        if self.authentication != "none" and coordinators and not self.shared_secret():
+            problems.append(
+                "authentication on an agent of coordinator processes needs coordinator_secret "
+                "(LAKELOG_COORDINATOR_SECRET): the coordinators refuse agents without it"
+            )
+        return problems

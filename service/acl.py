@@ -1,0 +1,470 @@
+"""Authorization of the agent's REST routes by Kafka ACLs (``authorization = acl``).
+
+One table, :data:`RULES`, says for every route (method, path template) what the
+request needs: an operation on the cluster, on the topic or group its path names,
+on the topics its body names, a super user, or only an authenticated principal.
+:class:`AclMiddleware` finds the request's route, evaluates its rule against the
+agent's copy of the ACLs and answers 403 ``{"error_code": 40301}`` when denied. A
+route with no rule is refused (and a test builds the matrix from the app's route
+table, so a new route without a rule fails it).
+
+Listing routes (v2 ``GET /topics``, v3 topics and consumer groups) answer only what
+the principal may DESCRIBE: the middleware drops the others from the answer.
+
+The agent's copy of the ACLs is at most ``auth_cache_ttl_s`` old: older, the next
+request reloads it from the coordinator first (and fails with 503 if it cannot:
+never an answer from a copy older than the bound). ACL changes made through this
+agent drop the copy at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from coordinator.security import AclFilter, Authorizer, Operation, ResourceType
+from coordinator.security_store import SecurityStore
+from segments.errors import LakelogError
+from service.auth import client_address, principal_of
+from service.errors import ErrorCode
+from service.executors import call
+from service.web import _leaf_routes, send_error
+
+log = logging.getLogger(__name__)
+
+CLUSTER_NAME = "kafka-cluster"
+Op = Operation
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One permission a request needs."""
+
+    operation: Operation
+    resource_type: ResourceType
+    name: str
+
+
+class AclCache:
+    """The agent's copy of the ACLs, at most ``ttl_s`` old."""
+
+    def __init__(
+        self,
+        store: SecurityStore,
+        super_users: frozenset[str],
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.super_users = super_users
+        self._ttl = ttl_s
+        self._clock = clock
+        self._authorizer: Authorizer | None = None
+        self._loaded_at = 0.0
+        self._lock = asyncio.Lock()
+
+    def invalidate(self) -> None:
+        self._authorizer = None
+
+    async def authorizer(self) -> Authorizer:
+        """A decision maker over ACLs loaded within the bound (reloads if older)."""
+        current = self._authorizer
+        if current is not None and self._clock() - self._loaded_at < self._ttl:
+            return current
+        async with self._lock:
+            current = self._authorizer
+            if current is not None and self._clock() - self._loaded_at < self._ttl:
+                return current
+            started = self._clock()
+            bindings = await call(self.store.describe_acls, [AclFilter()])
+            self._authorizer = Authorizer(bindings, self.super_users)
+            self._loaded_at = started
+            return self._authorizer
+
+
+# -- the rules --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """What a route needs. ``checks`` gets the path parameters and the JSON body (None
+    unless ``body``); ``listing`` names the key whose items the answer is filtered on."""
+
+    checks: Callable[[dict[str, Any], Any], list[Check]] = lambda p, b: []
+    body: bool = False
+    super_user: bool = False
+    listing: tuple[ResourceType, str] | None = None
+
+
+def cluster(op: Operation) -> Rule:
+    return Rule(lambda p, b: [Check(op, ResourceType.CLUSTER, CLUSTER_NAME)])
+
+
+def topic(op: Operation, param: str = "topic_name") -> Rule:
+    return Rule(lambda p, b: [Check(op, ResourceType.TOPIC, str(p[param]))])
+
+
+def group(op: Operation, param: str = "consumer_group_id") -> Rule:
+    return Rule(lambda p, b: [Check(op, ResourceType.GROUP, str(p[param]))])
+
+
+def group_topic(op: Operation) -> Rule:
+    """A group's view of one topic: ``op`` on the group and DESCRIBE on the topic."""
+    return Rule(
+        lambda p, b: [
+            Check(op, ResourceType.GROUP, str(p["consumer_group_id"])),
+            Check(Op.DESCRIBE, ResourceType.TOPIC, str(p["topic_name"])),
+        ]
+    )
+
+
+AUTHENTICATED = Rule()
+SUPER_USER = Rule(super_user=True)
+
+
+def _body_topics(body: Any) -> list[str]:
+    """The topics a v2 subscribe or assign body names (``topics``, ``partitions[].topic``)."""
+    names: list[str] = []
+    if isinstance(body, dict):
+        topics = body.get("topics")
+        if isinstance(topics, list):
+            names += [t for t in topics if isinstance(t, str)]
+        parts = body.get("partitions")
+        if isinstance(parts, list):
+            names += [
+                p["topic"] for p in parts if isinstance(p, dict) and isinstance(p.get("topic"), str)
+            ]
+        if body.get("topic_pattern") is not None:
+            names.append("*")  # a pattern may reach any topic: it needs READ on all
+    return names
+
+
+def _consumer_rule(op: Operation, *, with_topics: bool = False) -> Rule:
+    def checks(p: dict[str, Any], b: Any) -> list[Check]:
+        out = [Check(op, ResourceType.GROUP, str(p["group"]))]
+        if with_topics:
+            out += [Check(Op.READ, ResourceType.TOPIC, t) for t in _body_topics(b)]
+        return out
+
+    return Rule(checks, body=with_topics)
+
+
+def _create_topic(p: dict[str, Any], b: Any) -> list[Check]:
+    name = b.get("topic_name") if isinstance(b, dict) else None
+    return [Check(Op.CREATE, ResourceType.TOPIC, name if isinstance(name, str) else "")]
+
+
+_C = "/v3/clusters/{cluster_id}"
+_G = "/consumers/{group}/instances/{instance}"
+_LIST_TOPICS_V3 = Rule(listing=(ResourceType.TOPIC, "topic_name"))
+_LIST_TOPICS_V2 = Rule(listing=(ResourceType.TOPIC, ""))
+_LIST_GROUPS = Rule(listing=(ResourceType.GROUP, "consumer_group_id"))
+
+#: (method, path template) -> what it needs. The registry's subjects are not Kafka
+#: resources: reading them needs DESCRIBE on the cluster, changing them ALTER.
+RULES: dict[tuple[str, str], Rule] = {
+    ("GET", "/openapi.json"): AUTHENTICATED,
+    ("GET", "/docs"): AUTHENTICATED,
+    ("GET", "/docs/oauth2-redirect"): AUTHENTICATED,
+    ("GET", "/redoc"): AUTHENTICATED,
+    ("GET", "/health"): AUTHENTICATED,
+    ("GET", "/metrics"): AUTHENTICATED,
+    # -- v3 cluster, brokers, configs --------------------------------------------------
+    ("GET", "/v3/clusters"): AUTHENTICATED,
+    ("GET", _C): AUTHENTICATED,
+    ("GET", _C + "/brokers"): AUTHENTICATED,
+    ("GET", _C + "/brokers/{broker_id}"): AUTHENTICATED,
+    ("GET", _C + "/brokers/-/configs"): cluster(Op.DESCRIBE_CONFIGS),
+    ("GET", _C + "/brokers/{broker_id}/configs"): cluster(Op.DESCRIBE_CONFIGS),
+    ("GET", _C + "/brokers/{broker_id}/configs/{name}"): cluster(Op.DESCRIBE_CONFIGS),
+    ("PUT", _C + "/brokers/{broker_id}/configs/{name}"): cluster(Op.ALTER_CONFIGS),
+    ("DELETE", _C + "/brokers/{broker_id}/configs/{name}"): cluster(Op.ALTER_CONFIGS),
+    ("POST", _C + "/brokers/{broker_id}/configs:alter"): cluster(Op.ALTER_CONFIGS),
+    ("GET", _C + "/broker-configs"): cluster(Op.DESCRIBE_CONFIGS),
+    ("POST", _C + "/broker-configs:alter"): cluster(Op.ALTER_CONFIGS),
+    ("GET", _C + "/broker-configs/{name}"): cluster(Op.DESCRIBE_CONFIGS),
+    ("PUT", _C + "/broker-configs/{name}"): cluster(Op.ALTER_CONFIGS),
+    ("DELETE", _C + "/broker-configs/{name}"): cluster(Op.ALTER_CONFIGS),
+    ("GET", _C + "/brokers/{broker_id}/partition-replicas"): cluster(Op.DESCRIBE),
+    # -- v3 ACLs (Kafka: DescribeAcls needs DESCRIBE, Create/DeleteAcls ALTER on the cluster)
+    ("GET", _C + "/acls"): cluster(Op.DESCRIBE),
+    ("POST", _C + "/acls"): cluster(Op.ALTER),
+    ("DELETE", _C + "/acls"): cluster(Op.ALTER),
+    ("POST", _C + "/acls:batch"): cluster(Op.ALTER),
+    # -- v3 topics ---------------------------------------------------------------------
+    ("GET", _C + "/topics/-/configs"): cluster(Op.DESCRIBE_CONFIGS),
+    ("GET", _C + "/topics/{topic_name}/configs"): topic(Op.DESCRIBE_CONFIGS),
+    ("GET", _C + "/topics/{topic_name}/configs/{name}"): topic(Op.DESCRIBE_CONFIGS),
+    ("PUT", _C + "/topics/{topic_name}/configs/{name}"): topic(Op.ALTER_CONFIGS),
+    ("DELETE", _C + "/topics/{topic_name}/configs/{name}"): topic(Op.ALTER_CONFIGS),
+    ("POST", _C + "/topics/{topic_name}/configs:alter"): topic(Op.ALTER_CONFIGS),
+    ("GET", _C + "/topics/-/partitions/-/reassignment"): cluster(Op.DESCRIBE),
+    ("GET", _C + "/topics/{topic_name}/partitions/-/reassignment"): topic(Op.DESCRIBE),
+    ("GET", _C + "/topics/{topic_name}/partitions"): topic(Op.DESCRIBE),
+    ("GET", _C + "/topics/{topic_name}/partitions/{partition_id}"): topic(Op.DESCRIBE),
+    ("GET", _C + "/topics/{topic_name}/partitions/{partition_id}/offset"): topic(Op.DESCRIBE),
+    ("GET", _C + "/topics/{topic_name}/partitions/{partition_id}/replicas"): topic(Op.DESCRIBE),
+    ("GET", _C + "/topics/{topic_name}/partitions/{partition_id}/replicas/{broker_id}"): topic(
+        Op.DESCRIBE
+    ),
+    ("GET", _C + "/topics/{topic_name}/partitions/{partition_id}/reassignment"): topic(Op.DESCRIBE),
+    ("GET", _C + "/topics"): _LIST_TOPICS_V3,
+    ("POST", _C + "/topics"): Rule(_create_topic, body=True),
+    ("GET", _C + "/topics/{topic_name}"): topic(Op.DESCRIBE),
+    ("PATCH", _C + "/topics/{topic_name}"): topic(Op.ALTER),
+    ("DELETE", _C + "/topics/{topic_name}"): topic(Op.DELETE),
+    ("POST", _C + "/topics/{topic_name}/records"): topic(Op.WRITE),
+    ("POST", _C + "/topics/{topic_name}/records:batch"): topic(Op.WRITE),
+    # -- v3 consumer groups ----------------------------------------------------------------
+    ("GET", _C + "/consumer-groups"): _LIST_GROUPS,
+    ("GET", _C + "/consumer-groups/{consumer_group_id}"): group(Op.DESCRIBE),
+    ("GET", _C + "/consumer-groups/{consumer_group_id}/consumers"): group(Op.DESCRIBE),
+    ("GET", _C + "/consumer-groups/{consumer_group_id}/consumers/{consumer_id}"): group(
+        Op.DESCRIBE
+    ),
+    ("GET", _C + "/consumer-groups/{consumer_group_id}/consumers/{consumer_id}/assignments"): (
+        group(Op.DESCRIBE)
+    ),
+    (
+        "GET",
+        _C + "/consumer-groups/{consumer_group_id}/consumers/{consumer_id}/assignments/"
+        "{topic_name}/partitions/{partition_id}",
+    ): group_topic(Op.DESCRIBE),
+    ("GET", _C + "/consumer-groups/{consumer_group_id}/lag-summary"): group(Op.DESCRIBE),
+    ("GET", _C + "/consumer-groups/{consumer_group_id}/lags"): group(Op.DESCRIBE),
+    (
+        "GET",
+        _C + "/consumer-groups/{consumer_group_id}/lags/{topic_name}/partitions/{partition_id}",
+    ): group_topic(Op.DESCRIBE),
+    ("POST", _C + "/consumer-groups/{consumer_group_id}/offsets:reset"): group(Op.READ),
+    ("DELETE", _C + "/consumer-groups/{consumer_group_id}"): group(Op.DELETE),
+    # -- v2 -------------------------------------------------------------------------------
+    ("GET", "/"): AUTHENTICATED,
+    ("POST", "/"): AUTHENTICATED,
+    ("GET", "/topics"): _LIST_TOPICS_V2,
+    ("GET", "/topics/{topic}"): topic(Op.DESCRIBE, "topic"),
+    ("GET", "/topics/{topic}/partitions"): topic(Op.DESCRIBE, "topic"),
+    ("GET", "/topics/{topic}/partitions/{partition}"): topic(Op.DESCRIBE, "topic"),
+    ("GET", "/topics/{topic}/partitions/{partition}/offsets"): topic(Op.DESCRIBE, "topic"),
+    ("GET", "/brokers"): AUTHENTICATED,
+    ("POST", "/topics/{topic}"): topic(Op.WRITE, "topic"),
+    ("POST", "/topics/{topic}/partitions/{partition}"): topic(Op.WRITE, "topic"),
+    ("POST", "/consumers/{group}"): _consumer_rule(Op.READ),
+    ("POST", "/consumers/{group}/"): _consumer_rule(Op.READ),
+    ("DELETE", _G): _consumer_rule(Op.READ),
+    ("POST", _G + "/subscription"): _consumer_rule(Op.READ, with_topics=True),
+    ("GET", _G + "/subscription"): _consumer_rule(Op.DESCRIBE),
+    ("DELETE", _G + "/subscription"): _consumer_rule(Op.READ),
+    ("POST", _G + "/assignments"): _consumer_rule(Op.READ, with_topics=True),
+    ("GET", _G + "/assignments"): _consumer_rule(Op.DESCRIBE),
+    ("POST", _G + "/positions"): _consumer_rule(Op.READ),
+    ("POST", _G + "/positions/beginning"): _consumer_rule(Op.READ),
+    ("POST", _G + "/positions/end"): _consumer_rule(Op.READ),
+    ("POST", _G + "/offsets"): _consumer_rule(Op.READ),
+    ("GET", _G + "/offsets"): _consumer_rule(Op.DESCRIBE),
+    ("GET", _G + "/records"): _consumer_rule(Op.READ),
+    # -- the schema registry ---------------------------------------------------------------
+    ("GET", "/schemas/types"): AUTHENTICATED,
+    ("GET", "/schemas/ids/{schema_id}"): cluster(Op.DESCRIBE),
+    ("GET", "/schemas/ids/{schema_id}/schema"): cluster(Op.DESCRIBE),
+    ("GET", "/schemas/ids/{schema_id}/versions"): cluster(Op.DESCRIBE),
+    ("GET", "/schemas/ids/{schema_id}/subjects"): cluster(Op.DESCRIBE),
+    ("GET", "/subjects"): cluster(Op.DESCRIBE),
+    ("GET", "/subjects/{subject}/versions"): cluster(Op.DESCRIBE),
+    ("POST", "/subjects/{subject}/versions"): cluster(Op.ALTER),
+    ("GET", "/subjects/{subject}/versions/{version}"): cluster(Op.DESCRIBE),
+    ("GET", "/subjects/{subject}/versions/{version}/schema"): cluster(Op.DESCRIBE),
+    ("GET", "/subjects/{subject}/versions/{version}/referencedby"): cluster(Op.DESCRIBE),
+    ("POST", "/subjects/{subject}"): cluster(Op.DESCRIBE),
+    ("DELETE", "/subjects/{subject}"): cluster(Op.ALTER),
+    ("DELETE", "/subjects/{subject}/versions/{version}"): cluster(Op.ALTER),
+    ("POST", "/compatibility/subjects/{subject}/versions/{version}"): cluster(Op.DESCRIBE),
+    ("POST", "/compatibility/subjects/{subject}/versions"): cluster(Op.DESCRIBE),
+    ("GET", "/config"): cluster(Op.DESCRIBE_CONFIGS),
+    ("PUT", "/config"): cluster(Op.ALTER_CONFIGS),
+    ("DELETE", "/config"): cluster(Op.ALTER_CONFIGS),
+    ("GET", "/config/{subject}"): cluster(Op.DESCRIBE_CONFIGS),
+    ("PUT", "/config/{subject}"): cluster(Op.ALTER_CONFIGS),
+    ("DELETE", "/config/{subject}"): cluster(Op.ALTER_CONFIGS),
+    ("GET", "/mode"): cluster(Op.DESCRIBE_CONFIGS),
+    ("GET", "/mode/{subject}"): cluster(Op.DESCRIBE_CONFIGS),
+    # -- principals (service.security_routes): super users only ------------------------------
+    ("GET", "/security/users"): SUPER_USER,
+    ("POST", "/security/users"): SUPER_USER,
+    ("PUT", "/security/users/{name}/password"): SUPER_USER,
+    ("DELETE", "/security/users/{name}"): SUPER_USER,
+    ("GET", "/security/api-keys"): SUPER_USER,
+    ("POST", "/security/api-keys"): SUPER_USER,
+    ("POST", "/security/api-keys/{key_id}/rotate"): SUPER_USER,
+    ("DELETE", "/security/api-keys/{key_id}"): SUPER_USER,
+}
+# Both forms of the v2 consumer paths are routes (service.web strips the trailing slash).
+RULES.update({(m, p + "/"): r for (m, p), r in list(RULES.items()) if p.startswith(_G)})
+
+
+def rule_for(method: str, path: str) -> Rule | None:
+    """The rule of a route (HEAD is GET's)."""
+    return RULES.get(("GET" if method == "HEAD" else method, path))
+
+
+def route_of(app: FastAPI, scope: Scope) -> tuple[str, dict[str, Any]] | None:
+    """(path template, path parameters) of the route serving ``scope``; None if none."""
+    routes = getattr(app.state, "leaf_routes", None)
+    if routes is None:
+        routes = app.state.leaf_routes = list(_leaf_routes(app.router.routes))
+    for route in routes:
+        match, child = route.matches(scope)
+        if match is Match.FULL:
+            return str(getattr(route, "path", "")), dict(child.get("path_params", {}))
+    return None
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def _filtered(data: Any, keep: Callable[[str], bool], key: str) -> Any:
+    """A listing answer with the items the principal may not describe left out."""
+    if isinstance(data, list) and not key:  # v2: a list of names
+        return [n for n in data if isinstance(n, str) and keep(n)]
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        items = [i for i in data["data"] if isinstance(i, dict) and keep(str(i.get(key, "")))]
+        return {**data, "data": items}
+    return data
+
+
+class AclMiddleware:
+    """403 40301 for what the principal may not do (see the module doc). Added after
+    (inside) authentication, only when authorization is on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        app: FastAPI = scope["app"]
+        found = route_of(app, scope)
+        if found is None:  # 404/405: the router answers, naming nothing that exists
+            await self.app(scope, receive, send)
+            return
+        template, params = found
+        rule = rule_for(scope["method"], template)
+        principal = principal_of(scope)
+        cache: AclCache = app.state.acl_cache
+        try:
+            authorizer = await cache.authorizer()
+        except LakelogError as e:
+            await send_error(scope, send, 503, int(ErrorCode.KAFKA_RETRIABLE_ERROR), e.message)
+            return
+        host = client_address(scope)
+        if rule is None:
+            log.error("no authorization rule for %s %s: refused", scope["method"], template)
+            await _deny(scope, send)
+            return
+        body: Any = None
+        if rule.body:
+            raw = await _read_body(receive)
+            receive = _replay(raw)
+            try:
+                body = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                body = None  # the route answers the malformed body itself
+        if rule.super_user and not authorizer.is_super_user(principal):
+            await _deny(scope, send)
+            return
+        for check in rule.checks(params, body):
+            if not authorizer.authorize(
+                principal, host, check.operation, check.resource_type, check.name
+            ):
+                await _deny(scope, send)
+                return
+        if rule.listing is None:
+            await self.app(scope, receive, send)
+            return
+        rtype, key = rule.listing
+
+        def keep(name: str) -> bool:
+            return authorizer.authorize(principal, host, Op.DESCRIBE, rtype, name)
+
+        await self.app(scope, receive, _FilteringSend(send, keep, key))
+
+
+async def _deny(scope: Scope, send: Send) -> None:
+    await send_error(
+        scope,
+        send,
+        403,
+        int(ErrorCode.KAFKA_AUTHORIZATION),
+        "Not authorized to perform this operation.",
+    )
+
+
+class _FilteringSend:
+    """Collects a JSON answer, drops what may not be described, sends it on."""
+
+    def __init__(self, send: Send, keep: Callable[[str], bool], key: str) -> None:
+        self.send = send
+        self.keep = keep
+        self.key = key
+        self.start: Message | None = None
+        self.chunks: list[bytes] = []
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+            return
+        if message["type"] != "http.response.body" or self.start is None:
+            await self.send(message)
+            return
+        self.chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        raw = b"".join(self.chunks)
+        start = self.start
+        if start["status"] == 200:
+            with suppress(orjson.JSONDecodeError):
+                raw = orjson.dumps(_filtered(orjson.loads(raw), self.keep, self.key))
+        headers = [(n, v) for n, v in start.get("headers", []) if n.lower() != b"content-length"]
+        headers.append((b"content-length", b"%d" % len(raw)))
+        await self.send({**start, "headers": headers})
+        await self.send({"type": "http.response.body", "body": raw})
+
+
+def missing_rules(app: FastAPI) -> list[str]:
+    """Routes of ``app`` without a rule (a test and start-up check it is empty)."""
+    return [
+        f"{method} {getattr(route, 'path', '')}"
+        for route in _leaf_routes(app.router.routes)
+        for method in sorted(getattr(route, "methods", None) or ())
+        if method != "HEAD" and rule_for(method, str(getattr(route, "path", ""))) is None
+    ]

@@ -1,0 +1,123 @@
+"""The agent's security, put together: which middleware, which store, what is logged.
+
+``install(app, settings)`` (from ``create_app``) adds authentication and ACL checks
+when they are on; ``start(app, settings, coordinator, registry)`` (from the lifespan)
+builds what they use: the security store (in-process or over the coordinator's API),
+the credential cache and the ACL cache. With authentication off it logs a warning:
+then anyone who reaches the agent may read, write and delete every topic.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from prometheus_client import CollectorRegistry
+
+from coordinator.client import Coordinator
+from coordinator.security import ANONYMOUS, parse_super_users
+from coordinator.security_store import SecurityStore, SqlSecurityStore
+from segments.errors import AuthorizationError, SecurityDisabledError
+from service.acl import AclCache, AclMiddleware, missing_rules
+from service.auth import Authenticator, AuthMetrics, BasicAuthMiddleware
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def security_store(coordinator: Coordinator) -> SecurityStore:
+    """The security store behind ``coordinator``: its database in-process, else its API."""
+    from coordinator.local import LocalCoordinator
+
+    if isinstance(coordinator, LocalCoordinator):
+        return SqlSecurityStore(coordinator.db)
+    from coordinator.http_client import HttpCoordinator
+    from coordinator.security_http import HttpSecurityStore
+
+    if isinstance(coordinator, HttpCoordinator):
+        return HttpSecurityStore(coordinator)
+    raise TypeError(f"no security store behind {coordinator!r}")
+
+
+def install(app: FastAPI, settings: Settings) -> None:
+    """Add the security middleware the settings ask for (call before the other middleware:
+    these must run inside the body limit and the proxy-header rewriting).
+
+    Raises:
+        ValueError: the security settings do not go together.
+    """
+    problems = settings.security_problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    if settings.authorization == "acl":
+        app.add_middleware(AclMiddleware)
+    if settings.authentication == "basic":
+        app.add_middleware(BasicAuthMiddleware)
+
+
+def start(
+    app: FastAPI, settings: Settings, coordinator: Coordinator, registry: CollectorRegistry
+) -> None:
+    """Build the stores and caches the middleware uses (lifespan, before serving).
+
+    Raises:
+        RuntimeError: authorization is on and a route has no rule in ``service.acl``.
+    """
+    if settings.authorization == "acl":
+        missing = missing_rules(app)
+        if missing:
+            raise RuntimeError(f"routes without an authorization rule: {missing}")
+    store = security_store(coordinator)
+    app.state.security_store = store
+    app.state.authenticator = Authenticator(
+        store,
+        cache_ttl_s=settings.auth_cache_ttl_s,
+        max_failures=settings.auth_max_failures,
+        failure_window_s=settings.auth_failure_window_s,
+        metrics=AuthMetrics(registry),
+    )
+    app.state.acl_cache = AclCache(
+        store, parse_super_users(settings.super_users), settings.auth_cache_ttl_s
+    )
+    if settings.authentication == "none":
+        log.warning(
+            "authentication is OFF: anyone who reaches this agent may read, write and delete "
+            "every topic (set authentication=basic, LAKELOG_AUTHENTICATION)"
+        )
+    else:
+        log.info(
+            "authentication %s, authorization %s, %d super user(s)",
+            settings.authentication,
+            settings.authorization,
+            len(parse_super_users(settings.super_users)),
+        )
+
+
+def require_super_user(request: Request) -> SecurityStore:
+    """Dependency of the principal-management routes: the store, for a super user only.
+
+    Raises:
+        SecurityDisabledError: authentication is off (no one is a super user then).
+        AuthorizationError: the principal is not a super user.
+    """
+    settings: Settings = request.app.state.settings
+    if settings.authentication == "none":
+        raise SecurityDisabledError("Authentication is off: principals cannot be managed.")
+    principal = getattr(request.state, "principal", ANONYMOUS)
+    if principal not in parse_super_users(settings.super_users):
+        raise AuthorizationError("Only super users manage principals.")
+    store: SecurityStore = request.app.state.security_store
+    return store
+
+
+def require_authorizer(request: Request) -> SecurityStore:
+    """Dependency of the v3 ACL routes: the store while authorization is on.
+
+    Raises:
+        SecurityDisabledError: authorization is off (Kafka's answer without an authorizer).
+    """
+    settings: Settings = request.app.state.settings
+    if settings.authorization != "acl":
+        raise SecurityDisabledError("No Authorizer is configured on the broker.")
+    store: SecurityStore = request.app.state.security_store
+    return store

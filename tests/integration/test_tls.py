@@ -1,0 +1,194 @@
+"""TLS with a test CA (trustme): the coordinator over HTTPS (agents verify it with
+tls_ca_file), the agent's REST API over HTTPS, and its Kafka listener as SASL_SSL for
+confluent-kafka, kafka-python and aiokafka."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trustme
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import Producer
+from kafka import KafkaProducer
+
+from tests.integration.test_security_processes import run_cli
+from tests.procs import Proc, free_port, lakelog_cmd
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "tls-user-password-1"
+SECRET = "tls-shared-secret-9"
+
+
+@dataclass
+class TlsCluster:
+    coordinator: str
+    rest: str
+    bootstrap: str
+    ca_file: str
+    procs: list[Proc]
+
+
+def wait_https(url: str, ca_file: str, proc: Proc, timeout: float = 90.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.popen.poll() is None, proc.output()
+        try:
+            if (
+                httpx.get(
+                    url, verify=ssl.create_default_context(cafile=ca_file), timeout=1
+                ).status_code
+                < 500
+            ):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer: {proc.output()}")
+
+
+def basic() -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"tuser:{PASSWORD}".encode()).decode()}
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster]:
+    tmp = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca_file, cert_file, key_file = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    cert_file.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    db = f"sqlite:///{tmp / 'meta.db'}"
+    made = run_cli(
+        "users", "create", "tuser", "--password-stdin", "--db", db, stdin=PASSWORD + "\n"
+    )
+    assert made.returncode == 0, made.stderr
+    env = {
+        "PYTHONPATH": str(ROOT),
+        "LAKELOG_AUTHENTICATION": "basic",
+        "LAKELOG_COORDINATOR_SECRET": SECRET,
+        "LAKELOG_TLS_CERT_FILE": str(cert_file),
+        "LAKELOG_TLS_KEY_FILE": str(key_file),
+    }
+    cport, aport, kport = free_port(), free_port(), free_port()
+    coordinator = Proc(
+        lakelog_cmd("coordinator", "--db", db, "--port", str(cport)), tmp / "c.log", env=env
+    )
+    agent = Proc(
+        lakelog_cmd(
+            "agent",
+            "--coordinator",
+            f"https://127.0.0.1:{cport}",
+            "--store",
+            f"file://{tmp / 'data'}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(aport),
+            "--kafka-port",
+            str(kport),
+        ),
+        tmp / "a.log",
+        env={**env, "LAKELOG_TLS_CA_FILE": str(ca_file)},
+    )
+    procs = [coordinator, agent]
+    try:
+        wait_https(f"https://127.0.0.1:{cport}/health", str(ca_file), coordinator)
+        wait_https(f"https://127.0.0.1:{aport}/health", str(ca_file), agent)
+        yield TlsCluster(
+            f"https://127.0.0.1:{cport}",
+            f"https://127.0.0.1:{aport}",
+            f"127.0.0.1:{kport}",
+            str(ca_file),
+            procs,
+        )
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_rest_and_coordinator_over_https_only(tls_cluster: TlsCluster) -> None:
+    verify = ssl.create_default_context(cafile=tls_cluster.ca_file)
+    r = httpx.get(f"{tls_cluster.rest}/v3/clusters", headers=basic(), verify=verify)
+    assert r.status_code == 200
+    cid = r.json()["data"][0]["cluster_id"]
+    made = httpx.post(
+        f"{tls_cluster.rest}/v3/clusters/{cid}/topics",
+        json={"topic_name": "tls-topic", "partitions_count": 1},
+        headers=basic(),
+        verify=verify,
+    )
+    assert made.status_code == 201, made.text  # the agent reached the coordinator over HTTPS
+    # Plaintext to the TLS ports fails; a client without the CA refuses the certificate.
+    for url in (tls_cluster.rest, tls_cluster.coordinator):
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(url.replace("https://", "http://") + "/health", timeout=3)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=3, verify=True)
+    assert httpx.get(f"{tls_cluster.coordinator}/v1/topics", verify=verify).status_code == 401
+
+
+def test_kafka_sasl_ssl_clients(tls_cluster: TlsCluster) -> None:
+    p = Producer(
+        {
+            "bootstrap.servers": tls_cluster.bootstrap,
+            "security.protocol": "SASL_SSL",
+            "ssl.ca.location": tls_cluster.ca_file,
+            "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "tuser",
+            "sasl.password": PASSWORD,
+        }
+    )
+    reports: list[Any] = []
+    p.produce("tls-topic", value=b"over tls", on_delivery=lambda e, m: reports.append(e))
+    assert p.flush(30) == 0 and reports == [None]
+
+    kp = KafkaProducer(
+        bootstrap_servers=tls_cluster.bootstrap,
+        security_protocol="SASL_SSL",
+        ssl_cafile=tls_cluster.ca_file,
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="tuser",
+        sasl_plain_password=PASSWORD,
+        enable_idempotence=False,
+    )
+    assert kp.send("tls-topic", b"kafka-python over tls").get(timeout=30).offset >= 0
+    kp.close()
+
+    async def aio() -> int:
+        from aiokafka.helpers import create_ssl_context
+
+        prod = AIOKafkaProducer(
+            bootstrap_servers=tls_cluster.bootstrap,
+            security_protocol="SASL_SSL",
+            ssl_context=create_ssl_context(cafile=tls_cluster.ca_file),
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_plain_username="tuser",
+            sasl_plain_password=PASSWORD,
+        )
+        await prod.start()
+        try:
+            meta = await prod.send_and_wait("tls-topic", b"aiokafka over tls", partition=0)
+            return int(meta.offset)
+        finally:
+            await prod.stop()
+
+    assert asyncio.run(aio()) >= 0
+    verify = ssl.create_default_context(cafile=tls_cluster.ca_file)
+    offsets = httpx.get(
+        f"{tls_cluster.rest}/topics/tls-topic/partitions/0/offsets", headers=basic(), verify=verify
+    )
+    assert offsets.json()["end_offset"] == 3
+    logs = "".join(p.output() for p in tls_cluster.procs)
+    assert PASSWORD not in logs and SECRET not in logs
