@@ -32,12 +32,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,12 +62,14 @@ def bench_commits(
     writers: int,
     *,
     partitions: int | None = None,
+    max_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Time ``n_commits`` commits of ``chunks_per_commit`` chunks from ``writers`` threads.
 
     Creates a fresh topic with ``partitions`` partitions (default: max(chunks, 10))
     and deletes it afterwards (not timed). Each commit covers distinct partitions,
-    rotating so that every partition is written.
+    rotating so that every partition is written. With ``max_seconds``, writers stop
+    early once that much time has passed (the figures count the commits made).
 
     Returns:
         ``{"chunks_per_commit", "writers", "commits", "seconds", "commits_per_s",
@@ -82,10 +87,15 @@ def bench_commits(
     errors: list[BaseException] = []
     barrier = threading.Barrier(writers + 1)
 
+    done = [0] * writers
+    deadline = [float("inf")]
+
     def writer(w: int) -> None:
         try:
             barrier.wait()
             for i in range(per_writer[w]):
+                if time.perf_counter() > deadline[0]:
+                    break
                 first = (w * 7 + i) % n_partitions
                 chunks = [
                     ChunkCommit(
@@ -102,6 +112,7 @@ def bench_commits(
                 t0 = time.perf_counter()
                 coordinator.commit(f"segments/{run}/{w:02d}/{i:08d}.seg", chunks)
                 latencies[w].append(time.perf_counter() - t0)
+                done[w] += 1
         except BaseException as e:
             errors.append(e)
             raise
@@ -111,6 +122,8 @@ def bench_commits(
         t.start()
     barrier.wait()
     start, cpu_start = time.perf_counter(), time.process_time()
+    if max_seconds is not None:
+        deadline[0] = start + max_seconds
     for t in threads:
         t.join()
     seconds = time.perf_counter() - start
@@ -121,6 +134,7 @@ def bench_commits(
         raise errors[0]
     coordinator.delete_topic(topic.name)
     lat = sorted(x for per in latencies for x in per)
+    n_commits = sum(done)
     return {
         "chunks_per_commit": chunks_per_commit,
         "writers": writers,
@@ -128,6 +142,7 @@ def bench_commits(
         "seconds": round(seconds, 3),
         "commits_per_s": round(n_commits / seconds, 1),
         "chunks_per_s": round(n_commits * chunks_per_commit / seconds, 1),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
         "cpu_s": round(cpu, 3),
         "commits_per_cpu_s": round(n_commits / cpu, 1) if cpu > 0 else None,
         "p50_ms": round(statistics.median(lat) * 1000, 3),
@@ -171,17 +186,7 @@ def _case(
 
 def _pg_cases(tmp: Path, admin_url: str, counts: dict[int, int], scale: float) -> None:
     """The 1/10/100-chunk cases on SQLite and on a throwaway PostgreSQL database; ratios."""
-    import psycopg
-
-    dbname = f"lakelog_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {dbname}")
-    info = psycopg.conninfo.conninfo_to_dict(admin_url)
-    pg_url = (
-        f"postgresql://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
-        f"{info.get('port', '5432')}/{dbname}"
-    )
-    try:
+    with _throwaway_pg(admin_url) as pg_url:
         for chunks, commits in counts.items():
             for writers in (1, 8):
                 n = max(int(commits * scale), 8)
@@ -209,14 +214,10 @@ def _pg_cases(tmp: Path, admin_url: str, counts: dict[int, int], scale: float) -
             "sqlite_over_postgresql": round(full["commits_per_s"] / pg["commits_per_s"], 2),
         }
         print(json.dumps(line), flush=True)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
 
 
 def _http_cases(tmp: Path, scale: float) -> None:
     """The same cases over HTTP, against a coordinator process on its own SQLite file."""
-    import os
     import socket
     import subprocess
 
@@ -272,13 +273,82 @@ def _http_cases(tmp: Path, scale: float) -> None:
         proc.wait(10)
 
 
+@contextmanager
+def _throwaway_pg(admin_url: str) -> Iterator[str]:
+    """The URL of a fresh PostgreSQL database on ``admin_url``'s server, dropped after."""
+    import psycopg
+
+    dbname = f"lakelog_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {dbname}")
+    info = psycopg.conninfo.conninfo_to_dict(admin_url)
+    try:
+        yield (
+            f"postgresql://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
+            f"{info.get('port', '5432')}/{dbname}"
+        )
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+
+
+def _matrix(tmp: Path, args: argparse.Namespace) -> None:
+    """Chunk rows/s and commit latency for every (backend, writers, chunks per commit).
+
+    Writers are threads sharing one ``LocalCoordinator`` (as a coordinator process
+    serves many agents). Each case runs for at most ``--case-seconds`` after a short
+    warm-up, on a fresh topic of max(chunks, 100) partitions (so the writers of the
+    big cases all touch the same rows, as agents flushing over every partition do);
+    one ``{"bench": "commit_matrix", ...}`` line per case.
+    """
+    backends = args.backends.split(",")
+    writers_list = [int(x) for x in args.writers.split(",")]
+    chunks_list = [int(x) for x in args.chunks.split(",")]
+    with ExitStack() as stack:
+        urls = {
+            "sqlite": f"sqlite:///{tmp / 'matrix.db'}",
+            "postgresql": (
+                stack.enter_context(_throwaway_pg(args.pg_url)) if "postgresql" in backends else ""
+            ),
+        }
+        for backend in backends:
+            with LocalCoordinator(urls[backend]) as coordinator:
+                for chunks in chunks_list:
+                    for writers in writers_list:
+                        print(
+                            f"commit_matrix: {backend}, {chunks} chunks, {writers} writers",
+                            file=sys.stderr,
+                        )
+                        # Enough commits to fill the time budget at any plausible speed.
+                        n = max(writers * 4, int(2_000_000 / chunks))
+                        parts = max(chunks, 100)
+                        bench_commits(  # warm-up
+                            coordinator, chunks, writers * 2, writers, partitions=parts
+                        )
+                        result = bench_commits(
+                            coordinator,
+                            chunks,
+                            n,
+                            writers,
+                            partitions=parts,
+                            max_seconds=args.case_seconds,
+                        )
+                        line = {
+                            "bench": "commit_matrix",
+                            "backend": backend,
+                            "label": args.label,
+                            **result,
+                        }
+                        print(json.dumps(line), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run every case; ``--scale`` multiplies the commit counts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the commit counts")
     parser.add_argument(
         "--section",
-        choices=("all", "local", "http", "postgresql"),
+        choices=("all", "local", "http", "postgresql", "matrix"),
         default="all",
         help="which cases to run",
     )
@@ -287,10 +357,20 @@ def main(argv: list[str] | None = None) -> None:
         default="postgresql://postgres@127.0.0.1:5432/postgres",
         help="a PostgreSQL server (maintenance database) for the postgresql section",
     )
+    parser.add_argument("--backends", default="sqlite,postgresql", help="matrix: backends")
+    parser.add_argument("--writers", default="1,8,32", help="matrix: writer threads")
+    parser.add_argument("--chunks", default="1,100,1000,10000", help="matrix: chunks per commit")
+    parser.add_argument(
+        "--case-seconds", type=float, default=3.0, help="matrix: time budget of each case"
+    )
+    parser.add_argument("--label", default="", help="matrix: a label copied into each line")
     args = parser.parse_args(argv)
     counts = {1: 6000, 10: 4000, 100: 600}
     with tempfile.TemporaryDirectory(prefix="lakelog-bench-commit-") as d:
         tmp = Path(d)
+        if args.section == "matrix":
+            _matrix(tmp, args)
+            return
         if args.section in ("all", "postgresql"):
             _pg_cases(tmp, args.pg_url, counts, args.scale)
         if args.section in ("all", "http"):

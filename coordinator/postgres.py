@@ -73,9 +73,14 @@ class PgConnection:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
 
-    def execute(self, sql: str, params: Sequence[Any] | None = None) -> psycopg.Cursor[Any]:
-        """Run one statement; the cursor has ``fetchone``/``fetchall`` and iterates rows."""
-        return self._conn.execute(sql, params)
+    def execute(
+        self, sql: str, params: Sequence[Any] | None = None, *, prepare: bool | None = None
+    ) -> psycopg.Cursor[Any]:
+        """Run one statement; the cursor has ``fetchone``/``fetchall`` and iterates rows.
+
+        ``prepare``: psycopg's (None: prepared after a few runs; False: planned each run).
+        """
+        return self._conn.execute(sql, params, prepare=prepare)
 
     def executemany(self, sql: str, params: Sequence[Sequence[Any]]) -> None:
         """Run one statement per parameter row (pipelined: one round trip)."""

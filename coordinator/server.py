@@ -127,6 +127,7 @@ from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.client import Coordinator
+from coordinator.group_commit import GroupCommitCollector
 from coordinator.group_metrics import GroupLagCollector
 from coordinator.groups import GroupCoordinator
 from coordinator.http_client import (
@@ -1068,6 +1069,7 @@ def create_process_app(
         shared_secret=shared_secret,
     )
     app.state.metrics.registry.register(GroupLagCollector(coordinator.group_lag))
+    app.state.metrics.registry.register(GroupCommitCollector(coordinator.store.group_commit_stats))
     app.state.janitor_runner = None
     if store is not None:
         metrics = JanitorMetrics(app.state.metrics.registry)
