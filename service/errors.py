@@ -42,6 +42,8 @@ class ErrorCode(IntEnum):
     REQUEST_TOO_LARGE = 413
     UNSUPPORTED_MEDIA_TYPE = 415
     UNPROCESSABLE_ENTITY = 422
+    #: A client over its quota (service.quotas), with Retry-After.
+    TOO_MANY_REQUESTS = 429
     INTERNAL_SERVER_ERROR = 500
     #: The one exception to "first three digits are the status": sent with HTTP 422.
     INVALID_CONSUMER_CONFIG_CONSTRAINTS = 40001

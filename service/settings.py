@@ -114,6 +114,19 @@ class Settings(LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule
         description="Most entries of one v3 records:batch (kafka-rest's "
         "api.v3.produce.batch.maximum.entries).",
     )
+    quota_produce_bytes_per_s: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="Produce bytes/s per principal across the cluster (Kafka's "
+        "producer_byte_rate; 0: none). Over it: 429 + Retry-After, Kafka throttle_time_ms.",
+    )
+    quota_fetch_bytes_per_s: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="Fetch bytes/s per principal across the cluster (Kafka's "
+        "consumer_byte_rate; 0: none).",
+    )
+    quota_requests_per_s: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Requests/s per principal across the cluster (0: none)."
+    )
     idempotency_key_window_s: Annotated[int, Field(ge=1)] = Field(
         default=86400,
         description="How long a REST produce's Idempotency-Key is remembered: a retry within "
