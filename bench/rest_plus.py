@@ -23,20 +23,16 @@ import base64
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 
-import boto3
 import httpx
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from consume import BINARY, V2, Agent, Consumer, emit, log
-
-from tests.procs import start_moto
+from consume import BINARY, V2, Agent, Consumer, emit, log, served
 
 RECORD = b"x" * 1024
 
@@ -76,12 +72,16 @@ def produce_round(
     return sum(done) / (time.monotonic() - started)
 
 
-def bench_idempotent(agent: Agent, args: argparse.Namespace) -> None:
-    topic = "idem"
+def _create_topic(agent: Agent, name: str, partitions: int) -> str:
     httpx.post(
         f"{agent.base}/v3/clusters/{agent.cluster_id}/topics",
-        json={"topic_name": topic, "partitions_count": 8},
+        json={"topic_name": name, "partitions_count": partitions},
     ).raise_for_status()
+    return name
+
+
+def bench_idempotent(agent: Agent, args: argparse.Namespace) -> None:
+    topic = _create_topic(agent, "idem", 8)
     plain: list[float] = []
     keyed: list[float] = []
     for r in range(args.rounds):  # alternated, so drift of the machine hits both
@@ -106,11 +106,7 @@ def bench_idempotent(agent: Agent, args: argparse.Namespace) -> None:
 
 
 def bench_consume(agent: Agent, args: argparse.Namespace) -> None:
-    topic = "stream"
-    httpx.post(
-        f"{agent.base}/v3/clusters/{agent.cluster_id}/topics",
-        json={"topic_name": topic, "partitions_count": 4},
-    ).raise_for_status()
+    topic = _create_topic(agent, "stream", 4)
     total = args.mb * 1024
     with httpx.Client(base_url=agent.base, timeout=60) as http:
         for _ in range(0, total, 500):
@@ -188,23 +184,10 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=40, help="MiB to consume.")
     parser.add_argument("--starts", type=int, default=10)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="lakelog-bench-restplus-") as tmp_name:
-        tmp = Path(tmp_name)
-        moto, endpoint = start_moto(tmp)
-        agent: Agent | None = None
-        try:
-            bucket = "bench-restplus"
-            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-            home = tmp / "agent"
-            home.mkdir()
-            agent = Agent(home, endpoint, bucket)
-            bench_idempotent(agent, args)
-            bench_consume(agent, args)
-            bench_first_record(agent, args)
-        finally:
-            if agent is not None:
-                agent.stop()
-            moto.stop()
+    with served("lakelog-bench-restplus-", "bench-restplus") as (agent, _, _):
+        bench_idempotent(agent, args)
+        bench_consume(agent, args)
+        bench_first_record(agent, args)
 
 
 if __name__ == "__main__":
