@@ -288,6 +288,13 @@ HONOURED = frozenset(
 )
 
 
+#: Kafka settings that mean nothing here (metadata is never stale, there are no racks)
+#: and that clients send (Karapace's own tests send the first): accepted, ignored.
+IGNORED = frozenset(
+    {"topic.metadata.refresh.interval.ms", "metadata.max.age.ms", "client.id", "client.rack"}
+)
+
+
 def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
     """The instance's settings from a create request; undotted unknown keys (``name``,
     ...) are ignored, dotted ones (Kafka consumer settings) refused.
@@ -297,7 +304,7 @@ def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
             type."), a Kafka setting not honoured per instance, or a bad value for a
             known setting.
     """
-    unknown = sorted(k for k in doc if "." in k and k not in HONOURED)
+    unknown = sorted(k for k in doc if "." in k and k not in HONOURED and k not in IGNORED)
     if unknown:
         raise InvalidConsumerConfigError(
             f"Invalid consumer configuration. {unknown[0]} is not a setting a consumer "
