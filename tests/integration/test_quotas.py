@@ -91,3 +91,39 @@ def test_a_principal_over_its_rate_is_slowed_and_another_is_not(
     assert stored == sorted(greedy["acked"] + polite["acked"])  # nothing lost, nothing extra
     metrics = httpx.get(f"{a}/metrics").text
     assert 'lakelog_quota_throttled_total{kind="produce_bytes"}' in metrics
+
+
+def test_kafka_produce_over_the_rate_is_answered_with_a_throttle_time(
+    cluster_factory: ClusterFactory, unique_topic: Any
+) -> None:
+    """Kafka's door charges the same quota (client id "test") and, over it, answers
+    throttle_time_ms instead of refusing: every batch is stored."""
+    import datetime
+
+    from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+
+    from tests.integration.test_kafka_clients import _batch, kafka_call
+
+    cluster = cluster_factory(
+        agents=1, kafka=True, agent_env={"LAKELOG_QUOTA_PRODUCE_BYTES_PER_S": "20000"}
+    )
+    topic = unique_topic("kquota")
+    create_topic(cluster, topic, 1)
+    throttles = []
+    for _ in range(4):
+        body = ProduceRequest(
+            acks=-1,
+            timeout=datetime.timedelta(seconds=10),
+            topic_data=(
+                TopicProduceData(
+                    name=topic,
+                    partition_data=(PartitionProduceData(index=0, records=_batch(10, 1500)),),
+                ),
+            ),
+        )
+        resp = kafka_call(cluster.kafka[0], body)
+        assert resp.responses[0].partition_responses[0].error_code == 0
+        throttles.append(resp.throttle_time.total_seconds() * 1000)
+    assert throttles[0] == 0  # within the first second's burst
+    assert throttles[-1] > 0  # 60 KB in a moment at 20 KB/s: throttled
+    assert len(read_partition(cluster, topic, 0)) == 40  # nothing refused, nothing lost
