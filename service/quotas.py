@@ -3,7 +3,8 @@
 Configured like Kafka's default client quotas (``producer_byte_rate``,
 ``consumer_byte_rate``, ``request_percentage``'s REST cousin, a request rate), as agent
 settings: ``quota_produce_bytes_per_s``, ``quota_fetch_bytes_per_s``,
-``quota_requests_per_s`` (0: no quota). While authentication is off the principal is
+``quota_requests_per_s`` (0: no quota) for every principal, and ``quota_overrides`` for
+some (Kafka's per-client-id quotas). While authentication is off the principal is
 the ``X-Client-Id`` request header (Kafka's client.id), else the client's address.
 
 Each is a token bucket per principal, refilled at the rate divided by the number of live
@@ -38,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ErrorCode
 from service.executors import call
+from service.settings import parse_quota_overrides
 from service.web import send_error
 
 if TYPE_CHECKING:
@@ -71,17 +73,24 @@ class Quotas:
             FETCH: float(settings.quota_fetch_bytes_per_s),
             REQUESTS: float(settings.quota_requests_per_s),
         }
-        self.enabled = any(self.rates.values())
+        self.overrides = parse_quota_overrides(settings.quota_overrides)
+        self.enabled = any(self.rates.values()) or any(
+            any(r.values()) for r in self.overrides.values()
+        )
         self.agents = 1
         self.metrics = metrics
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._refreshed = 0.0
 
-    def _rate(self, kind: str) -> float:
-        return self.rates[kind] / max(self.agents, 1)
+    def configured(self, principal: str, kind: str) -> float:
+        """The principal's cluster-wide rate of ``kind``: its override, else the default."""
+        return self.overrides.get(principal, {}).get(kind, self.rates[kind])
+
+    def _rate(self, principal: str, kind: str) -> float:
+        return self.configured(principal, kind) / max(self.agents, 1)
 
     def _bucket(self, principal: str, kind: str, now: float) -> _Bucket:
-        rate = self._rate(kind)
+        rate = self._rate(principal, kind)
         b = self._buckets.get((principal, kind))
         if b is None:
             b = self._buckets[(principal, kind)] = _Bucket(rate, now)
@@ -94,14 +103,14 @@ class Quotas:
         now = time.monotonic() if now is None else now
         wait = 0.0
         for kind in kinds:
-            if self.rates[kind] > 0:
+            if self.configured(principal, kind) > 0:
                 b = self._bucket(principal, kind, now)
                 if b.tokens < 0:
-                    wait = max(wait, -b.tokens / self._rate(kind))
+                    wait = max(wait, -b.tokens / self._rate(principal, kind))
         return wait
 
     def charge(self, principal: str, kind: str, amount: float, now: float | None = None) -> None:
-        if self.rates[kind] > 0 and amount:
+        if amount and self.configured(principal, kind) > 0:
             b = self._bucket(principal, kind, time.monotonic() if now is None else now)
             b.tokens -= amount
             if self.metrics is not None:

@@ -53,3 +53,28 @@ def test_which_requests_count_as_produce_and_fetch() -> None:
     assert kinds_of("GET", "/consumers/g/instances/i/records") == (REQUESTS, FETCH)
     assert kinds_of("GET", "/v3/clusters/c/topics/t/partitions/0/records") == (REQUESTS, FETCH)
     assert kinds_of("GET", "/topics") == (REQUESTS,)
+
+
+def test_overrides_per_principal_like_kafkas_client_id_quotas() -> None:
+    q = _quotas(
+        quota_produce_bytes_per_s=1000,
+        quota_overrides="big=produce_bytes:10000;address:10.0.0.7=produce_bytes:0,requests:2",
+    )
+    q.charge("client:big", PRODUCE, 5000, now=0.0)
+    assert q.delay("client:big", (PRODUCE,), now=0.0) == 0  # its own, larger rate
+    q.charge("client:other", PRODUCE, 5000, now=0.0)
+    assert q.delay("client:other", (PRODUCE,), now=0.0) == pytest.approx(4.0)  # the default
+    q.charge("address:10.0.0.7", PRODUCE, 10**9, now=0.0)
+    assert q.delay("address:10.0.0.7", (PRODUCE,), now=0.0) == 0  # 0: no quota for it
+    for _ in range(3):
+        q.charge("address:10.0.0.7", REQUESTS, 1, now=0.0)
+    assert q.delay("address:10.0.0.7", (REQUESTS,), now=0.0) == pytest.approx(0.5)
+    assert _quotas(quota_overrides="x=requests:1").enabled  # an override alone turns quotas on
+
+
+@pytest.mark.parametrize(
+    "bad", ["nobody", "a=bytes:1", "a=requests:-1", "a=requests", "=requests:1"]
+)
+def test_bad_overrides_fail_at_start_up(bad: str) -> None:
+    with pytest.raises(ValueError, match="quota_overrides"):
+        _quotas(quota_overrides=bad)
