@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import sys
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -309,41 +311,48 @@ def bench_raw(agent: Agent, endpoint: str, bucket: str, topic: str) -> float:
     return mbps
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=8.0, help="Tail window, seconds.")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="lakelog-bench-consume-") as tmp_name:
+@contextlib.contextmanager
+def served(prefix: str, bucket: str) -> Iterator[tuple[Agent, Proc, str]]:
+    """A moto server and ``lakelog serve`` on a new bucket: (agent, moto, endpoint)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp_name:
         tmp = Path(tmp_name)
         moto, endpoint = start_moto(tmp)
         agent: Agent | None = None
         try:
-            bucket = "bench-consume"
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
             home = tmp / "agent"
             home.mkdir()
             agent = Agent(home, endpoint, bucket)
-            topic = "tail"
-            r = httpx.post(
-                f"{agent.base}/v3/clusters/{agent.cluster_id}/topics",
-                json={"topic_name": topic, "partitions_count": PARTITIONS},
-            )
-            r.raise_for_status()
-            log(f"tail: producing and consuming for {args.duration} s")
-            total = bench_tail(agent, moto.popen.pid, topic, args.duration)
-            log(f"catch-up: cold agent reads {total} records")
-            catchup = bench_catchup(agent, moto.popen.pid, topic, total)
-            log("raw: ranged GETs of the same chunks")
-            raw = bench_raw(agent, endpoint, bucket, topic)
-            emit(
-                bench="ratio",
-                catchup_vs_raw=round(catchup / raw, 3),
-                target=0.5,
-            )
+            yield agent, moto, endpoint
         finally:
             if agent is not None:
                 agent.stop()
             moto.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=8.0, help="Tail window, seconds.")
+    args = parser.parse_args()
+    bucket = "bench-consume"
+    with served("lakelog-bench-consume-", bucket) as (agent, moto, endpoint):
+        topic = "tail"
+        r = httpx.post(
+            f"{agent.base}/v3/clusters/{agent.cluster_id}/topics",
+            json={"topic_name": topic, "partitions_count": PARTITIONS},
+        )
+        r.raise_for_status()
+        log(f"tail: producing and consuming for {args.duration} s")
+        total = bench_tail(agent, moto.popen.pid, topic, args.duration)
+        log(f"catch-up: cold agent reads {total} records")
+        catchup = bench_catchup(agent, moto.popen.pid, topic, total)
+        log("raw: ranged GETs of the same chunks")
+        raw = bench_raw(agent, endpoint, bucket, topic)
+        emit(
+            bench="ratio",
+            catchup_vs_raw=round(catchup / raw, 3),
+            target=0.5,
+        )
 
 
 if __name__ == "__main__":

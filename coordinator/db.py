@@ -498,6 +498,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             ){clustered}""",
         ),
     ),
+    Migration(
+        14,
+        "per-consumer overrides: max.poll.records and isolation.level of REST instances",
+        (
+            "ALTER TABLE consumers ADD COLUMN max_poll_records {bigint} NOT NULL DEFAULT 0",
+            "ALTER TABLE consumers ADD COLUMN isolation_level TEXT NOT NULL "
+            "DEFAULT 'read_uncommitted'",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

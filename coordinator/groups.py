@@ -55,6 +55,13 @@ class ConsumerConfig:
     instance_timeout_ms: int = 300_000  # consumer.instance.timeout.ms: idle -> deleted
     assignor: str = "range"  # partition.assignment.strategy: range | roundrobin
     max_poll_interval_ms: int = 300_000  # max.poll.interval.ms: no fetch this long -> out
+    max_poll_records: int = 0  # max.poll.records: most records a fetch answers; 0 = no limit
+    #: isolation.level: read_uncommitted | read_committed (the same here: nothing is
+    #: transactional, every committed record is readable under both).
+    isolation_level: str = "read_uncommitted"
+
+
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,7 @@ from coordinator.db import MetadataDatabase, fetch_each
 from coordinator.groups import (
     ASSIGNORS,
     FORMATS,
+    ISOLATION_LEVELS,
     RESET_POLICIES,
     CommittedOffset,
     ConsumerConfig,
@@ -162,12 +163,12 @@ _MEMBER_COLUMNS = (
     "name, format, auto_offset_reset, auto_commit, fetch_min_bytes, request_timeout_ms, "
     "session_timeout_ms, instance_timeout_ms, assignor, topics, pattern, manual, "
     "manual_assignment, in_group, created_at, last_seen, last_poll, last_heartbeat, "
-    "max_poll_interval_ms, fetch_token, fetch_expires"
+    "max_poll_interval_ms, fetch_token, fetch_expires, max_poll_records, isolation_level"
 )
 _MEMBERS = f"SELECT {_MEMBER_COLUMNS} FROM consumers WHERE group_id = ?"
 _UPSERT_MEMBER = (
     f"INSERT INTO consumers (group_id, {_MEMBER_COLUMNS}) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (group_id, name) DO UPDATE SET "
     "topics = excluded.topics, pattern = excluded.pattern, manual = excluded.manual, "
     "manual_assignment = excluded.manual_assignment, in_group = excluded.in_group, "
@@ -278,6 +279,15 @@ def validate_consumer_config(config: ConsumerConfig) -> ConsumerConfig:
     if not _is_int(config.fetch_min_bytes) or config.fetch_min_bytes < -1:
         raise InvalidConsumerConfigError(
             f"fetch.min.bytes must be an integer >= -1, not {config.fetch_min_bytes!r}."
+        )
+    if not _is_int(config.max_poll_records) or config.max_poll_records < 0:
+        raise InvalidConsumerConfigError(
+            f"max.poll.records must be an integer >= 1, not {config.max_poll_records!r}."
+        )
+    if config.isolation_level not in ISOLATION_LEVELS:
+        raise InvalidConsumerConfigError(
+            f"isolation.level must be one of {', '.join(ISOLATION_LEVELS)}, not "
+            f"{config.isolation_level!r}."
         )
     for name in (
         "request_timeout_ms",
@@ -403,6 +413,8 @@ class _Member:
             c.max_poll_interval_ms,
             self.fetch_token,
             self.fetch_expires,
+            c.max_poll_records,
+            c.isolation_level,
         )
 
     @classmethod
@@ -417,6 +429,8 @@ class _Member:
             instance_timeout_ms=row[7],
             assignor=row[8],
             max_poll_interval_ms=row[18],
+            max_poll_records=row[21],
+            isolation_level=row[22],
         )
         return cls(
             name=row[0],

@@ -40,6 +40,7 @@ from service.executors import ExecutorCollector, Executors, Kind
 from service.kafka.server import KafkaServer
 from service.metrics import Metrics
 from service.notify import Notifier
+from service.quotas import QuotaMiddleware
 from service.read_cache import CachingLogReader, IndexCache, RangeCache
 from service.registry import routes as registry_routes
 from service.registry.core import RegistryMetrics, SchemaRegistry
@@ -402,6 +403,7 @@ def create_app(
     # Inside the body limit, trailing-slash and proxy-header middleware added next.
     security.install(app, settings)
     install_middleware(app, settings)
+    app.add_middleware(QuotaMiddleware)  # outermost: a throttled request costs nothing
     app.add_api_route("/health", health, methods=["GET"], tags=["ops"])
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"])
     # v3 first: the v2 root routes are all literal or under /topics, /brokers.

@@ -93,6 +93,24 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.quota_charged = Counter(
+            "lakelog_quota_charged",
+            "What quotas counted against principals: bytes, or requests, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.quota_throttled = Counter(
+            "lakelog_quota_throttled",
+            "Requests throttled by a quota (429 on REST, throttle_time_ms on Kafka), by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.quota_throttle_seconds = Counter(
+            "lakelog_quota_throttle_seconds",
+            "Seconds of Retry-After / throttle time answered, by kind.",
+            ["kind"],
+            registry=r,
+        )
         self.heartbeat_failures = Counter(
             "lakelog_heartbeat_failures",
             "Agent heartbeats to the coordinator that failed (retried at the next interval).",

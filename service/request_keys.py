@@ -29,8 +29,9 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Header, Request
 
 from coordinator.producers import RequestKey, StoredKey
 from segments.errors import (
@@ -44,6 +45,15 @@ from service.idempotence import Admission, Ticket
 from service.state import AgentState
 
 HEADER = "idempotency-key"
+#: The header as a route parameter, so the OpenAPI at /docs shows it (read from the request).
+KeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Retry-safe produce: the same key and request answer the first offsets "
+        "and store nothing; the same key with another request is 422 42209.",
+    ),
+]
 _MAX_KEY = 255
 # While the same key is being written by this agent, look again this often.
 _IN_FLIGHT_POLL_S = 0.01

@@ -36,6 +36,34 @@ MiB = 1 << 20
 Compression = Literal["none", "gzip", "snappy", "lz4", "zstd"]
 
 
+QUOTA_KINDS = ("produce_bytes", "fetch_bytes", "requests")
+
+
+def parse_quota_overrides(text: str) -> dict[str, dict[str, float]]:
+    """``quota_overrides`` as {principal: {kind: rate}}; a client id becomes ``client:<id>``.
+
+    Raises:
+        ValueError: not ``principal=kind:rate,...;...`` with known kinds and rates >= 0.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        who, sep, spec = entry.partition("=")
+        who = who.strip()
+        if not sep or not who:
+            raise ValueError(f"quota_overrides entry {entry!r} is not principal=kind:rate,...")
+        principal = who if who.startswith("address:") else f"client:{who}"
+        rates = out.setdefault(principal, {})
+        for item in spec.split(","):
+            kind, sep, rate = item.strip().partition(":")
+            if not sep or kind not in QUOTA_KINDS or not rate.strip().isdigit():
+                raise ValueError(
+                    f"quota_overrides: {item.strip()!r} of {who} is not kind:rate with kind "
+                    f"one of {', '.join(QUOTA_KINDS)} and a whole rate >= 0"
+                )
+            rates[kind] = float(rate)
+    return out
+
+
 def _new_agent_id() -> str:
     return uuid.uuid4().hex
 
@@ -116,6 +144,25 @@ class Settings(
         default=10,
         description="Most entries of one v3 records:batch (kafka-rest's "
         "api.v3.produce.batch.maximum.entries).",
+    )
+    quota_produce_bytes_per_s: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="Produce bytes/s per principal across the cluster (Kafka's "
+        "producer_byte_rate; 0: none). Over it: 429 + Retry-After, Kafka throttle_time_ms.",
+    )
+    quota_fetch_bytes_per_s: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="Fetch bytes/s per principal across the cluster (Kafka's "
+        "consumer_byte_rate; 0: none).",
+    )
+    quota_requests_per_s: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Requests/s per principal across the cluster (0: none)."
+    )
+    quota_overrides: str = Field(
+        default="",
+        description="Per-principal quotas over the defaults, as Kafka's client-id quotas: "
+        "'client-a=produce_bytes:1048576,requests:50;address:10.0.0.7=fetch_bytes:0' "
+        "(a client id, or address:IP; 0: no quota for that principal).",
     )
     idempotency_key_window_s: Annotated[int, Field(ge=1)] = Field(
         default=86400,
@@ -229,6 +276,12 @@ class Settings(
         host, sep, port = v.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"kafka_advertised must be host:port; got {v!r}")
+        return v
+
+    @field_validator("quota_overrides")
+    @classmethod
+    def _check_quota_overrides(cls, v: str) -> str:
+        parse_quota_overrides(v)
         return v
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ from service.executors import Executors
 from service.idempotence import ProducerGate
 from service.metrics import Metrics
 from service.notify import Notifier
+from service.quotas import Quotas
 from service.read_cache import CachingLogReader
 from service.registry.core import SchemaRegistry
 from service.settings import Settings
@@ -55,9 +56,12 @@ class AgentState:
     kafka_address: tuple[str, int] | None = None
     #: Idempotent produce's pre-check, shared by the Kafka and REST doors.
     gate: ProducerGate = field(init=False)
+    #: Client quotas (``service.quotas``), shared by the REST and Kafka doors.
+    quotas: Quotas = field(init=False)
 
     def __post_init__(self) -> None:
         self.gate = ProducerGate(self.coordinator)
+        self.quotas = Quotas(self.settings, self.metrics)
 
 
 def get_state(request: Request) -> AgentState:

@@ -33,6 +33,7 @@ from service.formats import max_message_bytes
 from service.idempotence import Admission, ProducerGate, Ticket
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, millis, nested
+from service.quotas import FETCH, PRODUCE
 from service.state import AgentState
 from service.v3.common import broker_max_age_s
 
@@ -246,6 +247,8 @@ async def produce(ctx: KafkaContext, req: Request) -> Any:
                 continue
             checked[tp] = (topic.topic_id, memoryview(pd.records), problem)
     ctx.state.metrics.produce_requests.labels(api="kafka").inc()
+    size = sum(len(pd.records or b"") for td in body.topic_data for pd in td.partition_data)
+    throttle_ms = ctx.state.quotas.kafka_throttle_ms(req.header.client_id, PRODUCE, size)
     tickets, duplicates = await _admit_idempotent(ctx, checked, errors)
     for tp, (topic_id, view, infos) in checked.items():
         if tp in errors or tp in duplicates:
@@ -277,7 +280,9 @@ async def produce(ctx: KafkaContext, req: Request) -> Any:
                 ctx.gate.release(ticket)
         if body.acks == 0:
             return None
-        return _produce_response(resp, order, errors, firsts, bases, failure, duplicates)
+        return _produce_response(
+            resp, order, errors, firsts, bases, failure, duplicates, throttle_ms
+        )
 
     return Deferred(asyncio.get_running_loop().create_task(finish()))
 
@@ -361,6 +366,7 @@ def _produce_response(
     bases: list[int],
     failure: tuple[ErrorCode, str | None] | None,
     duplicates: dict[tuple[str, int], int],
+    throttle_ms: int = 0,
 ) -> Any:
     part_cls = nested(resp, "PartitionProduceResponse")
     by_topic: dict[str, list[Any]] = {}
@@ -392,7 +398,7 @@ def _produce_response(
             build(topic_cls, name=name, partition_responses=tuple(parts))
             for name, parts in by_topic.items()
         ),
-        throttle_time=0,
+        throttle_time=throttle_ms,
     )
 
 
@@ -495,9 +501,11 @@ async def fetch(ctx: KafkaContext, req: Request) -> Any:
                     records=r.records,  # written as is: no copy
                 )
             )
+    size = sum(len(r.records or b"") for r in reads)
+    throttle_ms = st.quotas.kafka_throttle_ms(req.header.client_id, FETCH, size)
     return build(
         resp,
-        throttle_time=0,
+        throttle_time=throttle_ms,
         error_code=0,
         session_id=0,
         responses=tuple(

@@ -52,6 +52,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from coordinator.groups import (
     ASSIGNORS,
     FORMATS,
+    ISOLATION_LEVELS,
     RESET_POLICIES,
     CommittedOffset,
     ConsumerConfig,
@@ -267,13 +268,48 @@ def _bool_setting(doc: dict[str, Any], name: str, default: bool) -> bool:
     )
 
 
+#: The Kafka consumer settings an instance honours (kafka-rest's names and Kafka's). Any
+#: other dotted key is a Kafka setting we would silently ignore: refused with 42204.
+HONOURED = frozenset(
+    {
+        "auto.offset.reset",
+        "auto.commit.enable",
+        "enable.auto.commit",
+        "fetch.min.bytes",
+        "fetch.max.wait.ms",
+        "consumer.request.timeout.ms",
+        "session.timeout.ms",
+        "consumer.instance.timeout.ms",
+        "max.poll.interval.ms",
+        "max.poll.records",
+        "isolation.level",
+        "partition.assignment.strategy",
+    }
+)
+
+
+#: Kafka settings that mean nothing here (metadata is never stale, there are no racks)
+#: and that clients send (Karapace's own tests send the first): accepted, ignored.
+IGNORED = frozenset(
+    {"topic.metadata.refresh.interval.ms", "metadata.max.age.ms", "client.id", "client.rack"}
+)
+
+
 def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
-    """The instance's settings from a create request; unknown keys are ignored.
+    """The instance's settings from a create request; undotted unknown keys (``name``,
+    ...) are ignored, dotted ones (Kafka consumer settings) refused.
 
     Raises:
         InvalidConsumerConfigError: an unknown format (422 42204, "Invalid format
-            type.") or a bad value for a known setting.
+            type."), a Kafka setting not honoured per instance, or a bad value for a
+            known setting.
     """
+    unknown = sorted(k for k in doc if "." in k and k not in HONOURED and k not in IGNORED)
+    if unknown:
+        raise InvalidConsumerConfigError(
+            f"Invalid consumer configuration. {unknown[0]} is not a setting a consumer "
+            f"instance honours; it honours {', '.join(sorted(HONOURED))}."
+        )
     default = ConsumerConfig()
     fmt = doc.get("format", default.format)
     if not isinstance(fmt, str) or fmt.lower() not in FORMATS:
@@ -302,12 +338,19 @@ def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
     return ConsumerConfig(
         format=fmt.lower(),
         auto_offset_reset=reset,
-        auto_commit=_bool_setting(doc, "auto.commit.enable", default.auto_commit),
+        auto_commit=_bool_setting(
+            doc,
+            "auto.commit.enable" if "auto.commit.enable" in doc else "enable.auto.commit",
+            default.auto_commit,
+        ),
         fetch_min_bytes=_int_setting(
             doc, ("fetch.min.bytes", "responseMinBytes"), default.fetch_min_bytes, -1
         ),
         request_timeout_ms=_int_setting(
-            doc, ("consumer.request.timeout.ms", "requestWaitMs"), default.request_timeout_ms, 0
+            doc,
+            ("consumer.request.timeout.ms", "requestWaitMs", "fetch.max.wait.ms"),
+            default.request_timeout_ms,
+            0,
         ),
         session_timeout_ms=session,
         instance_timeout_ms=_int_setting(
@@ -317,7 +360,19 @@ def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
         max_poll_interval_ms=_int_setting(
             doc, ("max.poll.interval.ms",), s.consumer_max_poll_interval_ms, 1
         ),
+        max_poll_records=_int_setting(doc, ("max.poll.records",), default.max_poll_records, 1),
+        isolation_level=_isolation(doc.get("isolation.level", default.isolation_level)),
     )
+
+
+def _isolation(value: object) -> str:
+    level = str(value).strip().lower()
+    if level not in ISOLATION_LEVELS:
+        raise InvalidConsumerConfigError(
+            "Invalid consumer configuration. isolation.level must be read_uncommitted or "
+            f"read_committed, got {value!r}."
+        )
+    return level
 
 
 @route("POST", "/consumers/{group}", summary="Create a consumer instance in a group")
@@ -616,9 +671,11 @@ def read_round_robin(
     *,
     at_least_one: bool = True,
     start: int = 0,
+    max_records: int = 0,
 ) -> tuple[list[ConsumedRecord], dict[TopicPartition, int], int]:
     """Read ``positions`` record by record in turn, until ``max_bytes`` or nothing is left.
 
+    At most ``max_records`` records (0: no limit: an instance's max.poll.records).
     A record that would take the total past ``max_bytes`` is not returned (unless
     it is the first and ``at_least_one``), and no position moves past a record
     that is not returned.
@@ -650,7 +707,7 @@ def read_round_robin(
         out.append(rec)
         size += n
         new[tp] = rec.offset + 1
-        if size >= max_bytes:
+        if size >= max_bytes or len(out) == max_records:
             break
         active.append(tp)
     return out, new, size
@@ -925,6 +982,7 @@ async def _read(
     size = 0
     first = random.randrange(1 << 30)
     min_bytes = st.config.fetch_min_bytes
+    max_records = st.config.max_poll_records
     with state.notifier.watch(watches) as waiter:
         f.served.wake = waiter.event.set
         f.watch.callbacks.append(waiter.event.set)
@@ -938,12 +996,15 @@ async def _read(
                     limit - size,
                     at_least_one=not records,
                     start=first,
+                    max_records=max_records - len(records) if max_records else 0,
                 )
                 records += batch
                 size += got
                 for tp, off in positions.items():
                     waiter.update(ids[tp], off)
                 if size >= limit or (records and size >= min_bytes):
+                    break
+                if max_records and len(records) >= max_records:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or f.watch.disconnected or f.served.moved:

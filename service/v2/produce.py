@@ -64,7 +64,14 @@ from service.formats import (
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
 from service.registry.rest import encode_v2
-from service.request_keys import KeyedProduce, admit, keyed_produce, release, stored_offsets
+from service.request_keys import (
+    KeyedProduce,
+    KeyHeader,
+    admit,
+    keyed_produce,
+    release,
+    stored_offsets,
+)
 from service.state import AgentState, get_state
 
 router = APIRouter(tags=["v2 produce"])
@@ -82,7 +89,10 @@ _Entry = tuple[int, Record]
 
 @router.post("/topics/{topic}", summary="Produce records to a topic")
 async def produce_to_topic(
-    topic: str, request: Request, state: AgentState = Depends(get_state)
+    topic: str,
+    request: Request,
+    idempotency_key: KeyHeader = None,
+    state: AgentState = Depends(get_state),
 ) -> Response:
     """Records go to their ``partition``, else by key hash, else spread over partitions."""
     return await _produce(request, state, topic, None)
@@ -90,7 +100,11 @@ async def produce_to_topic(
 
 @router.post("/topics/{topic}/partitions/{partition}", summary="Produce records to a partition")
 async def produce_to_partition(
-    topic: str, partition: int, request: Request, state: AgentState = Depends(get_state)
+    topic: str,
+    partition: int,
+    request: Request,
+    idempotency_key: KeyHeader = None,
+    state: AgentState = Depends(get_state),
 ) -> Response:
     """Every record goes to ``partition``; a record's own ``partition`` field is ignored."""
     return await _produce(request, state, topic, partition)

@@ -68,8 +68,15 @@ _NDJSON_EXAMPLE = (
 )
 
 
+def cursor_key(tp: TopicPartition) -> str:
+    return f"{tp.partition}:{tp.topic}"
+
+
 def encode_cursor(positions: dict[TopicPartition, int]) -> str:
-    doc = {f"{tp.partition}:{tp.topic}": off for tp, off in sorted(positions.items())}
+    return _encode_doc({cursor_key(tp): off for tp, off in sorted(positions.items())})
+
+
+def _encode_doc(doc: dict[str, int]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps(doc)).decode().rstrip("=")
 
 
@@ -181,6 +188,9 @@ class _GroupStream:
         for tp in self.positions:
             ids[tp] = ((await state.topics.get(tp.topic)).topic_id, tp.partition)
         last_commit = time.monotonic()
+        ordered = sorted(self.positions)
+        keys = {(tp.topic, tp.partition): cursor_key(tp) for tp in ordered}
+        cursor = {cursor_key(tp): self.positions[tp] for tp in ordered}
         watches = {ids[tp]: (tp.topic, off) for tp, off in self.positions.items()}
         try:
             with state.notifier.watch(watches) as waiter:
@@ -192,10 +202,10 @@ class _GroupStream:
                         rendered = await render(state, records, self.fmt)
                         out = []
                         for rec, doc in zip(records, rendered, strict=True):
-                            self.positions[TopicPartition(rec.topic, rec.partition)] = (
-                                rec.offset + 1
-                            )
-                            out.append(self._frame(doc, encode_cursor(self.positions)))
+                            # The cursor after each record: one dict updated in place.
+                            cursor[keys[(rec.topic, rec.partition)]] = rec.offset + 1
+                            out.append(self._frame(doc, _encode_doc(cursor)))
+                        self.positions.update(new)
                         for tp, off in new.items():
                             waiter.update(ids[tp], off)
                         state.consume_metrics.consumed_records.inc(len(records))

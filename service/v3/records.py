@@ -77,7 +77,15 @@ from service.formats import (
 from service.idempotence import Admission
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
 from service.registry.rest import prepare_v3, wants_schema
-from service.request_keys import HEADER, KeyedProduce, admit, keyed_produce, release, stored_offsets
+from service.request_keys import (
+    HEADER,
+    KeyedProduce,
+    KeyHeader,
+    admit,
+    keyed_produce,
+    release,
+    stored_offsets,
+)
 from service.state import AgentState, get_state
 
 log = logging.getLogger(__name__)
@@ -427,7 +435,11 @@ class _DuplexStreamingResponse(StreamingResponse):
 
 @router.post("/v3/clusters/{cluster_id}/topics/{topic_name}/records", summary="Produce records")
 async def produce_records(
-    cluster_id: str, topic_name: str, request: Request, state: AgentState = Depends(get_state)
+    cluster_id: str,
+    topic_name: str,
+    request: Request,
+    idempotency_key: KeyHeader = None,
+    state: AgentState = Depends(get_state),
 ) -> Response:
     """One JSON object per record, concatenated; one delivery report per record, streamed."""
     check_v3_content_type(request.headers.get("content-type"))
@@ -809,7 +821,11 @@ def _batch_ids(entries: list[msgspec.Raw], max_entries: int) -> list[str]:
     summary="Produce a batch of records",
 )
 async def produce_records_batch(
-    cluster_id: str, topic_name: str, request: Request, state: AgentState = Depends(get_state)
+    cluster_id: str,
+    topic_name: str,
+    request: Request,
+    idempotency_key: KeyHeader = None,
+    state: AgentState = Depends(get_state),
 ) -> Response:
     """``{"entries": [{"id": ..., <a record>}, ...]}`` -> 207 with ``successes`` and
     ``failures`` (each by id, in input order). All entries go to the batcher in one call.

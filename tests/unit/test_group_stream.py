@@ -1,4 +1,5 @@
-"""The group stream's cursor and the OpenAPI at /docs documenting the new consume routes."""
+"""The group stream's cursor, and the OpenAPI at /docs documenting issue 16's routes and
+the Idempotency-Key header."""
 
 from __future__ import annotations
 
@@ -32,3 +33,11 @@ def test_the_openapi_documents_the_consume_routes(tmp_path: Path) -> None:
     read = paths["/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/records"]
     assert {p["name"] for p in read["get"]["parameters"]} >= {"offset", "max_bytes", "timeout_ms"}
     assert "post" in paths["/v3/clusters/{cluster_id}/producers"]
+    for path in (
+        "/topics/{topic}",
+        "/topics/{topic}/partitions/{partition}",
+        "/v3/clusters/{cluster_id}/topics/{topic_name}/records",
+        "/v3/clusters/{cluster_id}/topics/{topic_name}/records:batch",
+    ):
+        names = {p["name"] for p in paths[path]["post"]["parameters"]}
+        assert "Idempotency-Key" in names, path

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from starlette.testclient import TestClient
@@ -100,22 +100,28 @@ def test_concurrent_commits_of_one_sequence_store_it_once(db_url: str) -> None:
         topic = c.create_topic("race", 1)
         pid, _ = c.init_producer_id()
         batch = ProducerBatch(pid, 0, 0, 4)
-        outcomes: list[str] = []
-
-        def commit(i: int) -> None:
-            try:
-                c.commit(f"obj-{i}", [_chunk(topic.topic_id, 4, batch)])
-                outcomes.append("ok")
-            except ProducerConflictError:
-                outcomes.append("conflict")
-
-        threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outcomes = _race(c, lambda: [_chunk(topic.topic_id, 4, batch)])
         assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
         assert c.offsets("race", 0).high_watermark == 4
+
+
+def _race(c: LocalCoordinator, chunks: Callable[[], list[ChunkCommit]]) -> list[str]:
+    """Eight threads commit ``chunks()`` under eight object keys at once: each outcome."""
+    outcomes: list[str] = []
+
+    def commit(i: int) -> None:
+        try:
+            c.commit(f"obj-{i}", chunks())
+            outcomes.append("ok")
+        except ProducerConflictError:
+            outcomes.append("conflict")
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
 
 
 # -- REST idempotency keys: the same commit-time check ---------------------------------
@@ -183,20 +189,7 @@ def test_concurrent_commits_of_one_request_key_store_it_once(db_url: str) -> Non
     with LocalCoordinator(db_url) as c:
         topic = c.create_topic("keyrace", 1)
         key = RequestKey("k", "d", 0, 3, 1, 10**13)
-        outcomes: list[str] = []
-
-        def commit(i: int) -> None:
-            try:
-                c.commit(f"obj-{i}", [_keyed(topic.topic_id, 0, 3, key)])
-                outcomes.append("ok")
-            except ProducerConflictError:
-                outcomes.append("conflict")
-
-        threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outcomes = _race(c, lambda: [_keyed(topic.topic_id, 0, 3, key)])
         assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
         assert c.offsets("keyrace", 0).high_watermark == 3
         assert c.request_key(topic.topic_id, "k", 2) == StoredKey("d", 1, ((0, 0, 3),))

@@ -44,6 +44,7 @@ SAMPLES: dict[str, tuple[str, str, Any]] = {
     "janitors": ("tier,gc", '"tier,gc"', "tier,gc"),
     "janitor_interval": ("tier=7,gc=9", "{ tier = 7, gc = 9 }", {"tier": 7.0, "gc": 9.0}),
     "kafka_advertised": ("kafka.example:9093", '"kafka.example:9093"', "kafka.example:9093"),
+    "quota_overrides": ("a=requests:5", '"a=requests:5"', "a=requests:5"),
     # heartbeats must renew fetch leases: at most half of consumer_fetch_lease_ms
     "consumer_heartbeat_interval_ms": ("2000", "2000", 2000),
     "authentication": ("basic", '"basic"', "basic"),
