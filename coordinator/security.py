@@ -284,9 +284,11 @@ class Authorizer:
 
     def __init__(self, bindings: Iterable[AclBinding], super_users: frozenset[str]) -> None:
         self.super_users = super_users
-        self._by_type: dict[ResourceType, list[AclBinding]] = {}
+        # By (resource type, principal): a decision reads only the bindings of its
+        # principal and of User:*, however many ACLs other principals have.
+        self._by_key: dict[tuple[ResourceType, str], list[AclBinding]] = {}
         for b in bindings:
-            self._by_type.setdefault(b.resource_type, []).append(b)
+            self._by_key.setdefault((b.resource_type, b.principal), []).append(b)
 
     def is_super_user(self, principal: str) -> bool:
         return principal in self.super_users
@@ -304,9 +306,9 @@ class Authorizer:
         if principal in self.super_users:
             return True
         allowed = False
-        for b in self._by_type.get(resource_type, ()):
-            if b.principal not in (principal, WILDCARD_PRINCIPAL):
-                continue
+        mine = self._by_key.get((resource_type, principal), [])
+        anyone = self._by_key.get((resource_type, WILDCARD_PRINCIPAL), [])
+        for b in (*mine, *anyone):
             if b.host not in (host, WILDCARD):
                 continue
             if not b.matches_resource(resource_type, name) or not b.grants(operation):

@@ -53,7 +53,8 @@ if TYPE_CHECKING:
 
 #: Paths a coordinator serves without the shared secret (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/metrics"})
-_ACL_KEYS = (
+#: An ACL's fields as every JSON form names them (the v3 API's too).
+ACL_KEYS = (
     "principal",
     "host",
     "resource_type",
@@ -150,26 +151,26 @@ def scram_from_json(d: Mapping[str, Any]) -> ScramCredential:
 
 
 def acl_to_json(b: AclBinding) -> dict[str, str]:
-    return dict(zip(_ACL_KEYS, b.row(), strict=True))
+    return dict(zip(ACL_KEYS, b.row(), strict=True))
 
 
 def acl_from_json(d: Any) -> AclBinding:
     if not isinstance(d, dict):
         raise InvalidSecurityRequestError(f"an ACL is an object, not {d!r}")
-    return AclBinding.of(*(d.get(k) for k in _ACL_KEYS))
+    return AclBinding.of(*(d.get(k) for k in ACL_KEYS))
 
 
 def filter_to_json(f: AclFilter) -> dict[str, str | None]:
     def text(v: object) -> str | None:
         return None if v is None else str(v)
 
-    return {k: text(getattr(f, k)) for k in _ACL_KEYS}
+    return {k: text(getattr(f, k)) for k in ACL_KEYS}
 
 
 def filter_from_json(d: Any) -> AclFilter:
     if not isinstance(d, dict):
         raise InvalidSecurityRequestError(f"an ACL filter is an object, not {d!r}")
-    return AclFilter.of(*(d.get(k) for k in _ACL_KEYS))
+    return AclFilter.of(*(d.get(k) for k in ACL_KEYS))
 
 
 def _field(body: Any, key: str) -> str:

@@ -101,6 +101,20 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
             raise ValueError(e.message) from None
         return v
 
+    oauth_jwks: str | None = Field(
+        default=None,
+        description="JWKS (file path or http(s) URL) whose keys sign accepted OAuth bearer JWTs: "
+        "enables Authorization: Bearer on REST and SASL/OAUTHBEARER on Kafka.",
+    )
+    oauth_issuer: str | None = Field(
+        default=None, description="Required iss of bearer tokens (unset: any)."
+    )
+    oauth_audience: str | None = Field(
+        default=None, description="Required aud of bearer tokens (unset: any)."
+    )
+    oauth_principal_claim: str = Field(
+        default="sub", description="The bearer token claim that names the principal (User:<it>)."
+    )
     tls_ca_file: str | None = Field(
         default=None,
         description="PEM CA certificates an agent trusts for https:// coordinator URLs "

@@ -37,6 +37,7 @@ from coordinator.security_store import SecurityStore
 from segments.errors import AuthenticationError, LoginThrottledError
 from service.errors import ErrorCode
 from service.executors import call
+from service.oauth import BearerVerifier
 from service.web import send_error
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,8 @@ class Authenticator:
         self._cache: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
         self._lock = threading.Lock()
         self.throttle = LoginThrottle(max_failures, failure_window_s, clock)
+        #: Checks OAuth bearer tokens when a JWKS is configured (``service.oauth``).
+        self.bearer: BearerVerifier | None = None
 
     def _digest(self, name: str, secret: str) -> bytes:
         return hmac.new(self._key, f"{name}\0{secret}".encode(), hashlib.sha256).digest()
@@ -173,6 +176,36 @@ class Authenticator:
         self.metrics.successes.labels(door, "false").inc()
         return principal
 
+    async def authenticate_bearer(self, token: str, address: str, door: str) -> str:
+        """The principal of an OAuth bearer JWT. Raises AuthenticationError (also when
+        no JWKS is configured), LoginThrottledError."""
+        if self.bearer is None:
+            self.metrics.failures.labels(door, "malformed").inc()
+            raise AuthenticationError("Bearer tokens are not accepted here.")
+        key = f"addr:{address}"
+        if self.throttle.retry_after(key) > 0:
+            self.metrics.failures.labels(door, "throttled").inc()
+            raise LoginThrottledError("Too many failed logins; try again later.")
+        try:
+            principal = await call(self.bearer.principal, token)
+        except AuthenticationError:
+            self.throttle.failed(key)
+            self.metrics.failures.labels(door, "invalid").inc()
+            raise
+        self.metrics.successes.labels(door, "false").inc()
+        return principal
+
+
+def parse_bearer(header: bytes) -> str | None:
+    """The token of an ``Authorization: Bearer ...`` value; None if it is not one."""
+    scheme, _, value = header.partition(b" ")
+    if scheme.lower() != b"bearer" or not value.strip():
+        return None
+    try:
+        return value.strip().decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
 
 def parse_basic(header: bytes) -> tuple[str, str] | None:
     """(name, secret) of an ``Authorization: Basic ...`` value; None if it is not one."""
@@ -213,6 +246,11 @@ class BasicAuthMiddleware:
             await send_error(scope, send, 503, 503, "The agent is starting.")
             return
         header = dict(scope.get("headers") or ()).get(b"authorization")
+        address = client_address(scope)
+        token = parse_bearer(header) if header is not None else None
+        if token is not None and authenticator.bearer is not None:
+            await self._bearer(authenticator, token, address, scope, receive, send)
+            return
         credential = parse_basic(header) if header is not None else None
         if credential is None:
             reason = "missing" if header is None else "malformed"
@@ -227,7 +265,6 @@ class BasicAuthMiddleware:
                 _CHALLENGE,
             )
             return
-        address = client_address(scope)
         try:
             principal = await authenticator.authenticate(*credential, address, "rest")
         except LoginThrottledError as e:
@@ -244,6 +281,34 @@ class BasicAuthMiddleware:
         except AuthenticationError as e:
             await send_error(
                 scope, send, 401, int(ErrorCode.KAFKA_AUTHENTICATION), e.message, _CHALLENGE
+            )
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+    async def _bearer(
+        self,
+        authenticator: Authenticator,
+        token: str,
+        address: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        try:
+            principal = await authenticator.authenticate_bearer(token, address, "rest")
+        except LoginThrottledError as e:
+            await send_error(scope, send, 429, int(ErrorCode.TOO_MANY_REQUESTS), e.message)
+            return
+        except AuthenticationError as e:
+            challenge = f'Bearer realm="{REALM}", error="invalid_token"'.encode()
+            await send_error(
+                scope,
+                send,
+                401,
+                int(ErrorCode.KAFKA_AUTHENTICATION),
+                e.message,
+                [(b"www-authenticate", challenge)],
             )
             return
         scope.setdefault("state", {})["principal"] = principal

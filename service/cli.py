@@ -496,7 +496,11 @@ def _run_here(name: str, settings: JanitorCommandSettings, topic: str | None) ->
 
 def _run_remote(name: str, settings: JanitorCommandSettings, topic: str | None) -> dict[str, Any]:
     """Ask a coordinator to run the janitor now; follow its progress; its report."""
+    import os
+
     import orjson
+
+    from coordinator.security_http import secret_headers
 
     body: dict[str, Any] = {"topic": topic}
     for key in ("tier_age_s", "tier_untiered_bytes", "gc_grace_s"):
@@ -508,7 +512,11 @@ def _run_remote(name: str, settings: JanitorCommandSettings, topic: str | None) 
         for url in settings.coordinator_urls():
             try:
                 with (
-                    httpx.Client(timeout=httpx.Timeout(30.0, read=None)) as http,
+                    httpx.Client(
+                        timeout=httpx.Timeout(30.0, read=None),
+                        # A coordinator with authentication on serves only its secret's holders.
+                        headers=secret_headers(os.environ.get("LAKELOG_COORDINATOR_SECRET")),
+                    ) as http,
                     http.stream("POST", f"{url}/v1/janitors/{name}/run", json=body) as resp,
                 ):
                     if resp.status_code != 200:

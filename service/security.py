@@ -20,6 +20,7 @@ from coordinator.security_store import SecurityStore, SqlSecurityStore
 from segments.errors import AuthorizationError, SecurityDisabledError
 from service.acl import AclCache, AclMiddleware, missing_rules
 from service.auth import Authenticator, AuthMetrics, BasicAuthMiddleware
+from service.oauth import BearerVerifier
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,13 @@ def start(
         failure_window_s=settings.auth_failure_window_s,
         metrics=AuthMetrics(registry),
     )
+    if settings.oauth_jwks:
+        app.state.authenticator.bearer = BearerVerifier(
+            settings.oauth_jwks,
+            issuer=settings.oauth_issuer,
+            audience=settings.oauth_audience,
+            principal_claim=settings.oauth_principal_claim,
+        )
     app.state.acl_cache = AclCache(
         store, parse_super_users(settings.super_users), settings.auth_cache_ttl_s
     )

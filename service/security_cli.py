@@ -14,13 +14,19 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 from urllib.parse import quote
 
 import typer
 
 from coordinator.security import AclBinding, AclFilter
-from coordinator.security_http import key_from_json, user_from_json
+from coordinator.security_http import (
+    ACL_KEYS,
+    acl_from_json,
+    acl_to_json,
+    key_from_json,
+    user_from_json,
+)
 from coordinator.security_store import (
     ApiKeyInfo,
     ApiKeySecret,
@@ -99,7 +105,7 @@ class RestAdmin:
         self.rest.request("DELETE", f"/security/api-keys/{quote(key_id, safe='')}")
 
     def create_acls(self, bindings: Sequence[AclBinding]) -> None:
-        data = [_acl_json(b) for b in bindings]
+        data = [acl_to_json(b) for b in bindings]
         self.rest.request("POST", self.rest.cluster("/acls:batch"), json={"data": data})
 
     def _each(self, method: str, filters: Sequence[AclFilter]) -> list[AclBinding]:
@@ -107,7 +113,7 @@ class RestAdmin:
         for f in filters:
             params = {k: v for k, v in _filter_params(f).items() if v is not None}
             data = self.rest.json(method, self.rest.cluster("/acls"), params=params)
-            found.update(_binding(a) for a in data["data"])
+            found.update(acl_from_json(a) for a in data["data"])
         return sorted(found)
 
     def describe_acls(self, filters: Sequence[AclFilter]) -> list[AclBinding]:
@@ -117,29 +123,10 @@ class RestAdmin:
         return self._each("DELETE", filters)
 
 
-_ACL_FIELDS = (
-    "principal",
-    "host",
-    "resource_type",
-    "resource_name",
-    "pattern_type",
-    "operation",
-    "permission",
-)
-
-
-def _acl_json(b: AclBinding) -> dict[str, str]:
-    return dict(zip(_ACL_FIELDS, b.row(), strict=True))
-
-
-def _binding(d: dict[str, Any]) -> AclBinding:
-    return AclBinding.of(*(d[k] for k in _ACL_FIELDS))
-
-
 def _filter_params(f: AclFilter) -> dict[str, str | None]:
     """A filter as the v3 query (ANY where the filter takes any value)."""
     params: dict[str, str | None] = {}
-    for k in _ACL_FIELDS:
+    for k in ACL_KEYS:
         v = getattr(f, k)
         if k == "resource_name":
             params[k] = v
@@ -298,6 +285,14 @@ def api_keys_delete(
 # -- ACLs -------------------------------------------------------------------------------
 
 
+TopicsOpt = Annotated[list[str] | None, typer.Option("--topic", help="Topic (or prefix).")]
+GroupsOpt = Annotated[list[str] | None, typer.Option("--group", help="Group (or prefix).")]
+ClusterFlag = Annotated[bool, typer.Option("--cluster", help="The cluster resource.")]
+PrincipalsOpt = Annotated[
+    list[str] | None, typer.Option("--principal", help="Only this principal's.")
+]
+
+
 def _resources(
     topics: list[str] | None, groups: list[str] | None, cluster: bool
 ) -> list[tuple[str, str]]:
@@ -326,9 +321,9 @@ def acls_create(
     operation: Annotated[
         list[str] | None, typer.Option("--operation", help="READ, WRITE, ... or ALL.")
     ] = None,
-    topic: Annotated[list[str] | None, typer.Option("--topic", help="Topic (or prefix).")] = None,
-    group: Annotated[list[str] | None, typer.Option("--group", help="Group (or prefix).")] = None,
-    cluster: Annotated[bool, typer.Option("--cluster", help="The cluster resource.")] = False,
+    topic: TopicsOpt = None,
+    group: GroupsOpt = None,
+    cluster: ClusterFlag = False,
     pattern: Annotated[
         str, typer.Option("--resource-pattern-type", help="literal or prefixed.")
     ] = "literal",
@@ -385,12 +380,10 @@ def _or_any(values: list[str] | None) -> list[str | None]:
 
 @acls_app.command("list")
 def acls_list(
-    topic: Annotated[list[str] | None, typer.Option("--topic", help="Topic.")] = None,
-    group: Annotated[list[str] | None, typer.Option("--group", help="Group.")] = None,
-    cluster: Annotated[bool, typer.Option("--cluster", help="The cluster resource.")] = False,
-    principal: Annotated[
-        list[str] | None, typer.Option("--principal", help="Only this principal's.")
-    ] = None,
+    topic: TopicsOpt = None,
+    group: GroupsOpt = None,
+    cluster: ClusterFlag = False,
+    principal: PrincipalsOpt = None,
     pattern: Annotated[
         str,
         typer.Option(
@@ -409,12 +402,10 @@ def acls_list(
 
 @acls_app.command("delete")
 def acls_delete(
-    topic: Annotated[list[str] | None, typer.Option("--topic", help="Topic.")] = None,
-    group: Annotated[list[str] | None, typer.Option("--group", help="Group.")] = None,
-    cluster: Annotated[bool, typer.Option("--cluster", help="The cluster resource.")] = False,
-    principal: Annotated[
-        list[str] | None, typer.Option("--principal", help="Only this principal's.")
-    ] = None,
+    topic: TopicsOpt = None,
+    group: GroupsOpt = None,
+    cluster: ClusterFlag = False,
+    principal: PrincipalsOpt = None,
     operation: Annotated[
         list[str] | None, typer.Option("--operation", help="Only this operation's.")
     ] = None,

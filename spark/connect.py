@@ -11,6 +11,7 @@ No pyspark here.
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,8 +33,15 @@ def open_coordinator(conn: Connection) -> Coordinator:
     """
     if conn.coordinator is not None:
         from coordinator.http_client import HttpCoordinator
+        from coordinator.security_http import secret_headers
 
-        return HttpCoordinator([u.strip() for u in conn.coordinator.split(",") if u.strip()])
+        return HttpCoordinator(
+            [u.strip() for u in conn.coordinator.split(",") if u.strip()],
+            headers=secret_headers(conn.coordinator_secret),
+            verify=ssl.create_default_context(cafile=conn.coordinator_cafile)
+            if conn.coordinator_cafile
+            else True,
+        )
     from coordinator.db import parse_sqlite_url
     from coordinator.local import LocalCoordinator
 

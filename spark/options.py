@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -40,7 +40,15 @@ LATEST = -1
 #: ``"earliest"``, ``"latest"`` or ``{topic: {partition: offset}}`` (offset -2/-1 allowed).
 OffsetSpec = str | dict[str, dict[int, int]]
 
-_CONNECTION = {"coordinator", "db", "store", "store.endpoint", "store.region"}
+_CONNECTION = {
+    "coordinator",
+    "db",
+    "store",
+    "store.endpoint",
+    "store.region",
+    "coordinator.secret",
+    "coordinator.cafile",
+}
 _READ = {
     "subscribe",
     "subscribepattern",
@@ -73,6 +81,10 @@ class Connection:
     store: str | None
     store_endpoint: str | None
     store_region: str | None
+    #: The coordinators' shared secret (when their authentication is on); never printed.
+    coordinator_secret: str | None = field(default=None, repr=False)
+    #: PEM CA file to verify https:// coordinators with (default: the system's CAs).
+    coordinator_cafile: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +223,8 @@ def _connection(opts: Mapping[str, str]) -> Connection:
         store=store,
         store_endpoint=opts.get("store.endpoint") or None,
         store_region=opts.get("store.region") or None,
+        coordinator_secret=opts.get("coordinator.secret") or None,
+        coordinator_cafile=opts.get("coordinator.cafile") or None,
     )
 
 

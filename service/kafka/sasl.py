@@ -2,7 +2,8 @@
 
 Mechanisms, as Kafka configures them: PLAIN (``authzid NUL user NUL password``; a user
 and password or an API key id and secret, checked as REST's Basic credentials are, with
-the same cache, throttle and metrics: ``service.auth.Authenticator``), SCRAM-SHA-256 and
+the same cache, throttle and metrics: ``service.auth.Authenticator``), OAUTHBEARER (RFC
+7628; a JWT checked as REST's bearer tokens, ``service.oauth``), SCRAM-SHA-256 and
 SCRAM-SHA-512 (RFC 5802 through ``scramp``, against the verifiers the coordinator keeps
 per user; a user made before SCRAM was kept needs its password set again).
 
@@ -33,7 +34,7 @@ SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
 #: What ApiVersions advertises for them.
 SASL_VERSIONS = {SASL_HANDSHAKE: (1, 1), SASL_AUTHENTICATE: (0, 2)}
-MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
+MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS, "OAUTHBEARER")
 _FAILED = "Authentication failed: invalid user name, API key or password."
 
 
@@ -81,6 +82,8 @@ class SaslSession:
         try:
             if self.mechanism == "PLAIN":
                 out = await self._plain(auth_bytes)
+            elif self.mechanism == "OAUTHBEARER":
+                out = await self._oauthbearer(auth_bytes)
             else:
                 out = await self._scram_step(auth_bytes)
         except (AuthenticationError, LoginThrottledError) as e:
@@ -99,6 +102,18 @@ class SaslSession:
         self.principal = await self.authenticator.authenticate(
             name, password, self.address, "kafka"
         )
+        return b""
+
+    async def _oauthbearer(self, message: bytes) -> bytes:
+        """RFC 7628's client message: ``n,,\x01auth=Bearer <jwt>\x01...\x01\x01``."""
+        token = None
+        for part in message.split(b"\x01"):
+            if part.lower().startswith(b"auth=bearer "):
+                token = part[len(b"auth=bearer ") :].strip().decode("ascii", "replace")
+        if not token:
+            self.authenticator.metrics.failures.labels("kafka", "malformed").inc()
+            raise AuthenticationError(_FAILED)
+        self.principal = await self.authenticator.authenticate_bearer(token, self.address, "kafka")
         return b""
 
     async def _scram_step(self, token: bytes) -> bytes:

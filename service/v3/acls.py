@@ -15,6 +15,7 @@ from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
 from coordinator.security import AclBinding, AclFilter
+from coordinator.security_http import acl_from_json, acl_to_json
 from coordinator.security_store import SecurityStore
 from segments.errors import InvalidSecurityRequestError
 from service.executors import call
@@ -24,47 +25,16 @@ from service.v3.common import Links, cluster_links
 router = APIRouter(tags=["v3 acls"])
 
 _ACLS = "/v3/clusters/{cluster_id}/acls"
-_FIELDS = (
-    "resource_type",
-    "resource_name",
-    "pattern_type",
-    "principal",
-    "host",
-    "operation",
-    "permission",
-)
 
 
 def _acl_data(links: Links, b: AclBinding) -> dict[str, Any]:
-    fields = {
-        "resource_type": b.resource_type.value,
-        "resource_name": b.resource_name,
-        "pattern_type": b.pattern_type.value,
-        "principal": b.principal,
-        "host": b.host,
-        "operation": b.operation.value,
-        "permission": b.permission.value,
-    }
+    fields = acl_to_json(b)
     return {
         "kind": "KafkaAcl",
         "metadata": {"self": links.cluster("/acls?" + urlencode(fields))},
         "cluster_id": links.cluster_id,
         **fields,
     }
-
-
-def _binding(item: Any) -> AclBinding:
-    if not isinstance(item, dict):
-        raise InvalidSecurityRequestError("an ACL is a JSON object")
-    return AclBinding.of(
-        item.get("principal"),
-        item.get("host"),
-        item.get("resource_type"),
-        item.get("resource_name"),
-        item.get("pattern_type"),
-        item.get("operation"),
-        item.get("permission"),
-    )
 
 
 def _filter(request: Request, *, required: tuple[str, ...] = ()) -> AclFilter:
@@ -115,7 +85,7 @@ async def create_acl(
     store: SecurityStore = Depends(require_authorizer),
 ) -> Response:
     """One ACL (CreateAclRequestData): 201, no body."""
-    await call(store.create_acls, [_binding(body)])
+    await call(store.create_acls, [acl_from_json(body)])
     _invalidate(request)
     return Response(status_code=201)
 
@@ -131,7 +101,7 @@ async def create_acls(
     items = body.get("data") if isinstance(body, dict) else None
     if not isinstance(items, list):
         raise InvalidSecurityRequestError("the body needs data: a list of ACLs")
-    await call(store.create_acls, [_binding(i) for i in items])
+    await call(store.create_acls, [acl_from_json(i) for i in items])
     _invalidate(request)
     return Response(status_code=201)
 

@@ -1,0 +1,126 @@
+"""What authentication and authorization cost an agent, in-process.
+
+Prints one JSON line per measure:
+
+    {"bench": "argon2", "op": "hash"|"verify", "ms": ...}     argon2id as the store hashes
+    {"bench": "scram", "op": "make_auth_info", "ms": ...}      both SCRAM verifiers of a password
+    {"bench": "authenticate", "cached": false|true, "per_s": ..., "us": ...}
+                                                               Authenticator on a SQLite store
+    {"bench": "authorize", "acls": N, "per_s": ..., "us": ...} one decision over N ACLs
+    {"bench": "rest", "security": "off"|"basic+acl", "requests_per_s": ..., "ms": ...}
+                                                               GET /topics through the app
+                                                               (TestClient, one thread)
+
+Run: ``.venv/bin/python bench/auth.py``; about half a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry
+
+from coordinator.local import LocalCoordinator
+from coordinator.security import AclBinding, Authorizer, Operation, ResourceType
+from coordinator.security_store import SqlSecurityStore, password_hasher, scram_credentials
+from service.app import create_app
+from service.auth import Authenticator, AuthMetrics
+from service.settings import Settings
+
+
+def emit(**fields: object) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def timed(n: int, fn: object) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()  # type: ignore[operator]
+    return (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    hasher = password_hasher()
+    digest = hasher.hash("a-good-password")
+    emit(bench="argon2", op="hash", ms=round(timed(5, lambda: hasher.hash("x" * 12)) * 1e3, 2))
+    emit(
+        bench="argon2",
+        op="verify",
+        ms=round(timed(5, lambda: hasher.verify(digest, "a-good-password")) * 1e3, 2),
+    )
+    emit(
+        bench="scram",
+        op="make_auth_info",
+        ms=round(timed(5, lambda: scram_credentials("a-good-password")) * 1e3, 2),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        db = f"sqlite:///{Path(tmp) / 'meta.db'}"
+        with LocalCoordinator(db) as coord:
+            store = SqlSecurityStore(coord.db)
+            store.create_user("alice", "a-good-password")
+            store.create_user("admin", "a-good-password")
+            for ttl, n in ((0.0, 10), (60.0, 20000)):
+                auth = Authenticator(
+                    store,
+                    cache_ttl_s=ttl,
+                    max_failures=10**9,
+                    failure_window_s=60,
+                    metrics=AuthMetrics(CollectorRegistry()),
+                )
+
+                async def many(a: Authenticator = auth, count: int = n) -> float:
+                    start = time.perf_counter()
+                    for _ in range(count):
+                        await a.authenticate("alice", "a-good-password", "127.0.0.1", "rest")
+                    return (time.perf_counter() - start) / count
+
+                per = asyncio.run(many())
+                emit(
+                    bench="authenticate",
+                    cached=ttl > 0,
+                    per_s=round(1 / per),
+                    us=round(per * 1e6, 1),
+                )
+            for count in (100, 1000, 10000):
+                acls = [
+                    AclBinding.of(f"User:u{i}", "*", "TOPIC", f"t{i}-", "PREFIXED", "READ", "ALLOW")
+                    for i in range(count)
+                ]
+                authz = Authorizer(acls, frozenset())
+                per = timed(
+                    2000,
+                    lambda a=authz, c=count: a.authorize(
+                        f"User:u{c // 2}", "h", Operation.READ, ResourceType.TOPIC, f"t{c // 2}-x"
+                    ),
+                )
+                emit(bench="authorize", acls=count, per_s=round(1 / per), us=round(per * 1e6, 1))
+        headers = {"Authorization": "Basic " + base64.b64encode(b"admin:a-good-password").decode()}
+        for label, extra in (
+            ("off", {}),
+            (
+                "basic+acl",
+                {"authentication": "basic", "authorization": "acl", "super_users": "User:admin"},
+            ),
+        ):
+            settings = Settings(db=db, store=f"file://{tmp}/data", kafka_port=0, **extra)  # type: ignore[arg-type]
+            with TestClient(create_app(settings)) as client:
+                for _ in range(50):
+                    client.get("/topics", headers=headers)
+                n = 1000
+                start = time.perf_counter()
+                for _ in range(n):
+                    client.get("/topics", headers=headers)
+                per = (time.perf_counter() - start) / n
+            emit(
+                bench="rest", security=label, requests_per_s=round(1 / per), ms=round(per * 1e3, 3)
+            )
+
+
+if __name__ == "__main__":
+    main()
