@@ -298,7 +298,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             consumers=consumers,
         )
         if settings.kafka_port:
-            kafka = KafkaServer(state, settings.host, settings.kafka_port)
+            kafka = KafkaServer(
+                state, settings.host, settings.kafka_port, reuse_port=settings.workers > 1
+            )
             await kafka.start()
             state.kafka_address = kafka_address(settings, kafka.port)
             kafka.advertise(state.kafka_address)

@@ -190,6 +190,11 @@ def _setup_logging(log_level: str) -> None:
 def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> None:
     import uvicorn
 
+    if settings.workers > 1:
+        from service.workers import run_workers
+
+        raise typer.Exit(run_workers(settings))
+
     from service.app import create_app
 
     _setup_logging(settings.log_level)
@@ -302,6 +307,12 @@ def agent(
     kafka_advertised: KafkaAdvertisedOpt = None,
     log_level: LogLevelOpt = None,
     access_log: AccessLogOpt = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", help="Agent processes sharing the port(s), each with its own batcher."
+        ),
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     """A stateless agent serving the REST API against coordinator process(es)."""
@@ -326,6 +337,7 @@ def agent(
         kafka_advertised=kafka_advertised,
         log_level=log_level,
         access_log=access_log,
+        workers=workers,
     )
     if not settings.coordinator_urls():
         _fail("lakelog agent needs --coordinator URL (or LAKELOG_COORDINATOR); see lakelog serve")

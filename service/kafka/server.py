@@ -78,19 +78,23 @@ class KafkaServer:
     Args:
         state: the agent's core (shared with the REST routes).
         host, port: where to listen (port 0: any free port; see ``port`` after start).
+        reuse_port: bind with SO_REUSEPORT (``agent --workers``: every worker listens).
     """
 
-    def __init__(self, state: AgentState, host: str, port: int) -> None:
+    def __init__(
+        self, state: AgentState, host: str, port: int, *, reuse_port: bool = False
+    ) -> None:
         self.state = state
         self.host = host
         self.port = port
+        self.reuse_port = reuse_port
         self.ctx: h.KafkaContext | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._accept, self.host, self.port, limit=_READ_BYTES
+            self._accept, self.host, self.port, limit=_READ_BYTES, reuse_port=self.reuse_port
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self.ctx = h.KafkaContext(self.state, self.host, self.port)
