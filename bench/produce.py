@@ -833,10 +833,10 @@ def section_tansu(
 # -- main ---------------------------------------------------------------------------
 
 
-class WorkerAgent:
+class WorkerAgent(Agent):
     """``lakelog coordinator`` + ``lakelog agent --workers N`` on 127.0.0.1 against moto."""
 
-    def __init__(
+    def __init__(  # a different start-up: Agent.__init__ is not called
         self, tmp: Path, endpoint: str, bucket: str, linger_ms: int, workers: int, flights: int
     ) -> None:
         self.linger_ms = linger_ms
@@ -891,14 +891,6 @@ class WorkerAgent:
                 for child in (task / "children").read_text().split():
                     out[f"worker_{child}"] = int(child)
         return out
-
-    def create_topic(self, name: str, partitions: int) -> None:
-        r = httpx.post(
-            f"{self.base}/v3/clusters/{self.cluster_id}/topics",
-            json={"topic_name": name, "partitions_count": partitions},
-            timeout=60,
-        )
-        r.raise_for_status()
 
     def stop(self) -> None:
         self.proc.stop()

@@ -13,7 +13,12 @@ import httpx
 import orjson
 import pytest
 
-from tests.integration.conftest import ClusterFactory, create_topic, read_partition
+from tests.integration.conftest import (
+    ClusterFactory,
+    assert_acked_stored,
+    create_topic,
+    note_acked,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -95,10 +100,7 @@ def test_sigkill_of_one_worker_loses_no_acked_record(cluster_factory: ClusterFac
                 continue
             assert r.status_code == 200, r.text
             with lock:
-                for v, o in zip(values, r.json()["offsets"], strict=True):
-                    assert o["error_code"] is None, o
-                    assert (o["partition"], o["offset"]) not in acked
-                    acked[(o["partition"], o["offset"])] = v
+                note_acked(acked, values, r.json()["offsets"])
 
     threads = [threading.Thread(target=producer, args=(w,)) for w in range(8)]
     for t in threads:
@@ -124,17 +126,4 @@ def test_sigkill_of_one_worker_loses_no_acked_record(cluster_factory: ClusterFac
     assert before_kill > 0
     assert victim not in replaced and len(replaced - workers) == 1, (workers, replaced)
     assert len(acked) > at_kill, "the agent kept answering after the kill"
-    sent = set(acked.values()) | unacked
-    stored_values: list[bytes] = []
-    lengths: dict[int, int] = {}
-    for partition in range(4):
-        stored = read_partition(cluster, topic, partition)
-        lengths[partition] = len(stored)
-        assert [s.offset for s in stored] == list(range(len(stored)))
-        for s in stored:
-            assert s.value in sent
-            if (partition, s.offset) in acked:
-                assert s.value == acked[(partition, s.offset)]
-        stored_values += [s.value for s in stored]
-    assert len(stored_values) == len(set(stored_values))
-    assert [k for k in acked if k[1] >= lengths[k[0]]] == []  # every acked record is there
+    assert_acked_stored(cluster, topic, 4, acked, unacked)

@@ -8,9 +8,6 @@ partition's row count levels off instead of growing with time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from coordinator.janitors.retention import run_retention
@@ -24,15 +21,6 @@ from tests.unit.janitor_helpers import Harness
 ROUNDS = 30
 FLUSHES_PER_ROUND = 20
 ROUND_S = 10.0
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 @pytest.mark.parametrize("policy", ["delete", "compact"])
