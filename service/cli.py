@@ -282,6 +282,14 @@ def serve(
         gc_grace_s=gc_grace_s,
         lease_ttl_s=lease_ttl_s,
     )
+    if settings.workers > 1:
+        # Each worker would hold its own in-process coordinator on the one SQLite file:
+        # their commits would queue on SQLite's polling busy handler, not group-commit.
+        _fail(
+            "workers is for lakelog agent (against a coordinator process); lakelog serve "
+            "runs one process",
+            code=2,
+        )
     _ensure_local_dirs(settings.db, settings.store)
     _run_agent(settings, settings.background_janitors())
 

@@ -43,11 +43,14 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port) that other processes may bind as well."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
