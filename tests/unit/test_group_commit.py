@@ -15,7 +15,12 @@ import pytest
 from coordinator.client import ChunkCommit
 from coordinator.group_commit import GroupCommitter, PendingCommit
 from coordinator.local import LocalCoordinator
-from segments.errors import CommitConflictError, PartitionNotFoundError, TopicNotFoundError
+from segments.errors import (
+    CommitConflictError,
+    CoordinatorUnavailableError,
+    PartitionNotFoundError,
+    TopicNotFoundError,
+)
 from tests.conftest import sql_rows
 
 TID = b"t" * 16
@@ -138,6 +143,24 @@ def test_a_batch_that_fails_as_a_whole_is_run_again_one_commit_at_a_time() -> No
     assert committer.stats.solo_reruns == 1
     assert len(rec.batches[1]) == 7  # the shared attempt, then one by one
     assert [[k] for k in rec.batches[1]] == rec.batches[2:]
+
+
+def test_a_retriable_failure_fails_the_whole_batch_at_once() -> None:
+    """The database unreachable is no request's fault: no one-by-one re-run (each would
+    wait for the database again); every request gets the retriable error."""
+
+    class Down(Recorder):
+        def __call__(self, batch: list[PendingCommit]) -> None:
+            super().__call__(batch)
+            if len(self.batches) > 1:
+                raise CoordinatorUnavailableError("database down")
+
+    rec = Down()
+    committer = GroupCommitter(rec)
+    result = behind_a_held_batch(committer, rec, [f"k{i}" for i in range(5)])
+    assert all(isinstance(v, CoordinatorUnavailableError) for v in result.values())
+    assert len(rec.batches) == 2  # the held one, then the five together, once
+    assert committer.stats.solo_reruns == 0
 
 
 def test_one_key_is_never_twice_in_a_batch() -> None:
