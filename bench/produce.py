@@ -28,6 +28,13 @@ Starts one moto server and, per section, ``lakelog serve --store s3://... --stor
   callback), S3 PUT requests counted from moto's request log (its werkzeug access lines
   ``"PUT /bench-tansu/...``), and ``ratio_tansu`` lines (lakelog v2 / Tansu). When it
   cannot run, one ``{"bench": "tansu", "skipped": reason}`` line says why.
+- ``workers`` (not in the default run): ``lakelog agent --workers N`` against a
+  ``lakelog coordinator`` process (SQLite), for (workers, flushes in flight) in
+  ``--worker-cases`` (default 1x1 = the agent before issue 13, 1x2, 2x2) at 8 and
+  1,000 partitions (``--worker-partitions``): the maximum of closed-loop REST v2 over
+  ``--worker-clients`` connections (``workers_max_v2``), then an open loop at half of
+  it (``workers_half_max_v2``: p99 from the scheduled send time), with the CPU of the
+  agent's processes (supervisor and workers), the coordinator and moto.
 
 The v2 load generator is a minimal asyncio HTTP/1.1 client (``RawConn``): httpx cost
 5-12 ms of CPU per 140 KB request, enough to starve the agent on two cores; v3 streamed
@@ -73,7 +80,7 @@ from tests.procs import Proc, free_port, start_moto, wait_http  # noqa: E402
 RECORD_BYTES = 1024
 RECORDS_PER_REQUEST = 100
 CLIENTS = 16
-SECTIONS = ("main", "sweep", "raw", "tansu")
+SECTIONS = ("main", "sweep", "raw", "tansu", "workers")
 TANSU_BUCKET = "bench-tansu"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -826,6 +833,142 @@ def section_tansu(
 # -- main ---------------------------------------------------------------------------
 
 
+class WorkerAgent(Agent):
+    """``lakelog coordinator`` + ``lakelog agent --workers N`` on 127.0.0.1 against moto."""
+
+    def __init__(  # a different start-up: Agent.__init__ is not called
+        self, tmp: Path, endpoint: str, bucket: str, linger_ms: int, workers: int, flights: int
+    ) -> None:
+        self.linger_ms = linger_ms
+        home = tmp / f"workers-{uuid.uuid4().hex[:6]}"
+        home.mkdir()
+        env = {"PYTHONPATH": str(ROOT)}
+        cport, port = free_port(), free_port()
+        self.coordinator_url = f"http://127.0.0.1:{cport}"
+        self.base = f"http://127.0.0.1:{port}"
+        log(f"starting coordinator + agent --workers {workers} (flights {flights}) on {self.base}")
+        self.coordinator = Proc(
+            [
+                *(sys.executable, "-m", "service.cli", "coordinator", "--host", "127.0.0.1"),
+                *("--port", str(cport), "--db", f"sqlite:///{home / 'meta.db'}"),
+                *("--log-level", "warning"),
+            ],
+            home / "coordinator.log",
+            env=env,
+            cwd=home,
+        )
+        self.proc = Proc(
+            [
+                *(sys.executable, "-m", "service.cli", "agent", "--host", "127.0.0.1"),
+                *("--port", str(port), "--coordinator", self.coordinator_url),
+                *("--store", f"s3://{bucket}/lakelog-{port}", "--store-endpoint", endpoint),
+                *("--linger-ms", str(linger_ms), "--log-level", "warning"),
+                *("--workers", str(workers)),
+            ],
+            home / "agent.log",
+            env={**env, "LAKELOG_FLUSHES_IN_FLIGHT": str(flights)},
+            cwd=home,
+        )
+        try:
+            wait_http(f"{self.coordinator_url}/health", proc=self.coordinator.popen)
+            wait_http(f"{self.base}/health", timeout=60, proc=self.proc.popen)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"the agent did not start:\n{self.proc.output()}") from None
+        deadline = time.monotonic() + 30
+        while len(self.pids()) < workers + 1 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the other workers are still starting
+        time.sleep(1.0)
+        clusters = httpx.get(f"{self.base}/v3/clusters").json()
+        self.cluster_id: str = clusters["data"][0]["cluster_id"]
+
+    def pids(self) -> dict[str, int]:
+        """The supervisor and its children (the workers), by name."""
+        root = self.proc.popen.pid
+        out = {"agent": root}
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{root}/task").iterdir():
+                for child in (task / "children").read_text().split():
+                    out[f"worker_{child}"] = int(child)
+        return out
+
+    def stop(self) -> None:
+        self.proc.stop()
+        self.coordinator.stop()
+
+
+def measure_workers(
+    agent: WorkerAgent, moto_pid: int, load: Coroutine[Any, Any, dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Like ``measure`` without the agent's /metrics (each scrape reaches one worker)."""
+    pids = {**agent.pids(), "coordinator": agent.coordinator.popen.pid, "moto": moto_pid}
+    cpu = CpuMeter(pids)
+    cpu.start()
+    result = asyncio.run(load)
+    cores = cpu.stop()
+    lat = sorted(result["latencies"])
+    records = len(lat) * RECORDS_PER_REQUEST
+    agent_cores = sum(v for k, v in cores.items() if k == "agent" or k.startswith("worker_"))
+    row = {
+        "linger_ms": agent.linger_ms,
+        "seconds": round(result["seconds"], 2),
+        "requests": len(lat),
+        "errors": result["errors"],
+        "records_per_s": round(records / result["seconds"]),
+        "mb_per_s": round(records * RECORD_BYTES / 1e6 / result["seconds"], 2),
+        "p50_ms": percentile(lat, 0.5),
+        "p99_ms": percentile(lat, 0.99),
+        "cpu_cores": {
+            "agent_all": round(agent_cores, 2),
+            "coordinator": cores["coordinator"],
+            "moto": cores["moto"],
+            "bench_client": cores["bench_client"],
+        },
+        "load_avg": load_avg(),
+    }
+    return result, row
+
+
+def section_workers(
+    tmp: Path, endpoint: str, bucket: str, moto_pid: int, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for case in args.worker_cases.split(","):
+        workers, flights = (int(x) for x in case.split("x"))
+        agent = WorkerAgent(tmp, endpoint, bucket, args.linger_ms, workers, flights)
+        try:
+            for partitions in args.worker_partitions:
+                topic = f"workers-{partitions}-{uuid.uuid4().hex[:6]}"
+                agent.create_topic(topic, partitions)
+                clients = args.worker_clients
+                log(f"workers: {workers}x{flights}, {partitions} partitions, {clients} clients")
+                _, figures = measure_workers(
+                    agent, moto_pid, run_v2_raw(agent.base, topic, args.duration, clients)
+                )
+                common = {"workers": workers, "flushes_in_flight": flights}
+                row = {"bench": "workers_max_v2", **common, "partitions": partitions}
+                row |= {"clients": clients, **figures}
+                rows.append(row)
+                emit(**row)
+                rate = row["records_per_s"] / 2
+                log(f"workers: half max, open loop at {rate:.0f} records/s")
+                result, figures = measure_workers(
+                    agent, moto_pid, run_open_loop(agent.base, topic, args.duration, rate)
+                )
+                half = {"bench": "workers_half_max_v2", **common, "partitions": partitions}
+                half |= {
+                    "max_records_per_s": row["records_per_s"],
+                    "offered_records_per_s": round(rate),
+                    "max_send_lateness_ms": result["max_send_lateness_ms"],
+                    **figures,
+                }
+                rows.append(half)
+                emit(**half)
+        finally:
+            agent.stop()
+    return rows
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -833,7 +976,9 @@ def ints(text: str) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per case")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="of " + ",".join(SECTIONS))
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS[:-1]), help="of " + ",".join(SECTIONS)
+    )
     parser.add_argument("--partitions", type=ints, default=[1, 100, 1000], help="main and tansu")
     parser.add_argument("--apis", default="v2,v3", type=lambda s: s.split(","))
     parser.add_argument("--linger-ms", type=int, default=50, help="main and tansu")
@@ -848,6 +993,13 @@ def main() -> None:
         "20000 gives Tansu a deep pipeline (its best case)",
     )
     parser.add_argument("--tansu-bin", default=None, help="a tansu binary (skips the fetch)")
+    parser.add_argument(
+        "--worker-cases",
+        default="1x1,1x2,2x2",
+        help="workers: WORKERSxFLUSHES_IN_FLIGHT cases (1x1: the agent before issue 13)",
+    )
+    parser.add_argument("--worker-partitions", type=ints, default=[8, 1000])
+    parser.add_argument("--worker-clients", type=int, default=64)
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     if unknown := sections - set(SECTIONS):
@@ -909,6 +1061,8 @@ def main() -> None:
                         clients=row.get("clients"),
                         produce_over_raw_put_mb=round(row["mb_per_s"] / raw["mb_per_s"], 3),
                     )
+            if "workers" in sections:
+                section_workers(tmp, endpoint, bucket, moto_pid, args)
             if "tansu" in sections:
                 for row in section_tansu(tmp, endpoint, moto, args):
                     ours = main_rows.get(("v2", row["partitions"]))

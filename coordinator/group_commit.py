@@ -11,7 +11,9 @@ arrived while the previous one ran.
 
 The batch function decides every request's outcome itself (its offsets or its
 own error); if it raises instead, the requests of that batch are run again one
-by one, so a failure fails only the request that caused it.
+by one, so a failure fails only the request that caused it. A retriable error
+(the database unreachable, a deadlock or serialization victim) is caused by no
+request: every request of the batch gets it at once, and its caller retries.
 """
 
 from __future__ import annotations
@@ -137,8 +139,9 @@ class GroupCommitter:
         try:
             self._run_batch(batch)
         except BaseException as e:
-            if len(batch) == 1:
-                batch[0].error = e
+            if len(batch) == 1 or getattr(e, "retriable", False):
+                for request in batch:
+                    request.bases, request.error = None, e
             else:
                 # Which request broke the shared transaction is unknown: run each alone.
                 self.stats.solo_reruns += 1

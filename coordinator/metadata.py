@@ -4,12 +4,19 @@ Every SQL statement the coordinator runs is in this module, written once for
 SQLite and PostgreSQL (``?`` placeholders, rewritten by ``Dialect.sql``).
 
 Offsets are assigned in :meth:`MetadataStore.commit`: one write transaction
-advances each touched partition's high watermark by the chunk's record count,
-in (topic id, partition) order so that on PostgreSQL two commits lock rows in
-the same order and cannot deadlock; on SQLite the transaction holds the
-database's write lock (``BEGIN IMMEDIATE``), which serialises commits across
-threads and processes. Offsets of a partition are therefore contiguous, and
-their order is commit order.
+advances each touched partition's high watermark by the chunks' record counts,
+locking the rows in (topic id, partition) order so that on PostgreSQL two
+transactions lock rows in the same order and cannot deadlock; on SQLite the
+transaction holds the database's write lock (``BEGIN IMMEDIATE``), which
+serialises commits across threads and processes. Offsets of a partition are
+therefore contiguous, and their order is commit order.
+
+Concurrent commits in one process share that transaction (group commit,
+``coordinator.group_commit``): within it they are applied in arrival order, each
+with its own object row, offsets and outcome. The statements are set-based: a
+transaction costs a fixed number of statements whatever its chunk count
+(PostgreSQL: one, ``_COMMIT_BATCH_PG``; SQLite: one read per topic, then one
+``executemany`` each for the high watermarks and the index entries).
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 Same schema, migrations and SQL as SQLite (see ``coordinator.db``); what
 differs is how writers are serialised:
 
-- A commit is ONE statement outside any explicit transaction (``autocommit()``;
-  a statement is its own transaction, one round trip in all) under READ
-  COMMITTED. It locks only the partition rows it advances, with
+- A commit, or a group of concurrent ones (``coordinator.group_commit``), is ONE
+  statement outside any explicit transaction (``autocommit()``; a statement is its
+  own transaction, one round trip in all) under READ COMMITTED. (Commits carrying
+  idempotent producers' batches run a few statements in one transaction, with the
+  same locks.) It locks only the partition rows it advances, with
   ``SELECT ... ORDER BY topic_id, partition FOR UPDATE`` (the rows are locked as
   they leave the sort, so in that order). Two commits touching common
   partitions lock them in the same order, so they queue instead of

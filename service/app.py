@@ -315,6 +315,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 if settings.authentication != "none"
                 else None,
                 tls=settings.server_tls(),
+                reuse_port=settings.workers > 1,
             )
             await kafka.start()
             state.kafka_address = kafka_address(settings, kafka.port)

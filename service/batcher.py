@@ -7,9 +7,11 @@ worker thread (``upload`` then ``commit``, timed separately), and only then is e
 request of that flush answered with its offsets (base offset of its partition's chunk
 + the record's index within that chunk).
 
-Flushes run one at a time, in append order: that keeps commit order = append order per
-partition without any bookkeeping, and while one flush is in flight the next buffer
-fills, so under load the flush size grows to what arrives during one PUT + commit.
+Up to ``flushes_in_flight`` flushes (default 2) run at once: the next buffer's PUT
+overlaps the previous one's PUT and commit, but each flush commits only once the one
+before it has committed (or failed), so commit order = append order per partition.
+While flushes are in flight the next buffer fills, so under load the flush size grows
+to what arrives during one PUT + commit.
 
 Memory is bounded: bytes buffered + bytes in flight never exceed ``max_buffer_bytes``.
 An append that does not fit waits up to ``buffer_wait_ms`` and then raises
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from coordinator.producers import ProducerBatch, RequestKey
-from index.log import LogWriter, WriteResult
+from index.log import LogWriter, UploadedSegment, WriteResult
 from segments.errors import (
     BufferFullError,
     InternalError,
@@ -116,6 +118,7 @@ class BatcherConfig:
     max_buffer_bytes: int = 64 << 20
     buffer_wait_ms: float = 5000.0
     compression: str = "none"
+    flushes_in_flight: int = 2
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BatcherConfig:
@@ -125,6 +128,7 @@ class BatcherConfig:
             max_buffer_bytes=int(settings.max_buffer_bytes),
             buffer_wait_ms=float(settings.buffer_wait_ms),
             compression=str(settings.compression),
+            flushes_in_flight=int(settings.flushes_in_flight),
         )
 
 
@@ -156,7 +160,7 @@ class Batcher:
         self.metrics = metrics
         self._current = self._new_buffer()
         self._sealed: deque[_Buffer] = deque()  # full buffers waiting for their flush
-        self._in_flight = 0  # accounted bytes of the flush being written
+        self._in_flight = 0  # accounted bytes of the flushes being written
         self._reserved = 0  # bytes of admitted waiters that have not appended yet
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()  # FIFO
         self._wake = asyncio.Event()  # something to flush (or closing)
@@ -440,30 +444,56 @@ class Batcher:
         return None, due - now
 
     async def _run(self) -> None:
-        while True:
-            buf, wait = self._next_due()
-            if buf is not None:
-                await self._flush(buf)
-                continue
-            if self._closing:
-                return
-            self._wake.clear()
-            timeout = None if wait == float("inf") else wait
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+        flights: set[asyncio.Task[None]] = set()
+        previous: asyncio.Future[None] | None = None  # the last flush's commit (or failure)
+        try:
+            while True:
+                while len(flights) >= max(1, self.config.flushes_in_flight):
+                    await asyncio.wait(flights, return_when=asyncio.FIRST_COMPLETED)
+                buf, wait = self._next_due()
+                if buf is not None:
+                    committed = asyncio.get_running_loop().create_future()
+                    task = asyncio.create_task(self._flush(buf, previous, committed))
+                    flights.add(task)
+                    task.add_done_callback(flights.discard)
+                    previous = committed
+                    continue
+                if self._closing:
+                    return
+                self._wake.clear()
+                timeout = None if wait == float("inf") else wait
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+        finally:
+            if flights:  # let every flush end: its waiters are answered either way
+                await asyncio.gather(*flights, return_exceptions=True)
 
     async def _drain(self) -> None:
         self._seal()
         while self._sealed:
             await self._flush(self._sealed.popleft())
 
-    async def _flush(self, buf: _Buffer) -> None:
-        """Write one buffer and answer its waiters; never raises."""
-        self._in_flight = buf.size
+    async def _flush(
+        self,
+        buf: _Buffer,
+        after: asyncio.Future[None] | None = None,
+        committed: asyncio.Future[None] | None = None,
+    ) -> None:
+        """Write one buffer and answer its waiters; never raises.
+
+        Args:
+            after: resolved once the previous flush committed or failed: this one's
+                PUT may run before, its commit only after.
+            committed: resolved here once this flush committed or failed.
+        """
+        self._in_flight += buf.size
         self.metrics.buffer_bytes.set(self._used())
         started = time.perf_counter()
         try:
-            result = await self._offload(self._write, buf)
+            uploaded = await self._offload(self._upload, buf)
+            if after is not None:
+                await asyncio.shield(after)
+            result = await self._offload(self._commit, uploaded)
         except BaseException as exc:
             error = _as_flush_error(exc)
             if isinstance(exc, Exception) and not isinstance(exc, LakelogError):
@@ -490,12 +520,15 @@ class Batcher:
                 if not future.done():
                     future.set_result(bases)
         finally:
-            self._in_flight = 0
+            if committed is not None and not committed.done():
+                committed.set_result(None)
+            self._in_flight -= buf.size
             self.metrics.buffer_bytes.set(self._used())
             self._admit()
 
-    def _write(self, buf: _Buffer) -> WriteResult:
-        """Build + PUT, then commit (the two steps of LogWriter.write), timing each."""
+    def _upload(self, buf: _Buffer) -> UploadedSegment:
+        """Build + PUT (the first step of LogWriter.write), timed; the REST requests'
+        idempotency keys and producer batches join the Kafka producers' batches."""
         started = time.perf_counter()
         uploaded = self.writer.upload(buf.builder)
         producers = dict(uploaded.producer_batches)
@@ -503,10 +536,14 @@ class Batcher:
             merged = [*producers.get(tp, ()), *batches]
             producers[tp] = sorted(merged, key=lambda b: b.relative_offset)
         uploaded = replace(uploaded, request_keys=buf.request_keys, producer_batches=producers)
-        put_done = time.perf_counter()
-        self.metrics.put_seconds.observe(put_done - started)
+        self.metrics.put_seconds.observe(time.perf_counter() - started)
+        return uploaded
+
+    def _commit(self, uploaded: UploadedSegment) -> WriteResult:
+        """Commit an uploaded object (the second step of LogWriter.write), timed."""
+        started = time.perf_counter()
         result = self.writer.commit(uploaded)
-        self.metrics.commit_seconds.observe(time.perf_counter() - put_done)
+        self.metrics.commit_seconds.observe(time.perf_counter() - started)
         return result
 
 

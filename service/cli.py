@@ -211,6 +211,11 @@ def _setup_logging(log_level: str) -> None:
 def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> None:
     import uvicorn
 
+    if settings.workers > 1:
+        from service.workers import run_workers
+
+        raise typer.Exit(run_workers(settings))
+
     from service.app import create_app
 
     _setup_logging(settings.log_level)
@@ -307,6 +312,14 @@ def serve(
         super_users=super_users,
     )
     _check_security(settings)
+    if settings.workers > 1:
+        # Each worker would hold its own in-process coordinator on the one SQLite file:
+        # their commits would queue on SQLite's polling busy handler, not group-commit.
+        _fail(
+            "workers is for lakelog agent (against a coordinator process); lakelog serve "
+            "runs one process",
+            code=2,
+        )
     _ensure_local_dirs(settings.db, settings.store)
     _run_agent(settings, settings.background_janitors())
 
@@ -335,6 +348,12 @@ def agent(
     authentication: AuthenticationOpt = None,
     authorization: AuthorizationOpt = None,
     super_users: SuperUsersOpt = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", help="Agent processes sharing the port(s), each with its own batcher."
+        ),
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     """A stateless agent serving the REST API against coordinator process(es)."""
@@ -362,6 +381,7 @@ def agent(
         authentication=authentication,
         authorization=authorization,
         super_users=super_users,
+        workers=workers,
     )
     _check_security(settings)
     if not settings.coordinator_urls():

@@ -79,7 +79,9 @@ class Settings(
     SERVE_ONLY: ClassVar[frozenset[str]] = frozenset(
         {"db", "cluster_id", *JanitorSchedule.model_fields}
     )
-    AGENT_ONLY: ClassVar[frozenset[str]] = frozenset({"coordinator", "coordinator_secret"})
+    AGENT_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"coordinator", "coordinator_secret", "workers"}
+    )
 
     janitors: str = Field(
         default="all",
@@ -108,6 +110,11 @@ class Settings(
         min_length=1,
         description="Stable agent id (its broker id follows it); random when unset.",
     )
+    workers: Annotated[int, Field(ge=1, le=64)] = Field(
+        default=1,
+        description="Agent processes sharing the HTTP and Kafka ports (SO_REUSEPORT), each "
+        "with its own batcher; one agent id, one broker. A dead one is restarted.",
+    )
 
     # -- coordinator ---------------------------------------------------------
     coordinator: str = Field(default="", description=COORDINATOR_URLS)
@@ -122,6 +129,11 @@ class Settings(
     )
     max_buffer_bytes: Annotated[int, Field(gt=0)] = Field(
         default=64 * MiB, description="Most bytes buffered at once; produce waits beyond."
+    )
+    flushes_in_flight: Annotated[int, Field(ge=1, le=8)] = Field(
+        default=2,
+        description="Segment objects a batcher writes at once (PUTs overlap; commits keep "
+        "append order).",
     )
     buffer_wait_ms: Annotated[int, Field(ge=0)] = Field(
         default=5000, description="How long produce waits for room in a full buffer (then 50003)."

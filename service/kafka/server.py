@@ -87,6 +87,7 @@ class KafkaServer:
         host, port: where to listen (port 0: any free port; see ``port`` after start).
         authenticator: require SASL (``service.kafka.sasl``) and check credentials with it.
         tls: serve TLS (Kafka's SSL, or SASL_SSL with an authenticator).
+        reuse_port: bind with SO_REUSEPORT (``agent --workers``: every worker listens).
     """
 
     def __init__(
@@ -96,6 +97,8 @@ class KafkaServer:
         port: int,
         authenticator: Authenticator | None = None,
         tls: ssl.SSLContext | None = None,
+        *,
+        reuse_port: bool = False,
     ) -> None:
         self.state = state
         self.tls = tls
@@ -103,13 +106,19 @@ class KafkaServer:
         self.authenticator = authenticator
         self.host = host
         self.port = port
+        self.reuse_port = reuse_port
         self.ctx: h.KafkaContext | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._accept, self.host, self.port, limit=_READ_BYTES, ssl=self.tls
+            self._accept,
+            self.host,
+            self.port,
+            limit=_READ_BYTES,
+            ssl=self.tls,
+            reuse_port=self.reuse_port,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         self.ctx = h.KafkaContext(self.state, self.host, self.port)

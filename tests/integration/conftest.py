@@ -265,6 +265,41 @@ def read_partition(
         store.close()
 
 
+def note_acked(
+    acked: dict[tuple[int, int], bytes], values: list[bytes], offsets: list[dict[str, Any]]
+) -> None:
+    """Record each value at the (partition, offset) a v2 produce answer acked it at."""
+    for v, o in zip(values, offsets, strict=True):
+        assert o["error_code"] is None, o
+        assert (o["partition"], o["offset"]) not in acked
+        acked[(o["partition"], o["offset"])] = v
+
+
+def assert_acked_stored(
+    cluster: Cluster,
+    topic: str,
+    partitions: int,
+    acked: dict[tuple[int, int], bytes],
+    unacked: set[bytes],
+) -> None:
+    """Every acked record is readable at its acked offset; offsets are contiguous; the
+    log holds nothing that was not sent (acked or not), and nothing twice."""
+    sent = set(acked.values()) | unacked
+    stored_values: list[bytes] = []
+    for partition in range(partitions):
+        stored = read_partition(cluster, topic, partition)
+        assert [s.offset for s in stored] == list(range(len(stored)))
+        for s in stored:
+            assert s.value in sent
+            if (partition, s.offset) in acked:
+                assert acked[(partition, s.offset)] == s.value
+            stored_values.append(s.value or b"")
+        for (p, offset), value in acked.items():
+            if p == partition:
+                assert offset < len(stored) and stored[offset].value == value
+    assert len(stored_values) == len(set(stored_values)), "a record was stored twice"
+
+
 def _unique(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 

@@ -22,7 +22,9 @@ import pytest
 from tests.integration.conftest import (
     Cluster,
     ClusterFactory,
+    assert_acked_stored,
     create_topic,
+    note_acked,
     read_partition,
     start_cluster,
 )
@@ -94,10 +96,7 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
                     continue
                 assert r.status_code == 200, r.text
                 with lock:
-                    for v, o in zip(values, r.json()["offsets"], strict=True):
-                        assert o["error_code"] is None, o
-                        assert (o["partition"], o["offset"]) not in acked
-                        acked[(o["partition"], o["offset"])] = v
+                    note_acked(acked, values, r.json()["offsets"])
 
     threads = [threading.Thread(target=producer, args=(w,)) for w in range(16)]
     for t in threads:
@@ -120,20 +119,7 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
     assert acked_before_kill > 0
     assert errors[survivor] == []
     assert errors[victim], "the killed agent's in-flight requests must fail on the client"
-    sent = set(acked.values()) | unacked
-    stored_values: list[bytes] = []
-    for partition in range(4):
-        stored = read_partition(cluster, topic, partition)
-        assert [s.offset for s in stored] == list(range(len(stored)))
-        for s in stored:
-            assert s.value in sent
-            if (partition, s.offset) in acked:
-                assert acked[(partition, s.offset)] == s.value
-            stored_values.append(s.value or b"")
-        for (p, offset), value in acked.items():
-            if p == partition:
-                assert offset < len(stored) and stored[offset].value == value
-    assert len(stored_values) == len(set(stored_values)), "a record was stored twice"
+    assert_acked_stored(cluster, topic, 4, acked, unacked)
 
 
 @pytest.fixture(scope="module")

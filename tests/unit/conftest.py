@@ -1,12 +1,15 @@
-"""Fixtures of the unit tests of consumer groups (test_groups, test_group_fetch)."""
+"""Fixtures shared by unit tests: consumer groups (test_groups, test_group_fetch), the
+janitors' harness (test_janitors, test_index_growth)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from coordinator.local import LocalCoordinator
+from tests.unit.janitor_helpers import Harness
 
 
 class Clock:
@@ -33,3 +36,13 @@ def c(db_url: str, clock: Clock) -> Iterator[LocalCoordinator]:
     coord = LocalCoordinator(db_url, now=clock)
     yield coord
     coord.close()
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    """The janitors' harness: a SQLite coordinator, a clocked memory store, writer, reader."""
+    harness = Harness(tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()

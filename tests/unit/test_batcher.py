@@ -412,3 +412,65 @@ def test_a_builder_failing_part_way_discards_its_buffer(
     reader = LogReader(store, coordinator)
     assert reader.read("t", 0, 0) == []
     assert [r.value for r in reader.read("t", 1, 0)] == [b"after"]
+
+
+class FirstPutBlocks(MemoryStore):
+    """A memory store whose first PUT waits for ``release``; records PUTs as they end."""
+
+    def __init__(self) -> None:
+        super().__init__("first-blocks")
+        self.release = threading.Event()
+        self.first_started = threading.Event()
+        self.later_done = threading.Event()
+        self.done: list[str] = []
+        self._first = True
+        self._lock = threading.Lock()
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False) -> None:
+        with self._lock:
+            first, self._first = self._first, False
+        if first:
+            self.first_started.set()
+            assert self.release.wait(10)
+        super().put(key, data, if_none_match=if_none_match)
+        self.done.append("first" if first else "later")
+        if not first:
+            self.later_done.set()
+
+
+@pytest.mark.parametrize("flights", [1, 2])
+def test_two_flushes_in_flight_overlap_their_puts_and_commit_in_append_order(
+    coordinator: LocalCoordinator, flights: int
+) -> None:
+    """Race: flush A's PUT hangs while request B (same partition) is appended and
+    flushed. Expected with 2 in flight: B's PUT completes while A's hangs, yet B is not
+    answered before A commits, and A gets offset 0, B offset 1 (commit order = append
+    order). With 1 in flight B's PUT waits for A's flush to end."""
+    topic = coordinator.create_topic("flights", 1)
+    store = FirstPutBlocks()
+    metrics = Metrics()
+
+    async def main() -> tuple[list[int], list[int], list[str]]:
+        batcher = Batcher(
+            LogWriter(store, coordinator),
+            BatcherConfig(linger_ms=0, flushes_in_flight=flights),
+            metrics,
+        )
+        await batcher.start()
+        try:
+            a = asyncio.create_task(batcher.append(topic.topic_id, [(0, rec(b"a"))]))
+            assert await asyncio.to_thread(store.first_started.wait, 10)
+            b = asyncio.create_task(batcher.append(topic.topic_id, [(0, rec(b"b"))]))
+            # B's PUT (with 2 in flight) ends well within this; with 1 it never starts.
+            await asyncio.to_thread(store.later_done.wait, 1.0)
+            seen = list(store.done)
+            assert not a.done() and not b.done()  # B may not be answered before A commits
+            store.release.set()
+            return await a, await b, seen
+        finally:
+            await batcher.close()
+
+    a, b, seen_while_a_hung = asyncio.run(main())
+    assert (a, b) == ([0], [1])
+    assert seen_while_a_hung == (["later"] if flights == 2 else [])
+    assert store.done == ["later", "first"] if flights == 2 else ["first", "later"]

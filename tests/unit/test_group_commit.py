@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from coordinator.client import ChunkCommit
 from coordinator.group_commit import GroupCommitter, PendingCommit
 from coordinator.local import LocalCoordinator
-from segments.errors import CommitConflictError, PartitionNotFoundError, TopicNotFoundError
+from segments.errors import (
+    CommitConflictError,
+    CoordinatorUnavailableError,
+    PartitionNotFoundError,
+    TopicNotFoundError,
+)
 from tests.conftest import sql_rows
 
 TID = b"t" * 16
@@ -101,48 +105,68 @@ def test_commits_arriving_during_a_batch_share_the_next_one() -> None:
     assert committer.stats.largest_batch == 15
 
 
+def behind_a_held_batch(
+    committer: GroupCommitter, rec: Recorder, keys: list[str], later: tuple[str, ...] = ()
+) -> dict[str, object]:
+    """Hold a first batch ("x") open, queue ``keys`` (a thread each), then ``later`` once
+    those are queued; release; every outcome (bases or the error) by key."""
+    first = threading.Thread(target=committer.commit, args=(PendingCommit("x", [chunk(0)]),))
+    first.start()
+    assert rec.entered.wait(10)
+    result: dict[str, object] = {}
+    runner = threading.Thread(target=lambda: result.update(run_all(committer, keys)))
+    runner.start()
+    threads = [first, runner]
+    queued = len(keys)
+    for key in [None, *later]:
+        if key is not None:
+            t = threading.Thread(target=committer.commit, args=(PendingCommit(key, [chunk(0)]),))
+            t.start()
+            threads.append(t)
+            queued += 1
+        while len(committer._queue) < queued:
+            time.sleep(0.001)
+    rec.release.set()
+    for t in threads:
+        t.join(10)
+    return result
+
+
 def test_a_batch_that_fails_as_a_whole_is_run_again_one_commit_at_a_time() -> None:
     """A batch function that raises (the failing request unknown): every request of the
     batch runs alone; only the poisoned one fails."""
     rec = Recorder(poison="k03")
     committer = GroupCommitter(rec)
-    first = threading.Thread(target=committer.commit, args=(PendingCommit("k00", [chunk(0)]),))
-    first.start()
-    assert rec.entered.wait(10)
-    keys = [f"k{i:02d}" for i in range(1, 8)]
-    result: dict[str, object] = {}
-    runner = threading.Thread(target=lambda: result.update(run_all(committer, keys)))
-    runner.start()
-    while len(committer._queue) < len(keys):
-        time.sleep(0.001)
-    rec.release.set()
-    first.join(10)
-    runner.join(10)
+    result = behind_a_held_batch(committer, rec, [f"k{i:02d}" for i in range(1, 8)])
     assert isinstance(result.pop("k03"), OverflowError)
     assert all(isinstance(v, list) for v in result.values())
     assert committer.stats.solo_reruns == 1
-    assert rec.batches[1] == sorted(rec.batches[1])  # the shared attempt, then one by one
-    assert [b for b in rec.batches[2:]] == [[k] for k in rec.batches[1]]
+    assert len(rec.batches[1]) == 7  # the shared attempt, then one by one
+    assert [[k] for k in rec.batches[1]] == rec.batches[2:]
+
+
+def test_a_retriable_failure_fails_the_whole_batch_at_once() -> None:
+    """The database unreachable is no request's fault: no one-by-one re-run (each would
+    wait for the database again); every request gets the retriable error."""
+
+    class Down(Recorder):
+        def __call__(self, batch: list[PendingCommit]) -> None:
+            super().__call__(batch)
+            if len(self.batches) > 1:
+                raise CoordinatorUnavailableError("database down")
+
+    rec = Down()
+    committer = GroupCommitter(rec)
+    result = behind_a_held_batch(committer, rec, [f"k{i}" for i in range(5)])
+    assert all(isinstance(v, CoordinatorUnavailableError) for v in result.values())
+    assert len(rec.batches) == 2  # the held one, then the five together, once
+    assert committer.stats.solo_reruns == 0
 
 
 def test_one_key_is_never_twice_in_a_batch() -> None:
     rec = Recorder()
     committer = GroupCommitter(rec)
-    first = threading.Thread(target=committer.commit, args=(PendingCommit("x", [chunk(0)]),))
-    first.start()
-    assert rec.entered.wait(10)
-    result: dict[str, object] = {}
-    runner = threading.Thread(target=lambda: result.update(run_all(committer, ["a", "b"])))
-    runner.start()
-    while len(committer._queue) < 2:
-        time.sleep(0.001)
-    dup = threading.Thread(target=committer.commit, args=(PendingCommit("a", [chunk(0)]),))
-    dup.start()
-    while len(committer._queue) < 3:
-        time.sleep(0.001)
-    rec.release.set()
-    for t in (first, runner, dup):
-        t.join(10)
+    behind_a_held_batch(committer, rec, ["a", "b"], later=("a",))
     assert sorted(rec.batches[1]) == ["a", "b"]
     assert rec.batches[2] == ["a"]
 
@@ -150,18 +174,7 @@ def test_one_key_is_never_twice_in_a_batch() -> None:
 def test_a_batch_stops_at_its_chunk_limit() -> None:
     rec = Recorder()
     committer = GroupCommitter(rec, max_chunks=3)
-    first = threading.Thread(target=committer.commit, args=(PendingCommit("x", [chunk(0)]),))
-    first.start()
-    assert rec.entered.wait(10)
-    result: dict[str, object] = {}
-    keys = [f"k{i}" for i in range(7)]
-    runner = threading.Thread(target=lambda: result.update(run_all(committer, keys)))
-    runner.start()
-    while len(committer._queue) < len(keys):
-        time.sleep(0.001)
-    rec.release.set()
-    first.join(10)
-    runner.join(10)
+    result = behind_a_held_batch(committer, rec, [f"k{i}" for i in range(7)])
     assert [len(b) for b in rec.batches[1:]] == [3, 3, 1]
     assert all(isinstance(v, list) for v in result.values())
 
@@ -169,17 +182,8 @@ def test_a_batch_stops_at_its_chunk_limit() -> None:
 # -- through LocalCoordinator, both backends ---------------------------------------------
 
 
-@pytest.fixture
-def coord(db_url: str) -> Iterator[LocalCoordinator]:
-    c = LocalCoordinator(db_url)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 def test_sixteen_writers_share_transactions_and_poisoned_commits_fail_alone(
-    coord: LocalCoordinator, db_url: str
+    c: LocalCoordinator, db_url: str
 ) -> None:
     """Race: 16 threads on one coordinator commit at once (2-4 chunks over 2 topics x 8
     partitions); three of them send only poison: a partition past the topic's count, an
@@ -187,8 +191,8 @@ def test_sixteen_writers_share_transactions_and_poisoned_commits_fail_alone(
     commit raises its own error and writes nothing; every other commit gets offsets that
     run contiguously per partition and match the index exactly; commits shared
     transactions (fewer batches than commits)."""
-    topics = [coord.create_topic(f"g{i}", 8).topic_id for i in range(2)]
-    coord.commit("taken", [ChunkCommit(topics[0], 0, 0, 10, 1, 1, 2)])
+    topics = [c.create_topic(f"g{i}", 8).topic_id for i in range(2)]
+    c.commit("taken", [ChunkCommit(topics[0], 0, 0, 10, 1, 1, 2)])
     writers, rounds = 16, 30
     barrier = threading.Barrier(writers)
     told: dict[str, list[tuple[bytes, int, int, int]]] = {"taken": [(topics[0], 0, 0, 1)]}
@@ -216,13 +220,13 @@ def test_sixteen_writers_share_transactions_and_poisoned_commits_fail_alone(
                     for j in range(n)
                 ]
             try:
-                bases = coord.commit(key, chunks)
+                bases = c.commit(key, chunks)
             except Exception as e:
                 errs.append(e)
                 continue
             told[key] = [
-                (c.topic_id, c.partition, b, c.record_count)
-                for c, b in zip(chunks, bases, strict=True)
+                (ch.topic_id, ch.partition, b, ch.record_count)
+                for ch, b in zip(chunks, bases, strict=True)
             ]
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
@@ -263,28 +267,28 @@ def test_sixteen_writers_share_transactions_and_poisoned_commits_fail_alone(
         assert offset == hwm[tp]
     keys = {k for (k,) in sql_rows(db_url, "SELECT object_key FROM objects")}
     assert keys == set(told)  # nothing of a poisoned commit stayed
-    stats = coord.store.group_commit_stats
+    stats = c.store.group_commit_stats
     assert stats.requests == writers * rounds + 1
     assert stats.batches < stats.requests
 
 
 def test_a_batch_mixing_a_retry_a_new_commit_and_a_missing_partition(
-    coord: LocalCoordinator,
+    c: LocalCoordinator,
 ) -> None:
     """commit_batch directly: the retry gets its first offsets, the new commit its own,
     the missing partition its error; only the new commit advances the log."""
-    topic = coord.create_topic("mix", 2)
-    first = coord.commit("old", [ChunkCommit(topic.topic_id, 0, 0, 10, 5, 1, 2)])
+    topic = c.create_topic("mix", 2)
+    first = c.commit("old", [ChunkCommit(topic.topic_id, 0, 0, 10, 5, 1, 2)])
     batch = [
         PendingCommit("old", [ChunkCommit(topic.topic_id, 0, 0, 10, 5, 1, 2)]),
         PendingCommit("bad", [ChunkCommit(topic.topic_id, 2, 0, 10, 5, 1, 2)]),
         PendingCommit("new", [ChunkCommit(topic.topic_id, 0, 0, 10, 3, 1, 2)]),
         PendingCommit("new2", [ChunkCommit(topic.topic_id, 0, 0, 10, 4, 1, 2)]),
     ]
-    coord.store.commit_batch(batch)
+    c.store.commit_batch(batch)
     assert batch[0].outcome() == first == [0]
     with pytest.raises(PartitionNotFoundError):
         batch[1].outcome()
     assert batch[2].outcome() == [5]
     assert batch[3].outcome() == [8]
-    assert coord.offsets("mix", 0).high_watermark == 12
+    assert c.offsets("mix", 0).high_watermark == 12

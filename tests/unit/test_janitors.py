@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -21,15 +20,6 @@ from segments.store import ObjectInfo, ObjectStore
 from segments.types import Record
 from service.read_cache import CachingLogReader, IndexCache, RangeCache
 from tests.unit.janitor_helpers import Harness, records
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 def _fill(h: Harness, topic: str = "t", flushes: int = 6, per: int = 25) -> None:
