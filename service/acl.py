@@ -26,6 +26,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 from fastapi import FastAPI
@@ -43,6 +44,8 @@ from service.web import _leaf_routes, send_error
 log = logging.getLogger(__name__)
 
 CLUSTER_NAME = "kafka-cluster"
+#: The key of the query parameters among the path parameters a rule gets.
+QUERY = "?"
 Op = Operation
 
 
@@ -97,8 +100,9 @@ class AclCache:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """What a route needs. ``checks`` gets the path parameters and the JSON body (None
-    unless ``body``); ``listing`` names the key whose items the answer is filtered on."""
+    """What a route needs. ``checks`` gets the path parameters (the query's under
+    :data:`QUERY`) and the JSON body (None unless ``body``); ``listing`` names the key
+    whose items the answer is filtered on."""
 
     checks: Callable[[dict[str, Any], Any], list[Check]] = lambda p, b: []
     body: bool = False
@@ -157,6 +161,14 @@ def _consumer_rule(op: Operation, *, with_topics: bool = False) -> Rule:
         return out
 
     return Rule(checks, body=with_topics)
+
+
+def _group_stream(p: dict[str, Any], b: Any) -> list[Check]:
+    """The v3 group stream: READ on the group and on every topic its ``topics`` names."""
+    names = str(p.get(QUERY, {}).get("topics", "")).split(",")
+    return [Check(Op.READ, ResourceType.GROUP, str(p["group_id"]))] + [
+        Check(Op.READ, ResourceType.TOPIC, t.strip()) for t in names if t.strip()
+    ]
 
 
 def _create_topic(p: dict[str, Any], b: Any) -> list[Check]:
@@ -225,6 +237,10 @@ RULES: dict[tuple[str, str], Rule] = {
     ("DELETE", _C + "/topics/{topic_name}"): topic(Op.DELETE),
     ("POST", _C + "/topics/{topic_name}/records"): topic(Op.WRITE),
     ("POST", _C + "/topics/{topic_name}/records:batch"): topic(Op.WRITE),
+    ("GET", _C + "/topics/{topic_name}/partitions/{partition_id}/records"): topic(Op.READ),
+    ("GET", _C + "/consumer-groups/{group_id}/records"): Rule(_group_stream),
+    # Kafka's InitProducerId for an idempotent producer: IDEMPOTENT_WRITE on the cluster.
+    ("POST", _C + "/producers"): cluster(Op.IDEMPOTENT_WRITE),
     # -- v3 consumer groups ----------------------------------------------------------------
     ("GET", _C + "/consumer-groups"): _LIST_GROUPS,
     ("GET", _C + "/consumer-groups/{consumer_group_id}"): group(Op.DESCRIBE),
@@ -377,7 +393,9 @@ class AclMiddleware:
         if found is None:  # 404/405: the router answers, naming nothing that exists
             await self.app(scope, receive, send)
             return
-        template, params = found
+        template, found_params = found
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        params = {**found_params, QUERY: query}
         rule = rule_for(scope["method"], template)
         principal = principal_of(scope)
         cache: AclCache = app.state.acl_cache

@@ -401,10 +401,12 @@ def create_app(
     app.state.janitors = janitors
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install_error_handlers(app)
-    # Inside the body limit, trailing-slash and proxy-header middleware added next.
+    # Innermost, inside authentication: quotas charge the authenticated principal (a
+    # throttled request costs its authentication, cached, and nothing else). Security is
+    # inside the body limit, trailing-slash and proxy-header middleware added next.
+    app.add_middleware(QuotaMiddleware)
     security.install(app, settings)
     install_middleware(app, settings)
-    app.add_middleware(QuotaMiddleware)  # outermost: a throttled request costs nothing
     app.add_api_route("/health", health, methods=["GET"], tags=["ops"])
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"])
     # v3 first: the v2 root routes are all literal or under /topics, /brokers.

@@ -4,8 +4,9 @@ Configured like Kafka's default client quotas (``producer_byte_rate``,
 ``consumer_byte_rate``, ``request_percentage``'s REST cousin, a request rate), as agent
 settings: ``quota_produce_bytes_per_s``, ``quota_fetch_bytes_per_s``,
 ``quota_requests_per_s`` (0: no quota) for every principal, and ``quota_overrides`` for
-some (Kafka's per-client-id quotas). While authentication is off the principal is
-the ``X-Client-Id`` request header (Kafka's client.id), else the client's address.
+some (Kafka's per-user and per-client-id quotas). On REST the principal is the
+authenticated user (``User:<name>``) when authentication is on, else the
+``X-Client-Id`` request header (Kafka's client.id), else the client's address.
 
 Each is a token bucket per principal, refilled at the rate divided by the number of live
 agents (a load balancer spreads a client over them, so the cluster admits about the
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from coordinator.security import ANONYMOUS
 from service.errors import ErrorCode
 from service.executors import call
 from service.settings import parse_quota_overrides
@@ -143,6 +145,9 @@ class Quotas:
 
 
 def principal_of(scope: Scope) -> str:
+    user = (scope.get("state") or {}).get("principal")
+    if user is not None and user != ANONYMOUS:  # authenticated (service.auth runs first)
+        return str(user)
     for name, value in scope.get("headers", ()):
         if name == b"x-client-id" and value:
             return f"client:{value.decode('latin-1')}"

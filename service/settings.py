@@ -40,7 +40,8 @@ QUOTA_KINDS = ("produce_bytes", "fetch_bytes", "requests")
 
 
 def parse_quota_overrides(text: str) -> dict[str, dict[str, float]]:
-    """``quota_overrides`` as {principal: {kind: rate}}; a client id becomes ``client:<id>``.
+    """``quota_overrides`` as {principal: {kind: rate}}; a client id becomes ``client:<id>``
+    (``address:<ip>`` and ``User:<name>`` stay as they are).
 
     Raises:
         ValueError: not ``principal=kind:rate,...;...`` with known kinds and rates >= 0.
@@ -51,7 +52,8 @@ def parse_quota_overrides(text: str) -> dict[str, dict[str, float]]:
         who = who.strip()
         if not sep or not who:
             raise ValueError(f"quota_overrides entry {entry!r} is not principal=kind:rate,...")
-        principal = who if who.startswith("address:") else f"client:{who}"
+        kept = who.startswith(("address:", "User:"))  # addresses, authenticated users
+        principal = who if kept else f"client:{who}"
         rates = out.setdefault(principal, {})
         for item in spec.split(","):
             kind, sep, rate = item.strip().partition(":")
@@ -174,7 +176,8 @@ class Settings(
         default="",
         description="Per-principal quotas over the defaults, as Kafka's client-id quotas: "
         "'client-a=produce_bytes:1048576,requests:50;address:10.0.0.7=fetch_bytes:0' "
-        "(a client id, or address:IP; 0: no quota for that principal).",
+        "(a client id, address:IP, or User:name when authentication is on; 0: no quota for "
+        "that principal).",
     )
     idempotency_key_window_s: Annotated[int, Field(ge=1)] = Field(
         default=86400,

@@ -68,9 +68,16 @@ class Route:
             "topic_name": topic,
             "topic": topic,
             "consumer_group_id": group,
+            "group_id": group,
             "group": group,
         }
-        return re.sub(r"\{(\w+)(?::\w+)?\}", lambda m: values.get(m.group(1), "0"), self.path)
+        url = re.sub(r"\{(\w+)(?::\w+)?\}", lambda m: values.get(m.group(1), "0"), self.path)
+        return url + f"?topics={topic}" if self.streams else url
+
+    @property
+    def streams(self) -> bool:
+        """The v3 group stream: it names its topics in the query and, allowed, stays open."""
+        return self.path.endswith("/consumer-groups/{group_id}/records")
 
     def body(self, topic: str = TOPIC) -> dict[str, object] | None:
         if self.method not in ("POST", "PUT", "PATCH"):
@@ -226,7 +233,9 @@ def test_allowed_is_never_401_or_403(served: tuple[TestClient, str, list[Route]]
     route answers, never an authorization failure."""
     client, cid, routes = served
     for route in routes:
-        r = call(client, route, cid, basic(who))
+        # An allowed stream of an existing topic would stay open: name a missing one (404
+        # after the authorization check; "sec-" for pat's prefix).
+        r = call(client, route, cid, basic(who), topic="sec-absent" if route.streams else TOPIC)
         if route.path.startswith("/security") and who != "admin":
             assert r.status_code == 403, route
         else:
@@ -371,3 +380,33 @@ def test_coordinator_with_authentication_needs_its_secret() -> None:
     ok = CoordinatorSettings(db="sqlite:///x.db", authentication="basic", coordinator_secret="s")  # type: ignore[arg-type]
     assert ok.security_problems() == []
     assert "s" not in repr(ok.coordinator_secret).replace("SecretStr", "")
+
+
+def test_quotas_charge_the_authenticated_user(tmp_path: Path) -> None:
+    """With authentication on, the quota principal is the user: two users behind one
+    address and one X-Client-Id have a bucket each, and an unauthenticated request is
+    refused (401) before it is charged to anyone."""
+    db = f"sqlite:///{tmp_path}/meta.db"
+    with LocalCoordinator(db) as coord:
+        store = SqlSecurityStore(coord.db, CHEAP)
+        for name in ("quick", "patient", "vip"):
+            store.create_user(name, PASSWORD)
+    settings = Settings(
+        db=db,
+        store=f"file://{tmp_path}/data",
+        kafka_port=0,
+        authentication="basic",
+        quota_requests_per_s=2,
+        quota_overrides="User:vip=requests:0",  # 0: no quota for vip
+    )
+    same = {"X-Client-Id": "shared-client"}
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v3/clusters", headers=same).status_code == 401
+        answers = [
+            client.get("/v3/clusters", headers={**same, **basic("quick")}).status_code
+            for _ in range(6)
+        ]
+        assert answers[:2] == [200, 200] and 429 in answers  # quick's bucket ran dry
+        assert client.get("/v3/clusters", headers={**same, **basic("patient")}).status_code == 200
+        vip = [client.get("/v3/clusters", headers=basic("vip")).status_code for _ in range(6)]
+        assert vip == [200] * 6
