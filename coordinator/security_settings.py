@@ -41,12 +41,18 @@ class CoordinatorSecuritySettings(BaseModel):
     tls_key_file: str | None = Field(default=None, description="PEM private key of tls_cert_file.")
 
     def server_tls(self) -> ssl.SSLContext | None:
-        """The TLS context to serve with, or None for plaintext."""
+        """The TLS context to serve with, or None for plaintext. With
+        ``tls_client_ca_file``, clients may present certificates signed by it (verified
+        when presented)."""
         if not self.tls_cert_file:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        client_ca = self.__dict__.get("tls_client_ca_file")  # agents only
+        if client_ca:
+            context.load_verify_locations(cafile=client_ca)
+            context.verify_mode = ssl.CERT_OPTIONAL
         return context
 
     def shared_secret(self) -> str | None:
@@ -115,6 +121,13 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
     oauth_principal_claim: str = Field(
         default="sub", description="The bearer token claim that names the principal (User:<it>)."
     )
+    tls_client_ca_file: str | None = Field(
+        default=None,
+        description="PEM CA certificates of client certificates (mTLS) on an agent's Kafka "
+        "listener: a connection presenting one is authenticated as User:<its subject's CN>, "
+        "without SASL.",
+    )
+
     tls_ca_file: str | None = Field(
         default=None,
         description="PEM CA certificates an agent trusts for https:// coordinator URLs "
@@ -129,6 +142,8 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
 
     def security_problems(self) -> list[str]:
         problems = super().security_problems()
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            problems.append("tls_client_ca_file needs TLS (tls_cert_file, tls_key_file)")
         if self.authorization == "acl" and self.authentication == "none":
             problems.append("authorization acl needs authentication (basic): whom would it check?")
         if self.authorization != "none" and self.__dict__.get("kafka_port"):

@@ -24,7 +24,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i64Timedelta
 from scramp import ScramException, ScramMechanism
 
-from coordinator.security import user_principal
+from coordinator.security import check_name, user_principal
 from coordinator.security_store import SCRAM_MECHANISMS, ScramCredential, SecurityStore
 from segments.errors import AuthenticationError, LoginThrottledError
 from service.auth import Authenticator
@@ -59,6 +59,7 @@ class SaslSession:
         self.address = address
         self.mechanism: str | None = None
         self.principal: str | None = None
+        self._done = False  # SASL succeeded
         self._scram: Any = None  # scramp's server of an exchange under way
         self._scram_user = ""
 
@@ -67,7 +68,8 @@ class SaslSession:
         return self.authenticator.store
 
     def handshake(self, response_cls: type, mechanism: str) -> Any:
-        if self.principal is not None or self.mechanism is not None:
+        # A client certificate's principal (mTLS) gives way to SASL's, as on Kafka's SASL_SSL.
+        if self.mechanism is not None:
             raise SaslStateError("SaslHandshake after the handshake")
         if mechanism not in MECHANISMS:
             return response_cls(
@@ -77,7 +79,7 @@ class SaslSession:
         return response_cls(error_code=ErrorCode.none, mechanisms=MECHANISMS)
 
     async def authenticate(self, response_cls: type, auth_bytes: bytes) -> Any:
-        if self.mechanism is None or self.principal is not None:
+        if self.mechanism is None or self._done:
             raise SaslStateError("SaslAuthenticate without a handshake, or after success")
         try:
             if self.mechanism == "PLAIN":
@@ -87,6 +89,7 @@ class SaslSession:
             else:
                 out = await self._scram_step(auth_bytes)
         except (AuthenticationError, LoginThrottledError) as e:
+            self.principal = None  # not even a certificate's: the client must close
             return _answer(response_cls, ErrorCode.sasl_authentication_failed, e.message)
         return _answer(response_cls, ErrorCode.none, None, out)
 
@@ -102,6 +105,7 @@ class SaslSession:
         self.principal = await self.authenticator.authenticate(
             name, password, self.address, "kafka"
         )
+        self._done = True
         return b""
 
     async def _oauthbearer(self, message: bytes) -> bytes:
@@ -114,6 +118,7 @@ class SaslSession:
             self.authenticator.metrics.failures.labels("kafka", "malformed").inc()
             raise AuthenticationError(_FAILED)
         self.principal = await self.authenticator.authenticate_bearer(token, self.address, "kafka")
+        self._done = True
         return b""
 
     async def _scram_step(self, token: bytes) -> bytes:
@@ -152,8 +157,18 @@ class SaslSession:
             metrics.failures.labels("kafka", "invalid").inc()
             raise AuthenticationError(_FAILED) from None
         self.principal = user_principal(self._scram_user)
+        self._done = True
         metrics.successes.labels("kafka", "false").inc()
         return str(server.get_server_final()).encode()
+
+
+def certificate_principal(peercert: dict[str, Any] | None) -> str | None:
+    """``User:<CN>`` of a verified client certificate (mTLS), or None without one."""
+    for rdn in (peercert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return user_principal(check_name(value, "certificate common name"))
+    return None
 
 
 def _answer(cls: type, code: ErrorCode, message: str | None, auth_bytes: bytes = b"") -> Any:

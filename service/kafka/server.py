@@ -20,6 +20,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from segments.errors import InvalidSecurityRequestError
 from service.auth import Authenticator
 from service.kafka import admin, groups
 from service.kafka import handlers as h
@@ -32,7 +33,13 @@ from service.kafka.framing import (
     encode_response,
     request_class,
 )
-from service.kafka.sasl import SASL_HANDSHAKE, SASL_VERSIONS, SaslSession, SaslStateError
+from service.kafka.sasl import (
+    SASL_HANDSHAKE,
+    SASL_VERSIONS,
+    SaslSession,
+    SaslStateError,
+    certificate_principal,
+)
 from service.state import AgentState
 
 log = logging.getLogger(__name__)
@@ -157,12 +164,19 @@ class KafkaServer:
         peer = writer.get_extra_info("peername")
         decoder = FrameDecoder(self.state.settings.kafka_max_request_bytes)
         answers: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
-        sender = asyncio.create_task(_send(writer, answers), name=f"kafka-send-{peer}")
         session = (
             SaslSession(self.authenticator, str(peer[0]) if peer else "")
             if self.authenticator is not None
             else None
         )
+        if session is not None and self.tls is not None:
+            try:  # mTLS: a verified client certificate names the principal, no SASL needed
+                session.principal = certificate_principal(writer.get_extra_info("peercert"))
+            except InvalidSecurityRequestError as e:
+                log.warning("closing Kafka connection from %s: %s", peer, e.message)
+                writer.close()
+                return
+        sender = asyncio.create_task(_send(writer, answers), name=f"kafka-send-{peer}")
         try:
             while not sender.done():
                 data = await reader.read(_READ_BYTES)

@@ -184,8 +184,19 @@ def test_kafka_python_sasl(listener: Listener, mechanism: str) -> None:
     got = next(iter(c))
     c.close()
     assert got.value == b"kp-" + mechanism.encode()
-    with pytest.raises(KafkaPythonError):
-        KafkaProducer(**{**conf, "sasl_plain_password": "wrong-password"}, enable_idempotence=False)
+    # A wrong password: api_version given, so the constructor connects to nothing (a
+    # producer failing in its constructor would leave its sockets to the collector).
+    bad = KafkaProducer(
+        **{**conf, "sasl_plain_password": "wrong-password"},
+        enable_idempotence=False,
+        api_version=(2, 5),
+        max_block_ms=3000,
+    )
+    try:
+        with pytest.raises(KafkaPythonError):
+            bad.send(TOPIC, b"must not land").get(timeout=10)
+    finally:
+        bad.close(timeout=5)
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])

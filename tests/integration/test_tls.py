@@ -66,6 +66,8 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
     ca_file, cert_file, key_file = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
+    client = ca.issue_cert("svc-mtls.test", common_name="svc-mtls")
+    client.private_key_and_cert_chain_pem.write_to_path(str(tmp / "client.pem"))
     ca.cert_pem.write_to_path(str(ca_file))
     cert.private_key_pem.write_to_path(str(key_file))
     cert_file.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
@@ -100,7 +102,11 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
             str(kport),
         ),
         tmp / "a.log",
-        env={**env, "LAKELOG_TLS_CA_FILE": str(ca_file)},
+        env={
+            **env,
+            "LAKELOG_TLS_CA_FILE": str(ca_file),
+            "LAKELOG_TLS_CLIENT_CA_FILE": str(ca_file),
+        },
     )
     procs = [coordinator, agent]
     try:
@@ -189,6 +195,36 @@ def test_kafka_sasl_ssl_clients(tls_cluster: TlsCluster) -> None:
     offsets = httpx.get(
         f"{tls_cluster.rest}/topics/tls-topic/partitions/0/offsets", headers=basic(), verify=verify
     )
-    assert offsets.json()["end_offset"] == 3
+    assert offsets.json()["end_offset"] >= 3
     logs = "".join(p.output() for p in tls_cluster.procs)
     assert PASSWORD not in logs and SECRET not in logs
+
+
+def test_kafka_mtls_client_certificate_is_the_principal(tls_cluster: TlsCluster) -> None:
+    """security.protocol=SSL with a client certificate of the CA: no SASL, yet served; the
+    same without a certificate is refused (the listener needs a principal)."""
+    client_pem = str(Path(tls_cluster.ca_file).with_name("client.pem"))
+    conf = {
+        "bootstrap.servers": tls_cluster.bootstrap,
+        "security.protocol": "SSL",
+        "ssl.ca.location": tls_cluster.ca_file,
+        "message.timeout.ms": 5000,
+    }
+    ok = Producer({**conf, "ssl.certificate.location": client_pem, "ssl.key.location": client_pem})
+    reports: list[Any] = []
+    ok.produce("tls-topic", value=b"mtls", on_delivery=lambda e, m: reports.append(e))
+    assert ok.flush(30) == 0 and reports == [None]
+    anonymous = Producer(conf)
+    refused: list[Any] = []
+    anonymous.produce("tls-topic", value=b"no cert", on_delivery=lambda e, m: refused.append(e))
+    anonymous.flush(10)
+    assert refused and refused[0] is not None
+
+
+def test_certificate_principal_is_the_common_name() -> None:
+    from service.kafka.sasl import certificate_principal
+
+    subject = ((("organizationName", "Example"),), (("commonName", "svc-mtls"),))
+    assert certificate_principal({"subject": subject}) == "User:svc-mtls"
+    assert certificate_principal(None) is None
+    assert certificate_principal({}) is None

@@ -54,6 +54,7 @@ SAMPLES: dict[str, tuple[str, str, Any]] = {
     "tls_cert_file": ("/etc/tls/cert.pem", '"/etc/tls/cert.pem"', "/etc/tls/cert.pem"),
     "tls_key_file": ("/etc/tls/key.pem", '"/etc/tls/key.pem"', "/etc/tls/key.pem"),
     "tls_ca_file": ("/etc/tls/ca.pem", '"/etc/tls/ca.pem"', "/etc/tls/ca.pem"),
+    "tls_client_ca_file": ("/etc/tls/cl.pem", '"/etc/tls/cl.pem"', "/etc/tls/cl.pem"),
     "oauth_jwks": ("https://idp/jwks.json", '"https://idp/jwks.json"', "https://idp/jwks.json"),
     "oauth_issuer": ("https://idp", '"https://idp"', "https://idp"),
     "oauth_audience": ("lakelog", '"lakelog"', "lakelog"),
