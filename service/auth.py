@@ -28,6 +28,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -37,8 +38,10 @@ from coordinator.security_store import SecurityStore
 from segments.errors import AuthenticationError, LoginThrottledError
 from service.errors import ErrorCode
 from service.executors import call
-from service.oauth import BearerVerifier
 from service.web import send_error
+
+if TYPE_CHECKING:
+    from service.oauth import BearerVerifier
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from coordinator.security_store import SecurityStore, SqlSecurityStore
 from segments.errors import AuthorizationError, SecurityDisabledError
 from service.acl import AclCache, AclMiddleware, missing_rules
 from service.auth import Authenticator, AuthMetrics, BasicAuthMiddleware
-from service.oauth import BearerVerifier
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -78,6 +77,9 @@ def start(
         metrics=AuthMetrics(registry),
     )
     if settings.oauth_jwks:
+        # Imported only here: the JOSE library costs a quarter second at every start.
+        from service.oauth import BearerVerifier
+
         app.state.authenticator.bearer = BearerVerifier(
             settings.oauth_jwks,
             issuer=settings.oauth_issuer,
