@@ -20,8 +20,8 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kafka.errors import KafkaError as KafkaPythonError
 
-from tests.integration.test_security_processes import run_cli
-from tests.procs import Proc, free_port, lakelog_cmd, wait_http
+from tests.integration.test_security_processes import start_secured_serve
+from tests.procs import Proc
 
 PASSWORD = "kafka-user-password-1"
 TOPIC = "sasl-topic"
@@ -41,41 +41,13 @@ def basic() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def listener(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listener]:
     tmp: Path = tmp_path_factory.mktemp("sasl")
-    db = f"sqlite:///{tmp / 'meta.db'}"
-    made = run_cli(
-        "users", "create", "kuser", "--password-stdin", "--db", db, stdin=PASSWORD + "\n"
-    )
-    assert made.returncode == 0, made.stderr
-    port, kport = free_port(), free_port()
-    proc = Proc(
-        lakelog_cmd(
-            "serve",
-            "--db",
-            db,
-            "--store",
-            f"file://{tmp / 'data'}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--kafka-port",
-            str(kport),
-            "--authentication",
-            "basic",
-            "--log-level",
-            "info",
-        ),
-        tmp / "serve.log",
-        # librdkafka retries a failed login every few ms: no throttling in this module
-        # (tests/unit/test_security_rest.py covers it).
-        env={
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-            "LAKELOG_AUTH_MAX_FAILURES": "1000000",
-        },
+    # librdkafka retries a failed login every few ms: no throttling in this module
+    # (tests/unit/test_security_rest.py covers it).
+    proc, port, kport = start_secured_serve(
+        tmp, "kuser", PASSWORD, {"LAKELOG_AUTH_MAX_FAILURES": "1000000"}
     )
     try:
         rest = f"http://127.0.0.1:{port}"
-        wait_http(f"{rest}/health", timeout=90, proc=proc.popen)
         cid = httpx.get(f"{rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
         r = httpx.post(
             f"{rest}/v3/clusters/{cid}/topics",

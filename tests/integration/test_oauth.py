@@ -8,7 +8,6 @@ import base64
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,10 +17,9 @@ from confluent_kafka import Producer
 from joserfc import jwt
 from joserfc.jwk import KeySet, OctKey, RSAKey
 
-from tests.integration.test_security_processes import run_cli
-from tests.procs import Proc, free_port, lakelog_cmd, wait_http
+from tests.integration.test_security_processes import start_secured_serve
+from tests.procs import Proc
 
-ROOT = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "oauth-admin-password"
 ISSUER, AUDIENCE = "https://idp.test", "lakelog"
 
@@ -65,33 +63,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     key = RSAKey.generate_key(2048, parameters={"kid": "k1"})
     jwks = tmp / "jwks.json"
     jwks.write_bytes(orjson.dumps(KeySet([key]).as_dict(private=False)))
-    db = f"sqlite:///{tmp / 'meta.db'}"
-    assert (
-        run_cli(
-            "users", "create", "admin", "--password-stdin", "--db", db, stdin=ADMIN_PASSWORD + "\n"
-        ).returncode
-        == 0
-    )
-    port, kport = free_port(), free_port()
-    proc = Proc(
-        lakelog_cmd(
-            "serve",
-            "--db",
-            db,
-            "--store",
-            f"file://{tmp / 'data'}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--kafka-port",
-            str(kport),
-            "--authentication",
-            "basic",
-        ),
-        tmp / "serve.log",
-        env={
-            "PYTHONPATH": str(ROOT),
+    proc, port, kport = start_secured_serve(
+        tmp,
+        "admin",
+        ADMIN_PASSWORD,
+        {
             "LAKELOG_OAUTH_JWKS": str(jwks),
             "LAKELOG_OAUTH_ISSUER": ISSUER,
             "LAKELOG_OAUTH_AUDIENCE": AUDIENCE,
@@ -102,7 +78,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     )
     rest = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{rest}/health", timeout=90, proc=proc.popen)
         cid = httpx.get(f"{rest}/v3/clusters", headers=admin()).json()["data"][0]["cluster_id"]
         for name in ("orders", "payroll"):
             r = httpx.post(

@@ -41,6 +41,45 @@ def run_cli(
     )
 
 
+def start_secured_serve(
+    tmp: Path, user: str, password: str, env: dict[str, str]
+) -> tuple[Proc, int, int]:
+    """``lakelog serve`` with HTTP Basic (and SASL on its Kafka listener) on ``tmp``'s
+    database, where ``user`` is created first; ``env`` adds settings. Returns the process,
+    its HTTP port and its Kafka port, once it answers."""
+    db = f"sqlite:///{tmp / 'meta.db'}"
+    made = run_cli("users", "create", user, "--password-stdin", "--db", db, stdin=password + "\n")
+    assert made.returncode == 0, made.stderr
+    port, kport = free_port(), free_port()
+    proc = Proc(
+        lakelog_cmd(
+            "serve",
+            "--db",
+            db,
+            "--store",
+            f"file://{tmp / 'data'}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--kafka-port",
+            str(kport),
+            "--authentication",
+            "basic",
+            "--log-level",
+            "info",
+        ),
+        tmp / "serve.log",
+        env={"PYTHONPATH": str(ROOT), **env},
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=90, proc=proc.popen)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, port, kport
+
+
 def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
