@@ -182,10 +182,21 @@ def users_create(
     password_stdin: PasswordStdinOpt = False,
     db: DbOpt = None,
     url: UrlOpt = None,
+    exist_ok: Annotated[
+        bool,
+        typer.Option(
+            "--exist-ok",
+            help="A user of that name already there is success (its password unchanged): "
+            "for start-up scripts that run on every start.",
+        ),
+    ] = False,
 ) -> None:
     """Create a user; its principal is User:NAME."""
     password = _read_password(password_stdin)
     with _admin(db, url) as admin:
+        if exist_ok and any(u.name == name for u in admin.list_users()):
+            typer.echo(f"User {name} exists; left as it is.")
+            return
         admin.create_user(name, password)
     typer.echo(f"Created user {name} (principal User:{name}).")
 

@@ -13,6 +13,8 @@ numeric field if named) as Parquet::
 
 With ``--coordinator`` the coordinator tells where the bucket is; ``--store`` and
 ``--store-endpoint`` override it (an executor may reach the bucket at another address).
+Coordinators with authentication on need their shared secret: the job takes it from
+``LAKELOG_COORDINATOR_SECRET`` (as lakelog processes do), never from its command line.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
         options["db"] = args.db
     if args.store_endpoint:
         options["store.endpoint"] = args.store_endpoint
+    if args.coordinator and os.environ.get("LAKELOG_COORDINATOR_SECRET"):
+        options["coordinator.secret"] = os.environ["LAKELOG_COORDINATOR_SECRET"]
     records = session.read.format("lakelog").options(**options).load()
     parsed = records.select(
         F.col("key").cast("string").alias("key"),

@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,7 +54,7 @@ from service.cli import app as cli_app
 from service.settings import Settings
 from spark.examples import key_counts
 from tests.conftest import new_db_url
-from tests.integration.topology import Topology, b64, start_topology
+from tests.integration.topology import ADMIN, CREATE_ADMIN, Topology, b64, start_topology
 from tests.procs import Proc, free_port, wait_http
 
 pytestmark = pytest.mark.integration
@@ -73,7 +74,7 @@ K8S_VERSION = "1.30.0"
 #: CLI clients' LAKELOG_URL and the config file's LAKELOG_CONFIG.
 KNOWN_LAKELOG_VARS = {
     f"LAKELOG_{name.upper()}" for cls in process_settings().values() for name in cls.model_fields
-} | {"LAKELOG_URL", "LAKELOG_CONFIG"}
+} | {"LAKELOG_URL", "LAKELOG_CONFIG", "LAKELOG_USER", "LAKELOG_PASSWORD"}  # + the CLI client's
 LAKELOG_VAR_RE = re.compile(r"\bLAKELOG_[A-Z0-9_]+\b")
 
 
@@ -145,11 +146,14 @@ def parse_lakelog(args: list[str]) -> tuple[str, dict[str, Any]]:
     bad types raise click's UsageError, as ``lakelog`` itself would exit 2.
     """
     # typer >= 0.22 vendors its own click: use the group's own Context class.
-    group: Any = typer.main.get_command(cli_app)
-    name, rest = args[0], args[1:]
-    command = group.get_command(group.context_class(group), name)
-    assert command is not None, f"lakelog has no command {name!r}"
-    with command.make_context(name, list(rest)) as ctx:
+    command: Any = typer.main.get_command(cli_app)
+    name, rest = "lakelog", list(args)
+    while hasattr(command, "get_command"):  # `lakelog users create`: a group in a group
+        sub = rest[0]
+        command = command.get_command(command.context_class(command), sub)
+        assert command is not None, f"lakelog has no command {sub!r} in {name!r}"
+        name, rest = sub if name == "lakelog" else name, rest[1:]
+    with command.make_context(name, rest) as ctx:
         return name, dict(ctx.params)
 
 
@@ -191,8 +195,13 @@ def services_of_target(config: dict[str, Any], target: str) -> dict[str, dict[st
 
 
 def lakelog_services(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The compose services that run the lakelog image (deploy/Dockerfile's runtime)."""
-    return services_of_target(config, "runtime")
+    """The compose services that run a lakelog process (deploy/Dockerfile's runtime image
+    with its entrypoint; create-admin is a shell one-shot on that image)."""
+    return {
+        name: svc
+        for name, svc in services_of_target(config, "runtime").items()
+        if "entrypoint" not in svc
+    }
 
 
 def parse_spark_job(command: list[str]) -> argparse.Namespace:
@@ -221,6 +230,7 @@ def test_compose_config_accepts_the_file_and_resolves_the_topology(
         "postgres",
         "coordinator-1",
         "coordinator-2",
+        "create-admin",
         "agent-1",
         "agent-2",
         "agent-3",
@@ -238,20 +248,23 @@ def test_compose_config_accepts_the_file_and_resolves_the_topology(
     # Every long-running service has a healthcheck (the one-shot jobs do not restart);
     # every dependency waits on a condition.
     for name, svc in services.items():
-        if name in ("create-bucket", "spark"):
+        if name in ("create-bucket", "create-admin", "spark"):
             assert svc["restart"] == "no", name
         else:
             assert svc.get("healthcheck", {}).get("test"), name
         for dep, cond in svc.get("depends_on", {}).items():
             expected = (
-                "service_completed_successfully" if dep == "create-bucket" else "service_healthy"
+                "service_completed_successfully"
+                if dep in ("create-bucket", "create-admin")
+                else "service_healthy"
             )
             assert cond == {"condition": expected}, (name, dep)
     assert set(services["lb"]["depends_on"]) == {"agent-1", "agent-2", "agent-3"}
     for agent in ("agent-1", "agent-2", "agent-3"):
-        assert {"coordinator-1", "coordinator-2", "create-bucket"} <= set(
+        assert {"coordinator-1", "coordinator-2", "create-bucket", "create-admin"} <= set(
             services[agent]["depends_on"]
         )
+    assert set(services["create-admin"]["depends_on"]) == {"coordinator-1"}
     assert "coordinator-1" in services["coordinator-2"]["depends_on"]
     assert services["lb"]["ports"][0]["target"] == 8082
 
@@ -345,6 +358,41 @@ def test_compose_lakelog_commands_parse_with_the_real_cli(compose_config: dict[s
     store, endpoint = stores.pop()
     assert store.startswith(f"s3://{services['create-bucket']['environment']['S3_BUCKET']}/")
     assert urlsplit(endpoint).hostname == "minio"
+
+
+def test_compose_turns_security_on(compose_config: dict[str, Any]) -> None:
+    """Authentication and ACLs on every agent, the same coordinator secret everywhere, and
+    create-admin making the super user with the real CLI, on the coordinators' database.
+
+    Catches an agent left open, a secret that differs between agents and coordinators (the
+    coordinators would refuse the agents), and a create-admin command the CLI rejects or
+    that fails on the second `up` (--exist-ok).
+    """
+    services = compose_config["services"]
+    secrets = set()
+    for name, svc in lakelog_services(compose_config).items():
+        settings = process_settings_of(svc["command"], svc["environment"])
+        assert settings.authentication == "basic", name
+        assert settings.shared_secret(), name
+        secrets.add(settings.shared_secret())
+        if isinstance(settings, Settings):
+            assert settings.authorization == "acl", name
+            assert "User:admin" in settings.super_users.split(";"), name
+    spark_secret = services["spark"]["environment"]["LAKELOG_COORDINATOR_SECRET"]
+    assert secrets == {spark_secret} and len(spark_secret) >= 16
+
+    admin = services["create-admin"]
+    assert admin["entrypoint"] == ["/bin/sh", "-c"]
+    (line,) = admin["command"]
+    feed, _, run = line.replace("$$", "$").partition("|")  # compose's escape of the shell's $
+    assert shlex.split(feed) == ["printf", "%s\\n", "$ADMIN_PASSWORD"]
+    argv = shlex.split(run)
+    assert argv[0] == "lakelog" and argv[1:-1] == CREATE_ADMIN and argv[-1] == "$LAKELOG_DB"
+    assert admin["environment"]["ADMIN_PASSWORD"] == env_example()["ADMIN_PASSWORD"]
+    db = services["coordinator-1"]["environment"]["LAKELOG_DB"]
+    assert admin["environment"]["LAKELOG_DB"] == db
+    sub, params = parse_lakelog([*argv[1:-1], db])
+    assert (sub, params["name"], params["exist_ok"], params["db"]) == ("users", "admin", True, db)
 
 
 def svc_healthcheck_port(svc: dict[str, Any]) -> int | None:
@@ -713,6 +761,7 @@ ADDRESS_ENV = {
     "LAKELOG_KAFKA_ADVERTISED",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
+    "LAKELOG_COORDINATOR_SECRET",  # a secret: the topology has its own
 }
 
 
@@ -758,7 +807,7 @@ def test_nginx_conf_passes_nginx_t(tmp_path: Path) -> None:
 def test_nginx_spreads_requests_over_every_agent(nginx_lb: str) -> None:
     """Through deploy/nginx.conf, /health is answered by each of the three agents."""
     seen = set()
-    with httpx.Client(base_url=nginx_lb, timeout=10) as http:
+    with httpx.Client(base_url=nginx_lb, timeout=10) as http:  # /health needs no credentials
         for _ in range(12):
             resp = http.get("/health")
             assert resp.status_code == 200
@@ -770,7 +819,10 @@ def test_produce_and_admin_through_the_load_balancer(nginx_lb: str, topology: To
     """Topic admin and produce via nginx land in one cluster; links use the advertised URL."""
     topic = f"deploy-{uuid.uuid4().hex[:8]}"
     v2 = {"Content-Type": "application/vnd.kafka.json.v2+json"}
-    with httpx.Client(base_url=nginx_lb, timeout=10) as http:
+    with httpx.Client(base_url=nginx_lb, timeout=10) as anonymous:
+        denied = anonymous.get("/v3/clusters")  # security is on, as in compose
+        assert denied.status_code == 401 and "www-authenticate" in denied.headers
+    with httpx.Client(base_url=nginx_lb, timeout=10, auth=ADMIN) as http:
         cluster = http.get("/v3/clusters").json()["data"][0]["cluster_id"]
         resp = http.post(
             f"/v3/clusters/{cluster}/topics", json={"topic_name": topic, "partitions_count": 1}
@@ -815,7 +867,7 @@ def test_compose_spark_job_counts_a_topic_produced_through_the_cluster(
     topology.create_topic(topic, 2)
     sent = [("alice", 3), ("bob", 5), ("alice", 1), ("carol", 2), ("bob", 10), ("alice", 0.5)]
     binary = {"Content-Type": "application/vnd.kafka.binary.v2+json"}
-    with httpx.Client(base_url=nginx_lb, timeout=10) as http:
+    with httpx.Client(base_url=nginx_lb, timeout=10, auth=ADMIN) as http:
         for key, amount in sent:  # one request each: spread over the three agents
             record = {
                 "key": b64(key.encode()),

@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import PgTestServer
 from tests.faultproxy import FaultProxy
 from tests.integration.topology import (
+    ADMIN,
     GroupReader,
     ProduceLoad,
     Topology,
@@ -80,6 +81,7 @@ def high_watermarks(topo: Topology, topic: str) -> dict[int, int]:
         r = httpx.get(
             f"{topo.url}/v3/clusters/{topo.cluster_id}/topics/{topic}/partitions/{p}/offset",
             timeout=10,
+            auth=ADMIN,
         )
         assert r.status_code == 200, r.text
         out[p] = r.json()["latest_offset"]

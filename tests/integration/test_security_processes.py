@@ -15,7 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from coordinator.db import open_database
 from coordinator.http_client import HttpCoordinator
+from coordinator.security_store import SqlSecurityStore
 from segments.errors import AuthenticationError
 from tests.procs import Proc, free_port, lakelog_cmd, wait_http
 
@@ -320,6 +322,16 @@ def test_cli_on_the_database(tmp_path: Path) -> None:
     )
     dup = run_cli("users", "create", "ops", "--password-stdin", *db, stdin="ops-password\n")
     assert dup.returncode == 1 and "already exists" in dup.stderr
+    # Start-up scripts (compose's create-admin) run it on every start: no error, no change.
+    again = run_cli(
+        "users", "create", "ops", "--password-stdin", "--exist-ok", *db, stdin="other-password\n"
+    )
+    assert again.returncode == 0 and "exists" in again.stdout
+    database = open_database(db[1])
+    try:
+        assert SqlSecurityStore(database).authenticate("ops", "ops-password") == "User:ops"
+    finally:
+        database.close()
     short = run_cli("users", "create", "x", "--password-stdin", *db, stdin="short\n")
     assert short.returncode == 1 and "short" not in short.stderr.replace("--password-stdin", "")
     assert (

@@ -17,6 +17,10 @@ compose file's shape so a test can compare):
   established connection whose agent dies is reset, as nginx fails a POST that
   already reached an agent.
 
+Security is on as in compose: HTTP Basic and ACLs on the agents (the topology's clients
+act as the super user ``admin``, made as compose's ``create-admin`` makes it, with
+``ADMIN``), the coordinators' shared secret (``COORDINATOR_SECRET``).
+
 Differences from compose, all forced by sharing one machine: every process listens
 on 127.0.0.1 on its own free port (``LAKELOG_HOST``/``LAKELOG_PORT`` on agents and
 coordinators), the bucket is a moto bucket, the advertised URL is the LB's.
@@ -59,6 +63,14 @@ S3_ENV = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+# Compose's x-security-env, and the super user its create-admin makes.
+COORDINATOR_SECRET = "topology-coordinator-secret"
+SECURITY_ENV = {
+    "LAKELOG_AUTHENTICATION": "basic",
+    "LAKELOG_COORDINATOR_SECRET": COORDINATOR_SECRET,
+}
+ADMIN_PASSWORD = "topology-admin-password"
+ADMIN = httpx.BasicAuth("admin", ADMIN_PASSWORD)
 
 # -- processes ----------------------------------------------------------------------
 
@@ -193,6 +205,7 @@ class Topology:
             f"{self.url}/v3/clusters/{self.cluster_id}/topics",
             json={"topic_name": name, "partitions_count": partitions},
             timeout=30,
+            auth=ADMIN,
         )
         assert r.status_code == 201, r.text
 
@@ -247,6 +260,7 @@ def start_topology(
                     command=["coordinator"],
                     environment={
                         **S3_ENV,
+                        **SECURITY_ENV,
                         "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
                         "LAKELOG_HOST": "127.0.0.1",
                         "LAKELOG_PORT": str(port),
@@ -270,6 +284,9 @@ def start_topology(
                     command=["agent"],
                     environment={
                         **S3_ENV,
+                        **SECURITY_ENV,
+                        "LAKELOG_AUTHORIZATION": "acl",
+                        "LAKELOG_SUPER_USERS": "User:admin",
                         "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
                         "LAKELOG_COORDINATOR": ",".join(c.url for c in coords),
                         "LAKELOG_STORE": store_url,
@@ -302,12 +319,15 @@ def start_topology(
                 *(arg for a in agent_list for arg in ("--backend", a.url)),
             ],
         )
-        # Compose's order: coordinator-1, then coordinator-2 once it is healthy, then
-        # the agents together, then the LB.
+        # Compose's order: coordinator-1, then coordinator-2 once it is healthy (and
+        # create-admin once coordinator-1 has migrated the database), then the agents
+        # together, then the LB.
         for c in coords:
             c.start()
             started.append(c)
             c.wait_ready()
+            if c is coords[0]:
+                create_admin(db_url)
         for a in agent_list:
             a.start()
             started.append(a)
@@ -327,9 +347,9 @@ def start_topology(
             agents=agent_list,
             lb=lb,
         )
-        topo.cluster_id = httpx.get(f"{lb_url}/v3/clusters", timeout=10).json()["data"][0][
-            "cluster_id"
-        ]
+        topo.cluster_id = httpx.get(f"{lb_url}/v3/clusters", timeout=10, auth=ADMIN).json()["data"][
+            0
+        ]["cluster_id"]
         return topo
     except BaseException:
         for s in reversed(started):
@@ -337,6 +357,27 @@ def start_topology(
         if proxy is not None:
             proxy.stop()
         raise
+
+
+#: Compose's create-admin, after its shell's pipe: the lakelog command it runs.
+CREATE_ADMIN = ["users", "create", "admin", "--password-stdin", "--exist-ok", "--db"]
+
+
+def create_admin(db_url: str) -> None:
+    """What compose's create-admin does: the super user, left as it is if it exists."""
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        lakelog_cmd(*CREATE_ADMIN, db_url),
+        input=ADMIN_PASSWORD + "\n",
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 # -- the load balancer ------------------------------------------------------------------
@@ -497,7 +538,7 @@ class ProduceLoad:
 
     def _client(self) -> httpx.Client:
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        return httpx.Client(timeout=self.timeout, limits=limits)
+        return httpx.Client(timeout=self.timeout, limits=limits, auth=ADMIN)
 
     def _worker(self, w: int) -> None:
         client = self._client()
@@ -586,11 +627,12 @@ def check_log(topo: Topology, topic: str, partitions: int, load: ProduceLoad) ->
     nothing is in the log that was not sent; no two acks share an offset.
     """
     from coordinator.http_client import HttpCoordinator
+    from coordinator.security_http import secret_headers
     from index.log import LogReader
     from segments.store import open_store
 
     assert load.duplicate_offsets == [], f"two acks for one offset: {load.duplicate_offsets[:5]}"
-    coordinator = HttpCoordinator(topo.coordinator_urls)
+    coordinator = HttpCoordinator(topo.coordinator_urls, headers=secret_headers(COORDINATOR_SECRET))
     store = open_store(topo.store_url, endpoint_url=topo.moto_endpoint)
     try:
         reader = LogReader(store, coordinator)
@@ -696,7 +738,7 @@ class GroupReader:
     def _run(self) -> None:
         url = self.first_url
         while not self._stop.is_set():
-            with httpx.Client(timeout=30) as client:
+            with httpx.Client(timeout=30, auth=ADMIN) as client:
                 try:
                     self._consume(client, url)
                     return
@@ -764,7 +806,7 @@ def current_coordinator(topo: Topology, agent: Service) -> str:
 def metric(url: str, name: str, label: str = "") -> float:
     """Sum of a Prometheus metric's samples at ``url``/metrics (optional label filter)."""
     total = 0.0
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(f"{url}/metrics", timeout=10, auth=ADMIN).text.splitlines():
         if line.startswith(name) and label in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
