@@ -250,6 +250,10 @@ class BasicAuthMiddleware:
             return
         header = dict(scope.get("headers") or ()).get(b"authorization")
         address = client_address(scope)
+        if header is None and (certified := certificate_principal_of(scope)) is not None:
+            scope.setdefault("state", {})["principal"] = certified  # mTLS (service.mtls)
+            await self.app(scope, receive, send)
+            return
         token = parse_bearer(header) if header is not None else None
         if token is not None and authenticator.bearer is not None:
             await self._bearer(authenticator, token, address, scope, receive, send)
@@ -316,6 +320,18 @@ class BasicAuthMiddleware:
             return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+
+#: Where service.mtls puts a verified client certificate's principal: our key in
+#: ``scope["extensions"]["tls"]``, beside the ASGI TLS extension's own.
+CERT_PRINCIPAL_KEY = "lakelog.client_cert_principal"
+
+
+def certificate_principal_of(scope: Scope) -> str | None:
+    """The principal of the connection's verified client certificate, if it has one."""
+    tls = (scope.get("extensions") or {}).get("tls") or {}
+    principal = tls.get(CERT_PRINCIPAL_KEY)
+    return str(principal) if principal else None
 
 
 def principal_of(scope: Scope) -> str:

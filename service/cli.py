@@ -217,6 +217,7 @@ def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> Non
         raise typer.Exit(run_workers(settings))
 
     from service.app import create_app
+    from service.mtls import uvicorn_tls
 
     _setup_logging(settings.log_level)
     uvicorn.run(
@@ -226,8 +227,7 @@ def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> Non
         log_level=settings.log_level,
         access_log=settings.access_log,
         proxy_headers=False,  # the app applies them, trusting settings.forwarded_allow_ips
-        ssl_certfile=settings.tls_cert_file,
-        ssl_keyfile=settings.tls_key_file,
+        **uvicorn_tls(settings),
     )
 
 

@@ -221,6 +221,32 @@ def test_kafka_mtls_client_certificate_is_the_principal(tls_cluster: TlsCluster)
     assert refused and refused[0] is not None
 
 
+def test_rest_mtls_client_certificate_is_the_principal(
+    tls_cluster: TlsCluster, tmp_path: Path
+) -> None:
+    """HTTPS with a client certificate of tls_client_ca_file's CA and no Authorization
+    header: served as User:<CN>; without a certificate: 401; a credential given with the
+    certificate is checked (and wins); a certificate of another CA fails the handshake."""
+    client_pem = str(Path(tls_cluster.ca_file).with_name("client.pem"))
+    with_cert = ssl.create_default_context(cafile=tls_cluster.ca_file)
+    with_cert.load_cert_chain(client_pem)
+    url = f"{tls_cluster.rest}/v3/clusters"
+    served = httpx.get(url, verify=with_cert)
+    assert served.status_code == 200, served.text
+    assert served.json()["data"][0]["cluster_id"]
+    plain = ssl.create_default_context(cafile=tls_cluster.ca_file)
+    assert httpx.get(url, verify=plain).status_code == 401
+    bad = {"Authorization": "Basic " + base64.b64encode(b"tuser:wrong-password").decode()}
+    assert httpx.get(url, verify=with_cert, headers=bad).status_code == 401
+    stranger = trustme.CA().issue_cert("other.test", common_name="svc-mtls")
+    stranger_pem = tmp_path / "stranger.pem"
+    stranger.private_key_and_cert_chain_pem.write_to_path(str(stranger_pem))
+    forged = ssl.create_default_context(cafile=tls_cluster.ca_file)
+    forged.load_cert_chain(str(stranger_pem))
+    with pytest.raises(httpx.TransportError):
+        httpx.get(url, verify=forged)
+
+
 def test_certificate_principal_is_the_common_name() -> None:
     from service.kafka.sasl import certificate_principal
 
