@@ -72,13 +72,14 @@ def secured(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[Se
             str(port),
             "--store",
             f"file://{tmp / 'data'}",
+            "--authorization",  # the flag here, super users from the variable
+            "acl",
         ),
         tmp / "coordinator.log",
         env={
             "PYTHONPATH": str(ROOT),
             "LAKELOG_AUTHENTICATION": "basic",
             "LAKELOG_COORDINATOR_SECRET": SECRET,
-            "LAKELOG_AUTHORIZATION": "acl",
             "LAKELOG_SUPER_USERS": "User:admin",
         },
     )
@@ -211,7 +212,11 @@ def test_a_denied_write_writes_nothing(spark: Any, secured: Secured) -> None:
 
 
 def test_authorization_on_needs_a_credential(spark: Any, secured: Secured) -> None:
-    """The coordinators' secret alone reaches the coordinator, but is nobody: refused."""
+    """The coordinators' secret alone reaches the coordinator, but is nobody: refused.
+    Without the secret the coordinator does not even answer."""
+    without_secret = {"coordinator": secured.url, "user": "alice", "password": PASSWORDS["alice"]}
+    with pytest.raises(Exception, match=r"AuthenticationError|shared secret"):
+        read(spark, without_secret, subscribe="team-a")
     with pytest.raises(Exception, match=r"authorization acl.*'user' and 'password'"):
         read(spark, secured.options(), subscribe="team-a")
     df = spark.createDataFrame([(b"x",)], "value binary")
