@@ -211,6 +211,26 @@ def test_a_denied_write_writes_nothing(spark: Any, secured: Secured) -> None:
     assert secured.high_watermarks() == before
 
 
+def test_a_denied_stream_write_writes_nothing(spark: Any, secured: Secured, tmp_path: Path) -> None:
+    before = secured.high_watermarks()
+    source = (
+        spark.readStream.format("lakelog")
+        .options(**secured.options("admin"), subscribe="other", startingOffsets="earliest")
+        .load()
+        .select("value")
+    )
+    with pytest.raises(Exception, match=r"TOPIC_AUTHORIZATION_FAILED: User:alice .*'team-b'"):
+        query = (
+            source.writeStream.format("lakelog")
+            .options(**secured.options("alice"), topic="team-b")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+    assert secured.high_watermarks() == before
+
+
 def test_authorization_on_needs_a_credential(spark: Any, secured: Secured) -> None:
     """The coordinators' secret alone reaches the coordinator, but is nobody: refused.
     Without the secret the coordinator does not even answer."""
