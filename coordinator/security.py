@@ -198,6 +198,26 @@ class AclBinding:
 
 
 @dataclass(frozen=True, slots=True)
+class Check:
+    """One permission a request needs: an operation on a named resource."""
+
+    operation: Operation
+    resource_type: ResourceType
+    name: str
+
+    @classmethod
+    def of(cls, operation: object, resource_type: object, name: object) -> Check:
+        """A check from untrusted values; InvalidSecurityRequestError for a bad one."""
+        if not isinstance(name, str) or not name:
+            raise InvalidSecurityRequestError("a check needs a resource name")
+        return cls(
+            Operation(_enum(Operation, operation, "operation")),
+            ResourceType(_enum(ResourceType, resource_type, "resource type")),
+            name,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class AclFilter:
     """Which bindings a describe or delete means; None (or ANY) matches every value.
 

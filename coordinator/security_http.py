@@ -4,6 +4,8 @@ shared secret that guards the whole API.
 Routes (under ``/v1/security``; names travel in bodies, as group names do)::
 
     POST /v1/security/authenticate    {"principal"}  <- {"name", "secret"}   (401 if wrong)
+    POST /v1/security/authorize       {"principal", "authorization", "allowed": [bool]}
+                                      <- {"name", "secret", "checks": [check]}   (401 if wrong)
     GET  /v1/security/users           {"users": [{"name", "created_at"}]}
     POST /v1/security/users/create    user (201)  <- {"name", "password"}
     POST /v1/security/users/password  204  <- {"name", "password"}
@@ -19,7 +21,15 @@ Routes (under ``/v1/security``; names travel in bodies, as group names do)::
     POST /v1/security/acls/delete     {"acls": [acl]}  <- {"filters": [filter]}
 
     acl = {"principal", "host", "resource_type", "resource_name", "pattern_type",
-    "operation", "permission"}; a filter has the same keys, each null for any.
+    "operation", "permission"}; a filter has the same keys, each null for any;
+    check = {"operation", "resource_type", "resource_name"}.
+
+``authorize`` is how a client that is not an agent (a Spark job) learns what its
+principal may do: the coordinator authenticates the credential and decides each check
+with its own ACLs and super users (``authorization``, ``super_users``), from the
+caller's address. With authorization ``none`` every check is allowed, and the
+credential may be left out (null name and secret: ``User:ANONYMOUS``); with ``acl`` a
+missing credential is 401.
 
 With a shared secret configured (``coordinator_secret``, required when
 ``authentication`` is on), every route but ``/health`` and ``/metrics`` answers 401
@@ -30,13 +40,14 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import Body, Response
+from fastapi import Body, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator.security import AclBinding, AclFilter
+from coordinator.security import ANONYMOUS, AclBinding, AclFilter, Authorizer, Check
 from coordinator.security_store import (
     ApiKeyInfo,
     ApiKeySecret,
@@ -63,6 +74,23 @@ ACL_KEYS = (
     "operation",
     "permission",
 )
+
+
+#: What ``POST /v1/security/authorize`` answers to a credential without one.
+NO_CREDENTIAL = (
+    "this coordinator checks ACLs (authorization acl): a user name and password, or an API "
+    "key id and secret, are needed"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Authorized:
+    """The answer of ``POST /v1/security/authorize``: who the credential is, whether the
+    coordinator checks ACLs, and each check's decision (in the checks' order)."""
+
+    principal: str
+    authorization: str
+    allowed: tuple[bool, ...]
 
 
 def secret_headers(secret: str | None) -> dict[str, str]:
@@ -173,6 +201,20 @@ def filter_from_json(d: Any) -> AclFilter:
     return AclFilter.of(*(d.get(k) for k in ACL_KEYS))
 
 
+def check_to_json(c: Check) -> dict[str, str]:
+    return {
+        "operation": c.operation.value,
+        "resource_type": c.resource_type.value,
+        "resource_name": c.name,
+    }
+
+
+def check_from_json(d: Any) -> Check:
+    if not isinstance(d, dict):
+        raise InvalidSecurityRequestError(f"a check is an object, not {d!r}")
+    return Check.of(d.get("operation"), d.get("resource_type"), d.get("resource_name"))
+
+
 def _field(body: Any, key: str) -> str:
     value = body.get(key) if isinstance(body, dict) else None
     if not isinstance(value, str):
@@ -190,8 +232,14 @@ def _items(body: Any, key: str) -> list[Any]:
 # -- server ---------------------------------------------------------------------------
 
 
-def install_security_routes(app: FastAPI, security: SecurityStore) -> None:
-    """Add the ``/v1/security`` routes over ``security`` to a coordinator app."""
+def install_security_routes(
+    app: FastAPI,
+    security: SecurityStore,
+    authorization: str = "none",
+    super_users: frozenset[str] = frozenset(),
+) -> None:
+    """Add the ``/v1/security`` routes over ``security`` to a coordinator app;
+    ``authorization`` and ``super_users`` are how ``authorize`` decides."""
 
     def js(data: Any, status: int = 200) -> Response:
         return Response(orjson.dumps(data), status_code=status, media_type="application/json")
@@ -201,6 +249,27 @@ def install_security_routes(app: FastAPI, security: SecurityStore) -> None:
         return js(
             {"principal": security.authenticate(_field(body, "name"), _field(body, "secret"))}
         )
+
+    @app.post("/v1/security/authorize")
+    def authorize(request: Request, body: Any = Body()) -> Response:
+        checks = [check_from_json(c) for c in _items(body, "checks")]
+        if body.get("name") is None and body.get("secret") is None:
+            if authorization == "acl":
+                raise AuthenticationError(NO_CREDENTIAL)
+            principal = ANONYMOUS
+        else:
+            principal = security.authenticate(_field(body, "name"), _field(body, "secret"))
+        if authorization == "acl":
+            # The ACLs as they are now: a decision is never older than this request.
+            authorizer = Authorizer(security.describe_acls([AclFilter()]), super_users)
+            host = request.client.host if request.client else ""
+            allowed = [
+                authorizer.authorize(principal, host, c.operation, c.resource_type, c.name)
+                for c in checks
+            ]
+        else:
+            allowed = [True] * len(checks)
+        return js({"principal": principal, "authorization": authorization, "allowed": allowed})
 
     @app.post("/v1/security/scram")
     def scram_credential(body: Any = Body()) -> Response:
@@ -318,6 +387,20 @@ class HttpSecurityStore:
         if not isinstance(principal, str):
             raise AuthenticationError("the coordinator did not name a principal")
         return principal
+
+    def authorize(
+        self, name: str | None, secret: str | None, checks: Sequence[Check]
+    ) -> Authorized:
+        """The coordinator's decision on each check for this credential (None and None:
+        no credential). Raises AuthenticationError for a bad or missing credential."""
+        body = {"name": name, "secret": secret, "checks": [check_to_json(c) for c in checks]}
+        data = self._post("authorize", body, idempotent=True)
+        allowed = data.get("allowed") if isinstance(data, dict) else None
+        if not isinstance(allowed, list) or len(allowed) != len(checks):
+            raise AuthenticationError("the coordinator did not decide every check")
+        return Authorized(
+            str(data["principal"]), str(data["authorization"]), tuple(a is True for a in allowed)
+        )
 
     def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
         body = {"name": name, "mechanism": mechanism}

@@ -20,7 +20,8 @@ Authorization = Literal["none", "acl"]
 
 
 class CoordinatorSecuritySettings(BaseModel):
-    """What a coordinator process needs: whether callers must authenticate, and how."""
+    """What a coordinator process needs: whether callers must authenticate, and how, and
+    whether it decides by ACLs (for Spark jobs, ``POST /v1/security/authorize``)."""
 
     authentication: Authentication = Field(
         default="none",
@@ -33,12 +34,32 @@ class CoordinatorSecuritySettings(BaseModel):
         "authentication is on and agents use a coordinator process).",
     )
 
+    authorization: Authorization = Field(
+        default="none",
+        description="none, or acl: every REST request (agent) and every Spark job's topic "
+        "(coordinator) is checked against the coordinator's ACLs (default deny; super_users "
+        "may do anything).",
+    )
+    super_users: str = Field(
+        default="",
+        description="Principals allowed everything, semicolon-separated: User:admin;User:ops.",
+    )
+
     tls_cert_file: str | None = Field(
         default=None,
         description="PEM certificate (chain) to serve TLS with: HTTPS, and on an agent also its "
         "Kafka listener (SSL / SASL_SSL). Needs tls_key_file.",
     )
     tls_key_file: str | None = Field(default=None, description="PEM private key of tls_cert_file.")
+
+    @field_validator("super_users")
+    @classmethod
+    def _check_super_users(cls, v: str) -> str:
+        try:
+            parse_super_users(v)
+        except InvalidSecurityRequestError as e:
+            raise ValueError(e.message) from None
+        return v
 
     def server_tls(self) -> ssl.SSLContext | None:
         """The TLS context to serve with, or None for plaintext. With
@@ -58,32 +79,30 @@ class CoordinatorSecuritySettings(BaseModel):
     def shared_secret(self) -> str | None:
         return self.coordinator_secret.get_secret_value() if self.coordinator_secret else None
 
+    def super_user_set(self) -> frozenset[str]:
+        return parse_super_users(self.super_users)
+
     def security_problems(self) -> list[str]:
         """What is wrong with the security settings taken together (each one alone is
         checked by its field); a process refuses to start with any."""
+        problems = []
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            return ["tls_cert_file and tls_key_file go together"]
+            problems.append("tls_cert_file and tls_key_file go together")
+        if self.authorization == "acl" and self.authentication == "none":
+            problems.append("authorization acl needs authentication (basic): whom would it check?")
         is_coordinator = getattr(self, "process", "") == "coordinator"
         if is_coordinator and self.authentication != "none" and not self.shared_secret():
-            return [
+            problems.append(
                 "authentication on a coordinator needs coordinator_secret "
                 "(LAKELOG_COORDINATOR_SECRET): it must never serve an unauthenticated agent"
-            ]
-        return []
+            )
+        return problems
 
 
 class AgentSecuritySettings(CoordinatorSecuritySettings):
-    """An agent's (and ``serve``'s): authentication of clients, authorization by ACLs."""
+    """An agent's (and ``serve``'s): authentication of clients (the coordinator's settings
+    plus the caches, throttling, OAuth and mTLS)."""
 
-    authorization: Authorization = Field(
-        default="none",
-        description="none, or acl: every REST request is checked against the coordinator's ACLs "
-        "(default deny; super_users may do anything).",
-    )
-    super_users: str = Field(
-        default="",
-        description="Principals allowed everything, semicolon-separated: User:admin;User:ops.",
-    )
     auth_cache_ttl_s: Annotated[float, Field(ge=0, le=300)] = Field(
         default=5.0,
         description="How long an agent trusts a verified credential and its copy of the ACLs "
@@ -97,15 +116,6 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
     auth_failure_window_s: Annotated[float, Field(gt=0)] = Field(
         default=60.0, description="The window failed logins are counted in."
     )
-
-    @field_validator("super_users")
-    @classmethod
-    def _check_super_users(cls, v: str) -> str:
-        try:
-            parse_super_users(v)
-        except InvalidSecurityRequestError as e:
-            raise ValueError(e.message) from None
-        return v
 
     oauth_jwks: str | None = Field(
         default=None,
@@ -144,8 +154,6 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
         problems = super().security_problems()
         if self.tls_client_ca_file and not self.tls_cert_file:
             problems.append("tls_client_ca_file needs TLS (tls_cert_file, tls_key_file)")
-        if self.authorization == "acl" and self.authentication == "none":
-            problems.append("authorization acl needs authentication (basic): whom would it check?")
         if self.authorization != "none" and self.__dict__.get("kafka_port"):
             problems.append(
                 "the Kafka listener does not check ACLs yet: with authorization on, set "

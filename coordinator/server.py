@@ -413,6 +413,8 @@ def create_app(
     *,
     security: SecurityStore | None = None,
     shared_secret: str | None = None,
+    authorization: str = "none",
+    super_users: frozenset[str] = frozenset(),
 ) -> FastAPI:
     """The coordinator's HTTP API over ``coordinator``; ``store`` enables /v1/orphans.
 
@@ -420,7 +422,8 @@ def create_app(
     absolute for ``file://``). The caller owns the coordinator and the store and closes
     them after the app stops. ``security`` adds the ``/v1/security`` routes;
     ``shared_secret`` makes every route but /health and /metrics require it
-    (``coordinator.security_http``).
+    (``coordinator.security_http``). ``authorization`` (``none`` or ``acl``) and
+    ``super_users`` are how ``POST /v1/security/authorize`` decides.
     """
     if location is None and store is not None:
         location = StoreLocation(absolute_store_url(store.url))
@@ -431,7 +434,7 @@ def create_app(
     if shared_secret:
         app.add_middleware(SharedSecretMiddleware, secret=shared_secret)
     if security is not None:
-        install_security_routes(app, security)
+        install_security_routes(app, security, authorization, super_users)
 
     @app.exception_handler(LakelogError)
     async def lakelog_error(request: Request, exc: LakelogError) -> Response:
@@ -1055,6 +1058,8 @@ def create_process_app(
     janitors: JanitorConfig | None,
     location: StoreLocation | None = None,
     shared_secret: str | None = None,
+    authorization: str = "none",
+    super_users: frozenset[str] = frozenset(),
 ) -> FastAPI:
     """The app ``lakelog coordinator`` serves: the API, and on its /metrics the consumer
     groups' lag and, with a store, the janitors' (whose runner, not started, is
@@ -1067,6 +1072,8 @@ def create_process_app(
         location,
         security=SqlSecurityStore(coordinator.db),
         shared_secret=shared_secret,
+        authorization=authorization,
+        super_users=super_users,
     )
     app.state.metrics.registry.register(GroupLagCollector(coordinator.group_lag))
     app.state.metrics.registry.register(GroupCommitCollector(coordinator.store.group_commit_stats))
@@ -1090,6 +1097,8 @@ def run(
     store_region: str | None = None,
     shared_secret: str | None = None,
     tls: tuple[str, str | None] | None = None,
+    authorization: str = "none",
+    super_users: frozenset[str] = frozenset(),
 ) -> None:
     """Serve a coordinator over ``db_url`` with uvicorn until interrupted (HTTPS with
     ``tls``: certificate and key files).
@@ -1118,7 +1127,9 @@ def run(
             if store_url
             else None
         )
-        app = create_process_app(coordinator, store, janitors, location, shared_secret)
+        app = create_process_app(
+            coordinator, store, janitors, location, shared_secret, authorization, super_users
+        )
         runner = app.state.janitor_runner
         if runner is not None:
             runner.start()

@@ -33,7 +33,7 @@ from fastapi import FastAPI
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from coordinator.security import AclFilter, Authorizer, Operation, ResourceType
+from coordinator.security import AclFilter, Authorizer, Check, Operation, ResourceType
 from coordinator.security_store import SecurityStore
 from segments.errors import LakelogError
 from service.auth import client_address, principal_of
@@ -47,15 +47,6 @@ CLUSTER_NAME = "kafka-cluster"
 #: The key of the query parameters among the path parameters a rule gets.
 QUERY = "?"
 Op = Operation
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One permission a request needs."""
-
-    operation: Operation
-    resource_type: ResourceType
-    name: str
 
 
 class AclCache:

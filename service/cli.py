@@ -409,6 +409,8 @@ def coordinator_cmd(
     gc_grace_s: GraceOpt = None,
     lease_ttl_s: LeaseTtlOpt = None,
     authentication: AuthenticationOpt = None,
+    authorization: AuthorizationOpt = None,
+    super_users: SuperUsersOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
@@ -433,6 +435,8 @@ def coordinator_cmd(
         gc_grace_s=gc_grace_s,
         lease_ttl_s=lease_ttl_s,
         authentication=authentication,
+        authorization=authorization,
+        super_users=super_users,
     )
     _setup_logging(settings.log_level)
     _check_security(settings)
@@ -453,6 +457,8 @@ def coordinator_cmd(
         janitors=background,
         store_region=settings.store_region,
         shared_secret=settings.shared_secret(),
+        authorization=settings.authorization,
+        super_users=settings.super_user_set(),
         tls=(settings.tls_cert_file, settings.tls_key_file) if settings.tls_cert_file else None,
     )
 

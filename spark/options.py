@@ -7,8 +7,11 @@ The names and value forms follow Spark's Kafka source and sink (``subscribe``,
 the log: ``coordinator`` (URL of a coordinator process, which also tells where the
 objects are) or ``db`` (a coordinator database URL, for offline use), and ``store``
 with ``store.endpoint`` / ``store.region`` (required with ``db``; with ``coordinator``
-an override of what the coordinator says). ``trace`` names a file that planning and
-every task append one JSON line to (objects opened, row groups read): instrumentation.
+an override of what the coordinator says). ``user`` and ``password`` (a user's password,
+or an API key id and secret) are the job's credential with ``coordinator``: the
+coordinator decides by its ACLs what the job may read and write (``spark.access``).
+``trace`` names a file that planning and every task append one JSON line to (objects
+opened, row groups read): instrumentation.
 
 Option names are case-insensitive, as Spark passes them (a case-insensitive map).
 Pure: no I/O, no pyspark.
@@ -48,6 +51,8 @@ _CONNECTION = {
     "store.region",
     "coordinator.secret",
     "coordinator.cafile",
+    "user",
+    "password",
 }
 _READ = {
     "subscribe",
@@ -85,6 +90,10 @@ class Connection:
     coordinator_secret: str | None = field(default=None, repr=False)
     #: PEM CA file to verify https:// coordinators with (default: the system's CAs).
     coordinator_cafile: str | None = None
+    #: The job's credential (a user, or an API key id), checked against the ACLs.
+    user: str | None = None
+    #: The user's password or the API key's secret; never printed.
+    password: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +226,14 @@ def _connection(opts: Mapping[str, str]) -> Connection:
             "option 'store' (an object store URL: s3://bucket/prefix, file:///path) is "
             "required with 'db'; with 'coordinator' the coordinator tells it"
         )
+    user, password = opts.get("user") or None, opts.get("password") or None
+    if (user is None) != (password is None):
+        raise ValueError("set both options 'user' and 'password' (or an API key id and secret)")
+    if db is not None and user is not None:
+        raise ValueError(
+            "options 'user' and 'password' go with 'coordinator', which checks them against "
+            "its ACLs; 'db' reads the database directly, where no ACL applies"
+        )
     return Connection(
         coordinator=coordinator,
         db=db,
@@ -225,6 +242,8 @@ def _connection(opts: Mapping[str, str]) -> Connection:
         store_region=opts.get("store.region") or None,
         coordinator_secret=opts.get("coordinator.secret") or None,
         coordinator_cafile=opts.get("coordinator.cafile") or None,
+        user=user,
+        password=password,
     )
 
 

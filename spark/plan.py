@@ -24,12 +24,16 @@ import re
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from coordinator.client import Coordinator
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
 from segments.store import ObjectStore
 from segments.types import ChunkRef, TopicInfo
 from spark.options import EARLIEST, LATEST, ReadOptions
+
+if TYPE_CHECKING:
+    from spark.access import TopicAccess
 
 __all__ = [
     "Bounds",
@@ -124,13 +128,19 @@ class Plan:
     tasks: list[ScanTask] = field(default_factory=list)
 
 
-def subscribed_topics(opts: ReadOptions, coordinator: Coordinator) -> list[TopicInfo]:
-    """The topics ``subscribe`` names or ``subscribePattern`` matches, now.
+def subscribed_topics(
+    opts: ReadOptions, coordinator: Coordinator, access: TopicAccess | None = None
+) -> list[TopicInfo]:
+    """The topics ``subscribe`` names or ``subscribePattern`` matches, now; with
+    ``access``, only those the job may see, and each one it may READ.
 
     Raises:
         ValueError: a ``subscribe`` topic does not exist.
+        AuthorizationError: a topic the job may not READ (``spark.access``).
     """
     if opts.topics is not None:
+        if access is not None:  # before existence, which a denied job must not learn
+            access.readable(opts.topics, pattern=False)
         out = []
         for name in opts.topics:
             try:
@@ -141,11 +151,17 @@ def subscribed_topics(opts: ReadOptions, coordinator: Coordinator) -> list[Topic
     assert opts.pattern is not None
     # Spark's subscribePattern matches whole names (java.util.regex.Matcher.matches).
     regex = re.compile(opts.pattern)
-    return [t for t in coordinator.list_topics() if regex.fullmatch(t.name)]
+    matched = [t for t in coordinator.list_topics() if regex.fullmatch(t.name)]
+    if access is None:
+        return matched
+    seen = set(access.readable([t.name for t in matched], pattern=True))
+    return [t for t in matched if t.name in seen]
 
 
-def _topics(opts: ReadOptions, coordinator: Coordinator, bounds: Bounds) -> list[TopicInfo]:
-    out = subscribed_topics(opts, coordinator)
+def _topics(
+    opts: ReadOptions, coordinator: Coordinator, bounds: Bounds, access: TopicAccess | None
+) -> list[TopicInfo]:
+    out = subscribed_topics(opts, coordinator, access)
     for spec in (opts.starting, opts.ending):
         if isinstance(spec, dict):
             names = {t.name: t for t in out}
@@ -352,17 +368,23 @@ def _pack(slices: list[Slice], max_bytes: int, store: ObjectStore) -> list[ScanT
 
 
 def plan_read(
-    opts: ReadOptions, coordinator: Coordinator, store: ObjectStore, bounds: Bounds = Bounds()
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    store: ObjectStore,
+    bounds: Bounds = Bounds(),
+    access: TopicAccess | None = None,
 ) -> Plan:
-    """One snapshot of the index for this read, cut into scan tasks.
+    """One snapshot of the index for this read, cut into scan tasks; with ``access``,
+    of the topics the job may read (see :func:`subscribed_topics`).
 
     Raises:
         ValueError: an unknown topic or partition, offsets that do not fit the snapshot
             (see :func:`_resolve`), or an index that lost records while planning.
+        AuthorizationError: a topic the job may not READ.
     """
     snapshot: dict[tuple[str, int], tuple[int, int]] = {}
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
-    for info in _topics(opts, coordinator, bounds):
+    for info in _topics(opts, coordinator, bounds, access):
         for partition in range(info.partitions):
             if bounds.partitions is not None and partition not in bounds.partitions:
                 continue

@@ -61,7 +61,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from coordinator.client import Coordinator
-from segments.types import StoreLocation, TopicInfo
+from coordinator.security import Operation
+from segments.types import PartitionOffsets, StoreLocation, TopicInfo
+from spark.access import TopicAccess, topic_access
 from spark.connect import get_store, open_coordinator, opened, resolve_store
 from spark.options import ReadOptions, parse_options, parse_write_options
 from spark.plan import Bounds, ScanTask, plan_read, plan_tasks
@@ -249,8 +251,9 @@ class LakelogReader(DataSourceReader):
         """Take the snapshot and cut it into input partitions (one per scan task)."""
         opts = self.opts
         with opened(opts.connection) as coordinator:
+            access = topic_access(opts.connection, coordinator)
             location = resolve_store(opts.connection, coordinator)
-            plan = plan_read(opts, coordinator, get_store(location), self.bounds)
+            plan = plan_read(opts, coordinator, get_store(location), self.bounds, access)
         if opts.trace:
             from spark.scan import append_trace
 
@@ -289,25 +292,31 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.columns = _columns(schema)
         self._cap: dict[tuple[str, int], int] | None = None
         self._coordinator: Coordinator | None = None
+        self._access: TopicAccess | None = None
         self._location: StoreLocation | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to the executors for read(): without the planner's open client.
         state = dict(self.__dict__)
-        state["_coordinator"] = None
+        state["_coordinator"] = state["_access"] = None
         return state
 
     def _client(self) -> Coordinator:
         if self._coordinator is None:
             self._coordinator = open_coordinator(self.opts.connection)
+            self._access = topic_access(self.opts.connection, self._coordinator)
         return self._coordinator
+
+    def _offsets(self) -> dict[tuple[str, int], PartitionOffsets]:
+        coordinator = self._client()
+        return current_offsets(self.opts, coordinator, self._access)
 
     def initialOffset(self) -> dict[str, Any]:
         coordinator = self._client()
         store = None
         if self.opts.starting_timestamp is not None:
             store = get_store(self._store_location(coordinator))
-        return to_json(initial_offsets(self.opts, coordinator, store))
+        return to_json(initial_offsets(self.opts, coordinator, store, self._access))
 
     def _store_location(self, coordinator: Coordinator) -> StoreLocation:
         if self._location is None:
@@ -319,16 +328,16 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        now = current_offsets(self.opts, self._client())
+        now = self._offsets()
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return to_json(latest_offsets(now, from_json(start), max_rows, self._cap))
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        now = current_offsets(self.opts, self._client())
+        now = self._offsets()
         return to_json({tp: o.high_watermark for tp, o in now.items()})
 
     def prepareForTriggerAvailableNow(self) -> None:
-        now = current_offsets(self.opts, self._client())
+        now = self._offsets()
         self._cap = {tp: o.high_watermark for tp, o in now.items()}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
@@ -361,7 +370,7 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             close = getattr(self._coordinator, "close", None)
             if close is not None:
                 close()
-            self._coordinator = None
+            self._coordinator = self._access = None
 
 
 class LakelogCommitMessage(WriterCommitMessage):
@@ -381,6 +390,11 @@ class _Writer:
         columns = {f.name: f.dataType.simpleString() for f in schema.fields}
         check_sink_schema(columns, self.opts.topic)
         with opened(self.opts.connection) as coordinator:
+            access = topic_access(self.opts.connection, coordinator)
+            if access is not None:  # fail before any task runs, when it can tell
+                access.require(
+                    Operation.WRITE, [] if self.opts.topic is None else [self.opts.topic]
+                )
             self.location = resolve_store(self.opts.connection, coordinator)
             # With the topic option, one lookup here instead of one per task.
             self.topic: TopicInfo | None = (
@@ -417,6 +431,11 @@ class _Writer:
 
         written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
         with opened(self.opts.connection) as coordinator:
+            access = topic_access(self.opts.connection, coordinator)
+            if access is not None:
+                # Every topic the tasks wrote (the topic column's too), before any commit:
+                # a denied write leaves nothing visible, and Spark's abort deletes its objects.
+                access.require(Operation.WRITE, {t for w in written if w for t in w.topics})
             results = commit_objects(get_store(self.location), coordinator, written)
         records = sum(w.records for w in written if w is not None)
         log.info("%s: committed %d objects, %d records", what, len(results), records)

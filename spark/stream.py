@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from coordinator.client import Coordinator
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
@@ -30,6 +31,9 @@ from segments.store import ObjectStore
 from segments.types import PartitionOffsets
 from spark.options import EARLIEST, LATEST, ReadOptions
 from spark.plan import start_at_timestamp, subscribed_topics
+
+if TYPE_CHECKING:
+    from spark.access import TopicAccess
 
 __all__ = [
     "StreamOffsets",
@@ -59,14 +63,16 @@ def from_json(offsets: Mapping[str, Mapping[str, int]]) -> StreamOffsets:
 
 
 def current_offsets(
-    opts: ReadOptions, coordinator: Coordinator
+    opts: ReadOptions, coordinator: Coordinator, access: TopicAccess | None = None
 ) -> dict[tuple[str, int], PartitionOffsets]:
-    """Log-start and high watermark of every partition the stream subscribes to, now.
+    """Log-start and high watermark of every partition the stream subscribes to (and,
+    with ``access``, may read), now.
 
     Raises:
         ValueError: a ``subscribe`` topic does not exist.
+        AuthorizationError: a topic the job may not READ.
     """
-    infos = subscribed_topics(opts, coordinator)
+    infos = subscribed_topics(opts, coordinator, access)
     out: dict[tuple[str, int], PartitionOffsets] = {}
     for info in infos:
         for p in range(info.partitions):
@@ -78,7 +84,10 @@ def current_offsets(
 
 
 def initial_offsets(
-    opts: ReadOptions, coordinator: Coordinator, store: ObjectStore | None = None
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    store: ObjectStore | None = None,
+    access: TopicAccess | None = None,
 ) -> StreamOffsets:
     """Where a new query starts: ``startingTimestamp`` if given (``store`` then reads the
     index entry that holds it), else ``startingOffsets`` (default ``latest``), resolved now.
@@ -87,7 +96,7 @@ def initial_offsets(
         ValueError: JSON offsets naming a partition the stream does not read or missing
             one; no record at or after ``startingTimestamp`` with the ``error`` strategy.
     """
-    now = current_offsets(opts, coordinator)
+    now = current_offsets(opts, coordinator, access)
     if opts.starting_timestamp is not None:
         assert store is not None, "startingTimestamp needs the store"
         return {

@@ -93,13 +93,15 @@ def check_sink_schema(columns: dict[str, str], topic_option: str | None) -> None
 class ObjectsWritten:
     """A task's uploaded (not yet committed) segment objects: its commit message's body.
 
-    ``objects``: (object key, size, chunks) per object, in the order written.
+    ``objects``: (object key, size, chunks) per object, in the order written;
+    ``topics``: the topics they hold (the job checks WRITE on each before committing).
     """
 
     objects: tuple[tuple[str, int, tuple[ChunkInfo, ...]], ...]
     records: int
     partition_id: int = -1
     attempt: int = -1
+    topics: frozenset[str] = frozenset()
 
 
 def _as_bytes(values: list[Any]) -> list[bytes | None]:
@@ -213,6 +215,7 @@ class TaskWriter:
             self.records,
             partition_id,
             attempt,
+            frozenset(self._topics),
         )
 
 

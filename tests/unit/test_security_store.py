@@ -152,3 +152,59 @@ def test_agent_acl_copy_is_never_older_than_its_bound(store: SqlSecurityStore) -
     store.delete_acls([AclFilter()])
     cache.invalidate()
     assert not asyncio.run(may_read())
+
+
+@pytest.mark.parametrize("authorization", ["none", "acl"])
+def test_the_authorize_route_decides_as_the_coordinator_is_configured(
+    db_url: str, authorization: str
+) -> None:
+    """``POST /v1/security/authorize`` through the real client: the coordinator's own
+    ACLs, super users and mode decide; the caller's address is the ACL host; a bad
+    credential is refused in either mode, a missing one only with ACLs on."""
+    from starlette.testclient import TestClient
+
+    from coordinator.http_client import HttpCoordinator
+    from coordinator.security import ANONYMOUS, Check, Operation, ResourceType
+    from coordinator.security_http import HttpSecurityStore
+    from coordinator.server import create_app
+
+    def read(topic: str) -> Check:
+        return Check(Operation.READ, ResourceType.TOPIC, topic)
+
+    checks = [read("orders"), read("orders-eu"), read("payments"), read("elsewhere")]
+    with LocalCoordinator(db_url) as coord:
+        store = SqlSecurityStore(coord.db, CHEAP)
+        store.create_user("alice", "alice-password")
+        store.create_user("root", "root-password")
+        store.create_acls(
+            [
+                _acl("User:alice", "orders", "READ", pattern="PREFIXED"),
+                _acl("User:alice", "orders-eu", "READ", "DENY"),
+                # Only from another address than the caller's: does not apply.
+                AclBinding.of("User:alice", "10.1.2.3", "TOPIC", "*", "LITERAL", "READ", "ALLOW"),
+            ]
+        )
+        app = create_app(
+            coord,
+            security=store,
+            authorization=authorization,
+            super_users=frozenset({"User:root"}),
+        )
+        with TestClient(app) as client, HttpCoordinator("http://testserver", client=client) as c:
+            security = HttpSecurityStore(c)
+            alice = security.authorize("alice", "alice-password", checks)
+            root = security.authorize("root", "root-password", checks)
+            assert (alice.principal, root.principal) == ("User:alice", "User:root")
+            assert alice.authorization == root.authorization == authorization
+            with pytest.raises(AuthenticationError):
+                security.authorize("alice", "wrong-password", checks)
+            assert root.allowed == (True, True, True, True)
+            if authorization == "none":
+                assert alice.allowed == (True, True, True, True)
+                anonymous = security.authorize(None, None, checks)
+                assert anonymous.principal == ANONYMOUS and all(anonymous.allowed)
+            else:
+                assert alice.allowed == (True, False, False, False)
+                with pytest.raises(AuthenticationError, match="authorization acl"):
+                    security.authorize(None, None, checks)
+            assert security.authorize("alice", "alice-password", []).allowed == ()
