@@ -13,8 +13,10 @@ numeric field if named) as Parquet::
 
 With ``--coordinator`` the coordinator tells where the bucket is; ``--store`` and
 ``--store-endpoint`` override it (an executor may reach the bucket at another address).
-Coordinators with authentication on need their shared secret: the job takes it from
-``LAKELOG_COORDINATOR_SECRET`` (as lakelog processes do), never from its command line.
+Coordinators with authentication on need their shared secret, and with ACLs on a user:
+the job takes them from ``LAKELOG_COORDINATOR_SECRET`` (as lakelog processes do) and
+``LAKELOG_USER`` / ``LAKELOG_PASSWORD`` (as the ``lakelog`` CLI does), never from its
+command line.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+#: Source options the job takes from the environment (secrets stay off its command line).
+SECURITY_OPTIONS = {
+    "coordinator.secret": "LAKELOG_COORDINATOR_SECRET",
+    "user": "LAKELOG_USER",
+    "password": "LAKELOG_PASSWORD",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,8 +76,10 @@ def main(argv: list[str] | None = None) -> None:
         options["db"] = args.db
     if args.store_endpoint:
         options["store.endpoint"] = args.store_endpoint
-    if args.coordinator and os.environ.get("LAKELOG_COORDINATOR_SECRET"):
-        options["coordinator.secret"] = os.environ["LAKELOG_COORDINATOR_SECRET"]
+    if args.coordinator:
+        for option, variable in SECURITY_OPTIONS.items():
+            if os.environ.get(variable):
+                options[option] = os.environ[variable]
     records = session.read.format("lakelog").options(**options).load()
     parsed = records.select(
         F.col("key").cast("string").alias("key"),

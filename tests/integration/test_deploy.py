@@ -54,7 +54,14 @@ from service.cli import app as cli_app
 from service.settings import Settings
 from spark.examples import key_counts
 from tests.conftest import new_db_url
-from tests.integration.topology import ADMIN, CREATE_ADMIN, Topology, b64, start_topology
+from tests.integration.topology import (
+    ADMIN,
+    ADMIN_PASSWORD,
+    CREATE_ADMIN,
+    Topology,
+    b64,
+    start_topology,
+)
 from tests.procs import Proc, free_port, wait_http
 
 pytestmark = pytest.mark.integration
@@ -375,11 +382,13 @@ def test_compose_turns_security_on(compose_config: dict[str, Any]) -> None:
         assert settings.authentication == "basic", name
         assert settings.shared_secret(), name
         secrets.add(settings.shared_secret())
-        if isinstance(settings, Settings):
-            assert settings.authorization == "acl", name
-            assert "User:admin" in settings.super_users.split(";"), name
-    spark_secret = services["spark"]["environment"]["LAKELOG_COORDINATOR_SECRET"]
-    assert secrets == {spark_secret} and len(spark_secret) >= 16
+        assert settings.authorization == "acl", name
+        assert "User:admin" in settings.super_users.split(";"), name
+    spark = services["spark"]["environment"]
+    assert secrets == {spark["LAKELOG_COORDINATOR_SECRET"]} and len(secrets.pop() or "") >= 16
+    # The job acts as a user (ACLs are on): the super user the cluster's create-admin makes.
+    admin_password = services["create-admin"]["environment"]["ADMIN_PASSWORD"]
+    assert (spark["LAKELOG_USER"], spark["LAKELOG_PASSWORD"]) == ("admin", admin_password)
 
     admin = services["create-admin"]
     assert admin["entrypoint"] == ["/bin/sh", "-c"]
@@ -891,7 +900,9 @@ def test_compose_spark_job_counts_a_topic_produced_through_the_cluster(
         command.append(f"{flag}={address[flag]}" if flag in address else arg)
     assert parse_spark_job(command).out == str(out)
     env = {k: str(v) for k, v in svc["environment"].items()}
-    env.update({k: topology.coordinators[0].environment[k] for k in env})  # moto's keys
+    coordinator_env = topology.coordinators[0].environment
+    env.update({k: coordinator_env[k] for k in env if k in coordinator_env})  # moto's, secret
+    env["LAKELOG_PASSWORD"] = ADMIN_PASSWORD  # the topology's admin
     (image_env,) = [args for word, args in dockerfile_stages()["spark"] if word == "ENV"]
     for pair in image_env.split():
         name, _, value = pair.partition("=")

@@ -67,6 +67,8 @@ S3_ENV = {
 COORDINATOR_SECRET = "topology-coordinator-secret"
 SECURITY_ENV = {
     "LAKELOG_AUTHENTICATION": "basic",
+    "LAKELOG_AUTHORIZATION": "acl",
+    "LAKELOG_SUPER_USERS": "User:admin",
     "LAKELOG_COORDINATOR_SECRET": COORDINATOR_SECRET,
 }
 ADMIN_PASSWORD = "topology-admin-password"
@@ -285,8 +287,6 @@ def start_topology(
                     environment={
                         **S3_ENV,
                         **SECURITY_ENV,
-                        "LAKELOG_AUTHORIZATION": "acl",
-                        "LAKELOG_SUPER_USERS": "User:admin",
                         "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
                         "LAKELOG_COORDINATOR": ",".join(c.url for c in coords),
                         "LAKELOG_STORE": store_url,
