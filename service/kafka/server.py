@@ -26,7 +26,7 @@ from service.acl import AclCache
 from service.auth import Authenticator
 from service.kafka import acls, admin, groups
 from service.kafka import handlers as h
-from service.kafka.acl import RULES, Access
+from service.kafka.acl import AUTHENTICATED, RULES, Access
 from service.kafka.framing import (
     FrameDecoder,
     FrameError,
@@ -248,13 +248,14 @@ class KafkaServer:
                 connection closes; the client reconnects and retries, as after a broker
                 restart: never an answer from ACLs older than the bound).
         """
-        if self.acl is None:
-            return Access(RULES[api_key], None, principal or ANONYMOUS, address)
+        rule = RULES[api_key]
+        if self.acl is None or rule == AUTHENTICATED:  # nothing to ask the ACLs
+            return Access(rule, None, principal or ANONYMOUS, address)
         try:
             authorizer = await self.acl.authorizer()
         except LakelogError as e:
             raise FrameError(f"ACLs unavailable: {e.message}") from None
-        return Access(RULES[api_key], authorizer, principal or ANONYMOUS, address)
+        return Access(rule, authorizer, principal or ANONYMOUS, address)
 
 
 async def _sasl(session: SaslSession | None, req: Request) -> Any:

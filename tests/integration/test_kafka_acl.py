@@ -717,6 +717,52 @@ def test_deny_wins_and_prefixed_patterns_allow_made_on_rest(cluster: Cluster) ->
     assert "pre-new" not in topic_names(cluster, "admin")
 
 
+def test_a_request_partly_allowed_serves_the_allowed_part(cluster: Cluster) -> None:
+    """One request naming an allowed and a denied topic: the denied one gets 29 and stores
+    nothing, the other is served (alice: WRITE, READ on alice-t, READ on alice-g, from the
+    tests before)."""
+    before = {t: end_offset(cluster, t) for t in ("alice-t", T)}
+    raw = Raw(cluster.bootstrap, "alice", PASSWORDS["alice"])
+    try:
+        produced = raw.call(
+            0,
+            acks=-1,
+            timeout=10000,
+            topic_data=[
+                {"name": "alice-t", "partition_data": [{"index": 0, "records": batch(b"mixed")}]},
+                {"name": T, "partition_data": [{"index": 0, "records": batch(b"mixed")}]},
+            ],
+        )
+        assert _parts(produced, "responses", "partition_responses") == [0, 29]
+        committed = raw.call(
+            8,
+            group_id="alice-g",
+            generation_id_or_member_epoch=-1,
+            member_id="",
+            topics=[
+                {"name": n, "partitions": [{**TP, "committed_offset": 1, "committed_metadata": ""}]}
+                for n in ("alice-t", T)
+            ],
+        )
+        assert _parts(committed, "topics", "partitions") == [0, 29]
+        fetched = raw.call(
+            9,
+            group_id="alice-g",
+            topics=[{"name": n, "partition_indexes": [0]} for n in ("alice-t", T)],
+            require_stable=False,
+        )
+        assert [
+            (t.name, p.error_code, p.committed_offset) for t in fetched.topics for p in t.partitions
+        ] == [("alice-t", 0, 1), (T, 29, -1)]
+    finally:
+        raw.close()
+    assert end_offset(cluster, "alice-t") == before["alice-t"] + 1
+    assert end_offset(cluster, T) == before[T]
+    admin = AdminClient(sasl(cluster, "admin"))
+    got = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("alice-g")])
+    assert T not in {p.topic for p in got["alice-g"].result().topic_partitions}
+
+
 def test_listings_show_only_what_the_principal_may_describe(cluster: Cluster) -> None:
     r = rest_acl(
         cluster,
