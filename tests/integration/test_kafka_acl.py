@@ -164,6 +164,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "LAKELOG_SUPER_USERS": "User:admin",
             "LAKELOG_AUTH_MAX_FAILURES": "1000000",
             "LAKELOG_AUTO_CREATE_TOPICS": "true",
+            # Every ACL change here goes through this agent (REST or Kafka) and must drop
+            # its copy at once: a long bound makes a change that did not fail the tests.
+            "LAKELOG_AUTH_CACHE_TTL_S": "300",
         },
     )
     try:
