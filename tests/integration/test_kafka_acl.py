@@ -720,6 +720,122 @@ def test_deny_wins_and_prefixed_patterns_allow_made_on_rest(cluster: Cluster) ->
     assert "pre-new" not in topic_names(cluster, "admin")
 
 
+def test_each_api_is_allowed_by_the_operation_kafka_names(cluster: Cluster) -> None:
+    """erin gets exactly the ACLs Kafka's table names, on her own resources: each API then
+    succeeds (the ones the super user and alice do not use elsewhere)."""
+    acls = [
+        ("TOPIC", "erin-t", "LITERAL", "ALTER_CONFIGS"),  # (Incremental)AlterConfigs + Describe
+        ("TOPIC", "erin-t", "LITERAL", "ALTER"),  # CreatePartitions
+        ("TOPIC", "erin-t", "LITERAL", "DELETE"),  # DeleteRecords, DeleteTopics
+        ("TOPIC", "erin-", "PREFIXED", "CREATE"),  # CreateTopics, auto-creation...
+        ("TOPIC", "erin-auto", "LITERAL", "DESCRIBE"),  # ...which Metadata needs first
+        ("GROUP", "erin-g", "LITERAL", "DELETE"),  # DeleteGroups (+ DESCRIBE: DescribeGroups)
+        ("CLUSTER", "kafka-cluster", "LITERAL", "IDEMPOTENT_WRITE"),  # InitProducerId
+        ("CLUSTER", "kafka-cluster", "LITERAL", "ALTER"),  # Create/DeleteAcls (+ DescribeAcls)
+    ]
+    for rtype, name, pattern, op in acls:
+        r = rest_acl(
+            cluster,
+            "POST",
+            principal="User:erin",
+            host="*",
+            resource_type=rtype,
+            resource_name=name,
+            pattern_type=pattern,
+            operation=op,
+            permission="ALLOW",
+        )
+        assert r.status_code == 201, r.text
+    r = httpx.post(
+        f"{cluster.rest}/security/users",
+        json={"name": "erin", "password": "erin-password-Hj2"},
+        headers=basic(),
+    )
+    assert r.status_code == 201
+    admin = Consumer({**sasl(cluster, "admin"), "group.id": "erin-g", "enable.auto.commit": False})
+    admin.commit(offsets=[TopicPartition(T, 0, 1)], asynchronous=False)
+    admin.close()
+    raw = Raw(cluster.bootstrap, "erin", "erin-password-Hj2")
+    try:
+        made = raw.call(
+            19,
+            topics=[{"name": "erin-t", "num_partitions": 1, "replication_factor": 1}],
+            timeout=10000,
+            validate_only=False,
+        )
+        assert [t.error_code for t in made.topics] == [0]
+        auto = raw.call(3, topics=[{"name": "erin-auto"}], allow_auto_topic_creation=True)
+        assert [(t.error_code, len(t.partitions)) for t in auto.topics] == [(0, 1)]
+        configs = raw.call(32, resources=[{"resource_type": 2, "resource_name": "erin-t"}])
+        assert [x.error_code for x in configs.results] == [0]
+        altered = raw.call(
+            44,
+            resources=[
+                {
+                    "resource_type": 2,
+                    "resource_name": "erin-t",
+                    "configs": [{"name": "retention.ms", "config_operation": 0, "value": "9000"}],
+                }
+            ],
+            validate_only=False,
+        )
+        assert [x.error_code for x in altered.responses] == [0]
+        grown = raw.call(37, topics=[{"name": "erin-t", "count": 2}], timeout=10000)
+        assert [x.error_code for x in grown.results] == [0]
+        trimmed = raw.call(
+            21, topics=[{"name": "erin-t", "partitions": [{**TP, "offset": 0}]}], timeout=10000
+        )
+        assert _parts(trimmed, "topics", "partitions") == [0]
+        pid = raw.call(22, transactional_id=None, transaction_timeout=60000)
+        assert pid.error_code == 0 and pid.producer_id >= 0
+        described = raw.call(15, groups=["erin-g"])
+        assert [g.error_code for g in described.groups] == [0]
+        assert [g.error_code for g in raw.call(42, groups_names=["erin-g"]).results] == [0]
+        created = raw.call(
+            30,
+            creations=[
+                {
+                    "resource_type": 3,
+                    "resource_name": "erin-x",
+                    "resource_pattern_type": 3,
+                    "principal": "User:erin",
+                    "host": "*",
+                    "operation": 3,
+                    "permission_type": 3,
+                }
+            ],
+        )
+        assert [c.error_code for c in created.results] == [0]
+        found = raw.call(
+            29,
+            resource_type_filter=3,
+            resource_name_filter="erin-x",
+            pattern_type_filter=1,
+            operation=1,
+            permission_type=1,
+        )
+        assert found.error_code == 0 and [r.resource_name for r in found.resources] == ["erin-x"]
+        deleted = raw.call(
+            31,
+            filters=[
+                {
+                    "resource_type_filter": 3,
+                    "resource_name_filter": "erin-x",
+                    "pattern_type_filter": 3,
+                    "operation": 1,
+                    "permission_type": 1,
+                }
+            ],
+        )
+        assert [len(f.matching_acls) for f in deleted.filter_results] == [1]
+        gone = raw.call(20, topic_names=["erin-t"], timeout=10000)
+        assert [t.error_code for t in gone.responses] == [0]
+    finally:
+        raw.close()
+    assert "erin-auto" in topic_names(cluster, "admin")
+    assert "erin-t" not in topic_names(cluster, "admin")
+
+
 def test_a_request_partly_allowed_serves_the_allowed_part(cluster: Cluster) -> None:
     """One request naming an allowed and a denied topic: the denied one gets 29 and stores
     nothing, the other is served (alice: WRITE, READ on alice-t, READ on alice-g, from the
