@@ -3,8 +3,11 @@ SASL and ``authorization=acl`` (shared by the module).
 
 - every API the listener serves, sent raw (kio's messages) by a user without ACLs: the
   exact code Kafka gives (29/30/31/53), and nothing stored;
-- confluent-kafka producers and consumers: denied without ACLs, allowed with them, DENY
-  over ALLOW, PREFIXED patterns, KIP-679's idempotent producer with WRITE on a topic;
+- the same raw requests allowed by exactly the ACL Kafka names, and a request partly
+  allowed served in part;
+- confluent-kafka (and aiokafka) producers and consumers: denied without ACLs, allowed
+  with them, DENY over ALLOW, PREFIXED patterns, KIP-679's idempotent producer with WRITE
+  on a topic;
 - listings filtered: Metadata, ListGroups, OffsetFetch;
 - the super user may do everything;
 - CreateAcls/DescribeAcls/DeleteAcls through confluent-kafka's and kafka-python's admin
