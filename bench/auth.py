@@ -10,6 +10,9 @@ Prints one JSON line per measure:
     {"bench": "rest", "security": "off"|"basic+acl", "requests_per_s": ..., "ms": ...}
                                                                GET /topics through the app
                                                                (TestClient, one thread)
+    {"bench": "kafka", "security": "off"|"sasl+acl", "requests_per_s": ..., "ms": ...}
+                                                               Metadata of one topic over one
+                                                               connection (a user with DESCRIBE)
 
 Run: ``.venv/bin/python bench/auth.py``; about half a minute.
 """
@@ -18,12 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
+import socket
+import struct
 import tempfile
 import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from kio.index import load_response_from_request
+from kio.serial import entity_reader, entity_writer
 from prometheus_client import CollectorRegistry
 
 from coordinator.local import LocalCoordinator
@@ -31,6 +39,7 @@ from coordinator.security import AclBinding, Authorizer, Operation, ResourceType
 from coordinator.security_store import SqlSecurityStore, password_hasher, scram_credentials
 from service.app import create_app
 from service.auth import Authenticator, AuthMetrics
+from service.kafka.framing import build, nested, request_class
 from service.settings import Settings
 
 
@@ -43,6 +52,83 @@ def timed(n: int, fn: object) -> float:
     for _ in range(n):
         fn()  # type: ignore[operator]
     return (time.perf_counter() - start) / n
+
+
+class KafkaCall:
+    """One Kafka connection sending kio requests (SASL/PLAIN first when ``user`` is given)."""
+
+    def __init__(self, port: int, user: str | None = None, password: str = "") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.correlation = 0
+        if user is not None:
+            self.call(request_class(17, 1), mechanism="PLAIN")
+            token = b"\0" + user.encode() + b"\0" + password.encode()
+            assert self.call(request_class(36, 2), auth_bytes=token).error_code == 0
+
+    def call(self, cls: type, **fields: object) -> object:
+        self.correlation += 1
+        out = io.BytesIO()
+        header_cls = cls.__header_schema__  # type: ignore[attr-defined]
+        entity_writer(header_cls)(
+            out,
+            header_cls(
+                request_api_key=cls.__api_key__,  # type: ignore[attr-defined]
+                request_api_version=cls.__version__,  # type: ignore[attr-defined]
+                correlation_id=self.correlation,
+                client_id="bench",
+            ),
+        )
+        entity_writer(cls)(out, build(cls, **fields))
+        self.sock.sendall(struct.pack(">i", out.tell()) + out.getvalue())
+        size = struct.unpack(">i", self._read(4))[0]
+        frame = self._read(size)
+        resp = load_response_from_request(cls)
+        _, used = entity_reader(resp.__header_schema__)(frame, 0)
+        return entity_reader(resp)(frame, used)[0]
+
+    def _read(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            data += self.sock.recv(n - len(data))
+        return data
+
+
+def kafka_metadata(tmp: str, db: str) -> None:
+    """Metadata requests/s through an agent's Kafka listener, security off and on."""
+    meta = request_class(3, 12)
+    topic = nested(meta, "MetadataRequestTopic")
+    with LocalCoordinator(db) as coord:
+        coord.create_topic("bench-t", 1, {})
+        store = SqlSecurityStore(coord.db)
+        store.create_acls(
+            [AclBinding.of("User:alice", "*", "TOPIC", "bench-", "PREFIXED", "DESCRIBE", "ALLOW")]
+        )
+    for label, extra, user in (
+        ("off", {}, None),
+        ("sasl+acl", {"authentication": "basic", "authorization": "acl"}, "alice"),
+    ):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        settings = Settings(db=db, store=f"file://{tmp}/data", kafka_port=port, **extra)  # type: ignore[arg-type]
+        with TestClient(create_app(settings)):
+            conn = KafkaCall(port, user, "a-good-password")
+            fields = dict(
+                topics=(build(topic, topic_id=None, name="bench-t"),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+            answer = conn.call(meta, **fields)
+            assert [t.error_code for t in answer.topics] == [0]  # type: ignore[attr-defined]
+            for _ in range(50):
+                conn.call(meta, **fields)
+            n = 2000
+            start = time.perf_counter()
+            for _ in range(n):
+                conn.call(meta, **fields)
+            per = (time.perf_counter() - start) / n
+            conn.sock.close()
+        emit(bench="kafka", security=label, requests_per_s=round(1 / per), ms=round(per * 1e3, 3))
 
 
 def main() -> None:
@@ -120,6 +206,7 @@ def main() -> None:
             emit(
                 bench="rest", security=label, requests_per_s=round(1 / per), ms=round(per * 1e3, 3)
             )
+        kafka_metadata(tmp, db)
 
 
 if __name__ == "__main__":

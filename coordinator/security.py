@@ -337,3 +337,33 @@ class Authorizer:
                 return False
             allowed = True
         return allowed
+
+    def authorize_any(
+        self, principal: str, host: str, operation: Operation, resource_type: ResourceType
+    ) -> bool:
+        """Whether ``principal`` may do ``operation`` on at least one resource of the type
+        (Kafka's ``authorizeByResourceType``, KIP-679): an ALLOW that no DENY covers (a
+        DENY of ``*``, of the same literal name, or of a prefix of the ALLOW's name)."""
+        if principal in self.super_users:
+            return True
+        mine = self._by_key.get((resource_type, principal), [])
+        anyone = self._by_key.get((resource_type, WILDCARD_PRINCIPAL), [])
+        applying = [
+            b for b in (*mine, *anyone) if b.host in (host, WILDCARD) and b.grants(operation)
+        ]
+        denies = [b for b in applying if b.permission is Permission.DENY]
+
+        def covered(allow: AclBinding) -> bool:
+            for d in denies:
+                if d.pattern_type is PatternType.LITERAL and d.resource_name == WILDCARD:
+                    return True
+                if d.pattern_type is PatternType.PREFIXED:
+                    if allow.resource_name.startswith(d.resource_name):
+                        return True
+                elif allow.pattern_type is PatternType.LITERAL and allow.resource_name == (
+                    d.resource_name
+                ):
+                    return True
+            return False
+
+        return any(b.permission is Permission.ALLOW and not covered(b) for b in applying)

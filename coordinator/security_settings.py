@@ -36,9 +36,9 @@ class CoordinatorSecuritySettings(BaseModel):
 
     authorization: Authorization = Field(
         default="none",
-        description="none, or acl: every REST request (agent) and every Spark job's topic "
-        "(coordinator) is checked against the coordinator's ACLs (default deny; super_users "
-        "may do anything).",
+        description="none, or acl: every REST request and Kafka API (agent) and every Spark "
+        "job's topic (coordinator) is checked against the coordinator's ACLs (default deny; "
+        "super_users may do anything).",
     )
     super_users: str = Field(
         default="",
@@ -154,11 +154,6 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
         problems = super().security_problems()
         if self.tls_client_ca_file and not self.tls_cert_file:
             problems.append("tls_client_ca_file needs TLS (tls_cert_file, tls_key_file)")
-        if self.authorization != "none" and self.__dict__.get("kafka_port"):
-            problems.append(
-                "the Kafka listener does not check ACLs yet: with authorization on, set "
-                "kafka_port 0 (LAKELOG_KAFKA_PORT=0, --kafka-port 0)"
-            )
         coordinators = str(self.__dict__.get("coordinator", ""))
         if self.authentication != "none" and coordinators and not self.shared_secret():
             problems.append(

@@ -315,6 +315,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 if settings.authentication != "none"
                 else None,
                 tls=settings.server_tls(),
+                acl=app.state.acl_cache if settings.authorization == "acl" else None,
                 reuse_port=settings.workers > 1,
             )
             await kafka.start()

@@ -23,7 +23,8 @@ rate x t + one second of rate (the burst) + one request's bytes; across n agents
 same with rate/n each, so the cluster bound is the rate when the client's requests are
 spread evenly, and lower (rate/n per agent used) when it sticks to some agents.
 
-The Kafka door (``service.kafka``) charges the same buckets and answers
+The Kafka door (``service.kafka``) charges the same buckets (the SASL or mTLS principal
+when authentication is on, else the client id) and answers
 ``throttle_time_ms`` instead of refusing (KIP-219: the client waits it out).
 """
 
@@ -123,12 +124,15 @@ class Quotas:
             self.metrics.quota_throttled.labels(kind=kind).inc()
             self.metrics.quota_throttle_seconds.labels(kind=kind).inc(seconds)
 
-    def kafka_throttle_ms(self, client_id: str | None, kind: str, amount: int) -> int:
+    def kafka_throttle_ms(
+        self, client_id: str | None, kind: str, amount: int, user: str = ANONYMOUS
+    ) -> int:
         """Charge a Kafka request (one request, ``amount`` bytes of ``kind``) to its
-        client id; the throttle time to answer (KIP-219: the client waits it out)."""
+        authenticated principal ``user`` (SASL or mTLS), else to its client id; the
+        throttle time to answer (KIP-219: the client waits it out)."""
         if not self.enabled:
             return 0
-        principal = f"client:{client_id or ''}"
+        principal = user if user != ANONYMOUS else f"client:{client_id or ''}"
         self.charge(principal, REQUESTS, 1)
         self.charge(principal, kind, amount)
         wait = self.delay(principal, (REQUESTS, kind))

@@ -22,6 +22,7 @@ from coordinator.topic_configs import (
 from segments.errors import InvalidConfigError, LakelogError
 from segments.types import TopicInfo
 from service.executors import call
+from service.kafka.acl import CLUSTER_DENIED, TOPIC_DENIED, Access
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, nested
 from service.kafka.handlers import LEADER_EPOCH, KafkaContext, response_cls
@@ -44,11 +45,20 @@ _CONFIG_TYPE_IDS = {
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
-def _error(e: LakelogError) -> tuple[ErrorCode, str]:
+def _error(e: LakelogError) -> tuple[ErrorCode, str | None]:
     return code_for(e), e.message
 
 
-async def create_topics(ctx: KafkaContext, req: Request) -> Any:
+def _config_denied(access: Access, r: Any) -> ErrorCode | None:
+    """The authorization code of a config resource (a topic, or a broker: the cluster's)."""
+    if r.resource_type == TOPIC and not access.topic(r.resource_name):
+        return TOPIC_DENIED
+    if r.resource_type == BROKER and not access.cluster():
+        return CLUSTER_DENIED
+    return None
+
+
+async def create_topics(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     result_cls, config_cls = (
@@ -59,18 +69,23 @@ async def create_topics(ctx: KafkaContext, req: Request) -> Any:
     validate_only = bool(getattr(body, "validate_only", False))
     results = []
     for t in body.topics:
+        code, message = ErrorCode.none, None
         partitions = st.settings.default_partitions if t.num_partitions == -1 else t.num_partitions
         configs = {c.name: c.value for c in t.configs if c.value is not None}
         try:
-            info: TopicInfo = await call(
-                st.coordinator.create_topic,
-                t.name,
-                partitions,
-                configs,
-                validate_only=validate_only,
-            )
+            if not access.may_create(t.name):
+                code, message = TOPIC_DENIED, None
+            else:
+                info: TopicInfo = await call(
+                    st.coordinator.create_topic,
+                    t.name,
+                    partitions,
+                    configs,
+                    validate_only=validate_only,
+                )
         except LakelogError as e:
             code, message = _error(e)
+        if code != ErrorCode.none:
             results.append(
                 build(
                     result_cls,
@@ -113,23 +128,26 @@ async def create_topics(ctx: KafkaContext, req: Request) -> Any:
     return build(resp, throttle_time=0, topics=tuple(results))
 
 
-async def delete_topics(ctx: KafkaContext, req: Request) -> Any:
+async def delete_topics(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     result_cls = nested(resp, "DeletableTopicResult")
     results = []
     for name in body.topic_names:
         code, message = ErrorCode.none, None
-        try:
-            await call(ctx.state.coordinator.delete_topic, name)
-        except LakelogError as e:
-            code, message = _error(e)
-        ctx.state.topics.invalidate(name)
+        if not access.topic(name):
+            code = TOPIC_DENIED
+        else:
+            try:
+                await call(ctx.state.coordinator.delete_topic, name)
+            except LakelogError as e:
+                code, message = _error(e)
+            ctx.state.topics.invalidate(name)
         results.append(build(result_cls, name=name, error_code=code, error_message=message))
     return build(resp, throttle_time=0, responses=tuple(results))
 
 
-async def create_partitions(ctx: KafkaContext, req: Request) -> Any:
+async def create_partitions(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     result_cls = nested(resp, "CreatePartitionsTopicResult")
@@ -138,7 +156,9 @@ async def create_partitions(ctx: KafkaContext, req: Request) -> Any:
     for t in body.topics:
         code, message = ErrorCode.none, None
         try:
-            if body.validate_only:
+            if not access.topic(t.name):
+                code = TOPIC_DENIED
+            elif body.validate_only:
                 info = await call(coordinator.get_topic, t.name)
                 if t.count <= info.partitions:
                     code = ErrorCode.invalid_partitions
@@ -152,7 +172,7 @@ async def create_partitions(ctx: KafkaContext, req: Request) -> Any:
     return build(resp, throttle_time=0, results=tuple(results))
 
 
-async def describe_configs_api(ctx: KafkaContext, req: Request) -> Any:
+async def describe_configs_api(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     result_cls = nested(resp, "DescribeConfigsResult")
@@ -160,7 +180,10 @@ async def describe_configs_api(ctx: KafkaContext, req: Request) -> Any:
     results = []
     for r in body.resources:
         code, message, configs = ErrorCode.none, None, ()
-        if r.resource_type == TOPIC:
+        denied = _config_denied(access, r)
+        if denied is not None:
+            code = denied
+        elif r.resource_type == TOPIC:
             try:
                 info = await call(ctx.state.coordinator.get_topic, r.resource_name)
                 configs = tuple(
@@ -198,7 +221,7 @@ async def describe_configs_api(ctx: KafkaContext, req: Request) -> Any:
     return build(resp, throttle_time=0, results=tuple(results))
 
 
-async def alter_configs(ctx: KafkaContext, req: Request) -> Any:
+async def alter_configs(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Legacy AlterConfigs: the given set replaces every override of the topic."""
 
     async def apply(r: Any) -> None:
@@ -213,10 +236,10 @@ async def alter_configs(ctx: KafkaContext, req: Request) -> Any:
             validate_only=req.body.validate_only,
         )
 
-    return await _alter(ctx, req, apply)
+    return await _alter(ctx, req, access, apply)
 
 
-async def incremental_alter_configs(ctx: KafkaContext, req: Request) -> Any:
+async def incremental_alter_configs(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """SET, DELETE, APPEND and SUBTRACT (list configs) per config name."""
 
     async def apply(r: Any) -> None:
@@ -250,16 +273,21 @@ async def incremental_alter_configs(ctx: KafkaContext, req: Request) -> Any:
             validate_only=req.body.validate_only,
         )
 
-    return await _alter(ctx, req, apply)
+    return await _alter(ctx, req, access, apply)
 
 
-async def _alter(ctx: KafkaContext, req: Request, apply: Callable[[Any], Any]) -> Any:
+async def _alter(
+    ctx: KafkaContext, req: Request, access: Access, apply: Callable[[Any], Any]
+) -> Any:
     resp = response_cls(type(req.body))
     result_cls = nested(resp, "AlterConfigsResourceResponse")
     results = []
     for r in req.body.resources:
         code, message = ErrorCode.none, None
-        if r.resource_type != TOPIC:
+        denied = _config_denied(access, r)
+        if denied is not None:
+            code = denied
+        elif r.resource_type != TOPIC:
             code = ErrorCode.invalid_request
             message = f"Only topic configs can be altered (resource type {r.resource_type})."
         else:
@@ -280,7 +308,7 @@ async def _alter(ctx: KafkaContext, req: Request, apply: Callable[[Any], Any]) -
     return build(resp, throttle_time=0, responses=tuple(results))
 
 
-async def describe_cluster(ctx: KafkaContext, req: Request) -> Any:
+async def describe_cluster(ctx: KafkaContext, req: Request, access: Access) -> Any:
     resp = response_cls(type(req.body))
     broker_cls = nested(resp, "DescribeClusterBroker")
     brokers = await ctx.brokers()
@@ -299,7 +327,7 @@ async def describe_cluster(ctx: KafkaContext, req: Request) -> Any:
     )
 
 
-async def delete_records(ctx: KafkaContext, req: Request) -> Any:
+async def delete_records(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Moves each partition's log-start (the low watermark) up to the given offset."""
     resp = response_cls(type(req.body))
     part_cls, topic_cls = (
@@ -309,12 +337,16 @@ async def delete_records(ctx: KafkaContext, req: Request) -> Any:
     topics = []
     for t in req.body.topics:
         parts = []
+        allowed = access.topic(t.name)
         for p in t.partitions:
             code, low = ErrorCode.none, -1
             try:
-                low = await call(
-                    ctx.state.coordinator.delete_records, t.name, p.partition_index, p.offset
-                )
+                if not allowed:
+                    code = TOPIC_DENIED
+                else:
+                    low = await call(
+                        ctx.state.coordinator.delete_records, t.name, p.partition_index, p.offset
+                    )
             except LakelogError as e:
                 code = code_for(e)
             parts.append(
@@ -326,19 +358,23 @@ async def delete_records(ctx: KafkaContext, req: Request) -> Any:
     return build(resp, throttle_time=0, topics=tuple(topics))
 
 
-async def offset_for_leader_epoch(ctx: KafkaContext, req: Request) -> Any:
+async def offset_for_leader_epoch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Every partition has one leader epoch (0) whose end is the high watermark."""
     resp = response_cls(type(req.body))
     part_cls, topic_cls = nested(resp, "EpochEndOffset"), nested(resp, "OffsetForLeaderTopicResult")
     topics = []
     for t in req.body.topics:
         parts = []
+        allowed = access.topic(t.topic)
         for p in t.partitions:
             code, epoch, end = ErrorCode.none, LEADER_EPOCH, -1
             try:
-                end = (
-                    await call(ctx.state.coordinator.offsets, t.topic, p.partition)
-                ).high_watermark
+                if not allowed:
+                    code, epoch = TOPIC_DENIED, -1
+                else:
+                    end = (
+                        await call(ctx.state.coordinator.offsets, t.topic, p.partition)
+                    ).high_watermark
             except LakelogError as e:
                 code, epoch = code_for(e), -1
             if code == ErrorCode.none and p.leader_epoch > LEADER_EPOCH:

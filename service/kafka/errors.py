@@ -46,6 +46,8 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.RecordTooLargeError: ErrorCode.message_too_large,
     e.RequestTooLargeError: ErrorCode.record_list_too_large,
     e.CorruptRecordError: ErrorCode.corrupt_message,
+    e.SecurityDisabledError: ErrorCode.security_disabled,
+    e.InvalidSecurityRequestError: ErrorCode.invalid_request,
 }
 
 

@@ -20,6 +20,7 @@ from coordinator.kafka_groups import JoinResult, KafkaGroupCoordinator
 from segments.errors import LakelogError
 from segments.types import TopicPartition
 from service.executors import call
+from service.kafka.acl import GROUP_DENIED, TOPIC_DENIED, TRANSACTIONAL_ID_DENIED, Access
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, millis, nested
 from service.kafka.handlers import KafkaContext, response_cls
@@ -33,32 +34,43 @@ def _groups(ctx: KafkaContext) -> KafkaGroupCoordinator:
     return cast(KafkaGroupCoordinator, ctx.state.coordinator)
 
 
-async def find_coordinator(ctx: KafkaContext, req: Request) -> Any:
+async def find_coordinator(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     me = ctx.state.broker_id
-    code, message = ErrorCode.none, None
-    if body.key_type == TRANSACTION_KEY:
-        code, message = ErrorCode.coordinator_not_available, "Transactions are not supported."
     keys = getattr(body, "coordinator_keys", None) or (getattr(body, "key", ""),)
-    node = dict(node_id=me if code == ErrorCode.none else -1, host=ctx.host, port=ctx.port)
+
+    def found(key: str) -> dict[str, Any]:
+        code, message = ErrorCode.none, None
+        if body.key_type == TRANSACTION_KEY:
+            code, message = ErrorCode.coordinator_not_available, "Transactions are not supported."
+            if not access.transactional_id(key):
+                code, message = TRANSACTIONAL_ID_DENIED, None
+        elif not access.group(key):
+            code = GROUP_DENIED
+        return dict(
+            error_code=code,
+            error_message=message,
+            node_id=me if code == ErrorCode.none else -1,
+            host=ctx.host if code == ErrorCode.none else "",
+            port=ctx.port if code == ErrorCode.none else -1,
+        )
+
+    answers = [found(k) for k in keys]
     coordinator_cls = nested(resp, "Coordinator")
     return build(
         resp,
         throttle_time=0,
-        error_code=code,
-        error_message=message,
-        **node,
+        **answers[0],
         coordinators=tuple(
-            build(coordinator_cls, key=k, error_code=code, error_message=message, **node)
-            for k in keys
+            build(coordinator_cls, key=k, **a) for k, a in zip(keys, answers, strict=True)
         )
         if coordinator_cls is not None
         else (),
     )
 
 
-async def join_group(ctx: KafkaContext, req: Request) -> Any:
+async def join_group(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     version = req.header.api_version
@@ -96,6 +108,8 @@ async def join_group(ctx: KafkaContext, req: Request) -> Any:
             ),
         )
 
+    if not access.group(body.group_id):
+        return answer(GROUP_DENIED, member_id=body.member_id)
     groups = _groups(ctx)
     try:
         result: JoinResult = await call(groups.kafka_join, body.group_id, body.member_id, **options)
@@ -112,26 +126,31 @@ async def join_group(ctx: KafkaContext, req: Request) -> Any:
         return answer(code_for(e), member_id=body.member_id)
 
 
-async def sync_group(ctx: KafkaContext, req: Request) -> Any:
+async def sync_group(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     assignments = {a.member_id: bytes(a.assignment) for a in body.assignments} or None
     groups = _groups(ctx)
     code, assignment = ErrorCode.none, b""
-    try:
-        got = await call(
-            groups.kafka_sync, body.group_id, body.member_id, body.generation_id, assignments
-        )
-        deadline = time.monotonic() + 300
-        while got is None and time.monotonic() < deadline:
-            await asyncio.sleep(POLL_S)
-            got = await call(groups.kafka_sync, body.group_id, body.member_id, body.generation_id)
-        if got is None:
-            code = ErrorCode.rebalance_in_progress
-        else:
-            assignment = got
-    except LakelogError as e:
-        code = code_for(e)
+    if not access.group(body.group_id):
+        code = GROUP_DENIED
+    else:
+        try:
+            got = await call(
+                groups.kafka_sync, body.group_id, body.member_id, body.generation_id, assignments
+            )
+            deadline = time.monotonic() + 300
+            while got is None and time.monotonic() < deadline:
+                await asyncio.sleep(POLL_S)
+                got = await call(
+                    groups.kafka_sync, body.group_id, body.member_id, body.generation_id
+                )
+            if got is None:
+                code = ErrorCode.rebalance_in_progress
+            else:
+                assignment = got
+        except LakelogError as e:
+            code = code_for(e)
     return build(
         resp,
         throttle_time=0,
@@ -142,21 +161,28 @@ async def sync_group(ctx: KafkaContext, req: Request) -> Any:
     )
 
 
-async def heartbeat(ctx: KafkaContext, req: Request) -> Any:
+async def heartbeat(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     code = ErrorCode.none
-    try:
-        await call(_groups(ctx).kafka_heartbeat, body.group_id, body.member_id, body.generation_id)
-    except LakelogError as e:
-        code = code_for(e)
+    if not access.group(body.group_id):
+        code = GROUP_DENIED
+    else:
+        try:
+            await call(
+                _groups(ctx).kafka_heartbeat, body.group_id, body.member_id, body.generation_id
+            )
+        except LakelogError as e:
+            code = code_for(e)
     return build(response_cls(type(body)), throttle_time=0, error_code=code)
 
 
-async def leave_group(ctx: KafkaContext, req: Request) -> Any:
+async def leave_group(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     members = getattr(body, "members", None)
     ids = [m.member_id for m in members] if members is not None else [body.member_id]
+    if not access.group(body.group_id):
+        return build(resp, throttle_time=0, error_code=GROUP_DENIED, members=())
     try:
         results = await call(_groups(ctx).kafka_leave, body.group_id, ids)
     except LakelogError as e:
@@ -177,24 +203,33 @@ async def leave_group(ctx: KafkaContext, req: Request) -> Any:
     )
 
 
-async def offset_commit(ctx: KafkaContext, req: Request) -> Any:
+async def offset_commit(ctx: KafkaContext, req: Request, access: Access) -> Any:
+    """Commit the partitions of topics the principal may READ (READ on the group first);
+    the others get TOPIC_AUTHORIZATION_FAILED and are not stored."""
     body = req.body
     resp = response_cls(type(body))
     generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
+    group_allowed = access.group(body.group_id)
+    denied = {t.name for t in body.topics if group_allowed and not access.topic(t.name)}
     offsets = {
         TopicPartition(t.name, p.partition_index): CommittedOffset(
             p.committed_offset, p.committed_metadata or ""
         )
         for t in body.topics
+        if t.name not in denied
         for p in t.partitions
     }
     code = ErrorCode.none
     try:
+        if not group_allowed:
+            code = GROUP_DENIED
         for tp in offsets:  # a commit naming an unknown partition stores nothing, as Kafka
+            if code != ErrorCode.none:
+                break
             topic = await ctx.state.topics.get(tp.topic)
             if not 0 <= tp.partition < topic.partitions:
                 code = ErrorCode.unknown_topic_or_partition
-        if code == ErrorCode.none:
+        if code == ErrorCode.none and (offsets or not denied):
             await call(
                 _groups(ctx).kafka_commit_offsets,
                 body.group_id,
@@ -216,7 +251,11 @@ async def offset_commit(ctx: KafkaContext, req: Request) -> Any:
                 topic_cls,
                 name=t.name,
                 partitions=tuple(
-                    build(part_cls, partition_index=p.partition_index, error_code=code)
+                    build(
+                        part_cls,
+                        partition_index=p.partition_index,
+                        error_code=TOPIC_DENIED if t.name in denied else code,
+                    )
                     for p in t.partitions
                 ),
             )
@@ -225,7 +264,9 @@ async def offset_commit(ctx: KafkaContext, req: Request) -> Any:
     )
 
 
-async def offset_fetch(ctx: KafkaContext, req: Request) -> Any:
+async def offset_fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
+    """Committed offsets of the named partitions (TOPIC_AUTHORIZATION_FAILED for topics the
+    principal may not DESCRIBE) or of all, less those topics; DESCRIBE on the group first."""
     body = req.body
     resp = response_cls(type(body))
     part_cls, topic_cls = (
@@ -236,12 +277,22 @@ async def offset_fetch(ctx: KafkaContext, req: Request) -> Any:
     wanted = None
     if body.topics is not None:
         wanted = [TopicPartition(t.name, p) for t in body.topics for p in t.partition_indexes]
-    try:
-        found: dict[TopicPartition, CommittedOffset] = await call(
-            _groups(ctx).kafka_committed, body.group_id, wanted
-        )
-    except LakelogError as e:
-        found, code = {}, code_for(e)
+    denied = {tp.topic for tp in wanted or () if not access.topic(tp.topic)}
+    found: dict[TopicPartition, CommittedOffset] = {}
+    if not access.group(body.group_id):
+        code = GROUP_DENIED
+        if req.header.api_version >= 2:  # the top-level code says it; v1 has one per partition
+            wanted = []
+        else:
+            denied = {tp.topic for tp in wanted or ()}
+    else:
+        try:
+            asked = None if wanted is None else [tp for tp in wanted if tp.topic not in denied]
+            found = await call(_groups(ctx).kafka_committed, body.group_id, asked)
+        except LakelogError as e:
+            code = code_for(e)
+    if wanted is None:
+        found = {tp: c for tp, c in found.items() if access.topic(tp.topic)}
     by_topic: dict[str, list[int]] = {}
     for tp in wanted if wanted is not None else sorted(found):
         by_topic.setdefault(tp.topic, []).append(tp.partition)
@@ -257,34 +308,41 @@ async def offset_fetch(ctx: KafkaContext, req: Request) -> Any:
                     committed_offset=-1 if c is None else c.offset,
                     committed_leader_epoch=-1,
                     metadata="" if c is None else c.metadata,
-                    error_code=0,
+                    error_code=(code if code == GROUP_DENIED else TOPIC_DENIED)
+                    if name in denied
+                    else 0,
                 )
             )
         topics.append(build(topic_cls, name=name, partitions=tuple(rows)))
     return build(resp, throttle_time=0, topics=tuple(topics), error_code=code)
 
 
-async def describe_groups(ctx: KafkaContext, req: Request) -> Any:
+async def describe_groups(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     group_cls, member_cls = nested(resp, "DescribedGroup"), nested(resp, "DescribedGroupMember")
+
+    def failed(group_id: str, code: ErrorCode) -> Any:
+        return build(
+            group_cls,
+            error_code=code,
+            group_id=group_id,
+            group_state="",
+            protocol_type="",
+            protocol_data="",
+            members=(),
+            authorized_operations=-(2**31),
+        )
+
     out = []
     for group_id in body.groups:
+        if not access.group(group_id):
+            out.append(failed(group_id, GROUP_DENIED))
+            continue
         try:
             g = await call(_groups(ctx).kafka_describe, group_id)
         except LakelogError as e:
-            out.append(
-                build(
-                    group_cls,
-                    error_code=code_for(e),
-                    group_id=group_id,
-                    group_state="",
-                    protocol_type="",
-                    protocol_data="",
-                    members=(),
-                    authorized_operations=-(2**31),
-                )
-            )
+            out.append(failed(group_id, code_for(e)))
             continue
         if g is None or not g.members:
             state = "Dead" if g is None else g.state
@@ -328,13 +386,16 @@ async def describe_groups(ctx: KafkaContext, req: Request) -> Any:
     return build(resp, throttle_time=0, groups=tuple(out))
 
 
-async def list_groups(ctx: KafkaContext, req: Request) -> Any:
-    """Every group of both doors (REST groups show protocol type "consumer" too)."""
+async def list_groups(ctx: KafkaContext, req: Request, access: Access) -> Any:
+    """Every group of both doors (REST groups show protocol type "consumer" too): all with
+    DESCRIBE on the cluster, else those the principal may DESCRIBE."""
     body = req.body
     resp = response_cls(type(body))
     listed_cls = nested(resp, "ListedGroup")
     wanted = {s.lower() for s in getattr(body, "states_filter", ()) or ()}
     names = await call(ctx.state.groups.list_groups)
+    if not access.cluster():
+        names = [n for n in names if access.group(n)]
     out = []
     for name in names:
         g = await call(_groups(ctx).kafka_describe, name)
@@ -348,16 +409,19 @@ async def list_groups(ctx: KafkaContext, req: Request) -> Any:
     return build(resp, throttle_time=0, error_code=0, groups=tuple(out))
 
 
-async def delete_groups(ctx: KafkaContext, req: Request) -> Any:
+async def delete_groups(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     result_cls = nested(resp, "DeletableGroupResult")
     out = []
     for group_id in body.groups_names:
         code = ErrorCode.none
-        try:
-            await call(_groups(ctx).kafka_delete_group, group_id)
-        except LakelogError as e:
-            code = code_for(e)
+        if not access.group(group_id):
+            code = GROUP_DENIED
+        else:
+            try:
+                await call(_groups(ctx).kafka_delete_group, group_id)
+            except LakelogError as e:
+                code = code_for(e)
         out.append(build(result_cls, group_id=group_id, error_code=code))
     return build(resp, throttle_time=0, results=tuple(out))

@@ -18,24 +18,28 @@ import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from coordinator.producers import ProducerBatch
 from index.log import decode_entry
 from segments.batches import BatchInfo, check_batches, encode_records, fetch_batches
-from segments.errors import LakelogError
+from segments.errors import LakelogError, TopicNotFoundError
 from segments.types import ConsumedRecord, TopicInfo, TopicPartition
 from service.batcher import RawBatch
 from service.executors import Kind, call, run
 from service.formats import max_message_bytes
 from service.idempotence import Admission, ProducerGate, Ticket
+from service.kafka.acl import CLUSTER_DENIED, TOPIC_DENIED, TRANSACTIONAL_ID_DENIED, Access
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, millis, nested
 from service.quotas import FETCH, PRODUCE
 from service.state import AgentState
 from service.v3.common import broker_max_age_s
+
+if TYPE_CHECKING:
+    from service.acl import AclCache
 
 #: How long the live-broker list behind Metadata answers is reused.
 BROKERS_TTL_S = 1.0
@@ -54,11 +58,13 @@ class Broker:
 
 @dataclass
 class KafkaContext:
-    """What every handler of one agent shares: the agent's state and its own address."""
+    """What every handler of one agent shares: the agent's state, its own address and,
+    with authorization on, its ACL cache (the REST door's)."""
 
     state: AgentState
     host: str
     port: int
+    acl: AclCache | None = None
     _brokers: tuple[float, list[Broker]] = field(default=(0.0, []))
     gate: ProducerGate = field(init=False)
 
@@ -89,7 +95,7 @@ class Deferred:
         self.task = task
 
 
-Handler = Callable[[KafkaContext, Request], Awaitable[Any]]
+Handler = Callable[[KafkaContext, Request, Access], Awaitable[Any]]
 
 
 def leader_for(brokers: list[Broker], topic: str, partition: int) -> int:
@@ -107,7 +113,7 @@ def leader_for(brokers: list[Broker], topic: str, partition: int) -> int:
 # -- ApiVersions -------------------------------------------------------------------------
 
 
-async def api_versions(ctx: KafkaContext, req: Request) -> Any:
+async def api_versions(ctx: KafkaContext, req: Request, access: Access) -> Any:
     return api_versions_response(type(req.body), ErrorCode.none)
 
 
@@ -142,7 +148,9 @@ def response_cls(request_cls: type) -> type:
 # -- Metadata ----------------------------------------------------------------------------
 
 
-async def metadata(ctx: KafkaContext, req: Request) -> Any:
+async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
+    """Brokers and topics: all those the principal may DESCRIBE, or the ones named (those
+    it may not DESCRIBE, or may not create when missing, get TOPIC_AUTHORIZATION_FAILED)."""
     body = req.body
     resp = response_cls(type(body))
     st = ctx.state
@@ -150,13 +158,24 @@ async def metadata(ctx: KafkaContext, req: Request) -> Any:
     topics: list[tuple[str, TopicInfo | None, ErrorCode]] = []
     if body.topics is None:
         listed = await call(st.coordinator.list_topics)
-        topics = [(t.name, t, ErrorCode.none) for t in listed]
+        topics = [(t.name, t, ErrorCode.none) for t in listed if access.topic(t.name)]
     else:
-        auto = bool(getattr(body, "allow_auto_topic_creation", True))
+        auto = bool(getattr(body, "allow_auto_topic_creation", True)) and st.topics.auto_create
         for t in body.topics:
             name = t.name
+            if not access.topic(name):
+                topics.append((name, None, TOPIC_DENIED))
+                continue
             try:
-                found = await (st.topics.get_or_create(name) if auto else st.topics.get(name))
+                try:
+                    found = await st.topics.get(name)
+                except TopicNotFoundError:
+                    if not auto:
+                        raise
+                    if not access.may_create(name):
+                        topics.append((name, None, TOPIC_DENIED))
+                        continue
+                    found = await st.topics.get_or_create(name)
                 topics.append((name, found, ErrorCode.none))
             except LakelogError as e:
                 topics.append((name, None, code_for(e)))
@@ -209,13 +228,14 @@ async def metadata(ctx: KafkaContext, req: Request) -> Any:
 # -- Produce -----------------------------------------------------------------------------
 
 
-async def produce(ctx: KafkaContext, req: Request) -> Any:
+async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Check every partition's batches, append the good ones to the shared batcher.
 
-    A partition with an unknown topic or partition, a corrupt batch or a batch over
-    ``max.message.bytes`` gets its error and stores nothing; the others are appended
-    in one call, so they share a flush. The answer waits for that flush's commit
-    (acks 1 and all alike: an ack means committed); with acks=0 there is none.
+    A partition of a topic the principal may not WRITE, an unknown topic or partition,
+    a corrupt batch or a batch over ``max.message.bytes`` gets its error and stores
+    nothing; the others are appended in one call, so they share a flush. The answer
+    waits for that flush's commit (acks 1 and all alike: an ack means committed); with
+    acks=0 there is none.
     """
     body = req.body
     resp = response_cls(type(body))
@@ -228,10 +248,13 @@ async def produce(ctx: KafkaContext, req: Request) -> Any:
         name = td.name
         topic: TopicInfo | None = None
         error: tuple[ErrorCode, str | None] = (ErrorCode.unknown_topic_or_partition, None)
-        try:
-            topic = await ctx.state.topics.get(name)
-        except LakelogError as e:
-            error = (code_for(e), e.message)
+        if not access.topic(name):
+            error = (TOPIC_DENIED, None)
+        else:
+            try:
+                topic = await ctx.state.topics.get(name)
+            except LakelogError as e:
+                error = (code_for(e), e.message)
         for pd in td.partition_data:
             tp = (name, pd.index)
             order.append(tp)
@@ -248,7 +271,9 @@ async def produce(ctx: KafkaContext, req: Request) -> Any:
             checked[tp] = (topic.topic_id, memoryview(pd.records), problem)
     ctx.state.metrics.produce_requests.labels(api="kafka").inc()
     size = sum(len(pd.records or b"") for td in body.topic_data for pd in td.partition_data)
-    throttle_ms = ctx.state.quotas.kafka_throttle_ms(req.header.client_id, PRODUCE, size)
+    throttle_ms = ctx.state.quotas.kafka_throttle_ms(
+        req.header.client_id, PRODUCE, size, access.principal
+    )
     tickets, duplicates = await _admit_idempotent(ctx, checked, errors)
     for tp, (topic_id, view, infos) in checked.items():
         if tp in errors or tp in duplicates:
@@ -405,10 +430,18 @@ def _produce_response(
 # -- InitProducerId ----------------------------------------------------------------------
 
 
-async def init_producer_id(ctx: KafkaContext, req: Request) -> Any:
+async def init_producer_id(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Producer ids and epochs from the coordinator; transactions are not supported."""
     body = req.body
     resp = response_cls(type(body))
+    denied = None
+    if body.transactional_id is not None:
+        if not access.transactional_id(body.transactional_id):
+            denied = TRANSACTIONAL_ID_DENIED
+    elif not (access.cluster() or access.any_topic()):
+        denied = CLUSTER_DENIED
+    if denied is not None:
+        return build(resp, throttle_time=0, error_code=denied, producer_id=-1, producer_epoch=-1)
     if body.transactional_id is not None:
         # No transaction coordinator: say so plainly rather than pretend.
         return build(
@@ -442,7 +475,7 @@ class _PartitionRead:
     records: bytearray = field(default_factory=bytearray)
 
 
-async def fetch(ctx: KafkaContext, req: Request) -> Any:
+async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Batches from each partition's offset, long-polling until ``min_bytes`` or ``max_wait``.
 
     Stored batches go out as they are, base offsets patched; tiered rows are encoded
@@ -457,10 +490,13 @@ async def fetch(ctx: KafkaContext, req: Request) -> Any:
     for t in body.topics:
         info: TopicInfo | None = None
         code = ErrorCode.unknown_topic_or_partition
-        try:
-            info = await st.topics.get(t.topic)
-        except LakelogError as e:
-            code = code_for(e)
+        if not access.topic(t.topic):
+            code = TOPIC_DENIED
+        else:
+            try:
+                info = await st.topics.get(t.topic)
+            except LakelogError as e:
+                code = code_for(e)
         for p in t.partitions:
             if info is None or not 0 <= p.partition < info.partitions:
                 unknown[(t.topic, p.partition)] = (
@@ -502,7 +538,7 @@ async def fetch(ctx: KafkaContext, req: Request) -> Any:
                 )
             )
     size = sum(len(r.records or b"") for r in reads)
-    throttle_ms = st.quotas.kafka_throttle_ms(req.header.client_id, FETCH, size)
+    throttle_ms = st.quotas.kafka_throttle_ms(req.header.client_id, FETCH, size, access.principal)
     return build(
         resp,
         throttle_time=throttle_ms,
@@ -591,7 +627,7 @@ def _tier_batches(records: Any, budget: int) -> list[bytes]:
 # -- ListOffsets -------------------------------------------------------------------------
 
 
-async def list_offsets(ctx: KafkaContext, req: Request) -> Any:
+async def list_offsets(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
     part_cls, topic_cls = (
@@ -601,12 +637,20 @@ async def list_offsets(ctx: KafkaContext, req: Request) -> Any:
     topics = []
     for t in body.topics:
         parts = []
+        allowed = access.topic(t.name)
         for p in t.partitions:
+            offset, ts, code = -1, -1, TOPIC_DENIED
             try:
-                offset, ts = await run(
-                    Kind.READ, _offset_for, ctx.state, t.name, p.partition_index, int(p.timestamp)
-                )
-                code = ErrorCode.none
+                if allowed:
+                    offset, ts = await run(
+                        Kind.READ,
+                        _offset_for,
+                        ctx.state,
+                        t.name,
+                        p.partition_index,
+                        int(p.timestamp),
+                    )
+                    code = ErrorCode.none
             except LakelogError as e:
                 offset, ts, code = -1, -1, code_for(e)
             parts.append(

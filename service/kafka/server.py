@@ -20,10 +20,13 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from segments.errors import InvalidSecurityRequestError
+from coordinator.security import ANONYMOUS
+from segments.errors import InvalidSecurityRequestError, LakelogError
+from service.acl import AclCache
 from service.auth import Authenticator
-from service.kafka import admin, groups
+from service.kafka import acls, admin, groups
 from service.kafka import handlers as h
+from service.kafka.acl import AUTHENTICATED, RULES, Access
 from service.kafka.framing import (
     FrameDecoder,
     FrameError,
@@ -75,6 +78,9 @@ HANDLERS: dict[int, tuple[int, int, h.Handler]] = {
     37: (0, 3, admin.create_partitions),
     44: (0, 1, admin.incremental_alter_configs),
     60: (0, 1, admin.describe_cluster),
+    29: (1, 3, acls.describe_acls),
+    30: (1, 3, acls.create_acls),
+    31: (1, 3, acls.delete_acls),
 }
 
 #: api key -> (min version, max version): what ApiVersions advertises.
@@ -94,6 +100,7 @@ class KafkaServer:
         host, port: where to listen (port 0: any free port; see ``port`` after start).
         authenticator: require SASL (``service.kafka.sasl``) and check credentials with it.
         tls: serve TLS (Kafka's SSL, or SASL_SSL with an authenticator).
+        acl: check every request against these ACLs (``service.kafka.acl``); None: off.
         reuse_port: bind with SO_REUSEPORT (``agent --workers``: every worker listens).
     """
 
@@ -104,11 +111,13 @@ class KafkaServer:
         port: int,
         authenticator: Authenticator | None = None,
         tls: ssl.SSLContext | None = None,
+        acl: AclCache | None = None,
         *,
         reuse_port: bool = False,
     ) -> None:
         self.state = state
         self.tls = tls
+        self.acl = acl
         #: With an authenticator, every connection authenticates with SASL first.
         self.authenticator = authenticator
         self.host = host
@@ -128,7 +137,7 @@ class KafkaServer:
             reuse_port=self.reuse_port,
         )
         self.port = self._server.sockets[0].getsockname()[1]
-        self.ctx = h.KafkaContext(self.state, self.host, self.port)
+        self.ctx = h.KafkaContext(self.state, self.host, self.port, acl=self.acl)
         protocol = ("SASL_" if self.authenticator else "") + ("SSL" if self.tls else "PLAINTEXT")
         log.info("Kafka listener on %s:%d (%s)", self.host, self.port, protocol)
 
@@ -164,10 +173,9 @@ class KafkaServer:
         peer = writer.get_extra_info("peername")
         decoder = FrameDecoder(self.state.settings.kafka_max_request_bytes)
         answers: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
+        address = str(peer[0]) if peer else ""
         session = (
-            SaslSession(self.authenticator, str(peer[0]) if peer else "")
-            if self.authenticator is not None
-            else None
+            SaslSession(self.authenticator, address) if self.authenticator is not None else None
         )
         if session is not None and self.tls is not None:
             try:  # mTLS: a verified client certificate names the principal, no SASL needed
@@ -183,7 +191,7 @@ class KafkaServer:
                 if not data:
                     break
                 for frame in decoder.feed(data):
-                    answer = await self._handle(frame, session)
+                    answer = await self._handle(frame, session, address)
                     if answer is not None:
                         answers.put_nowait(answer)
         except FrameError as e:
@@ -201,11 +209,12 @@ class KafkaServer:
                 await writer.wait_closed()
 
     async def _handle(
-        self, frame: bytes, session: SaslSession | None = None
+        self, frame: bytes, session: SaslSession | None = None, address: str = ""
     ) -> tuple[int, Any] | None:
         """Decode and run one request: (correlation id, body or Deferred), or None.
 
-        ``session``: the connection's SASL state when authentication is on.
+        ``session``: the connection's SASL state when authentication is on; ``address``:
+        the client's (the host ACLs are checked against).
 
         Raises:
             FrameError: the connection must close (after the answers queued so far).
@@ -227,8 +236,26 @@ class KafkaServer:
         if session is not None and session.principal is None and api_key != API_VERSIONS:
             raise FrameError(f"api key {api_key} before SASL authentication")
         handler = HANDLERS[api_key][2]
-        body = await handler(self.ctx, req)
+        principal = session.principal if session is not None else None
+        body = await handler(self.ctx, req, await self._access(api_key, principal, address))
         return req.header.correlation_id, body
+
+    async def _access(self, api_key: int, principal: str | None, address: str) -> Access:
+        """The request's Access: its API's rule over the agent's ACL snapshot.
+
+        Raises:
+            FrameError: the ACLs cannot be loaded within their staleness bound (the
+                connection closes; the client reconnects and retries, as after a broker
+                restart: never an answer from ACLs older than the bound).
+        """
+        rule = RULES[api_key]
+        if self.acl is None or rule == AUTHENTICATED:  # nothing to ask the ACLs
+            return Access(rule, None, principal or ANONYMOUS, address)
+        try:
+            authorizer = await self.acl.authorizer()
+        except LakelogError as e:
+            raise FrameError(f"ACLs unavailable: {e.message}") from None
+        return Access(rule, authorizer, principal or ANONYMOUS, address)
 
 
 async def _sasl(session: SaslSession | None, req: Request) -> Any:

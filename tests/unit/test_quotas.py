@@ -78,3 +78,13 @@ def test_overrides_per_principal_like_kafkas_client_id_quotas() -> None:
 def test_bad_overrides_fail_at_start_up(bad: str) -> None:
     with pytest.raises(ValueError, match="quota_overrides"):
         _quotas(quota_overrides=bad)
+
+
+def test_kafka_requests_charge_the_authenticated_principal_not_the_client_id() -> None:
+    """Two clients of one SASL user share its bucket (and its User: override); without
+    authentication the client id is charged, as before."""
+    q = _quotas(quota_fetch_bytes_per_s=1000, quota_overrides="User:big=fetch_bytes:100000")
+    assert q.kafka_throttle_ms("c1", FETCH, 1500, "User:alice") == 500
+    assert q.kafka_throttle_ms("c2", FETCH, 10, "User:alice") > 0  # same user, other client
+    assert q.kafka_throttle_ms("c2", FETCH, 10) == 0  # anonymous: its client id's bucket
+    assert q.kafka_throttle_ms("c1", FETCH, 50000, "User:big") == 0  # the user's override

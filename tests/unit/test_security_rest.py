@@ -355,10 +355,6 @@ def test_acl_bad_input_and_delete_needs_its_filter(
     [
         ({"authorization": "acl", "kafka_port": 0}, "authorization acl needs authentication"),
         (
-            {"authentication": "basic", "authorization": "acl", "kafka_port": 9092},
-            "Kafka listener does not check ACLs",
-        ),
-        (
             {"authentication": "basic", "kafka_port": 0, "coordinator": "http://c:8083"},
             "needs coordinator_secret",
         ),
