@@ -57,7 +57,29 @@ def wait_https(url: str, ca_file: str, proc: Proc, timeout: float = 90.0) -> Non
 
 
 def basic() -> dict[str, str]:
+    """The super user's credential."""
     return {"Authorization": "Basic " + base64.b64encode(f"tuser:{PASSWORD}".encode()).decode()}
+
+
+def allow(cluster: TlsCluster, principal: str, operation: str, topic: str) -> None:
+    """An ALLOW ACL made by the super user over REST v3."""
+    verify = ssl.create_default_context(cafile=cluster.ca_file)
+    cid = httpx.get(f"{cluster.rest}/v3/clusters", headers=basic(), verify=verify).json()["data"][
+        0
+    ]["cluster_id"]
+    acl = {
+        "resource_type": "TOPIC",
+        "resource_name": topic,
+        "pattern_type": "LITERAL",
+        "principal": principal,
+        "host": "*",
+        "operation": operation,
+        "permission": "ALLOW",
+    }
+    made = httpx.post(
+        f"{cluster.rest}/v3/clusters/{cid}/acls", json=acl, headers=basic(), verify=verify
+    )
+    assert made.status_code == 201, made.text
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +101,8 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
     env = {
         "PYTHONPATH": str(ROOT),
         "LAKELOG_AUTHENTICATION": "basic",
+        "LAKELOG_AUTHORIZATION": "acl",
+        "LAKELOG_SUPER_USERS": "User:tuser",
         "LAKELOG_COORDINATOR_SECRET": SECRET,
         "LAKELOG_TLS_CERT_FILE": str(cert_file),
         "LAKELOG_TLS_KEY_FILE": str(key_file),
@@ -203,6 +227,7 @@ def test_kafka_sasl_ssl_clients(tls_cluster: TlsCluster) -> None:
 def test_kafka_mtls_client_certificate_is_the_principal(tls_cluster: TlsCluster) -> None:
     """security.protocol=SSL with a client certificate of the CA: no SASL, yet served; the
     same without a certificate is refused (the listener needs a principal)."""
+    allow(tls_cluster, "User:svc-mtls", "WRITE", "tls-topic")
     client_pem = str(Path(tls_cluster.ca_file).with_name("client.pem"))
     conf = {
         "bootstrap.servers": tls_cluster.bootstrap,
@@ -225,15 +250,29 @@ def test_rest_mtls_client_certificate_is_the_principal(
     tls_cluster: TlsCluster, tmp_path: Path
 ) -> None:
     """HTTPS with a client certificate of tls_client_ca_file's CA and no Authorization
-    header: served as User:<CN>; without a certificate: 401; a credential given with the
-    certificate is checked (and wins); a certificate of another CA fails the handshake."""
+    header: served as User:<CN> (denied until an ACL names User:svc-mtls, then allowed);
+    without a certificate: 401; a credential given with the certificate is checked (and
+    wins); a certificate of another CA fails the handshake."""
     client_pem = str(Path(tls_cluster.ca_file).with_name("client.pem"))
     with_cert = ssl.create_default_context(cafile=tls_cluster.ca_file)
     with_cert.load_cert_chain(client_pem)
+    verify = ssl.create_default_context(cafile=tls_cluster.ca_file)
     url = f"{tls_cluster.rest}/v3/clusters"
-    served = httpx.get(url, verify=with_cert)
+    cid = httpx.get(url, headers=basic(), verify=verify).json()["data"][0]["cluster_id"]
+    made = httpx.post(
+        f"{url}/{cid}/topics",
+        json={"topic_name": "mtls-rest", "partitions_count": 1},
+        headers=basic(),
+        verify=verify,
+    )
+    assert made.status_code == 201, made.text
+    topic_url = f"{url}/{cid}/topics/mtls-rest"
+    denied = httpx.get(topic_url, verify=with_cert)  # authenticated (not 401), no ACL yet
+    assert denied.status_code == 403 and denied.json()["error_code"] == 40301, denied.text
+    allow(tls_cluster, "User:svc-mtls", "DESCRIBE", "mtls-rest")
+    served = httpx.get(topic_url, verify=with_cert)
     assert served.status_code == 200, served.text
-    assert served.json()["data"][0]["cluster_id"]
+    assert served.json()["topic_name"] == "mtls-rest"
     plain = ssl.create_default_context(cafile=tls_cluster.ca_file)
     assert httpx.get(url, verify=plain).status_code == 401
     bad = {"Authorization": "Basic " + base64.b64encode(b"tuser:wrong-password").decode()}
