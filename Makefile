@@ -24,8 +24,11 @@ lint: install  ## ruff and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Two test processes (modules stay whole: they share clusters), then the tests that
+# restart PostgreSQL, alone.
 test: lint  ## lint, then the whole test suite
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile -m "not serial"
+	$(BIN)/pytest -m serial
 
 bench: install  ## run every benchmark (prints JSON lines)
 	$(BIN)/pip install -q -e '.[dev,bench]'

@@ -248,6 +248,7 @@ def _all_fired(topo: Topology, method: str) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_postgresql_restart_recovers_without_manual_steps(topo: Topology) -> None:
     """Race: producers and consumer-group calls run while the machine's PostgreSQL
     server restarts (a few seconds of outage).

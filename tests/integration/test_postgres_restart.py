@@ -20,7 +20,7 @@ from coordinator.local import LocalCoordinator
 from segments.errors import CoordinatorUnavailableError
 from tests.conftest import new_db_url, sql_rows
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.serial]
 
 
 def pg_ctl(action: str) -> None:
