@@ -57,6 +57,7 @@ from tests.conftest import new_db_url
 from tests.integration.topology import (
     ADMIN,
     ADMIN_PASSWORD,
+    COORDINATOR_SECRET,
     CREATE_ADMIN,
     Topology,
     b64,
@@ -926,3 +927,13 @@ def test_compose_spark_job_counts_a_topic_produced_through_the_cluster(
         {"key": "bob", "records": 2, "sum_amount": 15.0},
         {"key": "carol", "records": 1, "sum_amount": 2.0},
     ]
+
+
+def test_no_secret_in_the_topologys_logs(topology: Topology) -> None:
+    """After the module's runs (logins, the Spark job, ACL checks), no process of the
+    compose topology logged the admin password or the coordinators' shared secret.
+    Last in the module, so every earlier test's output is in the logs."""
+    logs = "\n".join(s.output() for s in topology.services())
+    assert "Uvicorn running" in logs, "no logs to look at"
+    assert ADMIN_PASSWORD not in logs
+    assert COORDINATOR_SECRET not in logs
