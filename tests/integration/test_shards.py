@@ -1,0 +1,419 @@
+"""Partitions sharded over several PostgreSQL databases (``coordinator.shards``).
+
+Every shard is a database of its own on the machine's PostgreSQL (created here with a
+unique name, dropped at the end), so that one can be made unavailable
+(``ALTER DATABASE ... ALLOW_CONNECTIONS false`` and its backends terminated) while the
+server and the other databases keep running.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+
+from coordinator.client import ChunkCommit
+from coordinator.janitors.context import JanitorContext
+from coordinator.janitors.gc import run_gc
+from coordinator.local import LocalCoordinator
+from coordinator.shards import ShardConfigError, ShardedStore
+from segments.errors import (
+    CoordinatorUnavailableError,
+    PartialCommitError,
+    PartitionNotFoundError,
+    TopicNotFoundError,
+)
+from segments.store import open_store
+from segments.types import TopicPartition
+from tests.conftest import PG_ADMIN_URL, sql_rows
+
+pytestmark = pytest.mark.integration
+
+NewDb = Callable[[], str]
+
+
+def _url(dbname: str) -> str:
+    info = psycopg.conninfo.conninfo_to_dict(PG_ADMIN_URL)
+    host, port = info.get("host", "127.0.0.1"), info.get("port", "5432")
+    return f"postgresql://{info.get('user', 'postgres')}@{host}:{port}/{dbname}"
+
+
+def _dbname(url: str) -> str:
+    return url.rsplit("/", 1)[1].split("?")[0]
+
+
+@pytest.fixture
+def new_db() -> Iterator[NewDb]:
+    """Creates empty databases ``lakelog_shard_<random>``; drops them all afterwards."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"lakelog_shard_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        made.append(name)
+        return _url(name)
+
+    yield make
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        for name in made:
+            admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextmanager
+def unavailable(url: str) -> Iterator[None]:
+    """The database refuses connections and loses the ones it had, until the block ends."""
+    name = _dbname(url)
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+        )
+    try:
+        yield
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+
+
+def chunk(topic_id: bytes, partition: int, count: int = 1, ts: int = 1000) -> ChunkCommit:
+    return ChunkCommit(topic_id, partition, 0, 10 * count, count, ts, ts + count - 1)
+
+
+def sharded(coord: LocalCoordinator) -> ShardedStore:
+    assert coord.sharded is not None
+    return coord.sharded
+
+
+def shard_urls_of(coord: LocalCoordinator, urls: list[str]) -> dict[str, str]:
+    """Shard id -> URL (read from each database's meta row)."""
+    out = {}
+    for url in urls:
+        ((shard_id,),) = sql_rows(url, "SELECT value FROM meta WHERE key = 'shard_id'")
+        out[shard_id] = url
+    return out
+
+
+# -- configuration --------------------------------------------------------------------
+
+
+def test_shards_get_ids_in_their_own_database_and_the_catalog_lists_no_urls(
+    new_db: NewDb,
+) -> None:
+    catalog, urls = new_db(), [new_db(), new_db()]
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        ids = [s.shard_id for s in sharded(coord).shards]
+        cluster = coord.cluster_id()
+    listed = sql_rows(catalog, "SELECT shard_id FROM shards ORDER BY shard_id")
+    assert [r[0] for r in listed] == sorted(ids)
+    assert all("postgresql" not in r[0] for r in listed)
+    for url, shard_id in zip(urls, ids, strict=True):
+        meta = dict(sql_rows(url, "SELECT key, value FROM meta"))
+        assert meta == {"cluster_id": cluster, "role": "shard", "shard_id": shard_id}
+    # Again, in another order: the same shards, by id.
+    with LocalCoordinator(catalog, shards=urls[::-1]) as coord:
+        assert sorted(s.shard_id for s in sharded(coord).shards) == sorted(ids)
+
+
+def test_misconfigured_shards_are_refused(new_db: NewDb) -> None:
+    catalog, a, b = new_db(), new_db(), new_db()
+    with LocalCoordinator(catalog, shards=[a, b]):
+        pass
+    with pytest.raises(ShardConfigError, match="no --db-shard leads to"):
+        LocalCoordinator(catalog, shards=[a])
+    with pytest.raises(ShardConfigError, match="given twice"):
+        LocalCoordinator(catalog, shards=[a, b, a])
+    with pytest.raises(ShardConfigError, match="is a catalog"):
+        LocalCoordinator(catalog, shards=[a, b, catalog])
+    with pytest.raises(ShardConfigError, match="is a shard database, not a catalog"):
+        LocalCoordinator(a, shards=[b])
+    other = new_db()
+    with LocalCoordinator(other, shards=[new_db()]) as coord:
+        foreign_url = _url(_dbname(sharded(coord).shards[0].db.location))
+    with pytest.raises(ShardConfigError, match="belongs to cluster"):
+        LocalCoordinator(catalog, shards=[a, b, foreign_url])
+    # A single-database cluster with partitions cannot become a catalog in place.
+    single = new_db()
+    with LocalCoordinator(single) as coord:
+        coord.create_topic("t", 2)
+    with pytest.raises(ShardConfigError, match="holds partitions of its own"):
+        LocalCoordinator(single, shards=[new_db()])
+
+
+# -- the data path -----------------------------------------------------------------------
+
+
+def test_partitions_spread_over_shards_and_commits_split_by_shard(new_db: NewDb) -> None:
+    catalog, urls = new_db(), [new_db(), new_db(), new_db()]
+    N = 48  # all three shards used but with probability ~1e-8
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        topic = coord.create_topic("spread", N)
+        by_id = shard_urls_of(coord, urls)
+        placed = dict(
+            (
+                (p, s)
+                for p, s in sql_rows(
+                    catalog,
+                    "SELECT partition, shard_id FROM partition_shards WHERE topic_id = ?",
+                    (topic.topic_id,),
+                )
+            )
+        )
+        assert sorted(placed) == list(range(N))
+        assert len(set(placed.values())) == 3  # 48 partitions, 3 shards: all used
+        # Each partition row is in its shard, and only there; the catalog has none.
+        for shard_id, url in by_id.items():
+            rows = sql_rows(
+                url, "SELECT partition FROM partitions WHERE topic_id = ?", (topic.topic_id,)
+            )
+            assert sorted(r[0] for r in rows) == sorted(
+                p for p, s in placed.items() if s == shard_id
+            )
+        assert sql_rows(catalog, "SELECT COUNT(*) FROM partitions") == [(0,)]
+
+        # One object with a chunk in every partition: every shard commits its part.
+        chunks = [chunk(topic.topic_id, p, count=p + 1) for p in range(N)]
+        assert coord.commit("segments/a/1.seg", chunks) == [0] * N
+        assert coord.commit("segments/a/2.seg", chunks) == [p + 1 for p in range(N)]
+        # A retry answers with the first offsets, shard by shard.
+        assert coord.commit("segments/a/2.seg", chunks) == [p + 1 for p in range(N)]
+        for shard_id, url in by_id.items():
+            keys = sql_rows(url, "SELECT object_key FROM objects ORDER BY object_key")
+            assert [k[0] for k in keys] == ["segments/a/1.seg", "segments/a/2.seg"], shard_id
+        for p in range(N):
+            offsets = coord.offsets("spread", p)
+            assert (offsets.log_start, offsets.high_watermark) == (0, 2 * (p + 1))
+            refs = coord.lookup("spread", p, 0)
+            assert [r.object_key for r in refs] == ["segments/a/1.seg", "segments/a/2.seg"]
+            assert [r.base_offset for r in refs] == [0, p + 1]
+        many = coord.offsets_many([TopicPartition("spread", p) for p in range(N + 1)])
+        assert {tp.partition: o.high_watermark for tp, o in many.items()} == {
+            p: 2 * (p + 1) for p in range(N)
+        }
+        ts = coord.lookup_timestamp("spread", 5, 1003)
+        assert ts is not None and ts.object_key == "segments/a/1.seg"
+        assert coord.committed_object_keys(["segments/a/1.seg", "nope"]) == {"segments/a/1.seg"}
+        assert coord.delete_records("spread", 3, 4) == 4
+        assert coord.offsets("spread", 3).log_start == 4
+        # Unknown partitions and topics fail as on one database, committing nothing.
+        with pytest.raises(PartitionNotFoundError):
+            coord.commit("segments/a/3.seg", [chunk(topic.topic_id, N)])
+        with pytest.raises(TopicNotFoundError):
+            coord.commit("segments/a/3.seg", [chunk(uuid.uuid4().bytes, 0)])
+        with pytest.raises(PartitionNotFoundError):
+            coord.offsets("spread", N)
+        assert coord.committed_object_keys(["segments/a/3.seg"]) == set()
+
+
+def test_concurrent_writers_get_contiguous_offsets_on_every_shard(new_db: NewDb) -> None:
+    catalog, urls = new_db(), [new_db(), new_db()]
+    writers, commits = 8, 40
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        topic = coord.create_topic("busy", 6)
+        got: list[tuple[int, int, int]] = []  # (partition, base, count)
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def write(w: int) -> None:
+            try:
+                for n in range(commits):
+                    chunks = [chunk(topic.topic_id, p, count=1 + (w + n + p) % 3) for p in range(6)]
+                    bases = coord.commit(f"segments/w{w}/{n}.seg", chunks)
+                    with lock:
+                        got.extend(
+                            (c.partition, b, c.record_count)
+                            for c, b in zip(chunks, bases, strict=True)
+                        )
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        for p in range(6):
+            runs = sorted((b, n) for q, b, n in got if q == p)
+            end = 0
+            for base, n in runs:
+                assert base == end  # no gap, no overlap
+                end = base + n
+            assert coord.offsets("busy", p).high_watermark == end
+
+
+def test_a_shard_added_later_moves_nothing(new_db: NewDb) -> None:
+    catalog, a, b, c = new_db(), new_db(), new_db(), new_db()
+    with LocalCoordinator(catalog, shards=[a, b]) as coord:
+        old = coord.create_topic("old", 30)
+        coord.commit("segments/o/1.seg", [chunk(old.topic_id, p) for p in range(30)])
+        before = sql_rows(catalog, "SELECT partition, shard_id FROM partition_shards")
+    with LocalCoordinator(catalog, shards=[a, b, c]) as coord:
+        new_id = next(
+            s.shard_id for s in sharded(coord).shards if s.db.location.endswith(_dbname(c))
+        )
+        assert sorted(before) == sorted(
+            sql_rows(
+                catalog,
+                "SELECT partition, shard_id FROM partition_shards WHERE topic_id = ?",
+                (old.topic_id,),
+            )
+        )
+        assert all(coord.offsets("old", p).high_watermark == 1 for p in range(30))
+        new = coord.create_topic("new", 30)
+        placed = sql_rows(
+            catalog, "SELECT shard_id FROM partition_shards WHERE topic_id = ?", (new.topic_id,)
+        )
+        assert new_id in {r[0] for r in placed}
+        # add_partitions places the new ones over all three, keeping the old ones.
+        coord.add_partitions("old", 60)
+        grown = dict(
+            sql_rows(
+                catalog,
+                "SELECT partition, shard_id FROM partition_shards WHERE topic_id = ?",
+                (old.topic_id,),
+            )
+        )
+        assert {p: s for p, s in grown.items() if p < 30} == dict(before)
+        assert new_id in {s for p, s in grown.items() if p >= 30}
+        assert coord.commit("segments/o/2.seg", [chunk(old.topic_id, p) for p in range(60)]) == (
+            [1] * 30 + [0] * 30
+        )
+
+
+def test_delete_topic_clears_every_shard_and_groups_see_shard_offsets(new_db: NewDb) -> None:
+    catalog, urls = new_db(), [new_db(), new_db()]
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        t = coord.create_topic("gone", 4)
+        coord.commit("segments/g/1.seg", [chunk(t.topic_id, p, count=5) for p in range(4)])
+        # Committed offsets (catalog) against high watermarks (shards): the lag.
+        from coordinator.groups import CommittedOffset
+
+        coord.alter_group_offsets(
+            "g1", {TopicPartition("gone", p): CommittedOffset(p, "") for p in range(4)}
+        )
+        lag = coord.group_lag()
+        assert [(x.group, x.topic, x.lag, x.max_lag, x.partitions) for x in lag] == [
+            ("g1", "gone", 5 + 4 + 3 + 2, 5, 4)
+        ]
+        coord.delete_topic("gone")
+        for url in urls:
+            assert sql_rows(url, "SELECT COUNT(*) FROM partitions") == [(0,)]
+            assert sql_rows(url, "SELECT COUNT(*) FROM index_entries") == [(0,)]
+        assert sql_rows(catalog, "SELECT COUNT(*) FROM partition_shards") == [(0,)]
+        with pytest.raises(TopicNotFoundError):
+            coord.commit("segments/g/2.seg", [chunk(t.topic_id, 0)])
+
+
+# -- garbage collection ----------------------------------------------------------------
+
+
+def test_gc_keeps_an_object_any_shard_references(new_db: NewDb, tmp_path) -> None:
+    catalog, urls = new_db(), [new_db(), new_db()]
+    store = open_store(f"file://{tmp_path}/store")
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        t = coord.create_topic("gc", 8)
+        s = sharded(coord)
+        where = {p: s.shard_of(t.topic_id, p).shard_id for p in range(8)}
+        first = sorted(p for p in range(8) if where[p] == s.shards[0].shard_id)
+        second = sorted(p for p in range(8) if where[p] == s.shards[1].shard_id)
+        assert first and second
+        key = "segments/gc/1.seg"
+        store.put(key, b"x" * 100)
+        coord.commit(key, [chunk(t.topic_id, p) for p in range(8)])
+        clock = [time.time() + 10_000]
+        ctx = JanitorContext(coord.janitor_catalog(), coord.store, store, lambda: clock[0])
+
+        # Shard 0 drops its references; shard 1 still has them: the object stays.
+        for p in first:
+            coord.delete_records("gc", p, -1)
+        report = run_gc(ctx, grace_s=1.0)
+        clock[0] += 10
+        report = run_gc(ctx, grace_s=1.0)
+        assert report.objects_deleted == 0 and report.orphans_deleted == 0
+        assert store.exists(key) if hasattr(store, "exists") else store.get(key)
+
+        # A shard that does not answer: nothing is deleted in that round.
+        for p in second:
+            coord.delete_records("gc", p, -1)
+        orphan = "segments/gc/orphan.seg"
+        store.put(orphan, b"y")
+        with unavailable(urls[1]):
+            clock[0] += 10
+            with pytest.raises(CoordinatorUnavailableError):
+                run_gc(ctx, grace_s=1.0)
+        assert store.get(key) and store.get(orphan)
+        # Back: the object and the orphan go.
+        deadline = time.monotonic() + 30
+        while True:
+            clock[0] += 10
+            try:
+                report = run_gc(ctx, grace_s=1.0)
+                break
+            except CoordinatorUnavailableError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        report = run_gc(ctx, grace_s=1.0) if report.objects_deleted == 0 else report
+        assert {o.key for o in store.list("segments/")} == set()
+
+
+# -- one shard down ----------------------------------------------------------------------
+
+
+def test_one_shard_down_pauses_only_its_partitions(new_db: NewDb) -> None:
+    catalog, urls = new_db(), [new_db(), new_db(), new_db()]
+    with LocalCoordinator(catalog, shards=urls, timeout_s=2.0) as coord:
+        t = coord.create_topic("down", 9)
+        s = sharded(coord)
+        by_id = shard_urls_of(coord, urls)
+        victim = s.shards[1]
+        lost = sorted(p for p in range(9) if s.shard_of(t.topic_id, p) is victim)
+        kept = sorted(p for p in range(9) if p not in lost)
+        assert lost and kept
+        every = [chunk(t.topic_id, p) for p in range(9)]
+        coord.commit("segments/d/0.seg", every)
+        with unavailable(by_id[victim.shard_id]):
+            with pytest.raises(PartialCommitError) as info:
+                coord.commit("segments/d/1.seg", every)
+            e = info.value
+            assert e.retriable
+            assert [b is None for b in e.base_offsets] == [p in lost for p in range(9)]
+            assert all(e.base_offsets[p] == 1 for p in kept)
+            assert all(isinstance(e.failures[p], CoordinatorUnavailableError) for p in lost)
+            # The others keep committing, fast (the down shard is not waited for).
+            started = time.monotonic()
+            for n in range(2, 12):
+                bases = coord.commit(f"segments/d/{n}.seg", [chunk(t.topic_id, p) for p in kept])
+                assert bases == [n] * len(kept)
+            assert time.monotonic() - started < 10
+            with pytest.raises(CoordinatorUnavailableError):
+                coord.commit("segments/d/x.seg", [chunk(t.topic_id, lost[0])])
+            with pytest.raises(CoordinatorUnavailableError):
+                coord.lookup("down", lost[0], 0)
+            assert coord.offsets("down", kept[0]).high_watermark == 12
+            many = coord.offsets_many([TopicPartition("down", p) for p in range(9)])
+            assert sorted(tp.partition for tp in many) == kept
+        # Restored: the retry of the partly committed object completes it with the same
+        # offsets where it was committed, and the lost partitions resume contiguously.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                bases = coord.commit("segments/d/1.seg", every)
+                break
+            except CoordinatorUnavailableError:
+                assert time.monotonic() < deadline, "the shard never came back"
+                time.sleep(0.2)
+        assert bases == [1] * 9
+        assert coord.commit("segments/d/12.seg", every) == [
+            12 if p in kept else 2 for p in range(9)
+        ]
+        for p in range(9):
+            refs = coord.lookup("down", p, 0, max_chunks=100)
+            offsets = [(r.base_offset, r.record_count) for r in refs]
+            assert [b for b, _ in offsets] == list(range(len(offsets)))
