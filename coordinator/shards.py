@@ -690,16 +690,25 @@ class ShardedStore:
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, not {max_chunks}")
         topic_id, shard = self._resolve(topic, partition)
-        log_start, high_watermark = self._bounds(topic_id, partition, shard)
-        if offset >= high_watermark:
+
+        def read(conn: Any) -> list[Any] | None:  # one snapshot, one transaction
+            bounds = conn.execute(shard.q(_BOUNDS), (topic_id, partition)).fetchone()
+            if bounds is None:
+                return None
+            if offset >= bounds[1]:
+                return []
+            start = max(offset, bounds[0])
+            return list(
+                conn.execute(
+                    shard.q(_LOOKUP),
+                    (topic_id, partition, topic_id, partition, start, start, max_chunks),
+                ).fetchall()
+            )
+
+        rows = shard.read(read)
+        if rows is None:  # placed while the shard was down: empty
+            self._ensure(shard, [(topic_id, partition)])
             return []
-        start = max(offset, log_start)
-        rows = shard.read(
-            lambda conn: conn.execute(
-                shard.q(_LOOKUP),
-                (topic_id, partition, topic_id, partition, start, start, max_chunks),
-            ).fetchall()
-        )
         return [ChunkRef(*row) for row in rows]
 
     def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -25,6 +26,7 @@ import pytest
 from coordinator.client import ChunkCommit
 from coordinator.janitors.context import JanitorContext
 from coordinator.janitors.gc import run_gc
+from coordinator.janitors.retention import run_retention
 from coordinator.local import LocalCoordinator
 from coordinator.shards import ShardConfigError, ShardedStore
 from segments.errors import (
@@ -328,7 +330,7 @@ def test_delete_topic_clears_every_shard_and_groups_see_shard_offsets(new_db: Ne
 # -- garbage collection ----------------------------------------------------------------
 
 
-def test_gc_keeps_an_object_any_shard_references(new_db: NewDb, tmp_path) -> None:
+def test_gc_keeps_an_object_any_shard_references(new_db: NewDb, tmp_path: Path) -> None:
     catalog, urls = new_db(), [new_db(), new_db()]
     store = open_store(f"file://{tmp_path}/store")
     with LocalCoordinator(catalog, shards=urls) as coord:
@@ -375,6 +377,37 @@ def test_gc_keeps_an_object_any_shard_references(new_db: NewDb, tmp_path) -> Non
                 time.sleep(0.2)
         report = run_gc(ctx, grace_s=1.0) if report.objects_deleted == 0 else report
         assert {o.key for o in store.list("segments/")} == set()
+
+
+def test_retention_runs_in_every_shard_and_skips_one_that_is_down(
+    new_db: NewDb, tmp_path: Path
+) -> None:
+    catalog, urls = new_db(), [new_db(), new_db()]
+    store = open_store(f"file://{tmp_path}/store")
+    with LocalCoordinator(catalog, shards=urls, timeout_s=2.0) as coord:
+        t = coord.create_topic("ret", 8, {"retention.bytes": "0"})
+        for n in range(3):
+            coord.commit(f"segments/r/{n}.seg", [chunk(t.topic_id, p) for p in range(8)])
+        s = sharded(coord)
+        by_id = shard_urls_of(coord, urls)
+        victim = s.shards[0]
+        down = {p for p in range(8) if s.shard_of(t.topic_id, p) is victim}
+        assert down and len(down) < 8
+        ctx = JanitorContext(coord.janitor_catalog(), coord.store, store)
+        with unavailable(by_id[victim.shard_id]):
+            report = run_retention(ctx)
+            assert report.partitions == 8 - len(down)
+            assert report.records_dropped == 3 * (8 - len(down))
+        for p in range(8):
+            if p not in down:
+                assert coord.offsets("ret", p).log_start == 3
+        deadline = time.monotonic() + 30
+        while any(coord.offsets_many([TopicPartition("ret", p)]) == {} for p in down):
+            assert time.monotonic() < deadline, "the shard never came back"
+            time.sleep(0.2)
+        report = run_retention(ctx)
+        assert report.partitions == 8 and report.records_dropped == 3 * len(down)
+        assert all(coord.offsets("ret", p).log_start == 3 for p in range(8))
 
 
 # -- one shard down ----------------------------------------------------------------------
