@@ -142,8 +142,9 @@ _HEARTBEAT_BATCH = 500
 #: Longest group or instance name (Kafka's topic-name limit, for symmetry).
 MAX_NAME_LENGTH = 249
 
-#: A topic's partitions' (log-start, high watermark), read elsewhere (sharded metadata).
-TopicBounds = Callable[[str], dict[int, tuple[int, int]]]
+#: A topic's partitions' (log-start, high watermark), read elsewhere (sharded metadata):
+#: called with the transaction's catalog connection and the topic name.
+TopicBounds = Callable[[Any, str], dict[int, tuple[int, int]]]
 
 _TOPIC_COUNT = "SELECT partition_count FROM topics WHERE name = ?"
 _ALL_TOPIC_COUNTS = "SELECT name, partition_count FROM topics ORDER BY name"
@@ -572,7 +573,7 @@ class _Topics:
         """(log-start offset, high watermark) of an existing partition."""
         if tp.topic not in self._bounds:
             if self._bounds_of is not None:  # partitions in shard databases
-                self._bounds[tp.topic] = self._bounds_of(tp.topic)
+                self._bounds[tp.topic] = self._bounds_of(self._conn, tp.topic)
             else:
                 rows = self._conn.execute(self._q(_TOPIC_BOUNDS), (tp.topic,)).fetchall()
                 self._bounds[tp.topic] = {p: (ls, hw) for p, ls, hw in rows}
@@ -1438,13 +1439,13 @@ class GroupStore:
     def _lag_by_topic_sharded(self, bounds_of: TopicBounds) -> list[GroupTopicLag]:
         """``lag_by_topic`` with the high watermarks from the shards (one read each per
         topic; partitions of a shard that is down are left out)."""
+        bounds: dict[str, dict[int, tuple[int, int]]] = {}
         with self._db.read() as conn:
             rows = conn.execute(self._q(_ALL_COMMITTED)).fetchall()
-        bounds: dict[str, dict[int, tuple[int, int]]] = {}
+            for topic in sorted({r[1] for r in rows}):
+                bounds[topic] = bounds_of(conn, topic)
         lag: dict[tuple[str, str], list[int]] = {}
         for group_id, topic, partition, offset in rows:
-            if topic not in bounds:
-                bounds[topic] = bounds_of(topic)
             edge = bounds[topic].get(int(partition))
             if edge is None:
                 continue

@@ -226,7 +226,8 @@ class Shard:
         except PartialCommitError:
             raise
         except CoordinatorUnavailableError as e:
-            self.health.failed(e)
+            if is_outage(e):
+                self.health.failed(e)
             raise
 
     def read(self, fn: Callable[[Any], T]) -> T:
@@ -257,6 +258,27 @@ def _one(sql: str, params: Sequence[Any]) -> Callable[[Any], Any]:
 
 def _all(sql: str, params: Sequence[Any] = ()) -> Callable[[Any], list[Any]]:
     return lambda conn: list(conn.execute(sql, params).fetchall())
+
+
+#: SQLSTATE classes of a server that is gone or refusing: connection exceptions (08),
+#: operator intervention (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot
+#: connect now).
+_OUTAGE_STATES = ("08", "57P")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a retriable failure means the database is unreachable (mark the shard
+    down) rather than a transaction lost a race (a deadlock or serialization victim, a
+    lock or statement timeout: the shard is fine)."""
+    cause = exc.__cause__
+    if cause is None:
+        return False
+    if type(cause).__name__ == "PoolTimeout":  # no connection could be had
+        return True
+    sqlstate = getattr(cause, "sqlstate", None)
+    if type(cause).__module__.startswith("psycopg"):
+        return sqlstate is None or sqlstate.startswith(_OUTAGE_STATES)
+    return False
 
 
 class ShardConfigError(ValueError):
@@ -424,8 +446,9 @@ class ShardedStore:
         return self._catalog.cluster_id()
 
     # -- routing ----------------------------------------------------------------
-    def shard_of(self, topic_id: bytes, partition: int) -> Shard:
-        """The shard owning a partition (by id).
+    def shard_of(self, topic_id: bytes, partition: int, conn: Any = None) -> Shard:
+        """The shard owning a partition (by id); ``conn``: a catalog connection to read
+        with (else one of its own, when the placement is not cached yet).
 
         Raises:
             TopicNotFoundError, PartitionNotFoundError.
@@ -433,16 +456,16 @@ class ShardedStore:
         key = (bytes(topic_id), partition)
         shard_id = self._where.get(key)
         if shard_id is None:
-            with self._db.read() as conn:
-                rows = conn.execute(self._q(_ASSIGNED), (key[0],)).fetchall()
-                if not rows or key[1] not in {p for p, _ in rows}:
-                    if conn.execute(self._q(_TOPIC_EXISTS), (key[0],)).fetchone() is None:
-                        raise TopicNotFoundError(
-                            f"Topic with id {format_topic_id(key[0])} not found."
-                        )
-                    raise PartitionNotFoundError(
-                        f"Partition {partition} of topic id {format_topic_id(key[0])} not found."
-                    )
+            if conn is None:
+                with self._db.read() as own:
+                    return self.shard_of(topic_id, partition, own)
+            rows = conn.execute(self._q(_ASSIGNED), (key[0],)).fetchall()
+            if not rows or key[1] not in {p for p, _ in rows}:
+                if conn.execute(self._q(_TOPIC_EXISTS), (key[0],)).fetchone() is None:
+                    raise TopicNotFoundError(f"Topic with id {format_topic_id(key[0])} not found.")
+                raise PartitionNotFoundError(
+                    f"Partition {partition} of topic id {format_topic_id(key[0])} not found."
+                )
             with self._where_lock:
                 self._where.update(((key[0], p), str(s)) for p, s in rows)
             shard_id = self._where[key]
@@ -670,19 +693,27 @@ class ShardedStore:
                 out.update((str(n), bytes(t)) for n, t in conn.execute(sql, batch))
         return out
 
-    def topic_bounds(self, topic: str) -> dict[int, tuple[int, int]]:
-        """(log-start, high watermark) of each partition of ``topic`` (consumer groups)."""
-        try:
-            info = self._catalog.get_topic(topic)
-        except TopicNotFoundError:
+    def topic_bounds(self, conn: Any, topic: str) -> dict[int, tuple[int, int]]:
+        """(log-start, high watermark) of each partition of ``topic``, for the consumer
+        groups' transactions: ``conn`` is theirs on the catalog (so no second catalog
+        connection is needed while they hold one). Partitions of a shard that is down
+        are left out."""
+        row = conn.execute(self._q(_TOPIC_BY_NAME), (topic,)).fetchone()
+        if row is None:
             return {}
-        return {
-            p: (o.log_start, o.high_watermark)
-            for tp, o in self.offsets_many(
-                [TopicPartition(topic, p) for p in range(info.partitions)]
-            ).items()
-            for p in [tp.partition]
-        }
+        topic_id, count = bytes(row[0]), int(row[1])
+        by_shard: dict[str, set[int]] = {}
+        for p in range(count):
+            by_shard.setdefault(self.shard_of(topic_id, p, conn).shard_id, set()).add(p)
+        out: dict[int, tuple[int, int]] = {}
+        for shard_id, mine in by_shard.items():
+            shard = self._by_id[shard_id]
+            try:
+                rows = shard.read(_all(shard.q(_TOPIC_BOUNDS), (topic_id,)))
+            except CoordinatorUnavailableError:
+                continue
+            out.update((int(p), (int(ls), int(hw))) for p, ls, hw in rows if int(p) in mine)
+        return out
 
     def lookup(
         self, topic: str, partition: int, offset: int, max_chunks: int = 16

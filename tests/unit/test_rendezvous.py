@@ -1,13 +1,17 @@
-"""Rendezvous placement of partitions on metadata shards (``coordinator.shards.rendezvous``)."""
+"""Metadata shards without a database: rendezvous placement of partitions, and which
+failures mark a shard down (``coordinator.shards``)."""
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
 
+import psycopg
 import pytest
+from psycopg_pool import PoolTimeout
 
-from coordinator.shards import rendezvous
+from coordinator.shards import is_outage, rendezvous
+from segments.errors import CoordinatorUnavailableError
 
 TOPICS = [uuid.UUID(int=n * 7919 + 1).bytes for n in range(60)]
 PARTITIONS = [(t, p) for t in TOPICS for p in range(50)]  # 3,000 partitions
@@ -49,3 +53,32 @@ def test_order_of_ids_does_not_matter_and_one_shard_takes_all() -> None:
     assert set(placement(["only"]).values()) == {"only"}
     with pytest.raises(ValueError):
         rendezvous([], TOPICS[0], 0)
+
+
+def _wrapped(cause: BaseException) -> CoordinatorUnavailableError:
+    try:
+        raise CoordinatorUnavailableError("metadata database failed") from cause
+    except CoordinatorUnavailableError as e:
+        return e
+
+
+def test_only_an_unreachable_database_marks_a_shard_down() -> None:
+    """A lost connection, a refused one, a server shutting down or an empty pool mark the
+    shard down (its calls then fail fast); a deadlock or serialization victim, or a
+    statement timeout, is one transaction's bad luck: the shard stays up."""
+    down = [
+        psycopg.OperationalError("connection failed: database is not accepting connections"),
+        psycopg.InterfaceError("the connection is closed"),
+        psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+        psycopg.errors.CannotConnectNow("the database system is starting up"),
+        PoolTimeout("couldn't get a connection after 5.00 sec"),
+    ]
+    up = [
+        psycopg.errors.SerializationFailure("could not serialize access"),
+        psycopg.errors.DeadlockDetected("deadlock detected"),
+        psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
+        psycopg.errors.LockNotAvailable("could not obtain lock"),
+    ]
+    assert [is_outage(_wrapped(c)) for c in down] == [True] * len(down)
+    assert [is_outage(_wrapped(c)) for c in up] == [False] * len(up)
+    assert not is_outage(CoordinatorUnavailableError("no cause"))
