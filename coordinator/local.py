@@ -34,7 +34,7 @@ from coordinator.metadata import MetadataStore
 from coordinator.producers import ProducerPartitionState, StoredKey
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from coordinator.schemas_store import SchemaRegistryStore
-from coordinator.shards import ShardedCatalog, ShardedStore, open_shards
+from coordinator.shards import ShardedCatalog, ShardedStore, check_unsharded, open_shards
 from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
@@ -93,6 +93,7 @@ class LocalCoordinator:
                 self._store = self._sharded
                 bounds = self._sharded.topic_bounds
             else:
+                check_unsharded(self._db)
                 self._store = MetadataStore(self._db, cluster_id=cluster_id)
             self._groups = GroupStore(self._db, now=now, bounds_of=bounds)
             self._kafka_groups = KafkaGroupStore(self._db, now=now)

@@ -342,6 +342,27 @@ def open_shards(
     return shards
 
 
+def check_unsharded(db: MetadataDatabase) -> None:
+    """Refuse to use a catalog, or a shard, as a database of its own (without shards its
+    partitions are nowhere; a shard's rows are a fragment).
+
+    Raises:
+        ShardConfigError: ``db`` is a catalog or a shard.
+    """
+    with db.read() as conn:
+        role = _meta(conn, db.dialect.sql, "role")
+    if role == "catalog":
+        raise ShardConfigError(
+            f"{db.location} is the catalog of sharded metadata: give its shards too "
+            "(--db-shard, LAKELOG_DB_SHARDS)"
+        )
+    if role == "shard":
+        raise ShardConfigError(
+            f"{db.location} is a shard database, not a catalog: pass it as --db-shard "
+            "and the catalog as --db"
+        )
+
+
 def _identify(catalog: MetadataDatabase, db: MetadataDatabase, cluster_id: str) -> Shard:
     q = db.dialect.sql
     with db.write() as conn:

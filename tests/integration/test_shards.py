@@ -149,6 +149,10 @@ def test_misconfigured_shards_are_refused(new_db: NewDb) -> None:
         LocalCoordinator(catalog, shards=[a, b, catalog])
     with pytest.raises(ShardConfigError, match="is a shard database, not a catalog"):
         LocalCoordinator(a, shards=[b])
+    with pytest.raises(ShardConfigError, match="is a shard database, not a catalog"):
+        LocalCoordinator(a)
+    with pytest.raises(ShardConfigError, match="give its shards too"):
+        LocalCoordinator(catalog)
     other = new_db()
     with LocalCoordinator(other, shards=[new_db()]) as coord:
         foreign_url = _url(_dbname(sharded(coord).shards[0].db.location))
