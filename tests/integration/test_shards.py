@@ -22,6 +22,7 @@ import httpx
 import orjson
 import psycopg
 import pytest
+from confluent_kafka import Producer as KafkaProducer
 
 from coordinator.client import ChunkCommit
 from coordinator.janitors.context import JanitorContext
@@ -47,6 +48,7 @@ from tests.integration.test_consumer_api import (
     request,
     unb64,
 )
+from tests.integration.test_kafka_clients import consume_all as kafka_consume_all
 
 pytestmark = pytest.mark.integration
 
@@ -506,7 +508,7 @@ def test_rest_cluster_across_shards_with_one_shard_down(
     back they resume with contiguous offsets and every acked record is there."""
     catalog, urls = new_db(), [new_db(), new_db(), new_db()]
     cluster = cluster_factory(
-        db_url=catalog, coordinator_args=[a for u in urls for a in ("--db-shard", u)]
+        db_url=catalog, coordinator_args=[a for u in urls for a in ("--db-shard", u)], kafka=True
     )
     topic = create_topic(cluster, "across", 9)
     ((topic_id,),) = sql_rows(catalog, "SELECT topic_id FROM topics WHERE name = 'across'")
@@ -586,9 +588,38 @@ def test_rest_cluster_across_shards_with_one_shard_down(
         assert [o for o, _ in got] == list(range(len(got)))  # contiguous from 0
         assert sorted(acked[p]) == got  # every acked record, and nothing else
 
+    # Kafka clients too: an idempotent librdkafka producer (its sequence state lives in
+    # each partition's shard), read back whole by a Kafka consumer.
+    kafka_topic = create_topic(cluster, "kafka-across", 6)
+    producer = KafkaProducer(
+        {
+            "bootstrap.servers": cluster.kafka[0],
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "partitioner": "murmur2_random",
+        }
+    )
+    reports: list[tuple[Any, int, int]] = []
+    for i in range(300):
+        producer.produce(
+            kafka_topic,
+            key=b"key-%d" % (i % 23),
+            value=b"v-%d" % i,
+            on_delivery=lambda e, m: reports.append((e, m.partition(), m.offset())),
+        )
+    assert producer.flush(30) == 0
+    assert all(e is None for e, _, _ in reports), reports[:3]
+    got_kafka = kafka_consume_all(cluster.kafka[1], kafka_topic, 6, 300)
+    assert sorted(m.value() for m in got_kafka) == sorted(b"v-%d" % i for i in range(300))
+    acked_kafka = {(part, off) for _, part, off in reports}
+    assert {(m.partition(), m.offset()) for m in got_kafka} == acked_kafka
+    for part in range(6):
+        offsets = sorted(o for pa, o in acked_kafka if pa == part)
+        assert offsets == list(range(len(offsets)))
+
     # Janitors across shards: tier everything, then gc asks every shard.
     report = run_janitor(cluster, "tier", tier_age_s=0)
-    assert report["partitions"] == 9 and report["objects_written"] >= 9
+    assert report["partitions"] == 15 and report["objects_written"] >= 15
     time.sleep(1.1)  # S3 keeps modification times in whole seconds
     report = run_janitor(cluster, "gc", gc_grace_s=0.5)
     assert report["objects_deleted"] > 0
