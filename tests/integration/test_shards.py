@@ -8,6 +8,7 @@ server and the other databases keep running.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 import uuid
@@ -48,7 +49,16 @@ from tests.integration.test_consumer_api import (
     request,
     unb64,
 )
+from tests.integration.test_group_commit import (
+    COMMITS_PER_WRITER,
+    PROCESSES,
+    THREADS_PER_PROCESS,
+    _metric,
+    http_writers,
+)
 from tests.integration.test_kafka_clients import consume_all as kafka_consume_all
+from tests.integration.test_metadata_concurrency import PARTITIONS, TOPICS, CommitRecord
+from tests.procs import start_coordinator
 
 pytestmark = pytest.mark.integration
 
@@ -631,3 +641,69 @@ def test_rest_cluster_across_shards_with_one_shard_down(
     assert sorted((r["partition"], r["offset"], r["value"]) for r in again) == sorted(
         (r["partition"], r["offset"], r["value"]) for r in records
     )
+
+
+@pytest.mark.slow
+def test_sixteen_writers_in_four_processes_over_shards(new_db: NewDb, tmp_path: Path) -> None:
+    """The group-commit race of ``test_group_commit`` against a coordinator process over
+    three shards: 16 writers (4 processes x 4 threads, HTTP) commit 1-5 chunks each, a
+    poisoned writer commits to a partition past the count. Every poisoned commit fails
+    alone, every other one succeeds; offsets run contiguously in every partition of
+    every shard and each writer was told exactly what the index holds for its object;
+    each shard grouped commits into fewer transactions."""
+    catalog, urls = new_db(), [new_db(), new_db(), new_db()]
+    with LocalCoordinator(catalog, shards=urls) as local:
+        topic_ids = [local.create_topic(f"topic-{i}", PARTITIONS).topic_id for i in range(TOPICS)]
+    proc, url = start_coordinator(
+        tmp_path, catalog, args=[a for u in urls for a in ("--db-shard", u)]
+    )
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        barrier = ctx.Barrier(PROCESSES)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=http_writers, args=(url, p, topic_ids, p == 0, barrier, results))
+            for p in range(PROCESSES)
+        ]
+        for p in procs:
+            p.start()
+        records: list[CommitRecord] = []
+        poison_failures: list[str] = []
+        try:
+            for _ in procs:
+                n, out, errors, poison_errors = results.get(timeout=300)
+                assert errors == [], f"process {n}: {errors}"
+                poison_failures += poison_errors
+                records += out
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    finally:
+        proc.stop()
+    assert poison_failures == []
+    assert len(records) == PROCESSES * THREADS_PER_PROCESS * COMMITS_PER_WRITER
+    told: dict[tuple[bytes, int], dict[int, tuple[int, str]]] = {}
+    for _, _, key, chunks in records:
+        for t, p, base, count in chunks:
+            told.setdefault((bytes(t), p), {})[base] = (count, key)
+    with LocalCoordinator(catalog, shards=urls) as local:
+        s = sharded(local)
+        used = {s.shard_of(t, p).shard_id for t in topic_ids for p in range(PARTITIONS)}
+        assert len(used) == 3
+        for t in topic_ids:
+            name = local.get_topic_by_id(t).name
+            for p in range(PARTITIONS):
+                refs = local.lookup(name, p, 0, max_chunks=100_000)
+                expected = 0
+                for r in refs:
+                    assert r.base_offset == expected  # contiguous: no gap, no overlap
+                    assert told[(t, p)][r.base_offset] == (r.record_count, r.object_key)
+                    expected += r.record_count
+                assert len(refs) == len(told.get((t, p), {}))
+                assert local.offsets(name, p).high_watermark == expected
+    requests = _metric(metrics, "lakelog_coordinator_group_commit_requests_total")
+    batches = _metric(metrics, "lakelog_coordinator_group_commit_batches_total")
+    assert requests >= len(records) and batches < requests
