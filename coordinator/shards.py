@@ -516,6 +516,22 @@ class ShardedStore:
 
         shard.write(ensure)
 
+    def _recheck(self, shard: Shard, parts: Sequence[tuple[bytes, int]]) -> None:
+        """Partitions a shard does not have: forget their cached placement, ask the
+        catalog again, and create their rows if they are still this shard's.
+
+        Raises:
+            TopicNotFoundError, PartitionNotFoundError: the catalog has them no more.
+        """
+        with self._where_lock:
+            for key in {t for t, _ in parts}:
+                for cached in [k for k in self._where if k[0] == key]:
+                    del self._where[cached]
+        mine = [(t, p) for t, p in parts if self.shard_of(t, p) is shard]
+        if len(mine) != len(parts):  # impossible: placements never change
+            raise MetadataError("a partition's shard changed")
+        self._ensure(shard, mine)
+
     def _place(self, topic_id: bytes, partitions: range) -> None:
         """After the catalog placed new partitions: their rows in their shards (best
         effort: a shard that is down gets them lazily)."""
@@ -629,8 +645,9 @@ class ShardedStore:
             try:
                 return shard.call(lambda: shard.store.commit(object_key, part, size=size))
             except (TopicNotFoundError, PartitionNotFoundError):
-                # Placed while the shard was down: its rows now, then once more.
-                self._ensure(shard, [(bytes(c.topic_id), c.partition) for c in part])
+                # Placed while the shard was down (its rows now, then once more), or the
+                # topic was deleted since its placement was cached (raises).
+                self._recheck(shard, [(bytes(c.topic_id), c.partition) for c in part])
                 return shard.call(lambda: shard.store.commit(object_key, part, size=size))
 
         items = list(groups.items())

@@ -334,13 +334,19 @@ def test_delete_topic_clears_every_shard_and_groups_see_shard_offsets(new_db: Ne
         assert [(x.group, x.topic, x.lag, x.max_lag, x.partitions) for x in lag] == [
             ("g1", "gone", 5 + 4 + 3 + 2, 5, 4)
         ]
-        coord.delete_topic("gone")
-        for url in urls:
-            assert sql_rows(url, "SELECT COUNT(*) FROM partitions") == [(0,)]
-            assert sql_rows(url, "SELECT COUNT(*) FROM index_entries") == [(0,)]
-        assert sql_rows(catalog, "SELECT COUNT(*) FROM partition_shards") == [(0,)]
-        with pytest.raises(TopicNotFoundError):
-            coord.commit("segments/g/2.seg", [chunk(t.topic_id, 0)])
+        # Another coordinator has the placements cached when the topic goes.
+        with LocalCoordinator(catalog, shards=urls) as other:
+            other.commit("segments/g/0.seg", [chunk(t.topic_id, p) for p in range(4)])
+            coord.delete_topic("gone")
+            for url in urls:
+                assert sql_rows(url, "SELECT COUNT(*) FROM partitions") == [(0,)]
+                assert sql_rows(url, "SELECT COUNT(*) FROM index_entries") == [(0,)]
+            assert sql_rows(catalog, "SELECT COUNT(*) FROM partition_shards") == [(0,)]
+            for c in (coord, other):
+                with pytest.raises(TopicNotFoundError):
+                    c.commit("segments/g/2.seg", [chunk(t.topic_id, p) for p in range(4)])
+            for url in urls:  # and nothing was brought back
+                assert sql_rows(url, "SELECT COUNT(*) FROM partitions") == [(0,)]
 
 
 # -- garbage collection ----------------------------------------------------------------
