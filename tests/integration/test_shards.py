@@ -516,12 +516,13 @@ def consume_all(cluster: Cluster, topic: str, expected: int) -> list[dict[str, A
     return got
 
 
+@pytest.mark.slow
 def test_rest_cluster_across_shards_with_one_shard_down(
-    cluster_factory: ClusterFactory, new_db: NewDb
+    cluster_factory: ClusterFactory, new_db: NewDb, spark: Any
 ) -> None:
-    """Produce, consume, groups and janitors through real processes over three shards;
-    one shard's database unavailable mid-run: only its partitions pause, and once it is
-    back they resume with contiguous offsets and every acked record is there."""
+    """Produce, consume, groups, janitors and Spark through real processes over three
+    shards; one shard's database unavailable mid-run: only its partitions pause, and once
+    it is back they resume with contiguous offsets and every acked record is there."""
     catalog, urls = new_db(), [new_db(), new_db(), new_db()]
     cluster = cluster_factory(
         db_url=catalog, coordinator_args=[a for u in urls for a in ("--db-shard", u)], kafka=True
@@ -646,6 +647,17 @@ def test_rest_cluster_across_shards_with_one_shard_down(
     again = consume_all(cluster, topic, total)
     assert sorted((r["partition"], r["offset"], r["value"]) for r in again) == sorted(
         (r["partition"], r["offset"], r["value"]) for r in records
+    )
+    # And through Spark, planned by the coordinator (lookups in every shard).
+    df = (
+        spark.read.format("lakelog")
+        .options(coordinator=cluster.coordinator_url, subscribe=f"{topic},{kafka_topic}")
+        .load()
+    )
+    rows = sorted((r.topic, r.partition, r.offset, bytes(r.value)) for r in df.collect())
+    assert rows == sorted(
+        [(topic, p, o, v) for p, got in acked.items() for o, v in got]
+        + [(kafka_topic, m.partition(), m.offset(), m.value()) for m in got_kafka]
     )
 
 
