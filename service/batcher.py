@@ -36,7 +36,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -90,8 +90,9 @@ class _Buffer:
     records: int = 0
     counts: dict[tuple[bytes, int], int] = field(default_factory=dict)
     waiters: list[asyncio.Future[BaseOffsets]] = field(default_factory=list)
-    #: The partitions each waiter's records went to (to answer a partly committed flush).
-    keys_of: dict[asyncio.Future[BaseOffsets], frozenset[tuple[bytes, int]]] = field(
+    #: The partitions each waiter's records went to (read only to answer a partly
+    #: committed flush, so a generator: nothing is built on the hot path).
+    keys_of: dict[asyncio.Future[BaseOffsets], Iterable[tuple[bytes, int]]] = field(
         default_factory=dict
     )
     #: REST idempotency keys of the requests buffered here, per chunk.
@@ -271,7 +272,7 @@ class Batcher:
         buf.records += len(records)
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
-        buf.keys_of[future] = frozenset((topic_id, p) for p in groups)
+        buf.keys_of[future] = ((topic_id, p) for p in groups)
         if buf.size >= self.config.flush_bytes:
             self._seal()
             self._wake.set()
@@ -326,7 +327,7 @@ class Batcher:
             placed.append((key, relative))
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
-        buf.keys_of[future] = frozenset(key for key, _ in placed)
+        buf.keys_of[future] = (key for key, _ in placed)
         if buf.size >= self.config.flush_bytes:
             self._seal()
             self._wake.set()
@@ -560,8 +561,7 @@ class Batcher:
         for future in buf.waiters:
             if future.done():
                 continue
-            keys = buf.keys_of.get(future, frozenset())
-            missing = [k for k in keys if k not in done]
+            missing = [k for k in buf.keys_of.get(future, ()) if k not in done]
             if missing:
                 future.set_exception(_as_flush_error(failed.get(missing[0], exc)))
             else:
