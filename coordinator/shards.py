@@ -398,14 +398,15 @@ def _identify(catalog: MetadataDatabase, db: MetadataDatabase, cluster_id: str) 
 
 
 class _Placement:
-    """The catalog's side of placement: rendezvous over the shards listed, stored."""
+    """The catalog's side of placement: rendezvous over the shards this process has
+    attached (at start, exactly the catalog's list), stored with the topic."""
 
     def __init__(self, shard_ids: Callable[[], list[str]], dialect_sql: Callable[[str], str]):
         self._shard_ids = shard_ids
         self._q = dialect_sql
 
     def assign(self, conn: Any, topic_id: bytes, partitions: range) -> None:
-        ids = [str(r[0]) for r in conn.execute(self._q(_SHARD_IDS))]
+        ids = self._shard_ids()
         conn.executemany(
             self._q(_ASSIGN), [(topic_id, p, rendezvous(ids, topic_id, p)) for p in partitions]
         )
@@ -491,8 +492,12 @@ class ShardedStore:
                 self._where.update(((key[0], p), str(s)) for p, s in rows)
             shard_id = self._where[key]
         shard = self._by_id.get(shard_id)
-        if shard is None:  # impossible: open_shards checked every listed shard is here
-            raise MetadataError(f"partition {partition} is on shard {shard_id}, not attached")
+        if shard is None:  # a shard attached by another coordinator since this one started
+            raise CoordinatorUnavailableError(
+                f"partition {partition} of topic id {format_topic_id(bytes(topic_id))} is on "
+                f"shard {shard_id}, which this coordinator was not started with: restart it "
+                "with every shard's --db-shard"
+            )
         return shard
 
     def _resolve(self, topic: str, partition: int) -> tuple[bytes, Shard]:
