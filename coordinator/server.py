@@ -22,6 +22,10 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/topics/{name}/partitions/{p}/delete-records  {"log_start"}  <- {"offset"}
     GET    /v1/topic-ids/{hex}               topic
     POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
+                                             (sharded metadata, some shards failed: 503
+                                             PartialCommitError with "base_offsets" [int |
+                                             null] and "failures" [null | {"error",
+                                             "message"}], one per chunk)
     POST   /v1/producers/init                {"producer_id", "epoch"}  <- {"producer_id", "epoch"}
     POST   /v1/producers/state               {"states": [{"topic_id", "partition", "epoch",
                                              "batches"}]}  <- {"producer_id", "partitions"}
