@@ -866,7 +866,12 @@ class GroupStore:
                 del have[tp]
                 conn.execute(q(_DELETE_POSITION), (g.group_id, m.name, tp.topic, tp.partition))
             for tp in owned:
-                log_start, high_watermark = topics.bounds(tp)
+                try:
+                    log_start, high_watermark = topics.bounds(tp)
+                except CoordinatorUnavailableError:
+                    if tp in have:  # its metadata shard is down: keep the position,
+                        continue  # checked again once the shard answers
+                    raise
                 pos = have.get(tp)
                 if pos is not None and log_start <= pos <= high_watermark:
                     continue

@@ -690,11 +690,15 @@ class ShardedStore:
     def offsets_many(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, PartitionOffsets]:
-        """As ``MetadataStore.offsets_many``; partitions of shards that are down are left
-        out too (their callers treat them as not there for now)."""
+        """As ``MetadataStore.offsets_many``: one read per shard involved.
+
+        Raises:
+            CoordinatorUnavailableError: a shard holding some of them is down (callers
+                that can do without those partitions ask for them one by one).
+        """
         wanted = {TopicPartition(tp[0], tp[1]) for tp in partitions}
         ids = self._topic_ids(sorted({tp.topic for tp in wanted}))
-        by_shard: dict[str, dict[bytes, str]] = {}
+        by_shard: dict[str, list[tuple[bytes, TopicPartition]]] = {}
         for tp in wanted:
             topic_id = ids.get(tp.topic)
             if topic_id is None:
@@ -703,28 +707,29 @@ class ShardedStore:
                 shard = self.shard_of(topic_id, tp.partition)
             except (TopicNotFoundError, PartitionNotFoundError):
                 continue
-            by_shard.setdefault(shard.shard_id, {})[topic_id] = tp.topic
+            by_shard.setdefault(shard.shard_id, []).append((topic_id, tp))
         out: dict[TopicPartition, PartitionOffsets] = {}
-        for shard_id, topics in by_shard.items():
+        for shard_id, items in by_shard.items():
             shard = self._by_id[shard_id]
+            topic_ids = sorted({t for t, _ in items})
 
-            def read(conn: Any, shard: Shard = shard, topics: dict[bytes, str] = topics) -> Any:
-                rows = []
-                for topic_id in topics:
-                    rows += [
-                        (topic_id, *r)
-                        for r in conn.execute(shard.q(_TOPIC_BOUNDS), (topic_id,)).fetchall()
-                    ]
-                return rows
+            def read(conn: Any, shard: Shard = shard, topic_ids: list[bytes] = topic_ids) -> Any:
+                return {
+                    (topic_id, int(p)): (int(ls), int(hw))
+                    for topic_id in topic_ids
+                    for p, ls, hw in conn.execute(shard.q(_TOPIC_BOUNDS), (topic_id,))
+                }
 
-            try:
-                rows = shard.read(read)
-            except CoordinatorUnavailableError:
-                continue
-            for topic_id, p, log_start, hw in rows:
-                tp = TopicPartition(topics[topic_id], int(p))
-                if tp in wanted and self.shard_of(topic_id, tp.partition) is shard:
-                    out[tp] = PartitionOffsets(int(log_start), int(hw))
+            found = shard.read(read)
+            absent = []
+            for topic_id, tp in items:
+                bounds = found.get((topic_id, tp.partition))
+                if bounds is None:  # placed while the shard was down: empty
+                    absent.append((topic_id, tp.partition))
+                    bounds = (0, 0)
+                out[tp] = PartitionOffsets(*bounds)
+            if absent:
+                self._ensure(shard, absent)
         return out
 
     def _topic_ids(self, names: Sequence[str]) -> dict[str, bytes]:

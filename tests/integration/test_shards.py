@@ -424,9 +424,13 @@ def test_retention_runs_in_every_shard_and_skips_one_that_is_down(
             if p not in down:
                 assert coord.offsets("ret", p).log_start == 3
         deadline = time.monotonic() + 30
-        while any(coord.offsets_many([TopicPartition("ret", p)]) == {} for p in down):
-            assert time.monotonic() < deadline, "the shard never came back"
-            time.sleep(0.2)
+        while True:
+            try:
+                coord.offsets_many([TopicPartition("ret", p) for p in down])
+                break
+            except CoordinatorUnavailableError:
+                assert time.monotonic() < deadline, "the shard never came back"
+                time.sleep(0.2)
         report = run_retention(ctx)
         assert report.partitions == 8 and report.records_dropped == 3 * len(down)
         assert all(coord.offsets("ret", p).log_start == 3 for p in range(8))
@@ -466,7 +470,9 @@ def test_one_shard_down_pauses_only_its_partitions(new_db: NewDb) -> None:
             with pytest.raises(CoordinatorUnavailableError):
                 coord.lookup("down", lost[0], 0)
             assert coord.offsets("down", kept[0]).high_watermark == 12
-            many = coord.offsets_many([TopicPartition("down", p) for p in range(9)])
+            with pytest.raises(CoordinatorUnavailableError):  # never "not there"
+                coord.offsets_many([TopicPartition("down", p) for p in range(9)])
+            many = coord.offsets_many([TopicPartition("down", p) for p in kept])
             assert sorted(tp.partition for tp in many) == kept
         # Restored: the retry of the partly committed object completes it with the same
         # offsets where it was committed, and the lost partitions resume contiguously.
@@ -564,7 +570,25 @@ def test_rest_cluster_across_shards_with_one_shard_down(
     for round_ in range(3):
         for p in range(9):
             assert send(round_, p) == ok
+    # A consumer positioned on every partition before the outage.
+    reader = Consumer.create(
+        cluster.agents, f"g-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "earliest"}
+    )
+    reader.assign(topic, *range(9))
+    first = reader.fetch(200, max_bytes=1)
+    assert len(first) == 1
     with unavailable(shard_url[victim]):
+        # It keeps reading the partitions of the shards that are up.
+        read: list[dict[str, Any]] = [rec for rec in first if rec["partition"] in kept]
+        want = sum(len(acked[p]) for p in kept)
+        deadline = time.monotonic() + 30
+        while len(read) < want and time.monotonic() < deadline:
+            r = reader.fetch_raw(200)
+            assert r.status_code == 200, r.text
+            read += [rec for rec in r.json() if rec["partition"] in kept]
+        assert sorted((rec["partition"], rec["offset"]) for rec in read) == sorted(
+            (p, o) for p in kept for o, _ in acked[p]
+        )
         for round_ in range(3, 6):
             for p in kept:  # the other shards keep taking records
                 assert send(round_, p) == ok
