@@ -32,7 +32,11 @@ use stay empty.
 - **Unavailable shards.** A shard that fails with a retriable error is marked down;
   calls that need it fail at once (``CoordinatorUnavailableError``) instead of
   waiting for its pool, and a background probe marks it up again when it answers.
-  Partitions of other shards are untouched.
+  Partitions of other shards are untouched: commits go on, and consumers already
+  positioned keep reading them (``coordinator.groups_store`` keeps the positions on a
+  down shard's partitions; ``service.v2.consumers.read_round_robin`` skips them).
+  ``offsets_many`` raises rather than leave such partitions out (callers would take
+  them for deleted).
 - **Garbage collection** asks every shard: an object is deleted only when no shard
   has a row for it, and a shard that cannot answer stops the round before anything is
   deleted (``ShardedCatalog``). Deleted topics' rows left in a shard that was down
