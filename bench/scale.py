@@ -15,7 +15,8 @@ PostgreSQL, 2 coordinators, 3 agents, the LB), without the fault proxy. Sections
   3 agents through the topology's TCP load balancer, with its CPU.
 - ``shards`` (not run by default): chunk rows/s of ONE in-process coordinator whose
   partitions are sharded over 1, 2 and 3 databases of the machine's PostgreSQL
-  (``--db-shard``; a catalog database besides), ``--shard-writers`` (8) writer threads
+  (``--db-shard``; a catalog database besides), and once on one database without
+  shards (``shards: 0``, the baseline), ``--shard-writers`` (8) writer threads
   committing 1,000-chunk objects over a topic of ``--shard-partitions`` (8,000) for
   ``--shard-seconds``: one ``scale_shards`` line per shard count (chunks/s, ratio to k
   times the one-shard rate, cores of PostgreSQL and of this process, the machine's busy
@@ -314,7 +315,7 @@ def section_shards(args: argparse.Namespace) -> None:
     from coordinator.local import LocalCoordinator
 
     rates: dict[int, float] = {}
-    for k in (1, 2, 3):
+    for k in (0, 1, 2, 3):  # 0: one database, not sharded (the baseline)
         made = [new_pg_database(args.pg_url) for _ in range(k + 1)]
         try:
             catalog, shards = made[0][1], [url for _, url in made[1:]]
@@ -340,8 +341,8 @@ def section_shards(args: argparse.Namespace) -> None:
                 bench="scale_shards",
                 shards=k,
                 partitions=partitions,
-                per_shard_chunks_per_s=round(result["chunks_per_s"] / k),
-                ratio_to_linear=round(result["chunks_per_s"] / (k * rates[1]), 2),
+                per_shard_chunks_per_s=round(result["chunks_per_s"] / max(k, 1)),
+                ratio_to_linear=round(result["chunks_per_s"] / (max(k, 1) * rates[min(k, 1)]), 2),
                 cores=cores,
                 loadavg=[round(x, 2) for x in os.getloadavg()],
                 **result,
@@ -352,6 +353,7 @@ def section_shards(args: argparse.Namespace) -> None:
     emit(
         bench="scale_shards_summary",
         chunks_per_s={str(k): v for k, v in rates.items()},
+        one_shard_vs_unsharded=round(rates[1] / rates[0], 2),
         added_shard_gain=[round(rates[k + 1] / rates[k], 2) for k in (1, 2)],
         per_added_database_vs_linear=[round(rates[k] / (k * rates[1]), 2) for k in (2, 3)],
         cores=os.cpu_count(),
