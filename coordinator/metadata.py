@@ -649,6 +649,13 @@ class MetadataStore:
         check_chunks(object_key, chunks)
         return self._group.commit(PendingCommit(object_key, chunks, size))
 
+    def commit_checked(
+        self, object_key: str, chunks: Sequence[ChunkCommit], *, size: int | None = None
+    ) -> list[int]:
+        """``commit`` of chunks that ``check_chunks`` passed already (a sharded store
+        checks a whole object once, then commits its part in each shard)."""
+        return self._group.commit(PendingCommit(object_key, chunks, size))
+
     @property
     def group_commit_stats(self) -> GroupCommitStats:
         """How commits were grouped so far (for /metrics)."""

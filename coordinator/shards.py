@@ -643,8 +643,12 @@ class ShardedStore:
         """
         check_chunks(object_key, chunks)
         groups: dict[str, list[int]] = {}
+        where, attached = self._where, self._by_id
         for i, c in enumerate(chunks):
-            groups.setdefault(self.shard_of(c.topic_id, c.partition).shard_id, []).append(i)
+            shard_id = where.get((c.topic_id, c.partition))  # placements once cached
+            if shard_id is None or shard_id not in attached:
+                shard_id = self.shard_of(c.topic_id, c.partition).shard_id
+            groups.setdefault(shard_id, []).append(i)
         bases: list[int | None] = [None] * len(chunks)
         failures: list[LakelogError | None] = [None] * len(chunks)
 
@@ -652,12 +656,12 @@ class ShardedStore:
             shard = self._by_id[shard_id]
             part = [chunks[i] for i in idx]
             try:
-                return shard.call(lambda: shard.store.commit(object_key, part, size=size))
+                return shard.call(lambda: shard.store.commit_checked(object_key, part, size=size))
             except (TopicNotFoundError, PartitionNotFoundError):
                 # Placed while the shard was down (its rows now, then once more), or the
                 # topic was deleted since its placement was cached (raises).
                 self._recheck(shard, [(bytes(c.topic_id), c.partition) for c in part])
-                return shard.call(lambda: shard.store.commit(object_key, part, size=size))
+                return shard.call(lambda: shard.store.commit_checked(object_key, part, size=size))
 
         items = list(groups.items())
         futures: list[Future[list[int]]] = [
