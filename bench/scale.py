@@ -13,6 +13,14 @@ PostgreSQL, 2 coordinators, 3 agents, the LB), without the fault proxy. Sections
   each agent, each coordinator, moto, PostgreSQL (all its processes) and the load
   generator, plus their sum against the machine's cores. Then one ``scale_lb`` line:
   3 agents through the topology's TCP load balancer, with its CPU.
+- ``shards`` (not run by default): chunk rows/s of ONE in-process coordinator whose
+  partitions are sharded over 1, 2 and 3 databases of the machine's PostgreSQL
+  (``--db-shard``; a catalog database besides), and once on one database without
+  shards (``shards: 0``, the baseline), ``--shard-writers`` (8) writer threads
+  committing 1,000-chunk objects over a topic of ``--shard-partitions`` (8,000) for
+  ``--shard-seconds``: one ``scale_shards`` line per shard count (chunks/s, ratio to k
+  times the one-shard rate, cores of PostgreSQL and of this process, the machine's busy
+  cores, load average) and a ``scale_shards_summary`` line.
 - ``commit``: ``bench/commit.py``'s ``bench_commits`` over HTTP against the two
   coordinator processes (writer threads alternate between them, as agents spread
   over coordinators), once with both on one SQLite file and once on PostgreSQL;
@@ -299,6 +307,60 @@ def section_commit(tmp: Path, pg_url: str, args: argparse.Namespace) -> None:
         )
 
 
+# -- shards ------------------------------------------------------------------------------
+
+
+def section_shards(args: argparse.Namespace) -> None:
+    """Chunk rows/s of one in-process coordinator over 1, 2, 3 shard databases."""
+    from coordinator.local import LocalCoordinator
+
+    rates: dict[int, float] = {}
+    for k in (0, 1, 2, 3):  # 0: one database, not sharded (the baseline)
+        made = [new_pg_database(args.pg_url) for _ in range(k + 1)]
+        try:
+            catalog, shards = made[0][1], [url for _, url in made[1:]]
+            with LocalCoordinator(catalog, shards=shards) as coord:
+                log(f"shards: {k}, {args.shard_writers} writers, 1,000-chunk commits")
+                partitions = args.shard_partitions
+                commit.bench_commits(
+                    coord, 1000, 2 * args.shard_writers, args.shard_writers, partitions=partitions
+                )  # warm-up
+                cpu = Cpu({})
+                cpu.start()
+                result = commit.bench_commits(
+                    coord,
+                    1000,
+                    100_000,
+                    args.shard_writers,
+                    partitions=partitions,
+                    max_seconds=args.shard_seconds,
+                )
+                cores = cpu.stop()
+            rates[k] = result["chunks_per_s"]
+            emit(
+                bench="scale_shards",
+                shards=k,
+                partitions=partitions,
+                per_shard_chunks_per_s=round(result["chunks_per_s"] / max(k, 1)),
+                ratio_to_linear=round(result["chunks_per_s"] / (max(k, 1) * rates[min(k, 1)]), 2),
+                cores=cores,
+                loadavg=[round(x, 2) for x in os.getloadavg()],
+                **result,
+            )
+        finally:
+            for name, _ in made:
+                drop_database(args.pg_url, name)
+    emit(
+        bench="scale_shards_summary",
+        chunks_per_s={str(k): v for k, v in rates.items()},
+        one_shard_vs_unsharded=round(rates[1] / rates[0], 2),
+        added_shard_gain=[round(rates[k + 1] / rates[k], 2) for k in (1, 2)],
+        per_added_database_vs_linear=[round(rates[k] / (k * rates[1]), 2) for k in (2, 3)],
+        cores=os.cpu_count(),
+        loadavg=[round(x, 2) for x in os.getloadavg()],
+    )
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -319,8 +381,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=32, help="closed-loop clients per agent")
     parser.add_argument("--commits", type=int, default=1500, help="commits per commit case")
     parser.add_argument("--pg-url", default=PG_ADMIN_URL, help="maintenance database URL")
+    parser.add_argument("--shard-writers", type=int, default=8, help="writers per shard case")
+    parser.add_argument("--shard-seconds", type=float, default=10.0, help="seconds per case")
+    parser.add_argument(
+        "--shard-partitions", type=int, default=8000, help="partitions of the shard cases' topic"
+    )
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
+    if "shards" in sections:
+        section_shards(args)
+        if not sections & {"produce", "commit"}:
+            return
     dbname, pg_url = new_pg_database(args.pg_url)
     try:
         with tempfile.TemporaryDirectory(prefix="lakelog-scale-") as d:

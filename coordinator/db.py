@@ -507,6 +507,27 @@ MIGRATIONS: tuple[Migration, ...] = (
             "DEFAULT 'read_uncommitted'",
         ),
     ),
+    Migration(
+        15,
+        "sharded metadata: the shard databases of a catalog, and each partition's shard",
+        (
+            # In the catalog: every shard database ever attached, by the id stored in the
+            # shard itself (meta 'shard_id'); never a URL. Rows are never deleted.
+            """CREATE TABLE shards (
+                shard_id TEXT NOT NULL PRIMARY KEY,
+                added_at {double} NOT NULL
+            )""",
+            # In the catalog: the shard that owns each partition's data (high watermark,
+            # index entries, producer state), chosen once at creation (rendezvous hashing
+            # over the shards then attached) and never moved.
+            """CREATE TABLE partition_shards (
+                topic_id {blob} NOT NULL,
+                partition INTEGER NOT NULL CHECK (partition >= 0),
+                shard_id TEXT NOT NULL,
+                PRIMARY KEY (topic_id, partition)
+            ){clustered}""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

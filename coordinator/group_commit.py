@@ -163,11 +163,12 @@ class GroupCommitter:
 class GroupCommitCollector(Collector):
     """Prometheus counters over a committer's ``GroupCommitStats``, read at scrape time."""
 
-    def __init__(self, stats: GroupCommitStats) -> None:
+    def __init__(self, stats: GroupCommitStats | Callable[[], GroupCommitStats]) -> None:
+        """``stats``: the counters, or a function summing several (sharded metadata)."""
         self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        s = self._stats
+        s = self._stats if isinstance(self._stats, GroupCommitStats) else self._stats()
         for name, help_, value in (
             ("batches", "Transactions that group commits ran.", s.batches),
             ("requests", "Commits run in those transactions.", s.requests),

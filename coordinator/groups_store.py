@@ -142,6 +142,10 @@ _HEARTBEAT_BATCH = 500
 #: Longest group or instance name (Kafka's topic-name limit, for symmetry).
 MAX_NAME_LENGTH = 249
 
+#: A topic's partitions' (log-start, high watermark), read elsewhere (sharded metadata):
+#: called with the transaction's catalog connection and the topic name.
+TopicBounds = Callable[[Any, str], dict[int, tuple[int, int]]]
+
 _TOPIC_COUNT = "SELECT partition_count FROM topics WHERE name = ?"
 _ALL_TOPIC_COUNTS = "SELECT name, partition_count FROM topics ORDER BY name"
 _TOPIC_BOUNDS = (
@@ -222,6 +226,7 @@ _LAG_BY_TOPIC = (
     "JOIN partitions p ON p.topic_id = t.topic_id AND p.partition = c.partition "
     "GROUP BY c.group_id, c.topic ORDER BY c.group_id, c.topic"
 )
+_ALL_COMMITTED = "SELECT group_id, topic, partition, committed_offset FROM committed_offsets"
 _GROUP_IDS = (
     "SELECT group_id FROM consumer_groups UNION SELECT group_id FROM committed_offsets ORDER BY 1"
 )
@@ -521,10 +526,17 @@ class _PatternMatches:
 class _Topics:
     """Topic partition counts and offsets, read on demand and cached for one transaction."""
 
-    def __init__(self, conn: Any, q: Callable[[str], str], patterns: _PatternMatches) -> None:
+    def __init__(
+        self,
+        conn: Any,
+        q: Callable[[str], str],
+        patterns: _PatternMatches,
+        bounds_of: TopicBounds | None = None,
+    ) -> None:
         self._conn = conn
         self._q = q
         self._patterns = patterns
+        self._bounds_of = bounds_of
         self._counts: dict[str, int | None] = {}
         self._all: tuple[str, ...] | None = None
         self._bounds: dict[str, dict[int, tuple[int, int]]] = {}
@@ -560,9 +572,18 @@ class _Topics:
     def bounds(self, tp: TopicPartition) -> tuple[int, int]:
         """(log-start offset, high watermark) of an existing partition."""
         if tp.topic not in self._bounds:
-            rows = self._conn.execute(self._q(_TOPIC_BOUNDS), (tp.topic,)).fetchall()
-            self._bounds[tp.topic] = {p: (ls, hw) for p, ls, hw in rows}
-        return self._bounds[tp.topic][tp.partition]
+            if self._bounds_of is not None:  # partitions in shard databases
+                self._bounds[tp.topic] = self._bounds_of(self._conn, tp.topic)
+            else:
+                rows = self._conn.execute(self._q(_TOPIC_BOUNDS), (tp.topic,)).fetchall()
+                self._bounds[tp.topic] = {p: (ls, hw) for p, ls, hw in rows}
+        found = self._bounds[tp.topic].get(tp.partition)
+        if found is None:  # its shard is down (sharded metadata)
+            raise CoordinatorUnavailableError(
+                f"The offsets of partition {tp.partition} of topic '{tp.topic}' are "
+                "unavailable; try again."
+            )
+        return found
 
     def require_patterns(self, patterns: set[str]) -> None:
         """Raises _PatternsNeeded unless every pattern has matches for the current names."""
@@ -626,10 +647,19 @@ class GroupStore:
             pass a fake one instead of sleeping.
     """
 
-    def __init__(self, db: MetadataDatabase, *, now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        db: MetadataDatabase,
+        *,
+        now: Callable[[], float] = time.time,
+        bounds_of: TopicBounds | None = None,
+    ) -> None:
+        """``bounds_of``: where partitions' offsets are when not in ``db`` (sharded
+        metadata: ``coordinator.shards``)."""
         self._db = db
         self._q = db.dialect.sql
         self._now = now
+        self._bounds_of = bounds_of
         self._patterns = _PatternMatches()
 
     def _compute_patterns(self, patterns: set[str]) -> None:
@@ -684,7 +714,7 @@ class GroupStore:
         error: LakelogError | None = None
         result: T | None = None
         with self._db.write() as conn:
-            topics = _Topics(conn, self._q, self._patterns)
+            topics = _Topics(conn, self._q, self._patterns, self._bounds_of)
             ctx = _Ctx(conn, self._load(conn, group), topics, self._now())
             topics.require_patterns(
                 {m.pattern for m in ctx.group.members.values() if m.pattern is not None}
@@ -836,7 +866,12 @@ class GroupStore:
                 del have[tp]
                 conn.execute(q(_DELETE_POSITION), (g.group_id, m.name, tp.topic, tp.partition))
             for tp in owned:
-                log_start, high_watermark = topics.bounds(tp)
+                try:
+                    log_start, high_watermark = topics.bounds(tp)
+                except CoordinatorUnavailableError:
+                    if tp in have:  # its metadata shard is down: keep the position,
+                        continue  # checked again once the shard answers
+                    raise
                 pos = have.get(tp)
                 if pos is not None and log_start <= pos <= high_watermark:
                     continue
@@ -1311,7 +1346,7 @@ class GroupStore:
         result = []
         with self._db.write() as conn:
             ids = [gid for (gid,) in conn.execute(self._q(_GROUP_IDS))]
-            topics = _Topics(conn, self._q, self._patterns)
+            topics = _Topics(conn, self._q, self._patterns, self._bounds_of)
             now = self._now()
             for gid in ids:
                 ctx = _Ctx(conn, self._load(conn, gid), topics, now)
@@ -1400,6 +1435,28 @@ class GroupStore:
         """Every group's lag per topic from its committed offsets (any door's), in one
         read: the records between each committed offset and its partition's high
         watermark, summed and the largest. For /metrics; no settling, nothing written."""
+        if self._bounds_of is not None:
+            return self._lag_by_topic_sharded(self._bounds_of)
         with self._db.read() as conn:
             rows = conn.execute(self._q(_LAG_BY_TOPIC)).fetchall()
         return [GroupTopicLag(g, t, int(total), int(top), int(n)) for g, t, total, top, n in rows]
+
+    def _lag_by_topic_sharded(self, bounds_of: TopicBounds) -> list[GroupTopicLag]:
+        """``lag_by_topic`` with the high watermarks from the shards (one read each per
+        topic; partitions of a shard that is down are left out)."""
+        bounds: dict[str, dict[int, tuple[int, int]]] = {}
+        with self._db.read() as conn:
+            rows = conn.execute(self._q(_ALL_COMMITTED)).fetchall()
+            for topic in sorted({r[1] for r in rows}):
+                bounds[topic] = bounds_of(conn, topic)
+        lag: dict[tuple[str, str], list[int]] = {}
+        for group_id, topic, partition, offset in rows:
+            edge = bounds[topic].get(int(partition))
+            if edge is None:
+                continue
+            behind = max(0, edge[1] - int(offset))
+            total = lag.setdefault((group_id, topic), [0, 0, 0])
+            total[0] += behind
+            total[1] = max(total[1], behind)
+            total[2] += 1
+        return [GroupTopicLag(g, t, *v) for (g, t), v in sorted(lag.items())]

@@ -44,7 +44,12 @@ from coordinator.groups import (
 from coordinator.kafka_groups import JoinResult, KafkaGroup, KafkaGroupCoordinator, Member
 from coordinator.producers import ProducerBatch, ProducerPartitionState, RequestKey, StoredKey
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
-from segments.errors import ERRORS_BY_NAME, CoordinatorUnavailableError, LakelogError
+from segments.errors import (
+    ERRORS_BY_NAME,
+    CoordinatorUnavailableError,
+    LakelogError,
+    PartialCommitError,
+)
 from segments.store import ObjectInfo
 from segments.types import (
     AgentInfo,
@@ -60,6 +65,19 @@ log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 
 # -- wire format ---------------------------------------------------------------
+
+
+def _partial_commit(data: JSON) -> PartialCommitError:
+    """A PartialCommitError from its body (``coordinator.server.error_body``)."""
+    failures: list[LakelogError | None] = []
+    for f in data.get("failures") or []:
+        if f is None:
+            failures.append(None)
+        else:
+            cls = ERRORS_BY_NAME.get(str(f.get("error")), LakelogError)
+            failures.append(cls(str(f.get("message", ""))))
+    bases = [None if b is None else int(b) for b in data.get("base_offsets") or []]
+    return PartialCommitError(str(data.get("message", "")), bases, failures)
 
 
 def topic_to_json(t: TopicInfo) -> JSON:
@@ -621,6 +639,8 @@ class HttpCoordinator:
             return data
         if isinstance(data, dict) and isinstance(data.get("error"), str):
             cls = ERRORS_BY_NAME.get(data["error"], LakelogError)
+            if cls is PartialCommitError:
+                raise _partial_commit(data)
             raise cls(str(data.get("message", "")))
         if resp.status_code >= 500:
             # A proxy, a crash, anything that is not our coordinator speaking.

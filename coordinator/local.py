@@ -22,6 +22,7 @@ from coordinator.groups import (
     GroupTopicLag,
 )
 from coordinator.groups_store import GroupStore
+from coordinator.janitors.catalog import Catalog
 from coordinator.kafka_groups import (
     JoinResult,
     KafkaGroup,
@@ -33,6 +34,7 @@ from coordinator.metadata import MetadataStore
 from coordinator.producers import ProducerPartitionState, StoredKey
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from coordinator.schemas_store import SchemaRegistryStore
+from coordinator.shards import ShardedCatalog, ShardedStore, check_unsharded, open_shards
 from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
@@ -54,6 +56,7 @@ class LocalCoordinator:
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         timeout_s: float | None = None,
         now: Callable[[], float] = time.time,
+        shards: Sequence[str] = (),
     ) -> None:
         """Open (creating and migrating if needed) the database at ``db_url``.
 
@@ -66,20 +69,38 @@ class LocalCoordinator:
             write_mode, synchronous, timeout_s: see ``coordinator.db.open_database``.
             now: the clock (epoch seconds) of consumer session and instance expiry;
                 tests pass a fake one.
+            shards: URLs of shard databases: ``db_url`` is then the catalog and the
+                partitions' data lives in the shards (``coordinator.shards``). Empty:
+                everything in ``db_url``.
 
         Raises:
-            ValueError: a bad URL, or ``cluster_id`` differs from the stored one.
+            ValueError: a bad URL, or ``cluster_id`` differs from the stored one;
+                ``ShardConfigError`` for a shard URL that does not fit the catalog.
             CoordinatorUnavailableError: the database cannot be opened.
         """
         self._db = open_database(
             db_url, write_mode=write_mode, synchronous=synchronous, timeout_s=timeout_s
         )
+        self._sharded: ShardedStore | None = None
         try:
-            self._store = MetadataStore(self._db, cluster_id=cluster_id)
-            self._groups = GroupStore(self._db, now=now)
+            self._store: MetadataStore | ShardedStore
+            bounds = None
+            if shards:
+                # The catalog's cluster id first: a fresh shard takes it.
+                catalog_id = MetadataStore(self._db, cluster_id=cluster_id).cluster_id()
+                opened = open_shards(self._db, catalog_id, list(shards), timeout_s=timeout_s)
+                self._sharded = ShardedStore(self._db, opened, cluster_id=cluster_id)
+                self._store = self._sharded
+                bounds = self._sharded.topic_bounds
+            else:
+                check_unsharded(self._db)
+                self._store = MetadataStore(self._db, cluster_id=cluster_id)
+            self._groups = GroupStore(self._db, now=now, bounds_of=bounds)
             self._kafka_groups = KafkaGroupStore(self._db, now=now)
             self._schemas = SchemaRegistryStore(self._db)
         except BaseException:
+            if self._sharded is not None:
+                self._sharded.close()
             self._db.close()
             raise
 
@@ -89,9 +110,20 @@ class LocalCoordinator:
         return self._db
 
     @property
-    def store(self) -> MetadataStore:
+    def store(self) -> MetadataStore | ShardedStore:
         """The metadata store, for janitors that need more than the protocol."""
         return self._store
+
+    @property
+    def sharded(self) -> ShardedStore | None:
+        """The sharded store when partitions live in shard databases, else None."""
+        return self._sharded
+
+    def janitor_catalog(self) -> Catalog | ShardedCatalog:
+        """The janitors' view of the partitions and objects (every shard's, if sharded)."""
+        if self._sharded is not None:
+            return ShardedCatalog(self._sharded)
+        return Catalog(self._db)
 
     @property
     def groups(self) -> GroupStore:
@@ -105,6 +137,8 @@ class LocalCoordinator:
 
     def close(self) -> None:
         """Close the database connections. Idempotent; later calls raise RuntimeError."""
+        if self._sharded is not None:
+            self._sharded.close()
         self._db.close()
 
     def __enter__(self) -> LocalCoordinator:

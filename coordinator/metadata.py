@@ -285,6 +285,16 @@ _LIVE_AGENTS = (
 )
 
 
+class Placement(Protocol):
+    """Where a catalog's partitions live when they live in shard databases
+    (``coordinator.shards``): called inside the catalog's write transaction instead of
+    inserting the partition rows there."""
+
+    def assign(self, conn: Any, topic_id: bytes, partitions: range) -> None: ...
+
+    def forget(self, conn: Any, topic_id: bytes) -> None: ...
+
+
 class _AutocommitDatabase(Protocol):
     """A database that can run a statement as its own transaction (PostgreSQL)."""
 
@@ -377,18 +387,27 @@ class MetadataStore:
     ``coordinator.client.Coordinator`` protocol.
     """
 
-    def __init__(self, db: MetadataDatabase, *, cluster_id: str | None = None) -> None:
+    def __init__(
+        self,
+        db: MetadataDatabase,
+        *,
+        cluster_id: str | None = None,
+        placement: Placement | None = None,
+    ) -> None:
         """Bind to ``db``, storing a cluster id on first use.
 
         Args:
             cluster_id: the id a fresh database takes (else a random one); for an
                 existing database it must equal the stored one.
+            placement: partitions live elsewhere (a sharded catalog): new partitions
+                are handed to it instead of getting rows here.
 
         Raises:
             ValueError: ``cluster_id`` differs from the one the database has.
         """
         self._db = db
         self._q = db.dialect.sql
+        self._placement = placement
         self._cluster_id = self._init_cluster_id(cluster_id)
         self._next_key_purge = 0.0
         self._group = GroupCommitter(self.commit_batch)
@@ -444,9 +463,7 @@ class MetadataStore:
             if validate_only:
                 return info
             conn.execute(self._q(_INSERT_TOPIC), (info.topic_id, name, partitions, time.time()))
-            conn.executemany(
-                self._q(_INSERT_PARTITION), [(info.topic_id, p) for p in range(partitions)]
-            )
+            self._new_partitions(conn, info.topic_id, range(partitions))
             conn.executemany(
                 self._q(_UPSERT_CONFIG), [(info.topic_id, k, v) for k, v in overrides.items()]
             )
@@ -491,6 +508,8 @@ class MetadataStore:
             topic_id = self._topic(conn, name, with_configs=False).topic_id
             for statement in _DELETE_TOPIC:
                 conn.execute(self._q(statement), (topic_id,))
+            if self._placement is not None:
+                self._placement.forget(conn, topic_id)
 
     def add_partitions(self, name: str, partitions: int) -> TopicInfo:
         """Grow a topic to ``partitions`` in total; new partitions start empty.
@@ -503,12 +522,15 @@ class MetadataStore:
             topic = self._topic(conn, name)
             if partitions <= topic.partitions:
                 raise InvalidPartitionsError(f"Topic already has {topic.partitions} partitions.")
-            conn.executemany(
-                self._q(_INSERT_PARTITION),
-                [(topic.topic_id, p) for p in range(topic.partitions, partitions)],
-            )
+            self._new_partitions(conn, topic.topic_id, range(topic.partitions, partitions))
             conn.execute(self._q(_SET_PARTITION_COUNT), (partitions, topic.topic_id))
         return TopicInfo(topic.name, topic.topic_id, partitions, topic.configs, topic.defaults)
+
+    def _new_partitions(self, conn: Any, topic_id: bytes, partitions: range) -> None:
+        if self._placement is not None:
+            self._placement.assign(conn, topic_id, partitions)
+        else:
+            conn.executemany(self._q(_INSERT_PARTITION), [(topic_id, p) for p in partitions])
 
     def alter_configs(
         self,
@@ -625,6 +647,13 @@ class MetadataStore:
             ProducerConflictError: an idempotent batch is not its producer's next one.
         """
         check_chunks(object_key, chunks)
+        return self._group.commit(PendingCommit(object_key, chunks, size))
+
+    def commit_checked(
+        self, object_key: str, chunks: Sequence[ChunkCommit], *, size: int | None = None
+    ) -> list[int]:
+        """``commit`` of chunks that ``check_chunks`` passed already (a sharded store
+        checks a whole object once, then commits its part in each shard)."""
         return self._group.commit(PendingCommit(object_key, chunks, size))
 
     @property

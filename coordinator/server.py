@@ -22,6 +22,10 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/topics/{name}/partitions/{p}/delete-records  {"log_start"}  <- {"offset"}
     GET    /v1/topic-ids/{hex}               topic
     POST   /v1/commit                        {"base_offsets"}  <- {"object_key", "chunks"}
+                                             (sharded metadata, some shards failed: 503
+                                             PartialCommitError with "base_offsets" [int |
+                                             null] and "failures" [null | {"error",
+                                             "message"}], one per chunk)
     POST   /v1/producers/init                {"producer_id", "epoch"}  <- {"producer_id", "epoch"}
     POST   /v1/producers/state               {"states": [{"topic_id", "partition", "epoch",
                                              "batches"}]}  <- {"producer_id", "partitions"}
@@ -161,7 +165,7 @@ from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
 from coordinator.security_http import SharedSecretMiddleware, install_security_routes
 from coordinator.security_store import SecurityStore, SqlSecurityStore
-from segments.errors import LakelogError, MalformedRequestError
+from segments.errors import LakelogError, MalformedRequestError, PartialCommitError
 from segments.store import ObjectStore, absolute_store_url
 from segments.types import StoreLocation, TopicPartition
 
@@ -249,7 +253,18 @@ def status_for(exc: LakelogError) -> int:
 
 
 def error_body(exc: LakelogError) -> dict[str, Any]:
-    return {"error": type(exc).__name__, "message": exc.message, "retriable": exc.retriable}
+    body: dict[str, Any] = {
+        "error": type(exc).__name__,
+        "message": exc.message,
+        "retriable": exc.retriable,
+    }
+    if isinstance(exc, PartialCommitError):  # what the shards that answered committed
+        body["base_offsets"] = exc.base_offsets
+        body["failures"] = [
+            None if f is None else {"error": type(f).__name__, "message": f.message}
+            for f in exc.failures
+        ]
+    return body
 
 
 def _json(data: Any, status_code: int = 200) -> Response:
@@ -1099,9 +1114,11 @@ def run(
     tls: tuple[str, str | None] | None = None,
     authorization: str = "none",
     super_users: frozenset[str] = frozenset(),
+    db_shards: Sequence[str] = (),
 ) -> None:
     """Serve a coordinator over ``db_url`` with uvicorn until interrupted (HTTPS with
-    ``tls``: certificate and key files).
+    ``tls``: certificate and key files). ``db_shards``: shard databases (``db_url`` is
+    then the catalog; ``coordinator.shards``).
 
     ``janitors``: which janitors to run in the background, and how (they need
     ``store_url``). With a store, janitors can also be run now through the API, and
@@ -1114,7 +1131,7 @@ def run(
 
     if janitors is not None and janitors.enabled and not store_url:
         raise ValueError("janitors need the object store: pass --store")
-    coordinator = LocalCoordinator(db_url, cluster_id=cluster_id)
+    coordinator = LocalCoordinator(db_url, cluster_id=cluster_id, shards=db_shards)
     store = (
         open_store(store_url, endpoint_url=store_endpoint, region=store_region)
         if store_url
@@ -1134,10 +1151,11 @@ def run(
         if runner is not None:
             runner.start()
         log.info(
-            "lakelog coordinator on http://%s:%d (db %s, store %s, cluster %s)",
+            "lakelog coordinator on http://%s:%d (db %s, %d shard(s), store %s, cluster %s)",
             host,
             port,
-            db_url,
+            coordinator.db.location,
+            len(db_shards),
             store_url or "none",
             coordinator.cluster_id(),
         )
@@ -1163,6 +1181,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``python -m coordinator.server --db sqlite:///... --port 8083`` (until the CLI has it)."""
     p = argparse.ArgumentParser(prog="python -m coordinator.server")
     p.add_argument("--db", required=True, help="metadata store URL, e.g. sqlite:///./meta.db")
+    p.add_argument(
+        "--db-shard",
+        action="append",
+        default=[],
+        help="a shard database URL (repeatable): --db is then the catalog",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8083)
     p.add_argument("--store", default=None, help="object store URL, enables /v1/orphans")
@@ -1171,7 +1195,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--cluster-id", default=None, help="cluster id for a new database")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    run(a.db, a.host, a.port, a.store, a.store_endpoint, a.cluster_id, store_region=a.store_region)
+    run(
+        a.db,
+        a.host,
+        a.port,
+        a.store,
+        a.store_endpoint,
+        a.cluster_id,
+        store_region=a.store_region,
+        db_shards=a.db_shard,
+    )
 
 
 if __name__ == "__main__":

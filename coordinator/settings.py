@@ -166,11 +166,24 @@ class DatabaseSettings(BaseModel):
         default="sqlite:///./data/lakelog.db",
         description="Metadata database URL: sqlite:///path or postgresql://user@host/db.",
     )
+    db_shards: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Shard databases (PostgreSQL URLs, comma-separated; --db-shard "
+        "repeatable): partitions' offsets and index are spread over them and db keeps the "
+        "catalog. Empty: everything in db.",
+    )
     cluster_id: str | None = Field(
         default=None,
         description="Cluster id given to a new database (22 characters of URL-safe base64, "
         "as Kafka's); random when unset.",
     )
+
+    @field_validator("db_shards", mode="before")
+    @classmethod
+    def _split_shards(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [u.strip() for u in v.split(",") if u.strip()]
+        return v
 
     @field_validator("cluster_id")
     @classmethod

@@ -23,6 +23,7 @@ from segments.errors import (
     CorruptSegmentError,
     LakelogError,
     ObjectNotFoundError,
+    PartialCommitError,
     PreconditionFailedError,
     ProducerConflictError,
 )
@@ -163,7 +164,9 @@ class LogWriter:
         # Safe to retry: the coordinator answers a repeated object key with the same offsets.
         offsets = retry(
             lambda: self.coordinator.commit(uploaded.object_key, commits),
-            give_up=(ProducerConflictError,),
+            # Partly committed (sharded metadata): the batcher answers the requests
+            # whose partitions committed now rather than holding them all back.
+            give_up=(ProducerConflictError, PartialCommitError),
         )
         result = WriteResult(uploaded.object_key, uploaded.size, uploaded.chunks, offsets)
         for listener in self.listeners:

@@ -155,6 +155,25 @@ class CoordinatorUnavailableError(MetadataError):
     retriable = True
 
 
+class PartialCommitError(CoordinatorUnavailableError):
+    """A commit over sharded metadata (``coordinator.shards``) that some shards applied and
+    others did not: ``base_offsets[i]`` is chunk i's base offset where its shard committed
+    it, else None and ``failures[i]`` is why. Sending the same commit again is safe (the
+    shards that committed answer with the same offsets)."""
+
+    def __init__(
+        self,
+        message: str,
+        base_offsets: list[int | None] | None = None,
+        failures: list[LakelogError | None] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.base_offsets: list[int | None] = list(base_offsets or [])
+        self.failures: list[LakelogError | None] = list(failures or [])
+        # Retriable unless some failure is not (a refused idempotent batch, say).
+        self.retriable = all(f is None or f.retriable for f in self.failures)
+
+
 class ClusterNotFoundError(MetadataError):
     """A cluster id other than this cluster's."""
 
@@ -437,6 +456,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         InvalidConfigError,
         CommitConflictError,
         CoordinatorUnavailableError,
+        PartialCommitError,
         ClusterNotFoundError,
         ConfigNotFoundError,
         BrokerNotFoundError,

@@ -84,7 +84,7 @@ def build_coordinator(settings: Settings) -> Coordinator:
         )
     from coordinator.local import LocalCoordinator
 
-    return LocalCoordinator(settings.db, cluster_id=settings.cluster_id)
+    return LocalCoordinator(settings.db, cluster_id=settings.cluster_id, shards=settings.db_shards)
 
 
 def as_group_coordinator(coordinator: Coordinator) -> GroupCoordinator:

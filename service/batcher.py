@@ -36,7 +36,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from segments.errors import (
     InternalError,
     LakelogError,
     MetadataError,
+    PartialCommitError,
     RecordTooLargeError,
     StorageUnavailableError,
 )
@@ -89,6 +90,11 @@ class _Buffer:
     records: int = 0
     counts: dict[tuple[bytes, int], int] = field(default_factory=dict)
     waiters: list[asyncio.Future[BaseOffsets]] = field(default_factory=list)
+    #: The partitions each waiter's records went to (read only to answer a partly
+    #: committed flush, so a generator: nothing is built on the hot path).
+    keys_of: dict[asyncio.Future[BaseOffsets], Iterable[tuple[bytes, int]]] = field(
+        default_factory=dict
+    )
     #: REST idempotency keys of the requests buffered here, per chunk.
     request_keys: dict[tuple[bytes, int], list[RequestKey]] = field(default_factory=dict)
     #: REST records of idempotent producers (v3 records:batch), per chunk.
@@ -266,6 +272,7 @@ class Batcher:
         buf.records += len(records)
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
+        buf.keys_of[future] = ((topic_id, p) for p in groups)
         if buf.size >= self.config.flush_bytes:
             self._seal()
             self._wake.set()
@@ -320,6 +327,7 @@ class Batcher:
             placed.append((key, relative))
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
+        buf.keys_of[future] = (key for key, _ in placed)
         if buf.size >= self.config.flush_bytes:
             self._seal()
             self._wake.set()
@@ -489,11 +497,15 @@ class Batcher:
         self._in_flight += buf.size
         self.metrics.buffer_bytes.set(self._used())
         started = time.perf_counter()
+        uploaded: UploadedSegment | None = None
         try:
             uploaded = await self._offload(self._upload, buf)
             if after is not None:
                 await asyncio.shield(after)
             result = await self._offload(self._commit, uploaded)
+        except PartialCommitError as exc:
+            assert uploaded is not None
+            self._answer_partly(buf, uploaded, exc)
         except BaseException as exc:
             error = _as_flush_error(exc)
             if isinstance(exc, Exception) and not isinstance(exc, LakelogError):
@@ -525,6 +537,35 @@ class Batcher:
             self._in_flight -= buf.size
             self.metrics.buffer_bytes.set(self._used())
             self._admit()
+
+    def _answer_partly(
+        self, buf: _Buffer, uploaded: UploadedSegment, exc: PartialCommitError
+    ) -> None:
+        """Some metadata shards committed the flush, others failed: a request whose
+        partitions all committed gets its offsets, the others their shard's error."""
+        done: BaseOffsets = {}
+        failed: dict[tuple[bytes, int], LakelogError] = {}
+        for c, base, failure in zip(uploaded.chunks, exc.base_offsets, exc.failures, strict=False):
+            if base is not None:
+                done[(c.topic_id, c.partition)] = base
+            else:
+                failed[(c.topic_id, c.partition)] = failure or exc
+        log.warning(
+            "flush of %d records partly committed (%d of %d chunks): %s",
+            buf.records,
+            len(done),
+            len(uploaded.chunks),
+            exc.message,
+        )
+        self.metrics.flushes.labels(result="partial").inc()
+        for future in buf.waiters:
+            if future.done():
+                continue
+            missing = [k for k in buf.keys_of.get(future, ()) if k not in done]
+            if missing:
+                future.set_exception(_as_flush_error(failed.get(missing[0], exc)))
+            else:
+                future.set_result(done)
 
     def _upload(self, buf: _Buffer) -> UploadedSegment:
         """Build + PUT (the first step of LogWriter.write), timed; the REST requests'

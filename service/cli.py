@@ -79,6 +79,14 @@ PortOpt = Annotated[int | None, typer.Option(help="Port to listen on.")]
 DbOpt = Annotated[
     str | None, typer.Option(help="Metadata store URL (sqlite:///... or postgresql://...).")
 ]
+DbShardOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--db-shard",
+        help="Shard database URL (postgresql://...), repeatable: partitions are spread over "
+        "the shards and --db keeps the catalog.",
+    ),
+]
 StoreOpt = Annotated[
     str | None, typer.Option(help="Object store URL: s3://bucket/prefix, file:///path, memory://.")
 ]
@@ -249,6 +257,7 @@ def serve(
     host: HostOpt = None,
     port: PortOpt = None,
     db: DbOpt = None,
+    db_shards: DbShardOpt = None,
     store: StoreOpt = None,
     store_endpoint: EndpointOpt = None,
     store_region: RegionOpt = None,
@@ -287,6 +296,7 @@ def serve(
         host=host,
         port=port,
         db=db,
+        db_shards=db_shards or None,
         store=store,
         store_endpoint=store_endpoint,
         store_region=store_region,
@@ -392,6 +402,7 @@ def agent(
 @app.command("coordinator")
 def coordinator_cmd(
     db: DbOpt = None,
+    db_shards: DbShardOpt = None,
     host: HostOpt = None,
     port: PortOpt = None,
     store: Annotated[
@@ -421,6 +432,7 @@ def coordinator_cmd(
         "coordinator",
         config,
         db=db,
+        db_shards=db_shards or None,
         host=host,
         port=port,
         store=store,
@@ -460,6 +472,7 @@ def coordinator_cmd(
         authorization=settings.authorization,
         super_users=settings.super_user_set(),
         tls=(settings.tls_cert_file, settings.tls_key_file) if settings.tls_cert_file else None,
+        db_shards=settings.db_shards,
     )
 
 
@@ -500,7 +513,7 @@ def _run_here(name: str, settings: JanitorCommandSettings, topic: str | None) ->
     from segments.errors import JanitorBusyError
     from segments.store import open_store
 
-    coordinator = LocalCoordinator(settings.db)
+    coordinator = LocalCoordinator(settings.db, shards=settings.db_shards)
     store = open_store(
         settings.store, endpoint_url=settings.store_endpoint, region=settings.store_region
     )
@@ -580,6 +593,7 @@ def _janitor_shortcut(name: str) -> None:
             typer.Option(help="Ask this running coordinator (URLs, comma-separated) to run it."),
         ] = None,
         db: DbOpt = None,
+        db_shards: DbShardOpt = None,
         store: StoreOpt = None,
         store_endpoint: EndpointOpt = None,
         store_region: RegionOpt = None,
@@ -600,6 +614,7 @@ def _janitor_shortcut(name: str) -> None:
             config,
             coordinator=coordinator,
             db=db,
+            db_shards=db_shards or None,
             store=store,
             store_endpoint=store_endpoint,
             store_region=store_region,

@@ -100,20 +100,22 @@ def start_coordinator(
     port: int | None = None,
     store_url: str | None = None,
     store_endpoint: str | None = None,
+    args: Sequence[str] = (),
 ) -> tuple[Proc, str]:
     """A coordinator HTTP process on ``db_url``; returns (proc, base_url) once /health answers.
 
-    Started as an operator would: ``lakelog coordinator --db ... --port ...``.
+    Started as an operator would: ``lakelog coordinator --db ... --port ...`` (and
+    ``args``, such as ``--db-shard URL``).
     """
     port = port or free_port()
-    args = lakelog_cmd("coordinator", "--db", db_url, "--port", str(port))
+    cmd = lakelog_cmd("coordinator", "--db", db_url, "--port", str(port), *args)
     if store_url:
-        args += ["--store", store_url]
+        cmd += ["--store", store_url]
     if store_endpoint:
-        args += ["--store-endpoint", store_endpoint]
+        cmd += ["--store-endpoint", store_endpoint]
     # The repo root on the path, so the child imports this tree whatever its cwd.
     root = str(Path(__file__).resolve().parents[1])
-    proc = Proc(args, tmp / f"coordinator-{port}.log", env={"PYTHONPATH": root})
+    proc = Proc(cmd, tmp / f"coordinator-{port}.log", env={"PYTHONPATH": root})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/health", proc=proc.popen)

@@ -55,7 +55,8 @@ _MARK_ONE = (
     f"WHERE object_id = ? AND unreferenced_at IS NULL AND {_UNREFERENCED}"
 )
 _MARK_ALL = (
-    f"UPDATE objects SET unreferenced_at = ? WHERE unreferenced_at IS NULL AND {_UNREFERENCED}"
+    f"UPDATE objects SET unreferenced_at = ? WHERE unreferenced_at IS NULL AND {_UNREFERENCED} "
+    "RETURNING object_id"
 )
 _DUE = (
     "SELECT object_id, object_key FROM objects "
@@ -246,6 +247,11 @@ class Catalog:
             dropped = conn.execute(q(_DROP_BELOW), (topic_id, partition, log_start)).fetchall()
             self._mark(conn, {r[0] for r in dropped}, now)
         return int(moved[0])
+
+    def purge_deleted_topics(self) -> int:
+        """Nothing to do on one database (a deleted topic's rows go with it); see
+        ``coordinator.shards.ShardedCatalog``."""
+        return 0
 
     def mark_unreferenced(self, now: float) -> int:
         """Stamp every object that has no index entry and no stamp yet; returns how many."""

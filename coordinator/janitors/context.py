@@ -5,10 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from coordinator.janitors.catalog import Catalog
-from coordinator.metadata import MetadataStore
 from segments.store import ObjectStore
+
+if TYPE_CHECKING:
+    from coordinator.metadata import MetadataStore
+    from coordinator.shards import ShardedCatalog, ShardedStore
 from segments.tier import DEFAULT_ROW_GROUP_BYTES
 
 JANITORS = ("tier", "retention", "compact", "gc")
@@ -92,8 +96,8 @@ def _no_check() -> None:
 class JanitorContext:
     """The database, the store, the clock, the lease check and a progress callback."""
 
-    catalog: Catalog
-    metadata: MetadataStore
+    catalog: Catalog | ShardedCatalog
+    metadata: MetadataStore | ShardedStore
     store: ObjectStore
     now: Callable[[], float] = time.time
     #: Raises (LeaseLostError) when the run must stop; called between units of work.

@@ -12,7 +12,9 @@ Two kinds of garbage:
 
 Invariants: an object an index entry references is never deleted (both paths
 check at the database, in the same run, just before deleting); an orphan written
-at t is deleted by the first run at or after t + grace.
+at t is deleted by the first run at or after t + grace. With sharded metadata
+(``coordinator.shards``) every check asks every shard, and a shard that does not
+answer ends the run before it deletes anything more.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def run_gc(ctx: JanitorContext, grace_s: float) -> JanitorReport:
     started = time.perf_counter()
     report = JanitorReport("gc")
     now = ctx.now()
+    ctx.catalog.purge_deleted_topics()
     ctx.catalog.mark_unreferenced(now)
     due = ctx.catalog.due_for_deletion(now - grace_s)
     orphans = [
@@ -44,6 +47,7 @@ def run_gc(ctx: JanitorContext, grace_s: float) -> JanitorReport:
         ctx.check()
         # Row first, conditionally: if this process dies before the delete, the object
         # is an orphan that the listing finds; it never outlives its row the other way.
+        # Sharded: True only once no shard has a row for the key (every shard asked).
         if ctx.catalog.forget_object(object_id):
             ctx.store.delete(key)
             report.objects_deleted += 1

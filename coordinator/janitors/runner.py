@@ -23,7 +23,6 @@ import uuid
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import (
     JANITORS,
     JanitorConfig,
@@ -133,7 +132,7 @@ class JanitorRunner:
         self.metrics = metrics
         self.holder = holder or f"coordinator-{uuid.uuid4().hex[:12]}"
         self.leases = LeaseStore(coordinator.db, ttl_s=config.lease_ttl_s)
-        self.catalog = Catalog(coordinator.db)
+        self.catalog = coordinator.janitor_catalog()
         self._coordinator = coordinator
         self._store = store
         self._stop = threading.Event()

@@ -25,8 +25,13 @@ from kio.schema.errors import ErrorCode
 from coordinator.producers import ProducerBatch
 from index.log import decode_entry
 from segments.batches import BatchInfo, check_batches, encode_records, fetch_batches
-from segments.errors import LakelogError, TopicNotFoundError
-from segments.types import ConsumedRecord, TopicInfo, TopicPartition
+from segments.errors import (
+    CoordinatorUnavailableError,
+    LakelogError,
+    PartitionNotFoundError,
+    TopicNotFoundError,
+)
+from segments.types import ConsumedRecord, PartitionOffsets, TopicInfo, TopicPartition
 from service.batcher import RawBatch
 from service.executors import Kind, call, run
 from service.formats import max_message_bytes
@@ -551,6 +556,15 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     )
 
 
+def _offsets_or_none(st: AgentState, tp: TopicPartition) -> PartitionOffsets | None:
+    """One partition's offsets; None for an unknown topic or partition (other errors,
+    such as its metadata shard being down, are raised)."""
+    try:
+        return st.coordinator.offsets(tp.topic, tp.partition)
+    except (TopicNotFoundError, PartitionNotFoundError):
+        return None
+
+
 def _read_partitions(
     st: AgentState, wanted: list[tuple[str, int, int, int]], max_bytes: int
 ) -> list[_PartitionRead]:
@@ -558,12 +572,19 @@ def _read_partitions(
     out = []
     remaining = max_bytes
     empty = True  # nothing in the answer yet: the next first batch goes in whatever size
-    known = st.coordinator.offsets_many([TopicPartition(t, p) for t, p, _, _ in wanted])
+    known: dict[TopicPartition, PartitionOffsets] | None
+    try:
+        known = st.coordinator.offsets_many([TopicPartition(t, p) for t, p, _, _ in wanted])
+    except CoordinatorUnavailableError:
+        # Some partitions' offsets are unavailable (a metadata shard is down): ask one
+        # by one, so that only those partitions answer with an error.
+        known = None
     for topic, partition, offset, partition_max in wanted:
         r = _PartitionRead()
         out.append(r)
         try:
-            offsets = known.get(TopicPartition(topic, partition))
+            tp = TopicPartition(topic, partition)
+            offsets = known.get(tp) if known is not None else _offsets_or_none(st, tp)
             if offsets is None:
                 r.error = ErrorCode.unknown_topic_or_partition
                 continue

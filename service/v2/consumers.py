@@ -680,6 +680,9 @@ def read_round_robin(
     it is the first and ``at_least_one``), and no position moves past a record
     that is not returned.
 
+    A partition whose read fails retriably (its metadata shard is down) is skipped; the
+    error is raised only when every partition failed.
+
     Returns:
         (records, next positions, their size in key+value bytes)
     """
@@ -696,9 +699,20 @@ def read_round_robin(
     new = dict(positions)
     size = 0
     active = deque(order)
+    unavailable: LakelogError | None = None
+    failed: set[TopicPartition] = set()
     while active:
         tp = active.popleft()
-        rec = next(streams[tp], None)
+        try:
+            rec = next(streams[tp], None)
+        except LakelogError as e:
+            if not e.retriable:
+                raise
+            # This partition's index is unavailable for now (its metadata shard is down):
+            # the others are still served; it stays where it is.
+            unavailable = unavailable or e
+            failed.add(tp)
+            continue
         if rec is None:
             continue
         n = record_size(rec)
@@ -710,6 +724,8 @@ def read_round_robin(
         if size >= max_bytes or len(out) == max_records:
             break
         active.append(tp)
+    if unavailable is not None and len(failed) == len(order):
+        raise unavailable  # none could be read: say why rather than answer empty
     return out, new, size
 
 

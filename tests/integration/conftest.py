@@ -97,6 +97,7 @@ def start_cluster(
     agent_coordinator: Callable[[str], str] | None = None,
     kafka: bool = False,
     db_url: str | None = None,
+    coordinator_args: Sequence[str] = (),
 ) -> Cluster:
     """Start a coordinator and ``agents`` agents over a new bucket; wait until all are healthy.
 
@@ -104,7 +105,8 @@ def start_cluster(
     the agents use instead of ``moto_endpoint``; ``agent_coordinator`` maps the
     coordinator's URL to the one the agents are given (e.g. a fault proxy's); ``kafka``
     gives every agent a Kafka listener on a free port (else it has none); ``db_url``:
-    the coordinator's metadata database (default: a SQLite file in ``tmp``).
+    the coordinator's metadata database (default: a SQLite file in ``tmp``);
+    ``coordinator_args``: more flags of ``lakelog coordinator`` (``--db-shard URL``).
     """
     tmp.mkdir(parents=True, exist_ok=True)
     bucket = f"lakelog-{uuid.uuid4().hex[:12]}"
@@ -128,6 +130,7 @@ def start_cluster(
             moto_endpoint,
             "--log-level",
             "warning",
+            *coordinator_args,
         ),
         tmp / f"coordinator-{cport}.log",
     )

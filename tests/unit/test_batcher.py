@@ -15,8 +15,10 @@ from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
 from segments.errors import (
     BufferFullError,
+    CoordinatorUnavailableError,
     InternalError,
     LakelogError,
+    PartialCommitError,
     RecordTooLargeError,
     StorageUnavailableError,
 )
@@ -474,3 +476,71 @@ def test_two_flushes_in_flight_overlap_their_puts_and_commit_in_append_order(
     assert (a, b) == ([0], [1])
     assert seen_while_a_hung == (["later"] if flights == 2 else [])
     assert store.done == ["later", "first"] if flights == 2 else ["first", "later"]
+
+
+class ShardDown:
+    """A coordinator whose partitions in ``down`` live on a shard that is unavailable:
+    commits go through for the other chunks and raise PartialCommitError, as the sharded
+    store does (``coordinator.shards``)."""
+
+    def __init__(self, inner: LocalCoordinator, down: set[int]) -> None:
+        self.inner = inner
+        self.down = down
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def commit(self, object_key: str, chunks: list[Any]) -> list[int]:
+        up = [c for c in chunks if c.partition not in self.down]
+        if len(up) == len(chunks):
+            return self.inner.commit(object_key, chunks)
+        failure = CoordinatorUnavailableError("shard s2 is unavailable")
+        if not up:
+            raise failure
+        bases = iter(self.inner.commit(object_key, up))
+        answers = [None if c.partition in self.down else next(bases) for c in chunks]
+        failures = [failure if c.partition in self.down else None for c in chunks]
+        raise PartialCommitError("1 of 2 shards failed", answers, failures)
+
+
+def test_a_partly_committed_flush_answers_each_request_by_its_partitions(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """One flush, three requests: on the partition that committed, on the one whose shard
+    is down, on both. Only the first is acked; the others get the shard's retriable error
+    (nothing of the second was stored; the third is at-least-once on retry)."""
+    topic = coordinator.create_topic("halves", 2)
+    shard = ShardDown(coordinator, {1})
+
+    async def body(b: Batcher) -> list[Any]:
+        async def one(records: list[tuple[int, Record]]) -> Any:
+            try:
+                return await b.append(topic.topic_id, records)
+            except LakelogError as exc:
+                return exc
+
+        first = await asyncio.gather(
+            one([(0, rec(b"a")), (0, rec(b"b"))]),
+            one([(1, rec(b"c"))]),
+            one([(0, rec(b"d")), (1, rec(b"e"))]),
+        )
+        shard.down.clear()
+        return [*first, await one([(1, rec(b"c"))])]
+
+    metrics = Metrics()
+
+    async def main() -> Any:
+        batcher = Batcher(LogWriter(store, shard), BatcherConfig(linger_ms=30), metrics)  # type: ignore[arg-type]
+        await batcher.start()
+        try:
+            return await body(batcher)
+        finally:
+            await batcher.close()
+
+    acked, down, both, retried = asyncio.run(main())
+    assert acked == [0, 1]
+    assert isinstance(down, CoordinatorUnavailableError) and down.retriable
+    assert isinstance(both, CoordinatorUnavailableError)
+    assert retried == [0]  # partition 1 never took the failed records
+    assert coordinator.offsets("halves", 0).high_watermark == 3  # b"d" was stored too
+    assert metric(metrics, "lakelog_flushes_total", {"result": "partial"}) == 1
