@@ -93,6 +93,35 @@ def http_writers(
     results.put((proc, out, errors, poison_errors))
 
 
+def run_http_writers(url: str, topic_ids: list[bytes]) -> tuple[list[CommitRecord], list[str]]:
+    """``http_writers`` in PROCESSES spawned processes against the coordinator at ``url``
+    (process 0 also sends the poisoned commits): every commit they made, and what the
+    poisoned ones were told when they did not fail as they should."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(PROCESSES)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=http_writers, args=(url, p, topic_ids, p == 0, barrier, results))
+        for p in range(PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    records: list[CommitRecord] = []
+    poison_failures: list[str] = []
+    try:
+        for _ in procs:
+            n, out, errors, poison_errors = results.get(timeout=300)
+            assert errors == [], f"process {n}: {errors}"
+            poison_failures += poison_errors
+            records += out
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return records, poison_failures
+
+
 def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     assert match is not None, f"{name} not on /metrics"
@@ -117,28 +146,7 @@ def test_sixteen_writers_in_four_processes_share_transactions(
         topic_ids = [local.create_topic(f"topic-{i}", PARTITIONS).topic_id for i in range(TOPICS)]
     proc, url = start_coordinator(tmp_path, db_url)
     try:
-        ctx = multiprocessing.get_context("spawn")
-        barrier = ctx.Barrier(PROCESSES)
-        results = ctx.Queue()
-        procs = [
-            ctx.Process(target=http_writers, args=(url, p, topic_ids, p == 0, barrier, results))
-            for p in range(PROCESSES)
-        ]
-        for p in procs:
-            p.start()
-        records: list[CommitRecord] = []
-        poison_failures: list[str] = []
-        try:
-            for _ in procs:
-                n, out, errors, poison_errors = results.get(timeout=300)
-                assert errors == [], f"process {n}: {errors}"
-                poison_failures += poison_errors
-                records += out
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
+        records, poison_failures = run_http_writers(url, topic_ids)
         assert poison_failures == []
         assert len(records) == PROCESSES * THREADS_PER_PROCESS * COMMITS_PER_WRITER
         check_log(db_url, records)

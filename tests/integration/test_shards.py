@@ -8,7 +8,6 @@ server and the other databases keep running.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 import uuid
@@ -54,10 +53,10 @@ from tests.integration.test_group_commit import (
     PROCESSES,
     THREADS_PER_PROCESS,
     _metric,
-    http_writers,
+    run_http_writers,
 )
 from tests.integration.test_kafka_clients import consume_all as kafka_consume_all
-from tests.integration.test_metadata_concurrency import PARTITIONS, TOPICS, CommitRecord
+from tests.integration.test_metadata_concurrency import PARTITIONS, TOPICS
 from tests.procs import start_coordinator
 
 pytestmark = pytest.mark.integration
@@ -700,28 +699,7 @@ def test_sixteen_writers_in_four_processes_over_shards(new_db: NewDb, tmp_path: 
         tmp_path, catalog, args=[a for u in urls for a in ("--db-shard", u)]
     )
     try:
-        ctx = multiprocessing.get_context("spawn")
-        barrier = ctx.Barrier(PROCESSES)
-        results = ctx.Queue()
-        procs = [
-            ctx.Process(target=http_writers, args=(url, p, topic_ids, p == 0, barrier, results))
-            for p in range(PROCESSES)
-        ]
-        for p in procs:
-            p.start()
-        records: list[CommitRecord] = []
-        poison_failures: list[str] = []
-        try:
-            for _ in procs:
-                n, out, errors, poison_errors = results.get(timeout=300)
-                assert errors == [], f"process {n}: {errors}"
-                poison_failures += poison_errors
-                records += out
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
+        records, poison_failures = run_http_writers(url, topic_ids)
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
     finally:
         proc.stop()
