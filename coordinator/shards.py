@@ -988,12 +988,21 @@ class ShardedCatalog:
 
     def purge_deleted_topics(self) -> int:
         """Drop rows of deleted topics from every shard (left where a shard was down when
-        the topic was deleted); returns how many topics. Raises if a shard is down."""
+        the topic was deleted); returns how many topics. Raises if a shard is down.
+
+        The shards' topic ids are read BEFORE the catalog's live ones: a topic's catalog
+        row is written before its shard rows and ids are never reused, so a topic created
+        meanwhile is either not yet in a shard's list or already in the live set (read the
+        other way round, it would be purged with its acked records).
+        """
+        in_shards = [
+            (shard, [bytes(t) for (t,) in shard.read(_all(shard.q(_SHARD_TOPIC_IDS)))])
+            for shard in self._store.shards
+        ]
         with self._db.read() as conn:
             live = {bytes(t) for t, _ in conn.execute(self._q(_TOPIC_IDS))}
         purged = 0
-        for shard in self._store.shards:
-            ids = [bytes(t) for (t,) in shard.read(_all(shard.q(_SHARD_TOPIC_IDS)))]
+        for shard, ids in in_shards:
             for topic_id in ids:
                 if topic_id not in live:
                     purge_topic(shard, topic_id)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import boto3
@@ -37,7 +38,7 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.store import open_store
-from segments.types import TopicPartition
+from segments.types import TopicInfo, TopicPartition
 from tests.conftest import PG_ADMIN_URL, sql_rows
 from tests.integration.conftest import Cluster, ClusterFactory
 from tests.integration.test_consumer_api import (
@@ -349,6 +350,34 @@ def test_delete_topic_clears_every_shard_and_groups_see_shard_offsets(new_db: Ne
 
 
 # -- garbage collection ----------------------------------------------------------------
+
+
+def test_purging_deleted_topics_keeps_a_topic_created_meanwhile(
+    new_db: NewDb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC drops deleted topics' rows from the shards by comparing the shards' topic ids
+    with the catalog's live ones. A topic created and written between those two reads
+    must keep its records: the shards are read first."""
+    catalog, urls = new_db(), [new_db()]
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        janitors = coord.janitor_catalog()
+        real_db = janitors._db  # type: ignore[attr-defined]
+        born: list[TopicInfo] = []
+
+        @contextmanager
+        def read_then_create() -> Iterator[Any]:
+            with real_db.read() as conn:
+                yield conn
+            if not born:  # right after the catalog's read
+                born.append(coord.create_topic("born-during-gc", 1))
+                coord.commit("segments/born.seg", [chunk(born[0].topic_id, 0, count=3)])
+
+        monkeypatch.setattr(
+            janitors, "_db", SimpleNamespace(read=read_then_create, dialect=real_db.dialect)
+        )
+        assert janitors.purge_deleted_topics() == 0
+        assert born and coord.offsets("born-during-gc", 0).high_watermark == 3
+        assert [r.object_key for r in coord.lookup("born-during-gc", 0, 0)] == ["segments/born.seg"]
 
 
 def test_gc_keeps_an_object_any_shard_references(new_db: NewDb, tmp_path: Path) -> None:
