@@ -444,7 +444,8 @@ class _Writer:
         from spark.write import delete_objects
 
         written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
-        deleted = delete_objects(get_store(self.location), written)
+        with opened(self.opts.connection) as coordinator:
+            deleted = delete_objects(get_store(self.location), coordinator, written)
         log.warning("%s aborted: deleted %d uncommitted objects", what, deleted)
 
 

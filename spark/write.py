@@ -235,15 +235,27 @@ def commit_objects(
     return results
 
 
-def delete_objects(store: ObjectStore, tasks: Sequence[ObjectsWritten | None]) -> int:
-    """Best effort after a failed job: delete the objects its finished tasks uploaded.
+def delete_objects(
+    store: ObjectStore, coordinator: Coordinator, tasks: Sequence[ObjectsWritten | None]
+) -> int:
+    """Best effort after a failed job: delete the objects its finished tasks uploaded
+    that no commit references. A commit that failed part way (an object committed before
+    the failure, or on some shards of a sharded coordinator) leaves objects the index
+    refers to: those stay. If the coordinator cannot say which are committed, nothing is
+    deleted (garbage collection finds the unreferenced ones as orphans later).
 
     Tasks that failed part way may have uploaded objects nobody reports: garbage
     collection finds those as orphans.
     """
+    keys = [key for task in tasks if task is not None for key, _size, _chunks in task.objects]
+    try:
+        committed = coordinator.committed_object_keys(keys) if keys else set()
+    except Exception:
+        log.warning("abort: cannot tell committed objects; garbage collection will", exc_info=True)
+        return 0
     deleted = 0
-    for task in tasks:
-        for key, _size, _chunks in task.objects if task is not None else ():
+    for key in keys:
+        if key not in committed:
             try:
                 store.delete(key)
                 deleted += 1

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pytest
 
+from coordinator.client import Coordinator
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
+from segments.errors import CoordinatorUnavailableError
 from segments.partitioning import partition_for_key
 from segments.store import ObjectStore, open_store
 from spark.write import TaskWriter, check_sink_schema, commit_objects, delete_objects
@@ -132,5 +135,30 @@ def test_refusals_and_abort(store: ObjectStore, coordinator: LocalCoordinator) -
     w = task(store, coordinator)
     w.add(pa.RecordBatch.from_pydict({"value": [b"v"]}))
     written = w.finish()
-    assert delete_objects(store, [written, None]) == 1
+    assert delete_objects(store, coordinator, [written, None]) == 1
     assert list(store.list("segments/")) == []
+
+
+def test_abort_after_a_commit_failed_part_way_keeps_the_committed_objects(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    """The driver commits object by object: when a later commit fails, Spark aborts, and
+    the objects committed before it are in the index: deleting them would lose acked
+    records. Abort deletes only the uncommitted ones, and nothing if it cannot tell."""
+    tasks = []
+    for value in (b"first", b"second"):
+        w = task(store, coordinator)
+        w.add(pa.RecordBatch.from_pydict({"value": [value]}))
+        tasks.append(w.finish())
+    commit_objects(store, coordinator, [tasks[0]])  # the second commit "failed"
+    (kept,), (dropped,) = ([k for k, _, _ in t.objects] for t in tasks)
+
+    class Unreachable:
+        def committed_object_keys(self, keys: list[str]) -> set[str]:
+            raise CoordinatorUnavailableError("down")
+
+    assert delete_objects(store, cast(Coordinator, Unreachable()), tasks) == 0
+    assert {o.key for o in store.list("segments/")} == {kept, dropped}
+    assert delete_objects(store, coordinator, tasks) == 1
+    assert [o.key for o in store.list("segments/")] == [kept]
+    assert [r[3] for r in all_records(store, coordinator, "t", 4)] == [b"first"]
