@@ -71,6 +71,7 @@ from coordinator.producers import ProducerPartitionState, StoredKey
 from coordinator.topic_configs import topic_defaults
 from segments.errors import (
     CoordinatorUnavailableError,
+    InternalError,
     LakelogError,
     MetadataError,
     OffsetOutOfRangeError,
@@ -673,6 +674,9 @@ class ShardedStore:
                 outcomes.append(run(sid, idx) if n == 0 else futures[n - 1].result())
             except LakelogError as e:
                 outcomes.append(e)
+            except Exception as e:  # a bug, not an outage: still wait for the other shards
+                log.exception("commit of %r on shard %s failed", object_key, sid)
+                outcomes.append(InternalError(f"shard {sid}: {type(e).__name__}"))
         errors = [o for o in outcomes if isinstance(o, LakelogError)]
         if errors and len(errors) == len(outcomes):
             raise errors[0]

@@ -13,6 +13,7 @@ does over a certificate on Kafka's SASL_SSL).
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from typing import Any
 
@@ -20,7 +21,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from coordinator.security_settings import AgentSecuritySettings
+from segments.errors import LakelogError
 from service.auth import CERT_PRINCIPAL_KEY
+
+log = logging.getLogger(__name__)
 
 
 class ClientCertProtocol(H11Protocol):
@@ -32,7 +36,11 @@ class ClientCertProtocol(H11Protocol):
         from service.kafka.sasl import certificate_principal
 
         peercert = transport.get_extra_info("peercert")  # only once the CA verified it
-        principal = certificate_principal(peercert) if peercert else None
+        try:
+            principal = certificate_principal(peercert) if peercert else None
+        except LakelogError as e:  # a common name that is no user name: no principal
+            log.warning("client certificate not used as a principal: %s", e.message)
+            principal = None
         if principal is not None:
             self.app = _with_principal(self.app, principal)
 

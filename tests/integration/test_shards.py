@@ -467,6 +467,33 @@ def test_retention_runs_in_every_shard_and_skips_one_that_is_down(
 # -- one shard down ----------------------------------------------------------------------
 
 
+def test_an_unexpected_error_on_one_shard_fails_only_its_chunks(
+    new_db: NewDb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not an outage but a bug (any exception) on one shard: the other shards' commits
+    are still waited for and reported as committed (PartialCommitError), never left
+    visible behind an answer that says the whole commit failed."""
+    catalog, urls = new_db(), [new_db(), new_db()]
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        t = coord.create_topic("bug", 8)
+        s = sharded(coord)
+        victim = s.shards[0]
+        lost = [p for p in range(8) if s.shard_of(t.topic_id, p) is victim]
+        assert lost and len(lost) < 8
+
+        def broken(*args: object, **kwargs: object) -> list[int]:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(victim.store, "commit_checked", broken)
+        with pytest.raises(PartialCommitError) as info:
+            coord.commit("segments/bug/0.seg", [chunk(t.topic_id, p) for p in range(8)])
+        assert [b is None for b in info.value.base_offsets] == [p in lost for p in range(8)]
+        assert all(info.value.base_offsets[p] == 0 for p in range(8) if p not in lost)
+        assert "RuntimeError" in str(info.value.failures[lost[0]])
+        monkeypatch.undo()
+        assert coord.offsets("bug", next(p for p in range(8) if p not in lost)).high_watermark == 1
+
+
 def test_one_shard_down_pauses_only_its_partitions(new_db: NewDb) -> None:
     catalog, urls = new_db(), [new_db(), new_db(), new_db()]
     with LocalCoordinator(catalog, shards=urls, timeout_s=2.0) as coord:

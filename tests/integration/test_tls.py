@@ -89,6 +89,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
     cert = ca.issue_cert("127.0.0.1", "localhost")
     ca_file, cert_file, key_file = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
     client = ca.issue_cert("svc-mtls.test", common_name="svc-mtls")
+    ca.private_key_pem.write_to_path(str(tmp / "ca.key"))
     client.private_key_and_cert_chain_pem.write_to_path(str(tmp / "client.pem"))
     ca.cert_pem.write_to_path(str(ca_file))
     cert.private_key_pem.write_to_path(str(key_file))
@@ -277,6 +278,18 @@ def test_rest_mtls_client_certificate_is_the_principal(
     assert httpx.get(url, verify=plain).status_code == 401
     bad = {"Authorization": "Basic " + base64.b64encode(b"tuser:wrong-password").decode()}
     assert httpx.get(url, verify=with_cert, headers=bad).status_code == 401
+    # A certificate of the CA whose common name is no user name: not a principal, but the
+    # connection still serves a client that authenticates otherwise.
+    odd = trustme.CA.from_pem(  # the same CA, from its files
+        Path(tls_cluster.ca_file).read_bytes(),
+        Path(tls_cluster.ca_file).with_name("ca.key").read_bytes(),
+    ).issue_cert("odd.test", common_name="John Smith")
+    odd_pem = tmp_path / "odd.pem"
+    odd.private_key_and_cert_chain_pem.write_to_path(str(odd_pem))
+    with_odd = ssl.create_default_context(cafile=tls_cluster.ca_file)
+    with_odd.load_cert_chain(str(odd_pem))
+    assert httpx.get(url, verify=with_odd).status_code == 401
+    assert httpx.get(url, verify=with_odd, headers=basic()).status_code == 200
     stranger = trustme.CA().issue_cert("other.test", common_name="svc-mtls")
     stranger_pem = tmp_path / "stranger.pem"
     stranger.private_key_and_cert_chain_pem.write_to_path(str(stranger_pem))
