@@ -79,6 +79,9 @@ class TopicAccess:
             self._decided, self._principal = {}, None
         missing = list(dict.fromkeys(c for c in checks if c not in self._decided))
         if missing or self._principal is None:
+            # The bound runs from the oldest decision kept: asking about new checks must
+            # not make older answers live longer.
+            fresh = self._principal is None
             asked_at = self._clock()
             try:
                 answer = self._ask(missing)
@@ -92,7 +95,9 @@ class TopicAccess:
                     f"the coordinator refused the credential of option 'user' "
                     f"({self._user!r}): {e.message}"
                 ) from None
-            self._principal, self._asked_at = answer.principal, asked_at
+            self._principal = answer.principal
+            if fresh:
+                self._asked_at = asked_at
             self._decided.update(zip(missing, answer.allowed, strict=True))
         return [self._decided[c] for c in checks]
 

@@ -61,6 +61,13 @@ def test_answers_are_kept_for_the_ttl_and_no_longer() -> None:
     now[0] = 5.0
     access.readable(["a"], pattern=False)
     assert len(coordinator.asked) == 2
+    # A new question does not extend the life of older answers: READ "a" (asked at 5.0)
+    # is asked again at 10.0 although WRITE "w" was first asked at 9.0.
+    now[0] = 9.0
+    access.require(Operation.WRITE, ["w"])
+    now[0] = 10.0
+    access.readable(["a"], pattern=False)
+    assert [(c.operation, c.name) for c in coordinator.asked[-1]] == [(Operation.READ, "a")]
     # An empty read still authenticates (once per ttl_s).
     fresh = Coordinator()
     assert TopicAccess(fresh.authorize, "alice").readable([], pattern=True) == []
