@@ -757,7 +757,8 @@ class ShardedStore:
         """(log-start, high watermark) of each partition of ``topic``, for the consumer
         groups' transactions: ``conn`` is theirs on the catalog (so no second catalog
         connection is needed while they hold one). Partitions of a shard that is down
-        are left out."""
+        are left out; those placed while their shard was down (no row yet) get their row
+        now and are empty."""
         row = conn.execute(self._q(_TOPIC_BY_NAME), (topic,)).fetchone()
         if row is None:
             return {}
@@ -773,6 +774,10 @@ class ShardedStore:
             except CoordinatorUnavailableError:
                 continue
             out.update((int(p), (int(ls), int(hw))) for p, ls, hw in rows if int(p) in mine)
+            unmade = sorted(p for p in mine if p not in out)
+            if unmade:
+                self._ensure(shard, [(topic_id, p) for p in unmade])
+                out.update((p, (0, 0)) for p in unmade)
         return out
 
     def lookup(

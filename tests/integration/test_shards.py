@@ -26,6 +26,7 @@ import pytest
 from confluent_kafka import Producer as KafkaProducer
 
 from coordinator.client import ChunkCommit
+from coordinator.groups import ConsumerConfig
 from coordinator.janitors.context import JanitorContext
 from coordinator.janitors.gc import run_gc
 from coordinator.janitors.retention import run_retention
@@ -347,6 +348,32 @@ def test_delete_topic_clears_every_shard_and_groups_see_shard_offsets(new_db: Ne
                     c.commit("segments/g/2.seg", [chunk(t.topic_id, p) for p in range(4)])
             for url in urls:  # and nothing was brought back
                 assert sql_rows(url, "SELECT COUNT(*) FROM partitions") == [(0,)]
+
+
+def test_a_partition_placed_while_its_shard_was_down_serves_consumers_once_it_is_back(
+    new_db: NewDb,
+) -> None:
+    """A topic created during a shard's outage: its partitions there get their rows
+    lazily. Once the shard answers, a consumer assigned them starts at 0 (before, the
+    groups saw no row and answered "unavailable, try again" until someone produced)."""
+    catalog, urls = new_db(), [new_db(), new_db()]
+    with LocalCoordinator(catalog, shards=urls, timeout_s=2.0) as coord:
+        s = sharded(coord)
+        by_id = shard_urls_of(coord, urls)
+        victim = s.shards[0]
+        with unavailable(by_id[victim.shard_id]):
+            t = coord.create_topic("late", 6)
+        late = [p for p in range(6) if s.shard_of(t.topic_id, p) is victim]
+        assert late
+        deadline = time.monotonic() + 30
+        while victim.health.cause is not None:  # its probe finds it back
+            assert time.monotonic() < deadline, victim.health.cause
+            time.sleep(0.1)
+        tps = [TopicPartition("late", p) for p in late]
+        coord.create_consumer("g", "c1", ConsumerConfig(auto_offset_reset="earliest"))
+        state = coord.assign("g", "c1", tps)
+        assert {tp: state.positions[tp] for tp in tps} == dict.fromkeys(tps, 0)
+        assert coord.offsets("late", late[0]).high_watermark == 0
 
 
 # -- garbage collection ----------------------------------------------------------------
