@@ -162,20 +162,42 @@ class LogWriter:
             for c in uploaded.chunks
         ]
         # Safe to retry: the coordinator answers a repeated object key with the same offsets.
-        offsets = retry(
-            lambda: self.coordinator.commit(uploaded.object_key, commits),
-            # Partly committed (sharded metadata): the batcher answers the requests
-            # whose partitions committed now rather than holding them all back.
-            give_up=(ProducerConflictError, PartialCommitError),
-        )
+        try:
+            offsets = retry(
+                lambda: self.coordinator.commit(uploaded.object_key, commits),
+                # Partly committed (sharded metadata): the batcher answers the requests
+                # whose partitions committed now rather than holding them all back.
+                give_up=(ProducerConflictError, PartialCommitError),
+            )
+        except PartialCommitError as e:
+            # What did commit is readable now: the cache and waiting fetches hear of it.
+            done = [
+                (c, base)
+                for c, base in zip(uploaded.chunks, e.base_offsets, strict=False)
+                if base is not None
+            ]
+            self._tell(
+                WriteResult(
+                    uploaded.object_key,
+                    uploaded.size,
+                    [c for c, _ in done],
+                    [base for _, base in done],
+                ),
+                uploaded.data,
+            )
+            raise
         result = WriteResult(uploaded.object_key, uploaded.size, uploaded.chunks, offsets)
+        self._tell(result, uploaded.data)
+        return result
+
+    def _tell(self, result: WriteResult, data: bytes) -> None:
+        """Hand a commit to the listeners (read cache, fetch wake-ups)."""
         for listener in self.listeners:
             try:
-                listener(result, uploaded.data)
+                listener(result, data)
             except Exception:
                 # The write is committed and acked whatever a cache or wake-up does.
                 log.exception("write listener %r failed", listener)
-        return result
 
 
 def decode_entry(
