@@ -380,6 +380,57 @@ def check_chunks(object_key: str, chunks: Sequence[ChunkCommit]) -> None:
         seen.add(tp)
 
 
+def lookup_entries(
+    conn: Any,
+    q: Callable[[str], str],
+    where: tuple[bytes, int, int, int],
+    offset: int,
+    max_chunks: int,
+) -> list[ChunkRef]:
+    """A partition's index entries from the one holding ``offset`` on (``where``: topic
+    id, partition, log-start, high watermark), in ``conn``'s snapshot; see ``lookup``."""
+    topic_id, partition, log_start, high_watermark = where
+    if offset >= high_watermark:
+        return []
+    start = max(offset, log_start)
+    rows = conn.execute(
+        q(_LOOKUP), (topic_id, partition, topic_id, partition, start, start, max_chunks)
+    ).fetchall()
+    return [ChunkRef(*row) for row in rows]
+
+
+def lookup_timestamp_entry(
+    conn: Any, q: Callable[[str], str], where: tuple[bytes, int, int, int], timestamp_ms: int
+) -> ChunkRef | None:
+    """The first entry whose max timestamp is >= ``timestamp_ms``; see ``lookup_timestamp``."""
+    topic_id, partition, log_start, high_watermark = where
+    if log_start >= high_watermark:
+        return None
+    row = conn.execute(
+        q(_LOOKUP_TIMESTAMP),
+        (topic_id, partition, topic_id, partition, log_start, log_start, timestamp_ms),
+    ).fetchone()
+    return None if row is None else ChunkRef(*row)
+
+
+def delete_records_target(
+    topic: str, partition: int, offset: int, log_start: int, high_watermark: int
+) -> int | None:
+    """The log-start DeleteRecords asks for (``offset``; -1: the high watermark), or None
+    when it is at or below the current one (nothing to do).
+
+    Raises:
+        OffsetOutOfRangeError: past the high watermark, or below -1.
+    """
+    target = high_watermark if offset == -1 else offset
+    if target < 0 or target > high_watermark:
+        raise OffsetOutOfRangeError(
+            f"Offset {offset} is outside partition {partition} of topic '{topic}' "
+            f"[{log_start}, {high_watermark}]."
+        )
+    return None if target <= log_start else target
+
+
 class MetadataStore:
     """Topics, configs, offsets, the chunk index and agents over one metadata database.
 
@@ -1067,14 +1118,8 @@ class MetadataStore:
             raise ValueError(f"max_chunks must be >= 1, not {max_chunks}")
         with self._db.read() as conn:
             topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
-            if offset >= high_watermark:
-                return []
-            start = max(offset, log_start)
-            rows = conn.execute(
-                self._q(_LOOKUP),
-                (topic_id, partition, topic_id, partition, start, start, max_chunks),
-            ).fetchall()
-        return [ChunkRef(*row) for row in rows]
+            where = (topic_id, partition, log_start, high_watermark)
+            return lookup_entries(conn, self._q, where, offset, max_chunks)
 
     def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
         """The first entry (by offset, from log-start) whose max timestamp is >= ``timestamp_ms``.
@@ -1088,13 +1133,8 @@ class MetadataStore:
         """
         with self._db.read() as conn:
             topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
-            if log_start >= high_watermark:
-                return None
-            row = conn.execute(
-                self._q(_LOOKUP_TIMESTAMP),
-                (topic_id, partition, topic_id, partition, log_start, log_start, timestamp_ms),
-            ).fetchone()
-        return None if row is None else ChunkRef(*row)
+            where = (topic_id, partition, log_start, high_watermark)
+            return lookup_timestamp_entry(conn, self._q, where, timestamp_ms)
 
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` are committed objects (for orphan detection)."""
@@ -1125,13 +1165,8 @@ class MetadataStore:
 
         with self._db.read() as conn:
             topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
-        target = high_watermark if offset == -1 else offset
-        if target < 0 or target > high_watermark:
-            raise OffsetOutOfRangeError(
-                f"Offset {offset} is outside partition {partition} of topic '{topic}' "
-                f"[{log_start}, {high_watermark}]."
-            )
-        if target <= log_start:
+        target = delete_records_target(topic, partition, offset, log_start, high_watermark)
+        if target is None:
             return log_start
         moved = Catalog(self._db).advance_log_start(topic_id, partition, target, time.time())
         if moved is None:  # someone moved it further meanwhile

@@ -61,11 +61,12 @@ from coordinator.db import MetadataDatabase, open_database
 from coordinator.group_commit import GroupCommitStats
 from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
 from coordinator.metadata import (
-    _LOOKUP,
-    _LOOKUP_TIMESTAMP,
     MetadataStore,
     check_chunks,
+    delete_records_target,
     format_topic_id,
+    lookup_entries,
+    lookup_timestamp_entry,
 )
 from coordinator.producers import ProducerPartitionState, StoredKey
 from coordinator.topic_configs import topic_defaults
@@ -74,7 +75,6 @@ from segments.errors import (
     InternalError,
     LakelogError,
     MetadataError,
-    OffsetOutOfRangeError,
     PartialCommitError,
     PartitionNotFoundError,
     TopicNotFoundError,
@@ -787,38 +787,23 @@ class ShardedStore:
             raise ValueError(f"max_chunks must be >= 1, not {max_chunks}")
         topic_id, shard = self._resolve(topic, partition)
 
-        def read(conn: Any) -> list[Any] | None:  # one snapshot, one transaction
+        def read(conn: Any) -> list[ChunkRef] | None:  # one snapshot, one transaction
             bounds = conn.execute(shard.q(_BOUNDS), (topic_id, partition)).fetchone()
             if bounds is None:
                 return None
-            if offset >= bounds[1]:
-                return []
-            start = max(offset, bounds[0])
-            return list(
-                conn.execute(
-                    shard.q(_LOOKUP),
-                    (topic_id, partition, topic_id, partition, start, start, max_chunks),
-                ).fetchall()
-            )
+            where = (topic_id, partition, int(bounds[0]), int(bounds[1]))
+            return lookup_entries(conn, shard.q, where, offset, max_chunks)
 
-        rows = shard.read(read)
-        if rows is None:  # placed while the shard was down: empty
+        refs = shard.read(read)
+        if refs is None:  # placed while the shard was down: empty
             self._ensure(shard, [(topic_id, partition)])
             return []
-        return [ChunkRef(*row) for row in rows]
+        return refs
 
     def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
         topic_id, shard = self._resolve(topic, partition)
-        log_start, high_watermark = self._bounds(topic_id, partition, shard)
-        if log_start >= high_watermark:
-            return None
-        row = shard.read(
-            lambda conn: conn.execute(
-                shard.q(_LOOKUP_TIMESTAMP),
-                (topic_id, partition, topic_id, partition, log_start, log_start, timestamp_ms),
-            ).fetchone()
-        )
-        return None if row is None else ChunkRef(*row)
+        where = (topic_id, partition, *self._bounds(topic_id, partition, shard))
+        return shard.read(lambda conn: lookup_timestamp_entry(conn, shard.q, where, timestamp_ms))
 
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         """Keys some shard has committed. Asks every shard.
@@ -845,13 +830,8 @@ class ShardedStore:
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         topic_id, shard = self._resolve(topic, partition)
         log_start, high_watermark = self._bounds(topic_id, partition, shard)
-        target = high_watermark if offset == -1 else offset
-        if target < 0 or target > high_watermark:
-            raise OffsetOutOfRangeError(
-                f"Offset {offset} is outside partition {partition} of topic '{topic}' "
-                f"[{log_start}, {high_watermark}]."
-            )
-        if target <= log_start:
+        target = delete_records_target(topic, partition, offset, log_start, high_watermark)
+        if target is None:
             return log_start
         moved = shard.call(
             lambda: Catalog(shard.db).advance_log_start(topic_id, partition, target, time.time())
