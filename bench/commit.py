@@ -312,7 +312,10 @@ def _matrix(tmp: Path, args: argparse.Namespace) -> None:
             ),
         }
         for backend in backends:
-            with LocalCoordinator(urls[backend]) as coordinator:
+            # FULL: SQLite syncs its WAL at every commit, as PostgreSQL does (equal
+            # durability); NORMAL (lakelog's default) syncs at checkpoints.
+            sync = args.sqlite_synchronous
+            with LocalCoordinator(urls[backend], synchronous=sync) as coordinator:
                 for chunks in chunks_list:
                     for writers in writers_list:
                         print(
@@ -337,6 +340,7 @@ def _matrix(tmp: Path, args: argparse.Namespace) -> None:
                             "bench": "commit_matrix",
                             "backend": backend,
                             "label": args.label,
+                            "sqlite_synchronous": args.sqlite_synchronous,
                             **result,
                         }
                         print(json.dumps(line), flush=True)
@@ -364,6 +368,12 @@ def main(argv: list[str] | None = None) -> None:
         "--case-seconds", type=float, default=3.0, help="matrix: time budget of each case"
     )
     parser.add_argument("--label", default="", help="matrix: a label copied into each line")
+    parser.add_argument(
+        "--sqlite-synchronous",
+        choices=("NORMAL", "FULL"),
+        default="NORMAL",
+        help="matrix: SQLite's synchronous (FULL: a WAL sync per commit, as PostgreSQL)",
+    )
     args = parser.parse_args(argv)
     counts = {1: 6000, 10: 4000, 100: 600}
     with tempfile.TemporaryDirectory(prefix="lakelog-bench-commit-") as d:
