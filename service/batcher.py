@@ -44,6 +44,7 @@ from coordinator.producers import ProducerBatch, RequestKey
 from index.log import LogWriter, UploadedSegment, WriteResult
 from segments.errors import (
     BufferFullError,
+    CoordinatorUnavailableError,
     InternalError,
     LakelogError,
     MetadataError,
@@ -78,6 +79,45 @@ def record_size(record: Record) -> int:
     for name, value in record.headers:
         size += len(name) + len(value or b"")
     return size
+
+
+class PartlyCommittedError(CoordinatorUnavailableError):
+    """Some partitions of a request committed and others did not (sharded metadata, a
+    shard down): ``offsets[i]`` is item i's offset (a record for ``append``, a batch for
+    ``append_batches``) where it committed, else None and ``errors[i]`` is why.
+    Retriable as a whole; a client should resend only the failed items."""
+
+    def __init__(
+        self, message: str, offsets: list[int | None], errors: list[LakelogError | None]
+    ) -> None:
+        super().__init__(message)
+        self.offsets = offsets
+        self.errors = errors
+
+
+class _PartlyDone(Exception):
+    """A waiter's answer when its flush committed some of its partitions (internal)."""
+
+    def __init__(self, done: BaseOffsets, failed: dict[tuple[bytes, int], LakelogError]) -> None:
+        super().__init__("partly committed")
+        self.done = done
+        self.failed = failed
+
+    def answer(self, keys: list[tuple[bytes, int]], offsets: list[int]) -> PartlyCommittedError:
+        """The request's error: ``keys[i]`` is item i's partition, ``offsets[i]`` its
+        offset relative to the partition's base in the flush."""
+        out: list[int | None] = []
+        errors: list[LakelogError | None] = []
+        for key, relative in zip(keys, offsets, strict=True):
+            base = self.done.get(key)
+            out.append(None if base is None else base + relative)
+            errors.append(self.failed[key] if base is None else None)
+        first = next(e for e in errors if e is not None)
+        return PartlyCommittedError(
+            f"Some partitions of the request were written, others not: {first.message}",
+            out,
+            errors,
+        )
 
 
 @dataclass(eq=False)
@@ -280,7 +320,11 @@ class Batcher:
             self._wake.set()
         self.metrics.buffer_bytes.set(self._used())
         # shield: a cancelled request (client gone) must not cancel the shared future.
-        bases = await asyncio.shield(future)
+        try:
+            bases = await asyncio.shield(future)
+        except _PartlyDone as partly:
+            keys = [(topic_id, p) for p, _ in slots]
+            raise partly.answer(keys, [starts[p] + i for p, i in slots]) from None
         self.metrics.produced_records.inc(len(records))
         self.metrics.produced_bytes.inc(size - RECORD_OVERHEAD * len(records))
         return [bases[(topic_id, p)] + starts[p] + i for p, i in slots]
@@ -334,7 +378,10 @@ class Batcher:
         elif was_empty:
             self._wake.set()
         self.metrics.buffer_bytes.set(self._used())
-        bases = await asyncio.shield(future)
+        try:
+            bases = await asyncio.shield(future)
+        except _PartlyDone as partly:
+            raise partly.answer([k for k, _ in placed], [r for _, r in placed]) from None
         self.metrics.produced_records.inc(records)
         self.metrics.produced_bytes.inc(size)
         return [bases[key] + relative for key, relative in placed]
@@ -542,7 +589,8 @@ class Batcher:
         self, buf: _Buffer, uploaded: UploadedSegment, exc: PartialCommitError
     ) -> None:
         """Some metadata shards committed the flush, others failed: a request whose
-        partitions all committed gets its offsets, the others their shard's error."""
+        partitions all committed gets its offsets, one with none committed its shard's
+        error, one with some committed a PartlyCommittedError saying which."""
         done: BaseOffsets = {}
         failed: dict[tuple[bytes, int], LakelogError] = {}
         for c, base, failure in zip(uploaded.chunks, exc.base_offsets, exc.failures, strict=False):
@@ -561,11 +609,15 @@ class Batcher:
         for future in buf.waiters:
             if future.done():
                 continue
-            missing = [k for k in buf.keys_of.get(future, ()) if k not in done]
-            if missing:
-                future.set_exception(_as_flush_error(failed.get(missing[0], exc)))
-            else:
+            keys = list(buf.keys_of.get(future, ()))
+            missing = [k for k in keys if k not in done]
+            if not missing:
                 future.set_result(done)
+            elif len(missing) < len(keys):
+                mine = {k: _as_flush_error(failed.get(k, exc)) for k in missing}
+                future.set_exception(_PartlyDone(done, mine))
+            else:
+                future.set_exception(_as_flush_error(failed.get(missing[0], exc)))
 
     def _upload(self, buf: _Buffer) -> UploadedSegment:
         """Build + PUT (the first step of LogWriter.write), timed; the REST requests'

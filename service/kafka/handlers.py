@@ -16,7 +16,7 @@ import asyncio
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import ConsumedRecord, PartitionOffsets, TopicInfo, TopicPartition
-from service.batcher import RawBatch
+from service.batcher import PartlyCommittedError, RawBatch
 from service.executors import Kind, call, run
 from service.formats import max_message_bytes
 from service.idempotence import Admission, ProducerGate, Ticket
@@ -298,11 +298,16 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
         )
 
     async def finish() -> Any:
-        bases: list[int] = []
+        bases: Sequence[int | None] = []
         failure: tuple[ErrorCode, str | None] | None = None
         try:
             if raws:
                 bases = await ctx.state.batcher.append_batches(raws)
+        except PartlyCommittedError as e:  # some partitions' shard failed: only they fail
+            bases = e.offsets
+            for tp, i in firsts.items():
+                if (error := e.errors[i]) is not None:
+                    errors[tp] = (code_for(error), error.message)
         except LakelogError as e:
             failure = (code_for(e), e.message)
         finally:
@@ -393,7 +398,7 @@ def _produce_response(
     order: list[tuple[str, int]],
     errors: dict[tuple[str, int], tuple[ErrorCode, str | None]],
     firsts: dict[tuple[str, int], int],
-    bases: list[int],
+    bases: Sequence[int | None],
     failure: tuple[ErrorCode, str | None] | None,
     duplicates: dict[tuple[str, int], int],
     throttle_ms: int = 0,
@@ -404,10 +409,10 @@ def _produce_response(
         error = errors.get(tp)
         if error is None and failure is not None and tp not in duplicates:
             error = failure
-        if error is not None:
-            base = -1
-        else:
-            base = duplicates[tp] if tp in duplicates else bases[firsts[tp]]
+        found = duplicates.get(tp)
+        if error is None and found is None:
+            found = bases[firsts[tp]]
+        base = -1 if error is not None or found is None else found
         code, message = error if error is not None else (ErrorCode.none, None)
         by_topic.setdefault(tp[0], []).append(
             build(

@@ -48,6 +48,7 @@ from segments.errors import (
     UnprocessableRequestError,
 )
 from segments.types import Headers, Record, TopicInfo
+from service.batcher import PartlyCommittedError
 from service.errors import kafka_error_code
 from service.executors import Kind, run_if
 from service.formats import (
@@ -140,10 +141,16 @@ async def _produce(
                 assigned = await state.batcher.append(
                     topic.topic_id, entries, None if keyed is None else keyed.request_key()
                 )
+        except PartlyCommittedError as exc:  # some partitions' shard failed: say which
+            offsets = [
+                _failed(error)
+                if error is not None
+                else {"partition": p, "offset": off, "error_code": None, "error": None}
+                for (p, _), off, error in zip(entries, exc.offsets, exc.errors, strict=True)
+            ]
+            answer = _answer(offsets, key_schema_id, value_schema_id)
         except LakelogError as exc:
-            code = kafka_error_code(exc)
-            failed = {"partition": None, "offset": None, "error_code": code, "error": exc.message}
-            answer = _answer([failed] * len(entries), key_schema_id, value_schema_id)
+            answer = _answer([_failed(exc)] * len(entries), key_schema_id, value_schema_id)
         else:
             answer = await run_if(
                 offload, Kind.CPU, _acked, entries, assigned, key_schema_id, value_schema_id
@@ -151,6 +158,16 @@ async def _produce(
     finally:
         release(state, ticket)
     return Response(answer, media_type=V2_CONTENT_TYPE)
+
+
+def _failed(exc: LakelogError) -> dict[str, Any]:
+    """A record's entry when it was not stored (kafka-rest's shape)."""
+    return {
+        "partition": None,
+        "offset": None,
+        "error_code": kafka_error_code(exc),
+        "error": exc.message,
+    }
 
 
 def _acked(

@@ -38,7 +38,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,7 +63,7 @@ from segments.errors import (
     UnsupportedFormatError,
 )
 from segments.types import Headers, Record, TopicInfo
-from service.batcher import RestProducer
+from service.batcher import PartlyCommittedError, RestProducer
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run_if
 from service.formats import (
@@ -578,7 +578,8 @@ class _Producer:
             for r in parsed
         ]
         good = [r for r in results if isinstance(r, _Parsed)]
-        offsets: list[int] = []
+        offsets: Sequence[int | None] = []
+        errors: Sequence[LakelogError | None] = []
         failure: LakelogError | None = None
         if good:
             try:
@@ -592,16 +593,25 @@ class _Producer:
                         [(r.partition, r.record) for r in good],
                         None if keyed is None else keyed.request_key(),
                     )
+            except PartlyCommittedError as exc:  # some partitions' shard failed
+                if stored is None and idempotent is None:
+                    offsets, errors = exc.offsets, exc.errors
+                else:
+                    failure = exc
             except LakelogError as exc:
                 failure = exc
         out: list[dict[str, Any]] = []
         next_offset = iter(offsets)
+        next_error = iter(errors or [None] * len(offsets))
         cluster = self.state.cluster_id
         for r in results:
             if isinstance(r, LakelogError):
                 out.append(_error_report(r))
             elif failure is not None:
                 out.append(_error_report(failure))
+            elif (error := next(next_error)) is not None:
+                next(next_offset)
+                out.append(_error_report(error))
             else:
                 report: dict[str, Any] = {
                     "error_code": 200,

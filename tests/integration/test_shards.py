@@ -682,6 +682,18 @@ def test_rest_cluster_across_shards_with_one_shard_down(
                 answers = list(pool.map(lambda p, r=round_: send(r, p), range(9)))
                 for p in range(9):
                     assert answers[p] == ([50003] * 5 if p in lost else ok), (p, answers[p])
+        # One request over both kinds of partition: its records on the shards that are
+        # up are stored (and say where), the others fail retriably, in one answer.
+        mixed = [(kept[0], b"mixed-kept"), (lost[0], b"mixed-lost"), (kept[0], b"mixed-2")]
+        body = {"records": [{"value": b64(v), "partition": p} for p, v in mixed]}
+        r = request("POST", cluster.agents[0] + f"/topics/{topic}", body, content_type=BINARY)
+        assert r.status_code == 200, r.text
+        answers = r.json()["offsets"]
+        assert [a["error_code"] for a in answers] == [None, 50003, None], answers
+        for (p, v), a in zip(mixed, answers, strict=True):
+            if a["error_code"] is None:
+                assert a["partition"] == p
+                acked[p].append((a["offset"], v))
     partial = sum(
         float(line.split()[-1])
         for agent in cluster.agents

@@ -25,7 +25,7 @@ from segments.errors import (
 from segments.memory import MemoryStore
 from segments.segment import SegmentBuilder
 from segments.types import Record, TopicInfo
-from service.batcher import Batcher, BatcherConfig
+from service.batcher import Batcher, BatcherConfig, PartlyCommittedError
 from service.metrics import Metrics
 
 
@@ -507,8 +507,9 @@ def test_a_partly_committed_flush_answers_each_request_by_its_partitions(
     store: FlakyStore, coordinator: LocalCoordinator
 ) -> None:
     """One flush, three requests: on the partition that committed, on the one whose shard
-    is down, on both. Only the first is acked; the others get the shard's retriable error
-    (nothing of the second was stored; the third is at-least-once on retry)."""
+    is down, on both. The first is acked; the second gets the shard's retriable error
+    (nothing of it was stored); the third a PartlyCommittedError saying which of its
+    records were stored, at which offsets, and why the others were not."""
     topic = coordinator.create_topic("halves", 2)
     shard = ShardDown(coordinator, {1})
 
@@ -540,7 +541,9 @@ def test_a_partly_committed_flush_answers_each_request_by_its_partitions(
     acked, down, both, retried = asyncio.run(main())
     assert acked == [0, 1]
     assert isinstance(down, CoordinatorUnavailableError) and down.retriable
-    assert isinstance(both, CoordinatorUnavailableError)
+    assert isinstance(both, PartlyCommittedError) and both.retriable
+    assert both.offsets == [2, None]  # b"d" after b"a", b"b"; b"e" not stored
+    assert both.errors[0] is None and isinstance(both.errors[1], CoordinatorUnavailableError)
     assert retried == [0]  # partition 1 never took the failed records
     assert coordinator.offsets("halves", 0).high_watermark == 3  # b"d" was stored too
     assert metric(metrics, "lakelog_flushes_total", {"result": "partial"}) == 1
