@@ -13,6 +13,7 @@ import pytest
 
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
+from segments.batches import encode_records
 from segments.errors import (
     BufferFullError,
     CoordinatorUnavailableError,
@@ -24,8 +25,8 @@ from segments.errors import (
 )
 from segments.memory import MemoryStore
 from segments.segment import SegmentBuilder
-from segments.types import Record, TopicInfo
-from service.batcher import Batcher, BatcherConfig, PartlyCommittedError
+from segments.types import ConsumedRecord, Record, TopicInfo
+from service.batcher import Batcher, BatcherConfig, PartlyCommittedError, RawBatch
 from service.metrics import Metrics
 
 
@@ -547,3 +548,34 @@ def test_a_partly_committed_flush_answers_each_request_by_its_partitions(
     assert retried == [0]  # partition 1 never took the failed records
     assert coordinator.offsets("halves", 0).high_watermark == 3  # b"d" was stored too
     assert metric(metrics, "lakelog_flushes_total", {"result": "partial"}) == 1
+
+
+def test_a_partly_committed_kafka_request_answers_each_batch(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """append_batches (Kafka Produce) over a partition that committed and one whose shard
+    is down: a PartlyCommittedError with the first batch's offset and the second's error
+    (the Produce handler answers each partition with its own code)."""
+    topic = coordinator.create_topic("kafka-halves", 2)
+    shard = ShardDown(coordinator, {1})
+
+    def raw(partition: int, value: bytes) -> RawBatch:
+        data = encode_records([ConsumedRecord("kafka-halves", partition, 0, None, value, 5, ())])
+        return RawBatch(topic.topic_id, partition, data, 1, 5, 5)
+
+    async def main() -> Any:
+        batcher = Batcher(LogWriter(store, shard), BatcherConfig(linger_ms=30), Metrics())  # type: ignore[arg-type]
+        await batcher.start()
+        try:
+            return await batcher.append_batches([raw(0, b"up"), raw(1, b"down")])
+        except PartlyCommittedError as exc:
+            return exc
+        finally:
+            await batcher.close()
+
+    partly = asyncio.run(main())
+    assert isinstance(partly, PartlyCommittedError)
+    assert partly.offsets == [0, None]
+    assert isinstance(partly.errors[1], CoordinatorUnavailableError)
+    assert coordinator.offsets("kafka-halves", 0).high_watermark == 1
+    assert coordinator.offsets("kafka-halves", 1).high_watermark == 0
