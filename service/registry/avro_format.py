@@ -58,16 +58,11 @@ _DATA_ERRORS = (
 
 
 #: Avro's type names: a named type's reference is written in full if its short name is one.
-_TYPE_NAMES = frozenset(
-    ("record", "enum", "array", "map", "union", "fixed", "string", "bytes", "int", "long")
-    + ("float", "double", "boolean", "null")
-)
 _PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "bytes", "string"))
+_TYPE_NAMES = _PRIMITIVES | {"record", "enum", "array", "map", "union", "fixed"}
 #: Keys that are not properties, per kind (Java's SCHEMA_RESERVED, ENUM_RESERVED, ...).
-_SCHEMA_KEYS = frozenset(
-    ("doc", "fields", "items", "name", "namespace", "size", "symbols", "values", "type")
-    + ("aliases",)
-)
+_SCHEMA_KEYS = frozenset(("doc", "fields", "items", "name", "namespace", "size", "symbols"))
+_SCHEMA_KEYS |= {"values", "type", "aliases"}
 _ENUM_KEYS = _SCHEMA_KEYS | {"default"}
 _FIELD_KEYS = frozenset(("default", "doc", "name", "order", "type", "aliases"))
 

@@ -106,7 +106,7 @@ def test_avro_reference_types_are_written_by_name() -> None:
                 "name": "Address",
                 "namespace": "io.shop",
                 "fields": [{"name": "city", "type": "string"}],
-            }  # fmt: skip
+            }
         ),
     )
     person = {
