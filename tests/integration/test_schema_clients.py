@@ -378,8 +378,9 @@ def test_json_schema_defs_and_references_are_compared(
     client: SchemaRegistryClient, serve: Serve
 ) -> None:
     """pydantic's layout (``$defs`` + ``$ref``): a change inside a definition is checked; a
-    reference moved from a subject's v1 to an incompatible v2 is refused, a compatible v2
-    accepted; a required property added with a default is compatible."""
+    reference moved from a subject's v1 to an incompatible v2 is refused; a required property
+    added with a default is compatible where Confluent's STRICT rules have it (a closed model,
+    pydantic's extra="forbid"), not in an open one."""
     subject = f"{_name()}-value"
     client.set_compatibility(subject, "BACKWARD")
     v1 = _pydantic_v1()
@@ -387,10 +388,18 @@ def test_json_schema_defs_and_references_are_compared(
     narrowed = _pydantic_v1()
     narrowed["$defs"]["Address"]["properties"]["city"] = {"type": "integer"}
     assert client.test_compatibility(subject, Schema(json.dumps(narrowed), "JSON")) is False
+    # Required with a default: compatible where Confluent's STRICT rules allow it (a property
+    # already there made required; a property added to a closed model, pydantic's
+    # extra="forbid"), not added to an open model.
     with_default = _pydantic_v1()
     with_default["properties"]["tier"] = {"type": "string", "default": "basic"}
     with_default["required"].append("tier")
-    assert client.test_compatibility(subject, Schema(json.dumps(with_default), "JSON")) is True
+    assert client.test_compatibility(subject, Schema(json.dumps(with_default), "JSON")) is False
+    closed_subject = f"{_name()}-value"
+    closed_v1 = {**v1, "additionalProperties": False}
+    client.register_schema(closed_subject, Schema(json.dumps(closed_v1), "JSON"))
+    closed = {**with_default, "additionalProperties": False}
+    assert client.test_compatibility(closed_subject, Schema(json.dumps(closed), "JSON")) is True
 
     # References: Address lives in its own subject; Customer refers to it by name.
     addr_subject = f"{_name()}-address"
