@@ -81,8 +81,8 @@ def _marked(data: Any, writer: Any, reader: Any) -> Any:
     return data if index is None else _Branch(index, data)
 
 
-for _base in ("int", "long", "float", "double"):
-    LOGICAL_READERS[f"{_base}-{_MARK}"] = _marked
+for _number in ("int", "long", "float", "double"):
+    LOGICAL_READERS[f"{_number}-{_MARK}"] = _marked
 
 
 def _get_json(url: str) -> Any:
