@@ -219,11 +219,12 @@ class _Reader:
                 out = []
                 for b in n:
                     b = walk(b)
-                    if b != "null" and not _is_named_ref(b):
-                        index = members.index(b) if b in members else None
+                    # Only numbers need the branch told (int/long, float/double look alike
+                    # in Python); other branches stay as written, so resolution is unchanged.
+                    if _base(b)[0] in ("int", "long", "float", "double") and b in members:
+                        index = members.index(b)
                         b = {"type": b} if isinstance(b, str) else b
-                        if index is not None:
-                            b["lakelog.branch"] = index
+                        b["lakelog.branch"] = index
                     out.append(b)
                 return out
             if isinstance(n, dict):
@@ -375,11 +376,7 @@ def _convert(reader: _Reader, node: Any, space: str | None, value: Any) -> Any:
             index, value = value.index, value.value
         elif isinstance(value, tuple):  # a named type, by its (reader) name
             name, value = value
-            index = next(
-                i for i, m in enumerate(members)
-                if _fullname(reader.resolve(m, space)[0], space) == name
-                or _base(reader.resolve(m, space)[0])[1].get("name") == name
-            )  # fmt: skip
+            index = _named_branch(reader, members, space, name)
         else:
             index = _branch_of(reader, members, space, value)
         member = members[index]
@@ -427,6 +424,16 @@ def _convert(reader: _Reader, node: Any, space: str | None, value: Any) -> Any:
     if kind == "map":
         return {k: _convert(reader, attrs["values"], space, v) for k, v in value.items()}
     return value  # boolean, enum (its symbol)
+
+
+def _named_branch(reader: _Reader, members: list[Any], space: str | None, name: str) -> int:
+    """The branch of a named type, by the name fastavro reports (full or short)."""
+    for i, m in enumerate(members):
+        node, _ = reader.resolve(m, space)
+        named = isinstance(node, dict) and "name" in node
+        if named and name in (_fullname(node, space), node["name"]):
+            return i
+    raise ValueError(f"no union branch named {name!r}")
 
 
 def _branch_of(reader: _Reader, members: list[Any], space: str | None, value: Any) -> int:
