@@ -35,6 +35,7 @@ from segments.errors import (
     IncompatibleSchemaError,
     InvalidSchemaError,
     SchemaConflictError,
+    SchemaNotFoundError,
     SubjectNotFoundError,
     VersionNotFoundError,
 )
@@ -195,16 +196,63 @@ class SchemaRegistry:
         """(problems, the live versions seen) of ``new`` under the subject's level.
 
         ``version``: check against that one version only, whatever the level says
-        about transitivity (``/compatibility/subjects/{s}/versions/{v}``).
+        about transitivity (``/compatibility/subjects/{s}/versions/{v}``). As in
+        Confluent's registry, ``LATEST`` of a subject with no live version checks against
+        nothing (compatible), and a numbered version that does not exist is
+        VersionNotFoundError, whether or not the subject does.
         """
         level = await self.level(subject)
         live = await self._live_versions(subject)
-        if version is not None:
-            sv = await self.version(subject, version)
-            targets = versions_to_check(level, [sv.version])
-        else:
+        if version is None:
             targets = versions_to_check(level, live)
+        elif version == LATEST:
+            targets = versions_to_check(level, live[-1:])
+        elif version in live:
+            targets = versions_to_check(level, [version])
+        else:
+            raise VersionNotFoundError(f"Version {version} not found.")
         return check_compatibility(level, new, await self._olds(subject, targets)), live
+
+    async def _find(
+        self,
+        subject: str,
+        parsed: ParsedSchema,
+        references: tuple[SchemaReference, ...],
+        *,
+        deleted: bool = False,
+    ) -> SubjectVersion | None:
+        """The subject's latest version holding ``parsed`` (live ones, or all with
+        ``deleted``), else None.
+
+        The store finds the canonical text by its fingerprint; a version stored in an
+        older canonical form is found by parsing the subject's versions again and
+        comparing canonical forms (Confluent's ``canLookup`` pass does the same).
+        """
+        try:
+            return await self.call(
+                self.store.find_schema,
+                subject,
+                parsed.schema_type,
+                parsed.canonical,
+                references,
+                deleted=deleted,
+            )
+        except (SubjectNotFoundError, SchemaNotFoundError):
+            pass
+        try:
+            versions = await self.call(self.store.subject_versions, subject, deleted=deleted)
+        except SubjectNotFoundError:
+            return None
+        for v in reversed(versions):
+            sv = await self.call(self.store.get_subject_version, subject, v, deleted=deleted)
+            old = sv.schema
+            if old.schema_type != parsed.schema_type or old.references != references:
+                continue
+            if old.schema == parsed.canonical or (await self._parsed(old)).canonical == (
+                parsed.canonical
+            ):
+                return sv
+        return None
 
     async def register(
         self,
@@ -220,6 +268,13 @@ class SchemaRegistry:
         """
         parsed = await self.parse(schema_type, text, references)
         refs = tuple(references)
+        # A schema the subject holds already is answered before any compatibility check,
+        # as Confluent does: a producer still on v1 re-registers it after v2 exists.
+        existing = await self._find(subject, parsed, refs)
+        if existing is not None:
+            self.metrics.registrations.labels("existing").inc()
+            self._remember(existing.schema, parsed)
+            return existing, parsed
         for _ in range(_REGISTER_ATTEMPTS):
             problems, live = await self.check(subject, parsed)
             if problems:
@@ -258,14 +313,12 @@ class SchemaRegistry:
         """The subject's version holding this schema. Raises SubjectNotFoundError,
         SchemaNotFoundError, InvalidSchemaError."""
         parsed = await self.parse(schema_type, text, references)
-        return await self.call(
-            self.store.find_schema,
-            subject,
-            schema_type,
-            parsed.canonical,
-            tuple(references),
-            deleted=deleted,
-        )
+        found = await self._find(subject, parsed, tuple(references), deleted=deleted)
+        if found is None:
+            # 40401 for a subject without versions, 40403 for a schema it does not hold.
+            await self.call(self.store.subject_versions, subject, deleted=deleted)
+            raise SchemaNotFoundError("Schema not found")
+        return found
 
     async def id_for(
         self,

@@ -15,15 +15,9 @@ Either way the result is a ``FileDescriptorProto``: served as base64 for
 fetches), turned into message classes by ``message_factory``, and converted
 from and to the REST API's JSON by ``json_format``.
 
-Compatibility (hand-written, no library has it; the rules Confluent documents
-for Protobuf): a message of the writer that the reader lacks is incompatible;
-a field (by number) whose type changes outside one wire-compatible group
-(int32/uint32/int64/uint64/bool; sint32/sint64; fixed32/sfixed32;
-fixed64/sfixed64; string/bytes), whose message or enum type changes, or that
-becomes or stops being repeated is incompatible; a field moved into an
-existing oneof, or several fields moved into a new one, is incompatible; a
-``required`` field added or removed is incompatible. Adding and removing
-optional fields, renaming fields and adding messages are compatible.
+The canonical form is ``.proto`` text printed from the compiled file
+(``service.registry.protobuf_text``), so text, reformatted text and the base64 descriptor of
+one schema are one schema. Compatibility is Confluent's diff (``protobuf_diff``).
 """
 
 from __future__ import annotations
@@ -37,33 +31,24 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc_tools
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
-from google.protobuf.descriptor_pb2 import FieldDescriptorProto as _T
 from google.protobuf.descriptor_pb2 import FileDescriptorProto as FDP
 from google.protobuf.message import DecodeError
 
 from segments.errors import InvalidSchemaError, RecordSchemaError
+from service.registry.protobuf_diff import incompatibilities
+from service.registry.protobuf_text import Unprintable, normalized, to_text
 from service.registry.schemas import ParsedSchema
 from service.registry.wire import SchemaFramingError, decode_message_indexes, encode_message_indexes
 
 _WKT_INCLUDE = str(Path(grpc_tools.__file__).parent / "_proto")
 _BASE64 = re.compile(r"[A-Za-z0-9+/=\s]+")
 _PROTOC_TIMEOUT_S = 30.0
-
-#: Scalar types that read each other's wire data (Protobuf's language guide).
-_WIRE_GROUPS = (
-    {_T.TYPE_INT32, _T.TYPE_UINT32, _T.TYPE_INT64, _T.TYPE_UINT64, _T.TYPE_BOOL},
-    {_T.TYPE_SINT32, _T.TYPE_SINT64},
-    {_T.TYPE_FIXED32, _T.TYPE_SFIXED32},
-    {_T.TYPE_FIXED64, _T.TYPE_SFIXED64},
-    {_T.TYPE_STRING, _T.TYPE_BYTES},
-)
-_NAMED = {_T.TYPE_MESSAGE, _T.TYPE_ENUM, _T.TYPE_GROUP}
 
 
 def _compile(text: str, name: str, deps: Sequence[FDP]) -> list[FDP]:
@@ -136,6 +121,24 @@ def _well_known(name: str) -> FDP | None:
     return fd
 
 
+def _canonical(file: FDP, given: str, imports: Sequence[FDP]) -> str:
+    """The canonical text of a normalized file: its printed ``.proto`` text when that text
+    compiles back to the same file, else the file as base64 (see ``protobuf_text``)."""
+    as_base64 = base64.b64encode(file.SerializeToString(deterministic=True)).decode("ascii")
+    try:
+        text = to_text(file)
+    except Unprintable:
+        return as_base64
+    if text == given:
+        return text  # already canonical (a stored schema read again)
+    try:
+        again = _compile(text, "canonical.proto", imports)
+    except InvalidSchemaError:
+        return as_base64
+    main = next(fd for fd in again if fd.name == "canonical.proto")
+    return text if normalized(main) == file else as_base64
+
+
 class ProtobufSchema:
     """A compiled ``.proto`` file with its imports."""
 
@@ -180,14 +183,18 @@ class ProtobufSchema:
                             f"Invalid schema: import {wanted!r} is not among the references"
                         )
                     imports[wanted] = known
-            return cls(text, serialized, _ordered(imports, serialized))
-        name = f"schema_{hashlib.sha256(text.encode()).hexdigest()[:12]}.proto"
-        files = _compile(text, name, list(imports.values()))
-        main = next(fd for fd in files if fd.name == name)
-        for fd in files:
-            if fd.name != name:
-                imports.setdefault(fd.name, fd)
-        return cls(text, main, _ordered(imports, main))
+            main = serialized
+        else:
+            name = f"schema_{hashlib.sha256(text.encode()).hexdigest()[:12]}.proto"
+            files = _compile(text, name, list(imports.values()))
+            main = next(fd for fd in files if fd.name == name)
+            for fd in files:
+                if fd.name != name:
+                    imports.setdefault(fd.name, fd)
+        file = normalized(main)
+        canonical = _canonical(file, text, list(imports.values()))
+        file.name = f"schema_{hashlib.sha256(canonical.encode()).hexdigest()[:12]}.proto"
+        return cls(canonical, file, _ordered(imports, file))
 
     def serialized(self) -> str:
         """The file as base64 of its FileDescriptorProto (``?format=serialized``)."""
@@ -236,7 +243,7 @@ class ProtobufSchema:
     def incompatibilities(self, writer: ParsedSchema) -> list[str]:
         if not isinstance(writer, ProtobufSchema):
             return ["not a Protobuf schema"]
-        return _compare(dict(_messages(self.file)), dict(_messages(writer.file)))
+        return incompatibilities(writer.file, writer.imports, self.file, self.imports)
 
 
 def _ordered(imports: dict[str, FDP], main: FDP) -> list[FDP]:
@@ -255,80 +262,3 @@ def _ordered(imports: dict[str, FDP], main: FDP) -> list[FDP]:
     for dep in main.dependency:
         visit(dep)
     return out
-
-
-# -- compatibility ---------------------------------------------------------------------
-
-
-def _messages(
-    fd: FDP,
-) -> Iterator[tuple[str, descriptor_pb2.DescriptorProto]]:
-    """(full name, message) of every message in the file, nested ones included."""
-
-    def walk(prefix: str, msgs: Any) -> Iterator[tuple[str, descriptor_pb2.DescriptorProto]]:
-        for m in msgs:
-            full = f"{prefix}.{m.name}" if prefix else m.name
-            yield full, m
-            yield from walk(full, m.nested_type)
-
-    yield from walk(fd.package, fd.message_type)
-
-
-def _same_wire(a: int, b: int) -> bool:
-    return a == b or any(a in g and b in g for g in _WIRE_GROUPS)
-
-
-def _compare(
-    reader: dict[str, descriptor_pb2.DescriptorProto],
-    writer: dict[str, descriptor_pb2.DescriptorProto],
-) -> list[str]:
-    problems: list[str] = []
-    for name, w_msg in writer.items():
-        r_msg = reader.get(name)
-        if r_msg is None:
-            problems.append(f"MESSAGE_REMOVED: {name}")
-            continue
-        r_fields = {f.number: f for f in r_msg.field}
-        w_fields = {f.number: f for f in w_msg.field}
-        w_oneof_size: dict[int, int] = {}
-        for f in w_msg.field:
-            if f.HasField("oneof_index"):
-                w_oneof_size[f.oneof_index] = w_oneof_size.get(f.oneof_index, 0) + 1
-        moved_into: dict[str, int] = {}
-        for number, wf in w_fields.items():
-            rf = r_fields.get(number)
-            where = f"{name}.{wf.name} (field {number})"
-            if rf is None:
-                if wf.label == _T.LABEL_REQUIRED:
-                    problems.append(f"REQUIRED_FIELD_REMOVED: {where}")
-                continue
-            if wf.type in _NAMED or rf.type in _NAMED:
-                if wf.type != rf.type or wf.type_name.lstrip(".") != rf.type_name.lstrip("."):
-                    problems.append(f"FIELD_NAMED_TYPE_CHANGED: {where}")
-            elif not _same_wire(wf.type, rf.type):
-                problems.append(f"FIELD_SCALAR_KIND_CHANGED: {where}")
-            if (wf.label == _T.LABEL_REPEATED) != (rf.label == _T.LABEL_REPEATED):
-                problems.append(f"FIELD_LABEL_CHANGED: {where}")
-            w_oneof = wf.oneof_index if wf.HasField("oneof_index") else None
-            r_oneof = rf.oneof_index if rf.HasField("oneof_index") else None
-            if r_oneof is not None and w_oneof is None and not rf.proto3_optional:
-                oneof = r_msg.oneof_decl[r_oneof].name
-                moved_into[oneof] = moved_into.get(oneof, 0) + 1
-                if any(w_msg.oneof_decl[i].name == oneof for i in w_oneof_size):
-                    problems.append(f"FIELD_MOVED_TO_EXISTING_ONEOF: {where}")
-            elif (
-                w_oneof is not None
-                and r_oneof is None
-                and not wf.proto3_optional
-                and w_oneof_size.get(w_oneof, 0) > 1
-            ):
-                problems.append(f"ONEOF_FIELD_REMOVED: {where}")
-        problems += [
-            f"MULTIPLE_FIELDS_MOVED_TO_ONEOF: {name}.{oneof}"
-            for oneof, n in moved_into.items()
-            if n > 1
-        ]
-        for number, rf in r_fields.items():
-            if number not in w_fields and rf.label == _T.LABEL_REQUIRED:
-                problems.append(f"REQUIRED_FIELD_ADDED: {name}.{rf.name} (field {number})")
-    return problems

@@ -307,11 +307,18 @@ async def delete_version(
 async def _compatibility(
     subject: str, version: int | None, request: Request, registry: SchemaRegistry
 ) -> Response:
+    verbose = _flag(request, "verbose")
     schema_type, text, refs = await _schema_body(request)
-    parsed = await registry.parse(schema_type, text, refs)
+    try:
+        parsed = await registry.parse(schema_type, text, refs)
+    except InvalidSchemaError as e:
+        if not verbose:
+            raise
+        # Confluent answers a verbose check of a schema that does not parse with the reason.
+        return _answer({"is_compatible": False, "messages": [e.message]})
     problems, _ = await registry.check(subject, parsed, version)
     body: dict[str, Any] = {"is_compatible": not problems}
-    if _flag(request, "verbose"):
+    if verbose:
         body["messages"] = problems
     return _answer(body)
 
