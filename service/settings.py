@@ -199,6 +199,43 @@ class Settings(
         description="Largest request frame the Kafka listener reads (Kafka's "
         "socket.request.max.bytes).",
     )
+    kafka_max_unauthenticated_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=512 * 1024,
+        description="Largest request frame read before a connection has authenticated "
+        "(Kafka's sasl.server.max.receive.size); bigger closes the connection.",
+    )
+    kafka_max_unsent_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=64 * MiB,
+        description="A Kafka connection is no longer read while its answers not yet sent "
+        "(and produce requests not yet answered) exceed this: a client that does not read "
+        "holds at most this plus one answer.",
+    )
+    kafka_fetch_max_bytes: Annotated[int, Field(ge=1024)] = Field(
+        default=57_671_680,
+        description="Most record bytes of one Fetch answer, whatever its max_bytes asks "
+        "(Kafka's fetch.max.bytes); a first batch larger than this still goes (KIP-74).",
+    )
+    kafka_connections_max_idle_ms: Annotated[int, Field(gt=0)] = Field(
+        default=600_000,
+        description="Close a Kafka connection that neither sent nor received anything for "
+        "this long (Kafka's connections.max.idle.ms).",
+    )
+    kafka_authentication_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=30_000,
+        description="Close a Kafka connection that has not completed SASL this long after it "
+        "was opened (authentication on).",
+    )
+    kafka_connections_max_reauth_ms: Annotated[int, Field(ge=0)] = Field(
+        default=3_600_000,
+        description="Session lifetime of a SASL login (KIP-368, Kafka's "
+        "connections.max.reauth.ms): clients re-authenticate before it ends, others are "
+        "disconnected, so a deleted user or changed password ends its connections. 0: never.",
+    )
+    kafka_max_connections_per_ip: Annotated[int, Field(ge=1)] = Field(
+        default=1000,
+        description="Kafka connections one client address may hold at once (Kafka's "
+        "max.connections.per.ip); more are closed on accept.",
+    )
 
     # -- topics and metadata -------------------------------------------------
     auto_create_topics: bool = Field(default=False, description="Create topics on first produce.")

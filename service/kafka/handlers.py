@@ -488,6 +488,10 @@ class _PartitionRead:
 async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Batches from each partition's offset, long-polling until ``min_bytes`` or ``max_wait``.
 
+    The answer holds at most ``max_bytes`` of batches, capped by the agent's
+    ``kafka_fetch_max_bytes`` (Kafka's fetch.max.bytes), each partition at most its
+    ``partition_max_bytes``.
+
     Stored batches go out as they are, base offsets patched; tiered rows are encoded
     as batches. At least one batch is returned when the first non-empty partition's
     first batch is over the limits (KIP-74). Commits wake the wait (``service.notify``).
@@ -517,13 +521,16 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
             watches[(info.topic_id, p.partition)] = (t.topic, p.fetch_offset)
     max_wait_s = max(0, millis(body.max_wait)) / 1000
     deadline = time.monotonic() + max_wait_s
+    # The agent's fetch.max.bytes caps what the request asks for (partitions' limits too).
+    max_bytes = max(0, min(body.max_bytes, st.settings.kafka_fetch_max_bytes))
+    min_bytes = min(body.min_bytes, max_bytes)
     with st.notifier.watch(watches) as waiter:
         while True:
-            reads = await run(Kind.READ, _read_partitions, st, wanted, body.max_bytes)
+            reads = await run(Kind.READ, _read_partitions, st, wanted, max_bytes)
             total = sum(len(r.records) for r in reads)
             remaining = deadline - time.monotonic()
             failed = unknown or any(r.error != ErrorCode.none for r in reads)
-            if total >= body.min_bytes or failed or remaining <= 0:
+            if total >= min_bytes or failed or remaining <= 0:
                 break
             await st.notifier.wait(waiter, remaining)
     resp = response_cls(type(body))

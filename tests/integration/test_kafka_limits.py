@@ -1,0 +1,457 @@
+"""The Kafka listener's memory and connection bounds, attacked as a client would, over raw
+sockets and with confluent-kafka, against one ``lakelog serve`` with SASL (shared by the
+module; small limits so that each is crossed quickly).
+
+DESIGN.md invariant 11: no single request or connection can make an agent hold more than
+a stated bound. Each test shows one bound through behaviour: the connection closed (frame
+over the pre-authentication limit, idle, not authenticated in time, over the per-address
+limit, SASL session expired), the agent no longer reading a connection whose answers are
+not read (its unsent bytes stay under the bound and drop to 0 once it closes), a Fetch
+answer no larger than ``kafka_fetch_max_bytes``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Producer
+from kio.index import load_response_from_request
+from kio.serial import entity_reader, entity_writer
+
+from service.kafka.framing import request_class
+from tests.integration.test_kafka_acl import batch, make
+from tests.integration.test_security_processes import start_secured_serve
+from tests.procs import Proc
+
+PASSWORD = "limits-user-password-1"
+OTHER_PASSWORD = "limits-other-password-2"
+TOPIC = "limits"
+MiB = 1 << 20
+UNSENT = 2 * MiB
+FETCH_MAX = 1 * MiB
+IDLE_MS = 3000
+AUTH_TIMEOUT_MS = 3000
+REAUTH_MS = 4000
+PER_IP = 12
+BATCH_VALUE = 400 * 1024  # three of these: 1.2 MiB in the partition
+FETCHES = 60
+
+
+@dataclass
+class Served:
+    rest: str
+    bootstrap: str
+    db: str
+    proc: Proc
+
+    def metric(self, name: str) -> float:
+        """The sum of one metric's samples at ``/metrics`` (0 when absent)."""
+        text = httpx.get(f"{self.rest}/metrics", headers=basic(), timeout=10).text
+        total = 0.0
+        found = False
+        for line in text.splitlines():
+            m = re.match(rf"{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", line)
+            if m:
+                total += float(m.group(1))
+                found = True
+        assert found, f"{name} is not exported at /metrics"
+        return total
+
+    def closed(self, reason: str) -> float:
+        text = httpx.get(f"{self.rest}/metrics", headers=basic(), timeout=10).text
+        m = re.search(rf'lakelog_kafka_connections_closed_total\{{reason="{reason}"\}} (\S+)', text)
+        return float(m.group(1)) if m else 0.0
+
+
+def basic(user: str = "kuser", password: str = PASSWORD) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def create_user(rest: str, name: str, password: str) -> None:
+    r = httpx.post(
+        f"{rest}/security/users", json={"name": name, "password": password}, headers=basic()
+    )
+    assert r.status_code < 300, r.text
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp: Path = tmp_path_factory.mktemp("kafka-limits")
+    proc, port, kport = start_secured_serve(
+        tmp,
+        "kuser",
+        PASSWORD,
+        {
+            "LAKELOG_AUTH_MAX_FAILURES": "1000000",
+            "LAKELOG_SUPER_USERS": "User:kuser",
+            "LAKELOG_KAFKA_MAX_UNSENT_BYTES": str(UNSENT),
+            "LAKELOG_KAFKA_FETCH_MAX_BYTES": str(FETCH_MAX),
+            "LAKELOG_KAFKA_CONNECTIONS_MAX_IDLE_MS": str(IDLE_MS),
+            "LAKELOG_KAFKA_AUTHENTICATION_TIMEOUT_MS": str(AUTH_TIMEOUT_MS),
+            "LAKELOG_KAFKA_CONNECTIONS_MAX_REAUTH_MS": str(REAUTH_MS),
+            "LAKELOG_KAFKA_MAX_CONNECTIONS_PER_IP": str(PER_IP),
+        },
+    )
+    db = f"sqlite:///{tmp / 'meta.db'}"
+    try:
+        rest = f"http://127.0.0.1:{port}"
+        create_user(rest, "other", OTHER_PASSWORD)
+        cid = httpx.get(f"{rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+        r = httpx.post(
+            f"{rest}/v3/clusters/{cid}/topics",
+            json={"topic_name": TOPIC, "partitions_count": 1},
+            headers=basic(),
+        )
+        assert r.status_code == 201, r.text
+        served = Served(rest, f"127.0.0.1:{kport}", db, proc)
+        with Conn(served) as c:
+            c.login()
+            for _ in range(3):
+                answer = c.call(
+                    0,
+                    acks=-1,
+                    timeout=10000,
+                    topic_data=[
+                        {
+                            "name": TOPIC,
+                            "partition_data": [{"index": 0, "records": batch(b"v" * BATCH_VALUE)}],
+                        }
+                    ],
+                )
+                assert answer.responses[0].partition_responses[0].error_code == 0
+        yield served
+    finally:
+        proc.stop()
+
+
+class Conn:
+    """A bare Kafka connection speaking kio's messages."""
+
+    def __init__(self, served: Served, receive_buffer: int = 0) -> None:
+        host, port = served.bootstrap.rsplit(":", 1)
+        self.sock = socket.socket()
+        if receive_buffer:  # a fixed small buffer: the kernel cannot absorb the answers
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(30)
+        self.sock.connect((host, int(port)))
+        self.correlation = 0
+        self.sent: list[tuple[int, type]] = []
+
+    def __enter__(self) -> Conn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def login(self, user: str = "kuser", password: str = PASSWORD) -> Any:
+        """SaslHandshake + SaslAuthenticate v2 with PLAIN; returns the authenticate answer."""
+        assert self.call(17, 1, mechanism="PLAIN").error_code == 0
+        token = b"\0" + user.encode() + b"\0" + password.encode()
+        return self.call(36, 2, auth_bytes=token)
+
+    def encode(self, api_key: int, version: int, padding: int = 0, **given: Any) -> bytes:
+        """One request frame; ``padding`` bytes after the body (brokers ignore them)."""
+        cls = request_class(api_key, version)
+        self.correlation += 1
+        out = io.BytesIO()
+        header_cls = cls.__header_schema__
+        entity_writer(header_cls)(
+            out,
+            header_cls(
+                request_api_key=api_key,
+                request_api_version=version,
+                correlation_id=self.correlation,
+                client_id="limits",
+            ),
+        )
+        entity_writer(cls)(out, make(cls, **given))
+        out.write(b"\0" * padding)
+        self.sent.append((self.correlation, cls))
+        return struct.pack(">i", out.tell()) + out.getvalue()
+
+    def send(self, api_key: int, version: int, padding: int = 0, **given: Any) -> None:
+        self.sock.sendall(self.encode(api_key, version, padding, **given))
+
+    def receive(self) -> Any:
+        """The answer to the oldest request not yet answered."""
+        correlation, cls = self.sent.pop(0)
+        size = struct.unpack(">i", self._read(4))[0]
+        frame = self._read(size)
+        resp = load_response_from_request(cls)
+        header, used = entity_reader(resp.__header_schema__)(frame, 0)
+        assert header.correlation_id == correlation
+        answer, _ = entity_reader(resp)(frame, used)
+        return answer
+
+    def call(self, api_key: int, version: int | None = None, **given: Any) -> Any:
+        self.send(api_key, version if version is not None else _HIGHEST[api_key], **given)
+        return self.receive()
+
+    def closed_within(self, seconds: float) -> bool:
+        """Whether the agent closes the connection within ``seconds`` (answers in between
+        are read and dropped)."""
+        self.sock.settimeout(seconds)
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                if not self.sock.recv(65536):
+                    return True
+        except TimeoutError:
+            return False
+        except ConnectionError:
+            return True
+        return False
+
+    def _read(self, n: int) -> bytes:
+        data = bytearray()
+        while len(data) < n:
+            chunk = self.sock.recv(min(n - len(data), 1 << 20))
+            if not chunk:
+                raise ConnectionError("closed by the agent")
+            data += chunk
+        return bytes(data)
+
+
+_HIGHEST = {0: 9, 1: 12, 3: 12, 18: 3}
+
+
+def fetch_request(max_bytes: int, partition_max_bytes: int) -> dict[str, Any]:
+    return {
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": max_bytes,
+        "isolation_level": 0,
+        "topics": [
+            {
+                "topic": TOPIC,
+                "partitions": [
+                    {
+                        "partition": 0,
+                        "fetch_offset": 0,
+                        "partition_max_bytes": partition_max_bytes,
+                        "log_start_offset": -1,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def records_of(fetch_answer: Any) -> bytes:
+    part = fetch_answer.responses[0].partitions[0]
+    assert part.error_code == 0
+    return bytes(part.records or b"")
+
+
+# -- frames before and after authentication ----------------------------------------------
+
+
+def test_a_big_frame_before_sasl_closes_the_connection_at_once(served: Served) -> None:
+    """A frame announcing 100 MiB before SASL is refused from its size alone (Kafka's
+    sasl.server.max.receive.size, 512 KiB): the agent closes without reading its body."""
+    before = served.closed("frame_too_large")
+    with Conn(served) as c:
+        c.sock.sendall(struct.pack(">i", 100 * MiB) + b"\0" * 4096)
+        assert c.closed_within(5)
+    with Conn(served) as c:  # 600 KiB: over the pre-authentication limit too
+        c.send(18, 3, padding=600 * 1024, client_software_name="x", client_software_version="1")
+        assert c.closed_within(5)
+    assert served.closed("frame_too_large") >= before + 2
+
+
+def test_after_sasl_the_normal_request_limit_applies(served: Served) -> None:
+    """Once authenticated, a 600 KiB request is read and answered."""
+    with Conn(served) as c:
+        c.login()
+        c.send(3, 12, padding=600 * 1024, topics=[{"name": TOPIC}])
+        answer = c.receive()
+        assert [t.name for t in answer.topics] == [TOPIC]
+
+
+# -- back-pressure ------------------------------------------------------------------------
+
+
+def test_a_client_that_does_not_read_is_no_longer_read(served: Served) -> None:
+    """Race: a client pipelines 60 Fetches (each answered with ~1 MiB) and reads nothing.
+
+    Expected: the agent stops reading that connection once its unsent answers pass
+    ``kafka_max_unsent_bytes`` (2 MiB here), so it holds about that plus one answer, not
+    60 MiB (less what the kernel's socket buffers take); the answers are still all
+    delivered, in order, once the client reads; and a connection closed with answers
+    unsent leaves nothing held."""
+    paused = served.metric("lakelog_kafka_reads_paused_total")
+    with Conn(served, receive_buffer=64 * 1024) as c:
+        c.login()
+        for _ in range(FETCHES):
+            c.send(1, 12, **fetch_request(2**31 - 1, 2**31 - 1))
+        time.sleep(1.5)  # under the idle timeout: a client that reads nothing is idle too
+        held = served.metric("lakelog_kafka_unsent_bytes")
+        assert 0 < held <= UNSENT + FETCH_MAX + 64 * 1024
+        assert served.metric("lakelog_kafka_reads_paused_total") > paused
+        for _ in range(FETCHES):
+            assert len(records_of(c.receive())) > BATCH_VALUE
+    with Conn(served, receive_buffer=64 * 1024) as c:
+        c.login()
+        for _ in range(FETCHES):
+            c.send(1, 12, **fetch_request(2**31 - 1, 2**31 - 1))
+        time.sleep(1)
+        assert served.metric("lakelog_kafka_unsent_bytes") > 0
+    deadline = time.monotonic() + 10
+    while served.metric("lakelog_kafka_unsent_bytes") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert served.metric("lakelog_kafka_unsent_bytes") == 0
+
+
+# -- Fetch sizes --------------------------------------------------------------------------
+
+
+def test_fetch_max_bytes_is_capped_by_the_agent(served: Served) -> None:
+    """Fetch max_bytes 2^31-1 gets at most ``kafka_fetch_max_bytes`` of batches (Kafka's
+    fetch.max.bytes); partition_max_bytes is honoured below it."""
+    with Conn(served) as c:
+        c.login()
+        whole = records_of(c.call(1, 12, **fetch_request(2**31 - 1, 2**31 - 1)))
+        assert BATCH_VALUE < len(whole) <= FETCH_MAX
+        one = records_of(c.call(1, 12, **fetch_request(2**31 - 1, BATCH_VALUE + 1024)))
+        assert BATCH_VALUE < len(one) < 2 * BATCH_VALUE
+
+
+# -- idle, unauthenticated and too many connections --------------------------------------
+
+
+def test_an_idle_connection_is_closed(served: Served) -> None:
+    """connections.max.idle.ms (3 s here): silence closes; a request now and then keeps
+    the connection."""
+    before = served.closed("idle")
+    with Conn(served) as c:
+        c.login()
+        for _ in range(3):  # 3.6 s of traffic (inside the 4 s session), never 3 s of silence
+            time.sleep(1.2)
+            c.call(18, 3, client_software_name="x", client_software_version="1")
+        assert c.closed_within(IDLE_MS / 1000 + 3)
+    assert served.closed("idle") >= before + 1
+
+
+def test_a_connection_that_does_not_authenticate_is_closed(served: Served) -> None:
+    """A client that keeps sending ApiVersions but never completes SASL is closed after
+    the authentication timeout (3 s here), busy or not."""
+    before = served.closed("authentication_timeout")
+    with Conn(served) as c:
+        c.call(18, 3, client_software_name="x", client_software_version="1")
+        assert c.call(17, 1, mechanism="PLAIN").error_code == 0  # half-authenticated
+        deadline = time.monotonic() + AUTH_TIMEOUT_MS / 1000 + 3
+        closed = False
+        while not closed and time.monotonic() < deadline:
+            try:
+                c.sock.settimeout(2)
+                c.send(18, 3, client_software_name="x", client_software_version="1")
+                c.receive()
+                time.sleep(0.5)
+            except (ConnectionError, TimeoutError):
+                closed = True
+        assert closed
+    assert served.closed("authentication_timeout") >= before + 1
+
+
+def test_connections_per_address_are_limited(served: Served) -> None:
+    """max.connections.per.ip (12 here): the 13th connection from one address is closed
+    at once; once one closes, a new one is served."""
+    conns = [Conn(served) for _ in range(PER_IP)]
+    try:
+        for c in conns:
+            c.call(18, 3, client_software_name="x", client_software_version="1")
+        with Conn(served) as extra:
+            assert extra.closed_within(5)
+        conns.pop().sock.close()
+        time.sleep(0.5)
+        with Conn(served) as again:
+            assert again.call(18, 3, client_software_name="x", client_software_version="1")
+    finally:
+        for c in conns:
+            c.sock.close()
+    assert served.closed("too_many_connections") >= 1
+
+
+# -- KIP-368: session lifetime and re-authentication -------------------------------------
+
+
+def _lifetime_ms(answer: Any) -> int:
+    return round(answer.session_lifetime.total_seconds() * 1000)
+
+
+def test_sessions_expire_unless_the_client_reauthenticates(served: Served) -> None:
+    """SaslAuthenticate answers the session lifetime (4 s here); a client that logs in
+    again in time goes on; one that does not is closed at its next request."""
+    with Conn(served) as c:
+        first = c.login()
+        assert first.error_code == 0 and 0 < _lifetime_ms(first) <= REAUTH_MS
+        time.sleep(2)
+        again = c.login()  # re-authentication on the same connection (KIP-368)
+        assert again.error_code == 0 and _lifetime_ms(again) > 0
+        time.sleep(2.5)  # past the first session's end, inside the second's
+        assert c.call(3, 12, topics=[{"name": TOPIC}]).topics[0].error_code == 0
+    before = served.closed("session_expired")
+    with Conn(served) as c:
+        c.login()
+        time.sleep(2)  # not idle (3 s here) by the end of the session
+        c.call(18, 3, client_software_name="x", client_software_version="1")
+        time.sleep(REAUTH_MS / 1000 - 1.5)
+        c.send(3, 12, topics=[{"name": TOPIC}])
+        assert c.closed_within(5)
+    assert served.closed("session_expired") >= before + 1
+
+
+def test_reauthentication_as_another_user_closes_the_connection(served: Served) -> None:
+    """Kafka refuses a re-authentication that changes the principal."""
+    with Conn(served) as c:
+        c.login()
+        answer = c.login("other", OTHER_PASSWORD)
+        assert answer.error_code != 0
+        assert c.closed_within(5)
+
+
+def test_a_deleted_user_loses_its_kafka_connection(served: Served) -> None:
+    """A user deleted while connected: its re-authentication fails, so its connection
+    ends within one session lifetime (4 s here) instead of living on."""
+    create_user(served.rest, "leaver", "leaver-password-3")
+    with Conn(served) as c:
+        c.login("leaver", "leaver-password-3")
+        gone = httpx.delete(f"{served.rest}/security/users/leaver", headers=basic())
+        assert gone.status_code < 300, gone.text
+        time.sleep(1.5)
+        assert c.login("leaver", "leaver-password-3").error_code != 0
+        assert c.closed_within(5)
+
+
+def test_librdkafka_reauthenticates_across_session_lifetimes(served: Served) -> None:
+    """A confluent-kafka producer keeps producing over several 4 s sessions: it logs in
+    again on its connection when the agent says its session ends (KIP-368)."""
+    errors: list[Any] = []
+    p = Producer(
+        {
+            "bootstrap.servers": served.bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "kuser",
+            "sasl.password": PASSWORD,
+            "error_cb": errors.append,
+        }
+    )
+    delivered: list[Any] = []
+    for i in range(5):
+        p.produce(TOPIC, value=b"r%d" % i, on_delivery=lambda e, m: delivered.append(e))
+        assert p.flush(30) == 0
+        time.sleep(2)
+    assert delivered == [None] * 5
+    assert not [e for e in errors if "auth" in str(e).lower()], errors
