@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from confluent_kafka import Producer
 from kio.index import load_response_from_request
 from kio.serial import entity_reader, entity_writer
@@ -455,3 +456,140 @@ def test_librdkafka_reauthenticates_across_session_lifetimes(served: Served) -> 
         time.sleep(2)
     assert delivered == [None] * 5
     assert not [e for e in errors if "auth" in str(e).lower()], errors
+
+
+# -- decompression bombs ------------------------------------------------------------------
+
+
+def bomb(size: int, codec: int) -> bytes:
+    """One record of ``size`` zero bytes in a batch compressed with ``codec`` (4 zstd, 3
+    lz4, 1 gzip): a few KiB on the wire."""
+    b = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=size + 1024,
+    )
+    b.append(0, timestamp=int(time.time() * 1000), key=None, value=bytes(size), headers=[])
+    return bytes(b.build())
+
+
+def end_offset(served: Served, topic: str = TOPIC) -> int:
+    r = httpx.get(f"{served.rest}/topics/{topic}/partitions/0/offsets", headers=basic())
+    assert r.status_code == 200, r.text
+    return int(r.json()["end_offset"])
+
+
+@pytest.mark.parametrize("codec", [4, 3, 1], ids=["zstd", "lz4", "gzip"])
+def test_a_decompression_bomb_is_refused_and_nothing_stored(served: Served, codec: int) -> None:
+    """A few-KiB batch whose one record is 40 MiB of zeros (over the default
+    lakelog.max.decompressed.bytes, 32 MiB, though far under max.message.bytes as stored)
+    is refused with MESSAGE_TOO_LARGE; a good batch in the same request is stored; the
+    agent goes on serving."""
+    payload = bomb(40 * MiB, codec)
+    assert len(payload) < 256 * 1024
+    before = end_offset(served)
+    with Conn(served) as c:
+        c.login()
+        answer = c.call(
+            0,
+            acks=-1,
+            timeout=10000,
+            topic_data=[
+                {
+                    "name": TOPIC,
+                    "partition_data": [{"index": 0, "records": payload}],
+                },
+                {"name": "bomb-neighbour", "partition_data": [{"index": 0, "records": payload}]},
+            ],
+        )
+        parts = {t.name: t.partition_responses[0] for t in answer.responses}
+        assert parts[TOPIC].error_code == 10  # MESSAGE_TOO_LARGE
+        assert "lakelog.max.decompressed.bytes" in (parts[TOPIC].error_message or "")
+    assert end_offset(served) == before
+
+
+def test_a_stored_bomb_fails_its_reads_clearly(served: Served) -> None:
+    """A batch stored under a higher bound (as a bomb stored before the bound existed),
+    read after the topic's bound is lowered: REST reads of it fail with an error naming the
+    config instead of inflating it; Kafka Fetch still serves it as stored (Kafka never
+    decompresses); raising the bound again reads it."""
+    topic = "stored-bomb"
+    cid = httpx.get(f"{served.rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+    r = httpx.post(
+        f"{served.rest}/v3/clusters/{cid}/topics",
+        json={
+            "topic_name": topic,
+            "partitions_count": 1,
+            "configs": [{"name": "lakelog.max.decompressed.bytes", "value": str(64 * MiB)}],
+        },
+        headers=basic(),
+    )
+    assert r.status_code == 201, r.text
+    with Conn(served) as c:
+        c.login()
+        answer = c.call(
+            0,
+            acks=-1,
+            timeout=10000,
+            topic_data=[
+                {"name": topic, "partition_data": [{"index": 0, "records": bomb(40 * MiB, 4)}]}
+            ],
+        )
+        assert answer.responses[0].partition_responses[0].error_code == 0
+    config = (
+        f"{served.rest}/v3/clusters/{cid}/topics/{topic}/configs/lakelog.max.decompressed.bytes"
+    )
+    assert httpx.put(config, json={"value": str(8 * MiB)}, headers=basic()).status_code == 204
+    time.sleep(2.5)  # the agent's topic metadata cache (metadata_ttl_s 2 s)
+    read = f"{served.rest}/v3/clusters/{cid}/topics/{topic}/partitions/0/records"
+    r = httpx.get(read, params={"offset": 0}, headers=basic(), timeout=30)
+    assert r.status_code == 500, r.text
+    assert r.json()["error_code"] == 50002
+    assert "lakelog.max.decompressed.bytes" in r.json()["message"]
+    with Conn(served) as c:  # Kafka Fetch serves the batch as stored
+        c.login()
+        fetched = c.call(1, 12, **{**fetch_request(FETCH_MAX, FETCH_MAX), "topics": [
+            {"topic": topic, "partitions": [
+                {"partition": 0, "fetch_offset": 0, "partition_max_bytes": FETCH_MAX,
+                 "log_start_offset": -1}]}]})  # fmt: skip
+        assert 0 < len(records_of(fetched)) < 256 * 1024
+    assert httpx.put(config, json={"value": str(64 * MiB)}, headers=basic()).status_code == 204
+    time.sleep(2.5)
+    r = httpx.get(read, params={"offset": 0, "max_bytes": 1}, headers=basic(), timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["records"][0]["offset"] == 0
+
+
+def test_rest_records_over_a_lowered_bound_are_refused(served: Served) -> None:
+    """REST writes uncompressed batches of its own: a record over the topic's
+    lakelog.max.decompressed.bytes (set below max.message.bytes) gets 413, nothing stored."""
+    topic = "rest-bound"
+    cid = httpx.get(f"{served.rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+    r = httpx.post(
+        f"{served.rest}/v3/clusters/{cid}/topics",
+        json={
+            "topic_name": topic,
+            "partitions_count": 1,
+            "configs": [
+                {"name": "max.message.bytes", "value": str(8 * MiB)},
+                {"name": "lakelog.max.decompressed.bytes", "value": str(2 * MiB)},
+            ],
+        },
+        headers=basic(),
+    )
+    assert r.status_code == 201, r.text
+    value = base64.b64encode(bytes(3 * MiB)).decode()
+    r = httpx.post(
+        f"{served.rest}/topics/{topic}",
+        json={"records": [{"value": value}]},
+        headers={**basic(), "Content-Type": "application/vnd.kafka.binary.v2+json"},
+        timeout=60,
+    )
+    assert r.status_code == 413, r.text
+    assert r.json()["error_code"] == 413
+    assert "lakelog.max.decompressed.bytes (2097152)" in r.json()["message"]
+    assert end_offset(served, topic) == 0
