@@ -258,8 +258,9 @@ class Settings(
     # -- consumers and the read path -----------------------------------------
     consumer_request_max_bytes: Annotated[int, Field(gt=0)] = Field(
         default=64 * MiB,
-        description="Default max_bytes of a consumer fetch (kafka-rest's "
-        "consumer.request.max.bytes).",
+        description="Most key+value bytes one consumer fetch or v3 read returns, and the "
+        "default of their max_bytes (kafka-rest's consumer.request.max.bytes: a client's "
+        "max_bytes can only lower it).",
     )
     consumer_max_wait_ms: Annotated[int, Field(ge=0)] = Field(
         default=60_000, description="Longest long-poll of a fetch, whatever timeout it asks for."

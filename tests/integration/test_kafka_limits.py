@@ -47,6 +47,7 @@ REAUTH_MS = 4000
 PER_IP = 12
 BATCH_VALUE = 400 * 1024  # three of these: 1.2 MiB in the partition
 FETCHES = 60
+READ_MAX = 1 * MiB  # consumer_request_max_bytes
 
 
 @dataclass
@@ -102,6 +103,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             "LAKELOG_KAFKA_AUTHENTICATION_TIMEOUT_MS": str(AUTH_TIMEOUT_MS),
             "LAKELOG_KAFKA_CONNECTIONS_MAX_REAUTH_MS": str(REAUTH_MS),
             "LAKELOG_KAFKA_MAX_CONNECTIONS_PER_IP": str(PER_IP),
+            "LAKELOG_CONSUMER_REQUEST_MAX_BYTES": str(READ_MAX),
         },
     )
     db = f"sqlite:///{tmp / 'meta.db'}"
@@ -593,3 +595,52 @@ def test_rest_records_over_a_lowered_bound_are_refused(served: Served) -> None:
     assert r.json()["error_code"] == 413
     assert "lakelog.max.decompressed.bytes (2097152)" in r.json()["message"]
     assert end_offset(served, topic) == 0
+
+
+# -- REST read sizes ----------------------------------------------------------------------
+
+
+def _value_bytes(records: list[dict[str, Any]]) -> int:
+    return sum(len(base64.b64decode(r["value"] or "")) for r in records)
+
+
+def test_rest_reads_are_capped_whatever_max_bytes_asks(served: Served) -> None:
+    """v3 read and v2 consumer fetch with max_bytes=10^12 return at most
+    consumer_request_max_bytes (1 MiB here) of keys and values, as kafka-rest caps a
+    client's max_bytes; a smaller max_bytes still lowers it."""
+    cid = httpx.get(f"{served.rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+    read = f"{served.rest}/v3/clusters/{cid}/topics/{TOPIC}/partitions/0/records"
+    r = httpx.get(read, params={"offset": 0, "max_bytes": 10**12}, headers=basic(), timeout=30)
+    assert r.status_code == 200, r.text
+    assert 0 < _value_bytes(r.json()["records"]) <= READ_MAX
+    r = httpx.get(read, params={"offset": 0, "max_bytes": 1}, headers=basic(), timeout=30)
+    assert len(r.json()["records"]) == 1
+
+    v2 = {**basic(), "Content-Type": "application/vnd.kafka.v2+json"}
+    base = f"{served.rest}/consumers/cap-group"
+    r = httpx.post(base, json={"name": "c1", "format": "binary"}, headers=v2)
+    assert r.status_code == 200, r.text
+    inst = f"{base}/instances/c1"
+    try:
+        r = httpx.post(
+            f"{inst}/assignments",
+            json={"partitions": [{"topic": TOPIC, "partition": 0}]},
+            headers=v2,
+        )
+        assert r.status_code == 204, r.text
+        r = httpx.post(
+            f"{inst}/positions",
+            json={"offsets": [{"topic": TOPIC, "partition": 0, "offset": 0}]},
+            headers=v2,
+        )
+        assert r.status_code == 204, r.text
+        got = httpx.get(
+            f"{inst}/records",
+            params={"max_bytes": 10**12, "timeout": 3000},
+            headers={**basic(), "Accept": "application/vnd.kafka.binary.v2+json"},
+            timeout=30,
+        )
+        assert got.status_code == 200, got.text
+        assert 0 < _value_bytes(got.json()) <= READ_MAX
+    finally:
+        httpx.delete(inst, headers=v2)
