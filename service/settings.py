@@ -268,6 +268,17 @@ class Settings(
     consumer_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
         default=30_000, description="Default session timeout of new consumer instances."
     )
+    group_min_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=6_000,
+        description="Shortest session.timeout.ms a Kafka consumer may join a group with "
+        "(Kafka's group.min.session.timeout.ms); shorter: INVALID_SESSION_TIMEOUT.",
+    )
+    group_max_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=1_800_000,
+        description="Longest session.timeout.ms of a Kafka consumer (Kafka's "
+        "group.max.session.timeout.ms; longer: INVALID_SESSION_TIMEOUT) or REST consumer "
+        "instance (422); a JoinGroup's rebalance timeout is cut to it.",
+    )
     consumer_max_poll_interval_ms: Annotated[int, Field(gt=0)] = Field(
         default=300_000,
         description="Default max.poll.interval.ms of new consumer instances: a member that "
@@ -343,6 +354,11 @@ class Settings(
             raise ValueError(
                 f"max_buffer_bytes ({self.max_buffer_bytes}) must be >= flush_bytes "
                 f"({self.flush_bytes}): a flush could never fill"
+            )
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ValueError(
+                f"group_min_session_timeout_ms ({self.group_min_session_timeout_ms}) must not "
+                f"exceed group_max_session_timeout_ms ({self.group_max_session_timeout_ms})"
             )
         if 2 * self.consumer_heartbeat_interval_ms > self.consumer_fetch_lease_ms:
             raise ValueError(

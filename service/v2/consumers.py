@@ -335,6 +335,11 @@ def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
             f"Invalid consumer configuration. session.timeout.ms ({session}) must be longer "
             f"than the agents' heartbeat interval ({s.consumer_heartbeat_interval_ms} ms)."
         )
+    if session > s.group_max_session_timeout_ms:
+        raise InvalidConsumerConfigError(
+            f"Invalid consumer configuration. session.timeout.ms ({session}) is over "
+            f"group.max.session.timeout.ms ({s.group_max_session_timeout_ms} ms)."
+        )
     return ConsumerConfig(
         format=fmt.lower(),
         auto_offset_reset=reset,

@@ -644,3 +644,57 @@ def test_rest_reads_are_capped_whatever_max_bytes_asks(served: Served) -> None:
         assert 0 < _value_bytes(got.json()) <= READ_MAX
     finally:
         httpx.delete(inst, headers=v2)
+
+
+# -- group timeouts -----------------------------------------------------------------------
+
+
+def _join(c: Conn, group: str, session_ms: int, rebalance_ms: int) -> Any:
+    return c.call(
+        11,
+        5,
+        group_id=group,
+        session_timeout=session_ms,
+        rebalance_timeout=rebalance_ms,
+        member_id="",
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=[{"name": "range", "metadata": b""}],
+    )
+
+
+def test_join_group_session_timeouts_are_bounded(served: Served) -> None:
+    """Kafka's group.min/max.session.timeout.ms (6 s, 30 min): a JoinGroup outside them
+    gets INVALID_SESSION_TIMEOUT (26); a rebalance timeout of 2^31-1 ms is cut, not
+    refused, and the join completes."""
+    with Conn(served) as c:
+        c.login()
+        assert _join(c, "bounded", 1000, 1000).error_code == 26
+        assert _join(c, "bounded", 2**31 - 1, 10_000).error_code == 26
+        first = _join(c, "bounded", 10_000, 2**31 - 1)
+        if first.error_code == 79:  # MEMBER_ID_REQUIRED (v4+): join again with the id
+            first = c.call(
+                11,
+                5,
+                group_id="bounded",
+                session_timeout=10_000,
+                rebalance_timeout=2**31 - 1,
+                member_id=first.member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocols=[{"name": "range", "metadata": b""}],
+            )
+        assert first.error_code == 0, first
+
+
+def test_rest_consumer_session_timeout_is_bounded(served: Served) -> None:
+    """A REST consumer instance asking for a session timeout over
+    group.max.session.timeout.ms is refused (422)."""
+    v2 = {**basic(), "Content-Type": "application/vnd.kafka.v2+json"}
+    r = httpx.post(
+        f"{served.rest}/consumers/long-session",
+        json={"name": "c", "format": "binary", "session.timeout.ms": str(2**31 - 1)},
+        headers=v2,
+    )
+    assert r.status_code == 422, r.text
+    assert "group.max.session.timeout.ms" in r.json()["message"]
