@@ -97,6 +97,12 @@ class Settings(
         default=8082, description="Port to listen on."
     )
     access_log: bool = Field(default=False, description="Log every request.")
+    http_header_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=20.0,
+        description="Close an HTTP connection whose request head (request line and headers) "
+        "is not complete this long after it opened or its last response ended (slow "
+        "clients); a request being served is never cut.",
+    )
     advertised_url: str | None = Field(
         default=None,
         description="Base URL clients reach this agent at (behind a proxy or NAT): v2 base_uri, "

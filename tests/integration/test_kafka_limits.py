@@ -13,6 +13,7 @@ answer no larger than ``kafka_fetch_max_bytes``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import re
 import socket
@@ -48,6 +49,7 @@ PER_IP = 12
 BATCH_VALUE = 400 * 1024  # three of these: 1.2 MiB in the partition
 FETCHES = 60
 READ_MAX = 1 * MiB  # consumer_request_max_bytes
+HEADER_TIMEOUT_S = 2
 
 
 @dataclass
@@ -104,6 +106,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             "LAKELOG_KAFKA_CONNECTIONS_MAX_REAUTH_MS": str(REAUTH_MS),
             "LAKELOG_KAFKA_MAX_CONNECTIONS_PER_IP": str(PER_IP),
             "LAKELOG_CONSUMER_REQUEST_MAX_BYTES": str(READ_MAX),
+            "LAKELOG_HTTP_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         },
     )
     db = f"sqlite:///{tmp / 'meta.db'}"
@@ -698,3 +701,35 @@ def test_rest_consumer_session_timeout_is_bounded(served: Served) -> None:
     )
     assert r.status_code == 422, r.text
     assert "group.max.session.timeout.ms" in r.json()["message"]
+
+
+# -- slow HTTP clients --------------------------------------------------------------------
+
+
+def test_a_slow_http_request_head_is_cut_off(served: Served) -> None:
+    """A client that sends its request head a byte at a time (slowloris) is closed
+    http_header_timeout_s (2 s here) after it connected; a request that is being served
+    (a long-poll longer than that) is not cut."""
+    host, port = served.rest.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /v3/clusters HTTP/1.1\r\nHost: x\r\n")
+        closed = False
+        deadline = time.monotonic() + HEADER_TIMEOUT_S + 4
+        while not closed and time.monotonic() < deadline:
+            try:
+                sock.sendall(b"X")
+                time.sleep(0.5)
+            except OSError:
+                closed = True
+                break
+            sock.settimeout(0.01)
+            with contextlib.suppress(TimeoutError):
+                closed = sock.recv(1024) == b""
+        assert closed
+    cid = httpx.get(f"{served.rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+    read = f"{served.rest}/v3/clusters/{cid}/topics/{TOPIC}/partitions/0/records"
+    end = end_offset(served)
+    started = time.monotonic()
+    r = httpx.get(read, params={"offset": end, "timeout_ms": 3500}, headers=basic(), timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["records"] == [] and time.monotonic() - started >= 3
