@@ -25,18 +25,6 @@ import msgspec
 import orjson
 from starlette.requests import Request
 
-from coordinator.topic_configs import (  # the size rules, shared with Spark writes
-    check_record_size as check_record_size,
-)
-from coordinator.topic_configs import (
-    max_decompressed_bytes as max_decompressed_bytes,
-)
-from coordinator.topic_configs import (
-    max_message_bytes as max_message_bytes,
-)
-from coordinator.topic_configs import (
-    record_limit as record_limit,
-)
 from segments.errors import (
     MalformedRequestError,
     NotAcceptableError,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from coordinator.producers import ProducerBatch
+from coordinator.topic_configs import max_decompressed_bytes, max_message_bytes
 from index.log import decode_entry
 from segments.batches import (
     BatchInfo,
@@ -40,7 +41,6 @@ from segments.errors import (
 from segments.types import ConsumedRecord, PartitionOffsets, TopicInfo, TopicPartition
 from service.batcher import PartlyCommittedError, RawBatch
 from service.executors import Kind, call, run
-from service.formats import max_decompressed_bytes, max_message_bytes
 from service.idempotence import Admission, ProducerGate, Ticket
 from service.kafka.acl import CLUSTER_DENIED, TOPIC_DENIED, TRANSACTIONAL_ID_DENIED, Access
 from service.kafka.errors import code_for

@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
+from coordinator.topic_configs import check_record_size, record_limit
 from segments.errors import (
     LakelogError,
     MalformedRequestError,
@@ -55,11 +56,9 @@ from service.formats import (
     BINARY,
     SCHEMA_FORMATS,
     V2_CONTENT_TYPE,
-    check_record_size,
     check_v2_accept,
     decode_base64,
     read_body,
-    record_limit,
     v2_format,
     v2_json_spans,
 )

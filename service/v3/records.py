@@ -50,6 +50,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from coordinator.producers import ProducerBatch, StoredKey
+from coordinator.topic_configs import check_record_size, record_limit
 from segments.errors import (
     InternalError,
     InvalidBatchError,
@@ -67,11 +68,9 @@ from service.batcher import PartlyCommittedError, RestProducer
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run_if
 from service.formats import (
-    check_record_size,
     check_v3_content_type,
     decode_base64,
     read_body,
-    record_limit,
     v3_json_span,
 )
 from service.idempotence import Admission

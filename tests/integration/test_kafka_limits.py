@@ -50,6 +50,8 @@ BATCH_VALUE = 400 * 1024  # three of these: 1.2 MiB in the partition
 FETCHES = 60
 READ_MAX = 1 * MiB  # consumer_request_max_bytes
 HEADER_TIMEOUT_S = 2
+#: HTTP calls of the tests: the machine is shared, an answer may be slow.
+TIMEOUT = 60
 
 
 @dataclass
@@ -61,7 +63,7 @@ class Served:
 
     def metric(self, name: str) -> float:
         """The sum of one metric's samples at ``/metrics`` (0 when absent)."""
-        text = httpx.get(f"{self.rest}/metrics", headers=basic(), timeout=10).text
+        text = httpx.get(f"{self.rest}/metrics", headers=basic(), timeout=TIMEOUT).text
         total = 0.0
         found = False
         for line in text.splitlines():
@@ -73,7 +75,7 @@ class Served:
         return total
 
     def closed(self, reason: str) -> float:
-        text = httpx.get(f"{self.rest}/metrics", headers=basic(), timeout=10).text
+        text = httpx.get(f"{self.rest}/metrics", headers=basic(), timeout=TIMEOUT).text
         m = re.search(rf'lakelog_kafka_connections_closed_total\{{reason="{reason}"\}} (\S+)', text)
         return float(m.group(1)) if m else 0.0
 
@@ -82,9 +84,17 @@ def basic(user: str = "kuser", password: str = PASSWORD) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
+def cluster_id(rest: str) -> str:
+    r = httpx.get(f"{rest}/v3/clusters", headers=basic(), timeout=TIMEOUT)
+    return str(r.json()["data"][0]["cluster_id"])
+
+
 def create_user(rest: str, name: str, password: str) -> None:
     r = httpx.post(
-        f"{rest}/security/users", json={"name": name, "password": password}, headers=basic()
+        f"{rest}/security/users",
+        json={"name": name, "password": password},
+        headers=basic(),
+        timeout=TIMEOUT,
     )
     assert r.status_code < 300, r.text
 
@@ -113,11 +123,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         rest = f"http://127.0.0.1:{port}"
         create_user(rest, "other", OTHER_PASSWORD)
-        cid = httpx.get(f"{rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+        cid = cluster_id(rest)
         r = httpx.post(
             f"{rest}/v3/clusters/{cid}/topics",
             json={"topic_name": TOPIC, "partitions_count": 1},
             headers=basic(),
+            timeout=TIMEOUT,
         )
         assert r.status_code == 201, r.text
         served = Served(rest, f"127.0.0.1:{kport}", db, proc)
@@ -433,7 +444,9 @@ def test_a_deleted_user_loses_its_kafka_connection(served: Served) -> None:
     create_user(served.rest, "leaver", "leaver-password-3")
     with Conn(served) as c:
         c.login("leaver", "leaver-password-3")
-        gone = httpx.delete(f"{served.rest}/security/users/leaver", headers=basic())
+        gone = httpx.delete(
+            f"{served.rest}/security/users/leaver", headers=basic(), timeout=TIMEOUT
+        )
         assert gone.status_code < 300, gone.text
         time.sleep(1.5)
         assert c.login("leaver", "leaver-password-3").error_code != 0
@@ -483,7 +496,9 @@ def bomb(size: int, codec: int) -> bytes:
 
 
 def end_offset(served: Served, topic: str = TOPIC) -> int:
-    r = httpx.get(f"{served.rest}/topics/{topic}/partitions/0/offsets", headers=basic())
+    r = httpx.get(
+        f"{served.rest}/topics/{topic}/partitions/0/offsets", headers=basic(), timeout=TIMEOUT
+    )
     assert r.status_code == 200, r.text
     return int(r.json()["end_offset"])
 
@@ -523,7 +538,7 @@ def test_a_stored_bomb_fails_its_reads_clearly(served: Served) -> None:
     config instead of inflating it; Kafka Fetch still serves it as stored (Kafka never
     decompresses); raising the bound again reads it."""
     topic = "stored-bomb"
-    cid = httpx.get(f"{served.rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+    cid = cluster_id(served.rest)
     r = httpx.post(
         f"{served.rest}/v3/clusters/{cid}/topics",
         json={
@@ -532,6 +547,7 @@ def test_a_stored_bomb_fails_its_reads_clearly(served: Served) -> None:
             "configs": [{"name": "lakelog.max.decompressed.bytes", "value": str(64 * MiB)}],
         },
         headers=basic(),
+        timeout=TIMEOUT,
     )
     assert r.status_code == 201, r.text
     with Conn(served) as c:
@@ -548,10 +564,15 @@ def test_a_stored_bomb_fails_its_reads_clearly(served: Served) -> None:
     config = (
         f"{served.rest}/v3/clusters/{cid}/topics/{topic}/configs/lakelog.max.decompressed.bytes"
     )
-    assert httpx.put(config, json={"value": str(8 * MiB)}, headers=basic()).status_code == 204
+    assert (
+        httpx.put(
+            config, json={"value": str(8 * MiB)}, headers=basic(), timeout=TIMEOUT
+        ).status_code
+        == 204
+    )
     time.sleep(2.5)  # the agent's topic metadata cache (metadata_ttl_s 2 s)
     read = f"{served.rest}/v3/clusters/{cid}/topics/{topic}/partitions/0/records"
-    r = httpx.get(read, params={"offset": 0}, headers=basic(), timeout=30)
+    r = httpx.get(read, params={"offset": 0}, headers=basic(), timeout=TIMEOUT)
     assert r.status_code == 500, r.text
     assert r.json()["error_code"] == 50002
     assert "lakelog.max.decompressed.bytes" in r.json()["message"]
@@ -562,7 +583,12 @@ def test_a_stored_bomb_fails_its_reads_clearly(served: Served) -> None:
                 {"partition": 0, "fetch_offset": 0, "partition_max_bytes": FETCH_MAX,
                  "log_start_offset": -1}]}]})  # fmt: skip
         assert 0 < len(records_of(fetched)) < 256 * 1024
-    assert httpx.put(config, json={"value": str(64 * MiB)}, headers=basic()).status_code == 204
+    assert (
+        httpx.put(
+            config, json={"value": str(64 * MiB)}, headers=basic(), timeout=TIMEOUT
+        ).status_code
+        == 204
+    )
     time.sleep(2.5)
     r = httpx.get(read, params={"offset": 0, "max_bytes": 1}, headers=basic(), timeout=60)
     assert r.status_code == 200, r.text
@@ -573,7 +599,7 @@ def test_rest_records_over_a_lowered_bound_are_refused(served: Served) -> None:
     """REST writes uncompressed batches of its own: a record over the topic's
     lakelog.max.decompressed.bytes (set below max.message.bytes) gets 413, nothing stored."""
     topic = "rest-bound"
-    cid = httpx.get(f"{served.rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+    cid = cluster_id(served.rest)
     r = httpx.post(
         f"{served.rest}/v3/clusters/{cid}/topics",
         json={
@@ -585,6 +611,7 @@ def test_rest_records_over_a_lowered_bound_are_refused(served: Served) -> None:
             ],
         },
         headers=basic(),
+        timeout=TIMEOUT,
     )
     assert r.status_code == 201, r.text
     value = base64.b64encode(bytes(3 * MiB)).decode()
@@ -592,7 +619,7 @@ def test_rest_records_over_a_lowered_bound_are_refused(served: Served) -> None:
         f"{served.rest}/topics/{topic}",
         json={"records": [{"value": value}]},
         headers={**basic(), "Content-Type": "application/vnd.kafka.binary.v2+json"},
-        timeout=60,
+        timeout=TIMEOUT,
     )
     assert r.status_code == 413, r.text
     assert r.json()["error_code"] == 413
@@ -611,17 +638,17 @@ def test_rest_reads_are_capped_whatever_max_bytes_asks(served: Served) -> None:
     """v3 read and v2 consumer fetch with max_bytes=10^12 return at most
     consumer_request_max_bytes (1 MiB here) of keys and values, as kafka-rest caps a
     client's max_bytes; a smaller max_bytes still lowers it."""
-    cid = httpx.get(f"{served.rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+    cid = cluster_id(served.rest)
     read = f"{served.rest}/v3/clusters/{cid}/topics/{TOPIC}/partitions/0/records"
-    r = httpx.get(read, params={"offset": 0, "max_bytes": 10**12}, headers=basic(), timeout=30)
+    r = httpx.get(read, params={"offset": 0, "max_bytes": 10**12}, headers=basic(), timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     assert 0 < _value_bytes(r.json()["records"]) <= READ_MAX
-    r = httpx.get(read, params={"offset": 0, "max_bytes": 1}, headers=basic(), timeout=30)
+    r = httpx.get(read, params={"offset": 0, "max_bytes": 1}, headers=basic(), timeout=TIMEOUT)
     assert len(r.json()["records"]) == 1
 
     v2 = {**basic(), "Content-Type": "application/vnd.kafka.v2+json"}
     base = f"{served.rest}/consumers/cap-group"
-    r = httpx.post(base, json={"name": "c1", "format": "binary"}, headers=v2)
+    r = httpx.post(base, json={"name": "c1", "format": "binary"}, headers=v2, timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     inst = f"{base}/instances/c1"
     try:
@@ -629,12 +656,14 @@ def test_rest_reads_are_capped_whatever_max_bytes_asks(served: Served) -> None:
             f"{inst}/assignments",
             json={"partitions": [{"topic": TOPIC, "partition": 0}]},
             headers=v2,
+            timeout=TIMEOUT,
         )
         assert r.status_code == 204, r.text
         r = httpx.post(
             f"{inst}/positions",
             json={"offsets": [{"topic": TOPIC, "partition": 0, "offset": 0}]},
             headers=v2,
+            timeout=TIMEOUT,
         )
         assert r.status_code == 204, r.text
         got = httpx.get(
@@ -646,7 +675,7 @@ def test_rest_reads_are_capped_whatever_max_bytes_asks(served: Served) -> None:
         assert got.status_code == 200, got.text
         assert 0 < _value_bytes(got.json()) <= READ_MAX
     finally:
-        httpx.delete(inst, headers=v2)
+        httpx.delete(inst, headers=v2, timeout=TIMEOUT)
 
 
 # -- group timeouts -----------------------------------------------------------------------
@@ -698,6 +727,7 @@ def test_rest_consumer_session_timeout_is_bounded(served: Served) -> None:
         f"{served.rest}/consumers/long-session",
         json={"name": "c", "format": "binary", "session.timeout.ms": str(2**31 - 1)},
         headers=v2,
+        timeout=TIMEOUT,
     )
     assert r.status_code == 422, r.text
     assert "group.max.session.timeout.ms" in r.json()["message"]
@@ -726,10 +756,12 @@ def test_a_slow_http_request_head_is_cut_off(served: Served) -> None:
             with contextlib.suppress(TimeoutError):
                 closed = sock.recv(1024) == b""
         assert closed
-    cid = httpx.get(f"{served.rest}/v3/clusters", headers=basic()).json()["data"][0]["cluster_id"]
+    cid = cluster_id(served.rest)
     read = f"{served.rest}/v3/clusters/{cid}/topics/{TOPIC}/partitions/0/records"
     end = end_offset(served)
     started = time.monotonic()
-    r = httpx.get(read, params={"offset": end, "timeout_ms": 3500}, headers=basic(), timeout=30)
+    r = httpx.get(
+        read, params={"offset": end, "timeout_ms": 3500}, headers=basic(), timeout=TIMEOUT
+    )
     assert r.status_code == 200, r.text
     assert r.json()["records"] == [] and time.monotonic() - started >= 3
