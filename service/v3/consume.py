@@ -15,29 +15,42 @@ jsonschema, protobuf), with ``next_offset`` to ask from next and the partition's
 At the high watermark it long-polls up to ``timeout_ms`` (capped by
 ``consumer_max_wait_ms``), woken by commits as the v2 consumer's fetch is
 (``service.notify``). An offset below the log start or beyond the high watermark is
-400 40002 naming both; an unknown topic 404 40403, partition 404 40402.
+400 40002 naming both; an unknown topic 404 40403, partition 404 40402. A binary answer
+over 1 MiB streams (its records rendered a slice at a time), so the agent does not hold
+the whole body.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Query, Response
+from starlette.responses import StreamingResponse
 
 from segments.errors import MalformedRequestError, OffsetOutOfRangeError
 from segments.types import ConsumedRecord, TopicPartition
+from service.consumer_sessions import FetchBudget
 from service.executors import Kind, call, run
 from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
 from service.registry.rest import render_records as render_schema_records
 from service.state import AgentState, get_state
-from service.v2.consumers import FETCH_MIN_GRANT, fetch_limit, read_round_robin, render_records
+from service.v2.consumers import (
+    FETCH_MIN_GRANT,
+    fetch_limit,
+    read_round_robin,
+    record_size,
+    render_records,
+)
 from service.v3.partitions import check_partition
 
 router = APIRouter(tags=["v3 consume (lakelog)"])
 
 FORMATS = ("binary", "json", *SCHEMA_TYPE_OF_FORMAT)
+#: Key and value bytes of the records rendered at a time in a streamed answer.
+STREAM_SLICE_BYTES = 1 << 20
 
 
 async def render(state: AgentState, records: list[ConsumedRecord], fmt: str) -> list[Any]:
@@ -105,14 +118,44 @@ async def read_partition_records(
         if records:
             state.consume_metrics.consumed_records.inc(len(records))
         latest = await call(state.coordinator.offsets, topic_name, partition_id)
-        body = {
-            "records": await render(state, records, format),
+        tail = {
             "next_offset": records[-1].offset + 1 if records else start,
             "log_start_offset": latest.log_start,
             "high_watermark": latest.high_watermark,
         }
+        if format == "binary" and sum(map(record_size, records)) > STREAM_SLICE_BYTES:
+            # Base64 cannot fail: the answer streams, a slice of records at a time, so
+            # the agent holds the records and one slice's JSON, not the whole body.
+            streamed = StreamingResponse(
+                _stream(records, tail, budget, grant), media_type="application/json"
+            )
+            grant = 0  # released by the stream once sent
+            return streamed
+        body: dict[str, Any] = {"records": await render(state, records, format), **tail}
         del records
         data = orjson.dumps(body)
     finally:
         await budget.release(grant)
     return Response(data, media_type="application/json")
+
+
+async def _stream(
+    records: list[ConsumedRecord], tail: dict[str, int], budget: FetchBudget, grant: int
+) -> AsyncIterator[bytes]:
+    """``{"records": [...], ...tail}``, records rendered a slice at a time (binary format);
+    the fetch budget's grant is given back once the last byte went (or the client left)."""
+    try:
+        yield b'{"records":['
+        at, first = 0, True
+        while at < len(records):
+            size, end = 0, at
+            while end < len(records) and (end == at or size < STREAM_SLICE_BYTES):
+                size += record_size(records[end])
+                end += 1
+            piece = orjson.dumps(render_records(records[at:end], "binary"))[1:-1]
+            records[at:end] = [None] * (end - at)  # type: ignore[list-item]
+            yield piece if first else b"," + piece
+            first, at = False, end
+        yield b"]," + orjson.dumps(tail)[1:]
+    finally:
+        await budget.release(grant)
