@@ -108,8 +108,6 @@ class LogWriter:
     def __init__(self, store: ObjectStore, coordinator: Coordinator) -> None:
         self.store = store
         self.coordinator = coordinator
-        #: A topic's ``lakelog.max.decompressed.bytes`` (the agent sets its topic cache's).
-        self.decompressed_limit: Callable[[str], int] = _default_limit
         self.listeners: list[WriteListener] = []
 
     def write(self, builder: SegmentBuilder) -> WriteResult:

@@ -293,8 +293,14 @@ class Tierer:
         self.tier_runs(self.plan_partition(part), report)
 
     def tier_runs(self, runs: Sequence[TierRun], report: JanitorReport) -> None:
-        """Fetch, rewrite and swap ``runs``, wave by wave (see the module docstring)."""
+        """Fetch, rewrite and swap ``runs``, wave by wave (see the module docstring).
+
+        A run whose chunks do not decode (corrupt, or a batch over its topic's
+        ``lakelog.max.decompressed.bytes``) stays untiered; the other runs and waves go
+        on, and the first such error is raised at the end.
+        """
         done = 0
+        undecodable: CorruptSegmentError | None = None
         with (
             ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tier-get") as fetch_pool,
             ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="tier-put") as put_pool,
@@ -302,7 +308,12 @@ class Tierer:
             for wave in plan_waves(runs, WAVE_BYTES):
                 self.ctx.check()
                 decoded = self._fetch(fetch_pool, wave, report)
-                done = self._rewrite(put_pool, wave, decoded, report, done, len(runs))
+                try:
+                    done = self._rewrite(put_pool, wave, decoded, report, done, len(runs))
+                except CorruptSegmentError as e:
+                    undecodable = undecodable or e
+        if undecodable is not None:
+            raise undecodable
 
     def _fetch(
         self, pool: ThreadPoolExecutor, wave: Sequence[TierRun], report: JanitorReport
