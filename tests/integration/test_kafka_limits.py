@@ -42,9 +42,9 @@ TOPIC = "limits"
 MiB = 1 << 20
 UNSENT = 2 * MiB
 FETCH_MAX = 1 * MiB
-IDLE_MS = 3000
+IDLE_MS = 5000
 AUTH_TIMEOUT_MS = 3000
-REAUTH_MS = 4000
+REAUTH_MS = 8000
 PER_IP = 12
 BATCH_VALUE = 400 * 1024  # three of these: 1.2 MiB in the partition
 FETCHES = 60
@@ -348,13 +348,13 @@ def test_fetch_max_bytes_is_capped_by_the_agent(served: Served) -> None:
 
 
 def test_an_idle_connection_is_closed(served: Served) -> None:
-    """connections.max.idle.ms (3 s here): silence closes; a request now and then keeps
+    """connections.max.idle.ms (5 s here): silence closes; a request now and then keeps
     the connection."""
     before = served.closed("idle")
     with Conn(served) as c:
         c.login()
-        for _ in range(3):  # 3.6 s of traffic (inside the 4 s session), never 3 s of silence
-            time.sleep(1.2)
+        for _ in range(4):  # 6 s of traffic (inside the 8 s session), never 5 s of silence
+            time.sleep(1.5)
             c.call(18, 3, client_software_name="x", client_software_version="1")
         assert c.closed_within(IDLE_MS / 1000 + 3)
     assert served.closed("idle") >= before + 1
@@ -408,22 +408,30 @@ def _lifetime_ms(answer: Any) -> int:
 
 
 def test_sessions_expire_unless_the_client_reauthenticates(served: Served) -> None:
-    """SaslAuthenticate answers the session lifetime (4 s here); a client that logs in
-    again in time goes on; one that does not is closed at its next request."""
+    """SaslAuthenticate answers the session lifetime (8 s here); a client that logs in
+    again in time goes on; one that does not is closed at its next request. (A request
+    every 3 s keeps the connections from being idle, 5 s here.)"""
+
+    def keep_alive(c: Conn) -> None:
+        c.call(18, 3, client_software_name="x", client_software_version="1")
+
     with Conn(served) as c:
         first = c.login()
         assert first.error_code == 0 and 0 < _lifetime_ms(first) <= REAUTH_MS
-        time.sleep(2)
+        time.sleep(3)
         again = c.login()  # re-authentication on the same connection (KIP-368)
         assert again.error_code == 0 and _lifetime_ms(again) > 0
-        time.sleep(2.5)  # past the first session's end, inside the second's
+        time.sleep(3)
+        keep_alive(c)
+        time.sleep(3)  # past the first session's end, inside the second's
         assert c.call(3, 12, topics=[{"name": TOPIC}]).topics[0].error_code == 0
     before = served.closed("session_expired")
     with Conn(served) as c:
         c.login()
-        time.sleep(2)  # not idle (3 s here) by the end of the session
-        c.call(18, 3, client_software_name="x", client_software_version="1")
-        time.sleep(REAUTH_MS / 1000 - 1.5)
+        for _ in range(2):
+            time.sleep(3)
+            keep_alive(c)
+        time.sleep(REAUTH_MS / 1000 - 6 + 0.5)
         c.send(3, 12, topics=[{"name": TOPIC}])
         assert c.closed_within(5)
     assert served.closed("session_expired") >= before + 1
@@ -440,7 +448,7 @@ def test_reauthentication_as_another_user_closes_the_connection(served: Served) 
 
 def test_a_deleted_user_loses_its_kafka_connection(served: Served) -> None:
     """A user deleted while connected: its re-authentication fails, so its connection
-    ends within one session lifetime (4 s here) instead of living on."""
+    ends within one session lifetime (8 s here) instead of living on."""
     create_user(served.rest, "leaver", "leaver-password-3")
     with Conn(served) as c:
         c.login("leaver", "leaver-password-3")
@@ -454,8 +462,9 @@ def test_a_deleted_user_loses_its_kafka_connection(served: Served) -> None:
 
 
 def test_librdkafka_reauthenticates_across_session_lifetimes(served: Served) -> None:
-    """A confluent-kafka producer keeps producing over several 4 s sessions: it logs in
+    """A confluent-kafka producer keeps producing over several 8 s sessions: it logs in
     again on its connection when the agent says its session ends (KIP-368)."""
+    expired = served.closed("session_expired")
     errors: list[Any] = []
     p = Producer(
         {
@@ -468,12 +477,14 @@ def test_librdkafka_reauthenticates_across_session_lifetimes(served: Served) -> 
         }
     )
     delivered: list[Any] = []
-    for i in range(5):
+    for i in range(7):
         p.produce(TOPIC, value=b"r%d" % i, on_delivery=lambda e, m: delivered.append(e))
         assert p.flush(30) == 0
-        time.sleep(2)
-    assert delivered == [None] * 5
+        time.sleep(3)
+    assert delivered == [None] * 7
     assert not [e for e in errors if "auth" in str(e).lower()], errors
+    # It logged in again on its connections: the agent closed none of them as expired.
+    assert served.closed("session_expired") == expired
 
 
 # -- decompression bombs ------------------------------------------------------------------
