@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from segments.errors import InvalidConfigError, InvalidTopicNameError
+from segments.compression import DECOMPRESSED_CONFIG, DEFAULT_MAX_DECOMPRESSED_BYTES
+from segments.errors import InvalidConfigError, InvalidTopicNameError, RecordTooLargeError
+from segments.types import Record, TopicInfo
 
 #: Kafka's limit: 249, so that ``<topic>-<partition>`` directory names fit in 255 bytes.
 MAX_TOPIC_NAME_LENGTH = 249
@@ -38,6 +40,13 @@ _LONG_MIN = -(2**63)
 # would also take "1_000", " 5" and non-ASCII digits, which Kafka rejects.
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _DOUBLE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+#: DECOMPRESSED_CONFIG: lakelog's bound on a batch's decompressed records, beside Kafka's
+#: max.message.bytes (which counts the batch as stored, compressed). Vendor-prefixed as
+#: Confluent's own topic configs are (``confluent.*``); the broker default has the same name.
+#: Its smallest value: above the 1 MiB batches the agent builds from REST records, so
+#: that only a single record larger than the bound can exceed it (and is refused).
+MIN_DECOMPRESSED_BYTES = 2 * 1024 * 1024
 
 SOURCE_OVERRIDE = "DYNAMIC_TOPIC_CONFIG"
 SOURCE_BROKER_DEFAULT = "DYNAMIC_DEFAULT_BROKER_CONFIG"
@@ -221,6 +230,14 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
         _long("flush.ms", _LONG_MAX, 0, "Kafka's fsync interval in ms (no effect)."),
         _int("index.interval.bytes", 4096, 0, "Kafka's offset index density (no effect)."),
         _long("max.compaction.lag.ms", _LONG_MAX, 1, "Longest a record stays uncompacted."),
+        _int(
+            DECOMPRESSED_CONFIG,
+            DEFAULT_MAX_DECOMPRESSED_BYTES,
+            MIN_DECOMPRESSED_BYTES,
+            "Most bytes the records of one batch may take once decompressed (lakelog's: "
+            "Kafka never decompresses for readers; lakelog does for REST, Spark and "
+            "tiering). A batch over it is refused on produce and not decoded by readers.",
+        ),
         _int("max.message.bytes", 1_048_588, 0, "Largest record batch a topic accepts."),
         _bool("message.downconversion.enable", True, "Down-conversion for old consumers."),
         _long(
@@ -281,6 +298,7 @@ BROKER_SYNONYMS: dict[str, str] = {
     "flush.ms": "log.flush.interval.ms",
     "index.interval.bytes": "log.index.interval.bytes",
     "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    DECOMPRESSED_CONFIG: DECOMPRESSED_CONFIG,
     "max.message.bytes": "message.max.bytes",
     "message.downconversion.enable": "log.message.downconversion.enable",
     "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
@@ -496,3 +514,55 @@ def is_default(overrides: Mapping[str, str], name: str) -> bool:
     """Whether ``name`` takes Kafka's default for a topic with these overrides."""
     config_def(name)
     return name not in overrides
+
+
+# -- size limits of a topic's records -------------------------------------------------------
+
+#: A Kafka v2 RecordBatch header (61 bytes) plus the worst-case varint framing of one
+#: record: Kafka checks max.message.bytes against the batch, so a lone record's batch
+#: size is what is compared.
+BATCH_OVERHEAD = 61 + 5 * 5 + 1
+
+
+def _int_config(topic: TopicInfo, name: str) -> int:
+    """A topic's integer config: its override, else the cluster-wide default, else Kafka's."""
+    value = topic.configs.get(name, topic.defaults.get(name))
+    return int(CONFIG_DEFS[name].default if value is None else value)
+
+
+def max_message_bytes(topic: TopicInfo) -> int:
+    """The topic's ``max.message.bytes``: the largest batch, as stored (compressed)."""
+    return _int_config(topic, "max.message.bytes")
+
+
+def max_decompressed_bytes(topic: TopicInfo) -> int:
+    """The topic's ``lakelog.max.decompressed.bytes``: the most a batch's records may take
+    once decompressed (checked on produce, and by every reader that decompresses)."""
+    return _int_config(topic, DECOMPRESSED_CONFIG)
+
+
+def record_limit(topic: TopicInfo) -> tuple[int, str]:
+    """The largest one-record batch a topic takes from REST and Spark (which write their
+    records uncompressed into batches of their own making), and the config that sets it:
+    ``max.message.bytes``, or ``lakelog.max.decompressed.bytes`` when that is lower."""
+    stored, decompressed = max_message_bytes(topic), max_decompressed_bytes(topic)
+    if decompressed < stored:
+        return decompressed, DECOMPRESSED_CONFIG
+    return stored, "max.message.bytes"
+
+
+def check_record_size(record: Record, limit: int, name: str = "max.message.bytes") -> None:
+    """Refuse a record whose one-record batch would exceed ``limit`` bytes (the topic's
+    config ``name``; :func:`record_limit` gives both).
+
+    Raises:
+        RecordTooLargeError: key + value + headers + framing over the limit.
+    """
+    size = BATCH_OVERHEAD + len(record.key or b"") + len(record.value or b"")
+    for header, value in record.headers:
+        size += len(header) + len(value or b"") + 10
+    if size > limit:
+        raise RecordTooLargeError(
+            f"The record is {size} bytes when serialized, which is larger than the topic's "
+            f"{name} ({limit})."
+        )

@@ -19,6 +19,7 @@ from ulid import ULID
 
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.producers import ProducerBatch, RequestKey
+from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import (
     CorruptSegmentError,
     LakelogError,
@@ -27,7 +28,7 @@ from segments.errors import (
     PreconditionFailedError,
     ProducerConflictError,
 )
-from segments.segment import SegmentBuilder, decode_chunk
+from segments.segment import SegmentBuilder, iter_chunk
 from segments.store import ObjectStore
 from segments.tier import TierReader
 from segments.types import ChunkInfo, ChunkRef, ConsumedRecord
@@ -201,23 +202,35 @@ class LogWriter:
 
 
 def decode_entry(
-    ref: ChunkRef, data: bytes, topic: str, partition: int, from_offset: int
+    ref: ChunkRef,
+    data: bytes,
+    topic: str,
+    partition: int,
+    from_offset: int,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
 ) -> Iterator[ConsumedRecord]:
     """The records of one index entry's bytes at offsets >= ``from_offset``, in order.
 
-    A ``"segment"`` entry is a chunk of RecordBatches; a ``"parquet"`` entry is a
-    whole tier object, decoded one row group at a time (only the groups from
-    ``from_offset`` on), holding only records inside the entry's offset span.
+    A ``"segment"`` entry is a chunk of RecordBatches, decoded one batch at a time (a
+    reader that stops early inflates no further batch), none inflated past
+    ``max_decompressed_bytes`` (the topic's ``lakelog.max.decompressed.bytes``); a
+    ``"parquet"`` entry is a whole tier object, decoded one row group at a time (only the
+    groups from ``from_offset`` on), holding only records inside the entry's offset span.
 
     Raises:
+        BatchTooLargeError: a batch over ``max_decompressed_bytes``.
         CorruptSegmentError: undecodable bytes, or an unknown entry kind.
     """
     if ref.kind == "segment":
-        for off, rec in decode_chunk(data, ref.base_offset, ref.record_count):
+        count = 0
+        for off, rec in iter_chunk(data, ref.base_offset, max_decompressed_bytes):
+            count += 1
             if off >= from_offset:
                 yield ConsumedRecord(
                     topic, partition, off, rec.key, rec.value, rec.timestamp_ms, rec.headers
                 )
+        if count != ref.record_count:
+            raise CorruptSegmentError(f"chunk holds {count} records, expected {ref.record_count}")
         return
     if ref.kind != "parquet":
         raise CorruptSegmentError(f"{ref.object_key}: unknown index entry kind {ref.kind!r}")
@@ -245,6 +258,10 @@ def decode_entry(
             )
 
 
+def _default_limit(topic: str) -> int:
+    return DEFAULT_MAX_DECOMPRESSED_BYTES
+
+
 class LogReader:
     """Read committed records of one partition from the object store.
 
@@ -257,6 +274,8 @@ class LogReader:
     def __init__(self, store: ObjectStore, coordinator: Coordinator) -> None:
         self.store = store
         self.coordinator = coordinator
+        #: A topic's ``lakelog.max.decompressed.bytes`` (the agent sets its topic cache's).
+        self.decompressed_limit: Callable[[str], int] = _default_limit
 
     def fetch_chunk(self, ref: ChunkRef) -> bytes:
         """The bytes of one index entry (a ranged GET). Subclasses add caching."""
@@ -294,7 +313,9 @@ class LogReader:
                     retried = True
                     break
                 retried = False
-                for rec in decode_entry(ref, data, topic, partition, next_offset):
+                for rec in decode_entry(
+                    ref, data, topic, partition, next_offset, self.decompressed_limit(topic)
+                ):
                     out.append(rec)
                     size += len(rec.key or b"") + len(rec.value or b"")
                     if size >= max_bytes:
@@ -313,7 +334,15 @@ class LogReader:
         ref = self.coordinator.lookup_timestamp(topic, partition, timestamp_ms)
         if ref is None:
             return None
-        for rec in decode_entry(ref, self.fetch_chunk(ref), topic, partition, ref.base_offset):
+        records = decode_entry(
+            ref,
+            self.fetch_chunk(ref),
+            topic,
+            partition,
+            ref.base_offset,
+            self.decompressed_limit(topic),
+        )
+        for rec in records:
             if rec.timestamp_ms >= timestamp_ms:
                 return rec
         # The index's max timestamp comes from these very records, so this is corruption.

@@ -17,11 +17,11 @@ The batch layout is the one drawn at the top of ``segments.segment``; what matte
     53  i32  BaseSequence
     57  i32  RecordCount
 
-A producer's batch is checked (framing, magic, CRC, attributes, and every record
-decoded once so that its count, offset deltas and timestamps are known and a batch
-that cannot be read back is refused) and then stored byte for byte: neither
-decompressed into the store nor re-encoded. Only BaseOffset and
-PartitionLeaderEpoch, which the CRC does not cover, are ever rewritten.
+A producer's batch is checked (framing, magic, CRC, attributes, its records'
+decompressed size against a bound, and every record decoded once so that its count,
+offset deltas and timestamps are known and a batch that cannot be read back is refused)
+and then stored byte for byte: neither decompressed into the store nor re-encoded. Only
+BaseOffset and PartitionLeaderEpoch, which the CRC does not cover, are ever rewritten.
 """
 
 from __future__ import annotations
@@ -33,12 +33,19 @@ from dataclasses import dataclass
 import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from segments.errors import CorruptRecordError, CorruptSegmentError
+from segments.compression import (
+    DECOMPRESSED_CONFIG,
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
+    OverLimitError,
+    plain_batch,
+)
+from segments.errors import CorruptRecordError, CorruptSegmentError, RecordTooLargeError
 from segments.types import ConsumedRecord
 
 __all__ = [
     "BatchInfo",
     "check_batches",
+    "compressed",
     "encode_records",
     "fetch_batches",
     "iter_batches",
@@ -75,13 +82,20 @@ class BatchInfo:
         return self.producer_id >= 0
 
 
-def check_batches(data: bytes | memoryview) -> list[BatchInfo]:
+def check_batches(
+    data: bytes | memoryview, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+) -> list[BatchInfo]:
     """Check the RecordBatches of one partition of a Produce request.
+
+    Records are decompressed by :func:`segments.compression.plain_batch`, which stops at
+    ``max_decompressed_bytes`` (the topic's ``lakelog.max.decompressed.bytes``).
 
     Raises:
         CorruptRecordError: bad framing, magic, CRC, attributes, or records that do not
             decode or do not match the header (Kafka's CORRUPT_MESSAGE); also an empty
             record set and transactional or control batches.
+        RecordTooLargeError: a batch whose records take more than
+            ``max_decompressed_bytes`` once decompressed (Kafka's MESSAGE_TOO_LARGE).
     """
     view = memoryview(data)
     size = len(view)
@@ -113,7 +127,17 @@ def check_batches(data: bytes | memoryview) -> list[BatchInfo]:
         # crc32c (kio's dependency) uses the CPU's CRC instruction: ~3x aiokafka's.
         if crc32c.crc32c(view[pos + _CRC_FROM : end]) != crc:
             raise CorruptRecordError(f"Batch at byte {pos}: CRC-32C mismatch.")
-        lo, hi = _check_records(DefaultRecordBatch(view[pos:end]), pos, count)
+        try:
+            plain = plain_batch(view[pos:end], max_decompressed_bytes)
+        except OverLimitError as e:
+            raise RecordTooLargeError(
+                f"Batch at byte {pos}: its records decompress to more than {e.limit} bytes, "
+                f"the topic's {DECOMPRESSED_CONFIG}."
+            ) from None
+        except ValueError as e:
+            raise CorruptRecordError(f"Batch at byte {pos}: undecodable records: {e}") from None
+        lo, hi = _check_records(DefaultRecordBatch(plain), pos, count)
+        del plain
         out.append(BatchInfo(pos, end - pos, count, lo, hi, pid, epoch, seq, attributes))
         pos = end
     return out
@@ -140,6 +164,21 @@ def _check_records(batch: DefaultRecordBatch, pos: int, count: int) -> tuple[int
     if lo < -1:
         raise CorruptRecordError(f"Batch at byte {pos}: negative record timestamp {lo}.")
     return lo, hi
+
+
+def compressed(data: bytes | memoryview) -> bool:
+    """Whether any batch of a producer's record set names a codec (framing only; a
+    malformed set answers True: checking it is left to :func:`check_batches`)."""
+    view = memoryview(data)
+    pos = 0
+    while pos < len(view):
+        if len(view) - pos < HEADER_SIZE:
+            return True
+        header = _HEADER.unpack_from(view, pos)
+        if header[5] & _CODEC_MASK or header[1] < HEADER_SIZE - _LENGTH_FIELD_END:
+            return True
+        pos += _LENGTH_FIELD_END + header[1]
+    return False
 
 
 def iter_batches(chunk: bytes | memoryview) -> Iterator[tuple[int, int, int, int]]:

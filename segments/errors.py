@@ -9,6 +9,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── PreconditionFailedError   put(if_none_match=True) on an existing key
     │   ├── StorageUnavailableError   retriable: 5xx, throttling, timeouts, resets
     │   └── CorruptSegmentError       bad magic, length or CRC; truncated object
+    │       └── BatchTooLargeError    a stored batch over lakelog.max.decompressed.bytes
     ├── MetadataError                 coordinator state and requests
     │   ├── TopicNotFoundError
     │   ├── PartitionNotFoundError
@@ -115,6 +116,12 @@ class StorageUnavailableError(StorageError):
 
 class CorruptSegmentError(StorageError):
     """An object's bytes fail validation (magic, length, CRC, truncation)."""
+
+
+class BatchTooLargeError(CorruptSegmentError):
+    """A stored batch whose records decompress to more than its topic's
+    ``lakelog.max.decompressed.bytes`` (stored before the bound, or the bound lowered
+    since): readers fail that batch rather than inflate it; raising the bound reads it."""
 
 
 class MetadataError(LakelogError):

@@ -63,13 +63,20 @@ at a batch boundary is caught too.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from aiokafka.record.util import calc_crc32c
 
-from segments.errors import CorruptSegmentError
+from segments.compression import (
+    DECOMPRESSED_CONFIG,
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
+    OverLimitError,
+    plain_batch,
+)
+from segments.errors import BatchTooLargeError, CorruptSegmentError
 from segments.types import ChunkInfo, Record
 
 __all__ = [
@@ -79,6 +86,7 @@ __all__ = [
     "SegmentBuilder",
     "SegmentReader",
     "decode_chunk",
+    "iter_chunk",
 ]
 
 COMPRESSIONS: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -99,6 +107,7 @@ _LEADER_EPOCH_AT = 12
 _RECORD_BATCH_MAGIC = 2
 _NO_LEADER_EPOCH = -1
 _CODEC_MASK = 0x07
+_CRC_FROM = 21  # the batch CRC covers Attributes through the last record
 
 _FOOTER_COUNT = struct.Struct(">I")
 _FOOTER_ENTRY = struct.Struct(">16siqqqqq")
@@ -369,6 +378,7 @@ def decode_chunk(
     data: bytes | memoryview,
     base_offset: int,
     record_count: int | None = None,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
 ) -> list[tuple[int, Record]]:
     """Decode one chunk: the bytes [position, position + length) of a segment object.
 
@@ -377,19 +387,39 @@ def decode_chunk(
     and, if ``record_count`` is given, the chunk must hold exactly that many records.
     Without ``record_count`` a chunk cut exactly between two batches cannot be told
     from a shorter chunk: callers that know the count (the footer, the index) pass it.
+    A batch whose records take more than ``max_decompressed_bytes`` once decompressed
+    (the topic's ``lakelog.max.decompressed.bytes``) is not inflated past that bound.
 
     Returns:
         (base_offset + relative offset, record) pairs, in offset order.
 
     Raises:
+        BatchTooLargeError: a batch over ``max_decompressed_bytes``.
         CorruptSegmentError: on any inconsistency; never returns wrong records.
+    """
+    out = list(iter_chunk(data, base_offset, max_decompressed_bytes))
+    if record_count is not None and len(out) != record_count:
+        raise CorruptSegmentError(f"chunk holds {len(out)} records, expected {record_count}")
+    return out
+
+
+def iter_chunk(
+    data: bytes | memoryview,
+    base_offset: int,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+) -> Iterator[tuple[int, Record]]:
+    """:func:`decode_chunk` one batch at a time: a reader that stops early decompresses
+    no further batch, so it holds one batch's records, not the chunk's. Each batch is
+    checked whole before any of its records is yielded; the chunk's record count is
+    the caller's to check.
+
+    Raises:
+        BatchTooLargeError, CorruptSegmentError: as :func:`decode_chunk`.
     """
     view = _byte_view(data)
     size = len(view)
     if size == 0:
         raise CorruptSegmentError("empty chunk: a chunk holds at least one batch")
-    out: list[tuple[int, Record]] = []
-    append = out.append
     expected = 0  # relative offset of the next record
     pos = 0
     while pos < size:
@@ -415,10 +445,23 @@ def decode_chunk(
             raise CorruptSegmentError(f"batch at byte {pos}: bad record count {count}")
         # The C batch reader trusts its input (a short buffer crashes it), so it only ever
         # sees a range whose header was checked above and whose CRC is checked first.
-        batch = DefaultRecordBatch(view[pos:end])
-        if not batch.validate_crc():
+        if crc32c.crc32c(view[pos + _CRC_FROM : end]) != header[4]:
             raise CorruptSegmentError(f"batch at byte {pos}: CRC-32C mismatch")
+        # aiokafka inflates without a bound: it is handed the records already decompressed,
+        # by a decompression that stops at the bound.
+        try:
+            batch = DefaultRecordBatch(plain_batch(view[pos:end], max_decompressed_bytes))
+        except OverLimitError as err:
+            raise BatchTooLargeError(
+                f"batch at byte {pos} decompresses to more than {err.limit} bytes "
+                f"({DECOMPRESSED_CONFIG}); it is not read (raise the topic's "
+                f"{DECOMPRESSED_CONFIG} to read it)"
+            ) from None
+        except ValueError as err:
+            raise CorruptSegmentError(f"batch at byte {pos}: undecodable: {err}") from None
         relative = batch_base  # == records of the chunk before this batch
+        records: list[tuple[int, Record]] = []
+        append = records.append
         try:
             for record in batch:
                 if record.offset != relative:
@@ -434,13 +477,12 @@ def decode_chunk(
             raise
         except Exception as err:  # each codec library raises its own types; all mean corrupt
             raise CorruptSegmentError(f"batch at byte {pos}: undecodable: {err!r}") from err
+        del batch
         expected += count
         if relative != expected:
             raise CorruptSegmentError(f"batch at byte {pos}: holds fewer records than {count}")
         pos = end
-    if record_count is not None and len(out) != record_count:
-        raise CorruptSegmentError(f"chunk holds {len(out)} records, expected {record_count}")
-    return out
+        yield from records
 
 
 @dataclass(slots=True, eq=False)

@@ -274,6 +274,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             auto_create=settings.auto_create_topics,
             default_partitions=settings.default_partitions,
         )
+        reader.decompressed_limit = topics.max_decompressed_bytes
         groups = as_group_coordinator(coordinator)
         consumers = ConsumerSessions(
             groups,

@@ -225,7 +225,7 @@ def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> Non
         raise typer.Exit(run_workers(settings))
 
     from service.app import create_app
-    from service.mtls import uvicorn_tls
+    from service.http_server import uvicorn_options
 
     _setup_logging(settings.log_level)
     uvicorn.run(
@@ -235,7 +235,7 @@ def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> Non
         log_level=settings.log_level,
         access_log=settings.access_log,
         proxy_headers=False,  # the app applies them, trusting settings.forwarded_allow_ips
-        **uvicorn_tls(settings),
+        **uvicorn_options(settings),
     )
 
 

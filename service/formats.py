@@ -25,16 +25,13 @@ import msgspec
 import orjson
 from starlette.requests import Request
 
-from coordinator.topic_configs import config_def
 from segments.errors import (
     MalformedRequestError,
     NotAcceptableError,
-    RecordTooLargeError,
     RequestTooLargeError,
     UnprocessableRequestError,
     UnsupportedMediaTypeError,
 )
-from segments.types import Record, TopicInfo
 
 BINARY: Final = "binary"
 JSON: Final = "json"
@@ -202,36 +199,6 @@ def json_fragment(data: bytes | None, what: str) -> orjson.Fragment | None:
 
 
 # -- limits --------------------------------------------------------------------
-
-#: Kafka's default ``max.message.bytes`` (the topic config table's default).
-DEFAULT_MAX_MESSAGE_BYTES: Final = int(config_def("max.message.bytes").default)
-#: A Kafka v2 RecordBatch header (61 bytes) plus the worst-case varint framing of one
-#: record: Kafka checks max.message.bytes against the batch, so a lone record's
-#: batch size is what we compare.
-BATCH_OVERHEAD: Final = 61 + 5 * 5 + 1
-
-
-def max_message_bytes(topic: TopicInfo) -> int:
-    """The topic's ``max.message.bytes`` (its override, else the cluster-wide
-    ``message.max.bytes``, else Kafka's default)."""
-    value = topic.configs.get("max.message.bytes", topic.defaults.get("max.message.bytes"))
-    return DEFAULT_MAX_MESSAGE_BYTES if value is None else int(value)
-
-
-def check_record_size(record: Record, limit: int) -> None:
-    """Refuse a record whose one-record batch would exceed ``limit`` bytes.
-
-    Raises:
-        RecordTooLargeError: key + value + headers + framing over the limit.
-    """
-    size = BATCH_OVERHEAD + len(record.key or b"") + len(record.value or b"")
-    for name, value in record.headers:
-        size += len(name) + len(value or b"") + 10
-    if size > limit:
-        raise RecordTooLargeError(
-            f"The record is {size} bytes when serialized, which is larger than the topic's "
-            f"max.message.bytes ({limit})."
-        )
 
 
 async def read_body(request: Request, limit: int) -> bytes:

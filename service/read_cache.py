@@ -466,7 +466,9 @@ class CachingLogReader(LogReader):
         for ref, data, start in self.entries(
             topic, partition, offset, read_ahead_bytes=read_ahead_bytes
         ):
-            yield from decode_entry(ref, data, topic, partition, start)
+            yield from decode_entry(
+                ref, data, topic, partition, start, self.decompressed_limit(topic)
+            )
 
     def read(
         self, topic: str, partition: int, offset: int, *, max_bytes: int = 1 << 20

@@ -97,6 +97,12 @@ class Settings(
         default=8082, description="Port to listen on."
     )
     access_log: bool = Field(default=False, description="Log every request.")
+    http_header_timeout_s: Annotated[float, Field(gt=0)] = Field(
+        default=20.0,
+        description="Close an HTTP connection whose request head (request line and headers) "
+        "is not complete this long after it opened or its last response ended (slow "
+        "clients); a request being served is never cut.",
+    )
     advertised_url: str | None = Field(
         default=None,
         description="Base URL clients reach this agent at (behind a proxy or NAT): v2 base_uri, "
@@ -199,6 +205,43 @@ class Settings(
         description="Largest request frame the Kafka listener reads (Kafka's "
         "socket.request.max.bytes).",
     )
+    kafka_max_unauthenticated_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=512 * 1024,
+        description="Largest request frame read before a connection has authenticated "
+        "(Kafka's sasl.server.max.receive.size); bigger closes the connection.",
+    )
+    kafka_max_unsent_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=64 * MiB,
+        description="A Kafka connection is no longer read while its answers not yet sent "
+        "(and produce requests not yet answered) exceed this: a client that does not read "
+        "holds at most this plus one answer.",
+    )
+    kafka_fetch_max_bytes: Annotated[int, Field(ge=1024)] = Field(
+        default=57_671_680,
+        description="Most record bytes of one Fetch answer, whatever its max_bytes asks "
+        "(Kafka's fetch.max.bytes); a first batch larger than this still goes (KIP-74).",
+    )
+    kafka_connections_max_idle_ms: Annotated[int, Field(gt=0)] = Field(
+        default=600_000,
+        description="Close a Kafka connection that neither sent nor received anything for "
+        "this long (Kafka's connections.max.idle.ms).",
+    )
+    kafka_authentication_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=30_000,
+        description="Close a Kafka connection that has not completed SASL this long after it "
+        "was opened (authentication on).",
+    )
+    kafka_connections_max_reauth_ms: Annotated[int, Field(ge=0)] = Field(
+        default=3_600_000,
+        description="Session lifetime of a SASL login (KIP-368, Kafka's "
+        "connections.max.reauth.ms): clients re-authenticate before it ends, others are "
+        "disconnected, so a deleted user or changed password ends its connections. 0: never.",
+    )
+    kafka_max_connections_per_ip: Annotated[int, Field(ge=1)] = Field(
+        default=1000,
+        description="Kafka connections one client address may hold at once (Kafka's "
+        "max.connections.per.ip); more are closed on accept.",
+    )
 
     # -- topics and metadata -------------------------------------------------
     auto_create_topics: bool = Field(default=False, description="Create topics on first produce.")
@@ -221,14 +264,26 @@ class Settings(
     # -- consumers and the read path -----------------------------------------
     consumer_request_max_bytes: Annotated[int, Field(gt=0)] = Field(
         default=64 * MiB,
-        description="Default max_bytes of a consumer fetch (kafka-rest's "
-        "consumer.request.max.bytes).",
+        description="Most key+value bytes one consumer fetch or v3 read returns, and the "
+        "default of their max_bytes (kafka-rest's consumer.request.max.bytes: a client's "
+        "max_bytes can only lower it).",
     )
     consumer_max_wait_ms: Annotated[int, Field(ge=0)] = Field(
         default=60_000, description="Longest long-poll of a fetch, whatever timeout it asks for."
     )
     consumer_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
         default=30_000, description="Default session timeout of new consumer instances."
+    )
+    group_min_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=6_000,
+        description="Shortest session.timeout.ms a Kafka consumer may join a group with "
+        "(Kafka's group.min.session.timeout.ms); shorter: INVALID_SESSION_TIMEOUT.",
+    )
+    group_max_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=1_800_000,
+        description="Longest session.timeout.ms of a Kafka consumer (Kafka's "
+        "group.max.session.timeout.ms; longer: INVALID_SESSION_TIMEOUT) or REST consumer "
+        "instance (422); a JoinGroup's rebalance timeout is cut to it.",
     )
     consumer_max_poll_interval_ms: Annotated[int, Field(gt=0)] = Field(
         default=300_000,
@@ -305,6 +360,11 @@ class Settings(
             raise ValueError(
                 f"max_buffer_bytes ({self.max_buffer_bytes}) must be >= flush_bytes "
                 f"({self.flush_bytes}): a flush could never fill"
+            )
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ValueError(
+                f"group_min_session_timeout_ms ({self.group_min_session_timeout_ms}) must not "
+                f"exceed group_max_session_timeout_ms ({self.group_max_session_timeout_ms})"
             )
         if 2 * self.consumer_heartbeat_interval_ms > self.consumer_fetch_lease_ms:
             raise ValueError(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 
 from coordinator.client import Coordinator
+from coordinator.topic_configs import max_decompressed_bytes
+from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import TopicExistsError, TopicNotFoundError
 from segments.types import TopicInfo
 from service.executors import call
@@ -48,6 +50,14 @@ class TopicCache:
         info = await call(self.coordinator.get_topic, name)
         self._entries[name] = (now, info)
         return info
+
+    def max_decompressed_bytes(self, name: str) -> int:
+        """The topic's ``lakelog.max.decompressed.bytes`` as last looked up (readers look
+        the topic up before reading), else the default; never a coordinator call."""
+        hit = self._entries.get(name)
+        if hit is None:
+            return DEFAULT_MAX_DECOMPRESSED_BYTES
+        return max_decompressed_bytes(hit[1])
 
     async def get_or_create(self, name: str) -> TopicInfo:
         """The topic; created with ``default_partitions`` first when auto-create is on.

@@ -59,7 +59,7 @@ def serve_worker(settings: Settings, index: int) -> None:
     import uvicorn
 
     from service.app import create_app
-    from service.mtls import uvicorn_tls
+    from service.http_server import uvicorn_options
 
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -72,7 +72,7 @@ def serve_worker(settings: Settings, index: int) -> None:
         log_level=settings.log_level,
         access_log=settings.access_log,
         proxy_headers=False,  # the app applies them, trusting settings.forwarded_allow_ips
-        **uvicorn_tls(settings),
+        **uvicorn_options(settings),
     )
     uvicorn.Server(config).run(sockets=[sock])
 

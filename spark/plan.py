@@ -27,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from coordinator.client import Coordinator
+from coordinator.topic_configs import max_decompressed_bytes
+from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
 from segments.store import ObjectStore
 from segments.types import ChunkRef, TopicInfo
@@ -98,6 +100,8 @@ class Slice:
     rg_lo: int = 0
     rg_hi: int = 2**63 - 1
     cost: int = -1
+    #: The topic's lakelog.max.decompressed.bytes: no batch is inflated past it.
+    max_decompressed: int = DEFAULT_MAX_DECOMPRESSED_BYTES
 
     def __post_init__(self) -> None:
         if self.cost < 0:
@@ -264,7 +268,13 @@ def _resolve(
 
 
 def _slices(
-    coordinator: Coordinator, topic: str, partition: int, start: int, end: int, bounds: Bounds
+    coordinator: Coordinator,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    bounds: Bounds,
+    max_decompressed: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
 ) -> Iterator[Slice]:
     """Disjoint slices covering [start, end) from the index, pruned by timestamp bounds."""
     cursor = start
@@ -281,13 +291,15 @@ def _slices(
                 continue
             cursor = hi
             if bounds.ts_overlaps(ref.min_timestamp_ms, ref.max_timestamp_ms):
-                yield _slice(topic, partition, ref, lo, hi)
+                yield _slice(topic, partition, ref, lo, hi, max_decompressed)
             if cursor >= end:
                 return
         cursor = max(cursor, refs[-1].end_offset)
 
 
-def _slice(topic: str, partition: int, ref: ChunkRef, lo: int, hi: int) -> Slice:
+def _slice(
+    topic: str, partition: int, ref: ChunkRef, lo: int, hi: int, max_decompressed: int
+) -> Slice:
     return Slice(
         topic,
         partition,
@@ -299,6 +311,7 @@ def _slice(topic: str, partition: int, ref: ChunkRef, lo: int, hi: int) -> Slice
         ref.record_count,
         lo,
         hi,
+        max_decompressed=max_decompressed,
     )
 
 
@@ -416,13 +429,16 @@ def plan_tasks(
         ValueError: the index no longer holds a range's records (see :func:`_slices`).
     """
     slices: list[Slice] = []
+    limits: dict[str, int] = {}
     for (topic, partition), (start, end) in ranges.items():
         if bounds.min_offset is not None:
             start = max(start, bounds.min_offset)
         if bounds.max_offset is not None:
             end = min(end, bounds.max_offset + 1)
         if start < end:
-            slices.extend(_slices(coordinator, topic, partition, start, end, bounds))
+            if topic not in limits:
+                limits[topic] = max_decompressed_bytes(coordinator.get_topic(topic))
+            slices.extend(_slices(coordinator, topic, partition, start, end, bounds, limits[topic]))
     # Object by object: a segment object holds a chunk of every partition its flush had,
     # and a task fetches the chunks of one object with one GET (the order of rows within
     # a task means nothing to Spark).

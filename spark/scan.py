@@ -135,7 +135,7 @@ def _segment_batch(
         stamps: list[int] = []
         headers: list[list[dict[str, Any]] | None] = []
         lo, hi = s.lo, s.hi
-        for off, rec in decode_chunk(chunk, s.base_offset, s.record_count):
+        for off, rec in decode_chunk(chunk, s.base_offset, s.record_count, s.max_decompressed):
             if off < lo or off >= hi:
                 continue
             ts = rec.timestamp_ms

@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 
 from coordinator.client import Coordinator
+from coordinator.topic_configs import check_record_size, record_limit
 from index.log import LogWriter, UploadedSegment, WriteResult
 from segments.partitioning import partition_for_key
 from segments.segment import SegmentBuilder
@@ -155,6 +156,8 @@ class TaskWriter:
 
         Raises:
             ValueError: a null topic, an unknown topic, a partition out of range.
+            RecordTooLargeError: a row over its topic's max.message.bytes (or
+                lakelog.max.decompressed.bytes, when lower), as REST produce refuses it.
         """
         n = batch.num_rows
         if not n:
@@ -190,7 +193,9 @@ class TaskWriter:
                 p = keyless.get(name)
                 if p is None:
                     p = keyless[name] = self._keyless_partition(info)
-            grouped.setdefault((name, p), []).append(Record(key, values[i], now, headers[i]))
+            record = Record(key, values[i], now, headers[i])
+            check_record_size(record, *record_limit(info))
+            grouped.setdefault((name, p), []).append(record)
         if self._builder is None:
             self._builder = SegmentBuilder(compression=self.compression)
         for (name, p), records in grouped.items():

@@ -61,6 +61,7 @@ from ulid import ULID
 from coordinator.janitors.catalog import IndexRow, NewRow, PartitionState
 from coordinator.janitors.context import JanitorConfig, JanitorContext, JanitorReport, MiB
 from coordinator.topic_configs import effective_configs
+from segments.compression import DECOMPRESSED_CONFIG
 from segments.errors import CorruptSegmentError
 from segments.segment import decode_chunk
 from segments.tier import TierReader, encode_tier, tier_object_key
@@ -292,8 +293,14 @@ class Tierer:
         self.tier_runs(self.plan_partition(part), report)
 
     def tier_runs(self, runs: Sequence[TierRun], report: JanitorReport) -> None:
-        """Fetch, rewrite and swap ``runs``, wave by wave (see the module docstring)."""
+        """Fetch, rewrite and swap ``runs``, wave by wave (see the module docstring).
+
+        A run whose chunks do not decode (corrupt, or a batch over its topic's
+        ``lakelog.max.decompressed.bytes``) stays untiered; the other runs and waves go
+        on, and the first such error is raised at the end.
+        """
         done = 0
+        undecodable: CorruptSegmentError | None = None
         with (
             ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tier-get") as fetch_pool,
             ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="tier-put") as put_pool,
@@ -301,7 +308,12 @@ class Tierer:
             for wave in plan_waves(runs, WAVE_BYTES):
                 self.ctx.check()
                 decoded = self._fetch(fetch_pool, wave, report)
-                done = self._rewrite(put_pool, wave, decoded, report, done, len(runs))
+                try:
+                    done = self._rewrite(put_pool, wave, decoded, report, done, len(runs))
+                except CorruptSegmentError as e:
+                    undecodable = undecodable or e
+        if undecodable is not None:
+            raise undecodable
 
     def _fetch(
         self, pool: ThreadPoolExecutor, wave: Sequence[TierRun], report: JanitorReport
@@ -309,9 +321,16 @@ class Tierer:
         """GET each object's chunks once, FETCH_THREADS at once; decode them as they land.
 
         Decoding here, in the calling thread, overlaps it with the GETs still in flight.
-        A chunk that fails to decode fails its run only (see ``_encode_and_put``).
+        A chunk that fails to decode fails its run only (see ``_encode_and_put``): also
+        one holding a batch over its topic's ``lakelog.max.decompressed.bytes``, which is
+        not inflated past that bound.
         """
         plan = plan_fetches([r for run in wave for r in run.rows])
+        limits = {
+            r: int(effective_configs(run.part.configs)[DECOMPRESSED_CONFIG])
+            for run in wave
+            for r in run.rows
+        }
         store = self.ctx.store
         futures = {pool.submit(store.get_range, f.object_key, f.start, f.length): f for f in plan}
         decoded: Decoded = {}
@@ -323,7 +342,7 @@ class Tierer:
                 for r in fetch.rows:
                     try:
                         decoded[r] = decode_chunk(
-                            fetch.chunk(data, r), r.base_offset, r.record_count
+                            fetch.chunk(data, r), r.base_offset, r.record_count, limits[r]
                         )
                     except CorruptSegmentError as exc:
                         decoded[r] = exc

@@ -78,6 +78,14 @@ async def join_group(ctx: KafkaContext, req: Request, access: Access) -> Any:
     rebalance_ms = millis(getattr(body, "rebalance_timeout", None))
     if rebalance_ms < 0:
         rebalance_ms = session_ms
+    settings = ctx.state.settings
+    # Kafka's group.max.session.timeout.ms; the rebalance timeout (how long this join may
+    # wait, holding its connection) is cut to it rather than refused: clients set it from
+    # max.poll.interval.ms, which some set to "for ever".
+    rebalance_ms = min(rebalance_ms, settings.group_max_session_timeout_ms)
+    session_ok = (
+        settings.group_min_session_timeout_ms <= session_ms <= settings.group_max_session_timeout_ms
+    )
     options = dict(
         client_id=req.header.client_id or "",
         client_host="",
@@ -110,6 +118,8 @@ async def join_group(ctx: KafkaContext, req: Request, access: Access) -> Any:
 
     if not access.group(body.group_id):
         return answer(GROUP_DENIED, member_id=body.member_id)
+    if not session_ok:
+        return answer(ErrorCode.invalid_session_timeout, member_id=body.member_id)
     groups = _groups(ctx)
     try:
         result: JoinResult = await call(groups.kafka_join, body.group_id, body.member_id, **options)

@@ -23,8 +23,15 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from coordinator.producers import ProducerBatch
+from coordinator.topic_configs import max_decompressed_bytes, max_message_bytes
 from index.log import decode_entry
-from segments.batches import BatchInfo, check_batches, encode_records, fetch_batches
+from segments.batches import (
+    BatchInfo,
+    check_batches,
+    compressed,
+    encode_records,
+    fetch_batches,
+)
 from segments.errors import (
     CoordinatorUnavailableError,
     LakelogError,
@@ -34,7 +41,6 @@ from segments.errors import (
 from segments.types import ConsumedRecord, PartitionOffsets, TopicInfo, TopicPartition
 from service.batcher import PartlyCommittedError, RawBatch
 from service.executors import Kind, call, run
-from service.formats import max_message_bytes
 from service.idempotence import Admission, ProducerGate, Ticket
 from service.kafka.acl import CLUSTER_DENIED, TOPIC_DENIED, TRANSACTIONAL_ID_DENIED, Access
 from service.kafka.errors import code_for
@@ -237,8 +243,9 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Check every partition's batches, append the good ones to the shared batcher.
 
     A partition of a topic the principal may not WRITE, an unknown topic or partition,
-    a corrupt batch or a batch over ``max.message.bytes`` gets its error and stores
-    nothing; the others are appended in one call, so they share a flush. The answer
+    a corrupt batch, a batch over ``max.message.bytes`` (as stored) or whose records
+    decompress to more than ``lakelog.max.decompressed.bytes`` (MESSAGE_TOO_LARGE) gets its
+    error and stores nothing; the others are appended in one call, so they share a flush. The answer
     waits for that flush's commit (acks 1 and all alike: an ack means committed); with
     acks=0 there is none.
     """
@@ -249,6 +256,7 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
     raws: list[RawBatch] = []
     firsts: dict[tuple[str, int], int] = {}  # partition -> index of its first batch in raws
     checked: dict[tuple[str, int], tuple[bytes, memoryview, list[BatchInfo]]] = {}
+    to_check: list[tuple[tuple[str, int], TopicInfo, bytes | None]] = []
     for td in body.topic_data:
         name = td.name
         topic: TopicInfo | None = None
@@ -269,13 +277,21 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
             if not 0 <= pd.index < topic.partitions:
                 errors[tp] = (ErrorCode.unknown_topic_or_partition, None)
                 continue
-            problem = _check_partition(pd.records, max_message_bytes(topic))
-            if isinstance(problem, tuple):
-                errors[tp] = problem
-                continue
-            checked[tp] = (topic.topic_id, memoryview(pd.records), problem)
-    ctx.state.metrics.produce_requests.labels(api="kafka").inc()
+            to_check.append((tp, topic, pd.records))
+    # Decompressing to check records is CPU work (up to lakelog.max.decompressed.bytes a
+    # batch): off the event loop unless the request is small and uncompressed.
     size = sum(len(pd.records or b"") for td in body.topic_data for pd in td.partition_data)
+    offload = size >= ctx.state.settings.offload_parse_bytes or any(
+        compressed(records) for _, _, records in to_check if records
+    )
+    results = await run(Kind.CPU, _check_all, to_check) if offload else _check_all(to_check)
+    for (tp, topic, records), problem in zip(to_check, results, strict=True):
+        if isinstance(problem, tuple):
+            errors[tp] = problem
+            continue
+        assert records is not None
+        checked[tp] = (topic.topic_id, memoryview(records), problem)
+    ctx.state.metrics.produce_requests.labels(api="kafka").inc()
     throttle_ms = ctx.state.quotas.kafka_throttle_ms(
         req.header.client_id, PRODUCE, size, access.principal
     )
@@ -376,12 +392,24 @@ _REFUSED = {
 }
 
 
-def _check_partition(records: bytes | None, limit: int) -> list[Any] | tuple[ErrorCode, str | None]:
+def _check_all(
+    partitions: list[tuple[tuple[str, int], TopicInfo, bytes | None]],
+) -> list[list[Any] | tuple[ErrorCode, str | None]]:
+    """:func:`_check_partition` of each partition against its topic's limits."""
+    return [
+        _check_partition(records, max_message_bytes(topic), max_decompressed_bytes(topic))
+        for _, topic, records in partitions
+    ]
+
+
+def _check_partition(
+    records: bytes | None, limit: int, max_decompressed: int
+) -> list[Any] | tuple[ErrorCode, str | None]:
     """The checked batches of one partition, or its (error code, message)."""
     if not records:
         return ErrorCode.corrupt_message, "The record set is empty."
     try:
-        infos = check_batches(records)
+        infos = check_batches(records, max_decompressed)
     except LakelogError as e:
         return code_for(e), e.message
     for info in infos:
@@ -488,6 +516,10 @@ class _PartitionRead:
 async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Batches from each partition's offset, long-polling until ``min_bytes`` or ``max_wait``.
 
+    The answer holds at most ``max_bytes`` of batches, capped by the agent's
+    ``kafka_fetch_max_bytes`` (Kafka's fetch.max.bytes), each partition at most its
+    ``partition_max_bytes``.
+
     Stored batches go out as they are, base offsets patched; tiered rows are encoded
     as batches. At least one batch is returned when the first non-empty partition's
     first batch is over the limits (KIP-74). Commits wake the wait (``service.notify``).
@@ -517,13 +549,16 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
             watches[(info.topic_id, p.partition)] = (t.topic, p.fetch_offset)
     max_wait_s = max(0, millis(body.max_wait)) / 1000
     deadline = time.monotonic() + max_wait_s
+    # The agent's fetch.max.bytes caps what the request asks for (partitions' limits too).
+    max_bytes = max(0, min(body.max_bytes, st.settings.kafka_fetch_max_bytes))
+    min_bytes = min(body.min_bytes, max_bytes)
     with st.notifier.watch(watches) as waiter:
         while True:
-            reads = await run(Kind.READ, _read_partitions, st, wanted, body.max_bytes)
+            reads = await run(Kind.READ, _read_partitions, st, wanted, max_bytes)
             total = sum(len(r.records) for r in reads)
             remaining = deadline - time.monotonic()
             failed = unknown or any(r.error != ErrorCode.none for r in reads)
-            if total >= body.min_bytes or failed or remaining <= 0:
+            if total >= min_bytes or failed or remaining <= 0:
                 break
             await st.notifier.wait(waiter, remaining)
     resp = response_cls(type(body))
@@ -726,7 +761,10 @@ def _max_timestamp(st: AgentState, topic: str, partition: int, log_start: int) -
     if best is None:
         return -1, -1
     data = st.reader.fetch_chunk(best)
-    for rec in decode_entry(best, data, topic, partition, max(log_start, best.base_offset)):
+    start = max(log_start, best.base_offset)
+    for rec in decode_entry(
+        best, data, topic, partition, start, st.reader.decompressed_limit(topic)
+    ):
         if rec.timestamp_ms == best.max_timestamp_ms:
             return rec.offset, rec.timestamp_ms
     return -1, -1

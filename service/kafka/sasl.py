@@ -10,14 +10,17 @@ per user; a user made before SCRAM was kept needs its password set again).
 With authentication on, a connection may send only ApiVersions, SaslHandshake and
 SaslAuthenticate until it has authenticated; anything else closes it (Kafka's
 IllegalSaslStateException). A failed authentication is answered with
-SASL_AUTHENTICATION_FAILED (the client then closes). Handshake v0 (raw tokens outside
-Kafka's framing) is not offered, so every client speaks SaslAuthenticate.
+SASL_AUTHENTICATION_FAILED, then the connection closes (as Kafka's does). A login lasts
+``kafka_connections_max_reauth_ms`` (KIP-368): see :class:`SaslSession`. Handshake v0
+(raw tokens outside Kafka's framing) is not offered, so every client speaks
+SaslAuthenticate.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import time
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -42,6 +45,11 @@ class SaslStateError(Exception):
     """A request out of SASL's order: the connection closes."""
 
 
+class SessionExpiredError(Exception):
+    """A request after the SASL session's lifetime without re-authentication (KIP-368):
+    the connection closes, as Kafka closes it."""
+
+
 def _decoy(mechanism: str) -> ScramCredential:
     """A verifier no password matches, for unknown users: their exchange fails at the
     same step, with the same answer, as a wrong password's."""
@@ -52,16 +60,39 @@ def _decoy(mechanism: str) -> ScramCredential:
 
 
 class SaslSession:
-    """One connection's SASL state; ``principal`` once authenticated."""
+    """One connection's SASL state; ``principal`` once authenticated.
 
-    def __init__(self, authenticator: Authenticator, address: str) -> None:
+    Args:
+        authenticator: checks credentials.
+        address: the client's (login throttling counts per address).
+        lifetime_ms: how long a login lasts (Kafka's ``connections.max.reauth.ms``; 0:
+            for ever). SaslAuthenticate answers it as ``session_lifetime_ms`` (KIP-368);
+            the client logs in again on the same connection (SaslHandshake, then
+            SaslAuthenticate, same mechanism and principal) before it ends, else its next
+            request closes the connection. So a deleted user, or one whose password
+            changed, keeps no connection past one lifetime.
+    """
+
+    def __init__(self, authenticator: Authenticator, address: str, lifetime_ms: int = 0) -> None:
         self.authenticator = authenticator
         self.address = address
+        self.lifetime_ms = lifetime_ms
         self.mechanism: str | None = None
         self.principal: str | None = None
+        self.expires_at: float | None = None  # time.monotonic() the login ends at
+        self.failed = False  # an authentication failed: close after its answer
         self._done = False  # SASL succeeded
+        self._reauth = False  # a re-authentication under way
         self._scram: Any = None  # scramp's server of an exchange under way
         self._scram_user = ""
+
+    def check_expiry(self) -> None:
+        """Raises SessionExpiredError past the login's lifetime (the connection closes)."""
+        if self.expires_at is not None and time.monotonic() >= self.expires_at:
+            raise SessionExpiredError(
+                f"SASL session of {self.principal} ended (connections.max.reauth.ms "
+                f"{self.lifetime_ms}) without re-authentication"
+            )
 
     @property
     def store(self) -> SecurityStore:
@@ -69,6 +100,13 @@ class SaslSession:
 
     def handshake(self, response_cls: type, mechanism: str) -> Any:
         # A client certificate's principal (mTLS) gives way to SASL's, as on Kafka's SASL_SSL.
+        if self._done:  # KIP-368: a re-authentication, with the same mechanism
+            if not self.lifetime_ms or self._reauth or self.expires_at is None:
+                raise SaslStateError("SaslHandshake after authentication")
+            if mechanism != self.mechanism:
+                raise SaslStateError("re-authentication must keep the mechanism")
+            self._reauth, self._done = True, False
+            return response_cls(error_code=ErrorCode.none, mechanisms=MECHANISMS)
         if self.mechanism is not None:
             raise SaslStateError("SaslHandshake after the handshake")
         if mechanism not in MECHANISMS:
@@ -81,6 +119,7 @@ class SaslSession:
     async def authenticate(self, response_cls: type, auth_bytes: bytes) -> Any:
         if self.mechanism is None or self._done:
             raise SaslStateError("SaslAuthenticate without a handshake, or after success")
+        before = self.principal if self._reauth else None
         try:
             if self.mechanism == "PLAIN":
                 out = await self._plain(auth_bytes)
@@ -88,10 +127,21 @@ class SaslSession:
                 out = await self._oauthbearer(auth_bytes)
             else:
                 out = await self._scram_step(auth_bytes)
+            if before is not None and self._done and self.principal != before:
+                raise AuthenticationError(
+                    f"Re-authentication may not change the principal ({before})."
+                )
         except (AuthenticationError, LoginThrottledError) as e:
-            self.principal = None  # not even a certificate's: the client must close
+            self.principal = None  # not even a certificate's
+            self.failed = True  # the listener answers, then closes (as Kafka does)
             return _answer(response_cls, ErrorCode.sasl_authentication_failed, e.message)
-        return _answer(response_cls, ErrorCode.none, None, out)
+        lifetime = 0
+        if self._done:
+            self._reauth = False
+            if self.lifetime_ms:
+                lifetime = self.lifetime_ms
+                self.expires_at = time.monotonic() + lifetime / 1000
+        return _answer(response_cls, ErrorCode.none, None, out, lifetime)
 
     async def _plain(self, token: bytes) -> bytes:
         parts = token.split(b"\0")
@@ -171,11 +221,15 @@ def certificate_principal(peercert: dict[str, Any] | None) -> str | None:
     return None
 
 
-def _answer(cls: type, code: ErrorCode, message: str | None, auth_bytes: bytes = b"") -> Any:
+def _answer(
+    cls: type, code: ErrorCode, message: str | None, auth_bytes: bytes = b"", lifetime_ms: int = 0
+) -> Any:
     fields: dict[str, Any] = {"error_code": code, "auth_bytes": auth_bytes}
     names = getattr(cls, "__dataclass_fields__", {})
     if "error_message" in names:
         fields["error_message"] = message
     if "session_lifetime" in names:
-        fields["session_lifetime"] = i64Timedelta.parse(datetime.timedelta(0))
+        fields["session_lifetime"] = i64Timedelta.parse(
+            datetime.timedelta(milliseconds=lifetime_ms)
+        )
     return cls(**fields)

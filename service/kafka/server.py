@@ -16,9 +16,11 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections import Counter as Counter_
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coordinator.security import ANONYMOUS
 from segments.errors import InvalidSecurityRequestError, LakelogError
@@ -30,6 +32,7 @@ from service.kafka.acl import AUTHENTICATED, RULES, Access
 from service.kafka.framing import (
     FrameDecoder,
     FrameError,
+    FrameTooLargeError,
     Request,
     UnsupportedRequestError,
     decode_request,
@@ -41,6 +44,7 @@ from service.kafka.sasl import (
     SASL_VERSIONS,
     SaslSession,
     SaslStateError,
+    SessionExpiredError,
     certificate_principal,
 )
 from service.state import AgentState
@@ -90,6 +94,105 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 }
 
 _READ_BYTES = 256 * 1024
+#: Closes that still write the answers queued so far (bounded by the idle timeout).
+_ANSWER_THEN_CLOSE = frozenset({"protocol", "authentication_failed"})
+_WRITE_SLICE = 1 << 20
+#: What a queued answer costs at least, beyond its bytes: the objects that hold it.
+ANSWER_COST = 1024
+
+
+class ListenerMetrics:
+    """The listener's connection figures, in the agent's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.connections = Gauge(
+            "lakelog_kafka_connections", "Open Kafka connections.", registry=registry
+        )
+        self.unsent_bytes = Gauge(
+            "lakelog_kafka_unsent_bytes",
+            "Bytes of answers (and produce requests not yet answered) held for Kafka "
+            "connections and not yet written to them.",
+            registry=registry,
+        )
+        self.reads_paused = Counter(
+            "lakelog_kafka_reads_paused",
+            "Times a Kafka connection stopped being read because its unsent answers passed "
+            "kafka_max_unsent_bytes (its client does not read them).",
+            registry=registry,
+        )
+        self.closed = Counter(
+            "lakelog_kafka_connections_closed",
+            "Kafka connections the agent closed, by reason: idle, authentication_timeout, "
+            "authentication_failed, session_expired, frame_too_large, too_many_connections, "
+            "protocol.",
+            ["reason"],
+            registry=registry,
+        )
+
+
+class _Close(Exception):
+    """End this connection, counted under ``reason``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class _Outbox:
+    """One connection's answers waiting to be written, in request order.
+
+    Each answer costs its encoded size (a Produce still pending: its request frame,
+    which its batches point into), at least :data:`ANSWER_COST`. The reader waits for
+    ``room()`` before reading on: while more than ``max_bytes`` are held, the connection
+    is not read (back-pressure; its client's sends block in TCP).
+    """
+
+    def __init__(self, max_bytes: int, gauge: Gauge) -> None:
+        self.max_bytes = max_bytes
+        self.queue: asyncio.Queue[tuple[int, Any, int] | None] = asyncio.Queue()
+        self.held = 0
+        #: loop.time() of the last bytes written to the client (idle is counted from it).
+        self.written_at = asyncio.get_running_loop().time()
+        self._gauge = gauge
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def put(self, correlation_id: int, body: Any, frame_size: int) -> None:
+        """Queue an answer: encoded now (its bytes are what it holds), or a Deferred."""
+        if isinstance(body, h.Deferred):
+            cost = frame_size
+        elif body is not None:
+            body = encode_response(correlation_id, body)
+            cost = len(body)
+        else:
+            return
+        cost = max(cost, ANSWER_COST)
+        self.queue.put_nowait((correlation_id, body, cost))
+        self._add(cost)
+
+    def done(self, cost: int) -> None:
+        self._add(-cost)
+
+    def full(self) -> bool:
+        return self.held > self.max_bytes
+
+    async def room(self) -> None:
+        await self._room.wait()
+
+    def drop(self) -> None:
+        """Forget every answer not yet written (the connection is gone)."""
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if item is not None:
+                self._add(-item[2])
+
+    def _add(self, n: int) -> None:
+        self.held += n
+        self._gauge.inc(n)
+        if self.held > self.max_bytes:
+            self._room.clear()
+        else:
+            self._room.set()
 
 
 class KafkaServer:
@@ -102,6 +205,14 @@ class KafkaServer:
         tls: serve TLS (Kafka's SSL, or SASL_SSL with an authenticator).
         acl: check every request against these ACLs (``service.kafka.acl``); None: off.
         reuse_port: bind with SO_REUSEPORT (``agent --workers``: every worker listens).
+
+    Every connection is bounded (DESIGN.md invariant 11; the limits are the agent's
+    ``kafka_*`` settings): frames by ``kafka_max_unauthenticated_bytes`` until SASL
+    succeeds, ``kafka_max_request_bytes`` after; answers held for it by
+    ``kafka_max_unsent_bytes`` (then it is not read until its client reads); its life
+    by ``kafka_connections_max_idle_ms`` of silence, ``kafka_authentication_timeout_ms``
+    to complete SASL and ``kafka_connections_max_reauth_ms`` per SASL session (KIP-368);
+    and an address holds at most ``kafka_max_connections_per_ip`` of them.
     """
 
     def __init__(
@@ -124,8 +235,10 @@ class KafkaServer:
         self.port = port
         self.reuse_port = reuse_port
         self.ctx: h.KafkaContext | None = None
+        self.metrics = ListenerMetrics(state.metrics.registry)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._per_address: Counter_[str] = Counter_()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -160,22 +273,38 @@ class KafkaServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        limit = self.state.settings.kafka_max_connections_per_ip
+        if self._per_address[address] >= limit:
+            self.metrics.closed.labels("too_many_connections").inc()
+            log.warning("closing Kafka connection from %s: over %d from that address", peer, limit)
+            writer.transport.abort()
+            return
+        self._per_address[address] += 1
         self._connections.add(task)
+        self.metrics.connections.inc()
         try:
-            await self._serve(reader, writer)
+            await self._serve(reader, writer, address)
         except asyncio.CancelledError:
             pass  # shutting down: asyncio's stream callback must not see the cancellation
         finally:
+            self.metrics.connections.dec()
             self._connections.discard(task)
+            self._per_address[address] -= 1
+            if not self._per_address[address]:
+                del self._per_address[address]
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str
+    ) -> None:
         assert self.ctx is not None
+        settings = self.state.settings
         peer = writer.get_extra_info("peername")
-        decoder = FrameDecoder(self.state.settings.kafka_max_request_bytes)
-        answers: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
-        address = str(peer[0]) if peer else ""
         session = (
-            SaslSession(self.authenticator, address) if self.authenticator is not None else None
+            SaslSession(self.authenticator, address, settings.kafka_connections_max_reauth_ms)
+            if self.authenticator is not None
+            else None
         )
         if session is not None and self.tls is not None:
             try:  # mTLS: a verified client certificate names the principal, no SASL needed
@@ -184,29 +313,85 @@ class KafkaServer:
                 log.warning("closing Kafka connection from %s: %s", peer, e.message)
                 writer.close()
                 return
-        sender = asyncio.create_task(_send(writer, answers), name=f"kafka-send-{peer}")
+        authenticated = session is None or session.principal is not None
+        decoder = FrameDecoder(
+            settings.kafka_max_request_bytes
+            if authenticated
+            else min(settings.kafka_max_unauthenticated_bytes, settings.kafka_max_request_bytes)
+        )
+        loop = asyncio.get_running_loop()
+        idle_s = settings.kafka_connections_max_idle_ms / 1000
+        auth_deadline = loop.time() + settings.kafka_authentication_timeout_ms / 1000
+        outbox = _Outbox(settings.kafka_max_unsent_bytes, self.metrics.unsent_bytes)
+        sender = asyncio.create_task(_send(writer, outbox), name=f"kafka-send-{peer}")
+        ended = "protocol"
         try:
+            received_at = loop.time()
+
+            def timeout() -> float:
+                """Seconds until the connection is idle (or its login overdue)."""
+                now = loop.time()
+                left = max(received_at, outbox.written_at) + idle_s - now
+                if left <= 0:
+                    raise _Close("idle", "idle for connections.max.idle.ms")
+                if authenticated:
+                    return left
+                if auth_deadline <= now:
+                    raise _Close("authentication_timeout", "SASL not completed in time")
+                return min(left, auth_deadline - now)
+
             while not sender.done():
-                data = await reader.read(_READ_BYTES)
+                try:
+                    data = await asyncio.wait_for(reader.read(_READ_BYTES), timeout())
+                except TimeoutError:
+                    continue  # timeout() says which limit passed, or waits on
                 if not data:
+                    ended = "eof"
                     break
+                received_at = loop.time()
                 for frame in decoder.feed(data):
+                    if outbox.full():
+                        self.metrics.reads_paused.inc()
+                        while outbox.full():  # the client reads nothing: neither does the agent
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(outbox.room(), timeout())
                     answer = await self._handle(frame, session, address)
                     if answer is not None:
-                        answers.put_nowait(answer)
+                        outbox.put(*answer, len(frame))
+                    if session is not None and session.failed:
+                        raise _Close("authentication_failed", "SASL authentication failed")
+                    if not authenticated and session is not None and session.principal:
+                        authenticated = True
+                        decoder.max_frame_bytes = settings.kafka_max_request_bytes
+        except _Close as e:
+            ended = e.reason
+            log.warning("closing Kafka connection from %s: %s", peer, e)
+        except FrameTooLargeError as e:
+            ended = "frame_too_large"
+            log.warning("closing Kafka connection from %s: %s", peer, e)
+        except SessionExpiredError as e:
+            ended = "session_expired"
+            log.info("closing Kafka connection from %s: %s", peer, e)
         except FrameError as e:
             log.warning("closing Kafka connection from %s: %s", peer, e)
         except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+            ended = "eof"
         except Exception:
             log.exception("Kafka connection from %s failed", peer)
         finally:
-            answers.put_nowait(None)  # the sender writes what is queued, then stops
+            if ended != "eof":
+                self.metrics.closed.labels(ended).inc()
+            if ended in _ANSWER_THEN_CLOSE and not sender.done():
+                # Kafka writes the answers of the requests before the bad one (or the
+                # failed authentication's), then closes.
+                outbox.queue.put_nowait(None)
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(sender), idle_s)
+            sender.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await sender
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            outbox.drop()
+            writer.transport.abort()  # nothing unsent is kept for a connection that ended
 
     async def _handle(
         self, frame: bytes, session: SaslSession | None = None, address: str = ""
@@ -218,6 +403,7 @@ class KafkaServer:
 
         Raises:
             FrameError: the connection must close (after the answers queued so far).
+            SessionExpiredError: its SASL session ended without re-authentication.
         """
         assert self.ctx is not None
         try:
@@ -233,8 +419,10 @@ class KafkaServer:
         api_key = req.header.api_key
         if api_key in SASL_VERSIONS:
             return req.header.correlation_id, await _sasl(session, req)
-        if session is not None and session.principal is None and api_key != API_VERSIONS:
-            raise FrameError(f"api key {api_key} before SASL authentication")
+        if session is not None:
+            if session.principal is None and api_key != API_VERSIONS:
+                raise FrameError(f"api key {api_key} before SASL authentication")
+            session.check_expiry()
         handler = HANDLERS[api_key][2]
         principal = session.principal if session is not None else None
         body = await handler(self.ctx, req, await self._access(api_key, principal, address))
@@ -272,18 +460,25 @@ async def _sasl(session: SaslSession | None, req: Request) -> Any:
         raise FrameError(str(e)) from None
 
 
-async def _send(
-    writer: asyncio.StreamWriter, answers: asyncio.Queue[tuple[int, Any] | None]
-) -> None:
+async def _send(writer: asyncio.StreamWriter, outbox: _Outbox) -> None:
     """Write answers in request order; a Deferred is awaited in its turn."""
+    loop = asyncio.get_running_loop()
     while True:
-        item = await answers.get()
+        item = await outbox.queue.get()
         if item is None:
             return
-        correlation_id, body = item
-        if isinstance(body, h.Deferred):
-            body = await body.task
-        if body is None:  # acks=0
-            continue
-        writer.write(encode_response(correlation_id, body))
-        await writer.drain()
+        correlation_id, body, cost = item
+        try:
+            if isinstance(body, h.Deferred):
+                body = await body.task
+                if body is None:  # acks=0
+                    continue
+                body = encode_response(correlation_id, body)
+            # In slices, so that a slow reader of a big answer still counts as active.
+            for at in range(0, len(body), _WRITE_SLICE):
+                writer.write(body[at : at + _WRITE_SLICE])
+                await writer.drain()
+                outbox.written_at = loop.time()
+            del body
+        finally:
+            outbox.done(cost)

@@ -335,6 +335,11 @@ def consumer_config(doc: dict[str, Any], state: AgentState) -> ConsumerConfig:
             f"Invalid consumer configuration. session.timeout.ms ({session}) must be longer "
             f"than the agents' heartbeat interval ({s.consumer_heartbeat_interval_ms} ms)."
         )
+    if session > s.group_max_session_timeout_ms:
+        raise InvalidConsumerConfigError(
+            f"Invalid consumer configuration. session.timeout.ms ({session}) is over "
+            f"group.max.session.timeout.ms ({s.group_max_session_timeout_ms} ms)."
+        )
     return ConsumerConfig(
         format=fmt.lower(),
         auto_offset_reset=reset,
@@ -842,6 +847,14 @@ def _readable(st: ConsumerState) -> dict[TopicPartition, int]:
     return dict(st.positions)
 
 
+def fetch_limit(state: AgentState, max_bytes: int | None) -> int:
+    """Key+value bytes a fetch may return: its ``max_bytes``, at most (and by default) the
+    agent's ``consumer_request_max_bytes``, as kafka-rest's consumer.request.max.bytes
+    caps what a client asks for."""
+    cap = state.settings.consumer_request_max_bytes
+    return cap if max_bytes is None or max_bytes <= 0 else min(max_bytes, cap)
+
+
 def _encode(records: list[ConsumedRecord], fmt: str) -> bytes:
     return orjson.dumps(render_records(records, fmt))
 
@@ -908,9 +921,7 @@ async def _fetch(f: _Fetch, request: Request, wait: int | None, max_bytes: int |
     if lease.token is None:  # another fetch held the instance until our deadline
         return await empty()
     positions = _readable(st)
-    limit = settings.consumer_request_max_bytes
-    if max_bytes is not None and max_bytes > 0:
-        limit = max_bytes
+    limit = fetch_limit(state, max_bytes)
     f.grant = await state.consumers.budget.acquire(
         limit, FETCH_MIN_GRANT, deadline - time.monotonic()
     )

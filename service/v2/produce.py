@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
+from coordinator.topic_configs import check_record_size, record_limit
 from segments.errors import (
     LakelogError,
     MalformedRequestError,
@@ -55,10 +56,8 @@ from service.formats import (
     BINARY,
     SCHEMA_FORMATS,
     V2_CONTENT_TYPE,
-    check_record_size,
     check_v2_accept,
     decode_base64,
-    max_message_bytes,
     read_body,
     v2_format,
     v2_json_spans,
@@ -202,16 +201,17 @@ def _place(
 
     Raises:
         PartitionNotFoundError: a record's explicit partition is outside the topic.
-        RecordTooLargeError: a record over the topic's ``max.message.bytes``.
+        RecordTooLargeError: a record over the topic's ``max.message.bytes`` (or
+            ``lakelog.max.decompressed.bytes``, when lower).
     """
     partitions = topic.partitions
-    limit = max_message_bytes(topic)
+    limit = record_limit(topic)
     now_ms = int(time.time() * 1000) if keyed is None else keyed.now_ms
     sticky = -1 if keyed is None else keyed.sticky_partition(partitions)
     entries: list[_Entry] = []
     for key, value, explicit, rec_headers in parsed:
         record = Record(key, value, now_ms, rec_headers)
-        check_record_size(record, limit)
+        check_record_size(record, *limit)
         if url_partition is not None:
             partition = url_partition
         elif explicit is not None:

@@ -50,6 +50,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from coordinator.producers import ProducerBatch, StoredKey
+from coordinator.topic_configs import check_record_size, record_limit
 from segments.errors import (
     InternalError,
     InvalidBatchError,
@@ -67,10 +68,8 @@ from service.batcher import PartlyCommittedError, RestProducer
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run_if
 from service.formats import (
-    check_record_size,
     check_v3_content_type,
     decode_base64,
-    max_message_bytes,
     read_body,
     v3_json_span,
 )
@@ -348,7 +347,7 @@ class NeedsSchema(Exception):
 def parse_record(
     text: bytes,
     topic: TopicInfo,
-    limit: int,
+    limit: tuple[int, str],
     now_ms: int,
     sticky: list[int],
     doc: dict[str, Any] | None = None,
@@ -386,7 +385,7 @@ def parse_record(
         _parse_timestamp(doc.get("timestamp"), now_ms),
         _parse_headers(doc.get("headers")),
     )
-    check_record_size(record, limit)
+    check_record_size(record, *limit)
     explicit = doc.get("partition_id")
     if explicit is not None:
         if type(explicit) is not int:
@@ -497,7 +496,7 @@ class _Producer:
     ) -> None:
         self.state = state
         self.topic = topic
-        self.limit = max_message_bytes(topic)
+        self.limit = record_limit(topic)
         self.fields = fields  # what a record object may hold (records:batch adds "id")
 
     def _parse_group(

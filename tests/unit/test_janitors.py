@@ -14,7 +14,7 @@ from coordinator.janitors.gc import run_gc
 from coordinator.janitors.leases import LeaseLostError, LeaseStore
 from coordinator.janitors.retention import run_retention
 from coordinator.janitors.tiering import plan_fetches, run_compaction, run_tiering
-from segments.errors import CorruptSegmentError
+from segments.errors import BatchTooLargeError, CorruptSegmentError
 from segments.segment import SegmentBuilder
 from segments.store import ObjectInfo, ObjectStore
 from segments.types import Record
@@ -365,3 +365,33 @@ def test_fetch_plan_merges_chunks_of_one_object_unless_far_apart() -> None:
     assert bytes(far[1].chunk(data[30:], far[1].rows[0])) == data[30:40]
     with pytest.raises(CorruptSegmentError):
         far[1].chunk(data[30:35], far[1].rows[0])  # the object ended early
+
+
+def test_a_stored_batch_over_the_decompressed_bound_fails_its_run_only(h: Harness) -> None:
+    """A zstd batch of 3 MiB stored under a 4 MiB lakelog.max.decompressed.bytes, whose
+    bound is then lowered to 2 MiB (a decompression bomb stored before the bound existed):
+    tiering does not inflate it, names the config, and tiers the other topic; nothing of
+    the bomb's partition changes, and once the bound is raised again it is tiered."""
+    h.coordinator.create_topic("bomb", 1, {"lakelog.max.decompressed.bytes": str(4 << 20)})
+    _fill(h, "other", flushes=2)
+    info = h.coordinator.get_topic("bomb")
+    now_ms = int(h.clock() * 1000)
+    b = SegmentBuilder(compression="zstd", max_batch_bytes=8 << 20)
+    b.append(info.topic_id, 0, [Record(None, bytes(3 << 20), now_ms, ())])
+    h.writer.write(b)
+    h.produce("bomb", 0, records(5, now_ms + 1))
+    h.coordinator.alter_configs("bomb", {"lakelog.max.decompressed.bytes": str(2 << 20)})
+    before = h.catalog.rows(info.topic_id, 0)
+    with pytest.raises(BatchTooLargeError, match=r"lakelog\.max\.decompressed\.bytes"):
+        run_tiering(h.ctx(), h.config())
+    assert h.catalog.rows(info.topic_id, 0) == before
+    other = h.coordinator.get_topic("other").topic_id
+    assert all(r.kind == "parquet" for p in (0, 1) for r in h.catalog.rows(other, p))
+    h.reader.decompressed_limit = lambda topic: 2 << 20  # as the agent's topic cache says
+    with pytest.raises(BatchTooLargeError):  # readers do not inflate it either
+        h.reader.read("bomb", 0, 0)
+    h.reader.decompressed_limit = lambda topic: 4 << 20
+    assert len(h.reader.read("bomb", 0, 0, max_bytes=1 << 30)) == 6
+    h.coordinator.alter_configs("bomb", {"lakelog.max.decompressed.bytes": str(4 << 20)})
+    run_tiering(h.ctx(), h.config())
+    assert [r.kind for r in h.catalog.rows(info.topic_id, 0)] == ["parquet"]
