@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import orjson
@@ -57,7 +57,6 @@ from fastapi.concurrency import run_in_threadpool
 
 from coordinator.db import MetadataDatabase
 from coordinator.iceberg.schema import NAMESPACE
-from coordinator.iceberg.tables import TopicTables
 from coordinator.security import ANONYMOUS, AclFilter, Authorizer, Operation, ResourceType
 from coordinator.security_store import SecurityStore
 from segments.errors import (
@@ -67,6 +66,9 @@ from segments.errors import (
     StorageError,
     TopicNotFoundError,
 )
+
+if TYPE_CHECKING:
+    from coordinator.iceberg.tables import TopicTables
 
 #: The path prefix the catalog is mounted at, and the ``prefix`` its config announces.
 MOUNT = "/iceberg"

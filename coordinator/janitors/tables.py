@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 
-from coordinator.iceberg.tables import TopicTables
 from coordinator.janitors.context import JanitorConfig, JanitorContext, JanitorReport
 from coordinator.janitors.leases import LeaseLostError
 
@@ -29,6 +28,8 @@ def run_tables(
 ) -> JanitorReport:
     """Publish, expire and clean every topic table (or ``topic``'s)."""
     started = time.perf_counter()
+    from coordinator.iceberg.tables import TopicTables  # pyiceberg loads when tables run
+
     report = JanitorReport("table")
     tables = TopicTables(ctx.catalog, ctx.store, ctx.now)
     published = tables.publish_all(topic, ctx.check)
@@ -48,6 +49,8 @@ def publish_after(ctx: JanitorContext, report: JanitorReport, topic: str | None)
     """Publish the tables a tiering, compaction or retention run changed (all, or
     ``topic``'s). A failure is logged, not raised: the index swaps are done, and the
     ``table`` janitor publishes them on its next run."""
+    from coordinator.iceberg.tables import TopicTables
+
     try:
         published = TopicTables(ctx.catalog, ctx.store, ctx.now).publish_all(topic, ctx.check)
     except LeaseLostError:

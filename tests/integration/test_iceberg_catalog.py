@@ -416,3 +416,71 @@ def _coordinator_janitor(on_s3: OnS3, name: str) -> dict[str, Any]:
     assert "report" in last, last
     report: dict[str, Any] = last["report"]
     return report
+
+
+def test_spark_reads_the_topic_as_of_a_time_past_delete_records_and_latest_by_key(
+    served: Served, spark: Any
+) -> None:
+    """``asOfTimestamp`` reads the table snapshot of that time: records DeleteRecords has
+    since dropped (below log-start, unreadable live) come back; ``asOfSnapshot`` too, and
+    offsets clip it. ``latestByKey`` is Kafka's compaction as a view (tombstones applied)."""
+    from coordinator.local import LocalCoordinator
+    from segments.segment import SegmentBuilder
+    from segments.store import open_store
+    from segments.types import Record
+
+    coordinator = LocalCoordinator(served.db)
+    store = open_store(served.store)
+    try:
+        coordinator.create_topic("history", 1)
+        topic_id = coordinator.get_topic("history").topic_id
+        now = int(time.time() * 1000)
+        records = [
+            Record(f"k{i % 10}".encode(), None if i == 95 else f"v{i}".encode(), now + i, ())
+            for i in range(100)
+        ]
+        b = SegmentBuilder()
+        b.append(topic_id, 0, records)
+        from index.log import LogWriter
+
+        LogWriter(store, coordinator).write(b)
+        _janitor(served, "tier")
+        time.sleep(0.05)
+        as_of = int(time.time() * 1000)
+        time.sleep(0.05)
+        coordinator.delete_records("history", 0, 100)  # past the whole tier object
+        assert _janitor(served, "table")["snapshots_published"] == 1
+    finally:
+        store.close()
+        coordinator.close()
+
+    def read(**options: str) -> Any:
+        reader = (
+            spark.read.format("lakelog")
+            .option("db", served.db)
+            .option("store", served.store)
+            .option("subscribe", "history")
+        )
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return reader.load()
+
+    assert read().count() == 0  # live: everything is below log-start now
+    then = read(asOfTimestamp=str(as_of))
+    assert sorted(r.offset for r in then.select("offset").collect()) == list(range(100))
+    clipped = read(
+        asOfTimestamp=str(as_of),
+        startingOffsets='{"history": {"0": 40}}',
+        endingOffsets='{"history": {"0": 60}}',
+    )
+    assert sorted(r.offset for r in clipped.select("offset").collect()) == list(range(40, 60))
+    latest = {
+        r.key: (r.offset, r.value)
+        for r in read(asOfTimestamp=str(as_of), latestByKey="true").collect()
+    }
+    # k5's latest record (offset 95) is a tombstone: the key is gone.
+    assert latest == {
+        f"k{k}".encode(): (90 + k, f"v{90 + k}".encode()) for k in range(10) if k != 5
+    }
+    with pytest.raises(Exception, match="no table snapshot"):
+        read(asOfTimestamp="1000").count()
