@@ -15,7 +15,7 @@ served without the ``/{prefix}`` part (older clients)::
                                                         ETag / If-None-Match -> 304
     GET  /v1/{prefix}/namespaces/{ns}/tables/{t}/credentials   vended storage credentials
     POST /v1/{prefix}/namespaces/{ns}/tables/{t}/metrics       scan reports: 204, dropped
-    GET  /v1/{prefix}/namespaces/{ns}/views             [] (no views)
+    GET  /v1/{prefix}/namespaces/{ns}/views             [] (no views; one: 404)
 
 Every write the spec defines (create, commit, drop, rename, register, namespaces, views,
 transactions) answers 403 ``ForbiddenException``: only lakelog writes the tables.
@@ -475,7 +475,23 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
             request: Request, namespace: str, table: str, prefix: str | None = None
         ) -> Response:
             await table_of(request, prefix, namespace, table, Operation.DESCRIBE)
+            _check_report(await request.body())
             return Response(status_code=204)
+
+        @app.get(f"{base}/namespaces/{{namespace}}/views/{{view}}")
+        async def load_view(
+            request: Request, namespace: str, view: str, prefix: str | None = None
+        ) -> Response:
+            check_prefix(prefix)
+            await caller(request)
+            check_namespace(namespace)
+            raise CatalogError(404, "NoSuchViewException", f"View does not exist: {view}")
+
+        @app.head(f"{base}/namespaces/{{namespace}}/views/{{view}}")
+        async def view_exists(
+            request: Request, namespace: str, view: str, prefix: str | None = None
+        ) -> Response:
+            return await load_view(request, namespace, view, prefix)
 
         writes = [
             ("POST", "/namespaces"),
@@ -508,6 +524,28 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
             app.add_api_route(f"{base}{path}", refuse, methods=[method])
 
     return app
+
+
+def _check_report(body: bytes) -> None:
+    """A metrics report must look like one (ScanReport or CommitReport); it is then
+    dropped (lakelog keeps no scan statistics)."""
+    try:
+        report = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise CatalogError(400, "BadRequestException", "The report is not JSON.") from None
+    ok = (
+        isinstance(report, dict)
+        and isinstance(report.get("report-type"), str)
+        and isinstance(report.get("table-name"), str)
+        and type(report.get("snapshot-id")) is int
+        and isinstance(report.get("metrics"), dict)
+    )
+    if not ok:
+        raise CatalogError(
+            400,
+            "BadRequestException",
+            "A metrics report needs report-type, table-name, snapshot-id and metrics.",
+        )
 
 
 def storage_properties(endpoint: str | None, region: str | None) -> dict[str, str]:

@@ -73,7 +73,12 @@ from coordinator.iceberg.schema import (
     table_properties,
 )
 from coordinator.topic_configs import effective_configs
-from segments.errors import CommitConflictError, CoordinatorUnavailableError, TopicNotFoundError
+from segments.errors import (
+    CommitConflictError,
+    CoordinatorUnavailableError,
+    ObjectNotFoundError,
+    TopicNotFoundError,
+)
 from segments.store import ObjectStore
 
 if TYPE_CHECKING:
@@ -649,3 +654,44 @@ class LakelogCatalog(MetastoreCatalog):
 
     def view_exists(self, identifier: str | Identifier) -> bool:
         return False
+
+
+def check_table(tables: TopicTables, topic: str) -> list[str]:
+    """What is wrong with a topic's table (empty: nothing), for checkers and tests.
+
+    Every retained snapshot's data files exist in the store; and, once the table's
+    pending changes are published, the current snapshot's files are exactly the tier
+    objects the table should hold (those the index names, and those dropped from it by
+    changes not yet published count as pending, so call after publishing).
+    """
+    problems: list[str] = []
+    topic_id = tables.topic_id(topic)
+    table = tables.table(topic_id, topic)
+    if table is None:
+        return [f"{topic}: no table"]
+    for snapshot in table.snapshots():
+        for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files():
+            key = tables.io.key(task.file.file_path)
+            try:
+                tables.store.head(key)
+            except ObjectNotFoundError:
+                problems.append(f"{topic}: snapshot {snapshot.snapshot_id} names missing {key}")
+    current = table.current_snapshot()
+    marks = changes_of(current)
+    held: set[str] = set()
+    for key, files in tables.catalog.table_files().items():
+        last, rows = files.held(topic_id)
+        if last != marks.get(key, 0):
+            problems.append(f"{topic}: changes {marks.get(key, 0)}..{last} of {key} unpublished")
+        held.update(tables.io.location(f.object_key) for f in rows)
+    in_table = (
+        {t.file.file_path for t in table.scan(snapshot_id=current.snapshot_id).plan_files()}
+        if current is not None
+        else set()
+    )
+    if in_table != held:
+        problems.append(
+            f"{topic}: table files differ from the tier objects it holds: "
+            f"extra {sorted(in_table - held)}, missing {sorted(held - in_table)}"
+        )
+    return problems

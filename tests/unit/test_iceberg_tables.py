@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from coordinator.iceberg.schema import CHANGES_PROPERTY
-from coordinator.iceberg.tables import TopicTables, changes_of
+from coordinator.iceberg.tables import TopicTables, changes_of, check_table
 from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.gc import run_gc
 from coordinator.janitors.runner import run_janitor
@@ -97,6 +97,7 @@ def test_tiering_publishes_its_objects_as_one_snapshot_equal_to_the_log(hb: Harn
     assert _rows(table.scan().to_arrow()) == _log_rows([r for p in (0, 1) for r in h.walk("t", p)])
     snapshot = table.current_snapshot()
     assert snapshot is not None and changes_of(snapshot) == {"main": 2}
+    assert check_table(tables, "t") == []
     assert CHANGES_PROPERTY in snapshot.summary.additional_properties
     # Nothing pending: publishing again commits nothing.
     assert tables.publish(topic_id, "t") is None
@@ -146,9 +147,17 @@ def test_retention_removes_files_in_a_new_snapshot_and_old_snapshots_keep_them_f
     h.clock.advance(61)
     run_gc(h.ctx(), 60.0)
     assert old_key not in h.store.key_set()
-    # The current snapshot's files all still exist.
-    for task in table.scan().plan_files():
-        assert tables.io.key(task.file.file_path) in h.store.key_set()
+    # Every retained snapshot's files exist; the current one holds exactly the tier objects.
+    assert check_table(tables, "r") == []
+    # A checker sees a missing file and unpublished changes.
+    h.store.delete(tables.io.key(next(iter(table.scan().plan_files())).file.file_path))
+    h.produce("r", 0, records(5, int(h.clock() * 1000), tag="more."))
+    from coordinator.janitors.tiering import run_tiering
+
+    run_tiering(h.ctx(), h.config())
+    problems = check_table(tables, "r")
+    assert any("names missing" in p for p in problems), problems
+    assert any("unpublished" in p for p in problems), problems
 
 
 def test_compaction_replaces_files_in_one_overwrite(h: Harness) -> None:
