@@ -54,6 +54,7 @@ from urllib.parse import parse_qs
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 
 from coordinator.db import MetadataDatabase
 from coordinator.iceberg.schema import NAMESPACE
@@ -80,6 +81,9 @@ CACHE_TTL_S = 5.0
 _TOKEN_KEY = "iceberg.token_key"
 _GET_KEY = "SELECT value FROM meta WHERE key = ?"
 _PUT_KEY = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"
+
+#: The access mechanisms a client may ask for (``X-Iceberg-Access-Delegation``).
+DELEGATIONS = ("vended-credentials", "remote-signing")
 
 ENDPOINTS = [
     "GET /v1/{prefix}/namespaces",
@@ -242,6 +246,14 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
     async def catalog_error(request: Request, exc: CatalogError) -> Response:
         return _error(exc)
 
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> Response:
+        where = "; ".join(
+            ".".join(str(p) for p in e.get("loc", ())) + f": {e.get('msg', 'invalid')}"
+            for e in exc.errors()
+        )
+        return _error(CatalogError(400, "BadRequestException", f"Malformed request: {where}"))
+
     @app.exception_handler(LakelogError)
     async def lakelog_error(request: Request, exc: LakelogError) -> Response:
         if isinstance(exc, CoordinatorUnavailableError | StorageError) and exc.retriable:
@@ -268,6 +280,10 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
     def check_prefix(prefix: str | None) -> None:
         if prefix is not None and prefix != PREFIX:
             raise CatalogError(404, "NoSuchWarehouseException", f"No catalog prefix {prefix!r}.")
+
+    def check_page_size(size: int | None) -> None:
+        if size is not None and size < 1:
+            raise CatalogError(400, "BadRequestException", "pageSize must be >= 1")
 
     def check_namespace(namespace: str) -> None:
         parts = namespace.replace("%1F", "\x1f").split("\x1f")
@@ -356,10 +372,15 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
 
         @app.get(f"{base}/namespaces")
         async def list_namespaces(
-            request: Request, prefix: str | None = None, parent: str | None = None
+            request: Request,
+            prefix: str | None = None,
+            parent: str | None = None,
+            pageToken: str | None = None,
+            pageSize: int | None = None,
         ) -> Response:
             check_prefix(prefix)
             await caller(request)
+            check_page_size(pageSize)
             if parent:
                 check_namespace(parent)
                 return _json({"namespaces": []})
@@ -399,8 +420,7 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
             check_prefix(prefix)
             svc, principal = await caller(request)
             check_namespace(namespace)
-            if pageSize is not None and pageSize < 1:
-                raise CatalogError(400, "BadRequestException", "pageSize must be >= 1")
+            check_page_size(pageSize)
             topics = await run_in_threadpool(svc.tables.topics)
             where = host(request)
             names = [n for _, n in topics if visible(svc, principal, n, where)]
@@ -415,11 +435,16 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
 
         @app.get(f"{base}/namespaces/{{namespace}}/views")
         async def list_views(
-            request: Request, namespace: str, prefix: str | None = None
+            request: Request,
+            namespace: str,
+            prefix: str | None = None,
+            pageToken: str | None = None,
+            pageSize: int | None = None,
         ) -> Response:
             check_prefix(prefix)
             await caller(request)
             check_namespace(namespace)
+            check_page_size(pageSize)
             return _json({"identifiers": []})
 
         @app.get(f"{base}/namespaces/{{namespace}}/tables/{{table}}")
@@ -431,6 +456,15 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
             snapshots: str | None = None,
         ) -> Response:
             svc, _, topic_id = await table_of(request, prefix, namespace, table, Operation.READ)
+            delegation = request.headers.get("x-iceberg-access-delegation")
+            if delegation is not None and any(
+                m.strip() not in DELEGATIONS for m in delegation.split(",")
+            ):
+                raise CatalogError(
+                    400,
+                    "BadRequestException",
+                    f"X-Iceberg-Access-Delegation takes {', '.join(DELEGATIONS)}",
+                )
             if snapshots not in (None, "all", "refs"):
                 raise CatalogError(400, "BadRequestException", "snapshots must be all or refs")
             location = await run_in_threadpool(svc.tables.pointer, topic_id)

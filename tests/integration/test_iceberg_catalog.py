@@ -33,6 +33,8 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import ForbiddenError, NoSuchTableError, UnauthorizedError
 
+from coordinator.iceberg.tables import TopicTables, changes_of
+from tests.integration import test_shards
 from tests.integration.test_security_processes import ROOT, run_cli, start_secured_serve
 from tests.procs import Proc, lakelog_cmd, start_coordinator, start_moto
 
@@ -484,3 +486,54 @@ def test_spark_reads_the_topic_as_of_a_time_past_delete_records_and_latest_by_ke
     }
     with pytest.raises(Exception, match="no table snapshot"):
         read(asOfTimestamp="1000").count()
+
+
+new_db = test_shards.new_db  # the fixture: empty PostgreSQL databases, dropped afterwards
+
+
+def test_sharded_metadata_publishes_every_shards_changes(new_db: Any) -> None:
+    """With the index sharded over two PostgreSQL databases, one snapshot holds the tier
+    objects of every shard (its summary records each shard's last change), the pointer is
+    in the catalog database, and after retention and expiry GC takes the released objects
+    from each shard."""
+    from coordinator.iceberg.tables import check_table
+    from coordinator.janitors.context import JanitorConfig, JanitorContext
+    from coordinator.janitors.gc import run_gc
+    from coordinator.janitors.runner import run_janitor
+    from coordinator.local import LocalCoordinator
+    from index.log import LogWriter
+    from segments.segment import SegmentBuilder
+    from tests.unit.janitor_helpers import ClockedStore, FakeClock, records
+
+    clock = FakeClock()
+    store = ClockedStore(clock)
+    with LocalCoordinator(new_db(), shards=[new_db(), new_db()]) as coord:
+        ctx = JanitorContext(coord.janitor_catalog(), coord.store, store, clock)
+        config = JanitorConfig(tier_age_s=0, gc_grace_s=60)
+        coord.create_topic("spread", 8, {"retention.ms": str(86_400_000)})
+        topic_id = coord.get_topic("spread").topic_id
+        writer = LogWriter(store, coord)
+        old = int(clock() * 1000) - 3 * 86_400_000
+        for ts in (old, int(clock() * 1000)):
+            b = SegmentBuilder()
+            for p in range(8):
+                b.append(topic_id, p, records(10, ts, tag=f"{ts}."))
+            writer.write(b)
+            run_janitor("tier", ctx, config)
+        tables = TopicTables(ctx.catalog, store, clock)
+        table = tables.iceberg.load_table(("topics", "spread"))
+        marks = changes_of(table.current_snapshot())
+        assert set(marks) == set(ctx.catalog.table_files()) and len(marks) == 2
+        assert table.scan().to_arrow().num_rows == 160
+        assert check_table(tables, "spread") == []
+        assert run_janitor("retention", ctx, config).rows_dropped == 8
+        clock.advance(6 * 86_400)
+        run_janitor("table", ctx, config)
+        run_gc(ctx, 60.0)
+        clock.advance(61)
+        run_gc(ctx, 60.0)
+        assert check_table(tables, "spread") == []
+        table = tables.iceberg.load_table(("topics", "spread"))
+        assert table.scan().to_arrow().num_rows == 80
+        left = {k for k in store.key_set() if k.startswith("tiered/")}
+        assert len(left) == 8

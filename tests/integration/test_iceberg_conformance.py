@@ -37,7 +37,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC_NAME = "iceberg-rest-catalog-open-api.yaml"
 
 #: (failure type, operation): why it is accepted.
-DEVIATIONS: dict[tuple[str, str], str] = {}
+DEVIATIONS: dict[tuple[str, str], str] = {
+    ("JsonSchemaError", "GET /v1/{prefix}/namespaces/{namespace}/views/{view}"): (
+        "the spec's 404 of loadView names ErrorModel (no 'error' wrapper) while its own "
+        "example, every other operation and the clients use IcebergErrorResponse: we answer "
+        "the wrapped form"
+    ),
+}
 
 
 def spec_path() -> Path:

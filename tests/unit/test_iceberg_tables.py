@@ -309,3 +309,90 @@ def test_many_files_and_partitions_in_one_publish(tmp_path: Path) -> None:
         assert len(list(table.scan(row_filter="partition = 7").plan_files())) == 3
     finally:
         h.close()
+
+
+def test_a_publish_that_dies_before_the_pointer_moves_leaves_only_garbage(h: Harness) -> None:
+    """Fault: the publisher is killed after writing the manifests and the new metadata file
+    but before the pointer's compare-and-set. Nothing reads those files; the next publish
+    commits the same changes once; expiry deletes the orphans after the grace period."""
+    h.coordinator.create_topic("k", 1)
+    h.produce("k", 0, records(10, int(h.clock() * 1000)))
+    from coordinator.janitors.tiering import run_tiering
+
+    run_tiering(h.ctx(), h.config())
+    tables = _tables(h)
+    topic_id = h.coordinator.get_topic("k").topic_id
+    tables.ensure(topic_id, "k")
+    before = set(h.store.key_set())
+
+    def killed(*args: object) -> bool:
+        raise SystemExit("killed")
+
+    swap = tables._swap_pointer
+    tables._swap_pointer = killed  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        tables.publish(topic_id, "k")
+    tables._swap_pointer = swap  # type: ignore[method-assign]
+    orphans = {k for k in h.store.key_set() - before if k.startswith("iceberg/")}
+    assert orphans  # the dead publish's manifest, manifest list and metadata file
+    assert tables.iceberg.load_table("topics.k").current_snapshot() is None
+    assert tables.publish(topic_id, "k") is not None
+    table = tables.iceberg.load_table("topics.k")
+    assert len(list(table.scan().plan_files())) == 1
+    assert table.scan().to_arrow().num_rows == 10
+    tables.expire(topic_id, "k", 60.0)
+    assert orphans <= h.store.key_set()  # younger than the grace period: kept
+    h.clock.advance(120)
+    report = tables.expire(topic_id, "k", 60.0)
+    assert report.metadata_deleted >= len(orphans)
+    assert not orphans & h.store.key_set()
+    assert check_table(tables, "k") == []
+
+
+def test_history_plan_cuts_a_tier_object_bigger_than_a_task(h: Harness) -> None:
+    """Size: a snapshot's tier object of many row groups, bigger than a task, is read by
+    several tasks (pieces of whole row groups) whose rows together are the table's."""
+    import os as _os
+
+    from segments.types import Record, StoreLocation
+    from spark.history import plan_history
+    from spark.options import parse_options
+    from spark.plan import Bounds
+    from spark.scan import read_task
+
+    h.coordinator.create_topic("big", 1)
+    now = int(h.clock() * 1000)
+    noise = _os.urandom(1 << 20)
+    recs = [Record(b"k%d" % i, noise[i * 200 : i * 200 + 200], now + i, ()) for i in range(3000)]
+    h.produce("big", 0, recs)
+    from coordinator.janitors.tiering import run_tiering
+
+    run_tiering(h.ctx(), h.config(tier_row_group_bytes=20_000))
+    tables = _tables(h)
+    topic_id = h.coordinator.get_topic("big").topic_id
+    tables.publish(topic_id, "big")
+    [data_file] = [t.file for t in tables.iceberg.load_table("topics.big").scan().plan_files()]
+    assert data_file.file_size_in_bytes > 512 << 10 and len(data_file.split_offsets) > 10
+    opts = parse_options(
+        {
+            "db": "sqlite:///unused",
+            "store": h.store.url,
+            "subscribe": "big",
+            "asOfTimestamp": str(int(h.clock() * 1000) + 1000),
+            "maxBytesPerTask": str(128 << 10),
+        }
+    )
+    import spark.connect
+
+    location = StoreLocation(h.store.url)
+    spark.connect._stores[location] = h.store
+    try:
+        tasks = plan_history(opts, tables.iceberg, location, Bounds())
+        assert len(tasks) > 1
+        offsets = []
+        for task in tasks:
+            for batch in read_task(h.store, task, ["offset"]):
+                offsets += batch.column("offset").to_pylist()
+    finally:
+        del spark.connect._stores[location]
+    assert sorted(offsets) == list(range(3000))
