@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from spark_scan import best_of, emit, produce, progress, spark_agg  # noqa: E402
+import spark_scan  # noqa: E402
+from spark_scan import best_of, produce, progress, spark_agg  # noqa: E402
 
 from coordinator.iceberg.rest import CatalogService, create_catalog_app  # noqa: E402
 from coordinator.iceberg.tables import TopicTables  # noqa: E402
@@ -47,6 +48,11 @@ from coordinator.janitors.tiering import run_tiering  # noqa: E402
 from coordinator.local import LocalCoordinator  # noqa: E402
 from segments.store import open_store  # noqa: E402
 from tests.procs import free_port  # noqa: E402
+
+
+def emit(case: str, rows: int, payload: int, seconds: float, **extra: Any) -> None:
+    """``spark_scan.py``'s figure line, as this bench's."""
+    spark_scan.emit(case, rows, payload, seconds, bench="iceberg", **extra)
 
 
 def line(**fields: Any) -> None:
@@ -128,12 +134,13 @@ def main() -> None:
 
     rest = load_catalog("bench", type="rest", uri=url)
     loads, gets = [], []
+    http = httpx.Client()  # one client: a new one per call costs its TLS context
     for _ in range(args.loads):
         t = time.perf_counter()
         rest.load_table(("topics", "t"))
         loads.append(time.perf_counter() - t)
         t = time.perf_counter()
-        assert httpx.get(f"{url}/v1/lakelog/namespaces/topics/tables/t").status_code == 200
+        assert http.get(f"{url}/v1/lakelog/namespaces/topics/tables/t").status_code == 200
         gets.append(time.perf_counter() - t)
     line(
         case="catalog_load_table",
@@ -145,6 +152,7 @@ def main() -> None:
         http_get_p99_ms=round(percentile(gets, 0.99) * 1000, 2),
         load_avg=round(os.getloadavg()[0], 2),
     )
+    http.close()
     server.should_exit = True
     if args.no_spark:
         return

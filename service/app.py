@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -347,7 +348,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
         stack.push_async_callback(_stop_consumer_heartbeat)
         app.state.agent = state
-        app.state.iceberg = catalog_of(settings, coordinator, store, app)
+        app.state.iceberg = lazy_catalog(settings, coordinator, store, app)
         janitors: JanitorConfig | None = app.state.janitors
         if janitors is not None and janitors.enabled:
             await _start_janitors(stack, coordinator, store, janitors, metrics)
@@ -361,27 +362,34 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
 
 
-def catalog_of(
+def lazy_catalog(
     settings: Settings, coordinator: Coordinator, store: ObjectStore, app: FastAPI
-) -> Any:
+) -> Callable[[], Any] | None:
     """``lakelog serve``: the Iceberg REST catalog of the in-process coordinator's topic
-    tables (None for an agent of coordinator processes: they serve it)."""
-    from coordinator.iceberg.rest import catalog_service
-    from coordinator.iceberg.tables import TopicTables
+    tables, built at its first request (pyiceberg loads then, not at start); None for an
+    agent of coordinator processes (they serve it)."""
     from coordinator.local import LocalCoordinator
 
     if not isinstance(coordinator, LocalCoordinator):
         return None
-    return catalog_service(
-        TopicTables(coordinator.janitor_catalog(), store),
-        security=app.state.security_store,
-        db=coordinator.db,
-        authenticate=settings.authentication != "none",
-        acl=settings.authorization == "acl",
-        super_users=parse_super_users(settings.super_users),
-        endpoint=settings.store_endpoint,
-        region=settings.store_region,
-    )
+
+    @functools.cache
+    def build() -> Any:
+        from coordinator.iceberg.rest import catalog_service
+        from coordinator.iceberg.tables import TopicTables
+
+        return catalog_service(
+            TopicTables(coordinator.janitor_catalog(), store),
+            security=app.state.security_store,
+            db=coordinator.db,
+            authenticate=settings.authentication != "none",
+            acl=settings.authorization == "acl",
+            super_users=parse_super_users(settings.super_users),
+            endpoint=settings.store_endpoint,
+            region=settings.store_region,
+        )
+
+    return build
 
 
 async def health(state: AgentState = Depends(get_state)) -> JSONResponse:
@@ -440,7 +448,7 @@ def create_app(
     from coordinator.iceberg.rest import MOUNT, create_catalog_app
 
     app.state.iceberg = None
-    app.mount(MOUNT, create_catalog_app(lambda: app.state.iceberg))
+    app.mount(MOUNT, create_catalog_app(lambda: app.state.iceberg and app.state.iceberg()))
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"])
     # v3 first: the v2 root routes are all literal or under /topics, /brokers.
     for router in (

@@ -13,7 +13,7 @@ served without the ``/{prefix}`` part (older clients)::
     GET  /v1/{prefix}/namespaces/{ns}/tables/{t}        metadata location, metadata, config
                                                         (READ on the topic); HEAD: 204;
                                                         ETag / If-None-Match -> 304
-    GET  /v1/{prefix}/namespaces/{ns}/tables/{t}/credentials   vended storage credentials
+    GET  /v1/{prefix}/namespaces/{ns}/tables/{t}/credentials   [] (none vended)
     POST /v1/{prefix}/namespaces/{ns}/tables/{t}/metrics       scan reports: 204, dropped
     GET  /v1/{prefix}/namespaces/{ns}/views             [] (no views; one: 404)
 
@@ -31,10 +31,10 @@ metadata database, so every coordinator and ``serve`` process accepts them; they
 DESCRIBE; loading a table needs READ on its topic (without DESCRIBE either, the table
 does not exist, as Kafka hides topics).
 
-**Storage credentials**: none by default: clients read the bucket with their own (AWS's
-standard chain; ``s3.*`` client properties). With ``vended`` credentials configured the
-catalog hands them out with each table (``config`` and ``/credentials``, prefix-scoped
-to the bucket), as Iceberg's ``X-Iceberg-Access-Delegation: vended-credentials``.
+**Storage credentials**: none are vended (``/credentials`` answers an empty list): clients
+read the bucket with their own (AWS's standard chain; ``s3.*`` client properties), and the
+bucket's policies decide who reads data files. The config's defaults carry where the
+bucket is (``s3.endpoint``, ``s3.region``), never keys.
 """
 
 from __future__ import annotations
@@ -229,12 +229,11 @@ class CatalogSecurity:
 @dataclass
 class CatalogService:
     """What the catalog routes use: the tables, the security (None: off), the storage
-    properties clients get (``s3.endpoint``, ``s3.region``; vended keys if configured)."""
+    properties clients get (``s3.endpoint``, ``s3.region``)."""
 
     tables: TopicTables
     security: CatalogSecurity | None = None
     storage: dict[str, str] = field(default_factory=dict)
-    vended: dict[str, str] = field(default_factory=dict)
 
 
 def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
@@ -457,9 +456,8 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
         ) -> Response:
             svc, _, topic_id = await table_of(request, prefix, namespace, table, Operation.READ)
             delegation = request.headers.get("x-iceberg-access-delegation")
-            if delegation is not None and any(
-                m.strip() not in DELEGATIONS for m in delegation.split(",")
-            ):
+            asked = [m.strip() for m in (delegation or "").split(",") if m.strip()]
+            if any(m not in DELEGATIONS for m in asked):
                 raise CatalogError(
                     400,
                     "BadRequestException",
@@ -475,7 +473,7 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
             if request.headers.get("if-none-match") == etag:
                 return Response(status_code=304, headers={"ETag": etag})
             raw = await run_in_threadpool(svc.tables.metadata_bytes, location)
-            config = {**svc.storage, **svc.vended}
+            config = dict(svc.storage)
             body = (
                 b'{"metadata-location":'
                 + orjson.dumps(location)
@@ -498,11 +496,8 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
         async def load_credentials(
             request: Request, namespace: str, table: str, prefix: str | None = None
         ) -> Response:
-            svc, _, _ = await table_of(request, prefix, namespace, table, Operation.READ)
-            creds = (
-                [{"prefix": svc.tables.io.root, "config": dict(svc.vended)}] if svc.vended else []
-            )
-            return _json({"storage-credentials": creds})
+            await table_of(request, prefix, namespace, table, Operation.READ)
+            return _json({"storage-credentials": []})
 
         @app.post(f"{base}/namespaces/{{namespace}}/tables/{{table}}/metrics")
         async def report_metrics(

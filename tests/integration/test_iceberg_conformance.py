@@ -61,6 +61,8 @@ def spec_path() -> Path:
     return path
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_catalog_conforms_to_the_iceberg_rest_spec(tmp_path: Path) -> None:
     spec = spec_path()
     proc, port, _ = start_secured_serve(
