@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -282,18 +282,6 @@ class TopicTables:
                 continue  # deleted meanwhile
         return report
 
-    def publish_topics(self, topic_ids: Iterable[bytes]) -> PublishReport:
-        """Publish the tables of these topics (those that still exist)."""
-        wanted = set(topic_ids)
-        report = PublishReport()
-        for topic_id, name in self.topics():
-            if topic_id in wanted:
-                try:
-                    self.publish(topic_id, name, report)
-                except TopicNotFoundError:
-                    continue
-        return report
-
     def publish(
         self, topic_id: bytes, topic: str, report: PublishReport | None = None
     ) -> Snapshot | None:
@@ -417,36 +405,6 @@ class TopicTables:
             # The bookkeeping says the table holds them and it does not: never guess.
             raise CommitConflictError(f"table {table.name()} lacks files it should hold: {missing}")
         return list(found.values())
-
-    # -- snapshots as of a time -----------------------------------------------------------
-    def snapshot_files(
-        self, topic: str, *, as_of_ms: int | None = None, snapshot_id: int | None = None
-    ) -> tuple[Snapshot, list[DataFile]]:
-        """The snapshot current at ``as_of_ms`` (or ``snapshot_id``, or the current one) and
-        its data files.
-
-        Raises:
-            TopicNotFoundError: no such topic, or no table yet.
-            LookupError: no snapshot at that time or with that id (expired, or too early).
-        """
-        topic_id = self.topic_id(topic)
-        table = self.table(topic_id, topic)
-        if table is None:
-            raise TopicNotFoundError(f"Topic {topic!r} has no table yet.")
-        if snapshot_id is not None:
-            snapshot = table.snapshot_by_id(snapshot_id)
-        elif as_of_ms is not None:
-            snapshot = table.snapshot_as_of_timestamp(as_of_ms)
-        else:
-            snapshot = table.current_snapshot()
-        if snapshot is None:
-            raise LookupError(
-                f"table of topic {topic!r} has no snapshot "
-                + (f"{snapshot_id}" if snapshot_id is not None else f"as of {as_of_ms} ms")
-                + " (never published, or expired)"
-            )
-        scan = table.scan(snapshot_id=snapshot.snapshot_id)
-        return snapshot, [task.file for task in scan.plan_files()]
 
     # -- expiry -----------------------------------------------------------------------
     def expire_all(self, grace_s: float, check: Callable[[], None] | None = None) -> ExpiryReport:
