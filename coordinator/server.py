@@ -112,7 +112,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import logging
 import threading
 import time
@@ -1096,24 +1095,18 @@ def create_process_app(
     app.state.metrics.registry.register(GroupCommitCollector(coordinator.store.group_commit_stats))
     app.state.janitor_runner = None
     if store is not None:
-        from coordinator.iceberg.rest import MOUNT, CatalogService, create_catalog_app
+        from coordinator.iceberg.rest import MOUNT, create_catalog_app, lazy_service
 
-        @functools.cache
-        def catalog() -> CatalogService:  # built at its first request: pyiceberg loads then
-            from coordinator.iceberg.rest import catalog_service
-            from coordinator.iceberg.tables import TopicTables
-
-            return catalog_service(
-                TopicTables(coordinator.janitor_catalog(), store),
-                security=SqlSecurityStore(coordinator.db),
-                db=coordinator.db,
-                authenticate=bool(shared_secret) or authorization == "acl",
-                acl=authorization == "acl",
-                super_users=super_users,
-                endpoint=location.endpoint if location else None,
-                region=location.region if location else None,
-            )
-
+        catalog = lazy_service(
+            coordinator,
+            store,
+            SqlSecurityStore(coordinator.db),
+            authenticate=bool(shared_secret) or authorization == "acl",
+            acl=authorization == "acl",
+            super_users=super_users,
+            endpoint=location.endpoint if location else None,
+            region=location.region if location else None,
+        )
         app.mount(MOUNT, create_catalog_app(catalog))
         metrics = JanitorMetrics(app.state.metrics.registry)
         app.state.janitor_runner = JanitorRunner(

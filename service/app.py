@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import socket
 import time
@@ -366,30 +365,23 @@ def lazy_catalog(
     settings: Settings, coordinator: Coordinator, store: ObjectStore, app: FastAPI
 ) -> Callable[[], Any] | None:
     """``lakelog serve``: the Iceberg REST catalog of the in-process coordinator's topic
-    tables, built at its first request (pyiceberg loads then, not at start); None for an
-    agent of coordinator processes (they serve it)."""
+    tables (``coordinator.iceberg.rest``, built at its first request); None for an agent of
+    coordinator processes (they serve it)."""
+    from coordinator.iceberg.rest import lazy_service
     from coordinator.local import LocalCoordinator
 
     if not isinstance(coordinator, LocalCoordinator):
         return None
-
-    @functools.cache
-    def build() -> Any:
-        from coordinator.iceberg.rest import catalog_service
-        from coordinator.iceberg.tables import TopicTables
-
-        return catalog_service(
-            TopicTables(coordinator.janitor_catalog(), store),
-            security=app.state.security_store,
-            db=coordinator.db,
-            authenticate=settings.authentication != "none",
-            acl=settings.authorization == "acl",
-            super_users=parse_super_users(settings.super_users),
-            endpoint=settings.store_endpoint,
-            region=settings.store_region,
-        )
-
-    return build
+    return lazy_service(
+        coordinator,
+        store,
+        app.state.security_store,
+        authenticate=settings.authentication != "none",
+        acl=settings.authorization == "acl",
+        super_users=parse_super_users(settings.super_users),
+        endpoint=settings.store_endpoint,
+        region=settings.store_region,
+    )
 
 
 async def health(state: AgentState = Depends(get_state)) -> JSONResponse:

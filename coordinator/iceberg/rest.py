@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import secrets
@@ -70,6 +71,8 @@ from segments.errors import (
 
 if TYPE_CHECKING:
     from coordinator.iceberg.tables import TopicTables
+    from coordinator.local import LocalCoordinator
+    from segments.store import ObjectStore
 
 #: The path prefix the catalog is mounted at, and the ``prefix`` its config announces.
 MOUNT = "/iceberg"
@@ -588,22 +591,30 @@ def storage_properties(endpoint: str | None, region: str | None) -> dict[str, st
     return props
 
 
-def catalog_service(
-    tables: TopicTables,
-    *,
+def lazy_service(
+    coordinator: LocalCoordinator,
+    store: ObjectStore,
     security: SecurityStore | None,
-    db: MetadataDatabase,
+    *,
     authenticate: bool,
     acl: bool,
     super_users: frozenset[str],
     endpoint: str | None = None,
     region: str | None = None,
-) -> CatalogService:
-    """The catalog of a coordinator or ``lakelog serve`` process (security off unless
-    ``authenticate``)."""
-    guard = None
-    if authenticate:
-        if security is None:
-            raise ValueError("catalog authentication needs the security store")
-        guard = CatalogSecurity(security, db, acl, super_users)
-    return CatalogService(tables, guard, storage_properties(endpoint, region))
+) -> Callable[[], CatalogService]:
+    """The catalog of a coordinator or ``lakelog serve`` process, built at its first
+    request (pyiceberg loads then, not at start); security off unless ``authenticate``."""
+
+    @functools.cache
+    def build() -> CatalogService:
+        from coordinator.iceberg.tables import TopicTables
+
+        guard = None
+        if authenticate:
+            if security is None:
+                raise ValueError("catalog authentication needs the security store")
+            guard = CatalogSecurity(security, coordinator.db, acl, super_users)
+        tables = TopicTables(coordinator.janitor_catalog(), store)
+        return CatalogService(tables, guard, storage_properties(endpoint, region))
+
+    return build
