@@ -11,13 +11,16 @@ their reason.
 
 The spec is read from where the team keeps it, never copied into the project:
 ``LAKELOG_ICEBERG_SPEC``, else ``shared/reference/iceberg-rest-catalog-open-api.yaml``
-beside the repository (or one of its parents, for git worktrees): the file
-``open-api/rest-catalog-open-api.yaml`` of the apache/iceberg repository. Missing, the
-test fails under CI (``CI=true``) and is skipped, with the reason, elsewhere.
+beside the repository (or one of its parents, for git worktrees), else the file
+``open-api/rest-catalog-open-api.yaml`` of the apache/iceberg repository as the team's tool
+library fetched it (``.mirror/apache+iceberg/repo`` beside the repository), at the commit
+and digest pinned below. Missing, the test fails under CI (``CI=true``) and is skipped, with
+the reason, elsewhere.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -46,14 +49,40 @@ DEVIATIONS: dict[tuple[str, str], str] = {
 }
 
 
-def spec_path() -> Path:
+#: The spec as fetched from apache/iceberg: the commit it is read at and its SHA-256.
+SPEC_COMMIT = "7f879b1136"
+SPEC_SHA256 = "9a160d49"
+
+
+def _spec_from_mirror(into: Path) -> Path | None:
+    """The spec read out of a fetched apache/iceberg repository beside ours, if one is."""
+    for d in ROOT.parents:
+        repo = d / ".mirror" / "apache+iceberg" / "repo"
+        if not repo.is_dir():
+            continue
+        shown = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{SPEC_COMMIT}:open-api/rest-catalog-open-api.yaml"],
+            capture_output=True,
+            check=False,
+        )
+        if shown.returncode == 0 and hashlib.sha256(shown.stdout).hexdigest().startswith(
+            SPEC_SHA256
+        ):
+            into.write_bytes(shown.stdout)
+            return into
+    return None
+
+
+def spec_path(tmp_path: Path) -> Path:
     given = os.environ.get("LAKELOG_ICEBERG_SPEC")
     beside = [d / "shared" / "reference" / SPEC_NAME for d in ROOT.parents]
     path = Path(given) if given else next((p for p in beside if p.is_file()), beside[0])
+    if not given and not path.is_file():
+        path = _spec_from_mirror(tmp_path / SPEC_NAME) or path
     if not path.is_file():
         why = (
-            f"the Iceberg REST catalog spec is not at {path} (set LAKELOG_ICEBERG_SPEC, or keep "
-            "shared/ beside the repository)"
+            f"the Iceberg REST catalog spec is not at {path} (set LAKELOG_ICEBERG_SPEC, keep "
+            "shared/ beside the repository, or fetch apache/iceberg into .mirror/)"
         )
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI must run the Iceberg catalog conformance check: {why}")
@@ -64,7 +93,7 @@ def spec_path() -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_catalog_conforms_to_the_iceberg_rest_spec(tmp_path: Path) -> None:
-    spec = spec_path()
+    spec = spec_path(tmp_path)
     proc, port, _ = start_secured_serve(
         tmp_path, "admin", ADMIN_PW, {"LAKELOG_JANITORS": "none", "LAKELOG_KAFKA_PORT": "0"}
     )
