@@ -129,7 +129,7 @@ def best_of(repeat: int, run: Any) -> float:
 
 def emit(case: str, rows: int, payload: int, seconds: float, **extra: Any) -> None:
     figures = {
-        "bench": "spark_scan",
+        "bench": extra.pop("bench", "spark_scan"),
         "case": case,
         "rows": rows,
         "seconds": round(seconds, 3),

@@ -528,6 +528,42 @@ MIGRATIONS: tuple[Migration, ...] = (
             ){clustered}""",
         ),
     ),
+    Migration(
+        16,
+        "topic tables (Iceberg): the tier objects each topic's table holds, table pointers",
+        (
+            # In the catalog (or the one database): each topic's Iceberg table, as the
+            # location of its current metadata file; swapped by compare-and-set.
+            """CREATE TABLE iceberg_tables (
+                topic_id {blob} NOT NULL PRIMARY KEY,
+                metadata_location TEXT NOT NULL,
+                updated_at {double} NOT NULL
+            )""",
+            # Beside the index (the one database, or each shard): per topic, the number of
+            # the last change to its table's files. Taking the next one locks the row, so a
+            # topic's changes commit in number order (coordinator.iceberg.changes).
+            """CREATE TABLE table_log (
+                topic_id {blob} NOT NULL PRIMARY KEY,
+                last_change {bigint} NOT NULL
+            )""",
+            # Each tier object a topic's table holds or held: added by change added_change,
+            # removed by removed_change (NULL: still in the table). A row keeps its object
+            # from garbage collection until no retained snapshot can reference it.
+            """CREATE TABLE table_files (
+                object_id {bigint} NOT NULL PRIMARY KEY,
+                topic_id {blob} NOT NULL,
+                partition INTEGER NOT NULL,
+                added_change {bigint} NOT NULL,
+                removed_change {bigint}
+            )""",
+            "CREATE INDEX table_files_by_topic ON table_files (topic_id, added_change)",
+            # Tier objects written before tables existed: change 1 of their topics.
+            "INSERT INTO table_files (object_id, topic_id, partition, added_change) "
+            "SELECT object_id, topic_id, partition, 1 FROM index_entries WHERE kind = 'parquet'",
+            "INSERT INTO table_log (topic_id, last_change) "
+            "SELECT DISTINCT topic_id, 1 FROM index_entries WHERE kind = 'parquet'",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

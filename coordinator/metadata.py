@@ -32,6 +32,7 @@ from typing import Any, Protocol, cast
 from coordinator.client import ChunkCommit
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
 from coordinator.group_commit import GroupCommitStats, GroupCommitter, PendingCommit
+from coordinator.iceberg.changes import PURGE_TABLE_FILES
 from coordinator.producers import (
     ProducerPartitionState,
     RequestKey,
@@ -99,6 +100,9 @@ _UPSERT_CONFIG = (
 _DELETE_CONFIG = "DELETE FROM topic_configs WHERE topic_id = ? AND name = ?"
 _DELETE_TOPIC = (
     # Children first: explicit rather than relying on ON DELETE CASCADE being enabled.
+    # Its table goes too: the objects it held become garbage (coordinator.iceberg).
+    "DELETE FROM iceberg_tables WHERE topic_id = ?",
+    *PURGE_TABLE_FILES,
     "DELETE FROM index_entries WHERE topic_id = ?",
     "DELETE FROM producer_state WHERE topic_id = ?",
     "DELETE FROM topic_configs WHERE topic_id = ?",

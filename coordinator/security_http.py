@@ -64,6 +64,8 @@ if TYPE_CHECKING:
 
 #: Paths a coordinator serves without the shared secret (probes and scrapes).
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+#: Paths that authenticate their own callers (users, not agents): the Iceberg REST catalog.
+SELF_GUARDED = ("/iceberg/",)
 #: An ACL's fields as every JSON form names them (the v3 API's too).
 ACL_KEYS = (
     "principal",
@@ -106,7 +108,8 @@ class SharedSecretMiddleware:
         self._expected = f"Bearer {secret}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(SELF_GUARDED):
             await self.app(scope, receive, send)
             return
         given = dict(scope.get("headers") or ()).get(b"authorization", b"")

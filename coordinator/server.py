@@ -1078,7 +1078,8 @@ def create_process_app(
 ) -> FastAPI:
     """The app ``lakelog coordinator`` serves: the API, and on its /metrics the consumer
     groups' lag and, with a store, the janitors' (whose runner, not started, is
-    ``app.state.janitor_runner``)."""
+    ``app.state.janitor_runner``) and the Iceberg REST catalog of the topic tables at
+    ``/iceberg`` (``coordinator.iceberg.rest``; it authenticates its own callers)."""
     from coordinator.janitors.runner import JanitorMetrics
 
     app = create_app(
@@ -1094,6 +1095,19 @@ def create_process_app(
     app.state.metrics.registry.register(GroupCommitCollector(coordinator.store.group_commit_stats))
     app.state.janitor_runner = None
     if store is not None:
+        from coordinator.iceberg.rest import MOUNT, create_catalog_app, lazy_service
+
+        catalog = lazy_service(
+            coordinator,
+            store,
+            SqlSecurityStore(coordinator.db),
+            authenticate=bool(shared_secret) or authorization == "acl",
+            acl=authorization == "acl",
+            super_users=super_users,
+            endpoint=location.endpoint if location else None,
+            region=location.region if location else None,
+        )
+        app.mount(MOUNT, create_catalog_app(catalog))
         metrics = JanitorMetrics(app.state.metrics.registry)
         app.state.janitor_runner = JanitorRunner(
             coordinator, store, janitors or JanitorConfig(), metrics=metrics

@@ -217,7 +217,7 @@ class JanitorTuning(BaseModel):
 
     janitor_interval: Annotated[dict[str, float], NoDecode] = Field(
         default_factory=dict,
-        description="Seconds between runs, by janitor: tier=60,retention=60,compact=600,"
+        description="Seconds between runs, by janitor: tier=60,retention=60,compact=600,table=60,"
         "gc=300 are the defaults; give the ones to change.",
     )
     tier_age_s: Annotated[float, Field(ge=0)] = Field(
@@ -277,7 +277,7 @@ class JanitorSchedule(JanitorTuning):
     janitors: str = Field(
         default="",
         description="Janitors to run in the background on their schedules: comma-separated "
-        "tier, retention, compact, gc, or all, or none.",
+        "tier, retention, compact, gc, table, or all, or none.",
     )
 
     @field_validator("janitors")

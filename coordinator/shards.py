@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.db import MetadataDatabase, open_database
 from coordinator.group_commit import GroupCommitStats
+from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
 from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
 from coordinator.metadata import (
     MetadataStore,
@@ -125,6 +126,7 @@ _TOPIC_BOUNDS = (
 _SHARD_PARTITIONS = "SELECT topic_id, partition, log_start_offset, high_watermark FROM partitions"
 _SHARD_TOPIC_IDS = "SELECT topic_id FROM topics"
 _PURGE_TOPIC = (
+    *PURGE_TABLE_FILES,
     "DELETE FROM index_entries WHERE topic_id = ?",
     "DELETE FROM producer_state WHERE topic_id = ?",
     "DELETE FROM idempotency_keys WHERE topic_id = ?",
@@ -919,6 +921,16 @@ class ShardedCatalog:
 
     def _shard(self, topic_id: bytes, partition: int) -> Shard:
         return self._store.shard_of(topic_id, partition)
+
+    @property
+    def catalog_db(self) -> MetadataDatabase:
+        """The catalog database: topics, configs, table pointers."""
+        return self._db
+
+    def table_files(self) -> dict[str, TableFiles]:
+        """Each shard's topic table files, by shard id (a shard that is down raises
+        CoordinatorUnavailableError when asked)."""
+        return {s.shard_id: TableFiles(s.db) for s in self._store.shards}
 
     def partitions(self, topic: str | None = None) -> list[PartitionState]:
         """Partitions by topic name and partition; those of shards that are down are left

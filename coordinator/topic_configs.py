@@ -282,6 +282,19 @@ CONFIG_DEFS: dict[str, ConfigDef] = {
         _int("segment.index.bytes", 10_485_760, 4, "Kafka's offset index size (no effect)."),
         _long("segment.jitter.ms", 0, 0, "Random jitter subtracted from segment.ms."),
         _long("segment.ms", 604_800_000, 1, "Kafka's segment roll time."),
+        # lakelog's own: the topic's Iceberg table (coordinator.iceberg), Iceberg's defaults.
+        _long(
+            "table.snapshot.retention.ms",
+            432_000_000,
+            -1,
+            "How long the topic table's old snapshots stay readable; -1: forever.",
+        ),
+        _int(
+            "table.snapshot.min.count",
+            1,
+            1,
+            "Snapshots of the topic table kept however old (the current one included).",
+        ),
         _bool("unclean.leader.election.enable", False, "Kafka's unclean election (no effect)."),
     )
 }
@@ -315,6 +328,8 @@ BROKER_SYNONYMS: dict[str, str] = {
     "segment.index.bytes": "log.index.size.max.bytes",
     "segment.jitter.ms": "log.roll.jitter.ms",
     "segment.ms": "log.roll.ms",
+    "table.snapshot.retention.ms": "log.table.snapshot.retention.ms",
+    "table.snapshot.min.count": "log.table.snapshot.min.count",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 

@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from coordinator.security import AclFilter, Authorizer, Check, Operation, ResourceType
 from coordinator.security_store import SecurityStore
 from segments.errors import LakelogError
-from service.auth import client_address, principal_of
+from service.auth import SELF_GUARDED, client_address, principal_of
 from service.errors import ErrorCode
 from service.executors import call
 from service.web import _leaf_routes, send_error
@@ -376,7 +376,11 @@ class AclMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS":
+        if (
+            scope["type"] != "http"
+            or scope["method"] == "OPTIONS"
+            or scope.get("path", "").startswith(SELF_GUARDED)
+        ):
             await self.app(scope, receive, send)
             return
         app: FastAPI = scope["app"]

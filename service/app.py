@@ -16,7 +16,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -28,6 +28,7 @@ from coordinator.client import Coordinator
 from coordinator.groups import GroupCoordinator
 from coordinator.janitors.context import JanitorConfig
 from coordinator.schemas import SchemaStore
+from coordinator.security import parse_super_users
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectStore, open_store
@@ -346,6 +347,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
         stack.push_async_callback(_stop_consumer_heartbeat)
         app.state.agent = state
+        app.state.iceberg = lazy_catalog(settings, coordinator, store, app)
         janitors: JanitorConfig | None = app.state.janitors
         if janitors is not None and janitors.enabled:
             await _start_janitors(stack, coordinator, store, janitors, metrics)
@@ -357,6 +359,29 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             settings.store,
         )
         yield
+
+
+def lazy_catalog(
+    settings: Settings, coordinator: Coordinator, store: ObjectStore, app: FastAPI
+) -> Callable[[], Any] | None:
+    """``lakelog serve``: the Iceberg REST catalog of the in-process coordinator's topic
+    tables (``coordinator.iceberg.rest``, built at its first request); None for an agent of
+    coordinator processes (they serve it)."""
+    from coordinator.iceberg.rest import lazy_service
+    from coordinator.local import LocalCoordinator
+
+    if not isinstance(coordinator, LocalCoordinator):
+        return None
+    return lazy_service(
+        coordinator,
+        store,
+        app.state.security_store,
+        authenticate=settings.authentication != "none",
+        acl=settings.authorization == "acl",
+        super_users=parse_super_users(settings.super_users),
+        endpoint=settings.store_endpoint,
+        region=settings.store_region,
+    )
 
 
 async def health(state: AgentState = Depends(get_state)) -> JSONResponse:
@@ -410,6 +435,12 @@ def create_app(
     security.install(app, settings)
     install_middleware(app, settings)
     app.add_api_route("/health", health, methods=["GET"], tags=["ops"])
+    # The Iceberg REST catalog (lakelog serve: an in-process coordinator; built in the
+    # lifespan, None until then and for agents of coordinator processes).
+    from coordinator.iceberg.rest import MOUNT, create_catalog_app
+
+    app.state.iceberg = None
+    app.mount(MOUNT, create_catalog_app(lambda: app.state.iceberg and app.state.iceberg()))
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"])
     # v3 first: the v2 root routes are all literal or under /topics, /brokers.
     for router in (

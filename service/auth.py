@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 REALM = "lakelog"
 #: Paths served without credentials: probes and scrapes (they show no data).
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+#: Paths that authenticate and authorize their own callers, in their own error shape:
+#: the Iceberg REST catalog of ``lakelog serve`` (``coordinator.iceberg.rest``).
+SELF_GUARDED = ("/iceberg/",)
 #: Entries kept per cache, so a flood of distinct credentials cannot grow memory.
 MAX_ENTRIES = 10_000
 
@@ -241,7 +244,8 @@ class BasicAuthMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(SELF_GUARDED):
             await self.app(scope, receive, send)
             return
         authenticator: Authenticator | None = getattr(scope["app"].state, "authenticator", None)

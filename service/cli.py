@@ -638,7 +638,7 @@ def _janitor_shortcut(name: str) -> None:
     janitor_app.command(name)(command)
 
 
-for _name in ("tier", "retention", "compact", "gc"):
+for _name in ("tier", "retention", "compact", "gc", "table"):
     _janitor_shortcut(_name)
 
 

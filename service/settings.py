@@ -88,7 +88,7 @@ class Settings(
     janitors: str = Field(
         default="all",
         description="Janitors to run in the background on their schedules: comma-separated "
-        "tier, retention, compact, gc, or all, or none.",
+        "tier, retention, compact, gc, table, or all, or none.",
     )
 
     # -- listening and identity ----------------------------------------------

@@ -11,7 +11,10 @@ an override of what the coordinator says). ``user`` and ``password`` (a user's p
 or an API key id and secret) are the job's credential with ``coordinator``: the
 coordinator decides by its ACLs what the job may read and write (``spark.access``).
 ``trace`` names a file that planning and every task append one JSON line to (objects
-opened, row groups read): instrumentation.
+opened, row groups read): instrumentation. lakelog's own: ``asOfTimestamp`` (epoch ms) or
+``asOfSnapshot`` (a snapshot id) read the topic's table as it was then, records since
+dropped by retention or compaction included (``spark.history``); ``latestByKey=true``
+keeps the latest record of each key, tombstones applied (a compacted topic's view).
 
 Option names are case-insensitive, as Spark passes them (a case-insensitive map).
 Pure: no I/O, no pyspark.
@@ -66,9 +69,12 @@ _READ = {
     "includeheaders",
     "trace",
     "maxbytespertask",
+    "asoftimestamp",
+    "asofsnapshot",
+    "latestbykey",
 }
 # Streams have no end; batch reads take no trigger limit (as Spark's Kafka source).
-_BATCH_ONLY = {"endingoffsets", "endingtimestamp"}
+_BATCH_ONLY = {"endingoffsets", "endingtimestamp", "asoftimestamp", "asofsnapshot", "latestbykey"}
 _STREAM_ONLY = {"maxoffsetspertrigger"}
 _WRITE = {"topic", "compression", "maxbytesperobject"}
 
@@ -120,6 +126,16 @@ class ReadOptions:
     trace: str | None
     max_bytes_per_task: int
     max_offsets_per_trigger: int | None = None
+    #: Read the topic's table as of this time (epoch ms) or snapshot id (``spark.history``).
+    as_of_timestamp: int | None = None
+    as_of_snapshot: int | None = None
+    #: The latest record of each key (Kafka's compaction, tombstones applied).
+    latest_by_key: bool = False
+
+    @property
+    def from_table(self) -> bool:
+        """Whether the read goes through the topic's table snapshots."""
+        return self.as_of_timestamp is not None or self.as_of_snapshot is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +199,15 @@ def _timestamp(name: str, raw: str | None) -> int | None:
     if ts < 0:
         raise ValueError(f"{name} must be >= 0, not {ts}")
     return ts
+
+
+def _snapshot_id(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError(f"asOfSnapshot must be a snapshot id (an integer), not {raw!r}") from None
 
 
 def _bool(name: str, raw: str | None, default: bool) -> bool:
@@ -295,7 +320,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
     max_bytes = _positive("maxBytesPerTask", opts.get("maxbytespertask"), 64 << 20)
     assert max_bytes is not None
     default_start = "latest" if streaming else "earliest"
-    return ReadOptions(
+    read = ReadOptions(
         topics=topics,
         pattern=pattern,
         starting=_offsets(
@@ -318,7 +343,20 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         max_offsets_per_trigger=_positive(
             "maxOffsetsPerTrigger", opts.get("maxoffsetspertrigger"), None
         ),
+        as_of_timestamp=_timestamp("asOfTimestamp", opts.get("asoftimestamp")),
+        as_of_snapshot=_snapshot_id(opts.get("asofsnapshot")),
+        latest_by_key=_bool("latestByKey", opts.get("latestbykey"), False),
     )
+    if read.as_of_timestamp is not None and read.as_of_snapshot is not None:
+        raise ValueError("set at most one of asOfTimestamp and asOfSnapshot")
+    if read.from_table and (
+        read.starting_timestamp is not None or read.ending_timestamp is not None
+    ):
+        raise ValueError(
+            "asOfTimestamp/asOfSnapshot read a table snapshot: give offsets "
+            "(startingOffsets, endingOffsets), not startingTimestamp/endingTimestamp"
+        )
+    return read
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:

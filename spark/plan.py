@@ -42,6 +42,7 @@ __all__ = [
     "Plan",
     "ScanTask",
     "Slice",
+    "pack_slices",
     "plan_read",
     "plan_tasks",
     "start_at_timestamp",
@@ -354,6 +355,12 @@ def _row_groups(store: ObjectStore, slices: list[Slice]) -> dict[Slice, RowGroup
         return {}
     with ThreadPoolExecutor(min(_FOOTER_THREADS, len(slices))) as pool:
         return dict(zip(slices, pool.map(lambda s: tier_row_groups(store, s), slices), strict=True))
+
+
+def pack_slices(slices: list[Slice], max_bytes: int, store: ObjectStore) -> list[ScanTask]:
+    """Slices into scan tasks of about ``max_bytes`` (see ``_pack``; ``spark.history``)."""
+    total = sum(s.length for s in slices)
+    return _pack(slices, min(max_bytes, max(_MIN_TASK_BYTES, total // 8)), store)
 
 
 def _pack(slices: list[Slice], max_bytes: int, store: ObjectStore) -> list[ScanTask]:

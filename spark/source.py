@@ -34,6 +34,7 @@ import math
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
@@ -250,10 +251,16 @@ class LakelogReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         """Take the snapshot and cut it into input partitions (one per scan task)."""
         opts = self.opts
+        if opts.from_table:
+            return self._history_partitions()
         with opened(opts.connection) as coordinator:
             access = topic_access(opts.connection, coordinator)
             location = resolve_store(opts.connection, coordinator)
             plan = plan_read(opts, coordinator, get_store(location), self.bounds, access)
+        if opts.latest_by_key:
+            from spark.history import by_partition
+
+            plan = replace(plan, tasks=by_partition(plan.tasks))
         if opts.trace:
             from spark.scan import append_trace
 
@@ -271,8 +278,34 @@ class LakelogReader(DataSourceReader):
             )
         return [LakelogPartition(i, task, location) for i, task in enumerate(plan.tasks)]
 
+    def _history_partitions(self) -> list[InputPartition]:
+        """``asOfTimestamp``/``asOfSnapshot``: tasks over the table snapshot's files (the
+        catalog applies the job's ACLs)."""
+        from spark.history import by_partition, plan_history, table_catalog
+
+        opts = self.opts
+        with opened(opts.connection) as coordinator:
+            location = resolve_store(opts.connection, coordinator)
+        with table_catalog(opts, location) as catalog:
+            tasks = plan_history(opts, catalog, location, self.bounds)
+        if opts.latest_by_key:
+            tasks = by_partition(tasks)
+        return [LakelogPartition(i, task, location) for i, task in enumerate(tasks)]
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from _read(partition, self.columns, self.bounds, self.opts.trace)
+        if not self.opts.latest_by_key:
+            yield from _read(partition, self.columns, self.bounds, self.opts.trace)
+            return
+        import pyarrow as pa
+
+        from spark.history import latest_by_key
+
+        wanted = list(dict.fromkeys([*self.columns, "key", "value", "offset"]))
+        batches = list(_read(partition, wanted, self.bounds, self.opts.trace))
+        if not batches:
+            return
+        latest = latest_by_key(pa.Table.from_batches(batches)).select(list(self.columns))
+        yield from latest.to_batches()
 
 
 class LakelogPruningReader(LakelogReader):

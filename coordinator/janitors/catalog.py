@@ -8,7 +8,10 @@ clobbering a concurrent change; the object it wrote is then an orphan for GC.
 
 Objects: a row of ``objects`` whose last index entry goes gets ``unreferenced_at``
 stamped in the same transaction (and ``mark_unreferenced`` catches any other way an
-entry disappears, such as a deleted topic). Only rows stamped longer ago than the
+entry disappears, such as a deleted topic), unless its topic's table may still name it
+in a retained snapshot (``coordinator.iceberg.changes``: every transaction here that
+adds or drops a tier object's entry records that change for the table, and the table's
+rows keep the object until snapshot expiry releases them). Only rows stamped longer ago than the
 grace period are ever handed to garbage collection, and the row is deleted only if
 still unreferenced (the foreign key from ``index_entries`` would refuse it anyway).
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.db import MetadataDatabase
+from coordinator.iceberg.changes import NOT_HELD, TableFiles, record_changes
 from coordinator.topic_configs import topic_defaults
 from segments.types import ChunkRef
 
@@ -49,7 +53,11 @@ _INSERT_ROW = (
     "INSERT INTO index_entries (topic_id, partition, base_offset, record_count, object_id, "
     "position, length, min_ts, max_ts, kind) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, 'parquet')"
 )
-_UNREFERENCED = "NOT EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = objects.object_id)"
+# Neither an index entry nor a topic table's retained snapshots (``table_files``) name it.
+_UNREFERENCED = (
+    "NOT EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = objects.object_id) "
+    f"AND {NOT_HELD}"
+)
 _MARK_ONE = (
     "UPDATE objects SET unreferenced_at = ? "
     f"WHERE object_id = ? AND unreferenced_at IS NULL AND {_UNREFERENCED}"
@@ -145,6 +153,15 @@ class Catalog:
         self._db = db
         self._q = db.dialect.sql
 
+    @property
+    def catalog_db(self) -> MetadataDatabase:
+        """The database of topics, configs and table pointers."""
+        return self._db
+
+    def table_files(self) -> dict[str, TableFiles]:
+        """The databases holding topic tables' files, by their key in snapshot summaries."""
+        return {"main": TableFiles(self._db)}
+
     def partitions(self, topic: str | None = None) -> list[PartitionState]:
         """Every partition (of ``topic`` only, if given), by topic name and partition."""
         with self._db.read() as conn:
@@ -203,10 +220,12 @@ class Catalog:
                     ).fetchone()
                     if gone is None:
                         raise SwapAborted(f"entry at {r.base_offset} changed")
+                added: list[int] = []
                 for n in new:
                     found = conn.execute(q(_INSERT_OBJECT), (n.object_key, n.size, now)).fetchone()
                     if found is None:
                         raise SwapAborted(f"object {n.object_key} already exists")
+                    added.append(int(found[0]))
                     conn.execute(
                         q(_INSERT_ROW),
                         (
@@ -220,6 +239,7 @@ class Catalog:
                             n.max_ts,
                         ),
                     )
+                record_changes(conn, q, topic_id, partition, added, (r.object_id for r in old))
                 self._mark(conn, {r.object_id for r in old}, now)
         except SwapAborted:
             return False
@@ -245,6 +265,7 @@ class Catalog:
             if moved is None:
                 return None
             dropped = conn.execute(q(_DROP_BELOW), (topic_id, partition, log_start)).fetchall()
+            record_changes(conn, q, topic_id, partition, (), (r[0] for r in dropped))
             self._mark(conn, {r[0] for r in dropped}, now)
         return int(moved[0])
 

@@ -15,14 +15,20 @@ if TYPE_CHECKING:
     from coordinator.shards import ShardedCatalog, ShardedStore
 from segments.tier import DEFAULT_ROW_GROUP_BYTES
 
-JANITORS = ("tier", "retention", "compact", "gc")
+JANITORS = ("tier", "retention", "compact", "gc", "table")
 
 MiB = 1 << 20
 
 #: Called after each unit of work: (units done, units in total, what was just done).
 Progress = Callable[[int, int, str], None]
 
-DEFAULT_INTERVALS_S = {"tier": 60.0, "retention": 60.0, "compact": 600.0, "gc": 300.0}
+DEFAULT_INTERVALS_S = {
+    "tier": 60.0,
+    "retention": 60.0,
+    "compact": 600.0,
+    "gc": 300.0,
+    "table": 60.0,
+}
 
 
 def _default_intervals() -> dict[str, float]:
@@ -125,6 +131,9 @@ class JanitorReport:
     orphans_deleted: int = 0
     records_dropped: int = 0
     aborted: int = 0
+    #: Topic tables (coordinator.iceberg): snapshots committed and expired.
+    snapshots_published: int = 0
+    snapshots_expired: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:

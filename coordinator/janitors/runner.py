@@ -33,6 +33,7 @@ from coordinator.janitors.context import (
 from coordinator.janitors.gc import run_gc
 from coordinator.janitors.leases import Lease, LeaseLostError, LeaseStore, Renewer
 from coordinator.janitors.retention import run_retention
+from coordinator.janitors.tables import publish_after, run_tables
 from coordinator.janitors.tiering import run_compaction, run_tiering
 from coordinator.local import LocalCoordinator
 from segments.errors import JanitorBusyError
@@ -44,20 +45,23 @@ log = logging.getLogger(__name__)
 def run_janitor(
     name: str, ctx: JanitorContext, config: JanitorConfig, topic: str | None = None
 ) -> JanitorReport:
-    """Run janitor ``name`` once over every partition (or ``topic``'s).
+    """Run janitor ``name`` once over every partition (or ``topic``'s). Tiering, compaction
+    and retention publish the topic tables they changed before they end.
 
     Raises:
         ValueError: an unknown janitor name.
         LeaseLostError: ``ctx.check`` found the lease lost (the run stopped part way).
     """
     if name == "tier":
-        return run_tiering(ctx, config, topic)
+        return publish_after(ctx, run_tiering(ctx, config, topic), topic)
     if name == "compact":
-        return run_compaction(ctx, config, topic)
+        return publish_after(ctx, run_compaction(ctx, config, topic), topic)
     if name == "retention":
-        return run_retention(ctx, topic)
+        return publish_after(ctx, run_retention(ctx, topic), topic)
     if name == "gc":
         return run_gc(ctx, config.gc_grace_s)
+    if name == "table":
+        return run_tables(ctx, config, topic)
     raise ValueError(f"unknown janitor {name!r}; expected one of {list(JANITORS)}")
 
 

@@ -341,7 +341,13 @@ def test_compose_lakelog_commands_parse_with_the_real_cli(compose_config: dict[s
     stores = set()
     for name, params in coordinators.items():
         assert params.host == "0.0.0.0", name
-        assert params.background_janitors().enabled == {"tier", "retention", "compact", "gc"}
+        assert params.background_janitors().enabled == {
+            "tier",
+            "retention",
+            "compact",
+            "gc",
+            "table",
+        }
         db = urlsplit(params.db)
         assert db.scheme == "postgresql"
         assert db.hostname in services and db.port == 5432
@@ -575,7 +581,13 @@ def test_k8s_commands_parse_with_the_real_cli() -> None:
             assert settings.db.startswith("postgresql://")
             assert settings.store == config["LAKELOG_STORE"]
             assert settings.store_region == config["LAKELOG_STORE_REGION"]
-            assert settings.background_janitors().enabled == {"tier", "retention", "compact", "gc"}
+            assert settings.background_janitors().enabled == {
+                "tier",
+                "retention",
+                "compact",
+                "gc",
+                "table",
+            }
             coord_service = services[dep["metadata"]["name"]]
             assert coord_service["spec"]["ports"][0]["port"] == port
         else:
