@@ -242,6 +242,16 @@ class Settings(
         description="Kafka connections one client address may hold at once (Kafka's "
         "max.connections.per.ip); more are closed on accept.",
     )
+    kafka_group_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=45_000,
+        description="Consumer-protocol (KIP-848) members silent this long leave their group "
+        "(Kafka's group.consumer.session.timeout.ms). Set it alike on every agent.",
+    )
+    kafka_group_heartbeat_interval_ms: Annotated[int, Field(gt=0)] = Field(
+        default=5_000,
+        description="How often consumer-protocol members heartbeat; each heartbeat moves a "
+        "rebalance one step (Kafka's group.consumer.heartbeat.interval.ms).",
+    )
 
     # -- topics and metadata -------------------------------------------------
     auto_create_topics: bool = Field(default=False, description="Create topics on first produce.")
