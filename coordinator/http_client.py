@@ -370,6 +370,7 @@ def group_info_to_json(g: GroupInfo) -> JSON:
         "assignor": g.assignor,
         "members": [consumer_state_to_json(m) for m in g.members],
         "committed": committed_to_json(g.committed),
+        "group_type": g.group_type,
     }
 
 
@@ -381,6 +382,7 @@ def group_info_from_json(d: JSON) -> GroupInfo:
         assignor=d["assignor"],
         members=tuple(consumer_state_from_json(m) for m in d["members"]),
         committed=committed_from_json(d["committed"]),
+        group_type=d["group_type"],
     )
 
 

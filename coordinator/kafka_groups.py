@@ -876,11 +876,9 @@ def _settle_consumer(g: KafkaGroup, now: float) -> None:
 
 
 def _assign(g: KafkaGroup, topics: Mapping[bytes, tuple[int, str]]) -> None:
-    """Every member's target at the group's epoch, by the group's assignor: the one most
-    of its members name (by name on a tie), else uniform."""
+    """Every member's target at the group's epoch, by the group's assignor."""
     members = [m for m in g.members.values() if m.consumer is not None]
-    named = sorted(m.consumer.assignor for m in members if m.consumer and m.consumer.assignor)
-    name = max(sorted(set(named)), key=named.count) if named else assignors.DEFAULT_ASSIGNOR
+    name = group_assignor(members)
     by_name = {n: t for t, (_, n) in topics.items()}
     subscribers = []
     for m in members:
@@ -895,6 +893,13 @@ def _assign(g: KafkaGroup, topics: Mapping[bytes, tuple[int, str]]) -> None:
         assert m.consumer is not None
         m.consumer.target = targets.get(m.member_id, {})
     g.assignment_epoch = g.generation
+
+
+def group_assignor(members: Sequence[Member]) -> str:
+    """The assignor of a consumer group: the one most of its members name (the first by
+    name on a tie), else uniform (Kafka's default)."""
+    named = sorted(m.consumer.assignor for m in members if m.consumer and m.consumer.assignor)
+    return max(sorted(set(named)), key=named.count) if named else assignors.DEFAULT_ASSIGNOR
 
 
 def _reconcile(g: KafkaGroup, m: Member, owned: Assignment | None, now: float) -> None:
@@ -1054,30 +1059,54 @@ _V3_STATES = {
     PREPARING: "PREPARING_REBALANCE",
     COMPLETING: "COMPLETING_REBALANCE",
     STABLE: "STABLE",
+    ASSIGNING: "ASSIGNING",
+    RECONCILING: "RECONCILING",
 }
 
 
 def kafka_group_info(g: KafkaGroup, committed: dict[TopicPartition, CommittedOffset]) -> GroupInfo:
-    """A Kafka group as the consumer-group views show every group (one group model)."""
-    members = tuple(
-        ConsumerState(
-            group=g.group_id,
-            name=m.member_id,
-            config=ConsumerConfig(session_timeout_ms=m.session_timeout_ms),
-            subscription=subscription_topics(dict(m.protocols).get(g.protocol, b"")),
-            pattern=None,
-            manual=False,
-            generation=m.generation,
-            assignment=assigned_partitions(m.assignment),
-            last_seen=m.last_heartbeat,
+    """A Kafka group as the consumer-group views show every group (one group model).
+
+    A consumer-protocol member shows its subscription, its member epoch and the
+    partitions it holds now (``g.topic_names`` names their topics)."""
+    members = []
+    for m in sorted(g.members.values(), key=lambda m: m.member_id):
+        c = m.consumer
+        if c is not None:
+            subscription: tuple[str, ...] = c.topics
+            generation = c.epoch
+            assignment = tuple(
+                sorted(
+                    TopicPartition(g.topic_names[t], p)
+                    for t, p in assignors.partitions_of(c.assigned)
+                    if t in g.topic_names
+                )
+            )
+        else:
+            subscription = subscription_topics(dict(m.protocols).get(g.protocol, b""))
+            generation = m.generation
+            assignment = assigned_partitions(m.assignment)
+        members.append(
+            ConsumerState(
+                group=g.group_id,
+                name=m.member_id,
+                config=ConsumerConfig(session_timeout_ms=m.session_timeout_ms),
+                subscription=subscription,
+                pattern=c.regex if c is not None else None,
+                manual=False,
+                generation=generation,
+                assignment=assignment,
+                last_seen=m.last_heartbeat,
+            )
         )
-        for m in sorted(g.members.values(), key=lambda m: m.member_id)
-    )
     return GroupInfo(
         group=g.group_id,
         generation=g.generation,
         state=_V3_STATES.get(g.state, g.state.upper()),
-        assignor=g.protocol,
-        members=members,
+        assignor=g.protocol
+        if g.group_type == CLASSIC
+        else group_assignor([m for m in g.members.values() if m.consumer]),
+        members=tuple(members),
         committed=dict(sorted(committed.items())),
+        group_type=g.group_type.upper(),
     )

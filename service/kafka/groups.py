@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
 
-from coordinator.assignors import DEFAULT_ASSIGNOR, Assignment
+from coordinator.assignors import Assignment
 from coordinator.groups import CommittedOffset
 from coordinator.kafka_groups import (
     CLASSIC,
@@ -26,6 +26,7 @@ from coordinator.kafka_groups import (
     JoinResult,
     KafkaGroup,
     KafkaGroupCoordinator,
+    group_assignor,
 )
 from segments.errors import LakelogError
 from segments.types import TopicInfo, TopicPartition
@@ -753,9 +754,6 @@ async def consumer_group_describe(ctx: KafkaContext, req: Request, access: Acces
                     member_type=CONSUMER_MEMBER,
                 )
             )
-        assignors_named = sorted(
-            m.consumer.assignor for m in g.members.values() if m.consumer and m.consumer.assignor
-        )
         out.append(
             build(
                 group_cls,
@@ -765,9 +763,7 @@ async def consumer_group_describe(ctx: KafkaContext, req: Request, access: Acces
                 group_state=g.state if g.members else "Empty",
                 group_epoch=g.generation,
                 assignment_epoch=g.assignment_epoch,
-                assignor_name=max(set(assignors_named), key=assignors_named.count)
-                if assignors_named
-                else DEFAULT_ASSIGNOR,
+                assignor_name=group_assignor(list(g.members.values())),
                 members=tuple(members),
                 authorized_operations=-(2**31),
             )

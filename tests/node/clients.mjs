@@ -18,8 +18,15 @@ function done (result) {
   process.exit(0)
 }
 
+function describe (e) {
+  if (!e) return String(e)
+  const inner = (e.errors || []).map(describe).join('; ')
+  const code = e.apiCode !== undefined ? ` (api code ${e.apiCode})` : ''
+  return `${e.name}: ${e.message}${code}${inner ? ' [' + inner + ']' : ''}`
+}
+
 function fail (e) {
-  process.stdout.write(JSON.stringify({ error: String(e && e.stack ? e.stack : e) }) + '\n')
+  process.stdout.write(JSON.stringify({ error: describe(e) + '\n' + String(e && e.stack) }) + '\n')
   process.exit(1)
 }
 
