@@ -205,6 +205,21 @@ class _Outbox:
             self._room.set()
 
 
+def api_versions_table() -> str:
+    """The served APIs and versions as ``kafka-broker-api-versions`` prints a broker's
+    (``Name(key): min to max``), one per line in key order: the README's table."""
+    from kio.index import api_key_map
+
+    def name(key: int) -> str:
+        return "".join(part.capitalize() for part in api_key_map[key].split("_"))
+
+    lines = []
+    for key, (low, high) in sorted(SUPPORTED.items()):
+        versions = f"{low}" if low == high else f"{low} to {high}"
+        lines.append(f"{name(key)}({key}): {versions}")
+    return "\n".join(lines) + "\n"
+
+
 class KafkaServer:
     """The Kafka listener of one agent.
 

@@ -68,3 +68,16 @@ def test_every_served_version_has_kafkas_message_classes(api_key: int) -> None:
     assert 0 <= low <= high
     for version in range(low, high + 1):
         assert request_class(api_key, version).__version__ == version
+
+
+def test_readme_table_is_the_served_one() -> None:
+    """README's table of served APIs is exactly what ApiVersions advertises."""
+    from pathlib import Path
+
+    from service.kafka.server import api_versions_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("<!-- kafka-api-versions: start -->\n```text\n")
+    end = readme.index("```\n<!-- kafka-api-versions: end -->")
+    body = readme[start + len("<!-- kafka-api-versions: start -->\n```text\n") : end]
+    assert body == api_versions_table(), "README's API table is stale: regenerate it"
