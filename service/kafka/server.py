@@ -208,7 +208,7 @@ class _Outbox:
 def api_versions_table() -> str:
     """The served APIs and versions as ``kafka-broker-api-versions`` prints a broker's
     (``Name(key): min to max``), one per line in key order: the README's table."""
-    from kio.index import api_key_map
+    from kio.schema.index import api_key_map
 
     def name(key: int) -> str:
         return "".join(part.capitalize() for part in api_key_map[key].split("_"))

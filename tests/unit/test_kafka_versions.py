@@ -9,7 +9,7 @@ from): a served maximum below it fails here unless ``LOWER_MAXIMUM`` says why.
 from __future__ import annotations
 
 import pytest
-from kio.index import api_key_map, schema_name_map
+from kio.schema.index import api_key_map, schema_name_map
 from kio.static.constants import EntityType
 
 from service.kafka.framing import request_class
