@@ -724,7 +724,15 @@ class KafkaGroupStore:
                 and owned is not None
                 and (subscribed_topic_names is not None or subscribed_topic_regex is not None)
             )
-            send = member_epoch == 0 or full or (c.epoch, c.assigned) != before
+            # The assignment goes out whenever the client may not know it: on a join, a
+            # full heartbeat, a change, a request at another epoch (its previous answer
+            # lost) or owning other partitions than it was given.
+            send = (
+                full
+                or (c.epoch, c.assigned) != before
+                or member_epoch != c.epoch
+                or (owned is not None and owned != c.assigned)
+            )
             return HeartbeatResult(m.member_id, c.epoch, dict(c.assigned) if send else None)
 
         result: HeartbeatResult = self._transact(group, apply)

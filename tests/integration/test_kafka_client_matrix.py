@@ -1077,3 +1077,62 @@ def test_describe_topic_partitions_pages_past_its_limits(target: Target) -> None
         if len(small_pages) > 3:
             break
     assert small_pages[:3] == [7, 7, 7]
+
+
+def test_consumer_protocol_group_survives_an_agent_killed(
+    cluster_factory: Any, unique_topic: Any
+) -> None:
+    """Fault: the agent a KIP-848 group's members talk to is SIGKILLed while they read.
+    The group lives in the coordinator, so the members carry on through the other agent
+    at the same epochs (no rebalance: no partition changes hands), and every record, of
+    before and after the kill, is read exactly once."""
+    cluster = cluster_factory(
+        kafka=True, agent_env={"LAKELOG_KAFKA_GROUP_HEARTBEAT_INTERVAL_MS": HEARTBEAT_MS}
+    )
+    t = Target("cluster", cluster.kafka, cluster.agents[1], cluster.cluster_id, cluster.logs)
+    topic = t.create_topic(4)
+    group = f"g-kill-{uuid.uuid4().hex[:6]}"
+    conf = {
+        "bootstrap.servers": cluster.kafka[0],  # the first agent: the one about to die
+        "group.id": group,
+        "group.protocol": "consumer",
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 100,
+        "auto.commit.interval.ms": 200,
+    }
+    members = [Consumer(dict(conf)) for _ in range(2)]
+    for m in members:
+        m.subscribe([topic])
+    got: list[tuple[str, int, int]] = []
+
+    def poll_until(n: int, wait_s: float = WAIT_S) -> None:
+        deadline = time.monotonic() + wait_s
+        while len(got) < n and time.monotonic() < deadline:
+            for m in members:
+                msg = m.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    got.append((msg.value().decode(), msg.partition(), msg.offset()))
+
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while sum(len(m.assignment()) for m in members) < 4 and time.monotonic() < deadline:
+            for m in members:
+                m.poll(0.1)
+        wait_group_ready(t, group, 2, 4)
+        before_kill = {c["consumer_id"] for c in t.group_members(group)}
+        sent = produce_plain(t, topic, 100, "before")
+        poll_until(100)
+        cluster.agent_procs[0].kill()
+        p = Producer({"bootstrap.servers": cluster.kafka[1], "linger.ms": 5})
+        for i in range(100):
+            p.produce(topic, value=f"after-{i}".encode())
+        assert p.flush(60) == 0
+        sent |= {f"after-{i}" for i in range(100)}
+        poll_until(200)
+        poll_until(201, wait_s=1.5)  # a record twice would show up now
+    finally:
+        for m in members:
+            m.close()
+    assert sorted(v for v, _, _ in got) == sorted(sent), cluster.logs()[-3000:]
+    assert len(set(got)) == len(got)
+    assert {c["consumer_id"] for c in t.group_members(group)} <= before_kill  # same members

@@ -436,3 +436,28 @@ def test_static_member_comes_back_with_its_partitions(
     assert r.assignment == mine
     settle([back, b])
     assert no_partition_twice([back, b]) == {(tid, p) for p in range(4)}
+
+
+def test_a_lost_answer_is_asked_again_at_the_previous_epoch(
+    shared: tuple[LocalCoordinator, Clock],
+) -> None:
+    """Lost answer: a heartbeat moved the member to a new epoch (a partition was added) but
+    its answer never arrived; the member asks again at its previous epoch, owning what it
+    owned. Accepted (Kafka accepts the previous epoch when the member owns no more than it
+    was given), and the answer carries the new epoch and assignment. An older epoch, or
+    the previous one claiming partitions it was never given, is fenced."""
+    c, _ = shared
+    topic, tid = new_topic(c, 2)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    a = Member(c, group, [topic])
+    settle([a])
+    old_epoch, old_owned = a.epoch, dict(a.owned)
+    c.add_partitions(topic, 3)
+    lost = c.kafka_consumer_heartbeat(group, a.member_id, old_epoch, owned=old_owned)
+    assert lost.member_epoch > old_epoch  # the answer the client never saw
+    again = c.kafka_consumer_heartbeat(group, a.member_id, old_epoch, owned=old_owned)
+    assert again.member_epoch == lost.member_epoch and again.assignment == {tid: (0, 1, 2)}
+    with pytest.raises(FencedMemberEpochError):
+        c.kafka_consumer_heartbeat(group, a.member_id, old_epoch, owned={T1: (0,)})
+    with pytest.raises(FencedMemberEpochError):
+        c.kafka_consumer_heartbeat(group, a.member_id, old_epoch - 1, owned={})
