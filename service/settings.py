@@ -198,7 +198,9 @@ class Settings(
     kafka_advertised: str | None = Field(
         default=None,
         description="host:port Kafka clients reach this agent at (Metadata's broker address); "
-        "unset: the advertised URL's host (else the listen host) and kafka_port.",
+        "unset: the listen host and kafka_port, or, listening on every interface, the "
+        "address each client's connection reached (other agents are told the address "
+        "this one reaches the coordinator from).",
     )
     kafka_max_request_bytes: Annotated[int, Field(gt=0)] = Field(
         default=100 * MiB,
