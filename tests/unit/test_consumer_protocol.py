@@ -461,3 +461,23 @@ def test_a_lost_answer_is_asked_again_at_the_previous_epoch(
         c.kafka_consumer_heartbeat(group, a.member_id, old_epoch, owned={T1: (0,)})
     with pytest.raises(FencedMemberEpochError):
         c.kafka_consumer_heartbeat(group, a.member_id, old_epoch - 1, owned={})
+
+
+def test_a_group_at_the_size_of_a_big_topic(shared: tuple[LocalCoordinator, Clock]) -> None:
+    """2,500 partitions over 7 members (more than one DescribeTopicPartitions page, more
+    than any test above): each partition owned once, the counts within one of each other,
+    and a member leaving hands its partitions to the others without moving the rest."""
+    c, _ = shared
+    topic, tid = new_topic(c, 2500)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    members = [Member(c, group, [topic]) for _ in range(7)]
+    settle(members, rounds=4)
+    assert no_partition_twice(members) == {(tid, p) for p in range(2500)}
+    sizes = sorted(len(partitions_of(m.owned)) for m in members)
+    assert sizes[-1] - sizes[0] <= 1
+    before = {m.member_id: partitions_of(m.owned) for m in members}
+    members[0].leave()
+    settle(members[1:], rounds=4)
+    assert no_partition_twice(members[1:]) == {(tid, p) for p in range(2500)}
+    for m in members[1:]:
+        assert before[m.member_id] <= partitions_of(m.owned)  # sticky: nothing taken away
