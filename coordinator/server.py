@@ -277,6 +277,21 @@ def _malformed(message: str) -> LakelogError:
     return MalformedRequestError(message)
 
 
+#: The options of ``KafkaGroupStore.consumer_heartbeat`` a request may carry.
+_HEARTBEAT_OPTIONS = (
+    "instance_id",
+    "rack_id",
+    "rebalance_timeout_ms",
+    "subscribed_topic_names",
+    "subscribed_topic_regex",
+    "server_assignor",
+    "owned",
+    "client_id",
+    "client_host",
+    "session_timeout_ms",
+)
+
+
 @contextmanager
 def _parsing(what: str) -> Iterator[None]:
     """Turn the errors of picking a JSON body apart into MalformedRequestError."""
@@ -847,10 +862,12 @@ def create_app(
     @app.post("/v1/kafka-groups/consumer-heartbeat")
     def kafka_consumer_heartbeat(body: dict[str, Any] = Body()) -> Response:
         with _parsing("kafka consumer heartbeat"):
-            options = dict(body)
-            group, member_id = _str(options, "group"), _str(options, "member_id")
-            member_epoch = int(options.pop("member_epoch"))
-            del options["group"], options["member_id"]
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            member_epoch = int(body["member_epoch"])
+            unknown = set(body) - {"group", "member_id", "member_epoch", *_HEARTBEAT_OPTIONS}
+            if unknown:
+                raise ValueError(f"unknown fields {sorted(unknown)}")
+            options = {k: body[k] for k in _HEARTBEAT_OPTIONS if k in body}
             if options.get("owned") is not None:
                 options["owned"] = assignment_from_json(options["owned"])
         result = coordinator.kafka_consumer_heartbeat(group, member_id, member_epoch, **options)
