@@ -242,21 +242,34 @@ class Client:
 
 
 def wait_group_ready(t: Target, group: str, members: int, partitions: int) -> None:
-    """Until REST shows ``members`` members of ``group`` holding all ``partitions``."""
+    """Until REST shows ``members`` members of ``group`` holding all ``partitions`` (a REST
+    answer lost to the machine's load is asked again)."""
     deadline = time.monotonic() + WAIT_S
+    seen: Any = None
     while time.monotonic() < deadline:
-        g = t.group(group)
-        held = 0
-        consumers = t.group_members(group) if g else []
-        for c in consumers:
-            r = httpx.get(
-                t.v3(f"/consumer-groups/{group}/consumers/{c['consumer_id']}/assignments")
-            )
-            held += len(r.json()["data"]) if r.status_code == 200 else 0
-        if g.get("state") == "STABLE" and len(consumers) == members and held == partitions:
+        try:
+            g = t.group(group)
+            consumers = t.group_members(group) if g else []
+            held = 0
+            for c in consumers:
+                url = t.v3(f"/consumer-groups/{group}/consumers/{c['consumer_id']}/assignments")
+                r = httpx.get(url)
+                held += len(r.json()["data"]) if r.status_code == 200 else 0
+        except httpx.HTTPError as e:
+            seen = e
+            continue
+        seen = (g.get("state"), len(consumers), held)
+        if seen == ("STABLE", members, partitions):
             return
         time.sleep(0.2)
-    raise AssertionError(f"group {group} not ready: {t.group(group)}\n{t.logs()[-3000:]}")
+    described = AdminClient({"bootstrap.servers": t.bootstrap}).describe_consumer_groups([group])
+    try:
+        kafka_view: Any = described[group].result(30)
+    except Exception as e:
+        kafka_view = e
+    raise AssertionError(
+        f"group {group} not ready: REST {seen!r}, Kafka {kafka_view!r}\n{t.logs()[-3000:]}"
+    )
 
 
 def _threaded_consume(
@@ -542,6 +555,7 @@ class Kcat(Client):
             subprocess.Popen(
                 [
                     "kcat",
+                    "-u",  # unbuffered: each record as it comes
                     "-b",
                     t.bootstrap,
                     "-G",
