@@ -241,9 +241,22 @@ class Client:
         return None
 
 
-def wait_group_ready(t: Target, group: str, members: int, partitions: int) -> None:
-    """Until REST shows ``members`` members of ``group`` holding all ``partitions`` (a REST
-    answer lost to the machine's load is asked again)."""
+def wait_group_ready(
+    t: Target, group: str, members: int, partitions: int, protocol: str = "classic"
+) -> None:
+    """Until REST shows ``members`` members of ``group``, Stable, holding all ``partitions``
+    (a REST answer lost to the machine's load is asked again).
+
+    A consumer-protocol group's holdings are read with ConsumerGroupDescribe: librdkafka's
+    member ids are base64 and may hold "/", which no REST v3 consumer path can carry."""
+    from kio.schema.consumer_group_describe.v1.request import ConsumerGroupDescribeRequest
+
+    def described() -> Any:
+        request = ConsumerGroupDescribeRequest(
+            group_ids=(group,), include_authorized_operations=False
+        )
+        return kafka_call(t.kafka[0], request).groups[0]
+
     deadline = time.monotonic() + WAIT_S
     seen: Any = None
     while time.monotonic() < deadline:
@@ -251,20 +264,25 @@ def wait_group_ready(t: Target, group: str, members: int, partitions: int) -> No
             g = t.group(group)
             consumers = t.group_members(group) if g else []
             held = 0
-            for c in consumers:
+            if protocol == "consumer":
+                held = sum(
+                    len(tp.partitions)
+                    for m in described().members
+                    for tp in m.assignment.topic_partitions
+                )
+            for c in consumers if protocol != "consumer" else ():
                 url = t.v3(f"/consumer-groups/{group}/consumers/{c['consumer_id']}/assignments")
                 r = httpx.get(url)
                 held += len(r.json()["data"]) if r.status_code == 200 else 0
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, OSError) as e:
             seen = e
             continue
         seen = (g.get("state"), len(consumers), held)
         if seen == ("STABLE", members, partitions):
             return
         time.sleep(0.2)
-    described = AdminClient({"bootstrap.servers": t.bootstrap}).describe_consumer_groups([group])
     try:
-        kafka_view: Any = described[group].result(30)
+        kafka_view: Any = described()
     except Exception as e:
         kafka_view = e
     raise AssertionError(
@@ -768,7 +786,7 @@ def test_group_of_two_reads_everything_once_commits_and_restarts_reading_nothing
     sent: set[str] = set()
 
     def produce_first() -> None:
-        wait_group_ready(target, group, 2, 4)
+        wait_group_ready(target, group, 2, 4, client.protocol)
         sent.update(produce_plain(target, topic, 200, "first"))
 
     got = client.consume(target, topic, group, 2, 200, produce_first)
@@ -785,7 +803,7 @@ def test_group_of_two_reads_everything_once_commits_and_restarts_reading_nothing
     later: set[str] = set()
 
     def produce_more() -> None:
-        wait_group_ready(target, group, 1, 4)
+        wait_group_ready(target, group, 1, 4, client.protocol)
         later.update(produce_plain(target, topic, 30, "later"))
 
     again = client.consume(target, topic, group, 1, 30, produce_more)
@@ -1132,7 +1150,7 @@ def test_consumer_protocol_group_survives_an_agent_killed(
         while sum(len(m.assignment()) for m in members) < 4 and time.monotonic() < deadline:
             for m in members:
                 m.poll(0.1)
-        wait_group_ready(t, group, 2, 4)
+        wait_group_ready(t, group, 2, 4, "consumer")
         before_kill = {c["consumer_id"] for c in t.group_members(group)}
         sent = produce_plain(t, topic, 100, "before")
         poll_until(100)
