@@ -132,11 +132,15 @@ def _as_assignment(tps: Sequence[tuple[bytes, int]]) -> Assignment:
 
 
 def intersect(a: Assignment, b: Assignment) -> Assignment:
-    return _clean({t: tuple(p for p in ps if p in set(b.get(t, ()))) for t, ps in a.items()})
+    return _clean({t: _keep(ps, set(b.get(t, ())), True) for t, ps in a.items()})
 
 
 def minus(a: Assignment, b: Assignment) -> Assignment:
-    return _clean({t: tuple(p for p in ps if p not in set(b.get(t, ()))) for t, ps in a.items()})
+    return _clean({t: _keep(ps, set(b.get(t, ())), False) for t, ps in a.items()})
+
+
+def _keep(ps: Sequence[int], other: set[int], inside: bool) -> tuple[int, ...]:
+    return tuple(p for p in ps if (p in other) == inside)
 
 
 def union(a: Assignment, b: Assignment) -> Assignment:

@@ -101,7 +101,7 @@ _MEMBER_COLUMNS = (
     "consumer"
 )
 _MEMBERS = f"SELECT {_MEMBER_COLUMNS} FROM kafka_members WHERE group_id = ?"
-_DELETE_MEMBERS = "DELETE FROM kafka_members WHERE group_id = ?"
+_DELETE_MEMBER = "DELETE FROM kafka_members WHERE group_id = ? AND member_id = ?"
 _INSERT_MEMBER = (
     f"INSERT INTO kafka_members (group_id, {_MEMBER_COLUMNS}) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -252,6 +252,8 @@ class KafkaGroup:
     topology: str = ""
     #: Names of the topics (by id) in a consumer group's assignments, for describing it.
     topic_names: dict[bytes, str] = field(default_factory=dict)
+    #: Each member's row as loaded: saving writes only the rows that changed.
+    loaded: dict[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +303,7 @@ class KafkaGroupStore:
         for r in conn.execute(self._q(_MEMBERS), (group,)):
             m = Member.from_row(r)
             g.members[m.member_id] = m
+            g.loaded[m.member_id] = m.row(group)
         return g
 
     def _save(self, conn: Any, g: KafkaGroup, now: float) -> None:
@@ -321,8 +324,15 @@ class KafkaGroupStore:
                 now,
             ),
         )
-        conn.execute(q(_DELETE_MEMBERS), (g.group_id,))
-        conn.executemany(q(_INSERT_MEMBER), [m.row(g.group_id) for m in g.members.values()])
+        # Only the members that changed: a heartbeat in a big stable group rewrites one
+        # row, not every member's assignment (bench/consumer_protocol.py).
+        rows = {mid: m.row(g.group_id) for mid, m in g.members.items()}
+        stale = [mid for mid in g.loaded if g.loaded[mid] != rows.get(mid)]
+        conn.executemany(q(_DELETE_MEMBER), [(g.group_id, mid) for mid in stale])
+        conn.executemany(
+            q(_INSERT_MEMBER), [r for mid, r in rows.items() if g.loaded.get(mid) != r]
+        )
+        g.loaded = rows
 
     def _transact(self, group: str, apply: Callable[[Any, KafkaGroup, float], Any]) -> Any:
         with self._db.write() as conn:
