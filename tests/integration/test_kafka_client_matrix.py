@@ -241,48 +241,54 @@ class Client:
         return None
 
 
+def _describe_group(t: Target, group: str) -> Any:
+    """ConsumerGroupDescribe of ``group`` through the Kafka door."""
+    from kio.schema.consumer_group_describe.v1.request import ConsumerGroupDescribeRequest
+
+    request = ConsumerGroupDescribeRequest(group_ids=(group,), include_authorized_operations=False)
+    return kafka_call(t.kafka[0], request).groups[0]
+
+
+def group_view(t: Target, group: str, protocol: str) -> tuple[Any, int, int]:
+    """(REST state, REST member count, partitions held) of ``group``.
+
+    A consumer-protocol group's holdings are read with ConsumerGroupDescribe: librdkafka's
+    member ids are base64 and may hold "/", which no REST v3 consumer path can carry."""
+    g = t.group(group)
+    consumers = t.group_members(group) if g else []
+    held = 0
+    if protocol == "consumer":
+        held = sum(
+            len(tp.partitions)
+            for m in _describe_group(t, group).members
+            for tp in m.assignment.topic_partitions
+        )
+    for c in consumers if protocol != "consumer" else ():
+        url = t.v3(f"/consumer-groups/{group}/consumers/{c['consumer_id']}/assignments")
+        r = httpx.get(url)
+        held += len(r.json()["data"]) if r.status_code == 200 else 0
+    return g.get("state"), len(consumers), held
+
+
 def wait_group_ready(
     t: Target, group: str, members: int, partitions: int, protocol: str = "classic"
 ) -> None:
     """Until REST shows ``members`` members of ``group``, Stable, holding all ``partitions``
-    (a REST answer lost to the machine's load is asked again).
-
-    A consumer-protocol group's holdings are read with ConsumerGroupDescribe: librdkafka's
-    member ids are base64 and may hold "/", which no REST v3 consumer path can carry."""
-    from kio.schema.consumer_group_describe.v1.request import ConsumerGroupDescribeRequest
-
-    def described() -> Any:
-        request = ConsumerGroupDescribeRequest(
-            group_ids=(group,), include_authorized_operations=False
-        )
-        return kafka_call(t.kafka[0], request).groups[0]
-
+    (a REST answer lost to the machine's load is asked again). The members must be polled
+    meanwhile (on another thread): clients give up revoked partitions in their poll."""
     deadline = time.monotonic() + WAIT_S
     seen: Any = None
     while time.monotonic() < deadline:
         try:
-            g = t.group(group)
-            consumers = t.group_members(group) if g else []
-            held = 0
-            if protocol == "consumer":
-                held = sum(
-                    len(tp.partitions)
-                    for m in described().members
-                    for tp in m.assignment.topic_partitions
-                )
-            for c in consumers if protocol != "consumer" else ():
-                url = t.v3(f"/consumer-groups/{group}/consumers/{c['consumer_id']}/assignments")
-                r = httpx.get(url)
-                held += len(r.json()["data"]) if r.status_code == 200 else 0
+            seen = group_view(t, group, protocol)
         except (httpx.HTTPError, OSError) as e:
             seen = e
             continue
-        seen = (g.get("state"), len(consumers), held)
         if seen == ("STABLE", members, partitions):
             return
         time.sleep(0.2)
     try:
-        kafka_view: Any = described()
+        kafka_view: Any = _describe_group(t, group)
     except Exception as e:
         kafka_view = e
     raise AssertionError(
@@ -1147,10 +1153,12 @@ def test_consumer_protocol_group_survives_an_agent_killed(
 
     try:
         deadline = time.monotonic() + WAIT_S
-        while sum(len(m.assignment()) for m in members) < 4 and time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # polled: members revoke in their poll
             for m in members:
                 m.poll(0.1)
-        wait_group_ready(t, group, 2, 4, "consumer")
+            if group_view(t, group, "consumer") == ("STABLE", 2, 4):
+                break
+        assert group_view(t, group, "consumer") == ("STABLE", 2, 4), _describe_group(t, group)
         before_kill = {c["consumer_id"] for c in t.group_members(group)}
         sent = produce_plain(t, topic, 100, "before")
         poll_until(100)
