@@ -58,9 +58,9 @@ BROKERS_TTL_S = 1.0
 #: Leader epoch reported for every partition: leadership is only a routing hint here.
 LEADER_EPOCH = 0
 #: ListOffsets special timestamps: v7 max timestamp (KIP-734), v8 earliest local
-#: (KIP-405), v9 latest tiered (KIP-1005), v11 earliest pending upload (KIP-1023).
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
-EARLIEST_LOCAL, LATEST_TIERED, EARLIEST_PENDING_UPLOAD = -4, -5, -6
+#: (KIP-405); v9's latest tiered (-5) and v11's earliest pending upload (-6) are the
+#: other negatives (see ``_offset_for``).
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 
 
 @dataclass(frozen=True, slots=True)
@@ -842,7 +842,7 @@ def _offset_for(st: AgentState, topic: str, partition: int, timestamp: int) -> t
     if timestamp == MAX_TIMESTAMP:
         return _max_timestamp(st, topic, partition, offsets.log_start)
     if timestamp < 0:
-        # LATEST_TIERED, EARLIEST_PENDING_UPLOAD: Kafka's remote log storage (KIP-405),
+        # Latest tiered, earliest pending upload: Kafka's remote log storage (KIP-405),
         # which lakelog does not have (its Parquet tier is read as the log itself); Kafka
         # answers -1 for a topic without it. Unknown specials the same.
         return -1, -1

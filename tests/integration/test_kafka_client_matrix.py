@@ -1176,3 +1176,40 @@ def test_consumer_protocol_group_survives_an_agent_killed(
     assert sorted(v for v, _, _ in got) == sorted(sent), cluster.logs()[-3000:]
     assert len(set(got)) == len(got)
     assert {c["consumer_id"] for c in t.group_members(group)} <= before_kill  # same members
+
+
+def test_list_offsets_special_timestamps_of_the_newest_versions(target: Target) -> None:
+    """ListOffsets v11: latest, earliest, earliest-local (the log start: the whole log is
+    local here), and the remote-storage specials (latest tiered, earliest pending upload:
+    -1, as Kafka answers for a topic without remote storage)."""
+    from kio.schema.list_offsets.v11.request import (
+        ListOffsetsPartition,
+        ListOffsetsRequest,
+        ListOffsetsTopic,
+    )
+
+    topic = target.create_topic(1)
+    produce_plain(target, topic, 5, "lo")
+    answers = []
+    for ts in (-1, -2, -4, -5, -6):
+        got = kafka_call(
+            target.kafka[-1],
+            ListOffsetsRequest(
+                replica_id=-1,
+                isolation_level=0,
+                topics=(
+                    ListOffsetsTopic(
+                        name=topic,
+                        partitions=(
+                            ListOffsetsPartition(
+                                partition_index=0, current_leader_epoch=-1, timestamp=ts
+                            ),
+                        ),
+                    ),
+                ),
+                timeout=datetime.timedelta(seconds=30),
+            ),
+        )
+        (p,) = got.topics[0].partitions
+        answers.append((p.error_code, p.offset))
+    assert answers == [(ErrorCode.none, o) for o in (5, 0, 0, -1, -1)]
