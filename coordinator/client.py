@@ -63,8 +63,10 @@ class Coordinator(Protocol):
 
     def list_topics(self) -> list[TopicInfo]: ...
 
-    def delete_topic(self, name: str) -> None:
-        """Raises TopicNotFoundError. Its index rows go; its objects become garbage."""
+    def delete_topic(self, name: str, *, topic_id: bytes | None = None) -> None:
+        """Raises TopicNotFoundError (also when ``topic_id`` is given and the topic named
+        ``name`` now has another id: a topic recreated under the name is never deleted by
+        its predecessor's id). Its index rows go; its objects become garbage."""
         ...
 
     def add_partitions(self, name: str, partitions: int) -> TopicInfo:

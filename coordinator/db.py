@@ -564,6 +564,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             "SELECT DISTINCT topic_id, 1 FROM index_entries WHERE kind = 'parquet'",
         ),
     ),
+    Migration(
+        17,
+        "Kafka consumer groups: the consumer group protocol (KIP-848) beside the classic one",
+        (
+            # 'classic' (JoinGroup/SyncGroup) or 'consumer' (ConsumerGroupHeartbeat); a
+            # group changes type only while it has no member. generation is the group
+            # epoch of a consumer group; assignment_epoch the epoch its target assignment
+            # was computed at; topology what it was computed over (subscribed topics' ids
+            # and partition counts), so a new partition or topic starts a new epoch.
+            "ALTER TABLE kafka_groups ADD COLUMN group_type TEXT NOT NULL DEFAULT 'classic'",
+            "ALTER TABLE kafka_groups ADD COLUMN assignment_epoch INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE kafka_groups ADD COLUMN topology TEXT NOT NULL DEFAULT ''",
+            # A consumer-protocol member's state as JSON (coordinator.kafka_groups
+            # ConsumerMember): epoch, subscription, assignor, assigned, revoking and
+            # target partitions; '' for a classic member.
+            "ALTER TABLE kafka_members ADD COLUMN consumer TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -129,6 +129,8 @@ class GroupInfo:
     assignor: str
     members: tuple[ConsumerState, ...]
     committed: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
+    #: CLASSIC (REST instances, Kafka's JoinGroup) or CONSUMER (KIP-848's protocol).
+    group_type: str = "CLASSIC"
 
 
 class GroupTopicLag(NamedTuple):

@@ -31,6 +31,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
+from coordinator.assignors import Assignment
 from coordinator.client import ChunkCommit
 from coordinator.groups import (
     CommittedOffset,
@@ -41,7 +42,14 @@ from coordinator.groups import (
     GroupCoordinator,
     GroupInfo,
 )
-from coordinator.kafka_groups import JoinResult, KafkaGroup, KafkaGroupCoordinator, Member
+from coordinator.kafka_groups import (
+    ConsumerMember,
+    HeartbeatResult,
+    JoinResult,
+    KafkaGroup,
+    KafkaGroupCoordinator,
+    Member,
+)
 from coordinator.producers import ProducerBatch, ProducerPartitionState, RequestKey, StoredKey
 from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
 from segments.errors import (
@@ -362,6 +370,7 @@ def group_info_to_json(g: GroupInfo) -> JSON:
         "assignor": g.assignor,
         "members": [consumer_state_to_json(m) for m in g.members],
         "committed": committed_to_json(g.committed),
+        "group_type": g.group_type,
     }
 
 
@@ -373,6 +382,7 @@ def group_info_from_json(d: JSON) -> GroupInfo:
         assignor=d["assignor"],
         members=tuple(consumer_state_from_json(m) for m in d["members"]),
         committed=committed_from_json(d["committed"]),
+        group_type=d["group_type"],
     )
 
 
@@ -398,9 +408,36 @@ def join_result_from_json(d: JSON) -> JoinResult:
     )
 
 
+def assignment_to_json(a: Assignment) -> JSON:
+    return {bytes(t).hex(): list(ps) for t, ps in a.items()}
+
+
+def assignment_from_json(d: JSON) -> Assignment:
+    return {bytes.fromhex(t): tuple(_int(p) for p in ps) for t, ps in d.items()}
+
+
+def heartbeat_result_to_json(r: HeartbeatResult) -> JSON:
+    return {
+        "member_id": r.member_id,
+        "member_epoch": r.member_epoch,
+        "assignment": None if r.assignment is None else assignment_to_json(r.assignment),
+    }
+
+
+def heartbeat_result_from_json(d: JSON) -> HeartbeatResult:
+    a = d["assignment"]
+    return HeartbeatResult(
+        d["member_id"], _int(d["member_epoch"]), None if a is None else assignment_from_json(a)
+    )
+
+
 def kafka_group_to_json(g: KafkaGroup) -> JSON:
     return {
         "group_id": g.group_id,
+        "group_type": g.group_type,
+        "assignment_epoch": g.assignment_epoch,
+        "topology": g.topology,
+        "topic_names": {t.hex(): n for t, n in g.topic_names.items()},
         "state": g.state,
         "generation": g.generation,
         "protocol_type": g.protocol_type,
@@ -413,6 +450,7 @@ def kafka_group_to_json(g: KafkaGroup) -> JSON:
                 **{k: getattr(m, k) for k in _MEMBER_SCALARS},
                 "protocols": [[n, meta.hex()] for n, meta in m.protocols],
                 "assignment": m.assignment.hex(),
+                "consumer": m.consumer.to_json() if m.consumer is not None else "",
             }
             for m in g.members.values()
         ],
@@ -441,6 +479,7 @@ def kafka_group_from_json(d: JSON) -> KafkaGroup:
             protocols=[(n, bytes.fromhex(meta)) for n, meta in m["protocols"]],
             assignment=bytes.fromhex(m["assignment"]),
             joined=m["joined"],
+            consumer=ConsumerMember.from_json(m["consumer"]),
         )
         members[member.member_id] = member
     return KafkaGroup(
@@ -453,6 +492,10 @@ def kafka_group_from_json(d: JSON) -> KafkaGroup:
         d["rebalance_started"],
         members,
         d["stored"],
+        d["group_type"],
+        d["assignment_epoch"],
+        d["topology"],
+        {bytes.fromhex(t): n for t, n in d["topic_names"].items()},
     )
 
 
@@ -685,8 +728,9 @@ class HttpCoordinator:
         data = self._request("GET", "/v1/topics", idempotent=True)
         return [topic_from_json(t) for t in data["topics"]]
 
-    def delete_topic(self, name: str) -> None:
-        self._request("DELETE", topic_path(name), idempotent=False)
+    def delete_topic(self, name: str, *, topic_id: bytes | None = None) -> None:
+        params = {} if topic_id is None else {"topic_id": bytes(topic_id).hex()}
+        self._request("DELETE", topic_path(name), params=params, idempotent=False)
 
     def add_partitions(self, name: str, partitions: int) -> TopicInfo:
         data = self._request(
@@ -1023,13 +1067,34 @@ class HttpCoordinator:
         self._group_call("/v1/kafka-groups/commit", body)
 
     def kafka_committed(
-        self, group: str, partitions: Sequence[TopicPartition] | None = None
+        self,
+        group: str,
+        partitions: Sequence[TopicPartition] | None = None,
+        *,
+        member_id: str = "",
+        member_epoch: int = -1,
     ) -> dict[TopicPartition, CommittedOffset]:
         body = {
             "group": group,
             "partitions": None if partitions is None else [tp_to_json(tp) for tp in partitions],
+            "member_id": member_id,
+            "member_epoch": member_epoch,
         }
         return committed_from_json(self._group_call("/v1/kafka-groups/committed", body)["offsets"])
+
+    def kafka_consumer_heartbeat(
+        self, group: str, member_id: str, member_epoch: int, **options: Any
+    ) -> HeartbeatResult:
+        # Safe to repeat: a repeat after a lost answer finds the member a step further
+        # and answers from there (an epoch one behind is accepted, as Kafka accepts it).
+        opts = dict(options)
+        if opts.get("owned") is not None:
+            opts["owned"] = assignment_to_json(opts["owned"])
+        if opts.get("subscribed_topic_names") is not None:
+            opts["subscribed_topic_names"] = list(opts["subscribed_topic_names"])
+        body = {"group": group, "member_id": member_id, "member_epoch": member_epoch, **opts}
+        data = self._group_call("/v1/kafka-groups/consumer-heartbeat", body)
+        return heartbeat_result_from_json(data)
 
     def kafka_describe(self, group: str) -> KafkaGroup | None:
         data = self._group_call("/v1/kafka-groups/describe", {"group": group})

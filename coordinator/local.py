@@ -24,6 +24,7 @@ from coordinator.groups import (
 from coordinator.groups_store import GroupStore
 from coordinator.janitors.catalog import Catalog
 from coordinator.kafka_groups import (
+    HeartbeatResult,
     JoinResult,
     KafkaGroup,
     KafkaGroupCoordinator,
@@ -175,8 +176,8 @@ class LocalCoordinator:
     def list_topics(self) -> list[TopicInfo]:
         return self._store.list_topics()
 
-    def delete_topic(self, name: str) -> None:
-        self._store.delete_topic(name)
+    def delete_topic(self, name: str, *, topic_id: bytes | None = None) -> None:
+        self._store.delete_topic(name, topic_id=topic_id)
 
     def add_partitions(self, name: str, partitions: int) -> TopicInfo:
         return self._store.add_partitions(name, partitions)
@@ -390,12 +391,24 @@ class LocalCoordinator:
         self._kafka_groups.commit_offsets(group, member_id, generation, offsets)
 
     def kafka_committed(
-        self, group: str, partitions: Sequence[TopicPartition] | None = None
+        self,
+        group: str,
+        partitions: Sequence[TopicPartition] | None = None,
+        *,
+        member_id: str = "",
+        member_epoch: int = -1,
     ) -> dict[TopicPartition, CommittedOffset]:
-        return self._kafka_groups.committed(group, partitions)
+        return self._kafka_groups.committed(
+            group, partitions, member_id=member_id, member_epoch=member_epoch
+        )
 
     def kafka_describe(self, group: str) -> KafkaGroup | None:
         return self._kafka_groups.describe(group)
+
+    def kafka_consumer_heartbeat(
+        self, group: str, member_id: str, member_epoch: int, **options: Any
+    ) -> HeartbeatResult:
+        return self._kafka_groups.consumer_heartbeat(group, member_id, member_epoch, **options)
 
     def kafka_delete_group(self, group: str) -> None:
         if self._groups_have_instances(group):

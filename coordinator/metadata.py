@@ -550,17 +550,23 @@ class MetadataStore:
             for topic_id, name, count in topics
         ]
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str, *, topic_id: bytes | None = None) -> None:
         """Drop a topic with its partitions, configs and index entries.
 
         Its objects stay in ``objects`` until garbage collection; the name can be
         reused at once (with a new topic id).
 
         Raises:
-            TopicNotFoundError.
+            TopicNotFoundError: no such topic, or (``topic_id`` given) its id is another.
         """
         with self._db.write() as conn:
-            topic_id = self._topic(conn, name, with_configs=False).topic_id
+            found = self._topic(conn, name, with_configs=False).topic_id
+            if topic_id is not None and bytes(topic_id) != found:
+                raise TopicNotFoundError(
+                    f"Topic with id {format_topic_id(topic_id)} not found "
+                    f"('{name}' has another id)."
+                )
+            topic_id = found
             for statement in _DELETE_TOPIC:
                 conn.execute(self._q(statement), (topic_id,))
             if self._placement is not None:

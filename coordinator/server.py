@@ -136,6 +136,7 @@ from coordinator.group_metrics import GroupLagCollector
 from coordinator.groups import GroupCoordinator
 from coordinator.http_client import (
     agent_to_json,
+    assignment_from_json,
     chunk_commit_from_json,
     chunk_ref_to_json,
     committed_from_json,
@@ -145,6 +146,7 @@ from coordinator.http_client import (
     fetch_lease_to_json,
     group_info_to_json,
     heartbeat_from_json,
+    heartbeat_result_to_json,
     join_result_to_json,
     kafka_group_to_json,
     object_info_to_json,
@@ -273,6 +275,21 @@ def _json(data: Any, status_code: int = 200) -> Response:
 
 def _malformed(message: str) -> LakelogError:
     return MalformedRequestError(message)
+
+
+#: The options of ``KafkaGroupStore.consumer_heartbeat`` a request may carry.
+_HEARTBEAT_OPTIONS = (
+    "instance_id",
+    "rack_id",
+    "rebalance_timeout_ms",
+    "subscribed_topic_names",
+    "subscribed_topic_regex",
+    "server_assignor",
+    "owned",
+    "client_id",
+    "client_host",
+    "session_timeout_ms",
+)
 
 
 @contextmanager
@@ -565,8 +582,11 @@ def create_app(
         return _json(topic_to_json(coordinator.get_topic(name)))
 
     @app.delete("/v1/topics/{name:path}", status_code=204)
-    def delete_topic(name: str) -> Response:
-        coordinator.delete_topic(name)
+    def delete_topic(name: str, topic_id: str | None = None) -> Response:
+        """``topic_id`` (hex): delete only the topic of that id (see Coordinator)."""
+        with _parsing("delete topic"):
+            expected = None if topic_id is None else bytes.fromhex(topic_id)
+        coordinator.delete_topic(name, topic_id=expected)
         return Response(status_code=204)
 
     # -- the log ----------------------------------------------------------------
@@ -832,8 +852,26 @@ def create_app(
             group = _str(body, "group")
             raw = body.get("partitions")
             partitions = None if raw is None else [tp_from_json(tp) for tp in raw]
-        found = coordinator.kafka_committed(group, partitions)
+            member_id = str(body.get("member_id") or "")
+            member_epoch = int(body.get("member_epoch", -1))
+        found = coordinator.kafka_committed(
+            group, partitions, member_id=member_id, member_epoch=member_epoch
+        )
         return _json({"offsets": committed_to_json(found)})
+
+    @app.post("/v1/kafka-groups/consumer-heartbeat")
+    def kafka_consumer_heartbeat(body: dict[str, Any] = Body()) -> Response:
+        with _parsing("kafka consumer heartbeat"):
+            group, member_id = _str(body, "group"), _str(body, "member_id")
+            member_epoch = int(body["member_epoch"])
+            unknown = set(body) - {"group", "member_id", "member_epoch", *_HEARTBEAT_OPTIONS}
+            if unknown:
+                raise ValueError(f"unknown fields {sorted(unknown)}")
+            options = {k: body[k] for k in _HEARTBEAT_OPTIONS if k in body}
+            if options.get("owned") is not None:
+                options["owned"] = assignment_from_json(options["owned"])
+        result = coordinator.kafka_consumer_heartbeat(group, member_id, member_epoch, **options)
+        return _json(heartbeat_result_to_json(result))
 
     @app.post("/v1/kafka-groups/describe")
     def kafka_describe(body: dict[str, Any] = Body()) -> Response:

@@ -589,9 +589,10 @@ class ShardedStore:
     def list_topics(self) -> list[TopicInfo]:
         return self._catalog.list_topics()
 
-    def delete_topic(self, name: str) -> None:
-        topic_id = self._catalog.get_topic(name).topic_id
-        self._catalog.delete_topic(name)
+    def delete_topic(self, name: str, *, topic_id: bytes | None = None) -> None:
+        if topic_id is None:
+            topic_id = self._catalog.get_topic(name).topic_id
+        self._catalog.delete_topic(name, topic_id=topic_id)
         with self._where_lock:
             for key in [k for k in self._where if k[0] == topic_id]:
                 del self._where[key]

@@ -28,7 +28,11 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── GroupNotFoundError        no consumer group of that id
     │   ├── ConsumerStateError        subscribe vs assign conflict, seek of an unassigned partition
     │   ├── StaleGenerationError      a commit from a generation the group has left behind
+    │   │   ├── FencedMemberEpochError  a consumer-protocol member's epoch is not its own: rejoin
+    │   │   └── StaleMemberEpochError   a commit or fetch of offsets at another member epoch
+    │   ├── UnreleasedInstanceIdError a static member's instance id held by a live member
     │   ├── InvalidConsumerConfigError
+    │   │   └── UnsupportedAssignorError  a server-side assignor lakelog does not have
     │   ├── InvalidTopicPatternError  a topic_pattern we cannot run (Java syntax RE2 lacks)
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
     │   ├── OffsetOutOfRangeError     an offset beyond the partition's high watermark
@@ -219,6 +223,23 @@ class StaleGenerationError(MetadataError):
 
 class InvalidConsumerConfigError(MetadataError):
     """A consumer setting the instance cannot take (format, reset policy, sizes)."""
+
+
+class FencedMemberEpochError(StaleGenerationError):
+    """A consumer-protocol member (KIP-848) sent an epoch that is not its current one (or
+    it left the group): it must rejoin at epoch 0."""
+
+
+class StaleMemberEpochError(StaleGenerationError):
+    """Offsets committed or fetched at a member epoch other than the member's current one."""
+
+
+class UnreleasedInstanceIdError(MetadataError):
+    """A static member's instance id is still held by a member that has not left."""
+
+
+class UnsupportedAssignorError(InvalidConsumerConfigError):
+    """A server-side assignor other than those lakelog runs (``uniform``, ``range``)."""
 
 
 class InvalidTopicPatternError(MetadataError):
@@ -473,7 +494,11 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         GroupNotFoundError,
         ConsumerStateError,
         StaleGenerationError,
+        FencedMemberEpochError,
+        StaleMemberEpochError,
+        UnreleasedInstanceIdError,
         InvalidConsumerConfigError,
+        UnsupportedAssignorError,
         InvalidTopicPatternError,
         NoOffsetError,
         JanitorBusyError,

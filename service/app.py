@@ -145,19 +145,49 @@ def broker_address(settings: Settings) -> tuple[str, int]:
     return host, settings.port
 
 
-def kafka_address(settings: Settings, bound_port: int) -> tuple[str, int]:
-    """The host and port Kafka clients are told to reach this agent's listener at.
+_ANY_HOST = ("", "0.0.0.0", "::")
 
-    Never the REST ``advertised_url``'s host: that is often a load balancer, and Kafka
-    clients must reach each broker itself.
+
+def kafka_address(settings: Settings, bound_port: int) -> tuple[str, int]:
+    """The host and port this agent registers for its Kafka listener (what Metadata tells
+    clients about it when another agent answers).
+
+    ``kafka_advertised`` if set; else the listen host; listening on every interface, the
+    address of the one this machine reaches the coordinator through (the cluster's
+    network), never the host name, which clients elsewhere or in containers may not
+    resolve. Never the REST ``advertised_url``'s host: that is often a load balancer,
+    and Kafka clients must reach each broker itself. (This agent's own answers name the
+    address each connection reached: :func:`kafka_advertises_per_connection`.)
     """
     if settings.kafka_advertised:
         host, _, port = settings.kafka_advertised.rpartition(":")
         return host, int(port)
     host = settings.host
-    if host in ("", "0.0.0.0", "::"):
-        host = socket.gethostname()
+    if host in _ANY_HOST:
+        host = _address_toward(settings.coordinator_urls()) or socket.gethostname()
     return host, bound_port
+
+
+def kafka_advertises_per_connection(settings: Settings) -> bool:
+    """Whether this agent's Kafka answers name, for itself, the address each connection
+    reached (no ``kafka_advertised``, listening on every interface)."""
+    return not settings.kafka_advertised and settings.host in _ANY_HOST
+
+
+def _address_toward(urls: list[str]) -> str | None:
+    """The local address of the interface that routes to the first URL's host (a UDP
+    socket's connect sends nothing), or None (no URL, or no route)."""
+    host = urlsplit(urls[0]).hostname if urls else None
+    if not host:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(address)
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
 
 
 def _close(obj: object) -> None:
@@ -322,7 +352,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             )
             await kafka.start()
             state.kafka_address = kafka_address(settings, kafka.port)
-            kafka.advertise(state.kafka_address)
+            kafka.advertise(
+                state.kafka_address,
+                per_connection=kafka_advertises_per_connection(settings),
+            )
             stack.push_async_callback(kafka.close)  # before the batcher's flush-and-close
         try:
             await heartbeat_once(state)

@@ -148,7 +148,11 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.ConsumerStateError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     # A rebalance overtook the request: the client retries with the new assignment.
     e.StaleGenerationError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.FencedMemberEpochError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.StaleMemberEpochError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
+    e.UnreleasedInstanceIdError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.InvalidConsumerConfigError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
+    e.UnsupportedAssignorError: ErrorSpec(ErrorCode.INVALID_CONSUMER_CONFIG),
     e.InvalidTopicPatternError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.NoOffsetError: ErrorSpec(ErrorCode.ILLEGAL_STATE),
     e.NonEmptyGroupError: ErrorSpec(ErrorCode.ILLEGAL_STATE),

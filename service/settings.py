@@ -198,7 +198,9 @@ class Settings(
     kafka_advertised: str | None = Field(
         default=None,
         description="host:port Kafka clients reach this agent at (Metadata's broker address); "
-        "unset: the advertised URL's host (else the listen host) and kafka_port.",
+        "unset: the listen host and kafka_port, or, listening on every interface, the "
+        "address each client's connection reached (other agents are told the address "
+        "this one reaches the coordinator from).",
     )
     kafka_max_request_bytes: Annotated[int, Field(gt=0)] = Field(
         default=100 * MiB,
@@ -241,6 +243,16 @@ class Settings(
         default=1000,
         description="Kafka connections one client address may hold at once (Kafka's "
         "max.connections.per.ip); more are closed on accept.",
+    )
+    kafka_group_session_timeout_ms: Annotated[int, Field(gt=0)] = Field(
+        default=45_000,
+        description="Consumer-protocol (KIP-848) members silent this long leave their group "
+        "(Kafka's group.consumer.session.timeout.ms). Set it alike on every agent.",
+    )
+    kafka_group_heartbeat_interval_ms: Annotated[int, Field(gt=0)] = Field(
+        default=5_000,
+        description="How often consumer-protocol members heartbeat; each heartbeat moves a "
+        "rebalance one step (Kafka's group.consumer.heartbeat.interval.ms).",
     )
 
     # -- topics and metadata -------------------------------------------------

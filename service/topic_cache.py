@@ -36,6 +36,7 @@ class TopicCache:
         self.auto_create = auto_create
         self.default_partitions = default_partitions
         self._entries: dict[str, tuple[float, TopicInfo]] = {}
+        self._by_id: dict[bytes, tuple[float, TopicInfo]] = {}
 
     async def get(self, name: str) -> TopicInfo:
         """The topic, from the cache if fresh enough.
@@ -58,6 +59,24 @@ class TopicCache:
         if hit is None:
             return DEFAULT_MAX_DECOMPRESSED_BYTES
         return max_decompressed_bytes(hit[1])
+
+    async def by_id(self, topic_id: bytes) -> TopicInfo:
+        """The topic whose id is ``topic_id`` (Kafka's topic ids), from the cache if fresh.
+
+        A topic deleted and created again under its name has a new id: the old id is
+        not found, whatever the name.
+
+        Raises:
+            TopicNotFoundError: no topic has that id.
+        """
+        key = bytes(topic_id)
+        hit = self._by_id.get(key)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        info = await call(self.coordinator.get_topic_by_id, key)
+        self._by_id[key] = self._entries[info.name] = (now, info)
+        return info
 
     async def get_or_create(self, name: str) -> TopicInfo:
         """The topic; created with ``default_partitions`` first when auto-create is on.
@@ -86,9 +105,12 @@ class TopicCache:
         self._entries[info.name] = (time.monotonic(), info)
 
     def invalidate(self, name: str) -> None:
-        """Forget ``name`` so the next ``get`` asks the coordinator."""
+        """Forget ``name`` so the next ``get`` (or ``by_id`` of its id) asks the coordinator."""
         self._entries.pop(name, None)
+        for key in [k for k, (_, info) in self._by_id.items() if info.name == name]:
+            del self._by_id[key]
 
     def invalidate_all(self) -> None:
         """Forget every topic (the cluster-wide configs they inherit changed)."""
         self._entries.clear()
+        self._by_id.clear()

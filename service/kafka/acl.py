@@ -90,6 +90,11 @@ RULES: dict[int, Rule] = {
     42: Rule(group=Op.DELETE),  # DeleteGroups
     44: Rule(topic=Op.ALTER_CONFIGS, cluster=Op.ALTER_CONFIGS),  # IncrementalAlterConfigs
     60: AUTHENTICATED,  # DescribeCluster
+    # ConsumerGroupHeartbeat (KIP-848): READ on the group, DESCRIBE on each subscribed topic.
+    68: Rule(group=Op.READ, topic=Op.DESCRIBE),
+    # ConsumerGroupDescribe: DESCRIBE on the group.
+    69: Rule(group=Op.DESCRIBE),
+    75: Rule(topic=Op.DESCRIBE),  # DescribeTopicPartitions (KIP-966)
 }
 
 

@@ -32,6 +32,10 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.CoordinatorUnavailableError: ErrorCode.request_timed_out,
     e.GroupNotFoundError: ErrorCode.group_id_not_found,
     e.StaleGenerationError: ErrorCode.illegal_generation,
+    e.FencedMemberEpochError: ErrorCode.fenced_member_epoch,
+    e.StaleMemberEpochError: ErrorCode.stale_member_epoch,
+    e.UnreleasedInstanceIdError: ErrorCode.unreleased_instance_id,
+    e.UnsupportedAssignorError: ErrorCode.unsupported_assignor,
     e.ConsumerNotFoundError: ErrorCode.unknown_member_id,
     e.InvalidConsumerConfigError: ErrorCode.invalid_group_id,
     e.OffsetOutOfRangeError: ErrorCode.offset_out_of_range,
@@ -48,6 +52,8 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.CorruptRecordError: ErrorCode.corrupt_message,
     e.SecurityDisabledError: ErrorCode.security_disabled,
     e.InvalidSecurityRequestError: ErrorCode.invalid_request,
+    # A broker config resource naming no live broker (Kafka: "Unexpected broker id").
+    e.BrokerNotFoundError: ErrorCode.invalid_request,
 }
 
 

@@ -11,19 +11,38 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
 
+from coordinator.assignors import Assignment
 from coordinator.groups import CommittedOffset
-from coordinator.kafka_groups import JoinResult, KafkaGroupCoordinator
+from coordinator.kafka_groups import (
+    CLASSIC,
+    CONSUMER,
+    HeartbeatResult,
+    JoinResult,
+    KafkaGroup,
+    KafkaGroupCoordinator,
+    group_assignor,
+)
 from segments.errors import LakelogError
-from segments.types import TopicPartition
+from segments.types import TopicInfo, TopicPartition
 from service.executors import call
 from service.kafka.acl import GROUP_DENIED, TOPIC_DENIED, TRANSACTIONAL_ID_DENIED, Access
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, millis, nested
-from service.kafka.handlers import KafkaContext, response_cls
+from service.kafka.handlers import (
+    KafkaContext,
+    NamedTopic,
+    TopicKey,
+    resolve_topic,
+    response_cls,
+    topic_fields,
+    topic_key,
+)
 
 #: How often a waiting JoinGroup or SyncGroup asks the coordinator again.
 POLL_S = 0.05
@@ -42,7 +61,9 @@ async def find_coordinator(ctx: KafkaContext, req: Request, access: Access) -> A
 
     def found(key: str) -> dict[str, Any]:
         code, message = ErrorCode.none, None
-        if body.key_type == TRANSACTION_KEY:
+        if body.key_type not in (GROUP_KEY, TRANSACTION_KEY):  # v6's share groups (KIP-932)
+            code, message = ErrorCode.invalid_request, "Share groups are not supported."
+        elif body.key_type == TRANSACTION_KEY:
             code, message = ErrorCode.coordinator_not_available, "Transactions are not supported."
             if not access.transactional_id(key):
                 code, message = TRANSACTIONAL_ID_DENIED, None
@@ -215,30 +236,32 @@ async def leave_group(ctx: KafkaContext, req: Request, access: Access) -> Any:
 
 async def offset_commit(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Commit the partitions of topics the principal may READ (READ on the group first);
-    the others get TOPIC_AUTHORIZATION_FAILED and are not stored."""
+    the others get TOPIC_AUTHORIZATION_FAILED and are not stored. Topics are named by
+    name, or by id from v10. A commit naming an unknown topic, id or partition stores
+    nothing, as Kafka. From v9 a consumer-protocol member commits at its member epoch."""
     body = req.body
     resp = response_cls(type(body))
     generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
     group_allowed = access.group(body.group_id)
-    denied = {t.name for t in body.topics if group_allowed and not access.topic(t.name)}
-    offsets = {
-        TopicPartition(t.name, p.partition_index): CommittedOffset(
-            p.committed_offset, p.committed_metadata or ""
-        )
-        for t in body.topics
-        if t.name not in denied
-        for p in t.partitions
-    }
-    code = ErrorCode.none
+    named: dict[TopicKey, NamedTopic] = {}
+    for t in body.topics if group_allowed else ():
+        key = topic_key(t)
+        named[key] = await resolve_topic(ctx, key, access.topic)
+    denied = {k for k, n in named.items() if n.error == TOPIC_DENIED}
+    code = ErrorCode.none if group_allowed else GROUP_DENIED
+    offsets: dict[TopicPartition, CommittedOffset] = {}
+    for t in body.topics if group_allowed else ():
+        n = named[topic_key(t)]
+        if n.error == TOPIC_DENIED:
+            continue
+        for p in t.partitions:
+            if n.info is None or not 0 <= p.partition_index < n.info.partitions:
+                code = n.error if n.info is None else ErrorCode.unknown_topic_or_partition
+                continue
+            offsets[TopicPartition(n.info.name, p.partition_index)] = CommittedOffset(
+                p.committed_offset, p.committed_metadata or ""
+            )
     try:
-        if not group_allowed:
-            code = GROUP_DENIED
-        for tp in offsets:  # a commit naming an unknown partition stores nothing, as Kafka
-            if code != ErrorCode.none:
-                break
-            topic = await ctx.state.topics.get(tp.topic)
-            if not 0 <= tp.partition < topic.partitions:
-                code = ErrorCode.unknown_topic_or_partition
         if code == ErrorCode.none and (offsets or not denied):
             await call(
                 _groups(ctx).kafka_commit_offsets,
@@ -253,78 +276,182 @@ async def offset_commit(ctx: KafkaContext, req: Request, access: Access) -> Any:
         nested(resp, "OffsetCommitResponsePartition"),
         nested(resp, "OffsetCommitResponseTopic"),
     )
-    return build(
-        resp,
-        throttle_time=0,
-        topics=tuple(
+    topics = []
+    for t in body.topics:
+        key = topic_key(t)
+        topics.append(
             build(
                 topic_cls,
-                name=t.name,
+                **topic_fields(key),
                 partitions=tuple(
                     build(
                         part_cls,
                         partition_index=p.partition_index,
-                        error_code=TOPIC_DENIED if t.name in denied else code,
+                        error_code=TOPIC_DENIED if key in denied else code,
                     )
                     for p in t.partitions
                 ),
             )
-            for t in body.topics
-        ),
-    )
+        )
+    return build(resp, throttle_time=0, topics=tuple(topics))
 
 
 async def offset_fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
-    """Committed offsets of the named partitions (TOPIC_AUTHORIZATION_FAILED for topics the
-    principal may not DESCRIBE) or of all, less those topics; DESCRIBE on the group first."""
+    """Committed offsets of each group asked (one before v8, several from v8: KIP-709).
+
+    Per group: the named partitions (TOPIC_AUTHORIZATION_FAILED for topics the principal
+    may not DESCRIBE; by id from v10, an unknown id UNKNOWN_TOPIC_ID) or all, less those
+    topics; DESCRIBE on the group first. From v9 a consumer-protocol member names itself
+    (member id and epoch), checked as Kafka checks it.
+    """
     body = req.body
     resp = response_cls(type(body))
-    part_cls, topic_cls = (
-        nested(resp, "OffsetFetchResponsePartition"),
-        nested(resp, "OffsetFetchResponseTopic"),
+    version = req.header.api_version
+    groups = getattr(body, "groups", None)
+    if groups is None:  # before v8: one group, its fields at the top
+        one = await _offset_fetch_group(ctx, access, version, body.group_id, None, -1, body.topics)
+        part_cls, topic_cls = (
+            nested(resp, "OffsetFetchResponsePartition"),
+            nested(resp, "OffsetFetchResponseTopic"),
+        )
+        return build(
+            resp,
+            throttle_time=0,
+            topics=_offset_fetch_topics(one, topic_cls, part_cls),
+            error_code=one.code,
+        )
+    group_cls, topic_cls, part_cls = (
+        nested(resp, "OffsetFetchResponseGroup"),
+        nested(resp, "OffsetFetchResponseTopics"),
+        nested(resp, "OffsetFetchResponsePartitions"),
     )
-    code = ErrorCode.none
-    wanted = None
-    if body.topics is not None:
-        wanted = [TopicPartition(t.name, p) for t in body.topics for p in t.partition_indexes]
-    denied = {tp.topic for tp in wanted or () if not access.topic(tp.topic)}
+    out = []
+    for g in groups:
+        one = await _offset_fetch_group(
+            ctx,
+            access,
+            version,
+            g.group_id,
+            getattr(g, "member_id", None),
+            getattr(g, "member_epoch", -1),
+            g.topics,
+        )
+        out.append(
+            build(
+                group_cls,
+                group_id=g.group_id,
+                topics=_offset_fetch_topics(one, topic_cls, part_cls),
+                error_code=one.code,
+            )
+        )
+    return build(resp, throttle_time=0, groups=tuple(out))
+
+
+@dataclass
+class _GroupOffsets:
+    """One group's OffsetFetch answer: its code, then per topic (as asked) its rows."""
+
+    code: ErrorCode = ErrorCode.none
+    #: topic key -> (topic info or None, [(partition, committed or None, code)])
+    topics: dict[
+        Any, tuple[TopicInfo | None, list[tuple[int, CommittedOffset | None, ErrorCode]]]
+    ] = field(default_factory=dict)
+
+
+async def _offset_fetch_group(
+    ctx: KafkaContext,
+    access: Access,
+    version: int,
+    group_id: str,
+    member_id: str | None,
+    member_epoch: int,
+    topics: Any,
+) -> _GroupOffsets:
+    out = _GroupOffsets()
+    named: dict[Any, NamedTopic] = {}
+    if topics is not None:
+        for t in topics:
+            key = topic_key(t)
+            if isinstance(key, uuid.UUID):
+                named[key] = await resolve_topic(ctx, key, access.topic)
+            else:
+                ok = access.topic(key)
+                named[key] = NamedTopic(key, None, ErrorCode.none if ok else TOPIC_DENIED)
+    if not access.group(group_id):
+        out.code = GROUP_DENIED
+        if version < 2:  # v0/v1 have no top-level code: each partition says it
+            for t in topics or ():
+                key = topic_key(t)
+                out.topics[key] = (None, [(p, None, GROUP_DENIED) for p in t.partition_indexes])
+        return out
+    asked = None
+    if topics is not None:
+        asked = [
+            TopicPartition(str(named[k].name), p)
+            for t in topics
+            if named[k := topic_key(t)].error == ErrorCode.none
+            for p in t.partition_indexes
+        ]
     found: dict[TopicPartition, CommittedOffset] = {}
-    if not access.group(body.group_id):
-        code = GROUP_DENIED
-        if req.header.api_version >= 2:  # the top-level code says it; v1 has one per partition
-            wanted = []
-        else:
-            denied = {tp.topic for tp in wanted or ()}
-    else:
-        try:
-            asked = None if wanted is None else [tp for tp in wanted if tp.topic not in denied]
-            found = await call(_groups(ctx).kafka_committed, body.group_id, asked)
-        except LakelogError as e:
-            code = code_for(e)
-    if wanted is None:
-        found = {tp: c for tp, c in found.items() if access.topic(tp.topic)}
-    by_topic: dict[str, list[int]] = {}
-    for tp in wanted if wanted is not None else sorted(found):
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    topics = []
-    for name, parts in by_topic.items():
-        rows = []
-        for p in parts:
-            c = found.get(TopicPartition(name, p))
-            rows.append(
+    try:
+        found = await call(
+            _groups(ctx).kafka_committed,
+            group_id,
+            asked,
+            member_id=member_id or "",
+            member_epoch=member_epoch,
+        )
+    except LakelogError as e:
+        out.code = code_for(e)
+    if topics is None:
+        ids: dict[str, TopicInfo | None] = {}
+        for tp in sorted(found):
+            if not access.topic(tp.topic):
+                continue
+            if tp.topic not in ids:
+                ids[tp.topic] = await _topic_or_none(ctx, tp.topic)
+            rows = out.topics.setdefault(tp.topic, (ids[tp.topic], []))[1]
+            rows.append((tp.partition, found[tp], ErrorCode.none))
+        return out
+    for t in topics:
+        key = topic_key(t)
+        n = named[key]
+        info = n.info
+        if info is None and isinstance(key, str) and n.error == ErrorCode.none:
+            info = await _topic_or_none(ctx, key)  # its id, for the answer (v10 has ids)
+        rows = out.topics.setdefault(key, (info, []))[1]
+        for p in t.partition_indexes:
+            c = found.get(TopicPartition(str(n.name), p)) if n.error == ErrorCode.none else None
+            rows.append((p, c, n.error))
+    return out
+
+
+async def _topic_or_none(ctx: KafkaContext, name: str) -> TopicInfo | None:
+    try:
+        return await ctx.state.topics.get(name)
+    except LakelogError:
+        return None
+
+
+def _offset_fetch_topics(one: _GroupOffsets, topic_cls: Any, part_cls: Any) -> tuple[Any, ...]:
+    return tuple(
+        build(
+            topic_cls,
+            **topic_fields(key, info),
+            partitions=tuple(
                 build(
                     part_cls,
                     partition_index=p,
                     committed_offset=-1 if c is None else c.offset,
                     committed_leader_epoch=-1,
                     metadata="" if c is None else c.metadata,
-                    error_code=(code if code == GROUP_DENIED else TOPIC_DENIED)
-                    if name in denied
-                    else 0,
+                    error_code=code,
                 )
-            )
-        topics.append(build(topic_cls, name=name, partitions=tuple(rows)))
-    return build(resp, throttle_time=0, topics=tuple(topics), error_code=code)
+                for p, c, code in rows
+            ),
+        )
+        for key, (info, rows) in one.topics.items()
+    )
 
 
 async def describe_groups(ctx: KafkaContext, req: Request, access: Access) -> Any:
@@ -353,6 +480,23 @@ async def describe_groups(ctx: KafkaContext, req: Request, access: Access) -> An
             g = await call(_groups(ctx).kafka_describe, group_id)
         except LakelogError as e:
             out.append(failed(group_id, code_for(e)))
+            continue
+        if g is not None and g.group_type == CONSUMER and g.members:
+            # Kafka 4.x: DescribeGroups is for classic groups (v6 says why); the consumer
+            # protocol's are described by ConsumerGroupDescribe.
+            out.append(
+                build(
+                    group_cls,
+                    error_code=ErrorCode.group_id_not_found,
+                    error_message=f"Group {group_id} is not a classic group.",
+                    group_id=group_id,
+                    group_state="Dead",
+                    protocol_type="",
+                    protocol_data="",
+                    members=(),
+                    authorized_operations=-(2**31),
+                )
+            )
             continue
         if g is None or not g.members:
             state = "Dead" if g is None else g.state
@@ -398,11 +542,13 @@ async def describe_groups(ctx: KafkaContext, req: Request, access: Access) -> An
 
 async def list_groups(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Every group of both doors (REST groups show protocol type "consumer" too): all with
-    DESCRIBE on the cluster, else those the principal may DESCRIBE."""
+    DESCRIBE on the cluster, else those the principal may DESCRIBE. From v5 each says its
+    type ("classic" or "consumer": KIP-848's) and may be filtered by type (KIP-1043)."""
     body = req.body
     resp = response_cls(type(body))
     listed_cls = nested(resp, "ListedGroup")
     wanted = {s.lower() for s in getattr(body, "states_filter", ()) or ()}
+    types = {t.lower() for t in getattr(body, "types_filter", ()) or ()}
     names = await call(ctx.state.groups.list_groups)
     if not access.cluster():
         names = [n for n in names if access.group(n)]
@@ -410,12 +556,21 @@ async def list_groups(ctx: KafkaContext, req: Request, access: Access) -> Any:
     for name in names:
         g = await call(_groups(ctx).kafka_describe, name)
         state = g.state if g is not None and g.members else "Empty"
+        group_type = g.group_type if g is not None else CLASSIC
         if g is None:
             info = await call(ctx.state.groups.describe_group, name)
             state = "Stable" if info.members else "Empty"
-        if wanted and state.lower() not in wanted:
+        if (wanted and state.lower() not in wanted) or (types and group_type not in types):
             continue
-        out.append(build(listed_cls, group_id=name, protocol_type="consumer", group_state=state))
+        out.append(
+            build(
+                listed_cls,
+                group_id=name,
+                protocol_type="consumer",
+                group_state=state,
+                group_type=group_type,
+            )
+        )
     return build(resp, throttle_time=0, error_code=0, groups=tuple(out))
 
 
@@ -435,3 +590,186 @@ async def delete_groups(ctx: KafkaContext, req: Request, access: Access) -> Any:
                 code = code_for(e)
         out.append(build(result_cls, group_id=group_id, error_code=code))
     return build(resp, throttle_time=0, results=tuple(out))
+
+
+# -- the consumer group protocol (KIP-848) ----------------------------------------------
+
+
+async def consumer_group_heartbeat(ctx: KafkaContext, req: Request, access: Access) -> Any:
+    """ConsumerGroupHeartbeat: join, stay or leave a consumer-protocol group; the answer
+    carries the member's epoch and, when it changed, its assignment (by topic id).
+
+    READ on the group; DESCRIBE on every topic a subscription names
+    (TOPIC_AUTHORIZATION_FAILED otherwise, as Kafka). The group's state lives in the
+    coordinator: any agent serves any heartbeat.
+    """
+    body = req.body
+    resp = response_cls(type(body))
+    settings = ctx.state.settings
+
+    def answer(
+        code: ErrorCode, message: str | None = None, result: HeartbeatResult | None = None
+    ) -> Any:
+        assignment = None
+        if result is not None and result.assignment is not None:
+            tp_cls, a_cls = nested(resp, "TopicPartitions"), nested(resp, "Assignment")
+            assignment = build(
+                a_cls,
+                topic_partitions=tuple(
+                    build(tp_cls, topic_id=uuid.UUID(bytes=t), partitions=ps)
+                    for t, ps in result.assignment.items()
+                ),
+            )
+        return build(
+            resp,
+            throttle_time=0,
+            error_code=code,
+            error_message=message,
+            member_id=result.member_id if result is not None else (body.member_id or None),
+            member_epoch=result.member_epoch if result is not None else -1,
+            heartbeat_interval=settings.kafka_group_heartbeat_interval_ms,
+            assignment=assignment,
+        )
+
+    if not access.group(body.group_id):
+        return answer(GROUP_DENIED)
+    names = body.subscribed_topic_names
+    if names is not None and not all(access.topic(n) for n in names):
+        return answer(TOPIC_DENIED)
+    if req.header.api_version >= 1 and not body.member_id:  # v1: the client names itself
+        return answer(ErrorCode.invalid_request, "MemberId can't be empty.")
+    owned = None
+    if body.topic_partitions is not None:
+        owned = {
+            bytes(uuid.UUID(str(t.topic_id)).bytes): tuple(sorted(int(p) for p in t.partitions))
+            for t in body.topic_partitions
+            if t.topic_id is not None
+        }
+    try:
+        result = await call(
+            _groups(ctx).kafka_consumer_heartbeat,
+            body.group_id,
+            body.member_id,
+            body.member_epoch,
+            instance_id=body.instance_id,
+            rack_id=body.rack_id,
+            rebalance_timeout_ms=millis(body.rebalance_timeout),
+            subscribed_topic_names=None if names is None else list(names),
+            subscribed_topic_regex=getattr(body, "subscribed_topic_regex", None),
+            server_assignor=body.server_assignor,
+            owned=owned,
+            client_id=req.header.client_id or "",
+            client_host=access.host,
+            session_timeout_ms=settings.kafka_group_session_timeout_ms,
+        )
+    except LakelogError as e:
+        return answer(code_for(e), e.message)
+    return answer(ErrorCode.none, None, result)
+
+
+async def consumer_group_describe(ctx: KafkaContext, req: Request, access: Access) -> Any:
+    """ConsumerGroupDescribe: consumer-protocol groups with their epochs, members,
+    subscriptions, assignments and targets. A classic group with members is
+    GROUP_ID_NOT_FOUND ("not a consumer group"), as Kafka answers; an unknown or empty
+    one is described as Empty (Kafka: Dead), so admin clients can fall back."""
+    body = req.body
+    resp = response_cls(type(body))
+    group_cls, member_cls, a_cls, tp_cls = (
+        nested(resp, "DescribedGroup"),
+        nested(resp, "Member"),
+        nested(resp, "Assignment"),
+        nested(resp, "TopicPartitions"),
+    )
+
+    def failed(group_id: str, code: ErrorCode, message: str | None = None) -> Any:
+        return build(
+            group_cls,
+            error_code=code,
+            error_message=message,
+            group_id=group_id,
+            group_state="Dead",
+            group_epoch=-1,
+            assignment_epoch=-1,
+            assignor_name="",
+            members=(),
+            authorized_operations=-(2**31),
+        )
+
+    def assignment(g: KafkaGroup, a: Assignment) -> Any:
+        return build(
+            a_cls,
+            topic_partitions=tuple(
+                build(
+                    tp_cls,
+                    topic_id=uuid.UUID(bytes=t),
+                    topic_name=g.topic_names.get(t, ""),
+                    partitions=ps,
+                )
+                for t, ps in a.items()
+            ),
+        )
+
+    out = []
+    for group_id in body.group_ids:
+        if not access.group(group_id):
+            out.append(failed(group_id, GROUP_DENIED))
+            continue
+        try:
+            g = await call(_groups(ctx).kafka_describe, group_id)
+        except LakelogError as e:
+            out.append(failed(group_id, code_for(e), e.message))
+            continue
+        if g is None:
+            out.append(
+                failed(group_id, ErrorCode.group_id_not_found, f"Group {group_id} not found.")
+            )
+            continue
+        if g.group_type != CONSUMER and g.members:
+            out.append(
+                failed(
+                    group_id,
+                    ErrorCode.group_id_not_found,
+                    f"Group {group_id} is not a consumer group.",
+                )
+            )
+            continue
+        members = []
+        for m in sorted(g.members.values(), key=lambda m: m.member_id):
+            c = m.consumer
+            if c is None:
+                continue
+            members.append(
+                build(
+                    member_cls,
+                    member_id=m.member_id,
+                    instance_id=m.instance_id,
+                    rack_id=c.rack_id,
+                    member_epoch=c.epoch,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    subscribed_topic_names=c.topics,
+                    subscribed_topic_regex=c.regex,
+                    assignment=assignment(g, c.assigned),
+                    target_assignment=assignment(g, c.target),
+                    member_type=CONSUMER_MEMBER,
+                )
+            )
+        out.append(
+            build(
+                group_cls,
+                error_code=ErrorCode.none,
+                error_message=None,
+                group_id=group_id,
+                group_state=g.state if g.members else "Empty",
+                group_epoch=g.generation,
+                assignment_epoch=g.assignment_epoch,
+                assignor_name=group_assignor(list(g.members.values())),
+                members=tuple(members),
+                authorized_operations=-(2**31),
+            )
+        )
+    return build(resp, throttle_time=0, groups=tuple(out))
+
+
+#: ConsumerGroupDescribe v1's member types (KIP-1099): classic 0, consumer 1.
+CONSUMER_MEMBER = 1

@@ -13,6 +13,7 @@ coordinator client. Errors map to codes through ``service.kafka.errors`` only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 import zlib
@@ -56,8 +57,10 @@ if TYPE_CHECKING:
 BROKERS_TTL_S = 1.0
 #: Leader epoch reported for every partition: leadership is only a routing hint here.
 LEADER_EPOCH = 0
-#: ListOffsets special timestamps.
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+#: ListOffsets special timestamps: v7 max timestamp (KIP-734), v8 earliest local
+#: (KIP-405); v9's latest tiered (-5) and v11's earliest pending upload (-6) are the
+#: other negatives (see ``_offset_for``).
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,32 +71,55 @@ class Broker:
 
 
 @dataclass
+class _BrokerList:
+    """The live-broker list, shared by every connection of one listener."""
+
+    at: float = 0.0
+    brokers: list[Broker] = field(default_factory=list)
+
+
+@dataclass
 class KafkaContext:
     """What every handler of one agent shares: the agent's state, its own address and,
-    with authorization on, its ACL cache (the REST door's)."""
+    with authorization on, its ACL cache (the REST door's).
+
+    ``host``/``port``: where clients are told to reach this agent (Metadata,
+    FindCoordinator, DescribeCluster). Unless an address is advertised, each connection
+    gets a context of its own (:meth:`at`) whose address is the one that connection
+    reached: a client that got here can come back the same way, from this machine,
+    another one or a container, with nothing configured.
+    """
 
     state: AgentState
     host: str
     port: int
     acl: AclCache | None = None
-    _brokers: tuple[float, list[Broker]] = field(default=(0.0, []))
+    _brokers: _BrokerList = field(default_factory=_BrokerList)
     gate: ProducerGate = field(init=False)
 
     def __post_init__(self) -> None:
         self.gate = self.state.gate
 
+    def at(self, host: str, port: int) -> KafkaContext:
+        """This context for a connection that reached the agent at ``host:port`` (the
+        broker list's cache stays shared)."""
+        return dataclasses.replace(self, host=host, port=port, _brokers=self._brokers)
+
     async def brokers(self) -> list[Broker]:
-        """Live agents with a Kafka listener, by node id; this agent always among them."""
-        at, cached = self._brokers
-        if time.monotonic() - at < BROKERS_TTL_S and cached:
-            return cached
-        agents = await call(self.state.coordinator.list_agents, broker_max_age_s(self.state))
-        brokers = [Broker(a.broker_id, a.kafka_host, a.kafka_port) for a in agents if a.kafka_port]
+        """Live agents with a Kafka listener, by node id; this agent always among them,
+        at the address this context advertises."""
+        cache = self._brokers
+        if time.monotonic() - cache.at >= BROKERS_TTL_S or not cache.brokers:
+            agents = await call(self.state.coordinator.list_agents, broker_max_age_s(self.state))
+            cache.brokers = [
+                Broker(a.broker_id, a.kafka_host, a.kafka_port) for a in agents if a.kafka_port
+            ]
+            cache.at = time.monotonic()
         me = self.state.broker_id
-        if me >= 0 and all(b.node_id != me for b in brokers):
+        brokers = [b for b in cache.brokers if b.node_id != me]
+        if me >= 0:
             brokers.append(Broker(me, self.host, self.port))
             brokers.sort(key=lambda b: b.node_id)
-        self._brokers = (time.monotonic(), brokers)
         return brokers
 
 
@@ -156,38 +182,117 @@ def response_cls(request_cls: type) -> type:
     return load_response_from_request(request_cls)
 
 
+# -- topics named by name or by id ------------------------------------------------------
+
+#: How a request names a topic: its name (older versions) or its id (KIP-516 versions).
+TopicKey = str | uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class NamedTopic:
+    """A topic a request named, resolved: ``info`` None with the ``error`` to answer."""
+
+    key: TopicKey
+    info: TopicInfo | None
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+
+    @property
+    def name(self) -> str | None:
+        """Its name: the one asked for, else the found topic's (None: an unknown id)."""
+        if isinstance(self.key, str):
+            return self.key
+        return self.info.name if self.info is not None else None
+
+    @property
+    def topic_id(self) -> uuid.UUID | None:
+        if isinstance(self.key, uuid.UUID):
+            return self.key
+        return uuid.UUID(bytes=self.info.topic_id) if self.info is not None else None
+
+
+def topic_key(entry: Any, name_field: str = "name") -> TopicKey:
+    """The topic a request entry names: its ``topic_id`` in topic-id versions (KIP-516),
+    else its name (field ``name_field``)."""
+    name = getattr(entry, name_field, None)
+    if name is None and getattr(entry, "topic_id", None) is not None:
+        return uuid.UUID(str(entry.topic_id))
+    return str(name or "")
+
+
+async def resolve_topic(
+    ctx: KafkaContext, key: TopicKey, allowed: Callable[[str], bool]
+) -> NamedTopic:
+    """The topic ``key`` names, if the principal may use it (``allowed``, by name).
+
+    An id no topic has is UNKNOWN_TOPIC_ID (a topic deleted and created again has a new
+    id, so the old one is unknown); a name, UNKNOWN_TOPIC_OR_PARTITION. A topic the
+    principal may not use is TOPIC_AUTHORIZATION_FAILED, whether it exists or not.
+    """
+    if isinstance(key, uuid.UUID):
+        try:
+            info = await ctx.state.topics.by_id(key.bytes)
+        except TopicNotFoundError:
+            return NamedTopic(key, None, ErrorCode.unknown_topic_id)
+        except LakelogError as e:
+            return NamedTopic(key, None, code_for(e), e.message)
+        if not allowed(info.name):
+            return NamedTopic(key, None, TOPIC_DENIED)
+        return NamedTopic(key, info)
+    if not allowed(key):
+        return NamedTopic(key, None, TOPIC_DENIED)
+    try:
+        return NamedTopic(key, await ctx.state.topics.get(key))
+    except LakelogError as e:
+        return NamedTopic(key, None, code_for(e), e.message)
+
+
+def topic_fields(key: TopicKey, info: TopicInfo | None = None) -> dict[str, Any]:
+    """The name and id fields of a topic's answer entry (``build`` keeps those its
+    version has): the name asked for or found, the id asked for or found."""
+    t = NamedTopic(key, info)
+    return {"name": t.name, "topic": t.name, "topic_id": t.topic_id}
+
+
 # -- Metadata ----------------------------------------------------------------------------
 
 
 async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
-    """Brokers and topics: all those the principal may DESCRIBE, or the ones named (those
-    it may not DESCRIBE, or may not create when missing, get TOPIC_AUTHORIZATION_FAILED)."""
+    """Brokers and topics: all those the principal may DESCRIBE, or the ones named, by
+    name or by id (those it may not DESCRIBE, or may not create when missing, get
+    TOPIC_AUTHORIZATION_FAILED; an unknown id UNKNOWN_TOPIC_ID)."""
     body = req.body
     resp = response_cls(type(body))
     st = ctx.state
     brokers = await ctx.brokers()
-    topics: list[tuple[str, TopicInfo | None, ErrorCode]] = []
+    topics: list[tuple[TopicKey, TopicInfo | None, ErrorCode]] = []
     if body.topics is None:
         listed = await call(st.coordinator.list_topics)
         topics = [(t.name, t, ErrorCode.none) for t in listed if access.topic(t.name)]
     else:
         auto = bool(getattr(body, "allow_auto_topic_creation", True)) and st.topics.auto_create
         for t in body.topics:
-            name = t.name
+            key = topic_key(t)
+            if isinstance(key, uuid.UUID):
+                found = await resolve_topic(ctx, key, access.topic)
+                topics.append((key, found.info, found.error))
+                continue
+            name = key
             if not access.topic(name):
                 topics.append((name, None, TOPIC_DENIED))
                 continue
             try:
+                info: TopicInfo | None
                 try:
-                    found = await st.topics.get(name)
+                    info = await st.topics.get(name)
                 except TopicNotFoundError:
                     if not auto:
                         raise
                     if not access.may_create(name):
                         topics.append((name, None, TOPIC_DENIED))
                         continue
-                    found = await st.topics.get_or_create(name)
-                topics.append((name, found, ErrorCode.none))
+                    info = await st.topics.get_or_create(name)
+                topics.append((name, info, ErrorCode.none))
             except LakelogError as e:
                 topics.append((name, None, code_for(e)))
     topic_cls, part_cls = (
@@ -195,7 +300,7 @@ async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
         nested(resp, "MetadataResponsePartition"),
     )
     out = []
-    for name, info, error in topics:
+    for key, info, error in topics:
         parts = ()
         if info is not None:
             parts = tuple(
@@ -203,7 +308,7 @@ async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
                     part_cls,
                     error_code=0,
                     partition_index=p,
-                    leader_id=(leader := leader_for(brokers, name, p)),
+                    leader_id=(leader := leader_for(brokers, info.name, p)),
                     leader_epoch=LEADER_EPOCH,
                     replica_nodes=(leader,),
                     isr_nodes=(leader,),
@@ -211,12 +316,14 @@ async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
                 )
                 for p in range(info.partitions)
             )
+        fields = topic_fields(key, info)
+        if info is None and isinstance(key, uuid.UUID):
+            fields["name"] = None  # Kafka names no topic for an unknown id
         out.append(
             build(
                 topic_cls,
                 error_code=error,
-                name=name,
-                topic_id=uuid.UUID(bytes=info.topic_id) if info is not None else None,
+                **fields,
                 is_internal=False,
                 partitions=parts,
                 topic_authorized_operations=-(2**31),
@@ -226,6 +333,7 @@ async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
     return build(
         resp,
         throttle_time=0,
+        error_code=0,
         brokers=tuple(
             build(broker_cls, node_id=b.node_id, host=b.host, port=b.port) for b in brokers
         ),
@@ -234,6 +342,10 @@ async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
         topics=tuple(out),
         cluster_authorized_operations=-(2**31),
     )
+
+
+#: A partition of a topic as the request named it.
+_KeyPartition = tuple[TopicKey, int]
 
 
 # -- Produce -----------------------------------------------------------------------------
@@ -251,25 +363,18 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """
     body = req.body
     resp = response_cls(type(body))
-    errors: dict[tuple[str, int], tuple[ErrorCode, str | None]] = {}
-    order: list[tuple[str, int]] = []
+    errors: dict[_KeyPartition, tuple[ErrorCode, str | None]] = {}
+    order: list[_KeyPartition] = []
     raws: list[RawBatch] = []
-    firsts: dict[tuple[str, int], int] = {}  # partition -> index of its first batch in raws
-    checked: dict[tuple[str, int], tuple[bytes, memoryview, list[BatchInfo]]] = {}
-    to_check: list[tuple[tuple[str, int], TopicInfo, bytes | None]] = []
+    firsts: dict[_KeyPartition, int] = {}  # partition -> index of its first batch in raws
+    checked: dict[_KeyPartition, tuple[bytes, memoryview, list[BatchInfo]]] = {}
+    to_check: list[tuple[_KeyPartition, TopicInfo, bytes | None]] = []
     for td in body.topic_data:
-        name = td.name
-        topic: TopicInfo | None = None
-        error: tuple[ErrorCode, str | None] = (ErrorCode.unknown_topic_or_partition, None)
-        if not access.topic(name):
-            error = (TOPIC_DENIED, None)
-        else:
-            try:
-                topic = await ctx.state.topics.get(name)
-            except LakelogError as e:
-                error = (code_for(e), e.message)
+        named = await resolve_topic(ctx, topic_key(td), access.topic)
+        topic = named.info
+        error = (named.error, named.message)
         for pd in td.partition_data:
-            tp = (name, pd.index)
+            tp = (named.key, pd.index)
             order.append(tp)
             if topic is None:
                 errors[tp] = error
@@ -340,12 +445,12 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
 
 async def _admit_idempotent(
     ctx: KafkaContext,
-    checked: dict[tuple[str, int], tuple[bytes, memoryview, list[BatchInfo]]],
-    errors: dict[tuple[str, int], tuple[ErrorCode, str | None]],
-) -> tuple[list[Ticket], dict[tuple[str, int], int]]:
+    checked: dict[_KeyPartition, tuple[bytes, memoryview, list[BatchInfo]]],
+    errors: dict[_KeyPartition, tuple[ErrorCode, str | None]],
+) -> tuple[list[Ticket], dict[_KeyPartition, int]]:
     """Idempotent partitions through the agent's ProducerGate: the tickets of those to
     append, the offsets of duplicates; refusals go into ``errors``."""
-    wanted: list[tuple[str, int]] = []
+    wanted: list[_KeyPartition] = []
     requests: list[tuple[bytes, int, list[ProducerBatch]]] = []
     for tp, (topic_id, _, infos) in checked.items():
         if not any(b.idempotent for b in infos):
@@ -365,7 +470,7 @@ async def _admit_idempotent(
             )
         )
     tickets: list[Ticket] = []
-    duplicates: dict[tuple[str, int], int] = {}
+    duplicates: dict[_KeyPartition, int] = {}
     if not requests:
         return tickets, duplicates
     try:
@@ -393,7 +498,7 @@ _REFUSED = {
 
 
 def _check_all(
-    partitions: list[tuple[tuple[str, int], TopicInfo, bytes | None]],
+    partitions: list[tuple[_KeyPartition, TopicInfo, bytes | None]],
 ) -> list[list[Any] | tuple[ErrorCode, str | None]]:
     """:func:`_check_partition` of each partition against its topic's limits."""
     return [
@@ -423,16 +528,16 @@ def _check_partition(
 
 def _produce_response(
     resp: type,
-    order: list[tuple[str, int]],
-    errors: dict[tuple[str, int], tuple[ErrorCode, str | None]],
-    firsts: dict[tuple[str, int], int],
+    order: list[_KeyPartition],
+    errors: dict[_KeyPartition, tuple[ErrorCode, str | None]],
+    firsts: dict[_KeyPartition, int],
     bases: Sequence[int | None],
     failure: tuple[ErrorCode, str | None] | None,
-    duplicates: dict[tuple[str, int], int],
+    duplicates: dict[_KeyPartition, int],
     throttle_ms: int = 0,
 ) -> Any:
     part_cls = nested(resp, "PartitionProduceResponse")
-    by_topic: dict[str, list[Any]] = {}
+    by_topic: dict[TopicKey, list[Any]] = {}
     for tp in order:
         error = errors.get(tp)
         if error is None and failure is not None and tp not in duplicates:
@@ -458,8 +563,8 @@ def _produce_response(
     return build(
         resp,
         responses=tuple(
-            build(topic_cls, name=name, partition_responses=tuple(parts))
-            for name, parts in by_topic.items()
+            build(topic_cls, **topic_fields(key), partition_responses=tuple(parts))
+            for key, parts in by_topic.items()
         ),
         throttle_time=throttle_ms,
     )
@@ -469,7 +574,13 @@ def _produce_response(
 
 
 async def init_producer_id(ctx: KafkaContext, req: Request, access: Access) -> Any:
-    """Producer ids and epochs from the coordinator; transactions are not supported."""
+    """A new producer id at epoch 0 from the coordinator; transactions are not supported.
+
+    Without a transactional id the producer id and epoch the request carries are ignored,
+    as Kafka's broker ignores them: an idempotent producer that asks again (after a
+    sequence error, or on a restart with the ids it had) gets a new id, never
+    INVALID_PRODUCER_EPOCH. (Only a transactional id's epoch is bumped and fenced.)
+    """
     body = req.body
     resp = response_cls(type(body))
     denied = None
@@ -490,11 +601,7 @@ async def init_producer_id(ctx: KafkaContext, req: Request, access: Access) -> A
             producer_epoch=-1,
         )
     try:
-        pid, epoch = await call(
-            ctx.state.coordinator.init_producer_id,
-            getattr(body, "producer_id", -1),
-            getattr(body, "producer_epoch", -1),
-        )
+        pid, epoch = await call(ctx.state.coordinator.init_producer_id)
     except LakelogError as e:
         return build(
             resp, throttle_time=0, error_code=code_for(e), producer_id=-1, producer_epoch=-1
@@ -527,26 +634,21 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     st = ctx.state
     wanted: list[tuple[str, int, int, int]] = []
-    unknown: dict[tuple[str, int], ErrorCode] = {}
+    keys: list[_KeyPartition] = []  # the request's name for each of ``wanted``
+    unknown: dict[_KeyPartition, ErrorCode] = {}
     watches: dict[tuple[bytes, int], tuple[str, int]] = {}
     for t in body.topics:
-        info: TopicInfo | None = None
-        code = ErrorCode.unknown_topic_or_partition
-        if not access.topic(t.topic):
-            code = TOPIC_DENIED
-        else:
-            try:
-                info = await st.topics.get(t.topic)
-            except LakelogError as e:
-                code = code_for(e)
+        named = await resolve_topic(ctx, topic_key(t, "topic"), access.topic)
+        info = named.info
         for p in t.partitions:
             if info is None or not 0 <= p.partition < info.partitions:
-                unknown[(t.topic, p.partition)] = (
-                    code if info is None else ErrorCode.unknown_topic_or_partition
+                unknown[(named.key, p.partition)] = (
+                    named.error if info is None else ErrorCode.unknown_topic_or_partition
                 )
                 continue
-            wanted.append((t.topic, p.partition, p.fetch_offset, p.partition_max_bytes))
-            watches[(info.topic_id, p.partition)] = (t.topic, p.fetch_offset)
+            wanted.append((info.name, p.partition, p.fetch_offset, p.partition_max_bytes))
+            keys.append((named.key, p.partition))
+            watches[(info.topic_id, p.partition)] = (info.name, p.fetch_offset)
     max_wait_s = max(0, millis(body.max_wait)) / 1000
     deadline = time.monotonic() + max_wait_s
     # The agent's fetch.max.bytes caps what the request asks for (partitions' limits too).
@@ -563,13 +665,14 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
             await st.notifier.wait(waiter, remaining)
     resp = response_cls(type(body))
     part_cls, topic_cls = nested(resp, "PartitionData"), nested(resp, "FetchableTopicResponse")
-    by_topic: dict[str, list[Any]] = {}
-    results = {(w[0], w[1]): r for w, r in zip(wanted, reads, strict=True)}
+    by_topic: dict[TopicKey, list[Any]] = {}
+    results = dict(zip(keys, reads, strict=True))
     for t in body.topics:
+        key = topic_key(t, "topic")
         for p in t.partitions:
-            tp = (t.topic, p.partition)
+            tp = (key, p.partition)
             r = results.get(tp) or _PartitionRead(error=unknown[tp])
-            by_topic.setdefault(t.topic, []).append(
+            by_topic.setdefault(key, []).append(
                 build(
                     part_cls,
                     partition_index=p.partition,
@@ -590,8 +693,8 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
         error_code=0,
         session_id=0,
         responses=tuple(
-            build(topic_cls, topic=name, partitions=tuple(parts))
-            for name, parts in by_topic.items()
+            build(topic_cls, **topic_fields(key), partitions=tuple(parts))
+            for key, parts in by_topic.items()
         ),
     )
 
@@ -734,11 +837,14 @@ def _offset_for(st: AgentState, topic: str, partition: int, timestamp: int) -> t
     offsets = st.coordinator.offsets(topic, partition)
     if timestamp == LATEST:
         return offsets.high_watermark, -1
-    if timestamp == EARLIEST:
+    if timestamp in (EARLIEST, EARLIEST_LOCAL):  # the whole log is as near as it gets
         return offsets.log_start, -1
     if timestamp == MAX_TIMESTAMP:
         return _max_timestamp(st, topic, partition, offsets.log_start)
-    if timestamp < 0:  # specials of versions we do not serve (earliest-local, ...)
+    if timestamp < 0:
+        # Latest tiered, earliest pending upload: Kafka's remote log storage (KIP-405),
+        # which lakelog does not have (its Parquet tier is read as the log itself); Kafka
+        # answers -1 for a topic without it. Unknown specials the same.
         return -1, -1
     found = st.reader.record_for_timestamp(topic, partition, timestamp)
     if found is None or found.offset < offsets.log_start:

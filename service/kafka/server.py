@@ -53,39 +53,49 @@ log = logging.getLogger(__name__)
 
 API_VERSIONS = 18
 
-#: api key -> (min version, max version, handler). Versions are those kio decodes
-#: whose fields we fill; newer ones (topic ids in Produce/Fetch, KIP-848/890) are not
-#: offered and clients negotiate down.
+#: api key -> (min version, max version, handler): for each API lakelog serves, the
+#: versions a Kafka 4.2 broker serves (minimums as KIP-896 set them in 4.0; maximums the
+#: newest in Kafka's message schemas, which kio's classes are generated from), flexible
+#: versions included. A lower maximum needs its reason in :data:`LOWER_MAXIMUM`: a unit
+#: test builds this table and compares it with kio's newest schemas.
 HANDLERS: dict[int, tuple[int, int, h.Handler]] = {
-    0: (3, 11, h.produce),
-    1: (4, 12, h.fetch),
-    2: (1, 8, h.list_offsets),
-    3: (0, 12, h.metadata),
-    22: (0, 4, h.init_producer_id),
-    8: (2, 8, groups.offset_commit),
-    9: (1, 7, groups.offset_fetch),
-    10: (0, 4, groups.find_coordinator),
+    0: (3, 13, h.produce),  # v13: topic ids (KIP-516)
+    1: (4, 18, h.fetch),  # v13+: topic ids (KIP-516)
+    2: (1, 11, h.list_offsets),
+    3: (0, 13, h.metadata),  # v10+: topics by id
+    8: (2, 10, groups.offset_commit),  # v9: member epochs (KIP-848); v10: topic ids
+    9: (1, 10, groups.offset_fetch),  # v8: several groups (KIP-709); v9: KIP-848; v10: ids
+    10: (0, 6, groups.find_coordinator),
     11: (0, 9, groups.join_group),
     12: (0, 4, groups.heartbeat),
     13: (0, 5, groups.leave_group),
     14: (0, 5, groups.sync_group),
-    15: (0, 5, groups.describe_groups),
-    16: (0, 4, groups.list_groups),
+    15: (0, 6, groups.describe_groups),
+    16: (0, 5, groups.list_groups),
     42: (0, 2, groups.delete_groups),
-    API_VERSIONS: (0, 3, h.api_versions),
+    68: (0, 1, groups.consumer_group_heartbeat),  # KIP-848
+    69: (0, 1, groups.consumer_group_describe),  # KIP-848
+    API_VERSIONS: (0, 4, h.api_versions),
     19: (2, 7, admin.create_topics),
-    20: (1, 5, admin.delete_topics),
+    20: (1, 6, admin.delete_topics),  # v6: by topic id
     21: (0, 2, admin.delete_records),
+    22: (0, 6, h.init_producer_id),
     23: (2, 4, admin.offset_for_leader_epoch),
     32: (1, 4, admin.describe_configs_api),
     33: (0, 2, admin.alter_configs),
     37: (0, 3, admin.create_partitions),
     44: (0, 1, admin.incremental_alter_configs),
-    60: (0, 1, admin.describe_cluster),
+    60: (0, 2, admin.describe_cluster),
+    75: (0, 0, admin.describe_topic_partitions),  # KIP-966
     29: (1, 3, acls.describe_acls),
     30: (1, 3, acls.create_acls),
     31: (1, 3, acls.delete_acls),
 }
+
+#: api key -> why lakelog serves a lower maximum than Kafka's newest version of that API.
+#: Empty: every API lakelog serves goes up to Kafka's newest version. (APIs not served at
+#: all, the transactions' among them, are listed in the README with what a client gets.)
+LOWER_MAXIMUM: dict[int, str] = {}
 
 #: api key -> (min version, max version): what ApiVersions advertises.
 SUPPORTED: dict[int, tuple[int, int]] = {
@@ -195,6 +205,21 @@ class _Outbox:
             self._room.set()
 
 
+def api_versions_table() -> str:
+    """The served APIs and versions as ``kafka-broker-api-versions`` prints a broker's
+    (``Name(key): min to max``), one per line in key order: the README's table."""
+    from kio.schema.index import api_key_map
+
+    def name(key: int) -> str:
+        return "".join(part.capitalize() for part in api_key_map[key].split("_"))
+
+    lines = []
+    for key, (low, high) in sorted(SUPPORTED.items()):
+        versions = f"{low}" if low == high else f"{low} to {high}"
+        lines.append(f"{name(key)}({key}): {versions}")
+    return "\n".join(lines) + "\n"
+
+
 class KafkaServer:
     """The Kafka listener of one agent.
 
@@ -236,6 +261,7 @@ class KafkaServer:
         self.reuse_port = reuse_port
         self.ctx: h.KafkaContext | None = None
         self.metrics = ListenerMetrics(state.metrics.registry)
+        self.per_connection = False
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._per_address: Counter_[str] = Counter_()
@@ -254,10 +280,12 @@ class KafkaServer:
         protocol = ("SASL_" if self.authenticator else "") + ("SSL" if self.tls else "PLAINTEXT")
         log.info("Kafka listener on %s:%d (%s)", self.host, self.port, protocol)
 
-    def advertise(self, address: tuple[str, int]) -> None:
-        """The (host, port) Metadata gives clients for this agent."""
+    def advertise(self, address: tuple[str, int], *, per_connection: bool = False) -> None:
+        """The (host, port) Metadata gives clients for this agent; ``per_connection``:
+        give each connection the address it reached instead (host and port)."""
         assert self.ctx is not None
         self.ctx.host, self.ctx.port = address
+        self.per_connection = per_connection
 
     async def close(self) -> None:
         if self._server is not None:
@@ -323,6 +351,11 @@ class KafkaServer:
         idle_s = settings.kafka_connections_max_idle_ms / 1000
         auth_deadline = loop.time() + settings.kafka_authentication_timeout_ms / 1000
         outbox = _Outbox(settings.kafka_max_unsent_bytes, self.metrics.unsent_bytes)
+        ctx = self.ctx
+        if self.per_connection:
+            local = writer.get_extra_info("sockname")
+            if local:
+                ctx = ctx.at(_unmapped(str(local[0])), int(local[1]))
         sender = asyncio.create_task(_send(writer, outbox), name=f"kafka-send-{peer}")
         ended = "protocol"
         try:
@@ -355,7 +388,7 @@ class KafkaServer:
                         while outbox.full():  # the client reads nothing: neither does the agent
                             with contextlib.suppress(TimeoutError):
                                 await asyncio.wait_for(outbox.room(), timeout())
-                    answer = await self._handle(frame, session, address)
+                    answer = await self._handle(frame, session, address, ctx)
                     if answer is not None:
                         outbox.put(*answer, len(frame))
                     if session is not None and session.failed:
@@ -394,18 +427,24 @@ class KafkaServer:
             writer.transport.abort()  # nothing unsent is kept for a connection that ended
 
     async def _handle(
-        self, frame: bytes, session: SaslSession | None = None, address: str = ""
+        self,
+        frame: bytes,
+        session: SaslSession | None = None,
+        address: str = "",
+        ctx: h.KafkaContext | None = None,
     ) -> tuple[int, Any] | None:
         """Decode and run one request: (correlation id, body or Deferred), or None.
 
         ``session``: the connection's SASL state when authentication is on; ``address``:
-        the client's (the host ACLs are checked against).
+        the client's (the host ACLs are checked against); ``ctx``: the connection's
+        context (default: the listener's).
 
         Raises:
             FrameError: the connection must close (after the answers queued so far).
             SessionExpiredError: its SASL session ended without re-authentication.
         """
-        assert self.ctx is not None
+        ctx = ctx or self.ctx
+        assert ctx is not None
         try:
             req = decode_request(frame, SUPPORTED)
         except UnsupportedRequestError as e:
@@ -425,7 +464,7 @@ class KafkaServer:
             session.check_expiry()
         handler = HANDLERS[api_key][2]
         principal = session.principal if session is not None else None
-        body = await handler(self.ctx, req, await self._access(api_key, principal, address))
+        body = await handler(ctx, req, await self._access(api_key, principal, address))
         return req.header.correlation_id, body
 
     async def _access(self, api_key: int, principal: str | None, address: str) -> Access:
@@ -444,6 +483,12 @@ class KafkaServer:
         except LakelogError as e:
             raise FrameError(f"ACLs unavailable: {e.message}") from None
         return Access(rule, authorizer, principal or ANONYMOUS, address)
+
+
+def _unmapped(host: str) -> str:
+    """An IPv4 address as clients write it: ``::ffff:10.0.0.5`` (a dual-stack socket's
+    view of an IPv4 client) is ``10.0.0.5``."""
+    return host.removeprefix("::ffff:") if host.startswith("::ffff:") and "." in host else host
 
 
 async def _sasl(session: SaslSession | None, req: Request) -> Any:

@@ -53,7 +53,7 @@ def group_data(links: Links, info: GroupInfo, coordinator_id: int) -> JSON:
         is_simple=bool(info.members) and all(m.manual for m in info.members),
         partition_assignor=info.assignor,
         state=info.state,
-        type="CLASSIC",
+        type=info.group_type,
         is_mixed_consumer_group=False,
         coordinator=related(links.broker(coordinator_id)),
         consumers=related(_group_url(links, g, "/consumers")),

@@ -299,3 +299,66 @@ def test_two_clients_in_threads_keep_one_consistent_group(served: tuple[str, str
         assert owner.setdefault((generation, tp), name) == name
     # Some commits got through (typically 50-65 partition commits and 4-14 stale rounds).
     assert accepted, f"no commit accepted; {len(stale)} stale rounds"
+
+
+def test_consumer_protocol_over_http_matches_the_database(
+    remote: HttpCoordinator, served_db: LocalCoordinator
+) -> None:
+    """KIP-848 heartbeats, describe, commits at a member epoch and their errors through
+    the coordinator's HTTP API: the same answers and state as in the database."""
+    from segments.errors import FencedMemberEpochError, StaleMemberEpochError
+
+    topic = uniq("kt")
+    tid = remote.create_topic(topic, 3).topic_id
+    group, member = uniq("kg"), str(uuid.uuid4())
+    joined = remote.kafka_consumer_heartbeat(
+        group,
+        member,
+        0,
+        rebalance_timeout_ms=30_000,
+        subscribed_topic_names=[topic],
+        owned={},
+        server_assignor="range",
+        client_id="c1",
+        session_timeout_ms=45_000,
+    )
+    assert joined.member_id == member and joined.member_epoch >= 1
+    assert joined.assignment == {tid: (0, 1, 2)}
+    again = remote.kafka_consumer_heartbeat(
+        group, member, joined.member_epoch, owned=joined.assignment
+    )
+    assert (again.member_epoch, again.assignment) == (joined.member_epoch, None)
+    g = remote.kafka_describe(group)
+    truth = served_db.kafka_describe(group)
+    assert g is not None and truth is not None
+    assert (g.group_type, g.state, g.generation, g.topic_names) == (
+        "consumer",
+        "Stable",
+        truth.generation,
+        {tid: topic},
+    )
+    c = g.members[member].consumer
+    assert c is not None and (c.assigned, c.assignor, c.topics) == (
+        {tid: (0, 1, 2)},
+        "range",
+        (topic,),
+    )
+    info = remote.describe_group(group)
+    assert info.group_type == "CONSUMER" and info.members[0].assignment == tuple(
+        TP(topic, p) for p in range(3)
+    )
+    offsets = {TP(topic, 1): CommittedOffset(9, "m")}
+    remote.kafka_commit_offsets(group, member, joined.member_epoch, offsets)
+    assert (
+        remote.kafka_committed(group, member_id=member, member_epoch=joined.member_epoch) == offsets
+    )
+    with pytest.raises(StaleMemberEpochError):
+        remote.kafka_commit_offsets(group, member, joined.member_epoch + 1, offsets)
+    with pytest.raises(FencedMemberEpochError):
+        remote.kafka_consumer_heartbeat(group, member, joined.member_epoch + 7)
+    assert remote.kafka_consumer_heartbeat(group, member, -1).member_epoch == -1
+    r = httpx.post(
+        f"{remote.urls[0]}/v1/kafka-groups/consumer-heartbeat",
+        json={"group": group, "member_id": member, "member_epoch": 0, "nonsense": 1},
+    )
+    assert r.status_code == 422 and "nonsense" in r.text, r.text

@@ -532,7 +532,29 @@ MATRIX: dict[int, tuple[dict[str, Any], Callable[[Any], list[int]], list[int]]] 
     ),
     # Kafka answers DescribeCluster to any authenticated client.
     60: ({"endpoint_type": 1}, lambda r: [int(r.error_code)], [0]),
+    68: (
+        {
+            "group_id": G,
+            "member_id": "bob-member",
+            "member_epoch": 0,
+            "rebalance_timeout": 30000,
+            "subscribed_topic_names": [T],
+            "topic_partitions": [],
+        },
+        lambda r: [int(r.error_code)],
+        [30],
+    ),
+    69: ({"group_ids": [G]}, lambda r: [int(g.error_code) for g in r.groups], [30]),
+    75: (
+        {"topics": [{"name": T}, {"name": "no-such-topic"}], "response_partition_limit": 100},
+        lambda r: [int(t.error_code) for t in r.topics],
+        [29, 29],
+    ),
 }
+
+#: The matrix names topics by name: these APIs are sent at their newest version that
+#: does (topics by id: ``test_topic_ids_tell_nothing_to_a_user_without_acls``).
+BY_NAME = {0: 12, 1: 12, 8: 9, 9: 7, 20: 5}
 
 
 def test_the_matrix_covers_every_served_api() -> None:
@@ -569,7 +591,59 @@ def test_every_api_without_acls_gets_kafkas_code_and_changes_nothing(
     try:
         assert raw.auth.error_code == 0
         fields, codes, expected = MATRIX[api_key]
-        assert codes(raw.call(api_key, **fields)) == expected
+        assert codes(raw.call(api_key, BY_NAME.get(api_key), **fields)) == expected
+    finally:
+        raw.close()
+    assert _state(cluster) == before
+
+
+def test_topic_ids_tell_nothing_to_a_user_without_acls(cluster: Cluster) -> None:
+    """Topic-id versions (Produce v13, Fetch v13+, Metadata, OffsetCommit/OffsetFetch v10,
+    DeleteTopics v6) name a topic by id: bob, without ACLs, gets 29 for an existing
+    topic's id (its name withheld) and stores, reads or deletes nothing; an id no topic
+    has is UNKNOWN_TOPIC_ID (100), as Kafka answers it (ids are not guessable)."""
+    import uuid as uuid_
+
+    admin_raw = Raw(cluster.bootstrap, "admin", ADMIN_PASSWORD)
+    try:
+        md = admin_raw.call(3, topics=[{"name": T}], allow_auto_topic_creation=False)
+        tid = md.topics[0].topic_id
+    finally:
+        admin_raw.close()
+    before = _state(cluster)
+    unknown = uuid_.uuid4()
+    raw = Raw(cluster.bootstrap, "bob", PASSWORDS["bob"])
+    try:
+        produced = raw.call(
+            0,
+            acks=-1,
+            timeout=10000,
+            topic_data=[
+                {"topic_id": tid, "partition_data": [{"index": 0, "records": batch(b"no")}]},
+                {"topic_id": unknown, "partition_data": [{"index": 0, "records": batch(b"x")}]},
+            ],
+        )
+        assert _parts(produced, "responses", "partition_responses") == [29, 100]
+        fetched = raw.call(
+            1,
+            max_wait=0,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            topics=[
+                {
+                    "topic_id": tid,
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1000}
+                    ],
+                }
+            ],
+        )
+        assert _parts(fetched, "responses", "partitions") == [29]
+        assert fetched.responses[0].partitions[0].records in (None, b"")
+        named = raw.call(3, topics=[{"topic_id": tid, "name": None}])
+        assert [(t.error_code, t.name) for t in named.topics] == [(29, None)]
+        gone = raw.call(20, topics=[{"topic_id": tid, "name": None}], timeout=10000)
+        assert [(t.error_code, t.name) for t in gone.responses] == [(29, None)]
     finally:
         raw.close()
     assert _state(cluster) == before
@@ -831,7 +905,7 @@ def test_each_api_is_allowed_by_the_operation_kafka_names(cluster: Cluster) -> N
             ],
         )
         assert [len(f.matching_acls) for f in deleted.filter_results] == [1]
-        gone = raw.call(20, topic_names=["erin-t"], timeout=10000)
+        gone = raw.call(20, topics=[{"name": "erin-t"}], timeout=10000)
         assert [t.error_code for t in gone.responses] == [0]
     finally:
         raw.close()
@@ -848,6 +922,7 @@ def test_a_request_partly_allowed_serves_the_allowed_part(cluster: Cluster) -> N
     try:
         produced = raw.call(
             0,
+            BY_NAME[0],
             acks=-1,
             timeout=10000,
             topic_data=[
@@ -858,6 +933,7 @@ def test_a_request_partly_allowed_serves_the_allowed_part(cluster: Cluster) -> N
         assert _parts(produced, "responses", "partition_responses") == [0, 29]
         committed = raw.call(
             8,
+            BY_NAME[8],
             group_id="alice-g",
             generation_id_or_member_epoch=-1,
             member_id="",
@@ -869,6 +945,7 @@ def test_a_request_partly_allowed_serves_the_allowed_part(cluster: Cluster) -> N
         assert _parts(committed, "topics", "partitions") == [0, 29]
         fetched = raw.call(
             9,
+            BY_NAME[9],
             group_id="alice-g",
             topics=[{"name": n, "partition_indexes": [0]} for n in ("alice-t", T)],
             require_stable=False,

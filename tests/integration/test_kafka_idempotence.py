@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from confluent_kafka import Producer
@@ -91,7 +92,8 @@ def test_a_retry_through_another_agent_is_stored_once(
     """Race: a producer's ack is lost and it retries the same batch through the other
     agent: the retry is answered with the first offsets and nothing is stored twice.
     A gap is OUT_OF_ORDER_SEQUENCE_NUMBER; an epoch older than the producer's latest is
-    INVALID_PRODUCER_EPOCH; a transactional id is refused plainly."""
+    INVALID_PRODUCER_EPOCH (after the epoch is bumped); a transactional id is refused
+    plainly."""
     topic = unique_topic("retry")
     create_topic(kafka_cluster, topic, 1)
     a, b = kafka_cluster.kafka
@@ -113,12 +115,17 @@ def test_a_retry_through_another_agent_is_stored_once(
     assert watermarks(kafka_cluster, topic) == (0, 8)  # 5 + 3, not 13
     gap = _raw_produce(a, topic, 0, _idempotent_batch(pid, 0, 20, 1))
     assert gap.error_code == ErrorCode.out_of_order_sequence_number
-    bumped = kafka_call(a, replace(init, producer_id=pid, producer_epoch=0))
-    assert (bumped.error_code, bumped.producer_id, bumped.producer_epoch) == (
-        ErrorCode.none,
-        pid,
-        1,
-    )
+    # Kafka's InitProducerId without a transactional id ignores the id and epoch it
+    # carries: a new producer id, never a bump (nor INVALID_PRODUCER_EPOCH).
+    again = kafka_call(a, replace(init, producer_id=pid, producer_epoch=0))
+    assert again.error_code == ErrorCode.none and again.producer_id != pid
+    assert again.producer_epoch == 0
+    # The epoch bump that fences older batches is lakelog's REST call (same producer state).
+    bumped = httpx.post(
+        f"{kafka_cluster.agents[1]}/v3/clusters/{kafka_cluster.cluster_id}/producers",
+        json={"producer_id": pid, "producer_epoch": 0},
+    ).json()
+    assert bumped == {"producer_id": pid, "producer_epoch": 1}
     assert _raw_produce(b, topic, 0, _idempotent_batch(pid, 1, 0, 2)).error_code == 0
     stale = _raw_produce(a, topic, 0, _idempotent_batch(pid, 0, 8, 1))
     assert stale.error_code == ErrorCode.invalid_producer_epoch
