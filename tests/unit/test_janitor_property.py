@@ -8,8 +8,8 @@ step the test checks, from its own bookkeeping rather than the janitors':
 - every record any reader returns is the one produced at that offset, at or above
   log-start and below the high watermark;
 - after a GC run at time T, every object in the store that no index entry references
-  became unreferenced (or was written) after T - grace: no garbage survives past
-  grace + one GC run.
+  (nor the topic's table holds for a retained snapshot) became unreferenced (or was
+  written) after T - grace: no garbage survives past grace + one GC run.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import JanitorContext
 from coordinator.janitors.gc import run_gc
 from coordinator.janitors.retention import run_retention
+from coordinator.janitors.tables import run_tables
 from coordinator.janitors.tiering import run_compaction, run_tiering
 from segments.errors import ObjectNotFoundError
 from segments.types import ChunkRef, Record
@@ -47,7 +48,13 @@ class JanitorMachine(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="janitor-prop-"))
         self.h = Harness(self.tmp)
         self.h.coordinator.create_topic(
-            TOPIC, 1, {"cleanup.policy": "compact,delete", "delete.retention.ms": "20000"}
+            TOPIC,
+            1,
+            {
+                "cleanup.policy": "compact,delete",
+                "delete.retention.ms": "20000",
+                "table.snapshot.retention.ms": "20000",
+            },
         )
         self.sent: dict[int, Record] = {}
         self.unreferenced_since: dict[str, float] = {}
@@ -60,8 +67,18 @@ class JanitorMachine(RuleBasedStateMachine):
 
     # -- helpers ----------------------------------------------------------------------
     def referenced(self) -> set[str]:
+        """Objects an index entry names, tier objects the topic's table still holds (a
+        retained snapshot may name them until expiry releases them), and the table's own
+        metadata and manifests (the table janitor's, not GC's)."""
         topic_id = self.h.coordinator.get_topic(TOPIC).topic_id
-        return {r.object_key for r in self.h.catalog.rows(topic_id, 0)}
+        with self.h.coordinator.db.read() as conn:
+            held = conn.execute(
+                "SELECT o.object_key FROM table_files f JOIN objects o USING (object_id)"
+            ).fetchall()
+        tables = {k for k in self.h.store.key_set() if k.startswith("iceberg/")}
+        return (
+            {r.object_key for r in self.h.catalog.rows(topic_id, 0)} | {k for (k,) in held} | tables
+        )
 
     def ctx(self) -> JanitorContext:
         """A janitor context; first a reader looks the partition up (a read in flight)."""
@@ -92,6 +109,11 @@ class JanitorMachine(RuleBasedStateMachine):
         ctx.catalog = _CrashingCatalog(self.h.coordinator.db)
         with contextlib.suppress(RuntimeError):
             run_tiering(ctx, self.h.config())
+
+    @rule()
+    def tables(self) -> None:
+        """Publish the topic's table and expire its snapshots (releasing tier objects)."""
+        run_tables(self.ctx(), self.h.config(gc_grace_s=GRACE_S))
 
     @rule()
     def compact(self) -> None:
