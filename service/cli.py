@@ -1,7 +1,8 @@
 """The ``lakelog`` command line.
 
 Servers: ``lakelog serve`` (agent + in-process coordinator, SQLite and
-``file://./data`` by default), ``lakelog agent`` (against coordinator processes),
+``file://./data`` by default, on 127.0.0.1; it answers the coordinator API too, for
+Spark jobs), ``lakelog agent`` (against coordinator processes),
 ``lakelog coordinator``; ``lakelog janitor NAME`` runs a janitor now, here or in a
 coordinator. Every one of them reads the same ``LAKELOG_*`` variables and the same
 optional TOML file (``--config``); their flags are settings of the same names and win
@@ -52,6 +53,17 @@ app = typer.Typer(
     add_completion=False,
 )
 topics_app = typer.Typer(help="Manage topics over the REST API (like kafka-topics).")
+app.add_typer(topics_app, name="topics")
+groups_app = typer.Typer(help="Consumer groups over the REST API (like kafka-consumer-groups).")
+app.add_typer(groups_app, name="groups")
+janitor_app = typer.Typer(
+    help="Run a janitor now: in a running coordinator (--coordinator URL, under its lease) "
+    "or here, against the metadata database and the object store."
+)
+app.add_typer(janitor_app, name="janitor")
+app.add_typer(users_app, name="users")
+app.add_typer(api_keys_app, name="api-keys")
+app.add_typer(acls_app, name="acls")
 
 
 def _print_version(value: bool) -> None:
@@ -73,18 +85,6 @@ def _main(
 ) -> None:
     """A diskless Kafka-style log service: Confluent REST Proxy API on an object store."""
 
-
-app.add_typer(topics_app, name="topics")
-groups_app = typer.Typer(help="Consumer groups over the REST API (like kafka-consumer-groups).")
-app.add_typer(groups_app, name="groups")
-janitor_app = typer.Typer(
-    help="Run a janitor now: in a running coordinator (--coordinator URL, under its lease) "
-    "or here, against the metadata database and the object store."
-)
-app.add_typer(janitor_app, name="janitor")
-app.add_typer(users_app, name="users")
-app.add_typer(api_keys_app, name="api-keys")
-app.add_typer(acls_app, name="acls")
 
 # -- shared options: each is a setting of the same name (None: not given) ----------------
 

@@ -290,7 +290,7 @@ def test_v2_json_values_sent_as_binary_name_the_assumed_type_and_the_others(
     headers = {} if content_type is None else {"Content-Type": content_type}
     r = httpx.post(
         f"{cluster.agents[0]}/topics/{topic}",
-        content=b'{"records":[{"key":"k","value":{"n":1}}]}',
+        content=b'{"records":[{"value":{"n":1}}]}',
         headers=headers,
     )
     assert (r.status_code, r.json()) == (
