@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: How long start-up waits for the coordinator API to be serving.
-START_TIMEOUT_S = 10.0
+#: How long start-up waits for the coordinator API to be serving (a loaded machine).
+START_TIMEOUT_S = 30.0
 
 
 class _InnerServer(uvicorn.Server):

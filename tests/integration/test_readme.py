@@ -34,6 +34,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -427,6 +428,8 @@ def test_example(block: Block, stories: dict[str, Story]) -> None:
         if SERVER.match(command):
             story.start_server(command, health)
             continue
+        if command.startswith("kcat") and shutil.which("kcat") is None:
+            pytest.fail("kcat is not installed: .ci/run installs it (Debian's kcat)")
         if re.search(r"\bkcat\b.*\s-G\s", command):
             output = story.run_until(command, kcat_read_everything)
             assert "hello" in output.splitlines(), output
