@@ -135,6 +135,14 @@ NOT_RUN = {
     "and runs the same topology as processes",
     ("Security", "security.protocol=SASL_PLAINTEXT"): "client properties, not a command: "
     "test_kafka_sasl.py connects with them",
+    ("History as tables: Iceberg (issue 31)", "from pyiceberg.catalog import load_catalog"):
+    "a placeholder password, on tiered data: test_iceberg_catalog.py loads tables with pyiceberg",
+    ("History as tables: Iceberg (issue 31)",
+     "spark.sql.extensions=org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"):
+    "Spark catalog properties: the Iceberg runtime jars cannot be installed here",
+    ("History as tables: Iceberg (issue 31)", "connector.name=iceberg"): "a Trino catalog file",
+    ("Spark", 'yesterday = (spark.read.format("lakelog").option("coordinator", url)'):
+    "a fragment (spark, url): test_iceberg_catalog.py reads asOfTimestamp and latestByKey",
     ("Spark", "("): "a fragment (url, a stream): test_spark_stream_write.py runs streams",
     ("Spark", "from spark.avro_values import with_avro_values"): "a fragment (df): "
     "test_spark_schemas.py decodes Avro values",
