@@ -309,9 +309,13 @@ class Story:
         status, out = self.run(f"{plain} > {shlex.quote(str(out_file))} 2>&1 & echo $!")
         assert status == 0, out
         pid = int(out.split()[-1])
+
+        def output() -> str:  # the background shell may not have opened the file yet
+            return out_file.read_text() if out_file.exists() else ""
+
         deadline = time.monotonic() + COMMAND_TIMEOUT_S
-        while not ready(out_file.read_text()):
-            assert time.monotonic() < deadline, out_file.read_text()[-4000:]
+        while not ready(output()):
+            assert time.monotonic() < deadline, output()[-4000:]
             time.sleep(0.2)
         os.kill(pid, signal.SIGTERM)
         self.run(f"wait {pid}")
