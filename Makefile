@@ -2,24 +2,44 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Editable installs in compat mode: a .pth file puts this checkout on sys.path, so edits
+# (new modules too) take effect without reinstalling, and Spark's lookup of installed
+# `pyspark_*` modules finds pyspark_lakelog (the default editable mode's import hook hides
+# it from that lookup). setuptools calls compat mode transitional; its successor, strict
+# mode, puts a tree of links on sys.path instead (found by Spark too; a new module then
+# needs `make install` again). -qq: no build-backend banners for a newcomer to wonder about.
+INSTALL := $(BIN)/pip install -qq --config-settings editable_mode=compat --editable
 
-.PHONY: help install run test lint bench clean
+.PHONY: help install run spark test lint bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z]+:.*##' Makefile | sed 's/:.*## /\t/'
 
-$(BIN)/lakelog: pyproject.toml
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+
+# Stamps: what each install put into the venv (a newer pyproject.toml installs again).
+$(VENV)/.run: pyproject.toml | $(BIN)/python
+	$(INSTALL) .
 	touch $@
 
-install: $(BIN)/lakelog  ## create .venv and install lakelog with its dev tools
+$(VENV)/.spark: pyproject.toml | $(BIN)/python
+	$(INSTALL) '.[spark]'
+	touch $@
 
-run: install  ## run lakelog on its embedded default (SQLite + file://./data)
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(INSTALL) '.[dev]'
+	touch $@
+
+install: $(VENV)/.run  ## create .venv and install lakelog with what running it needs
+
+run: install  ## run lakelog on its embedded default (SQLite + file://./data) on 127.0.0.1
 	$(BIN)/lakelog serve
 
-lint: install  ## ruff and mypy
+spark: install $(VENV)/.spark  ## add the spark extra (PySpark; needs Java 17+) to .venv
+
+lint: $(VENV)/.dev  ## ruff and mypy (installs the dev tools)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -30,8 +50,8 @@ test: lint  ## lint, then the whole test suite
 	$(BIN)/pytest -n 2 --dist loadfile -m "not serial"
 	$(BIN)/pytest -m serial
 
-bench: install  ## run every benchmark (prints JSON lines)
-	$(BIN)/pip install -q -e '.[dev,bench]'
+bench: $(VENV)/.dev  ## run every benchmark (prints JSON lines)
+	$(INSTALL) '.[dev,bench]'
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:  ## remove the venv and caches

@@ -125,7 +125,7 @@ class Agent:
             *(sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1"),
             *("--port", str(self.port), "--db", f"sqlite:///{self.home / 'meta.db'}"),
             *("--store", self.store, "--store-endpoint", self.endpoint),
-            *("--linger-ms", "20", "--log-level", "warning"),
+            *("--linger-ms", "20", "--log-level", "warning", "--coordinator-port", "0"),
         ]
         self.proc = Proc(
             command, self.home / "agent.log", env={"PYTHONPATH": str(ROOT)}, cwd=self.home

@@ -85,6 +85,7 @@ class Lakelog:
             *("--port", str(port), "--kafka-port", str(self.kafka_port)),
             *("--db", f"sqlite:///{tmp / (prefix + '.db')}"),
             *("--store", self.store, "--store-endpoint", endpoint, "--log-level", "warning"),
+            *("--coordinator-port", "0"),
         ]
         log(f"starting lakelog serve on {self.base}, Kafka on {self.bootstrap}")
         self.proc = Proc(command, home / "agent.log", env={"PYTHONPATH": str(ROOT)}, cwd=home)

@@ -181,6 +181,7 @@ class Agent:
             *("--port", str(port), "--db", f"sqlite:///{home / 'meta.db'}"),
             *("--store", f"s3://{bucket}/lakelog-{port}", "--store-endpoint", endpoint),
             *("--linger-ms", str(linger_ms), "--log-level", "warning"),
+            *("--coordinator-port", "0"),
         ]
         self.proc = Proc(command, home / "agent.log", env={"PYTHONPATH": str(ROOT)}, cwd=home)
         try:

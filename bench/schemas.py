@@ -196,6 +196,8 @@ def main() -> None:
                 str(args.linger_ms),
                 "--log-level",
                 "warning",
+                "--coordinator-port",
+                "0",
             ),
             Path(tmp) / "agent.log",
         )

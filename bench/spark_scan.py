@@ -152,6 +152,7 @@ def rest_produce(tmp: Path, records: int) -> float:
         [
             *(sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1"),
             *("--port", str(port), "--log-level", "warning", "--janitors", "none"),
+            *("--coordinator-port", "0"),
         ],
         home / "serve.log",
         env={"PYTHONPATH": str(ROOT)},

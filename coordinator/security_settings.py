@@ -7,6 +7,7 @@ settings object printed or logged shows ``**********``.
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 from typing import Annotated, Literal
 
@@ -17,6 +18,16 @@ from segments.errors import InvalidSecurityRequestError
 
 Authentication = Literal["none", "basic"]
 Authorization = Literal["none", "acl"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listen address) is reachable from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
 
 
 class CoordinatorSecuritySettings(BaseModel):
@@ -43,6 +54,12 @@ class CoordinatorSecuritySettings(BaseModel):
     super_users: str = Field(
         default="",
         description="Principals allowed everything, semicolon-separated: User:admin;User:ops.",
+    )
+
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Listen on a host other than loopback with authentication none (anyone "
+        "who reaches it may read, write and delete every topic); refused without it.",
     )
 
     tls_cert_file: str | None = Field(
@@ -90,6 +107,15 @@ class CoordinatorSecuritySettings(BaseModel):
             problems.append("tls_cert_file and tls_key_file go together")
         if self.authorization == "acl" and self.authentication == "none":
             problems.append("authorization acl needs authentication (basic): whom would it check?")
+        host = str(self.__dict__.get("host", "127.0.0.1"))
+        open_to_all = self.authentication == "none" and not self.allow_unauthenticated
+        if open_to_all and not is_loopback(host):
+            problems.append(
+                f"host {host} listens beyond this machine with authentication none: anyone who "
+                "reaches it could read, write and delete every topic. Turn authentication on "
+                "(authentication=basic), listen on 127.0.0.1, or accept that with "
+                "--allow-unauthenticated (LAKELOG_ALLOW_UNAUTHENTICATED=true)"
+            )
         is_coordinator = getattr(self, "process", "") == "coordinator"
         if is_coordinator and self.authentication != "none" and not self.shared_secret():
             problems.append(

@@ -37,6 +37,7 @@ from service import executors as executors_module
 from service.batcher import Batcher
 from service.consume_metrics import ConsumeMetrics
 from service.consumer_sessions import ConsumerSessions
+from service.coordinator_api import start_coordinator_api
 from service.executors import ExecutorCollector, Executors, Kind
 from service.kafka.server import KafkaServer
 from service.metrics import Metrics
@@ -63,6 +64,7 @@ from service.v3 import partitions as v3_partitions
 from service.v3 import records as v3_records
 from service.v3 import topics as v3_topics
 from service.v3.common import broker_max_age_s, call
+from service.version import lakelog_version
 from service.web import install_middleware
 
 log = logging.getLogger(__name__)
@@ -384,6 +386,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         janitors: JanitorConfig | None = app.state.janitors
         if janitors is not None and janitors.enabled:
             await _start_janitors(stack, coordinator, store, janitors, metrics)
+        from coordinator.local import LocalCoordinator
+
+        if app.state.coordinator_api and isinstance(coordinator, LocalCoordinator):
+            await start_coordinator_api(stack, settings, coordinator, store, janitors)
         log.info(
             "lakelog agent %s up: cluster %s, coordinator %s, store %s",
             settings.agent_id,
@@ -440,12 +446,17 @@ async def metrics(state: AgentState = Depends(get_state)) -> Response:
 
 
 def create_app(
-    settings: Settings | None = None, *, janitors: JanitorConfig | None = None
+    settings: Settings | None = None,
+    *,
+    janitors: JanitorConfig | None = None,
+    coordinator_api: bool = False,
 ) -> FastAPI:
     """The agent app. ``settings`` default to ``get_settings()`` (the environment).
 
     ``janitors``: run these in the background when the coordinator is in-process
     (``lakelog serve``); an agent of coordinator processes leaves them to those.
+    ``coordinator_api``: with the coordinator in-process, also answer its HTTP API on
+    ``settings.coordinator_port`` (``lakelog serve``; ``service.coordinator_api``).
     """
     settings = settings if settings is not None else get_settings()
     app = FastAPI(
@@ -454,11 +465,12 @@ def create_app(
         redirect_slashes=False,
         title="lakelog",
         summary="A diskless Kafka-style log: Confluent REST Proxy API on an object store.",
-        version="0.1.0",
+        version=lakelog_version(),
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.janitors = janitors
+    app.state.coordinator_api = coordinator_api
     app.dependency_overrides[get_settings] = lambda: settings
     errors.install_error_handlers(app)
     # Innermost, inside authentication: quotas charge the authenticated principal (a

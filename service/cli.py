@@ -1,7 +1,8 @@
 """The ``lakelog`` command line.
 
 Servers: ``lakelog serve`` (agent + in-process coordinator, SQLite and
-``file://./data`` by default), ``lakelog agent`` (against coordinator processes),
+``file://./data`` by default, on 127.0.0.1; it answers the coordinator API too, for
+Spark jobs), ``lakelog agent`` (against coordinator processes),
 ``lakelog coordinator``; ``lakelog janitor NAME`` runs a janitor now, here or in a
 coordinator. Every one of them reads the same ``LAKELOG_*`` variables and the same
 optional TOML file (``--config``); their flags are settings of the same names and win
@@ -18,6 +19,7 @@ import base64
 import contextlib
 import logging
 import re
+import signal
 import sys
 import time
 import uuid
@@ -62,6 +64,27 @@ app.add_typer(janitor_app, name="janitor")
 app.add_typer(users_app, name="users")
 app.add_typer(api_keys_app, name="api-keys")
 app.add_typer(acls_app, name="acls")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from service.version import lakelog_version
+
+        typer.echo(f"lakelog {lakelog_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """A diskless Kafka-style log service: Confluent REST Proxy API on an object store."""
+
 
 # -- shared options: each is a setting of the same name (None: not given) ----------------
 
@@ -136,6 +159,22 @@ AuthorizationOpt = Annotated[
 ]
 SuperUsersOpt = Annotated[
     str | None, typer.Option("--super-users", help="Principals allowed everything: User:a;User:b.")
+]
+AllowUnauthenticatedOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--allow-unauthenticated/--no-allow-unauthenticated",
+        help="Listen on a non-loopback --host with authentication none (anyone who reaches "
+        "it may read, write and delete every topic).",
+    ),
+]
+CoordinatorPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--coordinator-port",
+        help="Port of the coordinator API (Spark jobs, lakelog janitor --coordinator); 0 turns "
+        "it off [default: 8083].",
+    ),
 ]
 AccessLogOpt = Annotated[
     bool | None, typer.Option("--access-log/--no-access-log", help="Log every request.")
@@ -216,7 +255,10 @@ def _setup_logging(log_level: str) -> None:
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> None:
+def _run_agent(
+    settings: Settings, janitors: JanitorConfig | None = None, *, serve: bool = False
+) -> None:
+    """Serve the agent (``serve``: with its in-process coordinator's API) until stopped."""
     import uvicorn
 
     if settings.workers > 1:
@@ -229,7 +271,7 @@ def _run_agent(settings: Settings, janitors: JanitorConfig | None = None) -> Non
 
     _setup_logging(settings.log_level)
     uvicorn.run(
-        create_app(settings, janitors=janitors),
+        create_app(settings, janitors=janitors, coordinator_api=serve),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
@@ -281,6 +323,8 @@ def serve(
     authentication: AuthenticationOpt = None,
     authorization: AuthorizationOpt = None,
     super_users: SuperUsersOpt = None,
+    allow_unauthenticated: AllowUnauthenticatedOpt = None,
+    coordinator_port: CoordinatorPortOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """Agent and coordinator in one process: SQLite and file://./data unless told otherwise.
@@ -320,6 +364,8 @@ def serve(
         authentication=authentication,
         authorization=authorization,
         super_users=super_users,
+        allow_unauthenticated=allow_unauthenticated,
+        coordinator_port=coordinator_port,
     )
     _check_security(settings)
     if settings.workers > 1:
@@ -331,7 +377,7 @@ def serve(
             code=2,
         )
     _ensure_local_dirs(settings.db, settings.store)
-    _run_agent(settings, settings.background_janitors())
+    _run_agent(settings, settings.background_janitors(), serve=True)
 
 
 @app.command()
@@ -364,6 +410,7 @@ def agent(
             "--workers", help="Agent processes sharing the port(s), each with its own batcher."
         ),
     ] = None,
+    allow_unauthenticated: AllowUnauthenticatedOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """A stateless agent serving the REST API against coordinator process(es)."""
@@ -392,6 +439,7 @@ def agent(
         authorization=authorization,
         super_users=super_users,
         workers=workers,
+        allow_unauthenticated=allow_unauthenticated,
     )
     _check_security(settings)
     if not settings.coordinator_urls():
@@ -422,6 +470,7 @@ def coordinator_cmd(
     authentication: AuthenticationOpt = None,
     authorization: AuthorizationOpt = None,
     super_users: SuperUsersOpt = None,
+    allow_unauthenticated: AllowUnauthenticatedOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
@@ -449,6 +498,7 @@ def coordinator_cmd(
         authentication=authentication,
         authorization=authorization,
         super_users=super_users,
+        allow_unauthenticated=allow_unauthenticated,
     )
     _setup_logging(settings.log_level)
     _check_security(settings)
@@ -678,8 +728,7 @@ class Rest:
             _fail(f"cannot reach {self.url}: {e}")
         if resp.is_error:
             try:
-                body = resp.json()
-                message = f"{body['message']} (error_code {body['error_code']})"
+                message = str(resp.json()["message"])  # a sentence; the code is for programs
             except (ValueError, KeyError, TypeError):
                 message = f"HTTP {resp.status_code}: {resp.text[:200]}"
             _fail(message)
@@ -801,26 +850,59 @@ def topics_delete(
     typer.echo(f"Deleted topic {topic}.")
 
 
+def _kafka_config_list(text: str) -> list[str]:
+    """kafka-configs' ``a=1,b=[x,y]``: the comma-separated items, a bracketed value kept
+    whole (its brackets dropped, as Kafka's tool does)."""
+    items: list[str] = []
+    depth, current = 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        current += ch
+    items.append(current)
+    out = []
+    for item in (i.strip() for i in items if i.strip()):
+        name, sep, value = item.partition("=")
+        if sep and value.startswith("[") and value.endswith("]"):
+            item = f"{name}={value[1:-1]}"
+        out.append(item)
+    return out
+
+
 @topics_app.command("alter-config")
 def topics_alter_config(
     topic: Annotated[str, typer.Argument(help="Topic name.")],
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="name=value to set, repeatable.")
+    add_config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--add-config",
+            "--set",
+            help="name=value to set (kafka-configs' a=1,b=[x,y] lists too), repeatable.",
+        ),
     ] = None,
-    delete: Annotated[
-        list[str] | None, typer.Option("--delete", help="Config to reset, repeatable.")
+    delete_config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--delete-config",
+            "--delete",
+            help="Config to reset to its default (a,b lists too), repeatable.",
+        ),
     ] = None,
     validate_only: Annotated[
         bool, typer.Option("--validate-only", help="Check only; change nothing.")
     ] = False,
     url: UrlOpt = DEFAULT_URL,
 ) -> None:
-    """Set and reset topic configs in one step."""
-    to_set = _pairs(set_ or [], "--set")
-    if not to_set and not delete:
-        _fail("give at least one --set name=value or --delete name", code=2)
+    """Set and reset topic configs in one step, in kafka-configs' words."""
+    to_set = _pairs([i for a in add_config or [] for i in _kafka_config_list(a)], "--add-config")
+    to_delete = [n.strip() for d in delete_config or [] for n in d.split(",") if n.strip()]
+    if not to_set and not to_delete:
+        _fail("give at least one --add-config name=value or --delete-config name", code=2)
     data = [{"name": k, "value": v, "operation": "SET"} for k, v in to_set.items()]
-    data += [{"name": k, "operation": "DELETE"} for k in delete or []]
+    data += [{"name": k, "operation": "DELETE"} for k in to_delete]
     rest = Rest(url)
     rest.request(
         "POST",
@@ -1245,24 +1327,37 @@ def consume(
     ] = True,
     url: UrlOpt = DEFAULT_URL,
 ) -> None:
-    """Console consumer: prints each record's key and value, committing as it goes."""
+    """Console consumer: prints each record's key and value, committing as it goes.
+
+    Ctrl-C and SIGTERM (docker stop, systemd, timeout) stop it the same way: the consumer
+    leaves its group at once, so the group can be reset or deleted right after.
+    """
     rest = Rest(url)
+    # A subscription may name a topic that does not exist yet: wait for it, but say so.
+    with contextlib.suppress(httpx.HTTPError):  # unreachable: the next call says so
+        if rest.http.get(f"/topics/{topic}").status_code == 404:
+            typer.echo(
+                f"Topic '{topic}' does not exist: waiting for it to be created (Ctrl-C to stop).",
+                err=True,
+            )
     group = group or f"console-consumer-{uuid.uuid4().hex[:8]}"
-    created = rest.json(
-        "POST",
-        f"/consumers/{group}",
-        json={
-            "format": "binary",
-            "auto.offset.reset": "earliest" if from_beginning else "latest",
-            "auto.commit.enable": "false",
-        },
-        headers={"Content-Type": "application/vnd.kafka.v2+json"},
-    )
-    instance = f"/consumers/{group}/instances/{created['instance_id']}"
     v2 = {"Content-Type": "application/vnd.kafka.v2+json"}
+    instance: str | None = None
     seen = 0
     idle_since = time.monotonic()
+    previous_sigterm = signal.signal(signal.SIGTERM, _interrupt)
     try:
+        created = rest.json(
+            "POST",
+            f"/consumers/{group}",
+            json={
+                "format": "binary",
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "auto.commit.enable": "false",
+            },
+            headers=v2,
+        )
+        instance = f"/consumers/{group}/instances/{created['instance_id']}"
         rest.request("POST", instance + "/subscription", json={"topics": [topic]}, headers=v2)
         while max_messages is None or seen < max_messages:
             records = rest.json(
@@ -1287,9 +1382,16 @@ def consume(
     except KeyboardInterrupt:
         pass
     finally:
-        with contextlib.suppress(httpx.HTTPError):
-            rest.http.delete(instance, headers=v2)
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        if instance is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                rest.http.delete(instance, headers=v2)  # leaves the group now, not in 300 s
     typer.echo(f"Processed a total of {seen} messages", err=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: unwind, so the consumer leaves its group before exiting."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -96,7 +96,8 @@ class ErrorSpec(NamedTuple):
     """How one error class is answered.
 
     ``message`` replaces the exception's message when set (the fixed texts
-    clients know from kafka-rest). ``v3_code``/``v3_message`` apply under
+    clients know from kafka-rest); ``{message}`` in it is the exception's own,
+    which names what was not found. ``v3_code``/``v3_message`` apply under
     ``/v3/`` where kafka-rest answers differently (UnknownTopicOrPartition).
     """
 
@@ -106,7 +107,8 @@ class ErrorSpec(NamedTuple):
     v3_message: str | None = None
 
 
-_NOT_HOSTED = "This server does not host this topic-partition."
+#: kafka-rest's v3 text for UnknownTopicOrPartition, then which topic it was.
+_NOT_HOSTED = "This server does not host this topic-partition. {message}"
 
 #: The one table: every class of ``segments.errors`` -> its answer. Subclasses
 #: not listed here fall back to their nearest listed ancestor (see ``spec_for``).
@@ -121,12 +123,9 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     # -- metadata -------------------------------------------------------------
     e.MetadataError: ErrorSpec(ErrorCode.KAFKA_ERROR),
     e.TopicNotFoundError: ErrorSpec(
-        ErrorCode.TOPIC_NOT_FOUND,
-        "Topic not found.",
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        _NOT_HOSTED,
+        ErrorCode.TOPIC_NOT_FOUND, None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, _NOT_HOSTED
     ),
-    e.PartitionNotFoundError: ErrorSpec(ErrorCode.PARTITION_NOT_FOUND, "Partition not found."),
+    e.PartitionNotFoundError: ErrorSpec(ErrorCode.PARTITION_NOT_FOUND),
     e.TopicExistsError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.InvalidTopicNameError: ErrorSpec(ErrorCode.PAYLOAD_ERROR, "Invalid topic name."),
     e.InvalidPartitionsError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
@@ -231,9 +230,8 @@ def error_code_for(exc: e.LakelogError, *, v3: bool = False) -> int:
 def error_message_for(exc: e.LakelogError, *, v3: bool = False) -> str:
     """The message ``exc`` is answered with: the table's fixed text, else its own."""
     spec = spec_for(exc)
-    if v3 and spec.v3_message is not None:
-        return spec.v3_message
-    return spec.message if spec.message is not None else exc.message
+    fixed = spec.v3_message if v3 and spec.v3_message is not None else spec.message
+    return exc.message if fixed is None else fixed.format(message=exc.message)
 
 
 def kafka_error_code(exc: e.LakelogError) -> int:

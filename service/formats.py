@@ -72,6 +72,21 @@ def v2_format(content_type: str | None) -> str:
     return match.group(1) or BINARY
 
 
+def binary_hint(content_type: str | None) -> str:
+    """Why a v2 produce's keys and values had to be base64, and which types exist, when
+    binary was assumed (``application/json``, no type...): for the error a client sending
+    JSON values that way gets. Empty when the client asked for binary."""
+    match = _V2_TYPE.fullmatch(_media_type(content_type or ""))
+    if match is not None and match.group(1) == BINARY:
+        return ""
+    given = f"Content-Type {_media_type(content_type)}" if content_type else "No Content-Type"
+    return (
+        f"{given} means binary: keys and values are base64 strings. For JSON keys and values "
+        "send application/vnd.kafka.json.v2+json; the v2 produce types are "
+        "application/vnd.kafka.{binary,json,avro,jsonschema,protobuf}.v2+json."
+    )
+
+
 def check_v2_accept(accept: str | None) -> None:
     """Refuse an Accept header that allows no JSON answer (Karapace's 406 behaviour).
 
@@ -114,7 +129,7 @@ def decode_base64(data: object, what: str) -> bytes | None:
     if data is None:
         return None
     if not isinstance(data, str):
-        raise MalformedRequestError(f"{what} must be a base64 string or null")
+        raise MalformedRequestError(f"Bad Request: {what} must be a base64 string or null.")
     try:
         return binascii.a2b_base64(data, strict_mode=True)
     except (binascii.Error, ValueError):

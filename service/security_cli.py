@@ -3,13 +3,15 @@
 Each works either on the metadata database directly (``--db``: the first super user
 is made this way, as ``lakelog janitor`` runs on the database) or over an agent's
 REST API (``--url``) as a super user, with the credentials in ``LAKELOG_USER`` and
-``LAKELOG_PASSWORD`` (never on the command line). ``lakelog acls`` speaks
-kafka-acls' words: ``--allow-principal``, ``--deny-principal``, ``--operation``,
-``--topic``, ``--group``, ``--cluster``, ``--resource-pattern-type``.
+``LAKELOG_PASSWORD`` (never on the command line). With neither, the agent at the default
+URL, or when none answers there, the database ``lakelog serve`` uses in this directory.
+``lakelog acls`` speaks kafka-acls' words: ``--allow-principal``, ``--deny-principal``,
+``--operation``, ``--topic``, ``--group``, ``--cluster``, ``--resource-pattern-type``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -53,7 +55,11 @@ DbOpt = Annotated[
 ]
 UrlOpt = Annotated[
     str | None,
-    typer.Option("--url", envvar="LAKELOG_URL", help="Base URL of a lakelog agent."),
+    typer.Option(
+        "--url",
+        help="Base URL of a lakelog agent [default: LAKELOG_URL, else http://localhost:8082, "
+        "else, when nothing answers there, lakelog serve's database here].",
+    ),
 ]
 PasswordStdinOpt = Annotated[
     bool, typer.Option("--password-stdin", help="Read the password from standard input.")
@@ -137,11 +143,47 @@ def _filter_params(f: AclFilter) -> dict[str, str | None]:
     return params
 
 
+def _server_answers(url: str) -> bool:
+    """Whether anything answers HTTP at ``url`` (an agent, with or without security)."""
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=5.0)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+def _serve_database() -> str:
+    """The database ``lakelog serve`` would open here: ``LAKELOG_DB``, the config file
+    (``LAKELOG_CONFIG``), else its default; its directory is made, as serve makes it."""
+    from service.cli import _ensure_local_dirs, _load
+    from service.settings import Settings
+
+    db = _load(Settings, "serve", None).db
+    _ensure_local_dirs(db, None)
+    return db
+
+
 @contextmanager
 def _admin(db: str | None, url: str | None) -> Iterator[SecurityStore | RestAdmin]:
-    """The metadata database (``--db``) or an agent's API (``--url``); errors exit 1."""
+    """The metadata database (``--db``) or an agent's API (``--url``); errors exit 1.
+
+    Neither given: the agent at ``LAKELOG_URL`` (default ``http://localhost:8082``), and
+    when nothing answers there, the database ``lakelog serve`` uses in this directory (so
+    the first super user can be made before the first start; the command says so).
+    """
+    from service.cli import DEFAULT_URL, Rest
+
     if db and url:
         _fail("give --db or --url, not both", code=2)
+    if not db and not url:
+        url = os.environ.get("LAKELOG_URL") or DEFAULT_URL
+        if not _server_answers(url):
+            db = _serve_database()
+            typer.echo(
+                f"No server answers at {url}: using lakelog serve's database {db}.", err=True
+            )
     try:
         if db:
             from coordinator.db import open_database
@@ -152,8 +194,6 @@ def _admin(db: str | None, url: str | None) -> Iterator[SecurityStore | RestAdmi
             finally:
                 database.close()
         else:
-            from service.cli import DEFAULT_URL, Rest
-
             with Rest(url or DEFAULT_URL) as rest:
                 yield RestAdmin(rest)
     except LakelogError as e:

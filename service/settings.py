@@ -79,11 +79,9 @@ class Settings(
     #: Settings only ``serve`` uses (its in-process coordinator and janitors) / only
     #: ``agent`` uses.
     SERVE_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"db", "cluster_id", *JanitorSchedule.model_fields}
+        {"db", "cluster_id", "coordinator_port", *JanitorSchedule.model_fields}
     )
-    AGENT_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"coordinator", "coordinator_secret", "workers"}
-    )
+    AGENT_ONLY: ClassVar[frozenset[str]] = frozenset({"coordinator", "workers"})
 
     janitors: str = Field(
         default="all",
@@ -92,7 +90,11 @@ class Settings(
     )
 
     # -- listening and identity ----------------------------------------------
-    host: str = Field(default="0.0.0.0", description="Interface to listen on.")
+    host: str = Field(
+        default="127.0.0.1",
+        description="Interface to listen on (0.0.0.0: every one; with authentication none "
+        "that needs allow_unauthenticated).",
+    )
     port: Annotated[int, Field(ge=1, le=65535)] = Field(
         default=8082, description="Port to listen on."
     )
@@ -126,6 +128,12 @@ class Settings(
 
     # -- coordinator ---------------------------------------------------------
     coordinator: str = Field(default="", description=COORDINATOR_URLS)
+    coordinator_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        default=8083,
+        description="Port on host where lakelog serve answers the coordinator API, as lakelog "
+        "coordinator does (Spark jobs, lakelog janitor --coordinator, more agents); 0 turns it "
+        "off. With authentication on it needs coordinator_secret.",
+    )
 
     # -- write path ----------------------------------------------------------
     linger_ms: Annotated[int, Field(ge=0)] = Field(

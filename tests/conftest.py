@@ -20,9 +20,11 @@ from tests.procs import start_moto
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-# Agents started by tests (and their children) keep off the shared machine's port 9092;
-# tests of the Kafka door pass --kafka-port explicitly.
+# Agents started by tests (and their children) keep off the shared machine's ports 9092
+# and 8083 (lakelog serve's coordinator API); tests of those pass --kafka-port or
+# --coordinator-port explicitly.
 os.environ.setdefault("LAKELOG_KAFKA_PORT", "0")
+os.environ.setdefault("LAKELOG_COORDINATOR_PORT", "0")
 
 
 @pytest.fixture(scope="session")

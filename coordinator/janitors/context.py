@@ -138,3 +138,9 @@ class JanitorReport:
 
     def as_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def did_work(self) -> bool:
+        """Whether the run read, wrote, dropped, deleted or aborted anything (``partitions``
+        counts the partitions it looked at, work or not)."""
+        idle = ("janitor", "partitions", "seconds")
+        return any(getattr(self, k) for k in self.__dataclass_fields__ if k not in idle)

@@ -245,7 +245,9 @@ class JanitorRunner:
             self.leases.release(lease, time.time() + config.interval_s(name))
         if self.metrics is not None:
             self.metrics.observe(report, outcome)
-        log.info("janitor %s: %s %s", name, outcome, report.as_dict())
+        # An idle run is routine (every minute or so, per janitor): INFO only for work done.
+        level = logging.INFO if outcome != "ok" or report.did_work() else logging.DEBUG
+        log.log(level, "janitor %s: %s %s", name, outcome, report.as_dict())
         return report, failure
 
     def _update_lag(self) -> None:

@@ -36,7 +36,7 @@ def partition_json(partition: int, leader: int) -> JSON:
 
 def _check_partition(info: TopicInfo, partition: int) -> None:
     if not 0 <= partition < info.partitions:
-        raise PartitionNotFoundError(f"Partition {partition} of topic {info.name} not found.")
+        raise PartitionNotFoundError(f"Partition {partition} of topic '{info.name}' not found.")
 
 
 async def _broker_ids(state: AgentState) -> list[int]:

@@ -56,6 +56,7 @@ from service.formats import (
     BINARY,
     SCHEMA_FORMATS,
     V2_CONTENT_TYPE,
+    binary_hint,
     check_v2_accept,
     decode_base64,
     read_body,
@@ -119,7 +120,7 @@ async def _produce(
     body = await read_body(request, state.settings.max_request_bytes)
     keyed = keyed_produce(request, body, state.settings.idempotency_key_window_s)
     offload = len(body) >= state.settings.offload_parse_bytes
-    parsed = await run_if(offload, Kind.CPU, _parse_body, body, fmt)
+    parsed = await run_if(offload, Kind.CPU, _parse_body, body, fmt, headers.get("content-type"))
 
     topic = await state.topics.get_or_create(topic_name)
     key_schema_id = value_schema_id = None
@@ -128,7 +129,9 @@ async def _produce(
             state.registry, topic_name, fmt, body, parsed
         )
     if url_partition is not None and not 0 <= url_partition < topic.partitions:
-        raise PartitionNotFoundError(f"Partition {url_partition} of {topic_name} not found.")
+        raise PartitionNotFoundError(
+            f"Partition {url_partition} of topic '{topic_name}' not found."
+        )
     ticket, stored = (None, None) if keyed is None else await admit(state, topic.topic_id, keyed)
     try:
         entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition, keyed)
@@ -216,7 +219,9 @@ def _place(
             partition = url_partition
         elif explicit is not None:
             if explicit >= partitions:
-                raise PartitionNotFoundError(f"Partition {explicit} of {topic.name} not found.")
+                raise PartitionNotFoundError(
+                    f"Partition {explicit} of topic '{topic.name}' not found."
+                )
             partition = explicit
         elif key is not None:
             partition = partition_for_key(key, partitions)
@@ -228,8 +233,9 @@ def _place(
     return entries
 
 
-def _parse_body(body: bytes, fmt: str) -> list[_Parsed]:
+def _parse_body(body: bytes, fmt: str, content_type: str | None = None) -> list[_Parsed]:
     """Check and decode a v2 produce body; nothing is buffered before this returns.
+    ``content_type`` (the header) is named in the error of a key or value not in base64.
 
     Raises:
         MalformedRequestError: malformed JSON, wrong JSON types, bad base64 (400).
@@ -265,12 +271,18 @@ def _parse_body(body: bytes, fmt: str) -> list[_Parsed]:
         partition = rec.get("partition")
         if partition is not None and (type(partition) is not int or partition < 0):
             if type(partition) is int:
-                raise PartitionNotFoundError(f"Partition {partition} not found.")
+                raise PartitionNotFoundError(
+                    f"Partition {partition} not found: records[{i}].partition is below 0."
+                )
             raise MalformedRequestError(f"Bad Request: records[{i}].partition must be an integer.")
         raw_headers = rec.get("headers")
         if spans is None:
-            key = decode_base64(rec.get("key"), "key")
-            value = decode_base64(rec.get("value"), "value")
+            try:
+                key = decode_base64(rec.get("key"), f"records[{i}].key")
+                value = decode_base64(rec.get("value"), f"records[{i}].value")
+            except MalformedRequestError as e:
+                hint = binary_hint(content_type)
+                raise MalformedRequestError(f"{e.message} {hint}".rstrip()) from None
         else:
             key, value = spans[i]
         append((key, value, partition, _parse_headers(raw_headers, i) if raw_headers else ()))

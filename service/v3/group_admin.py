@@ -106,7 +106,7 @@ async def _partitions(
             wanted.add(TopicPartition(p.topic_name, p.partition_id))
         else:
             raise PartitionNotFoundError(
-                f"Partition {p.partition_id} of topic {p.topic_name} not found."
+                f"Partition {p.partition_id} of topic '{p.topic_name}' not found."
             )
     return sorted(wanted)
 

@@ -58,7 +58,7 @@ def replica_data(links: Links, topic: str, partition: int, broker: int) -> JSON:
 def check_partition(info: TopicInfo, partition: int) -> None:
     """Raises PartitionNotFoundError (404 40402) unless 0 <= partition < count."""
     if not 0 <= partition < info.partitions:
-        raise PartitionNotFoundError(f"Partition {partition} of topic {info.name} not found.")
+        raise PartitionNotFoundError(f"Partition {partition} of topic '{info.name}' not found.")
 
 
 async def _leaders(state: AgentState) -> list[int]:

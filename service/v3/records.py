@@ -391,7 +391,7 @@ def parse_record(
         if type(explicit) is not int:
             raise MalformedRequestError("Bad Request: partition_id must be an integer.")
         if not 0 <= explicit < topic.partitions:
-            raise PartitionNotFoundError("Partition not found.")
+            raise PartitionNotFoundError(f"Partition {explicit} of topic '{topic.name}' not found.")
         partition = explicit
     elif key is not None:
         partition = partition_for_key(key, topic.partitions)

@@ -28,7 +28,14 @@ pytestmark = pytest.mark.integration
 
 V2 = "application/vnd.kafka.v2+json"
 JSON = dict[str, Any]
-NOT_HOSTED = {"error_code": 40403, "message": "This server does not host this topic-partition."}
+
+
+def not_hosted(topic: str) -> JSON:
+    """v3's answer for an unknown topic: kafka-rest's code and text, then which topic."""
+    return {
+        "error_code": 40403,
+        "message": f"This server does not host this topic-partition. Topic '{topic}' not found.",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -234,13 +241,13 @@ def test_topic_lifecycle_across_agents(
     r = a.delete(v3(cluster, f"/topics/{name}"))
     assert (r.status_code, r.content) == (204, b"")
     r = b.get(v3(cluster, f"/topics/{name}"))
-    assert (r.status_code, r.json()) == (404, NOT_HOSTED)
+    assert (r.status_code, r.json()) == (404, not_hosted(name))
     r = b.get(f"/topics/{name}")
     assert (r.status_code, r.headers["content-type"]) == (404, V2)
-    assert r.json() == {"error_code": 40401, "message": "Topic not found."}
+    assert r.json() == {"error_code": 40401, "message": f"Topic '{name}' not found."}
     assert name not in b.get("/topics").json()
     r = b.delete(v3(cluster, f"/topics/{name}"))
-    assert (r.status_code, r.json()) == (404, NOT_HOSTED)
+    assert (r.status_code, r.json()) == (404, not_hosted(name))
 
 
 def test_create_defaults_to_one_partition(
@@ -263,7 +270,7 @@ def test_validate_only_creates_nothing(
     assert "location" not in r.headers
     assert r.json() == topic_body(cluster.agents[0], cluster.cluster_id, name, 4)
     r = b.get(v3(cluster, f"/topics/{name}"))
-    assert (r.status_code, r.json()) == (404, NOT_HOSTED)
+    assert (r.status_code, r.json()) == (404, not_hosted(name))
     assert name not in b.get("/topics").json()
     # A dry run still validates.
     r = a.post(
@@ -435,7 +442,7 @@ def test_configs_list_get_set_reset(
     r = a.put(v3(cluster, f"{configs}/no.such.config"), json={"value": "1"})
     assert r.status_code == 404 and r.json()["error_code"] == 404
     r = a.get(v3(cluster, "/topics/missing-topic-x/configs"))
-    assert (r.status_code, r.json()) == (404, NOT_HOSTED)
+    assert (r.status_code, r.json()) == (404, not_hosted("missing-topic-x"))
 
 
 def test_configs_alter_batch(
@@ -551,14 +558,17 @@ def test_partitions_and_offsets(
         },
     )
 
-    not_found = {"error_code": 40402, "message": "Partition not found."}
-    for suffix in ("/partitions/3", "/partitions/3/offset", "/partitions/-1"):
+    def not_found(partition: int) -> JSON:
+        message = f"Partition {partition} of topic '{name}' not found."
+        return {"error_code": 40402, "message": message}
+
+    for suffix, p in (("/partitions/3", 3), ("/partitions/3/offset", 3), ("/partitions/-1", -1)):
         r = a.get(v3(cluster, f"/topics/{name}{suffix}"))
-        assert (r.status_code, r.json()) == (404, not_found), suffix
+        assert (r.status_code, r.json()) == (404, not_found(p)), suffix
     r = a.get(v3(cluster, f"/topics/{name}/partitions/one"))
     assert (r.status_code, r.json()) == (404, {"error_code": 404, "message": "HTTP 404 Not Found"})
     r = a.get(v3(cluster, "/topics/missing-topic-y/partitions/0/offset"))
-    assert (r.status_code, r.json()) == (404, NOT_HOSTED)
+    assert (r.status_code, r.json()) == (404, not_hosted("missing-topic-y"))
 
     # v2 views of the same partitions, on the other agent.
     r = a.get(f"/topics/{name}/partitions/1/offsets")
@@ -578,14 +588,14 @@ def test_partitions_and_offsets(
     for path in (f"/topics/{name}/partitions/3", f"/topics/{name}/partitions/3/offsets"):
         r = a.get(path)
         assert (r.status_code, r.headers["content-type"]) == (404, V2)
-        assert r.json() == not_found
+        assert r.json() == not_found(3)
     for path in (f"/topics/{name}/partitions/x", f"/topics/{name}/partitions/x/offsets"):
         r = a.get(path)
         assert (r.status_code, r.json()) == (
             404,
             {"error_code": 404, "message": "HTTP 404 Not Found"},
         )
-    missing = {"error_code": 40401, "message": "Topic not found."}
+    missing = {"error_code": 40401, "message": "Topic 'missing-z' not found."}
     for path in ("/topics/missing-z/partitions", "/topics/missing-z/partitions/0/offsets"):
         assert (a.get(path).status_code, a.get(path).json()) == (404, missing)
 
@@ -658,6 +668,22 @@ def test_cli_topics_round_trip(
     )  # fmt: skip
     assert (out.returncode, out.stdout) == (0, f"Completed updating config for topic {name}.\n")
 
+    # kafka-configs' words: a comma-separated list, a bracketed value kept whole.
+    out = lakelog(
+        "topics", "alter-config", name,
+        "--add-config", "cleanup.policy=[compact,delete],max.message.bytes=2000",
+        "--url", url,
+    )  # fmt: skip
+    assert (out.returncode, out.stderr) == (0, ""), out.stderr
+    configs = {c["name"]: c for c in b.get(v3(cluster, f"/topics/{name}/configs")).json()["data"]}
+    assert configs["cleanup.policy"]["value"] == "compact,delete"
+    assert configs["max.message.bytes"]["value"] == "2000"
+    out = lakelog(
+        "topics", "alter-config", name, "--delete-config", "cleanup.policy,max.message.bytes",
+        "--url", url,
+    )  # fmt: skip
+    assert (out.returncode, out.stdout) == (0, f"Completed updating config for topic {name}.\n")
+
     ids = b.get("/brokers").json()["brokers"]
     out = lakelog("topics", "describe", name, "--url", url)
     assert out.returncode == 0, out.stderr
@@ -673,7 +699,7 @@ def test_cli_topics_round_trip(
 
     out = lakelog("topics", "create", name, "--url", url)
     assert (out.returncode, out.stdout) == (1, "")
-    assert out.stderr == f"Error: Topic '{name}' already exists. (error_code 40002)\n"
+    assert out.stderr == f"Error: Topic '{name}' already exists.\n"
 
     out = lakelog("topics", "delete", name, "--url", url)
     assert (out.returncode, out.stdout) == (0, f"Deleted topic {name}.\n")
@@ -681,7 +707,7 @@ def test_cli_topics_round_trip(
     out = lakelog("topics", "describe", name, "--url", url)
     assert out.returncode == 1
     assert out.stderr == (
-        "Error: This server does not host this topic-partition. (error_code 40403)\n"
+        f"Error: This server does not host this topic-partition. Topic '{name}' not found.\n"
     )
 
 

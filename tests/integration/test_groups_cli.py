@@ -166,7 +166,7 @@ def test_reset_offsets_dry_run_execute_and_live_members(
         cluster, "groups", "reset-offsets", group, "--topic", f"{topic}:7", "--to-latest",
         code=1,
     )  # fmt: skip
-    assert "error_code 40402" in out
+    assert f"Partition 7 of topic '{topic}' not found." in out and "error_code" not in out
     out = lakelog(cluster, "groups", "reset-offsets", group, "--topic", topic, code=2)
     assert "exactly one of" in out
 
@@ -214,12 +214,13 @@ def test_delete_group(lakelog_cluster: Cluster, topic: str) -> None:
     c.assign(topic, 0)
     c.commit([{"topic": topic, "partition": 0, "offset": 1}])
     out = lakelog(cluster, "groups", "delete", group, code=1)
-    assert "the group is not empty" in out and "error_code 40903" in out
+    assert "the group is not empty" in out and "error_code" not in out
     c.delete()
     out = lakelog(cluster, "groups", "delete", group)
     assert out.strip() == f"Deletion of requested consumer groups ('{group}') was successful."
     assert group not in lakelog(cluster, "groups", "list").split()
-    assert "error_code 404" in lakelog(cluster, "groups", "delete", group, code=1)
+    gone = lakelog(cluster, "groups", "delete", group, code=1)
+    assert f"Consumer group '{group}' not found." in gone and "error_code" not in gone
 
 
 @pytest.mark.parametrize(

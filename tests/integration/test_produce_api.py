@@ -207,19 +207,19 @@ def test_v2_unknown_topic_and_partition(cluster: Cluster, create_topic: Callable
         r = post_v2(url, body)
         assert (r.status_code, r.json()) == (
             404,
-            {"error_code": 40401, "message": "Topic not found."},
+            {"error_code": 40401, "message": "Topic 'no-such-topic' not found."},
         )
         assert r.headers["content-type"] == V2
     topic = create_topic(partitions=2)
     r = post_v2(f"{agent}/topics/{topic}/partitions/2", body)
     assert (r.status_code, r.json()) == (
         404,
-        {"error_code": 40402, "message": "Partition not found."},
+        {"error_code": 40402, "message": f"Partition 2 of topic '{topic}' not found."},
     )
     r = post_v2(f"{agent}/topics/{topic}", {"records": [{"value": b64(b"x"), "partition": 5}]})
     assert (r.status_code, r.json()) == (
         404,
-        {"error_code": 40402, "message": "Partition not found."},
+        {"error_code": 40402, "message": f"Partition 5 of topic '{topic}' not found."},
     )
 
 
@@ -234,9 +234,14 @@ def test_v2_unknown_topic_and_partition(cluster: Cluster, create_topic: Callable
             b'{"records": [{"value": "not base64!"}]}',
             400,
             400,
-            "Bad Request: value=not base64! is not a base64 string.",
+            "Bad Request: records[0].value=not base64! is not a base64 string.",
         ),
-        (b'{"records": [{"value": 12}]}', 400, 400, "value must be a base64 string or null"),
+        (
+            b'{"records": [{"value": 12}]}',
+            400,
+            400,
+            "Bad Request: records[0].value must be a base64 string or null.",
+        ),
         (b'{"records": []}', 422, 42206, "Payload error. The request has no records."),
         (b"{}", 422, 42206, "Payload error. The request has no records."),
         (
@@ -262,6 +267,43 @@ def test_v2_bad_bodies(
     )
     assert (r.status_code, r.json()) == (status, {"error_code": code, "message": message})
     assert reader.read(topic, 0, 0) == []  # nothing of a refused request is stored
+
+
+@pytest.mark.parametrize(
+    ("content_type", "assumed"),
+    [
+        ("application/json", "Content-Type application/json"),
+        ("application/vnd.kafka.v2+json", "Content-Type application/vnd.kafka.v2+json"),
+        (None, "No Content-Type"),
+    ],
+)
+def test_v2_json_values_sent_as_binary_name_the_assumed_type_and_the_others(
+    cluster: Cluster,
+    reader: LogReader,
+    create_topic: Callable[..., str],
+    content_type: str | None,
+    assumed: str,
+) -> None:
+    """A newcomer posts JSON values with a type that means binary (Karapace's leniency):
+    the 400 says which type it took, that binary wants base64, and which types exist."""
+    topic = create_topic()
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    r = httpx.post(
+        f"{cluster.agents[0]}/topics/{topic}",
+        content=b'{"records":[{"value":{"n":1}}]}',
+        headers=headers,
+    )
+    assert (r.status_code, r.json()) == (
+        400,
+        {
+            "error_code": 400,
+            "message": "Bad Request: records[0].value must be a base64 string or null. "
+            f"{assumed} means binary: keys and values are base64 strings. For JSON keys and "
+            "values send application/vnd.kafka.json.v2+json; the v2 produce types are "
+            "application/vnd.kafka.{binary,json,avro,jsonschema,protobuf}.v2+json.",
+        },
+    )
+    assert reader.read(topic, 0, 0) == []
 
 
 def test_v2_a_bad_record_refuses_the_whole_request(
@@ -439,7 +481,7 @@ def test_v3_concatenated_records_in_order_with_per_record_errors(
     got = reports(r)
     assert len(got) == 10
     assert got[0]["error_code"] == 200 and got[0]["offset"] == 0
-    assert got[1] == {"error_code": 40402, "message": "Partition not found."}
+    assert got[1] == {"error_code": 40402, "message": f"Partition 7 of topic '{topic}' not found."}
     assert got[2] == {"error_code": 400, "message": "Bad Request: a record must be a JSON object."}
     assert got[3] == {"error_code": 400, "message": "Bad Request: data=!! is not a base64 string."}
     assert got[4]["error_code"] == 42202
@@ -530,7 +572,11 @@ def test_v3_request_level_errors(cluster: Cluster, create_topic: Callable[..., s
     r = httpx.post(v3_url(cluster, "no-such-topic"), json={})
     assert (r.status_code, r.json()) == (
         404,
-        {"error_code": 40403, "message": "This server does not host this topic-partition."},
+        {
+            "error_code": 40403,
+            "message": "This server does not host this topic-partition. "
+            "Topic 'no-such-topic' not found.",
+        },
     )
     r = httpx.post(v3_url(cluster, topic), content=b"{}", headers={"Content-Type": "text/plain"})
     assert (r.status_code, r.json()) == (

@@ -203,9 +203,14 @@ def test_cli_over_the_api_as_super_user(secured: Secured) -> None:
     refused = run_cli(
         "users", "list", *url, env={"LAKELOG_USER": "alice", "LAKELOG_PASSWORD": ALICE_PASSWORD}
     )
-    assert refused.returncode == 1 and "40301" in refused.stderr
+    # The CLI prints the server's sentence, not its code.
+    assert (refused.returncode, refused.stderr) == (
+        1,
+        "Error: Not authorized to perform this operation.\n",
+    )
     anonymous = run_cli("users", "list", *url)
-    assert anonymous.returncode == 1 and "40101" in anonymous.stderr
+    assert anonymous.returncode == 1
+    assert anonymous.stderr.startswith("Error: Authentication is required: HTTP Basic")
 
     key = run_cli("api-keys", "create", "--owner", "alice", "--description", "ci", *url, env=admin)
     assert key.returncode == 0, key.stderr

@@ -194,6 +194,62 @@ def test_a_fresh_session_needs_no_registration(
     assert result["rows"] == [[1, i, f"1-{i}"] for i in range(3, 8)]
 
 
+REGISTER_TWICE = """
+import json, sys
+from pyspark.sql import SparkSession
+import spark as lakelog_spark
+
+session = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+registered = [lakelog_spark.register(session), lakelog_spark.register(session)]
+options = {"coordinator": sys.argv[1], "subscribe": sys.argv[2]}
+df = session.read.format("lakelog").options(**options).load()
+print(json.dumps({"registered": registered, "count": df.count()}))
+"""
+
+
+@pytest.mark.parametrize("found", [True, False], ids=["installed", "not-listed"])
+def test_register_registers_once(
+    found: bool,
+    installed: Path,
+    lakelog_cluster: Cluster,
+    topic_of: Callable[[int], str],
+    tmp_path: Path,
+) -> None:
+    """``spark.register(session)`` leaves a source Spark found by itself alone, and
+    registers one it did not find exactly once: no call makes Spark warn that a data
+    source "replaced a statically registered" (or "previously registered") one, and the
+    source reads either way. Not listed: the packages on the path without the top-level
+    ``pyspark_lakelog`` module Spark's lookup looks for."""
+    topic = topic_of(1)
+    produce(lakelog_cluster, topic, [{"value": b"%d" % i} for i in range(5)], 0)
+    path = installed
+    if not found:
+        path = tmp_path / "packages"
+        path.mkdir()
+        for package in ("service", "spark", "segments", "index", "coordinator"):
+            (path / package).symlink_to(installed / package)
+    script = tmp_path / "job.py"
+    script.write_text(REGISTER_TWICE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(path),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), lakelog_cluster.coordinator_url, topic],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"registered": [False, False] if found else [True, False], "count": 5}
+    assert "registered data source" not in proc.stderr, proc.stderr[-4000:]
+
+
 # --- streams ---------------------------------------------------------------------------
 
 

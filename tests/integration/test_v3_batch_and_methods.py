@@ -57,7 +57,8 @@ def test_records_batch_exact_bodies(
         "failures": [
             {"id": "2", "error_code": 400,
              "message": "Bad Request: data=not base64! is not a base64 string."},
-            {"id": "4", "error_code": 40402, "message": "Partition not found."},
+            {"id": "4", "error_code": 40402,
+             "message": f"Partition 7 of topic '{topic}' not found."},
         ],
     }  # fmt: skip
     offsets = httpx.get(

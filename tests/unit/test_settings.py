@@ -212,3 +212,43 @@ def test_the_readme_example_config_file_works(tmp_path: Path) -> None:
     agent = load(Settings, "agent", config)
     assert (agent.coordinator_urls(), agent.linger_ms) == (["http://127.0.0.1:8083"], 20)
     assert agent.store_endpoint == "http://127.0.0.1:9000"
+
+
+@pytest.mark.parametrize("cls", [Settings, CoordinatorSettings])
+@pytest.mark.parametrize(
+    ("host", "authentication", "allow", "refused"),
+    [
+        ("127.0.0.1", "none", False, False),
+        ("127.0.0.2", "none", False, False),
+        ("::1", "none", False, False),
+        ("localhost", "none", False, False),
+        ("0.0.0.0", "none", False, True),
+        ("::", "none", False, True),
+        ("10.1.2.3", "none", False, True),
+        ("lakelog.example", "none", False, True),  # a name may resolve to any interface
+        ("0.0.0.0", "none", True, False),
+        ("0.0.0.0", "basic", False, False),
+    ],
+)
+def test_listening_beyond_loopback_without_authentication_takes_the_flag(
+    cls: type[Settings] | type[CoordinatorSettings],
+    host: str,
+    authentication: str,
+    allow: bool,
+    refused: bool,
+) -> None:
+    secret = SecretStr("x" * 40)  # authentication on a coordinator needs it
+    settings = cls(
+        host=host,
+        authentication=authentication,
+        allow_unauthenticated=allow,
+        coordinator_secret=secret,
+    )
+    problems = [p for p in settings.security_problems() if "listens beyond" in p]
+    assert bool(problems) == refused, problems
+
+
+def test_the_development_default_listens_on_loopback() -> None:
+    for cls in (Settings, CoordinatorSettings):
+        settings = cls()
+        assert (settings.host, settings.security_problems()) == ("127.0.0.1", []), cls
