@@ -564,6 +564,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             "SELECT DISTINCT topic_id, 1 FROM index_entries WHERE kind = 'parquet'",
         ),
     ),
+    Migration(
+        17,
+        "the principal that made each REST consumer instance (only it may use it)",
+        ("ALTER TABLE consumers ADD COLUMN owner TEXT NOT NULL DEFAULT ''",),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

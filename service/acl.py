@@ -22,20 +22,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.security import AclFilter, Authorizer, Check, Operation, ResourceType
 from coordinator.security_store import SecurityStore
-from segments.errors import LakelogError
+from segments.errors import AuthorizationError, LakelogError
 from service.auth import SELF_GUARDED, client_address, principal_of
 from service.errors import ErrorCode
 from service.executors import call
@@ -86,6 +86,53 @@ class AclCache:
             return self._authorizer
 
 
+class Rights:
+    """What one request's principal may do on resources its handler learns only after
+    reading the request or the coordinator (the topics of an instance's assignment, of a
+    group's committed offsets): questions to the agent's ACL copy (the middleware's, with
+    its staleness bound), asked again at each call, so a long request sees a revocation
+    within the bound. With authorization off every answer is yes.
+    """
+
+    __slots__ = ("cache", "host", "principal")
+
+    def __init__(self, cache: AclCache | None, principal: str, host: str) -> None:
+        self.cache = cache
+        self.principal = principal
+        self.host = host
+
+    async def denied(
+        self, operation: Operation, resource_type: ResourceType, names: Iterable[str]
+    ) -> list[str]:
+        """The names of ``names`` (sorted, each once) the principal may not ``operation``."""
+        if self.cache is None:
+            return []
+        authorizer = await self.cache.authorizer()
+        return [
+            n
+            for n in sorted(set(names))
+            if not authorizer.authorize(self.principal, self.host, operation, resource_type, n)
+        ]
+
+    async def require(
+        self, operation: Operation, resource_type: ResourceType, names: Iterable[str]
+    ) -> None:
+        """Raises AuthorizationError (403 40301) naming those denied, in Kafka's words."""
+        refused = await self.denied(operation, resource_type, names)
+        if refused:
+            kind = {ResourceType.TOPIC: "topics", ResourceType.GROUP: "groups"}.get(
+                resource_type, resource_type.value.lower()
+            )
+            raise AuthorizationError(f"Not authorized to access {kind}: [{', '.join(refused)}]")
+
+
+def rights(request: Request) -> Rights:
+    """The request's :class:`Rights` (a FastAPI dependency)."""
+    app = request.app
+    cache = app.state.acl_cache if app.state.settings.authorization == "acl" else None
+    return Rights(cache, principal_of(request.scope), client_address(request.scope))
+
+
 # -- the rules --------------------------------------------------------------------------
 
 
@@ -128,7 +175,9 @@ SUPER_USER = Rule(super_user=True)
 
 
 def _body_topics(body: Any) -> list[str]:
-    """The topics a v2 subscribe or assign body names (``topics``, ``partitions[].topic``)."""
+    """The topics a v2 subscribe or assign body names (``topics``, ``partitions[].topic``).
+    A ``topic_pattern`` names none: each topic it matches is checked by its own ACLs at
+    every fetch (``service.v2.consumers``)."""
     names: list[str] = []
     if isinstance(body, dict):
         topics = body.get("topics")
@@ -139,8 +188,6 @@ def _body_topics(body: Any) -> list[str]:
             names += [
                 p["topic"] for p in parts if isinstance(p, dict) and isinstance(p.get("topic"), str)
             ]
-        if body.get("topic_pattern") is not None:
-            names.append("*")  # a pattern may reach any topic: it needs READ on all
     return names
 
 

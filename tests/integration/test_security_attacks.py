@@ -1,0 +1,388 @@
+"""Issue 23, tried as an attacker with one low-privilege account: one ``lakelog serve
+--authentication basic --authorization acl`` (users admin, alice, bob, carol) shared by the
+module, real HTTP requests and Kafka clients.
+
+- REST consumer instances: usable only by the principal that made them; READ on each
+  assigned topic checked on every fetch (a revoked READ stops an existing instance); a
+  ``topic_pattern`` matched against each topic's own ACLs.
+- group offset routes: ``offsets:reset`` needs READ on each topic; instance offsets and the
+  v3 lag views show only topics the caller may DESCRIBE.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.integration.test_security_processes import start_secured_serve
+from tests.procs import Proc
+
+PASSWORDS = {
+    "admin": "admin-password-Attack1",
+    "alice": "alice-password-Attack2",
+    "bob": "bob-password-Attack3",
+    "carol": "carol-password-Attack4",
+}
+V2 = "application/vnd.kafka.v2+json"
+BINARY = "application/vnd.kafka.binary.v2+json"
+DENIED = 40301
+
+
+def auth(user: str) -> httpx.BasicAuth:
+    return httpx.BasicAuth(user, PASSWORDS[user])
+
+
+@dataclass
+class Serve:
+    rest: str
+    kafka: str
+    cluster_id: str
+    proc: Proc
+
+    def client(self, user: str) -> httpx.Client:
+        return httpx.Client(base_url=self.rest, auth=auth(user), timeout=30.0)
+
+    def v3(self, path: str) -> str:
+        return f"/v3/clusters/{self.cluster_id}{path}"
+
+    def acl(self, method: str, user: str, **fields: str) -> None:
+        """Create or delete one ACL for ``user`` as admin."""
+        acl = {
+            "principal": f"User:{user}",
+            "host": "*",
+            "pattern_type": "LITERAL",
+            "permission": "ALLOW",
+            **fields,
+        }
+        with self.client("admin") as admin:
+            if method == "POST":
+                r = admin.post(self.v3("/acls"), json=acl)
+                assert r.status_code == 201, r.text
+            else:
+                r = admin.request("DELETE", self.v3("/acls"), params=acl)
+                assert r.status_code == 200 and r.json()["data"], r.text
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    tmp = tmp_path_factory.mktemp("attacks")
+    proc, port, kport = start_secured_serve(
+        tmp,
+        "admin",
+        PASSWORDS["admin"],
+        {
+            "LAKELOG_AUTHORIZATION": "acl",
+            "LAKELOG_SUPER_USERS": "User:admin",
+            "LAKELOG_AUTH_CACHE_TTL_S": "0.5",
+        },
+    )
+    rest = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=rest, auth=auth("admin"), timeout=30.0) as admin:
+            for user in ("alice", "bob", "carol"):
+                r = admin.post("/security/users", json={"name": user, "password": PASSWORDS[user]})
+                assert r.status_code == 201, r.text
+            cluster_id = admin.get("/v3/clusters").json()["data"][0]["cluster_id"]
+        yield Serve(rest, f"127.0.0.1:{kport}", cluster_id, proc)
+    finally:
+        proc.stop()
+
+
+def make_topic(serve: Serve, name: str, records: int = 3, partitions: int = 1) -> None:
+    with serve.client("admin") as admin:
+        r = admin.post(
+            serve.v3("/topics"), json={"topic_name": name, "partitions_count": partitions}
+        )
+        assert r.status_code == 201, r.text
+        values = [
+            {"value": base64.b64encode(f"{name}-{i}".encode()).decode()} for i in range(records)
+        ]
+        r = admin.post(
+            f"/topics/{name}", json={"records": values}, headers={"Content-Type": BINARY}
+        )
+        assert r.status_code == 200, r.text
+
+
+def new_instance(client: httpx.Client, group: str, name: str) -> str:
+    r = client.post(
+        f"/consumers/{group}",
+        json={"name": name, "format": "binary", "auto.offset.reset": "earliest"},
+        headers={"Content-Type": V2},
+    )
+    assert r.status_code == 200, r.text
+    return f"/consumers/{group}/instances/{name}"
+
+
+def fetch(client: httpx.Client, instance: str, timeout_ms: int = 1000) -> httpx.Response:
+    return client.get(
+        f"{instance}/records", params={"timeout": timeout_ms}, headers={"Accept": BINARY}
+    )
+
+
+def values(r: httpx.Response) -> list[str]:
+    assert r.status_code == 200, r.text
+    return sorted(base64.b64decode(rec["value"]).decode() for rec in r.json())
+
+
+def fetch_until(client: httpx.Client, instance: str, want: int) -> list[str]:
+    """Values fetched until ``want`` arrived (a subscription gets its partitions at once,
+    but the records may take more than one fetch)."""
+    got: list[str] = []
+    deadline = time.monotonic() + 20
+    while len(got) < want and time.monotonic() < deadline:
+        got += values(fetch(client, instance))
+    return sorted(got)
+
+
+def denied(r: httpx.Response) -> None:
+    assert r.status_code == 403, r.text
+    assert r.json()["error_code"] == DENIED
+
+
+# -- High 1: REST consumer instances ------------------------------------------------------
+
+
+def test_an_instance_is_usable_only_by_its_creator(serve: Serve) -> None:
+    """Bob, with READ on group g1 but not on topic secret1, finds Alice's instance through
+    the v3 group view; every call on it is refused (403 40301), and nothing moved: Alice
+    then reads every record herself."""
+    make_topic(serve, "secret1")
+    serve.acl("POST", "alice", resource_type="GROUP", resource_name="g1", operation="READ")
+    serve.acl("POST", "alice", resource_type="TOPIC", resource_name="secret1", operation="READ")
+    serve.acl("POST", "bob", resource_type="GROUP", resource_name="g1", operation="READ")
+    with serve.client("alice") as alice, serve.client("bob") as bob:
+        inst = new_instance(alice, "g1", "alicec")
+        r = alice.post(
+            f"{inst}/subscription", json={"topics": ["secret1"]}, headers={"Content-Type": V2}
+        )
+        assert r.status_code == 204, r.text
+        listed = bob.get(serve.v3("/consumer-groups/g1/consumers"))
+        assert [c["consumer_id"] for c in listed.json()["data"]] == ["alicec"]
+
+        denied(fetch(bob, inst))
+        denied(bob.post(f"{inst}/offsets", headers={"Content-Type": V2}))
+        denied(
+            bob.request(
+                "GET",
+                f"{inst}/offsets",
+                json={"partitions": [{"topic": "secret1", "partition": 0}]},
+                headers={"Content-Type": V2},
+            )
+        )
+        denied(
+            bob.post(
+                f"{inst}/positions/beginning",
+                json={"partitions": [{"topic": "secret1", "partition": 0}]},
+                headers={"Content-Type": V2},
+            )
+        )
+        denied(
+            bob.post(
+                f"{inst}/positions",
+                json={"offsets": [{"topic": "secret1", "partition": 0, "offset": 2}]},
+                headers={"Content-Type": V2},
+            )
+        )
+        denied(
+            bob.post(
+                f"{inst}/subscription", json={"topics": ["secret1"]}, headers={"Content-Type": V2}
+            )
+        )
+        denied(bob.get(f"{inst}/subscription"))
+        denied(bob.delete(f"{inst}/subscription"))
+        denied(bob.get(f"{inst}/assignments"))
+        denied(bob.delete(inst))
+
+        assert fetch_until(alice, inst, 3) == ["secret1-0", "secret1-1", "secret1-2"]
+        assert alice.delete(inst).status_code == 204
+
+
+def test_a_revoked_read_stops_an_existing_instance(serve: Serve) -> None:
+    """Alice's instance reads secret2; once her READ on it is deleted, her next fetch
+    (within the agents' staleness bound) is refused and moves nothing."""
+    make_topic(serve, "secret2")
+    serve.acl("POST", "alice", resource_type="GROUP", resource_name="g2", operation="READ")
+    serve.acl("POST", "alice", resource_type="TOPIC", resource_name="secret2", operation="READ")
+    with serve.client("alice") as alice:
+        inst = new_instance(alice, "g2", "alicec")
+        r = alice.post(
+            f"{inst}/assignments",
+            json={"partitions": [{"topic": "secret2", "partition": 0}]},
+            headers={"Content-Type": V2},
+        )
+        assert r.status_code == 204, r.text
+        first = fetch_until(alice, inst, 3)
+        assert first == ["secret2-0", "secret2-1", "secret2-2"]
+        make_topic_records(serve, "secret2", ["late"])
+        serve.acl(
+            "DELETE", "alice", resource_type="TOPIC", resource_name="secret2", operation="READ"
+        )
+        time.sleep(0.6)  # the agents' ACL copy is at most auth_cache_ttl_s (0.5 s) old
+        r = fetch(alice, inst)
+        denied(r)
+        assert "secret2" in r.json()["message"]
+
+
+def make_topic_records(serve: Serve, topic: str, vals: list[str]) -> None:
+    with serve.client("admin") as admin:
+        body = {"records": [{"value": base64.b64encode(v.encode()).decode()} for v in vals]}
+        r = admin.post(f"/topics/{topic}", json=body, headers={"Content-Type": BINARY})
+        assert r.status_code == 200, r.text
+
+
+def test_a_pattern_is_matched_against_each_topics_acls(serve: Serve) -> None:
+    """Carol may READ every topic (LITERAL ``*``) but is denied READ on pat-secret: her
+    ``topic_pattern`` subscription is allowed (READ on the group), and her fetch is
+    refused naming pat-secret, as a Kafka consumer's (TOPIC_AUTHORIZATION_FAILED) rather
+    than answering its records. With ALL denied on it (so not even DESCRIBE), the pattern
+    never sees pat-secret, as a Kafka pattern subscription never does, and she reads the
+    other topic."""
+    make_topic(serve, "pat-open")
+    make_topic(serve, "pat-secret")
+    serve.acl("POST", "carol", resource_type="GROUP", resource_name="g3", operation="READ")
+    serve.acl("POST", "carol", resource_type="TOPIC", resource_name="*", operation="READ")
+    serve.acl(
+        "POST",
+        "carol",
+        resource_type="TOPIC",
+        resource_name="pat-secret",
+        operation="READ",
+        permission="DENY",
+    )
+    with serve.client("carol") as carol:
+        inst = new_instance(carol, "g3", "carolc")
+        r = carol.post(
+            f"{inst}/subscription", json={"topic_pattern": "pat-.*"}, headers={"Content-Type": V2}
+        )
+        assert r.status_code == 204, r.text
+        r = fetch(carol, inst)
+        denied(r)
+        assert "pat-secret" in r.json()["message"]
+        serve.acl(
+            "DELETE",
+            "carol",
+            resource_type="TOPIC",
+            resource_name="pat-secret",
+            operation="READ",
+            permission="DENY",
+        )
+        serve.acl(
+            "POST",
+            "carol",
+            resource_type="TOPIC",
+            resource_name="pat-secret",
+            operation="ALL",
+            permission="DENY",
+        )
+        assert fetch_until(carol, inst, 3) == ["pat-open-0", "pat-open-1", "pat-open-2"]
+        assert values(fetch(carol, inst, timeout_ms=200)) == []
+
+
+def test_a_revoked_read_ends_an_open_group_stream(serve: Serve) -> None:
+    """Alice streams group gs's records of topic stream-t; once her READ on the topic is
+    deleted, the open stream ends (within the staleness bound) with an error line
+    instead of sending the records produced after."""
+    make_topic(serve, "stream-t")
+    serve.acl("POST", "alice", resource_type="GROUP", resource_name="gs", operation="READ")
+    serve.acl("POST", "alice", resource_type="TOPIC", resource_name="stream-t", operation="READ")
+    path = serve.v3("/consumer-groups/gs/records")
+    params = {"topics": "stream-t", "keepalive_ms": "200"}
+    lines: list[dict[str, Any]] = []
+    with serve.client("alice") as alice, alice.stream("GET", path, params=params) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            doc = orjson.loads(line)
+            lines.append(doc)
+            if doc.get("offset") == 2:
+                serve.acl(
+                    "DELETE",
+                    "alice",
+                    resource_type="TOPIC",
+                    resource_name="stream-t",
+                    operation="READ",
+                )
+                make_topic_records(serve, "stream-t", ["after-revoke"])
+            if len(lines) > 50:
+                break
+    values_sent = [base64.b64decode(d["value"]).decode() for d in lines if "value" in d]
+    assert values_sent == ["stream-t-0", "stream-t-1", "stream-t-2"]
+    assert lines[-1]["error_code"] == DENIED
+    assert "stream-t" in lines[-1]["message"]
+
+
+# -- Medium 8: group offset routes ---------------------------------------------------------
+
+
+def reset(client: httpx.Client, serve: Serve, group: str, **body: Any) -> httpx.Response:
+    return client.post(serve.v3(f"/consumer-groups/{group}/offsets:reset"), json=body)
+
+
+def test_offsets_reset_needs_read_on_each_topic(serve: Serve) -> None:
+    """Bob may READ group gr but not topic reset-secret: a reset of its offsets by name is
+    refused, in a dry run too, and moves nothing. ``all_topics`` leaves out the topics he
+    may not DESCRIBE (Kafka lists what the principal may describe) and refuses those he
+    may DESCRIBE but not READ; with READ on reset-open it resets that one only."""
+    make_topic(serve, "reset-open")
+    make_topic(serve, "reset-secret")
+    serve.acl("POST", "bob", resource_type="GROUP", resource_name="gr", operation="READ")
+    with serve.client("admin") as admin:
+        parts = [{"topic_name": "reset-open"}, {"topic_name": "reset-secret"}]
+        r = reset(admin, serve, "gr", partitions=parts, strategy="LATEST", validate_only=False)
+        assert r.status_code == 200, r.text
+    secret = {"partitions": [{"topic_name": "reset-secret"}]}
+    with serve.client("bob") as bob:
+        for dry in (True, False):
+            denied(reset(bob, serve, "gr", strategy="EARLIEST", validate_only=dry, **secret))
+        r = reset(bob, serve, "gr", all_topics=True, strategy="EARLIEST", validate_only=False)
+        assert r.status_code == 200 and r.json()["data"] == [], r.text
+        serve.acl(
+            "POST", "bob", resource_type="TOPIC", resource_name="reset-open", operation="READ"
+        )
+        describe = {"resource_type": "TOPIC", "resource_name": "reset-secret"}
+        serve.acl("POST", "bob", operation="DESCRIBE", **describe)
+        r = reset(bob, serve, "gr", all_topics=True, strategy="EARLIEST", validate_only=False)
+        denied(r)
+        assert "reset-secret" in r.json()["message"]
+        serve.acl("DELETE", "bob", operation="DESCRIBE", **describe)
+        r = reset(bob, serve, "gr", all_topics=True, strategy="EARLIEST", validate_only=False)
+        assert r.status_code == 200, r.text
+        assert [p["topic_name"] for p in r.json()["data"]] == ["reset-open"]
+    with serve.client("admin") as admin:
+        lags = admin.get(serve.v3("/consumer-groups/gr/lags")).json()["data"]
+        current = {lag["topic_name"]: lag["current_offset"] for lag in lags}
+        assert current == {"reset-open": 0, "reset-secret": 3}
+
+
+def test_lags_and_offsets_show_only_topics_the_caller_may_describe(serve: Serve) -> None:
+    """Group gl has committed offsets on lag-open and lag-secret; bob may DESCRIBE the group
+    and lag-open only: the lag views, the lag summary and his own instance's committed
+    offsets leave lag-secret out; asking for its lag by name is refused."""
+    make_topic(serve, "lag-open")
+    make_topic(serve, "lag-secret")
+    with serve.client("admin") as admin:
+        parts = [{"topic_name": "lag-open"}, {"topic_name": "lag-secret"}]
+        r = reset(admin, serve, "gl", partitions=parts, strategy="EARLIEST", validate_only=False)
+        assert r.status_code == 200, r.text
+    serve.acl("POST", "bob", resource_type="GROUP", resource_name="gl", operation="READ")
+    serve.acl("POST", "bob", resource_type="TOPIC", resource_name="lag-open", operation="DESCRIBE")
+    with serve.client("bob") as bob:
+        lags = bob.get(serve.v3("/consumer-groups/gl/lags"))
+        assert [lag["topic_name"] for lag in lags.json()["data"]] == ["lag-open"]
+        summary = bob.get(serve.v3("/consumer-groups/gl/lag-summary")).json()
+        assert summary["max_lag_topic_name"] == "lag-open" and summary["total_lag"] == 3
+        denied(bob.get(serve.v3("/consumer-groups/gl/lags/lag-secret/partitions/0")))
+        inst = new_instance(bob, "gl", "bobc")
+        both = [{"topic": "lag-open", "partition": 0}, {"topic": "lag-secret", "partition": 0}]
+        r = bob.request(
+            "GET", f"{inst}/offsets", json={"partitions": both}, headers={"Content-Type": V2}
+        )
+        assert r.status_code == 200, r.text
+        assert [o["topic"] for o in r.json()["offsets"]] == ["lag-open"]
+        bob.delete(inst)
