@@ -101,6 +101,8 @@ def make_topic(serve: Serve, name: str, records: int = 3, partitions: int = 1) -
             serve.v3("/topics"), json={"topic_name": name, "partitions_count": partitions}
         )
         assert r.status_code == 201, r.text
+        if not records:
+            return
         values = [
             {"value": base64.b64encode(f"{name}-{i}".encode()).decode()} for i in range(records)
         ]
@@ -386,3 +388,93 @@ def test_lags_and_offsets_show_only_topics_the_caller_may_describe(serve: Serve)
         assert r.status_code == 200, r.text
         assert [o["topic"] for o in r.json()["offsets"]] == ["lag-open"]
         bob.delete(inst)
+
+
+# -- Medium 5: schema registry writes through produce --------------------------------------
+
+S1 = '{"type":"record","name":"Payment","fields":[{"name":"a","type":"string"}]}'
+S2 = (
+    '{"type":"record","name":"Payment","fields":[{"name":"a","type":"string"},'
+    '{"name":"b","type":["null","string"],"default":null}]}'
+)
+AVRO_V2 = "application/vnd.kafka.avro.v2+json"
+REGISTRY = "application/vnd.schemaregistry.v1+json"
+
+
+def v3_produce(client: httpx.Client, serve: Serve, topic: str, value: dict[str, Any]) -> Any:
+    """One v3 record; its delivery report."""
+    r = client.post(serve.v3(f"/topics/{topic}/records"), json={"value": value})
+    assert r.status_code == 200, r.text
+    return orjson.loads(r.content.split(b"\r\n")[0])
+
+
+def versions(serve: Serve, subject: str) -> list[int]:
+    with serve.client("admin") as admin:
+        r = admin.get(f"/subjects/{subject}/versions")
+        assert r.status_code == 200, r.text
+        return list(r.json())
+
+
+def test_registering_through_produce_needs_the_right_to_register(serve: Serve) -> None:
+    """Bob may write topic bob-t and nothing on the registry: a v3 produce naming subject
+    pay-value with a new schema is refused and registers nothing (a direct POST
+    /subjects/pay-value/versions is 403 too); his answers for a subject that exists and one
+    that does not are the same, so he cannot probe subjects. Carol, who may read the
+    registry (DESCRIBE on the cluster) but not change it (ALTER), produces with a schema
+    already registered, by text or version, but a new one is refused, as a serializer
+    with auto.register.schemas=false finds it missing. v2 avro produce auto-registers under
+    the topic's subject only with the right to register."""
+    with serve.client("admin") as admin:
+        r = admin.post(
+            "/subjects/pay-value/versions", json={"schema": S1}, headers={"Content-Type": REGISTRY}
+        )
+        assert r.status_code == 200, r.text
+    make_topic(serve, "bob-t", records=0)
+    make_topic(serve, "carol-t", records=0)
+    serve.acl("POST", "bob", resource_type="TOPIC", resource_name="bob-t", operation="WRITE")
+    serve.acl("POST", "carol", resource_type="TOPIC", resource_name="carol-t", operation="WRITE")
+    cluster = {"resource_type": "CLUSTER", "resource_name": "kafka-cluster"}
+    serve.acl("POST", "carol", operation="DESCRIBE", **cluster)
+    new = {"type": "AVRO", "subject": "pay-value", "schema": S2, "data": {"a": "x", "b": None}}
+    with serve.client("bob") as bob:
+        denied(
+            bob.post(
+                "/subjects/pay-value/versions",
+                json={"schema": S2},
+                headers={"Content-Type": REGISTRY},
+            )
+        )
+        report = v3_produce(bob, serve, "bob-t", new)
+        assert report["error_code"] == DENIED, report
+        probes = [
+            v3_produce(
+                bob,
+                serve,
+                "bob-t",
+                {"type": "AVRO", "subject": s, "schema_version": 1, "data": {"a": "x"}},
+            )
+            for s in ("pay-value", "nope-value")
+        ]
+        assert probes[0]["error_code"] == probes[1]["error_code"] == DENIED, probes
+        assert probes[0]["message"] == probes[1]["message"].replace("nope-value", "pay-value")
+        v2 = bob.post(
+            "/topics/bob-t",
+            json={"value_schema": S1, "records": [{"value": {"a": "x"}}]},
+            headers={"Content-Type": AVRO_V2},
+        )
+        denied(v2)
+    assert versions(serve, "pay-value") == [1]
+    with serve.client("carol") as carol:
+        old = {"type": "AVRO", "subject": "pay-value", "schema": S1, "data": {"a": "x"}}
+        assert v3_produce(carol, serve, "carol-t", old)["error_code"] == 200
+        by_version = {
+            "type": "AVRO",
+            "subject": "pay-value",
+            "schema_version": 1,
+            "data": {"a": "y"},
+        }
+        assert v3_produce(carol, serve, "carol-t", by_version)["error_code"] == 200
+        report = v3_produce(carol, serve, "carol-t", new)
+        assert report["error_code"] == DENIED, report
+        assert "ALTER" in report["message"]
+    assert versions(serve, "pay-value") == [1]
