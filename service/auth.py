@@ -9,15 +9,19 @@ under a per-process random key, so the cache never holds a password).
 
 Answers: 401 ``{"error_code": 40101, ...}`` with ``WWW-Authenticate: Basic
 realm="lakelog"`` for a missing, malformed or wrong credential; 429 with
-``Retry-After`` once a principal name or a client address failed
-``auth_max_failures`` times within ``auth_failure_window_s``. Failures are counted
-on ``/metrics`` by reason, never with the name or the secret.
+``Retry-After`` once a name at a client address, or a client address, failed
+``auth_max_failures`` times within ``auth_failure_window_s`` (:class:`LoginThrottle`).
+The address is the client's own: a proxy's ``X-Forwarded-For`` counts only from the
+proxies in ``forwarded_allow_ips``. Nobody can lock a name out everywhere: failures
+for ``admin`` from one address throttle ``admin`` at that address only. Failures are
+counted on ``/metrics`` by reason, never with the name or the secret.
 
 The authenticated principal is ``request.state.principal`` (``User:<name>``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -27,7 +31,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
@@ -53,6 +57,17 @@ OPEN_PATHS = frozenset({"/health", "/metrics"})
 SELF_GUARDED = ("/iceberg/",)
 #: Entries kept per cache, so a flood of distinct credentials cannot grow memory.
 MAX_ENTRIES = 10_000
+#: How long a login waits for a verification slot (while others of its keys are being
+#: verified) before it is refused with 429.
+ADMIT_WAIT_S = 5.0
+_THROTTLED = "Too many failed logins; try again later."
+
+
+def login_keys(name: str | None, address: str) -> tuple[str, ...]:
+    """What a login is throttled by: its name at its address (when it names one), and its
+    address."""
+    addr = f"addr:{address}"
+    return (addr,) if name is None else (f"user:{name}@{address}", addr)
 
 
 class AuthMetrics:
@@ -72,7 +87,17 @@ class AuthMetrics:
 
 
 class LoginThrottle:
-    """Failed logins per key (a principal name, a client address) within a window."""
+    """Failed logins per key (a name at an address, an address) within a window, and the
+    logins being verified now.
+
+    A login is admitted (:meth:`admit`) only while, for each of its keys, the failures
+    within the window plus the verifications in flight stay below ``max_failures``. The
+    check and the reservation are one step on the event loop, so concurrent guesses are
+    counted before any is verified: at most ``max_failures`` of any number sent at once
+    are checked. A login waits up to ``ADMIT_WAIT_S`` for a slot while others of its keys
+    are in flight; once the failures alone reach the limit it is refused at once. Each
+    agent process keeps its own counts.
+    """
 
     def __init__(
         self, max_failures: int, window_s: float, clock: Callable[[], float] = time.monotonic
@@ -81,7 +106,8 @@ class LoginThrottle:
         self.window_s = window_s
         self._clock = clock
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self._freed = asyncio.Condition()
 
     def _recent(self, key: str, now: float) -> deque[float] | None:
         times = self._failures.get(key)
@@ -95,27 +121,70 @@ class LoginThrottle:
         return times
 
     def retry_after(self, *keys: str) -> float:
-        """Seconds until every key may try again (0: they may now)."""
+        """Seconds until every key's failures are below the limit (0: they are now)."""
         now = self._clock()
         wait = 0.0
-        with self._lock:
-            for key in keys:
-                times = self._recent(key, now)
-                if times is not None and len(times) >= self.max_failures:
-                    wait = max(wait, times[0] + self.window_s - now)
+        for key in keys:
+            times = self._recent(key, now)
+            if times is not None and len(times) >= self.max_failures:
+                wait = max(wait, times[0] + self.window_s - now)
         return wait
+
+    def _room(self, keys: Sequence[str]) -> bool:
+        now = self._clock()
+        return all(
+            len(self._recent(k, now) or ()) + self._in_flight.get(k, 0) < self.max_failures
+            for k in keys
+        )
+
+    async def admit(self, keys: Sequence[str]) -> None:
+        """Reserve a verification for each key; :meth:`done` gives it back.
+
+        Raises:
+            LoginThrottledError: too many failures lately, or no slot within
+                ``ADMIT_WAIT_S``.
+        """
+        if self.retry_after(*keys) > 0:
+            raise LoginThrottledError(_THROTTLED)
+        if not self._room(keys):
+            async with self._freed:
+                try:
+                    await asyncio.wait_for(
+                        self._freed.wait_for(
+                            lambda: self._room(keys) or self.retry_after(*keys) > 0
+                        ),
+                        ADMIT_WAIT_S,
+                    )
+                except TimeoutError:
+                    raise LoginThrottledError(_THROTTLED) from None
+            if self.retry_after(*keys) > 0:
+                raise LoginThrottledError(_THROTTLED)
+        for key in keys:
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+
+    async def done(self, keys: Sequence[str], *, failed: bool) -> None:
+        """The verification :meth:`admit` reserved ended (``failed``: a wrong credential)."""
+        for key in keys:
+            left = self._in_flight.get(key, 0) - 1
+            if left > 0:
+                self._in_flight[key] = left
+            else:
+                self._in_flight.pop(key, None)
+        if failed:
+            self.failed(*keys)
+        async with self._freed:
+            self._freed.notify_all()
 
     def failed(self, *keys: str) -> None:
         now = self._clock()
-        with self._lock:
-            for key in keys:
-                times = self._recent(key, now)
-                if times is None:
-                    times = self._failures[key] = deque(maxlen=self.max_failures)
-                times.append(now)
-                self._failures.move_to_end(key)
-            while len(self._failures) > MAX_ENTRIES:
-                self._failures.popitem(last=False)
+        for key in keys:
+            times = self._recent(key, now)
+            if times is None:
+                times = self._failures[key] = deque(maxlen=self.max_failures)
+            times.append(now)
+            self._failures.move_to_end(key)
+        while len(self._failures) > MAX_ENTRIES:
+            self._failures.popitem(last=False)
 
 
 class Authenticator:
@@ -138,6 +207,9 @@ class Authenticator:
         self._key = secrets.token_bytes(32)
         self._cache: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
         self._lock = threading.Lock()
+        #: Verifications in flight by credential: the same credential sent many times at
+        #: once (a client's burst on a cold cache) is verified once.
+        self._pending: dict[bytes, asyncio.Future[str]] = {}
         self.throttle = LoginThrottle(max_failures, failure_window_s, clock)
         #: Checks OAuth bearer tokens when a JWKS is configured (``service.oauth``).
         self.bearer: BearerVerifier | None = None
@@ -155,7 +227,8 @@ class Authenticator:
 
         Raises:
             AuthenticationError: wrong credential. LoginThrottledError: too many failures
-                lately for this name or address (``retry_after`` on the throttle says how long).
+                lately for this name at this address, or for this address
+                (``throttle.retry_after(*login_keys(name, address))`` says how long).
         """
         digest = self._digest(name, secret)
         now = self._clock()
@@ -164,16 +237,35 @@ class Authenticator:
             if hit is not None and hit[1] > now:
                 self.metrics.successes.labels(door, "true").inc()
                 return hit[0]
-        keys = (f"name:{name}", f"addr:{address}")
-        if self.throttle.retry_after(*keys) > 0:
+        pending = self._pending.get(digest)
+        if pending is not None:  # the same credential, being verified now
+            try:
+                return await asyncio.shield(pending)
+            except AuthenticationError:
+                self.metrics.failures.labels(door, "invalid").inc()
+                raise
+        keys = login_keys(name, address)
+        try:
+            await self.throttle.admit(keys)
+        except LoginThrottledError:
             self.metrics.failures.labels(door, "throttled").inc()
-            raise LoginThrottledError("Too many failed logins; try again later.")
+            raise
+        verdict: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._pending[digest] = verdict
+        failed = False
         try:
             principal = await call(self.store.authenticate, name, secret)
-        except AuthenticationError:
-            self.throttle.failed(*keys)
-            self.metrics.failures.labels(door, "invalid").inc()
+        except BaseException as e:
+            failed = isinstance(e, AuthenticationError)
+            verdict.set_exception(e)
+            verdict.exception()  # retrieved: the waiters (if any) raise it themselves
+            if failed:
+                self.metrics.failures.labels(door, "invalid").inc()
             raise
+        finally:
+            del self._pending[digest]
+            await self.throttle.done(keys, failed=failed)
+        verdict.set_result(principal)
         with self._lock:
             self._cache[digest] = (principal, self._clock() + self._ttl)
             self._cache.move_to_end(digest)
@@ -188,16 +280,21 @@ class Authenticator:
         if self.bearer is None:
             self.metrics.failures.labels(door, "malformed").inc()
             raise AuthenticationError("Bearer tokens are not accepted here.")
-        key = f"addr:{address}"
-        if self.throttle.retry_after(key) > 0:
+        keys = login_keys(None, address)
+        try:
+            await self.throttle.admit(keys)
+        except LoginThrottledError:
             self.metrics.failures.labels(door, "throttled").inc()
-            raise LoginThrottledError("Too many failed logins; try again later.")
+            raise
+        failed = False
         try:
             principal = await call(self.bearer.principal, token)
         except AuthenticationError:
-            self.throttle.failed(key)
+            failed = True
             self.metrics.failures.labels(door, "invalid").inc()
             raise
+        finally:
+            await self.throttle.done(keys, failed=failed)
         self.metrics.successes.labels(door, "false").inc()
         return principal
 
@@ -279,7 +376,7 @@ class BasicAuthMiddleware:
         try:
             principal = await authenticator.authenticate(*credential, address, "rest")
         except LoginThrottledError as e:
-            wait = authenticator.throttle.retry_after(f"name:{credential[0]}", f"addr:{address}")
+            wait = authenticator.throttle.retry_after(*login_keys(credential[0], address))
             await send_error(
                 scope,
                 send,

@@ -30,7 +30,7 @@ from scramp import ScramException, ScramMechanism
 from coordinator.security import check_name, user_principal
 from coordinator.security_store import SCRAM_MECHANISMS, ScramCredential, SecurityStore
 from segments.errors import AuthenticationError, LoginThrottledError
-from service.auth import Authenticator
+from service.auth import Authenticator, login_keys
 from service.executors import call
 
 SASL_HANDSHAKE = 17
@@ -193,17 +193,22 @@ class SaslSession:
             except ScramException:
                 metrics.failures.labels("kafka", "malformed").inc()
                 raise AuthenticationError(_FAILED) from None
-            keys = (f"name:{self._scram_user}", f"addr:{self.address}")
-            if throttle.retry_after(*keys) > 0:
+            if throttle.retry_after(*login_keys(self._scram_user, self.address)) > 0:
                 metrics.failures.labels("kafka", "throttled").inc()
                 raise LoginThrottledError("Too many failed logins; try again later.")
             self._scram = server
             return str(server.get_server_first()).encode()
         server, self._scram = self._scram, None  # client-final
+        keys = login_keys(self._scram_user, self.address)
+        # Checked again, then verified and counted with no await in between: concurrent
+        # exchanges cannot all be verified before the first failure is counted.
+        if throttle.retry_after(*keys) > 0:
+            metrics.failures.labels("kafka", "throttled").inc()
+            raise LoginThrottledError("Too many failed logins; try again later.")
         try:
             server.set_client_final(text)
         except ScramException:
-            throttle.failed(f"name:{self._scram_user}", f"addr:{self.address}")
+            throttle.failed(*keys)
             metrics.failures.labels("kafka", "invalid").inc()
             raise AuthenticationError(_FAILED) from None
         self.principal = user_principal(self._scram_user)

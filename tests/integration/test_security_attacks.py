@@ -11,6 +11,7 @@ module, real HTTP requests and Kafka clients.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Iterator
@@ -478,3 +479,80 @@ def test_registering_through_produce_needs_the_right_to_register(serve: Serve) -
         assert report["error_code"] == DENIED, report
         assert "ALTER" in report["message"]
     assert versions(serve, "pay-value") == [1]
+
+
+# -- Medium 6: login throttling --------------------------------------------------------------
+
+
+def from_address(address: str) -> dict[str, str]:
+    """The client address a trusted proxy (this test, from 127.0.0.1: the agents'
+    default ``forwarded_allow_ips``) reports."""
+    return {"X-Forwarded-For": address}
+
+
+def kafka_admin_can_list(serve: Serve, user: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(
+        {
+            "bootstrap.servers": serve.kafka,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": user,
+            "sasl.password": PASSWORDS[user],
+        }
+    )
+    try:
+        admin.list_topics(timeout=10)
+    except Exception:
+        return False
+    return True
+
+
+def test_bad_passwords_from_one_address_lock_out_only_that_address(serve: Serve) -> None:
+    """Twelve bad passwords for admin from 10.66.0.1 throttle that address (429), but admin
+    still logs in from 10.1.0.1 and over Kafka from 127.0.0.1: nobody can lock the admin
+    out everywhere."""
+    codes = []
+    for i in range(12):
+        r = httpx.get(
+            f"{serve.rest}/v3/clusters",
+            auth=httpx.BasicAuth("admin", f"guess-{i}-guess"),
+            headers=from_address("10.66.0.1"),
+        )
+        codes.append(r.status_code)
+    assert codes[:10] == [401] * 10 and codes[10:] == [429, 429], codes
+    throttled = httpx.get(
+        f"{serve.rest}/v3/clusters", auth=auth("admin"), headers=from_address("10.66.0.1")
+    )
+    assert throttled.status_code == 429
+    assert int(throttled.headers["retry-after"]) >= 1
+    ok = httpx.get(
+        f"{serve.rest}/v3/clusters", auth=auth("admin"), headers=from_address("10.1.0.1")
+    )
+    assert ok.status_code == 200, ok.text
+    assert kafka_admin_can_list(serve, "admin")
+
+
+def test_concurrent_guesses_are_throttled_before_they_are_checked(serve: Serve) -> None:
+    """The race: 300 guesses of carol's password sent at once from one address, while the
+    limit is 10 failures a minute. At most 10 of them are checked (401); every other one is
+    refused (429) without a check."""
+
+    async def guess_all() -> list[int]:
+        limits = httpx.Limits(max_connections=300)
+        async with httpx.AsyncClient(base_url=serve.rest, limits=limits, timeout=60) as c:
+
+            async def guess(i: int) -> int:
+                r = await c.get(
+                    "/v3/clusters",
+                    auth=httpx.BasicAuth("carol", f"wrong-{i}-password"),
+                    headers=from_address("10.77.0.1"),
+                )
+                return r.status_code
+
+            return await asyncio.gather(*(guess(i) for i in range(300)))
+
+    codes = asyncio.run(guess_all())
+    assert set(codes) <= {401, 429}
+    assert 1 <= codes.count(401) <= 10, codes.count(401)
