@@ -20,10 +20,14 @@ ACLs are Kafka's (``kafka.security.authorizer.AclAuthorizer`` semantics):
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from urllib.parse import urlsplit
 
 from segments.errors import InvalidSecurityRequestError
 
@@ -35,6 +39,21 @@ WILDCARD_PRINCIPAL = "User:*"
 _NAME = re.compile(r"^[A-Za-z0-9._@-]{1,128}$")
 MIN_PASSWORD_CHARS = 8
 MAX_SECRET_CHARS = 1024
+
+
+def plaintext_remote(url: str) -> bool:
+    """Whether ``url`` is ``http://`` to a host that is not this machine (credentials sent
+    there cross a network in clear)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme != "http":
+        return False
+    host = parts.hostname or ""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 class ResourceType(StrEnum):
@@ -100,6 +119,24 @@ def check_password(password: object) -> str:
 
 def user_principal(name: str) -> str:
     return f"User:{name}"
+
+
+def basic(name: str, secret: str) -> str:
+    """An ``Authorization: Basic`` value."""
+    return "Basic " + base64.b64encode(f"{name}:{secret}".encode()).decode("ascii")
+
+
+def parse_basic(value: str) -> tuple[str, str] | None:
+    """(name, secret) of an ``Authorization: Basic ...`` value; None if it is not one."""
+    scheme, _, data = value.partition(" ")
+    if scheme.lower() != "basic" or not data.strip():
+        return None
+    try:
+        text = base64.b64decode(data.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    name, sep, secret = text.partition(":")
+    return (name, secret) if sep and name else None
 
 
 def parse_principal(text: object) -> str:

@@ -468,9 +468,7 @@ def coordinator_cmd(
         settings.cluster_id,
         janitors=background,
         store_region=settings.store_region,
-        shared_secret=settings.shared_secret(),
-        authorization=settings.authorization,
-        super_users=settings.super_user_set(),
+        access=settings.access(),
         tls=(settings.tls_cert_file, settings.tls_key_file) if settings.tls_cert_file else None,
         db_shards=settings.db_shards,
     )

@@ -103,7 +103,7 @@ class Access:
         host: the client's address.
     """
 
-    __slots__ = ("authorizer", "host", "principal", "rule")
+    __slots__ = ("authorizer", "credential", "host", "principal", "rule")
 
     def __init__(
         self,
@@ -116,6 +116,9 @@ class Access:
         self.authorizer = authorizer
         self.principal = principal
         self.host = host
+        #: The connection's own credential (``service.kafka.sasl``), which ACL changes
+        #: forward to a coordinator process; None for a certificate or OAuth principal.
+        self.credential: str | None = None
 
     def _allowed(self, op: Operation | None, rtype: ResourceType, name: str) -> bool:
         if op is None:  # a handler asking what its rule does not say: a bug, so no

@@ -27,10 +27,12 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i64Timedelta
 from scramp import ScramException, ScramMechanism
 
-from coordinator.security import check_name, user_principal
+from coordinator.access import scram_proof
+from coordinator.logins import login_keys
+from coordinator.security import basic, check_name, user_principal
 from coordinator.security_store import SCRAM_MECHANISMS, ScramCredential, SecurityStore
 from segments.errors import AuthenticationError, LoginThrottledError
-from service.auth import Authenticator, login_keys
+from service.auth import Authenticator
 from service.executors import call
 
 SASL_HANDSHAKE = 17
@@ -81,10 +83,15 @@ class SaslSession:
         self.principal: str | None = None
         self.expires_at: float | None = None  # time.monotonic() the login ends at
         self.failed = False  # an authentication failed: close after its answer
+        #: The client's own credential, for the coordinator to check when this connection
+        #: changes ACLs through an agent of coordinator processes (``coordinator.access``):
+        #: a PLAIN password, or the messages of a SCRAM login. Never logged.
+        self.credential: str | None = None
         self._done = False  # SASL succeeded
         self._reauth = False  # a re-authentication under way
         self._scram: Any = None  # scramp's server of an exchange under way
         self._scram_user = ""
+        self._scram_messages: tuple[str, str] = ("", "")  # client-first, server-first
 
     def check_expiry(self) -> None:
         """Raises SessionExpiredError past the login's lifetime (the connection closes)."""
@@ -155,6 +162,7 @@ class SaslSession:
         self.principal = await self.authenticator.authenticate(
             name, password, self.address, "kafka"
         )
+        self.credential = basic(name, password)
         self._done = True
         return b""
 
@@ -197,7 +205,9 @@ class SaslSession:
                 metrics.failures.labels("kafka", "throttled").inc()
                 raise LoginThrottledError("Too many failed logins; try again later.")
             self._scram = server
-            return str(server.get_server_first()).encode()
+            server_first = str(server.get_server_first())
+            self._scram_messages = (text, server_first)
+            return server_first.encode()
         server, self._scram = self._scram, None  # client-final
         keys = login_keys(self._scram_user, self.address)
         # Checked again, then verified and counted with no await in between: concurrent
@@ -212,6 +222,7 @@ class SaslSession:
             metrics.failures.labels("kafka", "invalid").inc()
             raise AuthenticationError(_FAILED) from None
         self.principal = user_principal(self._scram_user)
+        self.credential = scram_proof(self.mechanism, *self._scram_messages, text)
         self._done = True
         metrics.successes.labels("kafka", "false").inc()
         return str(server.get_server_final()).encode()

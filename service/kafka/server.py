@@ -425,7 +425,10 @@ class KafkaServer:
             session.check_expiry()
         handler = HANDLERS[api_key][2]
         principal = session.principal if session is not None else None
-        body = await handler(self.ctx, req, await self._access(api_key, principal, address))
+        credential = session.credential if session is not None else None
+        access = await self._access(api_key, principal, address)
+        access.credential = credential
+        body = await handler(self.ctx, req, access)
         return req.header.correlation_id, body
 
     async def _access(self, api_key: int, principal: str | None, address: str) -> Access:

@@ -24,7 +24,7 @@ from tests.procs import Proc, free_port, lakelog_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "tls-user-password-1"
-SECRET = "tls-shared-secret-9"
+SECRET = "tls-shared-secret-9-0123456789abcdef0123"
 
 
 @dataclass

@@ -64,7 +64,7 @@ S3_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 # Compose's x-security-env, and the super user its create-admin makes.
-COORDINATOR_SECRET = "topology-coordinator-secret"
+COORDINATOR_SECRET = "topology-coordinator-secret-0123456789abcdef"
 SECURITY_ENV = {
     "LAKELOG_AUTHENTICATION": "basic",
     "LAKELOG_AUTHORIZATION": "acl",

@@ -53,7 +53,11 @@ SAMPLES: dict[str, tuple[str, str, Any]] = {
     "authentication": ("basic", '"basic"', "basic"),
     "authorization": ("acl", '"acl"', "acl"),
     "super_users": ("User:admin;User:ops", '"User:admin;User:ops"', "User:admin;User:ops"),
-    "coordinator_secret": ("s3cret-value", '"s3cret-value"', SecretStr("s3cret-value")),
+    "coordinator_secret": (
+        "s3cret-value-of-at-least-32-bytes",
+        '"s3cret-value-of-at-least-32-bytes"',
+        SecretStr("s3cret-value-of-at-least-32-bytes"),
+    ),
     "tls_cert_file": ("/etc/tls/cert.pem", '"/etc/tls/cert.pem"', "/etc/tls/cert.pem"),
     "tls_key_file": ("/etc/tls/key.pem", '"/etc/tls/key.pem"', "/etc/tls/key.pem"),
     "tls_ca_file": ("/etc/tls/ca.pem", '"/etc/tls/ca.pem"', "/etc/tls/ca.pem"),
