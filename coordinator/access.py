@@ -238,8 +238,6 @@ def verify_scram(store: SecurityStore, mechanism: str, proof: str) -> str:
     def lookup(user: str) -> tuple[bytes, bytes, bytes, int]:
         users.append(user)
         cred = store.scram_credential(check_name(user), mechanism)
-        if cred is None:
-            raise AuthenticationError("no such SCRAM user")
         return cred.salt, cred.stored_key, cred.server_key, cred.iterations
 
     server = ScramMechanism(mechanism).make_server(lookup, s_nonce=combined[len(client_nonce) :])

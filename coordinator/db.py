@@ -569,6 +569,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         "the principal that made each REST consumer instance (only it may use it)",
         ("ALTER TABLE consumers ADD COLUMN owner TEXT NOT NULL DEFAULT ''",),
     ),
+    Migration(
+        18,
+        "security: a random key of the database (decoy SCRAM verifiers of unknown users)",
+        (
+            """CREATE TABLE security_keys (
+                name TEXT NOT NULL PRIMARY KEY,
+                value {blob} NOT NULL
+            )""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -15,7 +15,8 @@ Routes (under ``/v1/security``; names travel in bodies, as group names do)::
     POST /v1/security/api-keys/rotate {"api_key": key, "secret"}  <- {"key_id"}
     POST /v1/security/api-keys/delete 204  <- {"key_id"}
     POST /v1/security/scram           {"credential": {"salt", "stored_key", "server_key",
-                                      "iterations"} | null}  <- {"name", "mechanism"} (hex)
+                                      "iterations"}}  <- {"name", "mechanism"} (hex; a
+                                      decoy for a name without one)
     POST /v1/security/acls/create     204  <- {"acls": [acl]}
     POST /v1/security/acls/describe   {"acls": [acl]}  <- {"filters": [filter]}
     POST /v1/security/acls/delete     {"acls": [acl]}  <- {"filters": [filter]}
@@ -237,7 +238,7 @@ def install_security_routes(app: FastAPI, security: SecurityStore, access: Acces
     @app.post("/v1/security/scram")
     def scram_credential(body: Any = Body()) -> Response:
         cred = security.scram_credential(_field(body, "name"), _field(body, "mechanism"))
-        return js({"credential": None if cred is None else scram_to_json(cred)})
+        return js({"credential": scram_to_json(cred)})
 
     @app.get("/v1/security/users")
     def list_users() -> Response:
@@ -388,10 +389,9 @@ class HttpSecurityStore:
             str(data["principal"]), str(data["authorization"]), tuple(a is True for a in allowed)
         )
 
-    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential:
         body = {"name": name, "mechanism": mechanism}
-        data = self._post("scram", body, idempotent=True)["credential"]
-        return None if data is None else scram_from_json(data)
+        return scram_from_json(self._post("scram", body, idempotent=True)["credential"])
 
     def create_acls(self, bindings: Sequence[AclBinding]) -> None:
         self._post("acls/create", {"acls": [acl_to_json(b) for b in bindings]}, idempotent=True)

@@ -19,7 +19,6 @@ SaslAuthenticate.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from typing import Any
 
@@ -30,7 +29,7 @@ from scramp import ScramException, ScramMechanism
 from coordinator.access import scram_proof
 from coordinator.logins import login_keys
 from coordinator.security import basic, check_name, user_principal
-from coordinator.security_store import SCRAM_MECHANISMS, ScramCredential, SecurityStore
+from coordinator.security_store import SCRAM_MECHANISMS, SecurityStore
 from segments.errors import AuthenticationError, LoginThrottledError
 from service.auth import Authenticator
 from service.executors import call
@@ -50,15 +49,6 @@ class SaslStateError(Exception):
 class SessionExpiredError(Exception):
     """A request after the SASL session's lifetime without re-authentication (KIP-368):
     the connection closes, as Kafka closes it."""
-
-
-def _decoy(mechanism: str) -> ScramCredential:
-    """A verifier no password matches, for unknown users: their exchange fails at the
-    same step, with the same answer, as a wrong password's."""
-    salt, stored, server, iterations = ScramMechanism(mechanism).make_auth_info(
-        os.urandom(16).hex(), iteration_count=4096
-    )
-    return ScramCredential(salt, stored, server, iterations)
 
 
 class SaslSession:
@@ -192,7 +182,9 @@ class SaslSession:
 
             def lookup(user: str) -> tuple[bytes, bytes, bytes, int]:
                 self._scram_user = user
-                cred = store.scram_credential(user, mechanism) or _decoy(mechanism)
+                # An unknown user gets the store's decoy: the same salt every time, and
+                # an exchange that fails at the same step as a wrong password's.
+                cred = store.scram_credential(user, mechanism)
                 return cred.salt, cred.stored_key, cred.server_key, cred.iterations
 
             server = ScramMechanism(mechanism).make_server(lookup)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -556,3 +557,38 @@ def test_concurrent_guesses_are_throttled_before_they_are_checked(serve: Serve) 
     codes = asyncio.run(guess_all())
     assert set(codes) <= {401, 429}
     assert 1 <= codes.count(401) <= 10, codes.count(401)
+
+
+# -- Low: what a SCRAM exchange tells about users --------------------------------------------
+
+
+def scram_server_first(serve: Serve, user: str, mechanism: str = "SCRAM-SHA-256") -> dict[str, str]:
+    """The attributes of the agent's server-first message to a SCRAM client-first for
+    ``user`` (raw Kafka: SaslHandshake, then SaslAuthenticate)."""
+    from tests.integration.test_kafka_acl import Raw
+
+    raw = Raw.__new__(Raw)  # its framing, without its PLAIN login
+    host, port = serve.kafka.rsplit(":", 1)
+    raw.sock = socket.create_connection((host, int(port)), timeout=30)
+    raw.correlation = 0
+    try:
+        assert raw.call(17, 1, mechanism=mechanism).error_code == 0
+        first = f"n,,n={user},r=fyko+d2lbbFgONRv9qkxdawL".encode()
+        answer = raw.call(36, 2, auth_bytes=first)
+        assert answer.error_code == 0, answer
+        return dict(p.split("=", 1) for p in answer.auth_bytes.decode().split(","))
+    finally:
+        raw.close()
+
+
+def test_scram_does_not_tell_which_users_exist(serve: Serve) -> None:
+    """The server-first message of an unknown user has the same form as a real user's, and
+    the same salt every time (a random one each time would tell them apart)."""
+    nobody = [scram_server_first(serve, "nobody-here") for _ in range(2)]
+    alice = [scram_server_first(serve, "alice") for _ in range(2)]
+    assert nobody[0]["s"] == nobody[1]["s"]
+    assert alice[0]["s"] == alice[1]["s"]
+    assert nobody[0]["s"] != alice[0]["s"]
+    assert nobody[0]["i"] == alice[0]["i"]
+    assert sorted(nobody[0]) == sorted(alice[0]) == ["i", "r", "s"]
+    assert len(base64.b64decode(nobody[0]["s"])) == len(base64.b64decode(alice[0]["s"]))
