@@ -227,8 +227,10 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/docs"): AUTHENTICATED,
     ("GET", "/docs/oauth2-redirect"): AUTHENTICATED,
     ("GET", "/redoc"): AUTHENTICATED,
-    ("GET", "/health"): AUTHENTICATED,
-    ("GET", "/metrics"): AUTHENTICATED,
+    ("GET", "/health"): AUTHENTICATED,  # open (service.auth.OPEN_PATHS)
+    # Open unless protect_metrics; then, as Kafka's DescribeCluster-like view of every
+    # group and topic, DESCRIBE on the cluster.
+    ("GET", "/metrics"): cluster(Op.DESCRIBE),
     # -- v3 cluster, brokers, configs --------------------------------------------------
     ("GET", "/v3/clusters"): AUTHENTICATED,
     ("GET", _C): AUTHENTICATED,
@@ -423,14 +425,16 @@ class AclMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app: FastAPI = scope["app"]
+        path = scope.get("path", "")
         if (
             scope["type"] != "http"
             or scope["method"] == "OPTIONS"
-            or scope.get("path", "").startswith(SELF_GUARDED)
+            or path in app.state.open_paths
+            or path.startswith(SELF_GUARDED)
         ):
             await self.app(scope, receive, send)
             return
-        app: FastAPI = scope["app"]
         found = route_of(app, scope)
         if found is None:  # 404/405: the router answers, naming nothing that exists
             await self.app(scope, receive, send)

@@ -1,6 +1,7 @@
 """Authentication of the agent's REST clients: HTTP Basic with a user or an API key.
 
-With ``authentication = basic`` every request but ``/health`` and ``/metrics`` needs
+With ``authentication = basic`` every request but ``/health`` and ``/metrics`` (unless
+``protect_metrics``) needs
 ``Authorization: Basic base64(name:secret)`` where name:secret is a user and its
 password or an API key id and its secret (as Confluent REST Proxy's basic auth). The
 coordinator verifies (argon2id, ``coordinator.security_store``); this agent then
@@ -41,11 +42,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REALM = "lakelog"
-#: Paths served without credentials: probes and scrapes (they show no data).
+#: Paths served without credentials (nor ACLs): probes and scrapes. /metrics names
+#: groups and topics: ``protect_metrics`` closes it (:func:`open_paths`).
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 #: Paths that authenticate and authorize their own callers, in their own error shape:
 #: the Iceberg REST catalog of ``lakelog serve`` (``coordinator.iceberg.rest``).
 SELF_GUARDED = ("/iceberg/",)
+
+
+def open_paths(protect_metrics: bool) -> frozenset[str]:
+    return OPEN_PATHS - {"/metrics"} if protect_metrics else OPEN_PATHS
 
 
 class Authenticator(Logins):
@@ -114,7 +120,8 @@ class BasicAuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(SELF_GUARDED):
+        open_paths = scope["app"].state.open_paths
+        if scope["type"] != "http" or path in open_paths or path.startswith(SELF_GUARDED):
             await self.app(scope, receive, send)
             return
         authenticator: Authenticator | None = getattr(scope["app"].state, "authenticator", None)

@@ -27,7 +27,7 @@ from coordinator.security import ANONYMOUS, parse_super_users
 from coordinator.security_store import SecurityStore, SqlSecurityStore
 from segments.errors import AuthorizationError, LakelogError, SecurityDisabledError
 from service.acl import AclCache, AclMiddleware, missing_rules
-from service.auth import Authenticator, BasicAuthMiddleware
+from service.auth import Authenticator, BasicAuthMiddleware, open_paths
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -112,6 +112,9 @@ def install(app: FastAPI, settings: Settings) -> None:
     problems = settings.security_problems()
     if problems:
         raise ValueError("; ".join(problems))
+    app.state.open_paths = open_paths(
+        settings.protect_metrics and settings.authentication != "none"
+    )
     if settings.authorization == "acl":
         app.add_middleware(AclMiddleware)
     if settings.authentication == "basic":

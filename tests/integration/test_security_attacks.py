@@ -83,6 +83,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
             "LAKELOG_AUTHORIZATION": "acl",
             "LAKELOG_SUPER_USERS": "User:admin",
             "LAKELOG_AUTH_CACHE_TTL_S": "0.5",
+            "LAKELOG_PROTECT_METRICS": "true",
         },
     )
     rest = f"http://127.0.0.1:{port}"
@@ -592,3 +593,16 @@ def test_scram_does_not_tell_which_users_exist(serve: Serve) -> None:
     assert nobody[0]["i"] == alice[0]["i"]
     assert sorted(nobody[0]) == sorted(alice[0]) == ["i", "r", "s"]
     assert len(base64.b64decode(nobody[0]["s"])) == len(base64.b64decode(alice[0]["s"]))
+
+
+def test_protected_metrics_need_describe_on_the_cluster(serve: Serve) -> None:
+    """/metrics names every group and topic: with protect_metrics it needs a credential
+    (401 without) and DESCRIBE on the cluster (403 for bob); /health stays open."""
+    assert httpx.get(f"{serve.rest}/health").status_code == 200
+    r = httpx.get(f"{serve.rest}/metrics")
+    assert r.status_code == 401, r.text[:200]
+    with serve.client("bob") as bob:
+        denied(bob.get("/metrics"))
+    with serve.client("admin") as admin:
+        r = admin.get("/metrics")
+        assert r.status_code == 200 and "lakelog_" in r.text

@@ -54,6 +54,7 @@ SECURITY = {
     "LAKELOG_AUTHENTICATION": "basic",
     "LAKELOG_AUTHORIZATION": "acl",
     "LAKELOG_SUPER_USERS": "User:admin",
+    "LAKELOG_PROTECT_METRICS": "true",
 }
 
 
@@ -228,6 +229,20 @@ def test_the_shared_secret_manages_nothing(split: Split) -> None:
         == 200
     )
     assert "mallory" not in split.logs()
+
+
+def test_protected_metrics_of_a_coordinator(split: Split) -> None:
+    """A coordinator's /metrics (group lag by group and topic) with protect_metrics: 401
+    without a credential, 403 for a user without DESCRIBE on the cluster, served to
+    agents and super users; /health stays open."""
+    assert httpx.get(f"{split.coordinator}/health").status_code == 200
+    refused(httpx.get(f"{split.coordinator}/metrics"), 401)
+    with split.as_user("bob") as bob:
+        refused(bob.get("/metrics"))
+    for client in (split.as_agent(), split.as_user("admin")):
+        with client:
+            r = client.get("/metrics")
+            assert r.status_code == 200 and "lakelog_" in r.text
 
 
 def kafka_admin(split: Split, user: str, mechanism: str) -> AdminClient:
