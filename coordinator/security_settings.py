@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
-from coordinator.security import parse_super_users, plaintext_remote
+from coordinator.security import PrincipalMapper, parse_super_users, plaintext_remote
 from segments.errors import InvalidSecurityRequestError
 
 Authentication = Literal["none", "basic"]
@@ -216,6 +216,27 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
         "listener: a connection presenting one is authenticated as User:<its subject's CN>, "
         "without SASL.",
     )
+    tls_principal_mapping_rules: str | None = Field(
+        default=None,
+        description="Kafka's ssl.principal.mapping.rules for client certificates: "
+        "RULE:pattern/replacement/[L|U] and DEFAULT, comma-separated, matched against the "
+        "subject's RFC 2253 DN (CN=bob,OU=eng,O=acme); unset: the CN.",
+    )
+
+    @field_validator("tls_principal_mapping_rules")
+    @classmethod
+    def _check_mapping_rules(cls, v: str | None) -> str | None:
+        if v:
+            try:
+                PrincipalMapper(v)
+            except InvalidSecurityRequestError as e:
+                raise ValueError(e.message) from None
+        return v or None
+
+    def principal_mapper(self) -> PrincipalMapper | None:
+        """The certificate principal rules, or None (the subject's CN)."""
+        rules = self.tls_principal_mapping_rules
+        return PrincipalMapper(rules) if rules else None
 
     tls_ca_file: str | None = Field(
         default=None,

@@ -28,9 +28,19 @@ from scramp import ScramException, ScramMechanism
 
 from coordinator.access import scram_proof
 from coordinator.logins import login_keys
-from coordinator.security import basic, check_name, user_principal
+from coordinator.security import (
+    PrincipalMapper,
+    basic,
+    check_name,
+    distinguished_name,
+    user_principal,
+)
 from coordinator.security_store import SCRAM_MECHANISMS, SecurityStore
-from segments.errors import AuthenticationError, LoginThrottledError
+from segments.errors import (
+    AuthenticationError,
+    InvalidSecurityRequestError,
+    LoginThrottledError,
+)
 from service.auth import Authenticator
 from service.executors import call
 
@@ -220,9 +230,26 @@ class SaslSession:
         return str(server.get_server_final()).encode()
 
 
-def certificate_principal(peercert: dict[str, Any] | None) -> str | None:
-    """``User:<CN>`` of a verified client certificate (mTLS), or None without one."""
-    for rdn in (peercert or {}).get("subject", ()):
+def certificate_principal(
+    peercert: dict[str, Any] | None, mapper: PrincipalMapper | None = None
+) -> str | None:
+    """The principal of a verified client certificate (mTLS), or None without one:
+    ``User:<CN>``, or with ``mapper`` (``tls_principal_mapping_rules``, Kafka's
+    ``ssl.principal.mapping.rules``) ``User:<what the rules make of its subject's DN>``.
+
+    Raises:
+        InvalidSecurityRequestError: the name is not a user name, or no rule applies.
+    """
+    subject = (peercert or {}).get("subject", ())
+    if not subject:
+        return None
+    if mapper is not None:
+        dn = distinguished_name(subject)
+        name = mapper.name(dn)
+        if name is None:
+            raise InvalidSecurityRequestError(f"no principal mapping rule applies to {dn!r}")
+        return user_principal(check_name(name, "mapped certificate name"))
+    for rdn in subject:
         for key, value in rdn:
             if key == "commonName":
                 return user_principal(check_name(value, "certificate common name"))

@@ -234,6 +234,7 @@ class KafkaServer:
         self.host = host
         self.port = port
         self.reuse_port = reuse_port
+        self.mapper = state.settings.principal_mapper()  # of client certificates (mTLS)
         self.ctx: h.KafkaContext | None = None
         self.metrics = ListenerMetrics(state.metrics.registry)
         self._server: asyncio.Server | None = None
@@ -308,7 +309,8 @@ class KafkaServer:
         )
         if session is not None and self.tls is not None:
             try:  # mTLS: a verified client certificate names the principal, no SASL needed
-                session.principal = certificate_principal(writer.get_extra_info("peercert"))
+                peercert = writer.get_extra_info("peercert")
+                session.principal = certificate_principal(peercert, self.mapper)
             except InvalidSecurityRequestError as e:
                 log.warning("closing Kafka connection from %s: %s", peer, e.message)
                 writer.close()

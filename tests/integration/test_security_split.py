@@ -404,3 +404,30 @@ def test_an_agent_refuses_to_send_passwords_to_a_plaintext_remote_coordinator(
     result = exits(agent_args("http://10.255.0.1:8083", tmp_path, free_port()), env)
     assert result.returncode == 2
     assert "http:// to another host" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "oauth, why",
+    [
+        (
+            {
+                "LAKELOG_OAUTH_JWKS": "http://10.255.0.1/jwks.json",
+                "LAKELOG_OAUTH_ISSUER": "https://idp",
+                "LAKELOG_OAUTH_AUDIENCE": "lakelog",
+            },
+            "oauth_jwks is http://",
+        ),
+        ({"LAKELOG_OAUTH_JWKS": "https://idp/jwks.json"}, "needs oauth_issuer and oauth_audience"),
+    ],
+)
+def test_bearer_tokens_need_https_keys_and_their_issuer_and_audience(
+    tmp_path: Path, oauth: dict[str, str], why: str
+) -> None:
+    """JWKS fetched in clear could be swapped on the way, and a token the same keys signed
+    for another service must not be accepted here: refused at start unless relaxed."""
+    args = ["serve", "--db", f"sqlite:///{tmp_path}/m.db", "--store", f"file://{tmp_path}/d"]
+    result = exits(
+        [*args, "--port", str(free_port())], {"LAKELOG_AUTHENTICATION": "basic", **oauth}
+    )
+    assert result.returncode == 2, result.stderr
+    assert why in result.stderr
