@@ -34,6 +34,7 @@ SQLite settings and why:
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -588,6 +589,15 @@ _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
 )"""
 
 
+def _create_private(path: Path) -> None:
+    """Make a new database file (and its directory) readable by its owner only: it holds
+    password hashes and SCRAM verifiers. SQLite gives its -wal and -shm files the
+    database file's mode."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+
+
 class MetadataDatabase(Protocol):
     """What the stores need from a metadata database (SQLite or PostgreSQL).
 
@@ -775,7 +785,7 @@ class Database:
         self._pool_lock = threading.Lock()
         self._write_lock = threading.Lock()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _create_private(path)
             conn = self._connect()
             self._enable_wal(conn)
             migrate(conn, self.dialect, migrations)

@@ -244,9 +244,9 @@ def _ensure_local_dirs(db: str, store: str | None) -> None:
     if db.startswith("sqlite:///"):
         path = db.removeprefix("sqlite:///")
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if store and store.startswith("file://"):
-        Path(store.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        Path(store.removeprefix("file://")).mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 # -- servers ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,6 +48,7 @@ class Serve:
     kafka: str
     cluster_id: str
     proc: Proc
+    tmp: Path
 
     def client(self, user: str) -> httpx.Client:
         return httpx.Client(base_url=self.rest, auth=auth(user), timeout=30.0)
@@ -93,7 +95,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
                 r = admin.post("/security/users", json={"name": user, "password": PASSWORDS[user]})
                 assert r.status_code == 201, r.text
             cluster_id = admin.get("/v3/clusters").json()["data"][0]["cluster_id"]
-        yield Serve(rest, f"127.0.0.1:{kport}", cluster_id, proc)
+        yield Serve(rest, f"127.0.0.1:{kport}", cluster_id, proc, tmp)
     finally:
         proc.stop()
 
@@ -606,3 +608,22 @@ def test_protected_metrics_need_describe_on_the_cluster(serve: Serve) -> None:
     with serve.client("admin") as admin:
         r = admin.get("/metrics")
         assert r.status_code == 200 and "lakelog_" in r.text
+
+
+# -- Low: files on disk ------------------------------------------------------------------------
+
+
+def test_the_database_and_the_data_are_readable_by_their_owner_only(serve: Serve) -> None:
+    """The metadata database (password hashes, SCRAM verifiers) with its WAL, and the
+    file:// store's directories and objects (every record), carry no group or other
+    permission."""
+    make_topic(serve, "on-disk")  # at least one object written
+    db = serve.tmp / "meta.db"
+    files = [db, db.with_name("meta.db-wal")]
+    data = serve.tmp / "data"
+    objects = [p for p in data.rglob("*") if p.is_file()]
+    assert objects, "nothing written to the store"
+    dirs = [data, *(p for p in data.rglob("*") if p.is_dir())]
+    for path in [*files, *objects, *dirs]:
+        mode = path.stat().st_mode & 0o777
+        assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
