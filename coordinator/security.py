@@ -41,6 +41,17 @@ MIN_PASSWORD_CHARS = 8
 MAX_SECRET_CHARS = 1024
 
 
+#: Secrets shipped as examples (docker-compose.yml, .env.example, deploy/): never
+#: accepted, whatever their length.
+PLACEHOLDER_MARKERS = ("change-me", "changeme", "replace-me", "example-secret")
+
+
+def placeholder(value: str) -> bool:
+    """Whether ``value`` is one of the examples a deployment must replace."""
+    lowered = value.lower()
+    return any(marker in lowered for marker in PLACEHOLDER_MARKERS)
+
+
 def plaintext_remote(url: str) -> bool:
     """Whether ``url`` is ``http://`` to a host that is not this machine (credentials sent
     there cross a network in clear)."""
@@ -107,12 +118,18 @@ def check_name(name: object, what: str = "user name") -> str:
 
 
 def check_password(password: object) -> str:
-    """The password when it is 8 to 1024 characters; the message never repeats it."""
+    """The password when it is 8 to 1024 characters and not an example value of the
+    deployment files; the message never repeats it."""
     if not isinstance(password, str) or not (
         MIN_PASSWORD_CHARS <= len(password) <= MAX_SECRET_CHARS
     ):
         raise InvalidSecurityRequestError(
             f"a password must be {MIN_PASSWORD_CHARS} to {MAX_SECRET_CHARS} characters"
+        )
+    if placeholder(password):
+        raise InvalidSecurityRequestError(
+            "this password is an example value of the documentation or deployment files: "
+            "choose your own"
         )
     return password
 

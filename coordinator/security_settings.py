@@ -7,13 +7,20 @@ settings object printed or logged shows ``**********``.
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
-from coordinator.security import PrincipalMapper, parse_super_users, plaintext_remote
+from coordinator.security import (
+    PrincipalMapper,
+    parse_super_users,
+    placeholder,
+    plaintext_remote,
+)
 from segments.errors import InvalidSecurityRequestError
 
 Authentication = Literal["none", "basic"]
@@ -22,15 +29,6 @@ Authorization = Literal["none", "acl"]
 #: The shortest shared secret a process accepts (bytes, as Kafka's delegation-token
 #: master key advice and ``openssl rand -hex 16`` give).
 MIN_SECRET_BYTES = 32
-#: Secrets shipped as examples (docker-compose.yml, .env.example, deploy/): never
-#: accepted, whatever their length.
-PLACEHOLDER_MARKERS = ("change-me", "changeme", "replace-me", "example-secret")
-
-
-def placeholder(value: str) -> bool:
-    """Whether ``value`` is one of the examples a deployment must replace."""
-    lowered = value.lower()
-    return any(marker in lowered for marker in PLACEHOLDER_MARKERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +150,18 @@ class CoordinatorSecuritySettings(BaseModel):
             self.protect_metrics,
         )
 
+    def _example_values(self) -> list[str]:
+        """The example secrets of the deployment files (docker-compose's .env.example,
+        deploy/k8s) left in place: the metadata database's password, the S3 secret key."""
+        problems = []
+        db = str(self.__dict__.get("db") or "")
+        if db.startswith("postgres") and placeholder(urlsplit(db).password or ""):
+            problems.append("the db URL's password is an example value: set your own")
+        store = str(self.__dict__.get("store") or "")
+        if store.startswith("s3://") and placeholder(os.environ.get("AWS_SECRET_ACCESS_KEY", "")):
+            problems.append("AWS_SECRET_ACCESS_KEY is an example value: set your own")
+        return problems
+
     def security_problems(self) -> list[str]:
         """What is wrong with the security settings taken together (each one alone is
         checked by its field); a process refuses to start with any."""
@@ -160,6 +170,7 @@ class CoordinatorSecuritySettings(BaseModel):
             problems.append("tls_cert_file and tls_key_file go together")
         if self.authorization == "acl" and self.authentication == "none":
             problems.append("authorization acl needs authentication (basic): whom would it check?")
+        problems += self._example_values()
         is_coordinator = getattr(self, "process", "") == "coordinator"
         if is_coordinator and self.authentication != "none" and not self.shared_secret():
             problems.append(
