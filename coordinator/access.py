@@ -112,10 +112,16 @@ class Rule:
     checks: Callable[[Request], list[Check]] = field(default=lambda r: [])
     body: bool = False
     topic_listing: bool = False
+    #: What a user needs, in words (README's table, :func:`rules_table`).
+    needs: str = ""
 
 
 def _topic(op: Operation) -> Rule:
-    return Rule(Caller.USER, lambda r: [Check(op, ResourceType.TOPIC, str(r.params["name"]))])
+    return Rule(
+        Caller.USER,
+        lambda r: [Check(op, ResourceType.TOPIC, str(r.params["name"]))],
+        needs=f"{op} on the topic",
+    )
 
 
 def _topic_by_id(r: Request) -> list[Check]:
@@ -147,25 +153,35 @@ def _commit(r: Request) -> list[Check]:
     return [Check(Op.WRITE, ResourceType.TOPIC, n) for n in sorted(names)]
 
 
-USER = Rule(Caller.USER)
+USER = Rule(Caller.USER, needs="authentication")
 _T = "/v1/topics/{name:path}"
 _S = "/v1/security"
 
 #: (method, path template) -> its callers, for every route that is not an agent's only.
 RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/health"): Rule(Caller.ANYONE),
-    ("GET", "/metrics"): Rule(Caller.ANYONE),  # or DESCRIBE on the cluster: protect_metrics
+    ("GET", "/metrics"): Rule(
+        Caller.ANYONE, needs="with `protect_metrics`, DESCRIBE on the cluster (agents too)"
+    ),
     # -- what a Spark job uses ----------------------------------------------------------
     ("GET", "/v1/cluster"): USER,
     ("GET", "/v1/store"): USER,
-    ("GET", "/v1/topics"): Rule(Caller.USER, topic_listing=True),
+    ("GET", "/v1/topics"): Rule(
+        Caller.USER, topic_listing=True, needs="authentication; lists what it may DESCRIBE"
+    ),
     ("GET", _T): _topic(Op.DESCRIBE),
-    ("GET", "/v1/topic-ids/{topic_id}"): Rule(Caller.USER, _topic_by_id),
+    ("GET", "/v1/topic-ids/{topic_id}"): Rule(
+        Caller.USER, _topic_by_id, needs="DESCRIBE on the topic"
+    ),
     ("GET", _T + "/partitions/{partition}/offsets"): _topic(Op.DESCRIBE),
-    ("POST", "/v1/offsets"): Rule(Caller.USER, _body_partitions, body=True),
+    ("POST", "/v1/offsets"): Rule(
+        Caller.USER, _body_partitions, body=True, needs="DESCRIBE on each topic"
+    ),
     ("GET", _T + "/partitions/{partition}/lookup"): _topic(Op.READ),
     ("GET", _T + "/partitions/{partition}/lookup-timestamp"): _topic(Op.READ),
-    ("POST", "/v1/commit"): Rule(Caller.USER, _commit, body=True),
+    ("POST", "/v1/commit"): Rule(
+        Caller.USER, _commit, body=True, needs="WRITE on each topic committed"
+    ),
     ("POST", "/v1/objects/committed"): USER,
     ("POST", _S + "/authorize"): USER,  # a Spark job's own rights
     # -- what agents do for their clients --------------------------------------------------
@@ -187,7 +203,9 @@ RULES: dict[tuple[str, str], Rule] = {
 }
 AGENT_ONLY = Rule(Caller.AGENT)
 _PROTECTED_METRICS = Rule(
-    Caller.USER, lambda r: [Check(Op.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)]
+    Caller.USER,
+    lambda r: [Check(Op.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)],
+    needs="DESCRIBE on the cluster",
 )
 
 
@@ -520,3 +538,19 @@ class _TopicFilter:
         headers.append((b"content-length", b"%d" % len(raw)))
         await self.send({**start, "headers": headers})
         await self.send({"type": "http.response.body", "body": raw})
+
+
+def rules_table() -> str:
+    """The coordinator routes that are not an agent's only (Markdown, README's)."""
+    words = {
+        Caller.ANYONE: "anyone",
+        Caller.AGENT: "agents",
+        Caller.USER: "agents, and users by their ACLs",
+        Caller.SUPER_USER: "a super user's own credential",
+        Caller.ACL_ADMIN: "ALTER on the cluster, by a principal's own credential",
+    }
+    lines = ["| method | route | who | a user needs |", "|---|---|---|---|"]
+    for (method, path), rule in sorted(RULES.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lines.append(f"| {method} | `{path}` | {words[rule.caller]} | {rule.needs} |")
+    lines.append("| any other | | agents (the shared secret) | |")
+    return "\n".join(lines) + "\n"

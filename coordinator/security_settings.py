@@ -58,7 +58,8 @@ class CoordinatorSecuritySettings(BaseModel):
     authentication: Authentication = Field(
         default="none",
         description="none, or basic: REST clients need HTTP Basic (a user's password or an API "
-        "key), and a coordinator serves only agents presenting coordinator_secret.",
+        "key), and a coordinator serves agents presenting coordinator_secret and users (Spark "
+        "jobs) by their own credentials.",
     )
     coordinator_secret: SecretStr | None = Field(
         default=None,
