@@ -51,8 +51,9 @@ from prometheus_client import CollectorRegistry
 from scramp import ScramException, ScramMechanism
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.asgi import RewriteJson, read_body, replay
 from coordinator.client import Coordinator
 from coordinator.logins import AuthMetrics, Logins
 from coordinator.security import (
@@ -370,11 +371,25 @@ class AccessMiddleware:
             elif rule.caller is Caller.USER and not agent:
                 receive = await self._check_user(rule, scope, receive, params, principal, address)
                 if rule.topic_listing and self.settings.authorization == "acl":
-                    send = _TopicFilter(send, self.acls.authorizer(), principal, address)
+                    send = RewriteJson(send, self._topic_filter(principal or "", address))
         except LakelogError as e:
             await _refuse(send, e)
             return
         await self.app(scope, receive, send)
+
+    def _topic_filter(self, principal: str, host: str) -> Callable[[Any], Any]:
+        """``GET /v1/topics`` for a user: the topics it may not DESCRIBE left out."""
+        authorizer = self.acls.authorizer()
+
+        def keep(doc: Any) -> Any:
+            doc["topics"] = [
+                t
+                for t in doc["topics"]
+                if authorizer.authorize(principal, host, Op.DESCRIBE, ResourceType.TOPIC, t["name"])
+            ]
+            return doc
+
+        return keep
 
     async def _caller(self, authorization: str, address: str) -> tuple[bool, str | None]:
         """(whether the caller is an agent, the user's principal otherwise)."""
@@ -436,8 +451,8 @@ class AccessMiddleware:
             return receive
         body: Any = None
         if rule.body:
-            raw = await _read_body(receive)
-            receive = _replay(raw)
+            raw = await read_body(receive)
+            receive = replay(raw)
             try:
                 body = orjson.loads(raw) if raw else None
             except orjson.JSONDecodeError:
@@ -467,28 +482,6 @@ class AccessMiddleware:
         return receive
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes) -> Receive:
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
-
-
 async def _refuse(send: Send, e: LakelogError) -> None:
     status = 401 if isinstance(e, AuthenticationError) else 403
     if isinstance(e, LoginThrottledError):
@@ -499,45 +492,6 @@ async def _refuse(send: Send, e: LakelogError) -> None:
         headers.append((b"www-authenticate", b'Basic realm="lakelog-coordinator"'))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-class _TopicFilter:
-    """``GET /v1/topics`` for a user: the topics it may not DESCRIBE left out."""
-
-    def __init__(self, send: Send, authorizer: Authorizer, principal: str | None, host: str):
-        self.send = send
-        self.authorizer = authorizer
-        self.principal = principal or ""
-        self.host = host
-        self.start: Message | None = None
-        self.chunks: list[bytes] = []
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.start = message
-            return
-        if message["type"] != "http.response.body" or self.start is None:
-            await self.send(message)
-            return
-        self.chunks.append(message.get("body", b""))
-        if message.get("more_body", False):
-            return
-        raw = b"".join(self.chunks)
-        start = self.start
-        if start["status"] == 200:
-            doc = orjson.loads(raw)
-            doc["topics"] = [
-                t
-                for t in doc["topics"]
-                if self.authorizer.authorize(
-                    self.principal, self.host, Op.DESCRIBE, ResourceType.TOPIC, t["name"]
-                )
-            ]
-            raw = orjson.dumps(doc)
-        headers = [(n, v) for n, v in start.get("headers", []) if n.lower() != b"content-length"]
-        headers.append((b"content-length", b"%d" % len(raw)))
-        await self.send({**start, "headers": headers})
-        await self.send({"type": "http.response.body", "body": raw})
 
 
 def rules_table() -> str:

@@ -23,7 +23,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qsl
@@ -31,8 +30,9 @@ from urllib.parse import parse_qsl
 import orjson
 from fastapi import FastAPI, Request
 from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.asgi import RewriteJson, read_body, replay
 from coordinator.security import AclFilter, Authorizer, Check, Operation, ResourceType
 from coordinator.security_store import SecurityStore
 from segments.errors import AuthorizationError, LakelogError
@@ -439,28 +439,6 @@ def route_of(app: FastAPI, scope: Scope) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes) -> Receive:
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
-
-
 def _filtered(data: Any, keep: Callable[[str], bool], key: str) -> Any:
     """A listing answer with the items the principal may not describe left out."""
     if isinstance(data, list) and not key:  # v2: a list of names
@@ -511,8 +489,8 @@ class AclMiddleware:
             return
         body: Any = None
         if rule.body:
-            raw = await _read_body(receive)
-            receive = _replay(raw)
+            raw = await read_body(receive)
+            receive = replay(raw)
             try:
                 body = orjson.loads(raw) if raw else None
             except orjson.JSONDecodeError:
@@ -535,7 +513,7 @@ class AclMiddleware:
         def keep(name: str) -> bool:
             return authorizer.authorize(principal, host, Op.DESCRIBE, rtype, name)
 
-        await self.app(scope, receive, _FilteringSend(send, keep, key))
+        await self.app(scope, receive, RewriteJson(send, lambda doc: _filtered(doc, keep, key)))
 
 
 async def _deny(scope: Scope, send: Send) -> None:
@@ -546,37 +524,6 @@ async def _deny(scope: Scope, send: Send) -> None:
         int(ErrorCode.KAFKA_AUTHORIZATION),
         "Not authorized to perform this operation.",
     )
-
-
-class _FilteringSend:
-    """Collects a JSON answer, drops what may not be described, sends it on."""
-
-    def __init__(self, send: Send, keep: Callable[[str], bool], key: str) -> None:
-        self.send = send
-        self.keep = keep
-        self.key = key
-        self.start: Message | None = None
-        self.chunks: list[bytes] = []
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.start = message
-            return
-        if message["type"] != "http.response.body" or self.start is None:
-            await self.send(message)
-            return
-        self.chunks.append(message.get("body", b""))
-        if message.get("more_body", False):
-            return
-        raw = b"".join(self.chunks)
-        start = self.start
-        if start["status"] == 200:
-            with suppress(orjson.JSONDecodeError):
-                raw = orjson.dumps(_filtered(orjson.loads(raw), self.keep, self.key))
-        headers = [(n, v) for n, v in start.get("headers", []) if n.lower() != b"content-length"]
-        headers.append((b"content-length", b"%d" % len(raw)))
-        await self.send({**start, "headers": headers})
-        await self.send({"type": "http.response.body", "body": raw})
 
 
 def missing_rules(app: FastAPI) -> list[str]:

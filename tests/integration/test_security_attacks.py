@@ -627,3 +627,21 @@ def test_the_database_and_the_data_are_readable_by_their_owner_only(serve: Serve
     for path in [*files, *objects, *dirs]:
         mode = path.stat().st_mode & 0o777
         assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+
+
+# -- every door by Kafka's rules ---------------------------------------------------------------
+
+
+def test_creating_a_topic_takes_create_on_the_cluster_or_on_the_topic(serve: Serve) -> None:
+    """Kafka's CreateTopics: CREATE on the cluster, or on the topic, at the REST door too
+    (carol has the first, bob the second for made-by-bob only)."""
+    serve.acl(
+        "POST", "carol", resource_type="CLUSTER", resource_name="kafka-cluster", operation="CREATE"
+    )
+    serve.acl("POST", "bob", resource_type="TOPIC", resource_name="made-by-bob", operation="CREATE")
+    with serve.client("carol") as carol, serve.client("bob") as bob:
+        r = carol.post(serve.v3("/topics"), json={"topic_name": "made-by-carol"})
+        assert r.status_code == 201, r.text
+        r = bob.post(serve.v3("/topics"), json={"topic_name": "made-by-bob"})
+        assert r.status_code == 201, r.text
+        denied(bob.post(serve.v3("/topics"), json={"topic_name": "not-bobs"}))
