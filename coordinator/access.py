@@ -22,7 +22,8 @@ Three kinds of callers, told apart by what they present:
 
 :data:`RULES` names every route that is not an agent's; every other route serves
 agents only (a test checks the table against the app's routes, and that every
-``/v1/security`` route has an entry). Refusals are the coordinator's error bodies
+``/v1/security`` route has an entry); the Iceberg REST catalog under ``/iceberg/``
+authenticates and authorizes its own callers. Refusals are the coordinator's error bodies
 (``{"error", "message", "retriable"}``): 401 ``AuthenticationError`` for a missing or
 wrong credential, 403 ``AuthorizationError`` for a caller the route does not serve or
 an ACL that does not allow it. Logins are cached and throttled as an agent's
@@ -77,6 +78,9 @@ from segments.errors import (
 
 #: Where an agent forwards its client's own credential (management routes only).
 PRINCIPAL_HEADER = "x-lakelog-principal"
+#: Paths that authenticate and authorize their own callers (users, not agents), in their
+#: own error shape: the Iceberg REST catalog (``coordinator.iceberg.rest``).
+SELF_GUARDED = ("/iceberg/",)
 CLUSTER_NAME = "kafka-cluster"
 #: How long a coordinator decides with one copy of the ACLs.
 ACL_TTL_S = 1.0
@@ -346,7 +350,7 @@ class AccessMiddleware:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path", "").startswith(SELF_GUARDED):
             await self.app(scope, receive, send)
             return
         found = route_of(scope["app"], scope)
@@ -506,5 +510,6 @@ def rules_table() -> str:
     lines = ["| method | route | who | a user needs |", "|---|---|---|---|"]
     for (method, path), rule in sorted(RULES.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         lines.append(f"| {method} | `{path}` | {words[rule.caller]} | {rule.needs} |")
+    lines.append("| any | `/iceberg/...` | the Iceberg REST catalog checks its own callers | |")
     lines.append("| any other | | agents (the shared secret) | |")
     return "\n".join(lines) + "\n"
