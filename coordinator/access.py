@@ -341,6 +341,7 @@ class AccessMiddleware:
             raise ValueError("a coordinator with authentication needs its shared secret")
         self._bearer = f"Bearer {settings.secret}".encode()
         self.acls = AclSnapshot(security, settings.super_users)
+        # Users' logins (Spark jobs) as an agent's, with the agents' default bounds.
         self.logins = Logins(
             security,
             cache_ttl_s=5.0,
@@ -375,15 +376,16 @@ class AccessMiddleware:
             elif rule.caller is Caller.USER and not agent:
                 receive = await self._check_user(rule, scope, receive, params, principal, address)
                 if rule.topic_listing and self.settings.authorization == "acl":
-                    send = RewriteJson(send, self._topic_filter(principal or "", address))
+                    keep = await self._topic_filter(principal or "", address)
+                    send = RewriteJson(send, keep)
         except LakelogError as e:
             await _refuse(send, e)
             return
         await self.app(scope, receive, send)
 
-    def _topic_filter(self, principal: str, host: str) -> Callable[[Any], Any]:
+    async def _topic_filter(self, principal: str, host: str) -> Callable[[Any], Any]:
         """``GET /v1/topics`` for a user: the topics it may not DESCRIBE left out."""
-        authorizer = self.acls.authorizer()
+        authorizer = await run_in_threadpool(self.acls.authorizer)
 
         def keep(doc: Any) -> Any:
             doc["topics"] = [
