@@ -37,7 +37,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -115,25 +114,20 @@ def compose_env() -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
 
 
-def compose_config_of(env_file: Path | None) -> tuple[int, str]:
-    """``docker-compose config`` of the real file with ``env_file`` (none: no .env)."""
+def compose_config_of(env_file: Path | None, project: Path = ROOT) -> tuple[int, str]:
+    """``docker-compose config`` of the real file with ``env_file`` (None: the .env of
+    ``project``, if it has one)."""
     env_args = ["--env-file", str(env_file)] if env_file is not None else []
     return run(
         tool("docker-compose"),
         "--project-directory",
-        str(ROOT if env_file is not None else env_file_dir()),
+        str(project),
         "-f",
         str(COMPOSE),
         *env_args,
         "config",
         env=compose_env(),
     )
-
-
-def env_file_dir() -> Path:
-    """An empty directory: compose finds no .env there."""
-    d = Path(tempfile.mkdtemp(prefix="no-env-"))
-    return d
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +338,7 @@ def test_compose_refuses_the_example_secrets(
     anywhere); with .env.example unedited, every lakelog process refuses to start (the
     shared secret, the database password, the S3 key) and so does create-admin (the admin
     password); the MinIO console listens on loopback only."""
-    code, out = compose_config_of(None)
+    code, out = compose_config_of(None, tmp_path)  # no .env there
     assert code != 0
     assert "set LAKELOG_COORDINATOR_SECRET in .env" in out or "MINIO_ROOT_PASSWORD" in out, out
     shipped = tmp_path / ".env"
