@@ -34,6 +34,7 @@ SQLite settings and why:
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -582,6 +583,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE kafka_members ADD COLUMN consumer TEXT NOT NULL DEFAULT ''",
         ),
     ),
+    Migration(
+        18,
+        "the principal that made each REST consumer instance (only it may use it)",
+        ("ALTER TABLE consumers ADD COLUMN owner TEXT NOT NULL DEFAULT ''",),
+    ),
+    Migration(
+        19,
+        "security: a random key of the database (decoy SCRAM verifiers of unknown users)",
+        (
+            """CREATE TABLE security_keys (
+                name TEXT NOT NULL PRIMARY KEY,
+                value {blob} NOT NULL
+            )""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
@@ -589,6 +605,15 @@ _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (
     description TEXT NOT NULL,
     applied_at {double} NOT NULL
 )"""
+
+
+def _create_private(path: Path) -> None:
+    """Make a new database file (and its directory) readable by its owner only: it holds
+    password hashes and SCRAM verifiers. SQLite gives its -wal and -shm files the
+    database file's mode."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
 
 
 class MetadataDatabase(Protocol):
@@ -778,7 +803,7 @@ class Database:
         self._pool_lock = threading.Lock()
         self._write_lock = threading.Lock()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _create_private(path)
             conn = self._connect()
             self._enable_wal(conn)
             migrate(conn, self.dialect, migrations)

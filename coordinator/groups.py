@@ -59,6 +59,9 @@ class ConsumerConfig:
     #: isolation.level: read_uncommitted | read_committed (the same here: nothing is
     #: transactional, every committed record is readable under both).
     isolation_level: str = "read_uncommitted"
+    #: The principal that made the instance (set by the agent, never by the client): only
+    #: it may use the instance. Empty for instances made before owners were kept.
+    owner: str = ""
 
 
 ISOLATION_LEVELS = ("read_uncommitted", "read_committed")

@@ -167,12 +167,12 @@ _MEMBER_COLUMNS = (
     "name, format, auto_offset_reset, auto_commit, fetch_min_bytes, request_timeout_ms, "
     "session_timeout_ms, instance_timeout_ms, assignor, topics, pattern, manual, "
     "manual_assignment, in_group, created_at, last_seen, last_poll, last_heartbeat, "
-    "max_poll_interval_ms, fetch_token, fetch_expires, max_poll_records, isolation_level"
+    "max_poll_interval_ms, fetch_token, fetch_expires, max_poll_records, isolation_level, owner"
 )
 _MEMBERS = f"SELECT {_MEMBER_COLUMNS} FROM consumers WHERE group_id = ?"
 _UPSERT_MEMBER = (
     f"INSERT INTO consumers (group_id, {_MEMBER_COLUMNS}) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (group_id, name) DO UPDATE SET "
     "topics = excluded.topics, pattern = excluded.pattern, manual = excluded.manual, "
     "manual_assignment = excluded.manual_assignment, in_group = excluded.in_group, "
@@ -420,6 +420,7 @@ class _Member:
             self.fetch_expires,
             c.max_poll_records,
             c.isolation_level,
+            c.owner,
         )
 
     @classmethod
@@ -436,6 +437,7 @@ class _Member:
             max_poll_interval_ms=row[18],
             max_poll_records=row[21],
             isolation_level=row[22],
+            owner=row[23],
         )
         return cls(
             name=row[0],

@@ -628,6 +628,7 @@ class HttpCoordinator:
         params: Mapping[str, str | int | float] | None = None,
         idempotent: bool,
         attempts: int = 1,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """Send one request with failover; return the decoded JSON body (None for 204).
 
@@ -635,7 +636,8 @@ class HttpCoordinator:
         when no coordinator answered.
         """
         content = None if body is None else orjson.dumps(body)
-        headers = {"content-type": "application/json"} if content is not None else None
+        if content is not None:
+            headers = {**(headers or {}), "content-type": "application/json"}
         last: Exception | None = None
         for attempt in range(attempts):
             if attempt:

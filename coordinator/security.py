@@ -20,10 +20,14 @@ ACLs are Kafka's (``kafka.security.authorizer.AclAuthorizer`` semantics):
 
 from __future__ import annotations
 
+import base64
+import binascii
+import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from urllib.parse import urlsplit
 
 from segments.errors import InvalidSecurityRequestError
 
@@ -35,6 +39,32 @@ WILDCARD_PRINCIPAL = "User:*"
 _NAME = re.compile(r"^[A-Za-z0-9._@-]{1,128}$")
 MIN_PASSWORD_CHARS = 8
 MAX_SECRET_CHARS = 1024
+
+
+#: Secrets shipped as examples (docker-compose.yml, .env.example, deploy/): never
+#: accepted, whatever their length.
+PLACEHOLDER_MARKERS = ("change-me", "changeme", "replace-me", "example-secret")
+
+
+def placeholder(value: str) -> bool:
+    """Whether ``value`` is one of the examples a deployment must replace."""
+    lowered = value.lower()
+    return any(marker in lowered for marker in PLACEHOLDER_MARKERS)
+
+
+def plaintext_remote(url: str) -> bool:
+    """Whether ``url`` is ``http://`` to a host that is not this machine (credentials sent
+    there cross a network in clear)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme != "http":
+        return False
+    host = parts.hostname or ""
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
 
 
 class ResourceType(StrEnum):
@@ -88,18 +118,42 @@ def check_name(name: object, what: str = "user name") -> str:
 
 
 def check_password(password: object) -> str:
-    """The password when it is 8 to 1024 characters; the message never repeats it."""
+    """The password when it is 8 to 1024 characters and not an example value of the
+    deployment files; the message never repeats it."""
     if not isinstance(password, str) or not (
         MIN_PASSWORD_CHARS <= len(password) <= MAX_SECRET_CHARS
     ):
         raise InvalidSecurityRequestError(
             f"a password must be {MIN_PASSWORD_CHARS} to {MAX_SECRET_CHARS} characters"
         )
+    if placeholder(password):
+        raise InvalidSecurityRequestError(
+            "this password is an example value of the documentation or deployment files: "
+            "choose your own"
+        )
     return password
 
 
 def user_principal(name: str) -> str:
     return f"User:{name}"
+
+
+def basic(name: str, secret: str) -> str:
+    """An ``Authorization: Basic`` value."""
+    return "Basic " + base64.b64encode(f"{name}:{secret}".encode()).decode("ascii")
+
+
+def parse_basic(value: str) -> tuple[str, str] | None:
+    """(name, secret) of an ``Authorization: Basic ...`` value; None if it is not one."""
+    scheme, _, data = value.partition(" ")
+    if scheme.lower() != "basic" or not data.strip():
+        return None
+    try:
+        text = base64.b64decode(data.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    name, sep, secret = text.partition(":")
+    return (name, secret) if sep and name else None
 
 
 def parse_principal(text: object) -> str:
@@ -367,3 +421,94 @@ class Authorizer:
             return False
 
         return any(b.permission is Permission.ALLOW and not covered(b) for b in applying)
+
+
+# -- certificate principals (mTLS) ---------------------------------------------------------
+
+#: RFC 2253's short names of the attributes a subject's distinguished name shows.
+_DN_KEYS = {
+    "commonName": "CN",
+    "organizationalUnitName": "OU",
+    "organizationName": "O",
+    "localityName": "L",
+    "stateOrProvinceName": "ST",
+    "countryName": "C",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+#: One rule of Kafka's ``ssl.principal.mapping.rules``: DEFAULT, or RULE:pattern/replacement/
+#: with an optional L or U, slashes in the pattern or replacement escaped with a backslash.
+_RULE = re.compile(r"\s*(DEFAULT|RULE:((?:\\.|[^\\/])*)/((?:\\.|[^\\/])*)/([LU]?))\s*(?:,|$)")
+
+
+def distinguished_name(subject: Sequence[Sequence[tuple[str, str]]]) -> str:
+    """A certificate subject (Python's ``getpeercert()["subject"]``, in certificate order)
+    as RFC 2253 shows it, most specific first: ``CN=alice,OU=eng,O=acme,C=FR`` (Java's
+    ``X500Principal.getName()``, which Kafka's rules match)."""
+
+    def escape(value: str) -> str:
+        out = re.sub(r'([,+"\\<>;=])', r"\\\1", value)
+        if out.startswith(("#", " ")):
+            out = "\\" + out
+        return out[:-1] + "\\ " if out.endswith(" ") else out
+
+    rdns = ["+".join(f"{_DN_KEYS.get(k, k)}={escape(v)}" for k, v in rdn) for rdn in subject]
+    return ",".join(reversed(rdns))
+
+
+@dataclass(frozen=True, slots=True)
+class _MappingRule:
+    pattern: re.Pattern[str] | None  # None: DEFAULT
+    replacement: str = ""
+    case: str = ""
+
+
+class PrincipalMapper:
+    """Kafka's ``ssl.principal.mapping.rules`` over a client certificate's distinguished
+    name: the first rule whose pattern matches the whole DN gives the name (its
+    replacement, ``$1`` naming groups, lowered with ``/L`` or uppered with ``/U``);
+    ``DEFAULT`` gives the DN itself; no rule matching, no principal. A name that is not a
+    user name (letters, digits, ``._@-``) is no principal either.
+
+    Raises:
+        InvalidSecurityRequestError: rules that do not parse (at start).
+    """
+
+    def __init__(self, rules: str) -> None:
+        self.rules: list[_MappingRule] = []
+        text, pos = rules.strip(), 0
+        while pos < len(text):
+            m = _RULE.match(text, pos)
+            if m is None or m.end() == pos:
+                raise InvalidSecurityRequestError(
+                    f"invalid principal mapping rules at {text[pos:]!r}: a comma-separated "
+                    "list of DEFAULT and RULE:pattern/replacement/[L|U]"
+                )
+            if m.group(1) == "DEFAULT":
+                self.rules.append(_MappingRule(None))
+            else:
+                pattern = m.group(2).replace("\\/", "/")
+                try:
+                    compiled = re.compile(pattern)
+                except re.error as e:
+                    raise InvalidSecurityRequestError(
+                        f"invalid principal mapping rule pattern {pattern!r}: {e}"
+                    ) from None
+                replacement = re.sub(r"\$(\d+)", r"\\g<\1>", m.group(3).replace("\\/", "/"))
+                self.rules.append(_MappingRule(compiled, replacement, m.group(4)))
+            pos = m.end()
+        if not self.rules:
+            raise InvalidSecurityRequestError("principal mapping rules: none given")
+
+    def name(self, dn: str) -> str | None:
+        """The user name the rules give ``dn``, or None."""
+        for rule in self.rules:
+            if rule.pattern is None:
+                return dn
+            m = rule.pattern.fullmatch(dn)
+            if m is None:
+                continue
+            out = m.expand(rule.replacement)
+            return out.lower() if rule.case == "L" else out.upper() if rule.case == "U" else out
+        return None

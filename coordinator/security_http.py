@@ -1,8 +1,8 @@
-"""The security part of the coordinator's HTTP API: routes, the agents' client, and the
-shared secret that guards the whole API.
+"""The security part of the coordinator's HTTP API: routes and the agents' client.
 
 Routes (under ``/v1/security``; names travel in bodies, as group names do)::
 
+    GET  /v1/security/settings        {"authentication", "authorization", "super_users"}
     POST /v1/security/authenticate    {"principal"}  <- {"name", "secret"}   (401 if wrong)
     POST /v1/security/authorize       {"principal", "authorization", "allowed": [bool]}
                                       <- {"name", "secret", "checks": [check]}   (401 if wrong)
@@ -15,7 +15,8 @@ Routes (under ``/v1/security``; names travel in bodies, as group names do)::
     POST /v1/security/api-keys/rotate {"api_key": key, "secret"}  <- {"key_id"}
     POST /v1/security/api-keys/delete 204  <- {"key_id"}
     POST /v1/security/scram           {"credential": {"salt", "stored_key", "server_key",
-                                      "iterations"} | null}  <- {"name", "mechanism"} (hex)
+                                      "iterations"}}  <- {"name", "mechanism"} (hex; a
+                                      decoy for a name without one)
     POST /v1/security/acls/create     204  <- {"acls": [acl]}
     POST /v1/security/acls/describe   {"acls": [acl]}  <- {"filters": [filter]}
     POST /v1/security/acls/delete     {"acls": [acl]}  <- {"filters": [filter]}
@@ -31,23 +32,24 @@ caller's address. With authorization ``none`` every check is allowed, and the
 credential may be left out (null name and secret: ``User:ANONYMOUS``); with ``acl`` a
 missing credential is 401.
 
-With a shared secret configured (``coordinator_secret``, required when
-``authentication`` is on), every route but ``/health`` and ``/metrics`` answers 401
-unless the request carries ``Authorization: Bearer <secret>``; agents send it.
+Who may call each route is ``coordinator.access``'s business: agents (the shared
+secret) everything but management; users, management and the routes Spark jobs use by
+their own credentials. An agent's management calls forward its client's credential
+(:meth:`HttpSecurityStore.acting_for`).
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import Body, Request, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.access import forwarded
 from coordinator.security import ANONYMOUS, AclBinding, AclFilter, Authorizer, Check
+from coordinator.security_settings import AccessSettings
 from coordinator.security_store import (
     ApiKeyInfo,
     ApiKeySecret,
@@ -62,10 +64,6 @@ if TYPE_CHECKING:
 
     from coordinator.http_client import HttpCoordinator
 
-#: Paths a coordinator serves without the shared secret (probes and scrapes).
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-#: Paths that authenticate their own callers (users, not agents): the Iceberg REST catalog.
-SELF_GUARDED = ("/iceberg/",)
 #: An ACL's fields as every JSON form names them (the v3 API's too).
 ACL_KEYS = (
     "principal",
@@ -98,43 +96,6 @@ class Authorized:
 def secret_headers(secret: str | None) -> dict[str, str]:
     """The headers an agent sends so a coordinator with ``secret`` serves it."""
     return {"authorization": f"Bearer {secret}"} if secret else {}
-
-
-class SharedSecretMiddleware:
-    """401 for every request without the shared secret (but ``OPEN_PATHS``)."""
-
-    def __init__(self, app: ASGIApp, secret: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {secret}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(SELF_GUARDED):
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope.get("headers") or ()).get(b"authorization", b"")
-        if hmac.compare_digest(given, self._expected):
-            await self.app(scope, receive, send)
-            return
-        body = orjson.dumps(
-            {
-                "error": "AuthenticationError",
-                "message": "this coordinator serves only agents that present its shared secret",
-                "retriable": False,
-            }
-        )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", b"%d" % len(body)),
-                    (b"www-authenticate", b'Bearer realm="lakelog-coordinator"'),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
 
 # -- wire format ----------------------------------------------------------------------
@@ -235,17 +196,17 @@ def _items(body: Any, key: str) -> list[Any]:
 # -- server ---------------------------------------------------------------------------
 
 
-def install_security_routes(
-    app: FastAPI,
-    security: SecurityStore,
-    authorization: str = "none",
-    super_users: frozenset[str] = frozenset(),
-) -> None:
-    """Add the ``/v1/security`` routes over ``security`` to a coordinator app;
-    ``authorization`` and ``super_users`` are how ``authorize`` decides."""
+def install_security_routes(app: FastAPI, security: SecurityStore, access: AccessSettings) -> None:
+    """Add the ``/v1/security`` routes over ``security`` to a coordinator app; ``access``
+    (its ``authorization`` and ``super_users``) is how ``authorize`` decides."""
+    authorization, super_users = access.authorization, access.super_users
 
     def js(data: Any, status: int = 200) -> Response:
         return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+    @app.get("/v1/security/settings")
+    def settings() -> Response:
+        return js(access.public())
 
     @app.post("/v1/security/authenticate")
     def authenticate(body: Any = Body()) -> Response:
@@ -277,7 +238,7 @@ def install_security_routes(
     @app.post("/v1/security/scram")
     def scram_credential(body: Any = Body()) -> Response:
         cred = security.scram_credential(_field(body, "name"), _field(body, "mechanism"))
-        return js({"credential": None if cred is None else scram_to_json(cred)})
+        return js({"credential": scram_to_json(cred)})
 
     @app.get("/v1/security/users")
     def list_users() -> Response:
@@ -342,14 +303,35 @@ def install_security_routes(
 
 class HttpSecurityStore:
     """:class:`SecurityStore` over a coordinator's HTTP API, through an HttpCoordinator's
-    transport (its failover, its shared secret)."""
+    transport (its failover, its credential: an agent's shared secret or a user's).
 
-    def __init__(self, coordinator: HttpCoordinator) -> None:
+    ``credential``: a principal's own credential sent with every call
+    (``X-Lakelog-Principal``, ``coordinator.access``), as an agent's management calls
+    need: see :meth:`acting_for`.
+    """
+
+    def __init__(self, coordinator: HttpCoordinator, credential: str | None = None) -> None:
         self._coordinator = coordinator
+        self._headers = forwarded(credential)
+
+    def acting_for(self, credential: str | None) -> HttpSecurityStore:
+        """This store, its calls carrying ``credential`` (an agent's client's own)."""
+        return HttpSecurityStore(self._coordinator, credential)
+
+    def settings(self) -> dict[str, Any]:
+        """The coordinator's security settings (``GET /v1/security/settings``)."""
+        data: dict[str, Any] = self._coordinator._request(
+            "GET", "/v1/security/settings", idempotent=True
+        )
+        return data
 
     def _post(self, path: str, body: Any, *, idempotent: bool) -> Any:
         return self._coordinator._request(  # the one transport, kept private there
-            "POST", "/v1/security/" + path, body=body, idempotent=idempotent
+            "POST",
+            "/v1/security/" + path,
+            body=body,
+            idempotent=idempotent,
+            headers=self._headers,
         )
 
     def create_user(self, name: str, password: str) -> UserInfo:
@@ -363,7 +345,9 @@ class HttpSecurityStore:
         self._post("users/delete", {"name": name}, idempotent=False)
 
     def list_users(self) -> list[UserInfo]:
-        data = self._coordinator._request("GET", "/v1/security/users", idempotent=True)
+        data = self._coordinator._request(
+            "GET", "/v1/security/users", idempotent=True, headers=self._headers
+        )
         return [user_from_json(u) for u in data["users"]]
 
     @staticmethod
@@ -405,10 +389,9 @@ class HttpSecurityStore:
             str(data["principal"]), str(data["authorization"]), tuple(a is True for a in allowed)
         )
 
-    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential:
         body = {"name": name, "mechanism": mechanism}
-        data = self._post("scram", body, idempotent=True)["credential"]
-        return None if data is None else scram_from_json(data)
+        return scram_from_json(self._post("scram", body, idempotent=True)["credential"])
 
     def create_acls(self, bindings: Sequence[AclBinding]) -> None:
         self._post("acls/create", {"acls": [acl_to_json(b) for b in bindings]}, idempotent=True)

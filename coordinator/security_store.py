@@ -13,6 +13,8 @@ coordinator's HTTP API (agents).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import secrets
 import time
 from collections.abc import Sequence
@@ -139,9 +141,11 @@ class SecurityStore(Protocol):
         id and secret. Raises AuthenticationError, the same for every kind of failure."""
         ...
 
-    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
-        """The user's SCRAM verifier for ``mechanism`` (SCRAM-SHA-256 or -512); None if the
-        user has none (unknown, or made before SCRAM was kept: set its password again)."""
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential:
+        """The user's SCRAM verifier for ``mechanism`` (SCRAM-SHA-256 or -512). A name
+        without one (unknown, or made before SCRAM was kept: set its password again) gets a
+        decoy no password matches, the same at every call, so the salt a client is sent
+        does not tell whether the user exists (as Kafka's broker does)."""
         ...
 
     def create_acls(self, bindings: Sequence[AclBinding]) -> None:
@@ -210,7 +214,9 @@ class SqlSecurityStore:
             [(name, m, c.salt, c.stored_key, c.server_key, c.iterations) for m, c in scram.items()],
         )
 
-    def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
+    def scram_credential(self, name: str, mechanism: str) -> ScramCredential:
+        if mechanism not in SCRAM_MECHANISMS:
+            raise InvalidSecurityRequestError(f"unknown SCRAM mechanism {mechanism!r}")
         with self._db.read() as conn:
             row = conn.execute(
                 self._sql(
@@ -220,8 +226,36 @@ class SqlSecurityStore:
                 (name, mechanism),
             ).fetchone()
         if row is None:
-            return None
+            return self._decoy(name, mechanism)
         return ScramCredential(bytes(row[0]), bytes(row[1]), bytes(row[2]), int(row[3]))
+
+    @cached_property
+    def _key(self) -> bytes:
+        """The database's own random key (made once, kept in ``security_keys``)."""
+        with self._db.write() as conn:
+            conn.execute(
+                self._sql(
+                    "INSERT INTO security_keys (name, value) VALUES (?, ?) "
+                    "ON CONFLICT (name) DO NOTHING"
+                ),
+                ("decoy", secrets.token_bytes(32)),
+            )
+            row = conn.execute(
+                self._sql("SELECT value FROM security_keys WHERE name = ?"), ("decoy",)
+            ).fetchone()
+        return bytes(row[0])
+
+    def _decoy(self, name: str, mechanism: str) -> ScramCredential:
+        """A verifier of ``name`` no password matches, the same at every call and on every
+        coordinator of the database: its salt and keys are HMACs of the name under the
+        database's key (keys no password derives), its salt's length (32 bytes, scramp's)
+        and iterations a real user's."""
+        digest = hashlib.sha512 if mechanism.endswith("512") else hashlib.sha256
+
+        def part(label: str) -> bytes:
+            return hmac.new(self._key, f"{label}\0{mechanism}\0{name}".encode(), digest).digest()
+
+        return ScramCredential(part("salt")[:32], part("stored"), part("server"), SCRAM_ITERATIONS)
 
     def set_password(self, name: str, password: str) -> None:
         digest = self._hasher.hash(check_password(password))

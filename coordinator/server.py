@@ -130,6 +130,7 @@ from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.access import AccessMiddleware
 from coordinator.client import Coordinator
 from coordinator.group_commit import GroupCommitCollector
 from coordinator.group_metrics import GroupLagCollector
@@ -165,7 +166,8 @@ from coordinator.janitors.runner import JanitorRunner
 from coordinator.kafka_groups import KafkaGroupCoordinator
 from coordinator.orphans import find_orphans
 from coordinator.schemas import LATEST, SchemaStore
-from coordinator.security_http import SharedSecretMiddleware, install_security_routes
+from coordinator.security_http import install_security_routes
+from coordinator.security_settings import AccessSettings
 from coordinator.security_store import SecurityStore, SqlSecurityStore
 from segments.errors import LakelogError, MalformedRequestError, PartialCommitError
 from segments.store import ObjectStore, absolute_store_url
@@ -444,18 +446,15 @@ def create_app(
     location: StoreLocation | None = None,
     *,
     security: SecurityStore | None = None,
-    shared_secret: str | None = None,
-    authorization: str = "none",
-    super_users: frozenset[str] = frozenset(),
+    access: AccessSettings | None = None,
 ) -> FastAPI:
     """The coordinator's HTTP API over ``coordinator``; ``store`` enables /v1/orphans.
 
     ``location`` is what /v1/store tells Spark jobs (default: ``store``'s URL, made
     absolute for ``file://``). The caller owns the coordinator and the store and closes
-    them after the app stops. ``security`` adds the ``/v1/security`` routes;
-    ``shared_secret`` makes every route but /health and /metrics require it
-    (``coordinator.security_http``). ``authorization`` (``none`` or ``acl``) and
-    ``super_users`` are how ``POST /v1/security/authorize`` decides.
+    them after the app stops. ``security`` adds the ``/v1/security`` routes; ``access``
+    (the security settings) with authentication on decides who may call each route
+    (``coordinator.access``), and how ``POST /v1/security/authorize`` decides.
     """
     if location is None and store is not None:
         location = StoreLocation(absolute_store_url(store.url))
@@ -463,10 +462,19 @@ def create_app(
     metrics = _Metrics()
     app.state.metrics = metrics
     app.add_middleware(_CountRequests, metrics=metrics)
-    if shared_secret:
-        app.add_middleware(SharedSecretMiddleware, secret=shared_secret)
+    access = access or AccessSettings()
+    if access.authentication != "none":
+        if security is None:
+            raise ValueError("authentication needs the security store")
+        app.add_middleware(
+            AccessMiddleware,
+            settings=access,
+            security=security,
+            coordinator=coordinator,
+            registry=metrics.registry,
+        )
     if security is not None:
-        install_security_routes(app, security, authorization, super_users)
+        install_security_routes(app, security, access)
 
     @app.exception_handler(LakelogError)
     async def lakelog_error(request: Request, exc: LakelogError) -> Response:
@@ -1110,9 +1118,7 @@ def create_process_app(
     store: ObjectStore | None,
     janitors: JanitorConfig | None,
     location: StoreLocation | None = None,
-    shared_secret: str | None = None,
-    authorization: str = "none",
-    super_users: frozenset[str] = frozenset(),
+    access: AccessSettings | None = None,
 ) -> FastAPI:
     """The app ``lakelog coordinator`` serves: the API, and on its /metrics the consumer
     groups' lag and, with a store, the janitors' (whose runner, not started, is
@@ -1125,9 +1131,7 @@ def create_process_app(
         store,
         location,
         security=SqlSecurityStore(coordinator.db),
-        shared_secret=shared_secret,
-        authorization=authorization,
-        super_users=super_users,
+        access=access,
     )
     app.state.metrics.registry.register(GroupLagCollector(coordinator.group_lag))
     app.state.metrics.registry.register(GroupCommitCollector(coordinator.store.group_commit_stats))
@@ -1135,13 +1139,14 @@ def create_process_app(
     if store is not None:
         from coordinator.iceberg.rest import MOUNT, create_catalog_app, lazy_service
 
+        settings = access or AccessSettings()
         catalog = lazy_service(
             coordinator,
             store,
             SqlSecurityStore(coordinator.db),
-            authenticate=bool(shared_secret) or authorization == "acl",
-            acl=authorization == "acl",
-            super_users=super_users,
+            authenticate=settings.authentication != "none" or settings.authorization == "acl",
+            acl=settings.authorization == "acl",
+            super_users=settings.super_users,
             endpoint=location.endpoint if location else None,
             region=location.region if location else None,
         )
@@ -1162,10 +1167,8 @@ def run(
     cluster_id: str | None = None,
     janitors: JanitorConfig | None = None,
     store_region: str | None = None,
-    shared_secret: str | None = None,
+    access: AccessSettings | None = None,
     tls: tuple[str, str | None] | None = None,
-    authorization: str = "none",
-    super_users: frozenset[str] = frozenset(),
     db_shards: Sequence[str] = (),
 ) -> None:
     """Serve a coordinator over ``db_url`` with uvicorn until interrupted (HTTPS with
@@ -1196,9 +1199,7 @@ def run(
             if store_url
             else None
         )
-        app = create_process_app(
-            coordinator, store, janitors, location, shared_secret, authorization, super_users
-        )
+        app = create_process_app(coordinator, store, janitors, location, access)
         runner = app.state.janitor_runner
         if runner is not None:
             runner.start()

@@ -7,6 +7,9 @@ object or none of it, and a crash mid-write leaves at worst an invisible tempora
 A conditional write hard-links the temporary file to the final name instead, which fails
 atomically if the name exists, so exactly one of many racing writers wins.
 
+Objects are readable by their owner only (files 0600, directories 0700): the records
+are the users' data, whoever else shares the machine.
+
 Temporary files start with ``.lakelog-tmp-``; ``list`` skips them and keys may not use
 that prefix in any segment. A key cannot be both an object and a "directory" of other
 keys (``a`` and ``a/b``): the file system cannot hold both; lakelog's layouts never do.
@@ -38,7 +41,7 @@ class FileStore(ObjectStore):
         self._root = Path(root).absolute()
         self.url = f"file://{self._root}"
         try:
-            self._root.mkdir(parents=True, exist_ok=True)
+            self._root.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             raise StorageError(f"cannot create store root {self._root}: {e}") from e
 
@@ -82,7 +85,7 @@ class FileStore(ObjectStore):
         tmp_exists = False
         try:
             self._makedirs(parent)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             tmp_exists = True
             try:
                 _write_all(fd, data)
@@ -175,7 +178,7 @@ class FileStore(ObjectStore):
             d = d.parent
         for d in reversed(missing):
             with contextlib.suppress(FileExistsError):  # a concurrent put made it first
-                d.mkdir()
+                d.mkdir(mode=0o700)
             _fsync_dir(d.parent)
 
 

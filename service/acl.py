@@ -22,20 +22,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from contextlib import suppress
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.asgi import RewriteJson, read_body, replay
 from coordinator.security import AclFilter, Authorizer, Check, Operation, ResourceType
 from coordinator.security_store import SecurityStore
-from segments.errors import LakelogError
+from segments.errors import AuthorizationError, LakelogError
 from service.auth import SELF_GUARDED, client_address, principal_of
 from service.errors import ErrorCode
 from service.executors import call
@@ -86,31 +86,89 @@ class AclCache:
             return self._authorizer
 
 
+class Rights:
+    """What one request's principal may do on resources its handler learns only after
+    reading the request or the coordinator (the topics of an instance's assignment, of a
+    group's committed offsets): questions to the agent's ACL copy (the middleware's, with
+    its staleness bound), asked again at each call, so a long request sees a revocation
+    within the bound. With authorization off every answer is yes.
+    """
+
+    __slots__ = ("cache", "host", "principal")
+
+    def __init__(self, cache: AclCache | None, principal: str, host: str) -> None:
+        self.cache = cache
+        self.principal = principal
+        self.host = host
+
+    async def denied(
+        self, operation: Operation, resource_type: ResourceType, names: Iterable[str]
+    ) -> list[str]:
+        """The names of ``names`` (sorted, each once) the principal may not ``operation``."""
+        if self.cache is None:
+            return []
+        authorizer = await self.cache.authorizer()
+        return [
+            n
+            for n in sorted(set(names))
+            if not authorizer.authorize(self.principal, self.host, operation, resource_type, n)
+        ]
+
+    async def require(
+        self, operation: Operation, resource_type: ResourceType, names: Iterable[str]
+    ) -> None:
+        """Raises AuthorizationError (403 40301) naming those denied, in Kafka's words."""
+        refused = await self.denied(operation, resource_type, names)
+        if refused:
+            kind = {ResourceType.TOPIC: "topics", ResourceType.GROUP: "groups"}.get(
+                resource_type, resource_type.value.lower()
+            )
+            raise AuthorizationError(f"Not authorized to access {kind}: [{', '.join(refused)}]")
+
+
+def rights(request: Request) -> Rights:
+    """The request's :class:`Rights` (a FastAPI dependency)."""
+    app = request.app
+    cache = app.state.acl_cache if app.state.settings.authorization == "acl" else None
+    return Rights(cache, principal_of(request.scope), client_address(request.scope))
+
+
 # -- the rules --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
     """What a route needs. ``checks`` gets the path parameters (the query's under
-    :data:`QUERY`) and the JSON body (None unless ``body``); ``listing`` names the key
-    whose items the answer is filtered on."""
+    :data:`QUERY`) and the JSON body (None unless ``body``); all must be allowed, or one
+    with ``any_of``. ``listing`` names the key whose items the answer is filtered on.
+    ``needs`` says it in words (README's table, :func:`rules_table`); ``also`` what the
+    route's handler checks besides (``Rights``), in words."""
 
     checks: Callable[[dict[str, Any], Any], list[Check]] = lambda p, b: []
     body: bool = False
     super_user: bool = False
     listing: tuple[ResourceType, str] | None = None
+    any_of: bool = False
+    needs: str = "an authenticated principal"
+    also: str = ""
 
 
 def cluster(op: Operation) -> Rule:
-    return Rule(lambda p, b: [Check(op, ResourceType.CLUSTER, CLUSTER_NAME)])
+    return Rule(
+        lambda p, b: [Check(op, ResourceType.CLUSTER, CLUSTER_NAME)], needs=f"{op} on the cluster"
+    )
 
 
 def topic(op: Operation, param: str = "topic_name") -> Rule:
-    return Rule(lambda p, b: [Check(op, ResourceType.TOPIC, str(p[param]))])
+    return Rule(
+        lambda p, b: [Check(op, ResourceType.TOPIC, str(p[param]))], needs=f"{op} on the topic"
+    )
 
 
 def group(op: Operation, param: str = "consumer_group_id") -> Rule:
-    return Rule(lambda p, b: [Check(op, ResourceType.GROUP, str(p[param]))])
+    return Rule(
+        lambda p, b: [Check(op, ResourceType.GROUP, str(p[param]))], needs=f"{op} on the group"
+    )
 
 
 def group_topic(op: Operation) -> Rule:
@@ -119,16 +177,24 @@ def group_topic(op: Operation) -> Rule:
         lambda p, b: [
             Check(op, ResourceType.GROUP, str(p["consumer_group_id"])),
             Check(Op.DESCRIBE, ResourceType.TOPIC, str(p["topic_name"])),
-        ]
+        ],
+        needs=f"{op} on the group, DESCRIBE on the topic",
     )
 
 
+def noting(rule: Rule, also: str) -> Rule:
+    """``rule``, its handler's own checks said in words."""
+    return replace(rule, also=also)
+
+
 AUTHENTICATED = Rule()
-SUPER_USER = Rule(super_user=True)
+SUPER_USER = Rule(super_user=True, needs="a super user")
 
 
 def _body_topics(body: Any) -> list[str]:
-    """The topics a v2 subscribe or assign body names (``topics``, ``partitions[].topic``)."""
+    """The topics a v2 subscribe or assign body names (``topics``, ``partitions[].topic``).
+    A ``topic_pattern`` names none: each topic it matches is checked by its own ACLs at
+    every fetch (``service.v2.consumers``)."""
     names: list[str] = []
     if isinstance(body, dict):
         topics = body.get("topics")
@@ -139,19 +205,22 @@ def _body_topics(body: Any) -> list[str]:
             names += [
                 p["topic"] for p in parts if isinstance(p, dict) and isinstance(p.get("topic"), str)
             ]
-        if body.get("topic_pattern") is not None:
-            names.append("*")  # a pattern may reach any topic: it needs READ on all
     return names
 
 
-def _consumer_rule(op: Operation, *, with_topics: bool = False) -> Rule:
+#: What every call on a v2 consumer instance checks besides its rule.
+_OWNER = "the instance's creator only"
+
+
+def _consumer_rule(op: Operation, *, with_topics: bool = False, also: str = _OWNER) -> Rule:
     def checks(p: dict[str, Any], b: Any) -> list[Check]:
         out = [Check(op, ResourceType.GROUP, str(p["group"]))]
         if with_topics:
             out += [Check(Op.READ, ResourceType.TOPIC, t) for t in _body_topics(b)]
         return out
 
-    return Rule(checks, body=with_topics)
+    needs = f"{op} on the group" + (", READ on each topic named" if with_topics else "")
+    return Rule(checks, body=with_topics, needs=needs, also=also)
 
 
 def _group_stream(p: dict[str, Any], b: Any) -> list[Check]:
@@ -163,15 +232,24 @@ def _group_stream(p: dict[str, Any], b: Any) -> list[Check]:
 
 
 def _create_topic(p: dict[str, Any], b: Any) -> list[Check]:
+    """Kafka's CreateTopics: CREATE on the cluster, or on the topic."""
     name = b.get("topic_name") if isinstance(b, dict) else None
-    return [Check(Op.CREATE, ResourceType.TOPIC, name if isinstance(name, str) else "")]
+    return [
+        Check(Op.CREATE, ResourceType.CLUSTER, CLUSTER_NAME),
+        Check(Op.CREATE, ResourceType.TOPIC, name if isinstance(name, str) else ""),
+    ]
 
 
 _C = "/v3/clusters/{cluster_id}"
 _G = "/consumers/{group}/instances/{instance}"
-_LIST_TOPICS_V3 = Rule(listing=(ResourceType.TOPIC, "topic_name"))
-_LIST_TOPICS_V2 = Rule(listing=(ResourceType.TOPIC, ""))
-_LIST_GROUPS = Rule(listing=(ResourceType.GROUP, "consumer_group_id"))
+_LISTED = "an authenticated principal; lists only what it may DESCRIBE"
+_LIST_TOPICS_V3 = Rule(listing=(ResourceType.TOPIC, "topic_name"), needs=_LISTED)
+_LIST_TOPICS_V2 = Rule(listing=(ResourceType.TOPIC, ""), needs=_LISTED)
+_LIST_GROUPS = Rule(listing=(ResourceType.GROUP, "consumer_group_id"), needs=_LISTED)
+#: Produce: a record naming a registry schema (``service.registry.rest.ProduceSchemas``).
+_SCHEMAS = "a schema named: DESCRIBE on the cluster; one registered: ALTER on the cluster"
+#: The topics a group's view shows (``service.v3.consumer_groups``).
+_DESCRIBED = "shows only the topics it may DESCRIBE"
 
 #: (method, path template) -> what it needs. The registry's subjects are not Kafka
 #: resources: reading them needs DESCRIBE on the cluster, changing them ALTER.
@@ -180,8 +258,12 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/docs"): AUTHENTICATED,
     ("GET", "/docs/oauth2-redirect"): AUTHENTICATED,
     ("GET", "/redoc"): AUTHENTICATED,
-    ("GET", "/health"): AUTHENTICATED,
-    ("GET", "/metrics"): AUTHENTICATED,
+    ("GET", "/health"): Rule(needs="nothing: open (service.auth.OPEN_PATHS)"),
+    # Open unless protect_metrics; then, as a view of every group and topic, DESCRIBE on
+    # the cluster.
+    ("GET", "/metrics"): replace(
+        cluster(Op.DESCRIBE), needs="nothing: open; with `protect_metrics`, DESCRIBE on the cluster"
+    ),
     # -- v3 cluster, brokers, configs --------------------------------------------------
     ("GET", "/v3/clusters"): AUTHENTICATED,
     ("GET", _C): AUTHENTICATED,
@@ -222,14 +304,20 @@ RULES: dict[tuple[str, str], Rule] = {
     ),
     ("GET", _C + "/topics/{topic_name}/partitions/{partition_id}/reassignment"): topic(Op.DESCRIBE),
     ("GET", _C + "/topics"): _LIST_TOPICS_V3,
-    ("POST", _C + "/topics"): Rule(_create_topic, body=True),
+    ("POST", _C + "/topics"): Rule(
+        _create_topic, body=True, any_of=True, needs="CREATE on the cluster or on the topic"
+    ),
     ("GET", _C + "/topics/{topic_name}"): topic(Op.DESCRIBE),
     ("PATCH", _C + "/topics/{topic_name}"): topic(Op.ALTER),
     ("DELETE", _C + "/topics/{topic_name}"): topic(Op.DELETE),
-    ("POST", _C + "/topics/{topic_name}/records"): topic(Op.WRITE),
-    ("POST", _C + "/topics/{topic_name}/records:batch"): topic(Op.WRITE),
+    ("POST", _C + "/topics/{topic_name}/records"): noting(topic(Op.WRITE), _SCHEMAS),
+    ("POST", _C + "/topics/{topic_name}/records:batch"): noting(topic(Op.WRITE), _SCHEMAS),
     ("GET", _C + "/topics/{topic_name}/partitions/{partition_id}/records"): topic(Op.READ),
-    ("GET", _C + "/consumer-groups/{group_id}/records"): Rule(_group_stream),
+    ("GET", _C + "/consumer-groups/{group_id}/records"): Rule(
+        _group_stream,
+        needs="READ on the group and on each topic of `topics`",
+        also="the same again before every round it sends",
+    ),
     # Kafka's InitProducerId for an idempotent producer: IDEMPOTENT_WRITE on the cluster.
     ("POST", _C + "/producers"): cluster(Op.IDEMPOTENT_WRITE),
     # -- v3 consumer groups ----------------------------------------------------------------
@@ -240,20 +328,27 @@ RULES: dict[tuple[str, str], Rule] = {
         Op.DESCRIBE
     ),
     ("GET", _C + "/consumer-groups/{consumer_group_id}/consumers/{consumer_id}/assignments"): (
-        group(Op.DESCRIBE)
+        noting(group(Op.DESCRIBE), _DESCRIBED)
     ),
     (
         "GET",
         _C + "/consumer-groups/{consumer_group_id}/consumers/{consumer_id}/assignments/"
         "{topic_name}/partitions/{partition_id}",
     ): group_topic(Op.DESCRIBE),
-    ("GET", _C + "/consumer-groups/{consumer_group_id}/lag-summary"): group(Op.DESCRIBE),
-    ("GET", _C + "/consumer-groups/{consumer_group_id}/lags"): group(Op.DESCRIBE),
+    ("GET", _C + "/consumer-groups/{consumer_group_id}/lag-summary"): noting(
+        group(Op.DESCRIBE), _DESCRIBED
+    ),
+    ("GET", _C + "/consumer-groups/{consumer_group_id}/lags"): noting(
+        group(Op.DESCRIBE), _DESCRIBED
+    ),
     (
         "GET",
         _C + "/consumer-groups/{consumer_group_id}/lags/{topic_name}/partitions/{partition_id}",
     ): group_topic(Op.DESCRIBE),
-    ("POST", _C + "/consumer-groups/{consumer_group_id}/offsets:reset"): group(Op.READ),
+    ("POST", _C + "/consumer-groups/{consumer_group_id}/offsets:reset"): noting(
+        group(Op.READ),
+        "READ on each topic moved (`all_topics`: those it may not DESCRIBE left out)",
+    ),
     ("DELETE", _C + "/consumer-groups/{consumer_group_id}"): group(Op.DELETE),
     # -- v2 -------------------------------------------------------------------------------
     ("GET", "/"): AUTHENTICATED,
@@ -264,22 +359,30 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/topics/{topic}/partitions/{partition}"): topic(Op.DESCRIBE, "topic"),
     ("GET", "/topics/{topic}/partitions/{partition}/offsets"): topic(Op.DESCRIBE, "topic"),
     ("GET", "/brokers"): AUTHENTICATED,
-    ("POST", "/topics/{topic}"): topic(Op.WRITE, "topic"),
-    ("POST", "/topics/{topic}/partitions/{partition}"): topic(Op.WRITE, "topic"),
-    ("POST", "/consumers/{group}"): _consumer_rule(Op.READ),
-    ("POST", "/consumers/{group}/"): _consumer_rule(Op.READ),
+    ("POST", "/topics/{topic}"): noting(topic(Op.WRITE, "topic"), _SCHEMAS),
+    ("POST", "/topics/{topic}/partitions/{partition}"): noting(topic(Op.WRITE, "topic"), _SCHEMAS),
+    ("POST", "/consumers/{group}"): _consumer_rule(Op.READ, also="its creator owns it"),
+    ("POST", "/consumers/{group}/"): _consumer_rule(Op.READ, also="its creator owns it"),
     ("DELETE", _G): _consumer_rule(Op.READ),
     ("POST", _G + "/subscription"): _consumer_rule(Op.READ, with_topics=True),
     ("GET", _G + "/subscription"): _consumer_rule(Op.DESCRIBE),
     ("DELETE", _G + "/subscription"): _consumer_rule(Op.READ),
     ("POST", _G + "/assignments"): _consumer_rule(Op.READ, with_topics=True),
     ("GET", _G + "/assignments"): _consumer_rule(Op.DESCRIBE),
-    ("POST", _G + "/positions"): _consumer_rule(Op.READ),
-    ("POST", _G + "/positions/beginning"): _consumer_rule(Op.READ),
-    ("POST", _G + "/positions/end"): _consumer_rule(Op.READ),
-    ("POST", _G + "/offsets"): _consumer_rule(Op.READ),
-    ("GET", _G + "/offsets"): _consumer_rule(Op.DESCRIBE),
-    ("GET", _G + "/records"): _consumer_rule(Op.READ),
+    ("POST", _G + "/positions"): _consumer_rule(Op.READ, also=_OWNER + "; DESCRIBE on each topic"),
+    ("POST", _G + "/positions/beginning"): _consumer_rule(
+        Op.READ, also=_OWNER + "; DESCRIBE on each topic"
+    ),
+    ("POST", _G + "/positions/end"): _consumer_rule(
+        Op.READ, also=_OWNER + "; DESCRIBE on each topic"
+    ),
+    ("POST", _G + "/offsets"): _consumer_rule(Op.READ, also=_OWNER + "; READ on each topic"),
+    ("GET", _G + "/offsets"): _consumer_rule(Op.DESCRIBE, also=_OWNER + "; " + _DESCRIBED),
+    ("GET", _G + "/records"): _consumer_rule(
+        Op.READ,
+        also=_OWNER + "; READ on each topic read, at every fetch (a pattern leaves out the "
+        "topics it may not DESCRIBE)",
+    ),
     # -- the schema registry ---------------------------------------------------------------
     ("GET", "/schemas/types"): AUTHENTICATED,
     ("GET", "/schemas/ids/{schema_id}"): cluster(Op.DESCRIBE),
@@ -336,28 +439,6 @@ def route_of(app: FastAPI, scope: Scope) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes) -> Receive:
-    sent = False
-
-    async def receive() -> Message:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return receive
-
-
 def _filtered(data: Any, keep: Callable[[str], bool], key: str) -> Any:
     """A listing answer with the items the principal may not describe left out."""
     if isinstance(data, list) and not key:  # v2: a list of names
@@ -376,14 +457,16 @@ class AclMiddleware:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app: FastAPI = scope["app"]
+        path = scope.get("path", "")
         if (
             scope["type"] != "http"
             or scope["method"] == "OPTIONS"
-            or scope.get("path", "").startswith(SELF_GUARDED)
+            or path in app.state.open_paths
+            or path.startswith(SELF_GUARDED)
         ):
             await self.app(scope, receive, send)
             return
-        app: FastAPI = scope["app"]
         found = route_of(app, scope)
         if found is None:  # 404/405: the router answers, naming nothing that exists
             await self.app(scope, receive, send)
@@ -406,8 +489,8 @@ class AclMiddleware:
             return
         body: Any = None
         if rule.body:
-            raw = await _read_body(receive)
-            receive = _replay(raw)
+            raw = await read_body(receive)
+            receive = replay(raw)
             try:
                 body = orjson.loads(raw) if raw else None
             except orjson.JSONDecodeError:
@@ -415,12 +498,13 @@ class AclMiddleware:
         if rule.super_user and not authorizer.is_super_user(principal):
             await _deny(scope, send)
             return
-        for check in rule.checks(params, body):
-            if not authorizer.authorize(
-                principal, host, check.operation, check.resource_type, check.name
-            ):
-                await _deny(scope, send)
-                return
+        decisions = [
+            authorizer.authorize(principal, host, c.operation, c.resource_type, c.name)
+            for c in rule.checks(params, body)
+        ]
+        if decisions and not (any(decisions) if rule.any_of else all(decisions)):
+            await _deny(scope, send)
+            return
         if rule.listing is None:
             await self.app(scope, receive, send)
             return
@@ -429,7 +513,7 @@ class AclMiddleware:
         def keep(name: str) -> bool:
             return authorizer.authorize(principal, host, Op.DESCRIBE, rtype, name)
 
-        await self.app(scope, receive, _FilteringSend(send, keep, key))
+        await self.app(scope, receive, RewriteJson(send, lambda doc: _filtered(doc, keep, key)))
 
 
 async def _deny(scope: Scope, send: Send) -> None:
@@ -442,37 +526,6 @@ async def _deny(scope: Scope, send: Send) -> None:
     )
 
 
-class _FilteringSend:
-    """Collects a JSON answer, drops what may not be described, sends it on."""
-
-    def __init__(self, send: Send, keep: Callable[[str], bool], key: str) -> None:
-        self.send = send
-        self.keep = keep
-        self.key = key
-        self.start: Message | None = None
-        self.chunks: list[bytes] = []
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.start = message
-            return
-        if message["type"] != "http.response.body" or self.start is None:
-            await self.send(message)
-            return
-        self.chunks.append(message.get("body", b""))
-        if message.get("more_body", False):
-            return
-        raw = b"".join(self.chunks)
-        start = self.start
-        if start["status"] == 200:
-            with suppress(orjson.JSONDecodeError):
-                raw = orjson.dumps(_filtered(orjson.loads(raw), self.keep, self.key))
-        headers = [(n, v) for n, v in start.get("headers", []) if n.lower() != b"content-length"]
-        headers.append((b"content-length", b"%d" % len(raw)))
-        await self.send({**start, "headers": headers})
-        await self.send({"type": "http.response.body", "body": raw})
-
-
 def missing_rules(app: FastAPI) -> list[str]:
     """Routes of ``app`` without a rule (a test and start-up check it is empty)."""
     return [
@@ -481,3 +534,13 @@ def missing_rules(app: FastAPI) -> list[str]:
         for method in sorted(getattr(route, "methods", None) or ())
         if method != "HEAD" and rule_for(method, str(getattr(route, "path", ""))) is None
     ]
+
+
+def rules_table() -> str:
+    """Every REST route and what it needs, as README "Security" shows it (Markdown)."""
+    lines = ["| method | path | needs | and its handler checks |", "|---|---|---|---|"]
+    for (method, path), rule in sorted(RULES.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if path.endswith("/") and path != "/" and (method, path.rstrip("/")) in RULES:
+            continue  # the trailing-slash twin of a route listed
+        lines.append(f"| {method} | `{path}` | {rule.needs} | {rule.also} |")
+    return "\n".join(lines) + "\n"

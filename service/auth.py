@@ -1,6 +1,7 @@
 """Authentication of the agent's REST clients: HTTP Basic with a user or an API key.
 
-With ``authentication = basic`` every request but ``/health`` and ``/metrics`` needs
+With ``authentication = basic`` every request but ``/health`` and ``/metrics`` (unless
+``protect_metrics``) needs
 ``Authorization: Basic base64(name:secret)`` where name:secret is a user and its
 password or an API key id and its secret (as Confluent REST Proxy's basic auth). The
 coordinator verifies (argon2id, ``coordinator.security_store``); this agent then
@@ -9,31 +10,26 @@ under a per-process random key, so the cache never holds a password).
 
 Answers: 401 ``{"error_code": 40101, ...}`` with ``WWW-Authenticate: Basic
 realm="lakelog"`` for a missing, malformed or wrong credential; 429 with
-``Retry-After`` once a principal name or a client address failed
-``auth_max_failures`` times within ``auth_failure_window_s``. Failures are counted
-on ``/metrics`` by reason, never with the name or the secret.
+``Retry-After`` once a name at a client address, or a client address, failed
+``auth_max_failures`` times within ``auth_failure_window_s`` (:class:`LoginThrottle`).
+The address is the client's own: a proxy's ``X-Forwarded-For`` counts only from the
+proxies in ``forwarded_allow_ips``. Nobody can lock a name out everywhere: failures
+for ``admin`` from one address throttle ``admin`` at that address only. Failures are
+counted on ``/metrics`` by reason, never with the name or the secret.
 
 The authenticated principal is ``request.state.principal`` (``User:<name>``).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import logging
-import secrets
-import threading
-import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator.security import ANONYMOUS
+from coordinator.logins import Logins, login_keys
+from coordinator.security import ANONYMOUS, basic
+from coordinator.security import parse_basic as basic_credential
 from coordinator.security_store import SecurityStore
 from segments.errors import AuthenticationError, LoginThrottledError
 from service.errors import ErrorCode
@@ -46,141 +42,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REALM = "lakelog"
-#: Paths served without credentials: probes and scrapes (they show no data).
+#: Paths served without credentials (nor ACLs): probes and scrapes. /metrics names
+#: groups and topics: ``protect_metrics`` closes it (:func:`open_paths`).
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 #: Paths that authenticate and authorize their own callers, in their own error shape:
 #: the Iceberg REST catalog of ``lakelog serve`` (``coordinator.iceberg.rest``).
 SELF_GUARDED = ("/iceberg/",)
-#: Entries kept per cache, so a flood of distinct credentials cannot grow memory.
-MAX_ENTRIES = 10_000
 
 
-class AuthMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.failures = Counter(
-            "lakelog_auth_failures",
-            "Failed authentications, by door and reason (missing, malformed, invalid, throttled).",
-            ["door", "reason"],
-            registry=registry,
-        )
-        self.successes = Counter(
-            "lakelog_auth_successes",
-            "Successful authentications, by door and whether the agent's cache answered.",
-            ["door", "cached"],
-            registry=registry,
-        )
+def open_paths(protect_metrics: bool) -> frozenset[str]:
+    return OPEN_PATHS - {"/metrics"} if protect_metrics else OPEN_PATHS
 
 
-class LoginThrottle:
-    """Failed logins per key (a principal name, a client address) within a window."""
+class Authenticator(Logins):
+    """:class:`~coordinator.logins.Logins` through the coordinator, and OAuth bearer tokens."""
 
-    def __init__(
-        self, max_failures: int, window_s: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.max_failures = max_failures
-        self.window_s = window_s
-        self._clock = clock
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def _recent(self, key: str, now: float) -> deque[float] | None:
-        times = self._failures.get(key)
-        if times is None:
-            return None
-        while times and times[0] <= now - self.window_s:
-            times.popleft()
-        if not times:
-            del self._failures[key]
-            return None
-        return times
-
-    def retry_after(self, *keys: str) -> float:
-        """Seconds until every key may try again (0: they may now)."""
-        now = self._clock()
-        wait = 0.0
-        with self._lock:
-            for key in keys:
-                times = self._recent(key, now)
-                if times is not None and len(times) >= self.max_failures:
-                    wait = max(wait, times[0] + self.window_s - now)
-        return wait
-
-    def failed(self, *keys: str) -> None:
-        now = self._clock()
-        with self._lock:
-            for key in keys:
-                times = self._recent(key, now)
-                if times is None:
-                    times = self._failures[key] = deque(maxlen=self.max_failures)
-                times.append(now)
-                self._failures.move_to_end(key)
-            while len(self._failures) > MAX_ENTRIES:
-                self._failures.popitem(last=False)
-
-
-class Authenticator:
-    """Verifies credentials through the coordinator, caches successes, throttles failures."""
-
-    def __init__(
-        self,
-        store: SecurityStore,
-        *,
-        cache_ttl_s: float,
-        max_failures: int,
-        failure_window_s: float,
-        metrics: AuthMetrics,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.store = store
-        self.metrics = metrics
-        self._ttl = cache_ttl_s
-        self._clock = clock
-        self._key = secrets.token_bytes(32)
-        self._cache: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.throttle = LoginThrottle(max_failures, failure_window_s, clock)
+    def __init__(self, store: SecurityStore, **kwargs: Any) -> None:
+        super().__init__(store, run=call, **kwargs)
         #: Checks OAuth bearer tokens when a JWKS is configured (``service.oauth``).
         self.bearer: BearerVerifier | None = None
-
-    def _digest(self, name: str, secret: str) -> bytes:
-        return hmac.new(self._key, f"{name}\0{secret}".encode(), hashlib.sha256).digest()
-
-    def forget(self) -> None:
-        """Drop every cached credential (after a password change through this agent)."""
-        with self._lock:
-            self._cache.clear()
-
-    async def authenticate(self, name: str, secret: str, address: str, door: str) -> str:
-        """The principal of ``name``/``secret``.
-
-        Raises:
-            AuthenticationError: wrong credential. LoginThrottledError: too many failures
-                lately for this name or address (``retry_after`` on the throttle says how long).
-        """
-        digest = self._digest(name, secret)
-        now = self._clock()
-        with self._lock:
-            hit = self._cache.get(digest)
-            if hit is not None and hit[1] > now:
-                self.metrics.successes.labels(door, "true").inc()
-                return hit[0]
-        keys = (f"name:{name}", f"addr:{address}")
-        if self.throttle.retry_after(*keys) > 0:
-            self.metrics.failures.labels(door, "throttled").inc()
-            raise LoginThrottledError("Too many failed logins; try again later.")
-        try:
-            principal = await call(self.store.authenticate, name, secret)
-        except AuthenticationError:
-            self.throttle.failed(*keys)
-            self.metrics.failures.labels(door, "invalid").inc()
-            raise
-        with self._lock:
-            self._cache[digest] = (principal, self._clock() + self._ttl)
-            self._cache.move_to_end(digest)
-            while len(self._cache) > MAX_ENTRIES:
-                self._cache.popitem(last=False)
-        self.metrics.successes.labels(door, "false").inc()
-        return principal
 
     async def authenticate_bearer(self, token: str, address: str, door: str) -> str:
         """The principal of an OAuth bearer JWT. Raises AuthenticationError (also when
@@ -188,16 +68,21 @@ class Authenticator:
         if self.bearer is None:
             self.metrics.failures.labels(door, "malformed").inc()
             raise AuthenticationError("Bearer tokens are not accepted here.")
-        key = f"addr:{address}"
-        if self.throttle.retry_after(key) > 0:
+        keys = login_keys(None, address)
+        try:
+            await self.throttle.admit(keys)
+        except LoginThrottledError:
             self.metrics.failures.labels(door, "throttled").inc()
-            raise LoginThrottledError("Too many failed logins; try again later.")
+            raise
+        failed = False
         try:
             principal = await call(self.bearer.principal, token)
         except AuthenticationError:
-            self.throttle.failed(key)
+            failed = True
             self.metrics.failures.labels(door, "invalid").inc()
             raise
+        finally:
+            await self.throttle.done(keys, failed=failed)
         self.metrics.successes.labels(door, "false").inc()
         return principal
 
@@ -215,17 +100,7 @@ def parse_bearer(header: bytes) -> str | None:
 
 def parse_basic(header: bytes) -> tuple[str, str] | None:
     """(name, secret) of an ``Authorization: Basic ...`` value; None if it is not one."""
-    scheme, _, value = header.partition(b" ")
-    if scheme.lower() != b"basic" or not value.strip():
-        return None
-    try:
-        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    name, sep, secret = decoded.partition(":")
-    if not sep or not name:
-        return None
-    return name, secret
+    return basic_credential(header.decode("latin-1"))
 
 
 def client_address(scope: Scope) -> str:
@@ -245,7 +120,8 @@ class BasicAuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or path in OPEN_PATHS or path.startswith(SELF_GUARDED):
+        open_paths = scope["app"].state.open_paths
+        if scope["type"] != "http" or path in open_paths or path.startswith(SELF_GUARDED):
             await self.app(scope, receive, send)
             return
         authenticator: Authenticator | None = getattr(scope["app"].state, "authenticator", None)
@@ -279,7 +155,7 @@ class BasicAuthMiddleware:
         try:
             principal = await authenticator.authenticate(*credential, address, "rest")
         except LoginThrottledError as e:
-            wait = authenticator.throttle.retry_after(f"name:{credential[0]}", f"addr:{address}")
+            wait = authenticator.throttle.retry_after(*login_keys(credential[0], address))
             await send_error(
                 scope,
                 send,
@@ -294,7 +170,9 @@ class BasicAuthMiddleware:
                 scope, send, 401, int(ErrorCode.KAFKA_AUTHENTICATION), e.message, _CHALLENGE
             )
             return
-        scope.setdefault("state", {})["principal"] = principal
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        state["credential"] = basic(*credential)  # what management calls forward
         await self.app(scope, receive, send)
 
     async def _bearer(

@@ -286,9 +286,9 @@ def _ensure_local_dirs(db: str, store: str | None) -> None:
     if db.startswith("sqlite:///"):
         path = db.removeprefix("sqlite:///")
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if store and store.startswith("file://"):
-        Path(store.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        Path(store.removeprefix("file://")).mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 # -- servers ----------------------------------------------------------------------
@@ -518,9 +518,7 @@ def coordinator_cmd(
         settings.cluster_id,
         janitors=background,
         store_region=settings.store_region,
-        shared_secret=settings.shared_secret(),
-        authorization=settings.authorization,
-        super_users=settings.super_user_set(),
+        access=settings.access(),
         tls=(settings.tls_cert_file, settings.tls_key_file) if settings.tls_cert_file else None,
         db_shards=settings.db_shards,
     )

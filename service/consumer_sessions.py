@@ -54,6 +54,8 @@ class ServedInstance:
     wake: Callable[[], None] | None = None
     #: Set by a seek, assign or subscribe through this agent while a fetch is in flight.
     moved: bool = False
+    #: The instance's owner, once a fetch through this agent checked it (or None).
+    owner: str | None = None
 
     async def acquire(self, timeout_s: float, hold_s: float) -> asyncio.Lock | None:
         """This agent's lock on the instance within ``timeout_s`` (however short, a free
@@ -116,6 +118,11 @@ class ConsumerSessions:
         if idle_timeout_ms is not None:
             inst.idle_timeout_s = idle_timeout_ms / 1000
         return inst
+
+    def owner_of(self, group: str, name: str) -> str | None:
+        """The owner a fetch through this agent found the instance to have, if any."""
+        inst = self._instances.get((group, name))
+        return None if inst is None else inst.owner
 
     def changed(self, group: str, name: str) -> None:
         """A seek, assign or subscribe went through: wake this agent's fetch of the instance."""

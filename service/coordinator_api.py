@@ -5,15 +5,17 @@
 and more agents (``lakelog agent --coordinator``) reach a coordinator over HTTP. So serve
 also answers ``coordinator.server.create_process_app`` over that same in-process
 coordinator, on ``coordinator_port`` of the agent's host, in the agent's event loop: the
-same routes with the same authentication (``coordinator_secret``) and ACL decisions
-(``authorization``, ``super_users``) as a coordinator process.
+same routes with the same access rules (``coordinator.access``: users by their credentials
+and ACLs, other agents by ``coordinator_secret``) as a coordinator process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -74,22 +76,20 @@ async def start_coordinator_api(
 ) -> str | None:
     """Serve the coordinator API until ``stack`` closes; its base URL, or None when off.
 
-    Off when ``coordinator_port`` is 0, and when authentication is on without
-    ``coordinator_secret``: the API would then be open to anyone (a warning says so).
+    Off when ``coordinator_port`` is 0. With authentication on it applies serve's own
+    access rules (``coordinator.access``): users (Spark jobs) by their credentials and
+    ACLs, management by a principal's own credential, and other agents by
+    ``coordinator_secret`` when it is set; without it, no other agent can join (the
+    route rules are given a random secret nobody else knows).
     """
     from coordinator.server import create_process_app
 
     port = settings.coordinator_port
     if not port:
         return None
-    secret = settings.shared_secret()
-    if settings.authentication != "none" and not secret:
-        log.warning(
-            "the coordinator API is not served on port %d: authentication is on and "
-            "coordinator_secret (LAKELOG_COORDINATOR_SECRET) is not set",
-            port,
-        )
-        return None
+    access = settings.access()
+    if access.authentication != "none" and not access.secret:
+        access = dataclasses.replace(access, secret=secrets.token_urlsafe(32))
     app = create_process_app(
         coordinator,
         store,
@@ -97,9 +97,7 @@ async def start_coordinator_api(
         StoreLocation(
             absolute_store_url(settings.store), settings.store_endpoint, settings.store_region
         ),
-        shared_secret=secret,
-        authorization=settings.authorization,
-        super_users=settings.super_user_set(),
+        access,
     )
     sock = _listen(settings.host, port)
     config = uvicorn.Config(

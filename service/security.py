@@ -5,6 +5,13 @@ when they are on; ``start(app, settings, coordinator, registry)`` (from the life
 builds what they use: the security store (in-process or over the coordinator's API),
 the credential cache and the ACL cache. With authentication off it logs a warning:
 then anyone who reaches the agent may read, write and delete every topic.
+
+Against coordinator processes, ``start`` first compares the coordinators' security
+settings (authentication, authorization, super users) with the agent's and refuses to
+start on any difference: an agent checking credentials in front of a coordinator that
+checks none would guard nothing. Management calls (users, API keys, ACL changes) carry
+the caller's own credential to the coordinator (:func:`acting_for`), which checks it
+itself: the agents' shared secret manages nothing.
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 
 from coordinator.client import Coordinator
+from coordinator.logins import AuthMetrics
 from coordinator.security import ANONYMOUS, parse_super_users
 from coordinator.security_store import SecurityStore, SqlSecurityStore
-from segments.errors import AuthorizationError, SecurityDisabledError
+from segments.errors import AuthorizationError, LakelogError, SecurityDisabledError
 from service.acl import AclCache, AclMiddleware, missing_rules
-from service.auth import Authenticator, AuthMetrics, BasicAuthMiddleware
+from service.auth import Authenticator, BasicAuthMiddleware, open_paths
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,6 +47,61 @@ def security_store(coordinator: Coordinator) -> SecurityStore:
     raise TypeError(f"no security store behind {coordinator!r}")
 
 
+def acting_for(store: SecurityStore, credential: str | None) -> SecurityStore:
+    """``store`` as the caller's own principal manages with it: over a coordinator's API,
+    each call carries the caller's credential (the coordinator checks it); in-process, the
+    store itself (this agent's checks are the only ones).
+
+    Raises:
+        AuthorizationError: over a coordinator's API, a caller without a credential to
+            forward (an OAuth or certificate principal: it cannot prove itself there).
+    """
+    from coordinator.security_http import HttpSecurityStore
+
+    if not isinstance(store, HttpSecurityStore):
+        return store
+    if credential is None:
+        raise AuthorizationError(
+            "Managing users, API keys and ACLs through an agent of coordinator processes "
+            "needs a password, API key or SCRAM login, which the coordinator checks itself; "
+            "an OAuth token or a client certificate cannot be."
+        )
+    return store.acting_for(credential)
+
+
+def check_coordinator(settings: Settings, store: SecurityStore) -> None:
+    """Refuse to serve in front of coordinators whose security settings differ.
+
+    Raises:
+        RuntimeError: they differ, or the coordinator does not say (it is older, or
+            refuses this agent's secret).
+    """
+    from coordinator.security_http import HttpSecurityStore
+
+    if not isinstance(store, HttpSecurityStore):
+        return  # in-process: one set of settings
+    mine = {
+        "authentication": settings.authentication,
+        "authorization": settings.authorization,
+        "super_users": sorted(parse_super_users(settings.super_users)),
+    }
+    try:
+        theirs = store.settings()
+    except LakelogError as e:
+        raise RuntimeError(
+            f"cannot read the coordinators' security settings ({e.message}): refusing to "
+            "serve without knowing they match this agent's"
+        ) from None
+    differ = sorted(k for k in mine if theirs.get(k) != mine[k])
+    if differ:
+        detail = "; ".join(f"{k}: agent {mine[k]!r}, coordinator {theirs.get(k)!r}" for k in differ)
+        raise RuntimeError(
+            "the coordinators' security settings differ from this agent's, which would leave "
+            f"a door open: {detail}. Give agents and coordinators the same authentication, "
+            "authorization and super_users."
+        )
+
+
 def install(app: FastAPI, settings: Settings) -> None:
     """Add the security middleware the settings ask for (call before the other middleware:
     these must run inside the body limit and the proxy-header rewriting).
@@ -49,6 +112,9 @@ def install(app: FastAPI, settings: Settings) -> None:
     problems = settings.security_problems()
     if problems:
         raise ValueError("; ".join(problems))
+    app.state.open_paths = open_paths(
+        settings.protect_metrics and settings.authentication != "none"
+    )
     if settings.authorization == "acl":
         app.add_middleware(AclMiddleware)
     if settings.authentication == "basic":
@@ -68,6 +134,7 @@ def start(
         if missing:
             raise RuntimeError(f"routes without an authorization rule: {missing}")
     store = security_store(coordinator)
+    check_coordinator(settings, store)
     app.state.security_store = store
     app.state.authenticator = Authenticator(
         store,
@@ -116,8 +183,12 @@ def require_super_user(request: Request) -> SecurityStore:
     principal = getattr(request.state, "principal", ANONYMOUS)
     if principal not in parse_super_users(settings.super_users):
         raise AuthorizationError("Only super users manage principals.")
-    store: SecurityStore = request.app.state.security_store
-    return store
+    return acting_for(request.app.state.security_store, credential_of(request))
+
+
+def credential_of(request: Request) -> str | None:
+    """The request's own credential (HTTP Basic), which management calls forward."""
+    return getattr(request.state, "credential", None)
 
 
 def require_authorizer(request: Request) -> SecurityStore:
@@ -130,4 +201,6 @@ def require_authorizer(request: Request) -> SecurityStore:
     if settings.authorization != "acl":
         raise SecurityDisabledError("No Authorizer is configured on the broker.")
     store: SecurityStore = request.app.state.security_store
-    return store
+    if request.method == "GET":  # describing ACLs is an agent's own business
+        return store
+    return acting_for(store, credential_of(request))

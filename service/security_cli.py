@@ -475,3 +475,25 @@ def acls_delete(
         typer.echo(f"Deleted ACL {_describe(b)}")
     if not gone:
         typer.echo("No ACL matched.")
+
+
+def rules_tables() -> str:
+    """What every REST route, Kafka API and coordinator route needs (README "Security")."""
+    from coordinator.access import rules_table as coordinator_rules
+    from service.acl import rules_table as rest_rules
+    from service.kafka.acl import rules_table as kafka_rules
+
+    return (
+        "REST routes (`service/acl.py`):\n\n"
+        + rest_rules()
+        + "\nKafka APIs (`service/kafka/acl.py`):\n\n"
+        + kafka_rules()
+        + "\nCoordinator routes (`coordinator/access.py`):\n\n"
+        + coordinator_rules()
+    )
+
+
+@acls_app.command("rules")
+def acls_rules() -> None:
+    """What each REST route, Kafka API and coordinator route needs, as Markdown tables."""
+    typer.echo(rules_tables(), nl=False)

@@ -132,7 +132,8 @@ class Settings(
         default=8083,
         description="Port on host where lakelog serve answers the coordinator API, as lakelog "
         "coordinator does (Spark jobs, lakelog janitor --coordinator, more agents); 0 turns it "
-        "off. With authentication on it needs coordinator_secret.",
+        "off. With authentication on, users reach it by their credentials and other agents "
+        "by coordinator_secret (unset: no other agent).",
     )
 
     # -- write path ----------------------------------------------------------

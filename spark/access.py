@@ -135,7 +135,13 @@ class TopicAccess:
 
 
 def topic_access(conn: Connection, coordinator: Coordinator) -> TopicAccess | None:
-    """The job's access through ``coordinator``; None with ``db`` (nothing to check)."""
+    """The job's access through ``coordinator``, its credential checked; None with ``db``
+    (nothing to check).
+
+    Raises:
+        ValueError: no credential where the coordinator needs one (it names the options).
+        AuthenticationError: a wrong one.
+    """
     if conn.coordinator is None:
         return None
     from coordinator.http_client import HttpCoordinator
@@ -144,4 +150,6 @@ def topic_access(conn: Connection, coordinator: Coordinator) -> TopicAccess | No
     assert isinstance(coordinator, HttpCoordinator)
     security = HttpSecurityStore(coordinator)
     user, password = conn.user, conn.password
-    return TopicAccess(lambda checks: security.authorize(user, password, checks), user)
+    access = TopicAccess(lambda checks: security.authorize(user, password, checks), user)
+    access.principal()  # first: a missing or wrong credential says so, whatever asks next
+    return access

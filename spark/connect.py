@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from coordinator.client import Coordinator
+from coordinator.security import basic
 from segments.store import ObjectStore, open_store
 from segments.types import StoreLocation
 from spark.options import Connection
@@ -33,11 +34,14 @@ def open_coordinator(conn: Connection) -> Coordinator:
     """
     if conn.coordinator is not None:
         from coordinator.http_client import HttpCoordinator
-        from coordinator.security_http import secret_headers
 
+        # The job is its user at the coordinator (never the agents' shared secret).
+        auth = {}
+        if conn.user is not None and conn.password is not None:
+            auth = {"authorization": basic(conn.user, conn.password)}
         return HttpCoordinator(
             [u.strip() for u in conn.coordinator.split(",") if u.strip()],
-            headers=secret_headers(conn.coordinator_secret),
+            headers=auth,
             verify=ssl.create_default_context(cafile=conn.coordinator_cafile)
             if conn.coordinator_cafile
             else True,

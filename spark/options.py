@@ -8,8 +8,11 @@ the log: ``coordinator`` (URL of a coordinator process, which also tells where t
 objects are) or ``db`` (a coordinator database URL, for offline use), and ``store``
 with ``store.endpoint`` / ``store.region`` (required with ``db``; with ``coordinator``
 an override of what the coordinator says). ``user`` and ``password`` (a user's password,
-or an API key id and secret) are the job's credential with ``coordinator``: the
-coordinator decides by its ACLs what the job may read and write (``spark.access``).
+or an API key id and secret) are the job's credential with ``coordinator``: the job
+reaches the coordinator as that user (HTTP Basic; never with the agents' shared secret),
+and the coordinator decides by its ACLs what the job may read and write
+(``spark.access``, ``coordinator.access``). They are not sent to an ``http://``
+coordinator on another host unless ``coordinator.allowPlaintext`` is ``true``.
 ``trace`` names a file that planning and every task append one JSON line to (objects
 opened, row groups read): instrumentation. lakelog's own: ``asOfTimestamp`` (epoch ms) or
 ``asOfSnapshot`` (a snapshot id) read the topic's table as it was then, records since
@@ -27,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import orjson
+
+from coordinator.security import plaintext_remote
 
 __all__ = [
     "EARLIEST",
@@ -52,8 +57,8 @@ _CONNECTION = {
     "store",
     "store.endpoint",
     "store.region",
-    "coordinator.secret",
     "coordinator.cafile",
+    "coordinator.allowplaintext",
     "user",
     "password",
 }
@@ -92,8 +97,6 @@ class Connection:
     store: str | None
     store_endpoint: str | None
     store_region: str | None
-    #: The coordinators' shared secret (when their authentication is on); never printed.
-    coordinator_secret: str | None = field(default=None, repr=False)
     #: PEM CA file to verify https:// coordinators with (default: the system's CAs).
     coordinator_cafile: str | None = None
     #: The job's credential (a user, or an API key id), checked against the ACLs.
@@ -232,6 +235,11 @@ def _positive(name: str, raw: str | None, default: int | None) -> int | None:
 
 def _lowered(options: Mapping[str, str], known: set[str]) -> dict[str, str]:
     opts = {k.lower(): v for k, v in options.items()}
+    if "coordinator.secret" in opts:
+        raise ValueError(
+            "option 'coordinator.secret' is gone: a Spark job never holds the agents' shared "
+            "secret; it reaches the coordinator as the user of options 'user' and 'password'"
+        )
     unknown = sorted(k for k in opts if k not in known and k != "path")
     if unknown:
         raise ValueError(f"unknown lakelog option(s): {', '.join(unknown)}")
@@ -259,13 +267,20 @@ def _connection(opts: Mapping[str, str]) -> Connection:
             "options 'user' and 'password' go with 'coordinator', which checks them against "
             "its ACLs; 'db' reads the database directly, where no ACL applies"
         )
+    plaintext = _bool("coordinator.allowPlaintext", opts.get("coordinator.allowplaintext"), False)
+    clear = [u for u in (coordinator or "").split(",") if u.strip() and plaintext_remote(u)]
+    if user is not None and clear and not plaintext:
+        raise ValueError(
+            f"coordinator {clear[0].strip()} is http:// to another host: the job's password "
+            "would cross the network in clear; use https:// (coordinator.cafile), or set "
+            "coordinator.allowPlaintext=true on a private network"
+        )
     return Connection(
         coordinator=coordinator,
         db=db,
         store=store,
         store_endpoint=opts.get("store.endpoint") or None,
         store_region=opts.get("store.region") or None,
-        coordinator_secret=opts.get("coordinator.secret") or None,
         coordinator_cafile=opts.get("coordinator.cafile") or None,
         user=user,
         password=password,

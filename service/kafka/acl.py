@@ -98,6 +98,40 @@ RULES: dict[int, Rule] = {
 }
 
 
+#: What a handler does with its rule beyond "each resource named" (README's table).
+NOTES: dict[int, str] = {
+    1: "per topic, at every Fetch",
+    3: "all topics: lists those it may DESCRIBE; auto-creation: CREATE on the cluster or the topic",
+    9: "all of a group's topics: lists those it may DESCRIBE",
+    10: "GROUP or TRANSACTIONAL_ID, by the key type",
+    16: "DESCRIBE on the cluster lists every group; else those it may DESCRIBE",
+    19: "CREATE on the cluster or on the topic",
+    22: "IDEMPOTENT_WRITE on the cluster or WRITE on any topic (KIP-679); a transactional id: "
+    "WRITE on it",
+    32: "on the topic, or the cluster for a broker",
+    33: "on the topic, or the cluster for a broker",
+    44: "on the topic, or the cluster for a broker",
+    60: "any authenticated client, as Kafka",
+}
+
+
+def rules_table() -> str:
+    """Every Kafka API the listener serves and what it checks (Markdown, README's)."""
+    from kio.schema.index import api_key_map
+
+    lines = [
+        "| API | key | topic | group | cluster | transactional id | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(RULES):
+        rule = RULES[key]
+        name = "".join(w.title() for w in api_key_map[key].split("_"))
+        ops = (rule.topic, rule.group, rule.cluster, rule.transactional_id)
+        cells = " | ".join(op.value if op is not None else "" for op in ops)
+        lines.append(f"| {name} | {key} | {cells} | {NOTES.get(key, '')} |")
+    return "\n".join(lines) + "\n"
+
+
 class Access:
     """What one request's principal may do, by its API's rule (see the module doc).
 
@@ -108,7 +142,7 @@ class Access:
         host: the client's address.
     """
 
-    __slots__ = ("authorizer", "host", "principal", "rule")
+    __slots__ = ("authorizer", "credential", "host", "principal", "rule")
 
     def __init__(
         self,
@@ -121,6 +155,9 @@ class Access:
         self.authorizer = authorizer
         self.principal = principal
         self.host = host
+        #: The connection's own credential (``service.kafka.sasl``), which ACL changes
+        #: forward to a coordinator process; None for a certificate or OAuth principal.
+        self.credential: str | None = None
 
     def _allowed(self, op: Operation | None, rtype: ResourceType, name: str) -> bool:
         if op is None:  # a handler asking what its rule does not say: a bug, so no

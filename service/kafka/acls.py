@@ -25,6 +25,7 @@ from service.kafka.acl import CLUSTER_DENIED, Access
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, nested
 from service.kafka.handlers import KafkaContext, response_cls
+from service.security import acting_for
 
 #: Kafka's wire codes (org.apache.kafka.common.resource / acl): code -> our name.
 RESOURCE_TYPES = {1: "ANY", 2: "TOPIC", 3: "GROUP", 4: "CLUSTER", 5: "TRANSACTIONAL_ID"}
@@ -122,7 +123,8 @@ async def create_acls(ctx: KafkaContext, req: Request, access: Access) -> Any:
                     _name(OPERATIONS, c.operation, "operation"),
                     _name(PERMISSIONS, c.permission_type, "permission type"),
                 )
-                await call(store.create_acls, [binding])
+                # The connection's own credential goes to a coordinator process with it.
+                await call(acting_for(store, access.credential).create_acls, [binding])
         except LakelogError as e:
             code, message = _failure(e, False)
         results.append(build(result_cls, error_code=code, error_message=message))
@@ -191,7 +193,8 @@ async def delete_acls(ctx: KafkaContext, req: Request, access: Access) -> Any:
             if store is None or not access.cluster():
                 code, message = _failure(None, store is not None)
             else:
-                deleted = await call(store.delete_acls, [_filter(f)])
+                managing = acting_for(store, access.credential)
+                deleted = await call(managing.delete_acls, [_filter(f)])
         except LakelogError as e:
             code, message = _failure(e, False)
         results.append(

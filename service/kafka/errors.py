@@ -51,6 +51,10 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.RequestTooLargeError: ErrorCode.record_list_too_large,
     e.CorruptRecordError: ErrorCode.corrupt_message,
     e.SecurityDisabledError: ErrorCode.security_disabled,
+    # Raised only where a coordinator refuses an ACL change (the handlers answer topic and
+    # group denials with their own codes, service.kafka.acl).
+    e.AuthorizationError: ErrorCode.cluster_authorization_failed,
+    e.AuthenticationError: ErrorCode.sasl_authentication_failed,
     e.InvalidSecurityRequestError: ErrorCode.invalid_request,
     # A broker config resource naming no live broker (Kafka: "Unexpected broker id").
     e.BrokerNotFoundError: ErrorCode.invalid_request,

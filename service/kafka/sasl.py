@@ -19,7 +19,6 @@ SaslAuthenticate.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from typing import Any
 
@@ -27,9 +26,21 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i64Timedelta
 from scramp import ScramException, ScramMechanism
 
-from coordinator.security import check_name, user_principal
-from coordinator.security_store import SCRAM_MECHANISMS, ScramCredential, SecurityStore
-from segments.errors import AuthenticationError, LoginThrottledError
+from coordinator.access import scram_proof
+from coordinator.logins import login_keys
+from coordinator.security import (
+    PrincipalMapper,
+    basic,
+    check_name,
+    distinguished_name,
+    user_principal,
+)
+from coordinator.security_store import SCRAM_MECHANISMS, SecurityStore
+from segments.errors import (
+    AuthenticationError,
+    InvalidSecurityRequestError,
+    LoginThrottledError,
+)
 from service.auth import Authenticator
 from service.executors import call
 
@@ -48,15 +59,6 @@ class SaslStateError(Exception):
 class SessionExpiredError(Exception):
     """A request after the SASL session's lifetime without re-authentication (KIP-368):
     the connection closes, as Kafka closes it."""
-
-
-def _decoy(mechanism: str) -> ScramCredential:
-    """A verifier no password matches, for unknown users: their exchange fails at the
-    same step, with the same answer, as a wrong password's."""
-    salt, stored, server, iterations = ScramMechanism(mechanism).make_auth_info(
-        os.urandom(16).hex(), iteration_count=4096
-    )
-    return ScramCredential(salt, stored, server, iterations)
 
 
 class SaslSession:
@@ -81,10 +83,15 @@ class SaslSession:
         self.principal: str | None = None
         self.expires_at: float | None = None  # time.monotonic() the login ends at
         self.failed = False  # an authentication failed: close after its answer
+        #: The client's own credential, for the coordinator to check when this connection
+        #: changes ACLs through an agent of coordinator processes (``coordinator.access``):
+        #: a PLAIN password, or the messages of a SCRAM login. Never logged.
+        self.credential: str | None = None
         self._done = False  # SASL succeeded
         self._reauth = False  # a re-authentication under way
         self._scram: Any = None  # scramp's server of an exchange under way
         self._scram_user = ""
+        self._scram_messages: tuple[str, str] = ("", "")  # client-first, server-first
 
     def check_expiry(self) -> None:
         """Raises SessionExpiredError past the login's lifetime (the connection closes)."""
@@ -155,6 +162,7 @@ class SaslSession:
         self.principal = await self.authenticator.authenticate(
             name, password, self.address, "kafka"
         )
+        self.credential = basic(name, password)
         self._done = True
         return b""
 
@@ -184,7 +192,9 @@ class SaslSession:
 
             def lookup(user: str) -> tuple[bytes, bytes, bytes, int]:
                 self._scram_user = user
-                cred = store.scram_credential(user, mechanism) or _decoy(mechanism)
+                # An unknown user gets the store's decoy: the same salt every time, and
+                # an exchange that fails at the same step as a wrong password's.
+                cred = store.scram_credential(user, mechanism)
                 return cred.salt, cred.stored_key, cred.server_key, cred.iterations
 
             server = ScramMechanism(mechanism).make_server(lookup)
@@ -193,28 +203,53 @@ class SaslSession:
             except ScramException:
                 metrics.failures.labels("kafka", "malformed").inc()
                 raise AuthenticationError(_FAILED) from None
-            keys = (f"name:{self._scram_user}", f"addr:{self.address}")
-            if throttle.retry_after(*keys) > 0:
+            if throttle.retry_after(*login_keys(self._scram_user, self.address)) > 0:
                 metrics.failures.labels("kafka", "throttled").inc()
                 raise LoginThrottledError("Too many failed logins; try again later.")
             self._scram = server
-            return str(server.get_server_first()).encode()
+            server_first = str(server.get_server_first())
+            self._scram_messages = (text, server_first)
+            return server_first.encode()
         server, self._scram = self._scram, None  # client-final
+        keys = login_keys(self._scram_user, self.address)
+        # Checked again, then verified and counted with no await in between: concurrent
+        # exchanges cannot all be verified before the first failure is counted.
+        if throttle.retry_after(*keys) > 0:
+            metrics.failures.labels("kafka", "throttled").inc()
+            raise LoginThrottledError("Too many failed logins; try again later.")
         try:
             server.set_client_final(text)
         except ScramException:
-            throttle.failed(f"name:{self._scram_user}", f"addr:{self.address}")
+            throttle.failed(*keys)
             metrics.failures.labels("kafka", "invalid").inc()
             raise AuthenticationError(_FAILED) from None
         self.principal = user_principal(self._scram_user)
+        self.credential = scram_proof(self.mechanism, *self._scram_messages, text)
         self._done = True
         metrics.successes.labels("kafka", "false").inc()
         return str(server.get_server_final()).encode()
 
 
-def certificate_principal(peercert: dict[str, Any] | None) -> str | None:
-    """``User:<CN>`` of a verified client certificate (mTLS), or None without one."""
-    for rdn in (peercert or {}).get("subject", ()):
+def certificate_principal(
+    peercert: dict[str, Any] | None, mapper: PrincipalMapper | None = None
+) -> str | None:
+    """The principal of a verified client certificate (mTLS), or None without one:
+    ``User:<CN>``, or with ``mapper`` (``tls_principal_mapping_rules``, Kafka's
+    ``ssl.principal.mapping.rules``) ``User:<what the rules make of its subject's DN>``.
+
+    Raises:
+        InvalidSecurityRequestError: the name is not a user name, or no rule applies.
+    """
+    subject = (peercert or {}).get("subject", ())
+    if not subject:
+        return None
+    if mapper is not None:
+        dn = distinguished_name(subject)
+        name = mapper.name(dn)
+        if name is None:
+            raise InvalidSecurityRequestError(f"no principal mapping rule applies to {dn!r}")
+        return user_principal(check_name(name, "mapped certificate name"))
+    for rdn in subject:
         for key, value in rdn:
             if key == "commonName":
                 return user_principal(check_name(value, "certificate common name"))

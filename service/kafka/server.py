@@ -259,6 +259,7 @@ class KafkaServer:
         self.host = host
         self.port = port
         self.reuse_port = reuse_port
+        self.mapper = state.settings.principal_mapper()  # of client certificates (mTLS)
         self.ctx: h.KafkaContext | None = None
         self.metrics = ListenerMetrics(state.metrics.registry)
         self.per_connection = False
@@ -336,7 +337,8 @@ class KafkaServer:
         )
         if session is not None and self.tls is not None:
             try:  # mTLS: a verified client certificate names the principal, no SASL needed
-                session.principal = certificate_principal(writer.get_extra_info("peercert"))
+                peercert = writer.get_extra_info("peercert")
+                session.principal = certificate_principal(peercert, self.mapper)
             except InvalidSecurityRequestError as e:
                 log.warning("closing Kafka connection from %s: %s", peer, e.message)
                 writer.close()
@@ -464,7 +466,10 @@ class KafkaServer:
             session.check_expiry()
         handler = HANDLERS[api_key][2]
         principal = session.principal if session is not None else None
-        body = await handler(ctx, req, await self._access(api_key, principal, address))
+        credential = session.credential if session is not None else None
+        access = await self._access(api_key, principal, address)
+        access.credential = credential
+        body = await handler(ctx, req, access)
         return req.header.correlation_id, body
 
     async def _access(self, api_key: int, principal: str | None, address: str) -> Access:

@@ -320,6 +320,28 @@ class SchemaRegistry:
             raise SchemaNotFoundError("Schema not found")
         return found
 
+    async def find_id(
+        self,
+        subject: str,
+        schema_type: str,
+        text: str,
+        references: Sequence[SchemaReference] = (),
+    ) -> tuple[int, ParsedSchema] | None:
+        """The id of ``text`` in ``subject`` if it is registered there (never registering);
+        cached as ``id_for``'s."""
+        key = (subject, schema_type, text, tuple(references))
+        schema_id = self._by_text.get(key)
+        if schema_id is None:
+            try:
+                sv = await self.lookup(subject, schema_type, text, references)
+            except (SubjectNotFoundError, SchemaNotFoundError):
+                return None
+            schema_id = self._by_text[key] = sv.schema.schema_id
+            while len(self._by_text) > self.max_cached:
+                self._by_text.popitem(last=False)
+        self._by_text.move_to_end(key)
+        return schema_id, (await self.by_id(schema_id))[1]
+
     async def id_for(
         self,
         subject: str,

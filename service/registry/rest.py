@@ -23,6 +23,14 @@ TOPIC_RECORD_NAME (the record name comes from the schema, so those two need
 
 Every schema lookup goes through ``SchemaRegistry``'s caches: after the first
 request with a given schema, producing costs no call to the coordinator.
+
+With authorization on, a produce uses the registry with its principal's rights on the
+registry's own routes (``service.acl``), through :class:`ProduceSchemas`: naming a
+schema (by id, subject version or text) needs DESCRIBE on the cluster, as reading the
+registry does, whether the subject exists or not (so a producer cannot probe which
+subjects exist); a schema text not yet registered under its subject is registered only
+with ALTER on the cluster (as ``POST /subjects/{subject}/versions``), else refused as a
+serializer with ``auto.register.schemas=false`` would be: 403 40301.
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ from typing import Any, Final
 
 import orjson
 
-from coordinator.schemas import LATEST
+from coordinator.schemas import LATEST, StoredSchema, SubjectVersion
+from coordinator.security import Operation, ResourceType
 from segments.errors import (
+    AuthorizationError,
     KeySchemaMissingError,
     MalformedRequestError,
     RecordSchemaError,
@@ -44,6 +54,7 @@ from segments.errors import (
     ValueSchemaMissingError,
 )
 from segments.types import ConsumedRecord
+from service.acl import CLUSTER_NAME, Rights
 from service.registry.core import SchemaRegistry
 from service.registry.schemas import ParsedSchema
 from service.registry.wire import SchemaFramingError, frame, unframe
@@ -59,6 +70,54 @@ _STRATEGIES: Final = ("TOPIC_NAME", "RECORD_NAME", "TOPIC_RECORD_NAME")
 V2Record = tuple[bytes | None, bytes | None, int | None, Any]
 
 
+class ProduceSchemas:
+    """The registry as one produce request's principal may use it (see the module doc)."""
+
+    def __init__(self, registry: SchemaRegistry, access: Rights) -> None:
+        self.registry = registry
+        self.access = access
+
+    async def _may(self, operation: Operation) -> bool:
+        denied = await self.access.denied(operation, ResourceType.CLUSTER, [CLUSTER_NAME])
+        return not denied
+
+    async def _read(self) -> None:
+        if not await self._may(Operation.DESCRIBE):
+            raise AuthorizationError(
+                "Not authorized to use the schema registry's schemas: producing with a "
+                "schema needs DESCRIBE on the cluster, as reading the registry does."
+            )
+
+    async def parse(self, schema_type: str, text: str) -> ParsedSchema:
+        return await self.registry.parse(schema_type, text)
+
+    async def by_id(self, schema_id: int) -> tuple[StoredSchema, ParsedSchema]:
+        await self._read()
+        return await self.registry.by_id(schema_id)
+
+    async def version(self, subject: str, version: int) -> SubjectVersion:
+        await self._read()
+        return await self.registry.version(subject, version)
+
+    async def latest(self, subject: str) -> SubjectVersion:
+        await self._read()
+        return await self.registry.latest(subject)
+
+    async def id_for(self, subject: str, schema_type: str, text: str) -> tuple[int, ParsedSchema]:
+        """The id of ``text`` under ``subject``, registered first only with ALTER."""
+        await self._read()
+        if await self._may(Operation.ALTER):
+            return await self.registry.id_for(subject, schema_type, text)
+        found = await self.registry.find_id(subject, schema_type, text)
+        if found is None:
+            raise AuthorizationError(
+                f"Not authorized to register a schema under subject {subject}: it is not "
+                "registered there, and registering needs ALTER on the cluster (as POST "
+                "/subjects/{subject}/versions)."
+            )
+        return found
+
+
 def _check_type(parsed: ParsedSchema, schema_type: str, schema_id: int) -> None:
     if parsed.schema_type != schema_type:
         raise RecordSchemaError(
@@ -67,7 +126,7 @@ def _check_type(parsed: ParsedSchema, schema_type: str, schema_id: int) -> None:
 
 
 async def _v2_schema(
-    registry: SchemaRegistry, subject: str, schema_type: str, text: object, schema_id: object
+    registry: ProduceSchemas, subject: str, schema_type: str, text: object, schema_id: object
 ) -> tuple[int, ParsedSchema] | None:
     """The schema a v2 body names for one side (key or value), or None if it names none."""
     if schema_id is not None:
@@ -93,7 +152,7 @@ def _encode(
 
 
 async def encode_v2(
-    registry: SchemaRegistry, topic: str, fmt: str, body: bytes, records: list[V2Record]
+    registry: ProduceSchemas, topic: str, fmt: str, body: bytes, records: list[V2Record]
 ) -> tuple[list[V2Record], int | None, int | None]:
     """Encode a v2 schema-format request's keys and values.
 
@@ -155,7 +214,7 @@ def wants_schema(data: object) -> bool:
 
 
 async def _v3_subject(
-    registry: SchemaRegistry, topic: str, side: str, data: dict[str, Any], record_name: str | None
+    registry: ProduceSchemas, topic: str, side: str, data: dict[str, Any], record_name: str | None
 ) -> str:
     subject = data.get("subject")
     if subject is not None:
@@ -178,7 +237,7 @@ async def _v3_subject(
 
 
 async def encode_v3(
-    registry: SchemaRegistry, topic: str, side: str, data: dict[str, Any]
+    registry: ProduceSchemas, topic: str, side: str, data: dict[str, Any]
 ) -> tuple[bytes | None, dict[str, Any]]:
     """A v3 key or value with a schema: (framed bytes, its delivery report).
 
@@ -234,7 +293,7 @@ async def encode_v3(
 
 
 async def prepare_v3(
-    registry: SchemaRegistry, topic: str, doc: object
+    registry: ProduceSchemas, topic: str, doc: object
 ) -> tuple[object, dict[str, dict[str, Any]]]:
     """A v3 record with its schema keys/values replaced by their framed bytes (as BINARY
     data, which ``service.v3.records`` takes as it is) and their delivery reports."""

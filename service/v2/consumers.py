@@ -9,6 +9,16 @@ is data; records carry ``timestamp`` and ``headers``.
 Every path also answers with a trailing slash. An unknown instance is 404 40403
 "Consumer instance not found." on every call.
 
+An instance belongs to the principal that made it (its ``owner``, kept with it in the
+coordinator): any other principal's call on it is refused with 403 40301, whatever
+its ACLs. With authorization on, every fetch checks READ on each topic it reads
+(Kafka's Fetch), with the agent's ACL copy, when it starts and again before it
+answers: a READ revoked while an instance exists stops its fetches within the
+agents' staleness bound. A ``topic_pattern`` subscription is matched against each
+topic's own ACLs, as a Kafka pattern subscription is: a topic the principal may not
+DESCRIBE is never read (as if the pattern did not match it), one it may DESCRIBE but
+not READ fails the fetch (TOPIC_AUTHORIZATION_FAILED's 403 40301).
+
 Fetch (``GET .../records``, see ``_Fetch``): one fetch of an instance at a time,
 whichever agents the requests reach (kafka-rest serialises every call on an
 instance): a local lock per instance on each agent, and the instance's fetch
@@ -42,6 +52,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -59,7 +70,9 @@ from coordinator.groups import (
     ConsumerState,
     FetchLease,
 )
+from coordinator.security import Operation, ResourceType
 from segments.errors import (
+    AuthorizationError,
     ConsumerFormatMismatchError,
     ConsumerStateError,
     InvalidConsumerConfigError,
@@ -72,6 +85,8 @@ from segments.errors import (
     UnsupportedMediaTypeError,
 )
 from segments.types import ConsumedRecord, TopicPartition
+from service.acl import Rights, rights
+from service.auth import principal_of
 from service.delivery import DeliveryResponse, DisconnectWatch
 from service.errors import V2_CONTENT_TYPE
 from service.executors import Kind, run
@@ -228,6 +243,32 @@ def parse_timestamp(value: object, i: int) -> int:
     raise MalformedRequestError(
         f"Bad Request: timestamps[{i}].timestamp must be an ISO-8601 date-time or epoch ms."
     )
+
+
+# -- who may use an instance ----------------------------------------------------------------
+
+
+def check_owner(st: ConsumerState, principal: str) -> None:
+    """Raises AuthorizationError (403 40301) unless ``principal`` made the instance (an
+    instance without an owner, made before owners were kept, is anyone's)."""
+    if st.config.owner and st.config.owner != principal:
+        raise AuthorizationError(
+            f"Not authorized to use consumer instance {st.name} of group {st.group}: it "
+            "belongs to another principal."
+        )
+
+
+async def owned(
+    state: AgentState, request: Request, group: str, instance: str, *, touch: bool = True
+) -> ConsumerState:
+    """The instance's state, once its owner is the request's principal.
+
+    Raises:
+        ConsumerNotFoundError (404 40403), AuthorizationError (403 40301).
+    """
+    st = await call(state.groups.consumer, group, instance, touch=touch)
+    check_owner(st, principal_of(request.scope))
+    return st
 
 
 # -- instance creation ----------------------------------------------------------------------
@@ -393,9 +434,11 @@ async def create_consumer(
         raise InvalidConsumerConfigError(
             "Invalid consumer configuration. name must be a non-empty string without '/'."
         )
-    config = consumer_config(doc, state)
+    config = replace(consumer_config(doc, state), owner=principal_of(request.scope))
     await call(state.groups.create_consumer, group, name, config)
-    state.consumers.served(group, name, idle_timeout_ms=config.instance_timeout_ms)
+    state.consumers.served(
+        group, name, idle_timeout_ms=config.instance_timeout_ms
+    ).owner = config.owner
     base = base_url(request, state)
     uri = f"{base}/consumers/{quote(group, safe='')}/instances/{quote(name, safe='')}"
     return v2_json({"instance_id": name, "base_uri": uri})
@@ -403,8 +446,9 @@ async def create_consumer(
 
 @route("DELETE", INSTANCE, summary="Delete a consumer instance")
 async def delete_consumer(
-    group: str, instance: str, state: AgentState = Depends(get_state)
+    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
+    await owned(state, request, group, instance, touch=False)
     await call(state.groups.delete_consumer, group, instance)
     state.consumers.changed(group, instance)
     state.consumers.forget(group, instance)
@@ -428,12 +472,12 @@ async def subscribe(
         raise ConsumerStateError(
             "Subscription to topics, partitions and pattern are mutually exclusive."
         )
+    await owned(state, request, group, instance)
     served = state.consumers.served(group, instance)
     if topics is not None:
         if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
             raise UnprocessableRequestError("Payload error. topics must be an array of strings.")
         if not topics:  # Kafka: subscribing to nothing is unsubscribing
-            await call(state.groups.consumer, group, instance)
             await call(state.groups.unsubscribe, group, instance)
         else:
             await call(state.groups.subscribe, group, instance, list(topics), None)
@@ -450,18 +494,18 @@ async def subscribe(
 
 @route("GET", INSTANCE + "/subscription", summary="The subscribed topics")
 async def get_subscription(
-    group: str, instance: str, state: AgentState = Depends(get_state)
+    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
-    st = await call(state.groups.consumer, group, instance)
+    st = await owned(state, request, group, instance)
     state.consumers.served(group, instance)
     return v2_json({"topics": list(st.subscription)})
 
 
 @route("DELETE", INSTANCE + "/subscription", summary="Unsubscribe")
 async def delete_subscription(
-    group: str, instance: str, state: AgentState = Depends(get_state)
+    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
-    await call(state.groups.consumer, group, instance)
+    await owned(state, request, group, instance)
     await call(state.groups.unsubscribe, group, instance)
     state.consumers.served(group, instance).changed()
     return no_content()
@@ -473,6 +517,7 @@ async def assign(
 ) -> Response:
     """204; while subscribed 409 40903; unknown topic 40401, unknown partition 40402."""
     tps = parse_partitions(_require(await json_body(request), "partitions"))
+    await owned(state, request, group, instance)
     await call(state.groups.assign, group, instance, tps)
     state.consumers.served(group, instance).changed()
     return no_content()
@@ -480,9 +525,9 @@ async def assign(
 
 @route("GET", INSTANCE + "/assignments", summary="The assigned partitions")
 async def get_assignments(
-    group: str, instance: str, state: AgentState = Depends(get_state)
+    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
-    st = await call(state.groups.consumer, group, instance)
+    st = await owned(state, request, group, instance)
     state.consumers.served(group, instance)
     return v2_json(
         {"partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in st.assignment]}
@@ -492,17 +537,23 @@ async def get_assignments(
 # -- positions -----------------------------------------------------------------------------
 
 
-async def _check_assigned(
-    state: AgentState, group: str, instance: str, tps: Sequence[TopicPartition]
+async def _check_seek(
+    state: AgentState, request: Request, group: str, instance: str, tps: Sequence[TopicPartition]
 ) -> None:
-    """Raises ConsumerStateError (409 40903) for a partition the instance does not own."""
-    st = await call(state.groups.consumer, group, instance)
-    owned = set(st.assignment)
+    """A seek of ``tps``: the principal's instance, each partition assigned to it, and
+    DESCRIBE on each topic (the offsets it looks up: Kafka's ListOffsets).
+
+    Raises:
+        AuthorizationError (403 40301), ConsumerStateError (409 40903).
+    """
+    st = await owned(state, request, group, instance)
+    assigned = set(st.assignment)
     for tp in tps:
-        if tp not in owned:
+        if tp not in assigned:
             raise ConsumerStateError(
                 f"No current assignment for partition {tp.topic}-{tp.partition}."
             )
+    await rights(request).require(Operation.DESCRIBE, ResourceType.TOPIC, (tp.topic for tp in tps))
 
 
 @route("POST", INSTANCE + "/positions", summary="Seek to offsets or timestamps")
@@ -529,7 +580,7 @@ async def seek(
             )
         targets[tp] = item["offset"]
     by_time = list(zip(parse_partitions(timestamps, "timestamps"), timestamps, strict=True))
-    await _check_assigned(state, group, instance, [*targets, *(tp for tp, _ in by_time)])
+    await _check_seek(state, request, group, instance, [*targets, *(tp for tp, _ in by_time)])
     for i, (tp, item) in enumerate(by_time):
         ts = parse_timestamp(item.get("timestamp"), i)
         off = await call(state.reader.offset_for_timestamp, tp.topic, tp.partition, ts)
@@ -545,7 +596,7 @@ async def _seek_edge(
     group: str, instance: str, request: Request, state: AgentState, end: bool
 ) -> Response:
     tps = parse_partitions(_require(await json_body(request), "partitions"))
-    await _check_assigned(state, group, instance, tps)
+    await _check_seek(state, request, group, instance, tps)
     found = await call(state.coordinator.offsets_many, tps)
     targets = {}
     for tp in tps:
@@ -579,9 +630,10 @@ async def commit_offsets(
     group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
     """Explicit offsets store ``offset + 1`` (the body names the last consumed record);
-    an empty body commits everything fetched so far. 200 ``[]``, as kafka-rest."""
+    an empty body commits everything fetched so far. 200 ``[]``, as kafka-rest. READ on
+    each topic committed (Kafka's OffsetCommit): else 403 40301, and nothing stored."""
     doc = await json_body(request)
-    st = await call(state.groups.consumer, group, instance)
+    st = await owned(state, request, group, instance)
     items = None if doc is None else doc.get("offsets")
     commits: dict[TopicPartition, CommittedOffset] = {}
     if items is None:
@@ -596,6 +648,7 @@ async def commit_offsets(
             if not isinstance(metadata, str):
                 raise MalformedRequestError(f"Bad Request: offsets[{i}].metadata must be a string.")
             commits[tp] = CommittedOffset(item["offset"] + 1, metadata)
+    await rights(request).require(Operation.READ, ResourceType.TOPIC, (tp.topic for tp in commits))
     if commits:
         await call(state.groups.commit_offsets, group, instance, commits, st.generation)
     state.consumers.served(group, instance)
@@ -607,14 +660,19 @@ async def get_offsets(
     group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
 ) -> Response:
     """``{"offsets": [{"topic", "partition", "offset", "metadata"}]}`` for the partitions
-    named in the body; partitions with no committed offset are left out. No body:
-    404 40402, as kafka-rest."""
+    named in the body; partitions with no committed offset, and those of topics the
+    principal may not DESCRIBE (Kafka's OffsetFetch), are left out. No body: 404 40402,
+    as kafka-rest."""
     doc = await json_body(request)
-    await call(state.groups.consumer, group, instance)
+    await owned(state, request, group, instance)
     if doc is None or doc.get("partitions") is None:
         raise PartitionNotFoundError("Partition not found.")
     tps = parse_partitions(_require(doc, "partitions"))
-    committed = await call(state.groups.committed_offsets, group, tps)
+    hidden = set(
+        await rights(request).denied(Operation.DESCRIBE, ResourceType.TOPIC, (t.topic for t in tps))
+    )
+    tps = [tp for tp in tps if tp.topic not in hidden]
+    committed = await call(state.groups.committed_offsets, group, tps) if tps else {}
     return v2_json(
         {
             "offsets": [
@@ -836,15 +894,26 @@ class _Fetch:
                 lock.release()
 
 
-def _readable(st: ConsumerState) -> dict[TopicPartition, int]:
-    """Raises NoOffsetError for a partition without a committed offset under policy none."""
-    if st.unresolved:
-        tp = st.unresolved[0]
-        raise NoOffsetError(
-            f"No committed offset for partition {tp.topic}-{tp.partition} and "
-            "auto.offset.reset is none: seek first."
-        )
-    return dict(st.positions)
+async def _readable(access: Rights, st: ConsumerState) -> dict[TopicPartition, int]:
+    """The positions a fetch of ``st`` reads: every assigned partition, but those of topics a
+    pattern subscription may not see (no DESCRIBE), once READ is allowed on each topic.
+
+    Raises:
+        AuthorizationError: a topic it may not READ (403 40301: Kafka's
+            TOPIC_AUTHORIZATION_FAILED); NoOffsetError: a partition without a committed
+            offset under policy none.
+    """
+    topics = {tp.topic for tp in st.assignment}
+    if st.pattern is not None:
+        topics -= set(await access.denied(Operation.DESCRIBE, ResourceType.TOPIC, topics))
+    await access.require(Operation.READ, ResourceType.TOPIC, topics)
+    for tp in st.unresolved:
+        if tp.topic in topics:
+            raise NoOffsetError(
+                f"No committed offset for partition {tp.topic}-{tp.partition} and "
+                "auto.offset.reset is none: seek first."
+            )
+    return {tp: off for tp, off in st.positions.items() if tp.topic in topics}
 
 
 def fetch_limit(state: AgentState, max_bytes: int | None) -> int:
@@ -873,7 +942,12 @@ async def fetch_records(
     Positions move only for an answer the client received: a client that hung up
     first gets the same records from its next fetch.
     """
+    principal = principal_of(request.scope)
+    known = state.consumers.owner_of(group, instance)
+    if known != principal:  # not yet checked on this agent (the lease's state says again)
+        await owned(state, request, group, instance, touch=False)
     f = _Fetch(state, group, instance, request, time.monotonic())
+    f.served.owner = principal
     f.watch.start()
     try:
         return await _fetch(f, request, wait, max_bytes)
@@ -908,6 +982,8 @@ async def _fetch(f: _Fetch, request: Request, wait: int | None, max_bytes: int |
 
     lease = await f.take_lease(deadline_for(None))
     st = lease.state
+    access = rights(request)
+    check_owner(st, access.principal)  # the instance may have been made again since
     f.served.request_timeout_ms = st.config.request_timeout_ms
     media_type = check_records_accept(accept, st.config.format)
     deadline = deadline_for(st)
@@ -920,7 +996,7 @@ async def _fetch(f: _Fetch, request: Request, wait: int | None, max_bytes: int |
 
     if lease.token is None:  # another fetch held the instance until our deadline
         return await empty()
-    positions = _readable(st)
+    positions = await _readable(access, st)
     limit = fetch_limit(state, max_bytes)
     f.grant = await state.consumers.budget.acquire(
         limit, FETCH_MIN_GRANT, deadline - time.monotonic()
@@ -934,6 +1010,8 @@ async def _fetch(f: _Fetch, request: Request, wait: int | None, max_bytes: int |
             return await empty()
         if not records and not f.served.moved:
             return await empty()  # the deadline passed with nothing to answer
+        # Again before answering: a READ revoked during a long poll answers nothing.
+        await access.require(Operation.READ, ResourceType.TOPIC, {r.topic for r in records})
         f.served.moved = False
         assert f.token is not None
         lease = await call(
@@ -951,7 +1029,7 @@ async def _fetch(f: _Fetch, request: Request, wait: int | None, max_bytes: int |
         if time.monotonic() >= deadline:
             return await empty()
         st = lease.state
-        positions = _readable(st)
+        positions = await _readable(access, st)
 
     # Rendering and JSON of a big answer (up to 64 MiB) run off the event loop. A 422
     # here (a key or value its format cannot render) moves no position.

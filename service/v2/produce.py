@@ -49,6 +49,7 @@ from segments.errors import (
     UnprocessableRequestError,
 )
 from segments.types import Headers, Record, TopicInfo
+from service.acl import rights
 from service.batcher import PartlyCommittedError
 from service.errors import kafka_error_code
 from service.executors import Kind, run_if
@@ -64,7 +65,7 @@ from service.formats import (
     v2_json_spans,
 )
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
-from service.registry.rest import encode_v2
+from service.registry.rest import ProduceSchemas, encode_v2
 from service.request_keys import (
     KeyedProduce,
     KeyHeader,
@@ -125,8 +126,9 @@ async def _produce(
     topic = await state.topics.get_or_create(topic_name)
     key_schema_id = value_schema_id = None
     if fmt in SCHEMA_FORMATS:
+        schemas = ProduceSchemas(state.registry, rights(request))
         parsed, key_schema_id, value_schema_id = await encode_v2(
-            state.registry, topic_name, fmt, body, parsed
+            schemas, topic_name, fmt, body, parsed
         )
     if url_partition is not None and not 0 <= url_partition < topic.partitions:
         raise PartitionNotFoundError(

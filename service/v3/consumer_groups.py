@@ -5,17 +5,22 @@ Groups are those of v2 consumer instances: ``consumer_id``, ``instance_id`` and
 committed offset (else the owning instance's position) with its high
 watermark: ``lag = log_end_offset - current_offset``. Unknown group: 404 40405;
 a partition without lag or assignment: 404 40402.
+
+With authorization on, a view shows only the topics the caller may DESCRIBE (Kafka's
+OffsetFetch): the assignments, lags and lag summary leave the others out.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
 from coordinator.groups import ConsumerState, GroupInfo
+from coordinator.security import Operation, ResourceType
 from segments.errors import ConsumerNotFoundError, LakelogError, PartitionNotFoundError
 from segments.types import TopicPartition
+from service.acl import Rights, rights
 from service.state import AgentState, get_state
 from service.v3.common import JSON, Links, call, cluster_links, related
 
@@ -119,9 +124,38 @@ def lag_data(links: Links, group: str, lag: Lag) -> JSON:
     )
 
 
-async def _describe(state: AgentState, group: str) -> GroupInfo:
-    """Raises GroupNotFoundError (404)."""
-    return await call(state.groups.describe_group, group)
+async def _describe(state: AgentState, request: Request, group: str) -> GroupInfo:
+    """The group as the caller may see it (see the module doc).
+
+    Raises:
+        GroupNotFoundError (404).
+    """
+    return await described(rights(request), await call(state.groups.describe_group, group))
+
+
+async def described(access: Rights, info: GroupInfo) -> GroupInfo:
+    """``info`` without the topics ``access``'s principal may not DESCRIBE."""
+    topics = {tp.topic for tp in info.committed}
+    topics.update(tp.topic for m in info.members for tp in m.assignment)
+    hidden = set(await access.denied(Operation.DESCRIBE, ResourceType.TOPIC, topics))
+    if not hidden:
+        return info
+
+    def seen(tp: TopicPartition) -> bool:
+        return tp.topic not in hidden
+
+    members = tuple(
+        replace(
+            m,
+            subscription=tuple(t for t in m.subscription if t not in hidden),
+            assignment=tuple(filter(seen, m.assignment)),
+            positions={tp: o for tp, o in m.positions.items() if seen(tp)},
+            unresolved=tuple(filter(seen, m.unresolved)),
+        )
+        for m in info.members
+    )
+    committed = {tp: c for tp, c in info.committed.items() if seen(tp)}
+    return replace(info, members=members, committed=committed)
 
 
 def _member(info: GroupInfo, consumer_id: str) -> ConsumerState:
@@ -161,7 +195,7 @@ async def list_groups(
     data = []
     for g in await call(state.groups.list_groups):
         try:
-            info = await _describe(state, g)
+            info = await call(state.groups.describe_group, g)  # names no topic
         except LakelogError:
             continue  # expired since it was listed
         data.append(group_data(links, info, state.broker_id))
@@ -171,21 +205,23 @@ async def list_groups(
 @router.get(GROUP)
 async def get_group(
     consumer_group_id: str,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaConsumerGroup."""
-    return group_data(links, await _describe(state, consumer_group_id), state.broker_id)
+    return group_data(links, await _describe(state, request, consumer_group_id), state.broker_id)
 
 
 @router.get(GROUP + "/consumers")
 async def list_consumers(
     consumer_group_id: str,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaConsumerList."""
-    info = await _describe(state, consumer_group_id)
+    info = await _describe(state, request, consumer_group_id)
     data = [consumer_data(links, info.group, m) for m in info.members]
     return Links.collection("KafkaConsumerList", _group_url(links, info.group, "/consumers"), data)
 
@@ -194,11 +230,12 @@ async def list_consumers(
 async def get_consumer(
     consumer_group_id: str,
     consumer_id: str,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaConsumer."""
-    info = await _describe(state, consumer_group_id)
+    info = await _describe(state, request, consumer_group_id)
     return consumer_data(links, info.group, _member(info, consumer_id))
 
 
@@ -206,11 +243,12 @@ async def get_consumer(
 async def list_assignments(
     consumer_group_id: str,
     consumer_id: str,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaConsumerAssignmentList."""
-    info = await _describe(state, consumer_group_id)
+    info = await _describe(state, request, consumer_group_id)
     member = _member(info, consumer_id)
     data = [assignment_data(links, info.group, member.name, tp) for tp in member.assignment]
     url = _group_url(links, info.group, f"/consumers/{member.name}/assignments")
@@ -223,11 +261,12 @@ async def get_assignment(
     consumer_id: str,
     topic_name: str,
     partition_id: int,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaConsumerAssignment."""
-    info = await _describe(state, consumer_group_id)
+    info = await _describe(state, request, consumer_group_id)
     member = _member(info, consumer_id)
     tp = TopicPartition(topic_name, partition_id)
     if tp not in member.assignment:
@@ -240,11 +279,12 @@ async def get_assignment(
 @router.get(GROUP + "/lag-summary")
 async def get_lag_summary(
     consumer_group_id: str,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaConsumerGroupLagSummary: the largest lag and the sum over partitions."""
-    info = await _describe(state, consumer_group_id)
+    info = await _describe(state, request, consumer_group_id)
     lags = await call(_lags, state, info)
     top = max(lags, key=lambda lag: lag.lag, default=None)
     g = info.group
@@ -272,11 +312,12 @@ async def get_lag_summary(
 @router.get(GROUP + "/lags")
 async def list_lags(
     consumer_group_id: str,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaConsumerLagList, by topic and partition."""
-    info = await _describe(state, consumer_group_id)
+    info = await _describe(state, request, consumer_group_id)
     data = [lag_data(links, info.group, lag) for lag in await call(_lags, state, info)]
     return Links.collection("KafkaConsumerLagList", _group_url(links, info.group, "/lags"), data)
 
@@ -286,11 +327,12 @@ async def get_lag(
     consumer_group_id: str,
     topic_name: str,
     partition_id: int,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaConsumerLag of one partition; 404 when the group has no offset for it."""
-    info = await _describe(state, consumer_group_id)
+    info = await _describe(state, request, consumer_group_id)
     tp = TopicPartition(topic_name, partition_id)
     for lag in await call(_lags, state, info):
         if lag.tp == tp:

@@ -11,6 +11,11 @@ these two routes, which follow the v3 conventions (cluster check, error bodies):
 - ``DELETE .../consumer-groups/{group}``: delete a group without members and its
   offsets (204; 404 unknown; 409 40903 not empty).
 
+A reset needs READ on the group (``service.acl``) and on each topic it moves (Kafka's
+OffsetCommit), in a dry run too: a topic named without it is 403 40301, and nothing
+moves; ``all_topics`` leaves out the topics the caller may not DESCRIBE (as Kafka's
+listings do) and refuses those it may DESCRIBE but not READ.
+
 A reset costs a fixed number of coordinator calls whatever the partition count
 (describe, the topics named, one ``offsets_many``, one ``alter_group_offsets``),
 except TIMESTAMP, which looks up each partition's index on the read pool.
@@ -20,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, Field, StrictBool
 
 from coordinator.groups import CommittedOffset, GroupInfo
 from coordinator.offset_reset import NEEDS_VALUE, PlannedReset, ResetStrategy, plan_reset
+from coordinator.security import Operation, ResourceType
 from segments.errors import (
     GroupNotFoundError,
     MalformedRequestError,
@@ -33,6 +39,7 @@ from segments.errors import (
     UnprocessableRequestError,
 )
 from segments.types import TopicPartition
+from service.acl import Rights, rights
 from service.executors import Kind
 from service.state import AgentState, get_state
 from service.v3.common import JSON, Links, call, cluster_links
@@ -88,12 +95,23 @@ def _refuse_if_active(group: str, info: GroupInfo | None) -> None:
 
 
 async def _partitions(
-    state: AgentState, body: ResetOffsetsRequest, info: GroupInfo | None
+    state: AgentState, access: Rights, body: ResetOffsetsRequest, info: GroupInfo | None
 ) -> list[TopicPartition]:
-    """The partitions the request names, checked, sorted; one topic lookup per topic."""
+    """The partitions the request names, checked (READ on each topic), sorted; one topic
+    lookup per topic.
+
+    Raises:
+        AuthorizationError: a topic the caller may not READ.
+    """
     wanted: set[TopicPartition] = set()
     if body.all_topics and info is not None:
-        wanted.update(info.committed)
+        hidden = set(await access.denied(Operation.DESCRIBE, ResourceType.TOPIC, _topics(info)))
+        wanted.update(tp for tp in info.committed if tp.topic not in hidden)
+    await access.require(
+        Operation.READ,
+        ResourceType.TOPIC,
+        {tp.topic for tp in wanted} | {p.topic_name for p in body.partitions},
+    )
     counts: dict[str, int] = {}
     for p in body.partitions:
         if p.topic_name not in counts:
@@ -109,6 +127,10 @@ async def _partitions(
                 f"Partition {p.partition_id} of topic '{p.topic_name}' not found."
             )
     return sorted(wanted)
+
+
+def _topics(info: GroupInfo) -> set[str]:
+    return {tp.topic for tp in info.committed}
 
 
 async def _by_timestamp(
@@ -140,6 +162,7 @@ def _planned_data(p: PlannedReset) -> JSON:
 async def reset_offsets(
     consumer_group_id: str,
     body: ResetOffsetsRequest,
+    request: Request,
     links: Links = Depends(cluster_links),
     state: AgentState = Depends(get_state),
 ) -> JSON:
@@ -154,7 +177,7 @@ async def reset_offsets(
         raise UnprocessableRequestError("Payload error. partitions or all_topics is required.")
     info = await _group_or_none(state, group)
     _refuse_if_active(group, info)
-    partitions = await _partitions(state, body, info)
+    partitions = await _partitions(state, rights(request), body, info)
     bounds = await call(state.coordinator.offsets_many, partitions)
     partitions = [tp for tp in partitions if tp in bounds]  # a topic deleted meanwhile
     committed = {tp: c.offset for tp, c in (info.committed if info else {}).items()}

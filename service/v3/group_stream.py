@@ -24,6 +24,12 @@ resumes there (records sent but not processed before a crash come again: at leas
 once). The group must have no REST or Kafka members (those own its offsets); the stream
 then only reads. A stream is not a member: two streams of one group both read
 everything (a group stream is one reader that can resume, not a balanced group).
+
+With authorization on, READ on the group and on each topic is checked when the stream
+opens (``service.acl``) and again before every round it sends, with the agent's ACL
+copy: a READ revoked while the stream is open ends it within the agents' staleness
+bound, with an error event (SSE ``event: error``) or line, ``{"error_code": 40301,
+"message"}``, as its last.
 """
 
 from __future__ import annotations
@@ -42,8 +48,16 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import StreamingResponse
 
 from coordinator.groups import CommittedOffset
-from segments.errors import LakelogError, MalformedRequestError, NonEmptyGroupError
+from coordinator.security import Operation, ResourceType
+from segments.errors import (
+    AuthorizationError,
+    LakelogError,
+    MalformedRequestError,
+    NonEmptyGroupError,
+)
 from segments.types import TopicPartition
+from service.acl import Rights, rights
+from service.errors import ErrorCode
 from service.executors import Kind, call, run
 from service.state import AgentState, get_state
 from service.v2.consumers import read_round_robin
@@ -152,6 +166,7 @@ async def stream_group_records(
     stream = _GroupStream(
         state, group_id, positions, format, _wants_sse(request.headers.get("accept"))
     )
+    stream.rights = rights(request)
     stream.keepalive_s = keepalive_ms / 1000
     stream.commit_interval_s = commit_interval_ms / 1000
     return StreamingResponse(
@@ -181,6 +196,7 @@ class _GroupStream:
         self.commit_interval_s = 1.0
         self._committed = dict(positions)
         self._can_commit = True
+        self.rights = Rights(None, "", "")
 
     async def events(self, request: Request) -> AsyncIterator[bytes]:
         state = self.state
@@ -195,6 +211,11 @@ class _GroupStream:
         try:
             with state.notifier.watch(watches) as waiter:
                 while not await request.is_disconnected():
+                    try:
+                        await self._authorized()
+                    except AuthorizationError as e:
+                        yield self._error(int(ErrorCode.KAFKA_AUTHORIZATION), e.message)
+                        return
                     records, new, _ = await run(
                         Kind.READ, read_round_robin, state.reader, self.positions, ROUND_BYTES
                     )
@@ -218,6 +239,19 @@ class _GroupStream:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._commit())
+
+    async def _authorized(self) -> None:
+        """Raises AuthorizationError unless READ is still allowed on the group and topics."""
+        await self.rights.require(Operation.READ, ResourceType.GROUP, [self.group])
+        topics = {tp.topic for tp in self.positions}
+        await self.rights.require(Operation.READ, ResourceType.TOPIC, topics)
+
+    def _error(self, code: int, message: str) -> bytes:
+        """The stream's last event: an error in the door's shape."""
+        doc = orjson.dumps({"error_code": code, "message": message})
+        if self.sse:
+            return b"event: error\ndata: %s\n\n" % doc
+        return doc + b"\n"
 
     def _frame(self, doc: dict[str, Any], cursor: str) -> bytes:
         if self.sse:

@@ -64,6 +64,7 @@ from segments.errors import (
     UnsupportedFormatError,
 )
 from segments.types import Headers, Record, TopicInfo
+from service.acl import Rights, rights
 from service.batcher import PartlyCommittedError, RestProducer
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run_if
@@ -75,7 +76,7 @@ from service.formats import (
 )
 from service.idempotence import Admission
 from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
-from service.registry.rest import prepare_v3, wants_schema
+from service.registry.rest import ProduceSchemas, prepare_v3, wants_schema
 from service.request_keys import (
     HEADER,
     KeyedProduce,
@@ -461,7 +462,7 @@ async def produce_records(
     if isinstance(first[0], RequestTooLargeError):
         raise first[0]  # nothing streamed yet: a plain 413
     state.metrics.produce_requests.labels(api="v3").inc()
-    stream = _Stream(state, topic, splitter)
+    stream = _Stream(state, topic, rights(request), splitter)
     return _DuplexStreamingResponse(
         stream.reports(first, None if ended else chunks), media_type="application/json"
     )
@@ -482,7 +483,7 @@ async def _produce_keyed(request: Request, state: AgentState, topic: TopicInfo) 
     if isinstance(items[0], RequestTooLargeError):
         raise items[0]
     state.metrics.produce_requests.labels(api="v3").inc()
-    reports = await _Producer(state, topic).produce(items, keyed)
+    reports = await _Producer(state, topic, rights(request)).produce(items, keyed)
     return Response(
         b"\r\n".join([orjson.dumps(r) for r in reports] + [b""]), media_type="application/json"
     )
@@ -492,10 +493,15 @@ class _Producer:
     """Checks and produces groups of v3 record objects to one topic, with their reports."""
 
     def __init__(
-        self, state: AgentState, topic: TopicInfo, fields: frozenset[str] = _RECORD_FIELDS
+        self,
+        state: AgentState,
+        topic: TopicInfo,
+        access: Rights,
+        fields: frozenset[str] = _RECORD_FIELDS,
     ) -> None:
         self.state = state
         self.topic = topic
+        self.schemas = ProduceSchemas(state.registry, access)
         self.limit = record_limit(topic)
         self.fields = fields  # what a record object may hold (records:batch adds "id")
 
@@ -526,7 +532,7 @@ class _Producer:
     ) -> _Parsed | LakelogError:
         """A record naming a registry schema: its key/value encoded, then checked."""
         try:
-            doc, reports = await prepare_v3(self.state.registry, self.topic.name, pending.doc)
+            doc, reports = await prepare_v3(self.schemas, self.topic.name, pending.doc)
             assert isinstance(doc, dict)
             record = parse_record(
                 pending.text, self.topic, self.limit, now_ms, sticky, doc, fields=self.fields
@@ -707,8 +713,10 @@ async def init_producer(
 class _Stream(_Producer):
     """One v3 produce stream: reads groups of records, produces them, reports in order."""
 
-    def __init__(self, state: AgentState, topic: TopicInfo, splitter: ObjectSplitter) -> None:
-        super().__init__(state, topic)
+    def __init__(
+        self, state: AgentState, topic: TopicInfo, access: Rights, splitter: ObjectSplitter
+    ) -> None:
+        super().__init__(state, topic, access)
         self.splitter = splitter
         self.queue: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(_MAX_PENDING_GROUPS)
 
@@ -854,7 +862,7 @@ async def produce_records_batch(
         raise MalformedRequestError(f"Bad Request: {e}") from None
     ids = _batch_ids(batch.entries, state.settings.produce_batch_max_entries)
     state.metrics.produce_requests.labels(api="v3").inc()
-    producer = _Producer(state, topic, _BATCH_FIELDS)
+    producer = _Producer(state, topic, rights(request), _BATCH_FIELDS)
     keyed = keyed_produce(request, body, state.settings.idempotency_key_window_s)
     idempotent: RestProducer | None = None
     if batch.producer is not None:

@@ -13,10 +13,10 @@ numeric field if named) as Parquet::
 
 With ``--coordinator`` the coordinator tells where the bucket is; ``--store`` and
 ``--store-endpoint`` override it (an executor may reach the bucket at another address).
-Coordinators with authentication on need their shared secret, and with ACLs on a user:
-the job takes them from ``LAKELOG_COORDINATOR_SECRET`` (as lakelog processes do) and
-``LAKELOG_USER`` / ``LAKELOG_PASSWORD`` (as the ``lakelog`` CLI does), never from its
-command line.
+Coordinators with authentication on need a user: the job takes it from ``LAKELOG_USER``
+/ ``LAKELOG_PASSWORD`` (as the ``lakelog`` CLI does), never from its command line, and
+``LAKELOG_ALLOW_PLAINTEXT_COORDINATOR`` (``true``: send them to an ``http://``
+coordinator on another host, as agents do on a private network).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import sys
 
 #: Source options the job takes from the environment (secrets stay off its command line).
 SECURITY_OPTIONS = {
-    "coordinator.secret": "LAKELOG_COORDINATOR_SECRET",
     "user": "LAKELOG_USER",
     "password": "LAKELOG_PASSWORD",
+    "coordinator.allowPlaintext": "LAKELOG_ALLOW_PLAINTEXT_COORDINATOR",
 }
 
 

@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -48,8 +49,11 @@ import pyarrow.parquet as pq
 import pytest
 import typer
 import yaml  # type: ignore[import-untyped]
+from pydantic import ValidationError
 
+from coordinator.security import check_password, placeholder
 from coordinator.settings import CoordinatorSettings, LakelogSettings, load, process_settings
+from segments.errors import InvalidSecurityRequestError
 from service.cli import app as cli_app
 from service.settings import Settings
 from spark.examples import key_counts
@@ -110,33 +114,55 @@ def compose_env() -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
 
 
-@pytest.fixture(scope="module")
-def compose_config() -> dict[str, Any]:
-    """``docker-compose config`` of the real file with .env.example: the resolved model."""
-    code, out = run(
+def compose_config_of(env_file: Path | None, project: Path = ROOT) -> tuple[int, str]:
+    """``docker-compose config`` of the real file with ``env_file`` (None: the .env of
+    ``project``, if it has one)."""
+    env_args = ["--env-file", str(env_file)] if env_file is not None else []
+    return run(
         tool("docker-compose"),
         "--project-directory",
-        str(ROOT),
+        str(project),
         "-f",
         str(COMPOSE),
-        "--env-file",
-        str(ENV_EXAMPLE),
+        *env_args,
         "config",
         env=compose_env(),
     )
+
+
+@pytest.fixture(scope="module")
+def compose_config(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``docker-compose config`` of the real file with .env.example's values, its example
+    secrets replaced as an operator must (``env_example``): the resolved model."""
+    env_file = tmp_path_factory.mktemp("compose-env") / ".env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env_example().items()))
+    code, out = compose_config_of(env_file)
     assert code == 0, out
     config = yaml.safe_load(out)
     assert isinstance(config, dict)
     return config
 
 
-def env_example() -> dict[str, str]:
+def env_example_as_shipped() -> dict[str, str]:
     out = {}
     for line in ENV_EXAMPLE.read_text().splitlines():
         if line.strip() and not line.lstrip().startswith("#"):
             name, _, value = line.partition("=")
             out[name.strip()] = value.strip()
     return out
+
+
+#: What an operator puts in place of .env.example's change-me-* values.
+FILLED = {
+    k: f"filled-{k.lower()}-{secrets.token_hex(16)}"
+    for k, v in env_example_as_shipped().items()
+    if placeholder(v)
+}
+
+
+def env_example() -> dict[str, str]:
+    """.env.example with its example secrets replaced (lakelog refuses them as shipped)."""
+    return {**env_example_as_shipped(), **FILLED}
 
 
 def k8s_docs() -> list[dict[str, Any]]:
@@ -284,6 +310,7 @@ def test_compose_validators_reject_a_broken_file(tmp_path: Path) -> None:
         COMPOSE.read_text().replace("service_completed_successfully", "service_completed", 1)
     )
     (tmp_path / "deploy").mkdir()
+    (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in env_example().items()))
     code, out = run(
         tool("docker-compose"), "-f", str(broken), "config", "-q", cwd=tmp_path, env=compose_env()
     )
@@ -304,6 +331,56 @@ def test_compose_matches_the_compose_spec_schema() -> None:
     assert code == 0, out
 
 
+def test_compose_refuses_the_example_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a .env compose stops, naming each secret it lacks (no default password
+    anywhere); with .env.example unedited, every lakelog process refuses to start (the
+    shared secret, the database password, the S3 key) and so does create-admin (the admin
+    password); the MinIO console listens on loopback only."""
+    code, out = compose_config_of(None, tmp_path)  # no .env there
+    assert code != 0
+    assert "set LAKELOG_COORDINATOR_SECRET in .env" in out or "MINIO_ROOT_PASSWORD" in out, out
+    shipped = tmp_path / ".env"
+    shipped.write_text(ENV_EXAMPLE.read_text())
+    code, out = compose_config_of(shipped)
+    assert code == 0, out
+    config = yaml.safe_load(out)
+    assert set(FILLED) == {
+        "POSTGRES_PASSWORD",
+        "MINIO_ROOT_PASSWORD",
+        "ADMIN_PASSWORD",
+        "LAKELOG_COORDINATOR_SECRET",
+    }
+    for name, svc in lakelog_services(config).items():
+        env = {k: str(v) for k, v in svc["environment"].items()}
+        with pytest.raises(ValidationError, match="example value"):
+            process_settings_of(svc["command"], env)
+        # The shared secret replaced, the S3 key and the database password still are not.
+        env["LAKELOG_COORDINATOR_SECRET"] = FILLED["LAKELOG_COORDINATOR_SECRET"]
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env["AWS_SECRET_ACCESS_KEY"])
+        problems = process_settings_of(svc["command"], env).security_problems()
+        assert "AWS_SECRET_ACCESS_KEY is an example value: set your own" in problems, name
+        if svc["command"][0] == "coordinator":
+            assert "the db URL's password is an example value: set your own" in problems
+    admin_password = config["services"]["create-admin"]["environment"]["ADMIN_PASSWORD"]
+    with pytest.raises(InvalidSecurityRequestError, match="example value"):
+        check_password(admin_password)
+    (console,) = config["services"]["minio"]["ports"]  # docker-compose 1.29 prints it short
+    assert console == "127.0.0.1:9001:9001/tcp", console
+
+
+def test_agents_trust_only_nginx_for_the_client_address(compose_config: dict[str, Any]) -> None:
+    """Logins are throttled per client address: agents take X-Forwarded-For from the lb
+    service's fixed address only, and nginx sets it to the address it saw."""
+    services = compose_config["services"]
+    (address,) = [n["ipv4_address"] for n in services["lb"]["networks"].values()]
+    for name, svc in lakelog_services(compose_config).items():
+        if svc["command"][0] == "agent":
+            assert svc["environment"]["LAKELOG_FORWARDED_ALLOW_IPS"] == address, name
+    assert "proxy_set_header X-Forwarded-For $remote_addr;" in NGINX_CONF.read_text()
+
+
 def test_env_example_lists_exactly_the_variables_compose_uses() -> None:
     """Every ${VAR} compose interpolates is in .env.example, and .env.example has no extras."""
     text = COMPOSE.read_text()
@@ -313,7 +390,7 @@ def test_env_example_lists_exactly_the_variables_compose_uses() -> None:
     )
     used = set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", code))
     assert used
-    assert used == set(env_example())
+    assert used == set(env_example_as_shipped())
 
 
 def test_compose_lakelog_commands_parse_with_the_real_cli(compose_config: dict[str, Any]) -> None:
@@ -394,7 +471,9 @@ def test_compose_turns_security_on(compose_config: dict[str, Any]) -> None:
         assert settings.authorization == "acl", name
         assert "User:admin" in settings.super_users.split(";"), name
     spark = services["spark"]["environment"]
-    assert secrets == {spark["LAKELOG_COORDINATOR_SECRET"]} and len(secrets.pop() or "") >= 16
+    assert len(secrets) == 1 and len(secrets.pop() or "") >= 32
+    # A Spark job acts as its user, never with the agents' shared secret.
+    assert "LAKELOG_COORDINATOR_SECRET" not in spark
     # The job acts as a user (ACLs are on): the super user the cluster's create-admin makes.
     admin_password = services["create-admin"]["environment"]["ADMIN_PASSWORD"]
     assert (spark["LAKELOG_USER"], spark["LAKELOG_PASSWORD"]) == ("admin", admin_password)
@@ -551,11 +630,31 @@ def _expand(arg: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], arg)
 
 
+def filled_k8s(value: str) -> str:
+    """A k8s Secret value with its change-me placeholder replaced (32+ bytes)."""
+    return value.replace("change-me-to-a-long-random-string", "k" * 40).replace(
+        "change-me", "filled-" + "x" * 30
+    )
+
+
+def test_k8s_secret_placeholders_are_refused() -> None:
+    """Applied as shipped, the Secret's example shared secret stops every process."""
+    docs = k8s_docs()
+    shipped = next(d for d in docs if d["kind"] == "Secret")["stringData"]
+    assert placeholder(shipped["LAKELOG_COORDINATOR_SECRET"])
+    with pytest.raises(ValidationError, match="example value"):
+        process_settings_of(
+            ["agent"], {"LAKELOG_COORDINATOR_SECRET": shipped["LAKELOG_COORDINATOR_SECRET"]}
+        )
+
+
 def test_k8s_commands_parse_with_the_real_cli() -> None:
     """Container args (after $(VAR) expansion) parse; the agent's settings reach the Service."""
     docs = k8s_docs()
     config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
-    secret = next(d for d in docs if d["kind"] == "Secret")["stringData"]
+    shipped = next(d for d in docs if d["kind"] == "Secret")["stringData"]
+    # The Secret's placeholders are refused at start (below): replaced, as the operator must.
+    secret = {k: filled_k8s(v) for k, v in shipped.items()}
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     for dep in (d for d in docs if d["kind"] == "Deployment"):
         (c,) = dep["spec"]["template"]["spec"]["containers"]
@@ -787,6 +886,7 @@ ADDRESS_ENV = {
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
     "LAKELOG_COORDINATOR_SECRET",  # a secret: the topology has its own
+    "LAKELOG_FORWARDED_ALLOW_IPS",  # nginx's compose address vs the test's 127.0.0.1
 }
 
 

@@ -173,6 +173,7 @@ def test_exact_statuses_and_bodies(served: tuple[str, str]) -> None:
             "max_poll_interval_ms": 300_000,
             "max_poll_records": 0,
             "isolation_level": "read_uncommitted",
+            "owner": "",
         }
         assert r.json()["generation"] == 1
         r = h.post("/v1/consumers/create", json={"group": group, "name": "a"})

@@ -22,7 +22,7 @@ from segments.errors import AuthenticationError
 from tests.procs import Proc, free_port, lakelog_cmd, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "coordinator-shared-secret-7Qx"
+SECRET = "coordinator-shared-secret-7Qx-0123456789abcdef"
 ADMIN_PASSWORD = "admin-password-Zp4"
 ALICE_PASSWORD = "alice-password-Kw9"
 V2 = "application/vnd.kafka.v2+json"
@@ -111,6 +111,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         "PYTHONPATH": str(ROOT),
         "LAKELOG_COORDINATOR_SECRET": SECRET,
         "LAKELOG_AUTHENTICATION": "basic",
+        # The same on both: an agent refuses coordinators whose security differs.
+        "LAKELOG_AUTHORIZATION": "acl",
+        "LAKELOG_SUPER_USERS": "User:admin",
     }
     cport, aport = free_port(), free_port()
     coordinator_url, agent_url = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{aport}"
@@ -134,10 +137,6 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
             "0",
             "--log-level",
             "info",
-            "--authorization",
-            "acl",
-            "--super-users",
-            "User:admin",
         ),
         tmp / "agent.log",
         env={**env, "LAKELOG_AUTH_CACHE_TTL_S": "0.5"},
@@ -160,7 +159,7 @@ def test_coordinator_refuses_callers_without_the_secret(secured: Secured) -> Non
     r = httpx.get(f"{secured.coordinator_url}/v1/topics")
     assert r.status_code == 401
     assert r.json()["error"] == "AuthenticationError"
-    assert r.headers["www-authenticate"].startswith("Bearer")
+    assert r.headers["www-authenticate"].startswith("Basic")  # users may, with their own
     wrong = httpx.get(
         f"{secured.coordinator_url}/v1/topics", headers={"Authorization": "Bearer nope"}
     )

@@ -1,7 +1,8 @@
 """Spark against a coordinator with authentication and ACLs on (one coordinator process
-for the module): jobs reach it with the ``coordinator.secret`` option and act as the
-user of the ``user``/``password`` options, whose every topic the coordinator decides
-(``POST /v1/security/authorize``) before anything is read or committed."""
+for the module): jobs reach it as the user of the ``user``/``password`` options (never
+with the agents' shared secret), whose every topic the coordinator decides (``POST
+/v1/security/authorize``, and each route the job calls, ``coordinator.access``) before
+anything is read or committed."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ from typing import Any
 import pytest
 
 from coordinator.http_client import HttpCoordinator
-from coordinator.security import AclBinding, Check, Operation, ResourceType
+from coordinator.security import AclBinding, Check, Operation, ResourceType, basic
 from coordinator.security_http import HttpSecurityStore, secret_headers
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
 from spark.options import parse_options, parse_write_options
+from tests.integration.test_security_processes import run_cli
 from tests.procs import Proc, free_port, lakelog_cmd, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
-SECRET = "spark-shared-secret-3"
+SECRET = "spark-shared-secret-3-for-agents-only-0123456789"
 PASSWORDS = {"admin": "admin-password-31", "alice": "alice-password-32", "bob": "bob-password-33"}
 #: Topics the module's coordinator has, with the records the fixture writes to each.
 TOPICS = {"team-a": 30, "team-b": 20, "team-secret": 10, "other": 5}
@@ -43,14 +45,17 @@ class Secured:
         self.api_key = api_key
 
     def admin(self) -> HttpCoordinator:
-        return HttpCoordinator(self.url, headers=secret_headers(SECRET))
+        """The coordinator as the super user admin (a user: no shared secret)."""
+        return HttpCoordinator(
+            self.url, headers={"authorization": basic("admin", PASSWORDS["admin"])}
+        )
 
     def high_watermarks(self) -> dict[str, int]:
         with self.admin() as c:
             return {t: c.offsets(t, 0).high_watermark for t in TOPICS}
 
     def options(self, user: str | None = None, password: str | None = None) -> dict[str, str]:
-        opts = {"coordinator": self.url, "coordinator.secret": SECRET}
+        opts = {"coordinator": self.url}
         if user is not None:
             opts |= {"user": user, "password": password or PASSWORDS[user]}
         return opts
@@ -62,6 +67,16 @@ def secured(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[Se
     users, alice's API key, the ACLs, and TOPICS written by admin in one Spark job."""
     tmp = tmp_path_factory.mktemp("spark-sec")
     (tmp / "data").mkdir()
+    made = run_cli(
+        "users",
+        "create",
+        "admin",
+        "--password-stdin",
+        "--db",
+        f"sqlite:///{tmp / 'meta.db'}",
+        stdin=PASSWORDS["admin"] + "\n",
+    )
+    assert made.returncode == 0, made.stderr
     port = free_port()
     proc = Proc(
         lakelog_cmd(
@@ -86,14 +101,17 @@ def secured(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[Se
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/health", timeout=90, proc=proc.popen)
-        with HttpCoordinator(url, headers=secret_headers(SECRET)) as c:
+        secured = Secured(url, ("", ""))
+        with secured.admin() as c:  # managing needs the super user's own credential
             security = HttpSecurityStore(c)
             for name, password in PASSWORDS.items():
-                security.create_user(name, password)
+                if name != "admin":
+                    security.create_user(name, password)
             key = security.create_api_key("alice", "spark")
             security.create_acls(ACLS)
+        with HttpCoordinator(url, headers=secret_headers(SECRET)) as agent:  # an agent's job
             for topic in TOPICS:
-                c.create_topic(topic, 1)
+                agent.create_topic(topic, 1)
         secured = Secured(url, (key.key.key_id, key.secret))
         rows = [(t, b"%s-%03d" % (t.encode(), i)) for t, n in TOPICS.items() for i in range(n)]
         df = spark.createDataFrame(rows, "topic string, value binary")
@@ -232,13 +250,12 @@ def test_a_denied_stream_write_writes_nothing(spark: Any, secured: Secured, tmp_
 
 
 def test_authorization_on_needs_a_credential(spark: Any, secured: Secured) -> None:
-    """The coordinators' secret alone reaches the coordinator, but is nobody: refused.
-    Without the secret the coordinator does not even answer."""
-    without_secret = {"coordinator": secured.url, "user": "alice", "password": PASSWORDS["alice"]}
-    with pytest.raises(Exception, match=r"AuthenticationError|shared secret"):
-        read(spark, without_secret, subscribe="team-a")
-    with pytest.raises(Exception, match=r"authorization acl.*'user' and 'password'"):
+    """A job without a credential is nobody: refused, saying which options it needs. The
+    agents' shared secret is no option of a job at all."""
+    with pytest.raises(Exception, match=r"'user' and 'password'"):
         read(spark, secured.options(), subscribe="team-a")
+    with pytest.raises(Exception, match=r"'coordinator.secret' is gone"):
+        read(spark, secured.options("alice") | {"coordinator.secret": SECRET}, subscribe="team-a")
     df = spark.createDataFrame([(b"x",)], "value binary")
     with pytest.raises(Exception, match=r"'user' and 'password'"):
         df.write.format("lakelog").options(**secured.options(), topic="team-a").mode(
@@ -292,10 +309,10 @@ def test_the_authorize_route_decides_with_the_coordinators_acls(secured: Secured
                 },
                 idempotent=True,
             )
-    # Without the coordinators' secret the route is closed, as every other.
+    # Without any credential the route is closed, as every other.
     with (
         HttpCoordinator(secured.url) as anyone,
-        pytest.raises(AuthenticationError, match="shared secret"),
+        pytest.raises(AuthenticationError, match="HTTP Basic"),
     ):
         HttpSecurityStore(anyone).authorize("alice", PASSWORDS["alice"], checks)
 
@@ -303,24 +320,31 @@ def test_the_authorize_route_decides_with_the_coordinators_acls(secured: Secured
 def test_credentials_are_never_printed() -> None:
     opts = parse_options(
         {
-            "coordinator": "http://c:8083",
-            "coordinator.secret": SECRET,
+            "coordinator": "https://c:8083",
             "user": "alice",
             "password": PASSWORDS["alice"],
             "subscribe": "t",
         }
     )
-    assert opts.connection.coordinator_secret == SECRET
     assert opts.connection.password == PASSWORDS["alice"]
-    assert SECRET not in repr(opts) and PASSWORDS["alice"] not in repr(opts)
+    assert PASSWORDS["alice"] not in repr(opts)
     assert "alice" in repr(opts)
+
+
+def test_a_password_is_never_sent_in_clear_to_another_host() -> None:
+    plain = {"coordinator": "http://c:8083", "user": "alice", "password": "p", "subscribe": "t"}
+    with pytest.raises(ValueError, match=r"http:// to another host"):
+        parse_options(plain)
+    assert parse_options(plain | {"coordinator.allowPlaintext": "true"}).connection.user == "alice"
+    local = plain | {"coordinator": "http://127.0.0.1:8083"}
+    assert parse_options(local).connection.user == "alice"
 
 
 @pytest.mark.parametrize(
     ("options", "problem"),
     [
-        ({"coordinator": "http://c", "user": "alice"}, "set both options 'user' and 'password'"),
-        ({"coordinator": "http://c", "password": "p"}, "set both options 'user' and 'password'"),
+        ({"coordinator": "https://c", "user": "alice"}, "set both options 'user' and 'password'"),
+        ({"coordinator": "https://c", "password": "p"}, "set both options 'user' and 'password'"),
         (
             {"db": "sqlite:///x.db", "store": "file:///x", "user": "a", "password": "p"},
             "'db' reads the database directly",

@@ -24,7 +24,10 @@ from tests.procs import Proc, free_port, lakelog_cmd
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "tls-user-password-1"
-SECRET = "tls-shared-secret-9"
+SECRET = "tls-shared-secret-9-0123456789abcdef0123"
+#: Kafka's ssl.principal.mapping.rules: service certificates (OU=ServiceUsers) become
+#: svc-<cn>, lowered; any other certificate its CN (the default without rules).
+MAPPING_RULES = r"RULE:^CN=([^,]+),OU=ServiceUsers,.*$/svc-$1/L,RULE:^CN=([^,]+)(,.*)?$/$1/"
 
 
 @dataclass
@@ -131,6 +134,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
             **env,
             "LAKELOG_TLS_CA_FILE": str(ca_file),
             "LAKELOG_TLS_CLIENT_CA_FILE": str(ca_file),
+            "LAKELOG_TLS_PRINCIPAL_MAPPING_RULES": MAPPING_RULES,
         },
     )
     procs = [coordinator, agent]
@@ -297,6 +301,49 @@ def test_rest_mtls_client_certificate_is_the_principal(
     forged.load_cert_chain(str(stranger_pem))
     with pytest.raises(httpx.TransportError):
         httpx.get(url, verify=forged)
+
+
+def test_principal_mapping_rules_name_certificate_principals(
+    tls_cluster: TlsCluster, tmp_path: Path
+) -> None:
+    """A certificate CN=Billing,OU=ServiceUsers,O=Acme is User:svc-billing under the
+    agent's mapping rules, on the Kafka listener and over HTTPS: its ACL, for
+    User:svc-billing, lets it in; under the CN alone (User:Billing) it would be denied."""
+    verify = ssl.create_default_context(cafile=tls_cluster.ca_file)
+    url = f"{tls_cluster.rest}/v3/clusters"
+    cid = httpx.get(url, headers=basic(), verify=verify).json()["data"][0]["cluster_id"]
+    made = httpx.post(
+        f"{url}/{cid}/topics", json={"topic_name": "tls-mapped"}, headers=basic(), verify=verify
+    )
+    assert made.status_code == 201, made.text
+    allow(tls_cluster, "User:svc-billing", "WRITE", "tls-mapped")
+    ca_file = Path(tls_cluster.ca_file)
+    cert = trustme.CA.from_pem(
+        ca_file.read_bytes(), ca_file.with_name("ca.key").read_bytes()
+    ).issue_cert(
+        "billing.test",
+        common_name="Billing",
+        organization_unit_name="ServiceUsers",
+        organization_name="Acme",
+    )
+    pem = tmp_path / "billing.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(pem))
+    conf = {
+        "bootstrap.servers": tls_cluster.bootstrap,
+        "security.protocol": "SSL",
+        "ssl.ca.location": tls_cluster.ca_file,
+        "ssl.certificate.location": str(pem),
+        "ssl.key.location": str(pem),
+        "message.timeout.ms": 10000,
+    }
+    producer = Producer(conf)
+    reports: list[Any] = []
+    producer.produce("tls-mapped", value=b"mapped", on_delivery=lambda e, m: reports.append(e))
+    assert producer.flush(30) == 0 and reports == [None]
+    with_cert = ssl.create_default_context(cafile=tls_cluster.ca_file)
+    with_cert.load_cert_chain(str(pem))
+    served = httpx.get(f"{url}/{cid}/topics/tls-mapped", verify=with_cert)
+    assert served.status_code == 200, served.text
 
 
 def test_certificate_principal_is_the_common_name() -> None:

@@ -64,7 +64,7 @@ S3_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 # Compose's x-security-env, and the super user its create-admin makes.
-COORDINATOR_SECRET = "topology-coordinator-secret"
+COORDINATOR_SECRET = "topology-coordinator-secret-0123456789abcdef"
 SECURITY_ENV = {
     "LAKELOG_AUTHENTICATION": "basic",
     "LAKELOG_AUTHORIZATION": "acl",
@@ -289,11 +289,13 @@ def start_topology(
                         **SECURITY_ENV,
                         "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
                         "LAKELOG_COORDINATOR": ",".join(c.url for c in coords),
+                        "LAKELOG_ALLOW_PLAINTEXT_COORDINATOR": "true",
                         "LAKELOG_STORE": store_url,
                         "LAKELOG_STORE_ENDPOINT": s3_endpoint,
                         "LAKELOG_HOST": "127.0.0.1",
                         "LAKELOG_PORT": str(port),
                         "LAKELOG_ADVERTISED_URL": lb_url,
+                        "LAKELOG_FORWARDED_ALLOW_IPS": "127.0.0.1",  # the test's nginx
                         "LAKELOG_AUTO_CREATE_TOPICS": "false",
                         "LAKELOG_DEFAULT_PARTITIONS": "3",
                         "LAKELOG_LINGER_MS": "50",

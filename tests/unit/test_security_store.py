@@ -9,6 +9,7 @@ from argon2 import PasswordHasher
 
 from coordinator.local import LocalCoordinator
 from coordinator.security import AclBinding, AclFilter
+from coordinator.security_settings import AccessSettings
 from coordinator.security_store import SqlSecurityStore
 from segments.errors import (
     AuthenticationError,
@@ -184,12 +185,8 @@ def test_the_authorize_route_decides_as_the_coordinator_is_configured(
                 AclBinding.of("User:alice", "10.1.2.3", "TOPIC", "*", "LITERAL", "READ", "ALLOW"),
             ]
         )
-        app = create_app(
-            coord,
-            security=store,
-            authorization=authorization,
-            super_users=frozenset({"User:root"}),
-        )
+        access = AccessSettings(authorization=authorization, super_users=frozenset({"User:root"}))
+        app = create_app(coord, security=store, access=access)
         with TestClient(app) as client, HttpCoordinator("http://testserver", client=client) as c:
             security = HttpSecurityStore(c)
             alice = security.authorize("alice", "alice-password", checks)

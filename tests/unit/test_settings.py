@@ -53,7 +53,11 @@ SAMPLES: dict[str, tuple[str, str, Any]] = {
     "authentication": ("basic", '"basic"', "basic"),
     "authorization": ("acl", '"acl"', "acl"),
     "super_users": ("User:admin;User:ops", '"User:admin;User:ops"', "User:admin;User:ops"),
-    "coordinator_secret": ("s3cret-value", '"s3cret-value"', SecretStr("s3cret-value")),
+    "coordinator_secret": (
+        "s3cret-value-of-at-least-32-bytes",
+        '"s3cret-value-of-at-least-32-bytes"',
+        SecretStr("s3cret-value-of-at-least-32-bytes"),
+    ),
     "tls_cert_file": ("/etc/tls/cert.pem", '"/etc/tls/cert.pem"', "/etc/tls/cert.pem"),
     "tls_key_file": ("/etc/tls/key.pem", '"/etc/tls/key.pem"', "/etc/tls/key.pem"),
     "tls_ca_file": ("/etc/tls/ca.pem", '"/etc/tls/ca.pem"', "/etc/tls/ca.pem"),
@@ -62,6 +66,9 @@ SAMPLES: dict[str, tuple[str, str, Any]] = {
     "oauth_issuer": ("https://idp", '"https://idp"', "https://idp"),
     "oauth_audience": ("lakelog", '"lakelog"', "lakelog"),
     "oauth_principal_claim": ("email", '"email"', "email"),
+    "tls_principal_mapping_rules": ("RULE:^CN=(.*?),.*$/$1/L,DEFAULT",
+                                    '"RULE:^CN=(.*?),.*$/$1/L,DEFAULT"',
+                                    "RULE:^CN=(.*?),.*$/$1/L,DEFAULT"),
 }  # fmt: skip
 
 
@@ -199,6 +206,25 @@ def test_readme_table_is_the_generated_one() -> None:
     )
     result = CliRunner().invoke(app, ["settings"])
     assert result.exit_code == 0 and result.output == settings_table()
+
+
+def test_readme_security_tables_are_the_generated_ones() -> None:
+    """README "Security"'s tables of what each REST route, Kafka API and coordinator route
+    needs are exactly ``lakelog acls rules``' output: built from the rule tables the doors
+    decide with (``service.acl.RULES``, ``service.kafka.acl.RULES``,
+    ``coordinator.access.RULES``), so they cannot drift."""
+    from service.security_cli import rules_tables
+
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(
+        r"<!-- rules-tables: start -->\n(.*?)<!-- rules-tables: end -->", readme, re.S
+    )
+    assert found, "README.md lacks the rules tables markers"
+    assert found.group(1) == rules_tables(), (
+        "README.md's security tables are stale: regenerate them with `lakelog acls rules`"
+    )
+    result = CliRunner().invoke(app, ["acls", "rules"])
+    assert result.exit_code == 0 and result.output == rules_tables()
 
 
 def test_the_readme_example_config_file_works(tmp_path: Path) -> None:
