@@ -62,6 +62,7 @@ from coordinator.groups import (
 from segments.errors import (
     ConsumerFormatMismatchError,
     ConsumerStateError,
+    CoordinatorUnavailableError,
     InvalidConsumerConfigError,
     LakelogError,
     MalformedRequestError,
@@ -696,8 +697,16 @@ def read_round_robin(
         k = start % len(order)
         order = order[k:] + order[:k]
     share = max(max_bytes // max(len(order), 1), 1)
+    try:
+        # Every partition's bounds (topic id, high watermark) in one call; each read
+        # serves that topic, up to that high watermark.
+        bounds = reader.coordinator.offsets_many(order) if order else {}
+    except CoordinatorUnavailableError:
+        bounds = {}  # a metadata shard is down: each partition asks for its own
     streams = {
-        tp: reader.records(tp.topic, tp.partition, positions[tp], read_ahead_bytes=share)
+        tp: reader.records(
+            tp.topic, tp.partition, positions[tp], bounds=bounds.get(tp), read_ahead_bytes=share
+        )
         for tp in order
     }
     out: list[ConsumedRecord] = []

@@ -1,0 +1,166 @@
+"""Where reading meets the admin calls and janitors (issue 22, read side), real processes.
+
+One cluster for the module: a coordinator process, one agent with a Kafka listener, S3
+through the run's moto server. Every test uses its own topics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import TopicPartition
+
+from tests.integration.conftest import Cluster, start_cluster
+from tests.integration.test_consumer_api import Consumer, produce, unb64
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("read-seams"), moto_endpoint, agents=1, kafka=True)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _topics_url(cluster: Cluster) -> str:
+    return f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/topics"
+
+
+def create(cluster: Cluster, name: str, partitions: int = 1, **configs: str) -> None:
+    body: dict[str, Any] = {"topic_name": name, "partitions_count": partitions}
+    if configs:
+        body["configs"] = [{"name": k, "value": v} for k, v in configs.items()]
+    r = httpx.post(_topics_url(cluster), json=body)
+    assert r.status_code == 201, r.text
+
+
+def delete(cluster: Cluster, name: str) -> None:
+    r = httpx.delete(f"{_topics_url(cluster)}/{name}")
+    assert r.status_code == 204, r.text
+
+
+def v3_read(cluster: Cluster, topic: str, offset: int, **params: Any) -> httpx.Response:
+    return httpx.get(
+        f"{_topics_url(cluster)}/{topic}/partitions/0/records",
+        params={"offset": offset, **params},
+        timeout=30,
+    )
+
+
+def kafka_consumer(cluster: Cluster, **config: Any) -> KafkaConsumer:
+    return KafkaConsumer(
+        {
+            "bootstrap.servers": cluster.kafka[0],
+            "group.id": "unused",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+            "topic.metadata.refresh.interval.ms": 500,
+            **config,
+        }
+    )
+
+
+def kafka_read(cluster: Cluster, topic: str, want: int, timeout_s: float = 15.0) -> list[Any]:
+    """Records of partition 0 from offset 0 through the Kafka door (confluent-kafka)."""
+    c = kafka_consumer(cluster)
+    c.assign([TopicPartition(topic, 0, 0)])
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(got) < want and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append(m)
+        # A little longer: whatever else the partition serves would show now.
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            m = c.poll(0.2)
+            if m is not None:
+                assert m.error() is None, m.error()
+                got.append(m)
+    finally:
+        c.close()
+    return got
+
+
+# -- defect 2: a recreated topic is a new log ----------------------------------------------
+
+
+def _recreate_after_reading(
+    cluster: Cluster, topic: str, read: Callable[[], object], old: int = 5
+) -> None:
+    """``topic`` with ``old`` records, read (so the agent caches its index), deleted,
+    created again and given one record ``b"new"``."""
+    create(cluster, topic)
+    produce(cluster.agents[0], topic, [b"old-%d" % i for i in range(old)], partition=0)
+    read()
+    delete(cluster, topic)
+    create(cluster, topic)
+    produce(cluster.agents[0], topic, [b"new"], partition=0)
+
+
+def test_v3_read_of_a_recreated_topic_serves_only_the_new_log(
+    cluster: Cluster, unique_topic: Callable[[str], str]
+) -> None:
+    """Read t, delete t, create t, produce one record: a read from 0 (within the agent's
+    index cache lifetime) answers that one record, never the deleted topic's five."""
+    topic = unique_topic("recreate-v3")
+
+    def read_old() -> None:
+        r = v3_read(cluster, topic, 0)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["records"]) == 5
+
+    _recreate_after_reading(cluster, topic, read_old)
+    r = v3_read(cluster, topic, 0)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [(x["offset"], unb64(x["value"])) for x in body["records"]] == [(0, b"new")]
+    assert body["high_watermark"] == 1 and body["next_offset"] == 1
+
+
+def test_v2_consumer_of_a_recreated_topic_gets_the_new_log_and_stays_within_it(
+    cluster: Cluster, unique_topic: Callable[[str], str]
+) -> None:
+    """A v2 consumer read the old topic; a new instance reading the recreated topic from 0
+    gets its one record at offset 0, and its position is 1, not past the end."""
+    topic = unique_topic("recreate-v2")
+    agents = cluster.agents
+
+    def read_old() -> None:
+        c = Consumer.create(agents, f"g-{topic}-old", **{"auto.offset.reset": "earliest"})
+        c.assign(topic, 0)
+        assert len(c.fetch(2000)) == 5
+        c.delete()
+
+    _recreate_after_reading(cluster, topic, read_old)
+    c = Consumer.create(agents, f"g-{topic}-new", **{"auto.offset.reset": "earliest"})
+    c.assign(topic, 0)
+    got = c.fetch(2000)
+    assert [(x["offset"], unb64(x["value"])) for x in got] == [(0, b"new")]
+    produce(agents[0], topic, [b"next"], partition=0)
+    got = c.fetch(5000)
+    assert [(x["offset"], unb64(x["value"])) for x in got] == [(1, b"next")]
+    c.commit()
+    assert c.committed(topic, 0) == {0: 2}
+
+
+def test_kafka_fetch_of_a_recreated_topic_serves_only_the_new_log(
+    cluster: Cluster, unique_topic: Callable[[str], str]
+) -> None:
+    """The same through the Kafka door with confluent-kafka: one record, offset 0, and
+    the high watermark the Fetch reports is 1."""
+    topic = unique_topic("recreate-kafka")
+    _recreate_after_reading(cluster, topic, lambda: kafka_read(cluster, topic, 5))
+    got = kafka_read(cluster, topic, 1)
+    assert [(m.offset(), m.value()) for m in got] == [(0, b"new")]
