@@ -183,15 +183,29 @@ def _topics(
 
 
 def _offset_for_timestamp(
-    coordinator: Coordinator, store: ObjectStore, topic: str, partition: int, ts: int
+    coordinator: Coordinator,
+    store: ObjectStore,
+    topic: str,
+    partition: int,
+    ts: int,
+    log_start: int,
 ) -> int | None:
-    """The first offset whose record timestamp is >= ts (reads one index entry), or None."""
+    """The first offset at or after ``log_start`` whose record timestamp is >= ts, or None.
+
+    Reads one index entry, or two when the first straddles log-start and its records
+    recent enough all lie below it.
+    """
     from spark.scan import first_offset_at_or_after
 
-    ref = coordinator.lookup_timestamp(topic, partition, ts)
-    if ref is None:
-        return None
-    return first_offset_at_or_after(store, topic, partition, ref, ts)
+    start = log_start
+    while True:
+        ref = coordinator.lookup_timestamp(topic, partition, ts, start)
+        if ref is None:
+            return None
+        found = first_offset_at_or_after(store, topic, partition, ref, ts, start)
+        if found is not None or ref.base_offset >= start:
+            return found
+        start = ref.end_offset
 
 
 def start_at_timestamp(
@@ -210,7 +224,9 @@ def start_at_timestamp(
             ``error`` (with ``latest``: the high watermark, nothing to read).
     """
     assert opts.starting_timestamp is not None
-    found = _offset_for_timestamp(coordinator, store, topic, partition, opts.starting_timestamp)
+    found = _offset_for_timestamp(
+        coordinator, store, topic, partition, opts.starting_timestamp, log_start
+    )
     if found is None:
         if opts.timestamp_strategy == "error":
             raise ValueError(
@@ -252,7 +268,9 @@ def _resolve(
     else:
         start = log_start
     if opts.ending_timestamp is not None:
-        found = _offset_for_timestamp(coordinator, store, topic, partition, opts.ending_timestamp)
+        found = _offset_for_timestamp(
+            coordinator, store, topic, partition, opts.ending_timestamp, log_start
+        )
         end = hw if found is None else min(found, hw)
     elif isinstance(opts.ending, dict):
         parts = opts.ending.get(topic)

@@ -25,14 +25,20 @@ wave:
 A reader at offset N sees the same record (key, value, timestamp, headers) before
 and after (invariant 5): the records are copied, offsets included.
 
-Compaction, per partition of a ``cleanup.policy=compact`` topic: the tiered
-records are rewritten keeping, per key, only the record with the highest offset
-among the tiered ones (records in untiered segment chunks are neither read nor
-counted: they are compacted once tiered). Offsets are kept, so gaps appear (the
-one place they may). A tombstone (null value) that is the latest of its key is
-dropped once its timestamp is older than ``delete.retention.ms``. Keyless records
-are kept: Kafka refuses them on compacted topics, we accept them at produce and
-cannot compact them, so they stay until retention (``compact,delete``) drops them.
+Compaction, per partition of a ``cleanup.policy=compact`` topic, works on the tiered
+head of the partition: the tier entries from log-start up to the first segment chunk
+(tier entries after an untiered chunk, left by an aborted swap or by coordinators whose
+clocks disagree, wait until tiering fills the gap: an older value of a key in that chunk
+must not outlive the key's tombstone). The head is rewritten keeping, per key, only the
+record with the highest offset in it. Offsets are kept, so gaps appear (the one place
+they may). A tombstone (null value) that is the latest of its key is dropped once its
+timestamp is older than ``delete.retention.ms``. Keyless records are kept: Kafka refuses
+them on compacted topics, we accept them at produce and cannot compact them, so they
+stay until retention (``compact,delete``) drops them. A head whose every record would go
+(all its keys deleted long enough ago) keeps its last record, an expired tombstone, so
+that its replacement entries cover its offsets and the index stays contiguous (readers
+fail on a hole, DESIGN.md); the replacement's entries tile the head's offsets whatever
+was dropped.
 
 Object keys: ``tiered/<topic>/partition=<p>/<first:020d>-<last:020d>.<ULID>.parquet``,
 DESIGN.md's key (``segments.tier.tier_object_key``) with a unique suffix, so that a
@@ -430,35 +436,26 @@ class Tierer:
 
     # -- compaction -----------------------------------------------------------------
     def compact_partition(self, part: PartitionState, report: JanitorReport) -> None:
-        """Compact one partition's tiered records (see the module docstring)."""
-        rows = self.ctx.catalog.rows(part.topic_id, part.partition)
-        rows = [r for r in rows if r.end_offset > part.log_start]
-        # Runs of tier entries with no segment entry between them, each rewritten alone.
-        runs: list[list[IndexRow]] = []
-        previous_kind = ""
-        for r in rows:
-            if r.kind == "parquet":
-                if previous_kind != "parquet":
-                    runs.append([])
-                runs[-1].append(r)
-            previous_kind = r.kind
-        if not runs:
+        """Compact one partition's tiered head (see the module docstring)."""
+        head: list[IndexRow] = []
+        for r in self.ctx.catalog.rows(part.topic_id, part.partition):
+            if r.end_offset <= part.log_start:
+                continue
+            if r.kind != "parquet":
+                break  # an untiered chunk: what follows it waits for tiering
+            head.append(r)
+        if not head:
             return
-        contents: list[list[list[ConsumedRecord]]] = []
-        latest: dict[bytes, int] = {}
-        for run in runs:
-            per_row = []
-            for r in run:
-                self.ctx.check()
-                data = self.ctx.store.get(r.object_key)
-                report.bytes_read += len(data)
-                recs = TierReader(data).records(max(r.base_offset, part.log_start))
-                recs = [x for x in recs if x.offset < r.end_offset]
-                per_row.append(recs)
-                for x in recs:
-                    if x.key is not None:
-                        latest[x.key] = x.offset
-            contents.append(per_row)
+        records: list[ConsumedRecord] = []
+        for r in head:
+            self.ctx.check()
+            data = self.ctx.store.get(r.object_key)
+            report.bytes_read += len(data)
+            recs = TierReader(data).records(max(r.base_offset, part.log_start))
+            records.extend(x for x in recs if x.offset < r.end_offset)
+        if not records:
+            return
+        latest = {x.key: x.offset for x in records if x.key is not None}
         configs = effective_configs(part.configs)
         horizon_ms = int(self.ctx.now() * 1000) - int(configs["delete.retention.ms"])
 
@@ -469,19 +466,14 @@ class Tierer:
                 return False
             return x.value is not None or x.timestamp_ms >= horizon_ms
 
-        old: list[IndexRow] = []
-        written: list[_Written] = []
-        for run, per_row in zip(runs, contents, strict=True):
-            records = [x for recs in per_row for x in recs]
-            kept = [x for x in records if keep(x)]
-            if len(kept) == len(records):
-                continue  # nothing to drop in this run; leave its objects alone
-            report.records_dropped += len(records) - len(kept)
-            old.extend(run)
-            written.extend(self._write_compacted(part, run, kept))
-        if old:
-            report.rows_dropped += max(0, len(old) - len(written))
-            self._swap(part, old, written, report)
+        # Never nothing: the replacement's entries must cover the head's offsets.
+        kept = [x for x in records if keep(x)] or records[-1:]
+        if len(kept) == len(records):
+            return  # nothing to drop; leave its objects alone
+        report.records_dropped += len(records) - len(kept)
+        written = self._write_compacted(part, head, kept)
+        report.rows_dropped += max(0, len(head) - len(written))
+        self._swap(part, head, written, report)
 
     def _write_compacted(
         self, part: PartitionState, run: list[IndexRow], kept: list[ConsumedRecord]

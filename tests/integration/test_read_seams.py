@@ -13,8 +13,10 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import TopicPartition
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
+from coordinator.http_client import HttpCoordinator
 from tests.integration.conftest import Cluster, start_cluster
 from tests.integration.test_consumer_api import Consumer, produce, unb64
 
@@ -164,3 +166,59 @@ def test_kafka_fetch_of_a_recreated_topic_serves_only_the_new_log(
     _recreate_after_reading(cluster, topic, lambda: kafka_read(cluster, topic, 5))
     got = kafka_read(cluster, topic, 1)
     assert [(m.offset(), m.value()) for m in got] == [(0, b"new")]
+
+
+# -- defect 3: timestamp lookups start at log-start, also inside a chunk ----------------------
+
+
+def _one_chunk_cut_at_five(cluster: Cluster, topic: str) -> None:
+    """``topic``: ten records with timestamps 1000..1009 in ONE index entry, then
+    DeleteRecords at 5: log-start lies inside the entry."""
+    create(cluster, topic)
+    p = Producer({"bootstrap.servers": cluster.kafka[0], "linger.ms": 50, "acks": "all"})
+    for i in range(10):
+        p.produce(topic, value=b"v%d" % i, partition=0, timestamp=1000 + i)
+    assert p.flush(30) == 0
+    with HttpCoordinator(cluster.coordinator_url) as coordinator:
+        refs = coordinator.lookup(topic, 0, 0)
+        assert [(r.base_offset, r.record_count) for r in refs] == [(0, 10)]
+    admin = AdminClient({"bootstrap.servers": cluster.kafka[0]})
+    (done,) = admin.delete_records([TopicPartition(topic, 0, 5)]).values()
+    assert done.result(30).low_watermark == 5
+
+
+def test_kafka_offsets_for_times_answers_from_log_start_inside_a_chunk(
+    cluster: Cluster, unique_topic: Callable[[str], str]
+) -> None:
+    """ListOffsets by timestamp (confluent-kafka's offsets_for_times): the first offset at
+    or after log-start whose timestamp is at or after the one asked; a timestamp past
+    every record: no offset (-1)."""
+    topic = unique_topic("ts-kafka")
+    _one_chunk_cut_at_five(cluster, topic)
+    c = kafka_consumer(cluster)
+    try:
+        for ts, expected in ((1002, 5), (1000, 5), (1007, 7), (1009, 9), (5000, -1)):
+            (found,) = c.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=20)
+            assert found.error is None, found.error
+            assert found.offset == expected, (ts, found.offset)
+    finally:
+        c.close()
+
+
+def test_rest_seek_by_timestamp_never_seeks_below_log_start(
+    cluster: Cluster, unique_topic: Callable[[str], str]
+) -> None:
+    """REST v2 seek by timestamp to a time before log-start: the consumer (auto.offset.reset
+    latest) reads from log-start, offsets 5..9, instead of being reset to the end."""
+    topic = unique_topic("ts-rest")
+    _one_chunk_cut_at_five(cluster, topic)
+    c = Consumer.create(cluster.agents, f"g-{topic}", **{"auto.offset.reset": "latest"})
+    c.assign(topic, 0)
+    r = c.call(
+        "POST", "/positions", {"timestamps": [{"topic": topic, "partition": 0, "timestamp": 1002}]}
+    )
+    assert r.status_code == 204, r.text
+    got = c.fetch(2000)
+    assert [(x["offset"], unb64(x["value"])) for x in got] == [
+        (i, b"v%d" % i) for i in range(5, 10)
+    ]
