@@ -13,17 +13,27 @@ partition, in the v2 consumer's shape (``format`` as for the v3 read by offset):
 Where it starts, per partition: the cursor the client echoes back (SSE's
 ``Last-Event-ID`` header, or the ``cursor`` query parameter: the last cursor it
 received), else the group's committed offset, else ``auto_offset_reset`` (earliest or
-latest). A cursor is the positions of the stream (next offset per partition) as
-URL-safe base64 of JSON: a client that resumes with the last cursor it processed gets
-every following record exactly once, through any agent.
+latest); a cursor or committed offset outside [log-start, high watermark] (its records
+deleted, or written for a topic since deleted and created again) is reset by
+``auto_offset_reset`` too, as Kafka's consumer does. A cursor is the positions of the
+stream (next offset per partition) as URL-safe base64 of JSON: a client that resumes
+with the last cursor it processed gets every following record exactly once, through any
+agent.
 
-While it runs, the stream stores the positions it has *sent* as the group's committed
-offsets (at most every ``commit_interval_ms``, and when it ends), as an operator's
-offset reset does (``alter_group_offsets``): a client that reconnects without a cursor
-resumes there (records sent but not processed before a crash come again: at least
-once). The group must have no REST or Kafka members (those own its offsets); the stream
-then only reads. A stream is not a member: two streams of one group both read
-everything (a group stream is one reader that can resume, not a balanced group).
+While it runs, the stream stores the positions it has *delivered* as the group's
+committed offsets (at most every ``commit_interval_ms``, and when it ends), as an
+operator's offset reset does (``alter_group_offsets``): a client that reconnects
+without a cursor resumes there (records delivered but not processed before a crash come
+again: at least once). Delivered is what ``service.delivery.DeliveryStream`` says: a
+round of records whose bytes got out while the client was still connected, as for the
+v2 consumer's fetch; a round cut short by a hang-up is not committed. The group must
+have no REST or Kafka members (those own its offsets); the stream then only reads. A
+stream is not a member: two streams of one group both read everything (a group stream
+is one reader that can resume, not a balanced group).
+
+An error once the stream has begun (a topic deleted while streaming, a damaged index)
+ends it with one last event in the REST door's shape, ``{"error_code", "message"}``:
+an ``event: error`` under SSE, a line under NDJSON.
 """
 
 from __future__ import annotations
@@ -38,12 +48,19 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from starlette.responses import StreamingResponse
 
 from coordinator.groups import CommittedOffset
-from segments.errors import LakelogError, MalformedRequestError, NonEmptyGroupError
-from segments.types import TopicPartition
+from segments.errors import (
+    LakelogError,
+    MalformedRequestError,
+    NonEmptyGroupError,
+    TopicNotFoundError,
+)
+from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
+from service.delivery import DeliveryStream, DisconnectWatch
+from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run
 from service.state import AgentState, get_state
 from service.v2.consumers import read_round_robin
@@ -125,7 +142,7 @@ async def stream_group_records(
     commit_interval_ms: int = Query(default=1000, ge=0),
     last_event_id: str | None = Header(default=None),
     state: AgentState = Depends(get_state),
-) -> StreamingResponse:
+) -> Response:
     """See the module docstring."""
     check_format(format)
     names = [t for t in (n.strip() for n in topics.split(",")) if t]
@@ -138,25 +155,31 @@ async def stream_group_records(
     echoed = last_event_id or cursor
     resumed = decode_cursor(echoed) if echoed else {}
     committed = await call(state.groups.committed_offsets, group_id, partitions)
-    missing = [tp for tp in partitions if tp not in resumed and tp not in committed]
-    edges = await call(state.coordinator.offsets_many, missing) if missing else {}
+    bounds = await call(state.coordinator.offsets_many, partitions)
     positions: dict[TopicPartition, int] = {}
     for tp in partitions:
-        if tp in resumed:
-            positions[tp] = resumed[tp]
-        elif tp in committed:
-            positions[tp] = committed[tp].offset
-        else:
-            o = edges[tp]
-            positions[tp] = o.log_start if auto_offset_reset == "earliest" else o.high_watermark
+        o = bounds.get(tp)
+        if o is None:  # deleted since its metadata was read
+            raise TopicNotFoundError(f"Topic '{tp.topic}' not found.")
+        pos = resumed.get(tp, committed[tp].offset if tp in committed else None)
+        if pos is None or not o.log_start <= pos <= o.high_watermark:
+            # None, or not of this log (deleted records, a topic created again): Kafka's
+            # auto.offset.reset.
+            pos = o.log_start if auto_offset_reset == "earliest" else o.high_watermark
+        positions[tp] = pos
+    ids = {tp: bounds[tp].topic_id for tp in partitions}
     stream = _GroupStream(
-        state, group_id, positions, format, _wants_sse(request.headers.get("accept"))
+        state, group_id, positions, ids, format, _wants_sse(request.headers.get("accept"))
     )
     stream.keepalive_s = keepalive_ms / 1000
     stream.commit_interval_s = commit_interval_ms / 1000
-    return StreamingResponse(
-        stream.events(request),
-        media_type=SSE if stream.sse else NDJSON,
+    watch = DisconnectWatch(request.receive)
+    watch.start()
+    return DeliveryStream(
+        stream.events(watch),
+        SSE if stream.sse else NDJSON,
+        watch,
+        stream.delivered,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
@@ -169,37 +192,76 @@ class _GroupStream:
         state: AgentState,
         group: str,
         positions: dict[TopicPartition, int],
+        ids: dict[TopicPartition, bytes],
         fmt: str,
         sse: bool,
     ) -> None:
         self.state = state
         self.group = group
+        #: Where the next round reads from (past what was sent, delivered or not).
         self.positions = positions
+        #: The topic id of each partition when the stream started: the log it reads.
+        self.ids = ids
         self.fmt = fmt
         self.sse = sse
         self.keepalive_s = 15.0
         self.commit_interval_s = 1.0
+        #: Positions after what got out to the client (``DeliveryStream``): committed.
+        self._delivered = dict(positions)
+        #: Positions after the chunk being sent, delivered once it got out.
+        self._pending: dict[TopicPartition, int] = {}
         self._committed = dict(positions)
         self._can_commit = True
 
-    async def events(self, request: Request) -> AsyncIterator[bytes]:
+    def delivered(self) -> None:
+        """``DeliveryStream``: the last chunk got out to the client."""
+        self._delivered.update(self._pending)
+        self._pending = {}
+
+    def _bounds(self) -> dict[TopicPartition, PartitionOffsets]:
+        """The partitions' offsets now (worker thread).
+
+        Raises:
+            TopicNotFoundError: a topic was deleted (or deleted and created again: another
+                log, which this stream's positions do not belong to).
+        """
+        bounds = self.state.coordinator.offsets_many(list(self.positions))
+        for tp, topic_id in self.ids.items():
+            o = bounds.get(tp)
+            if o is None or (o.topic_id and o.topic_id != topic_id):
+                raise TopicNotFoundError(
+                    f"Topic '{tp.topic}' was deleted while streaming; reconnect to read "
+                    "the topic of that name now."
+                )
+        return bounds
+
+    def _round(self) -> tuple[list[ConsumedRecord], dict[TopicPartition, int]]:
+        """One round of records from the positions (worker thread)."""
+        records, new, _ = read_round_robin(
+            self.state.reader, self.positions, ROUND_BYTES, bounds=self._bounds()
+        )
+        return records, new
+
+    async def events(self, watch: DisconnectWatch) -> AsyncIterator[bytes]:
         state = self.state
-        ids = {}
-        for tp in self.positions:
-            ids[tp] = ((await state.topics.get(tp.topic)).topic_id, tp.partition)
         last_commit = time.monotonic()
         ordered = sorted(self.positions)
         keys = {(tp.topic, tp.partition): cursor_key(tp) for tp in ordered}
         cursor = {cursor_key(tp): self.positions[tp] for tp in ordered}
-        watches = {ids[tp]: (tp.topic, off) for tp, off in self.positions.items()}
+        watches = {(self.ids[tp], tp.partition): (tp.topic, self.positions[tp]) for tp in ordered}
         try:
             with state.notifier.watch(watches) as waiter:
-                while not await request.is_disconnected():
-                    records, new, _ = await run(
-                        Kind.READ, read_round_robin, state.reader, self.positions, ROUND_BYTES
-                    )
+                watch.callbacks.append(waiter.event.set)
+                while not watch.disconnected:
+                    try:
+                        records, new = await run(Kind.READ, self._round)
+                        rendered = await render(state, records, self.fmt) if records else []
+                    except LakelogError as e:
+                        # The stream has begun (200 sent): the error is its last event.
+                        log.warning("stream of group %s ends: %s", self.group, e)
+                        yield self._error(e)
+                        return
                     if records:
-                        rendered = await render(state, records, self.fmt)
                         out = []
                         for rec, doc in zip(records, rendered, strict=True):
                             # The cursor after each record: one dict updated in place.
@@ -207,8 +269,9 @@ class _GroupStream:
                             out.append(self._frame(doc, _encode_doc(cursor)))
                         self.positions.update(new)
                         for tp, off in new.items():
-                            waiter.update(ids[tp], off)
+                            waiter.update((self.ids[tp], tp.partition), off)
                         state.consume_metrics.consumed_records.inc(len(records))
+                        self._pending = dict(new)
                         yield b"".join(out)
                     elif not await state.notifier.wait(waiter, self.keepalive_s):
                         yield b": keepalive\n\n" if self.sse else b'{"keepalive":true}\n'
@@ -224,10 +287,19 @@ class _GroupStream:
             return b"id: %s\nevent: record\ndata: %s\n\n" % (cursor.encode(), orjson.dumps(doc))
         return orjson.dumps({**doc, "cursor": cursor}) + b"\n"
 
+    def _error(self, exc: LakelogError) -> bytes:
+        """The error in the REST door's shape, as the stream's last event."""
+        body = orjson.dumps(
+            {"error_code": error_code_for(exc, v3=True), "message": error_message_for(exc, v3=True)}
+        )
+        if self.sse:
+            return b"event: error\ndata: %s\n\n" % body
+        return body + b"\n"
+
     async def _commit(self) -> None:
-        """The positions sent so far as the group's committed offsets (see the module
+        """The positions delivered so far as the group's committed offsets (see the module
         docstring); a group with members keeps its own offsets."""
-        moved = {tp: off for tp, off in self.positions.items() if self._committed.get(tp) != off}
+        moved = {tp: off for tp, off in self._delivered.items() if self._committed.get(tp) != off}
         if not moved or not self._can_commit:
             return
         try:

@@ -3,12 +3,17 @@ the Idempotency-Key header."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from segments.errors import MalformedRequestError
-from segments.types import TopicPartition
+from segments.segment import SegmentBuilder
+from segments.types import Record, TopicPartition
 from service.app import create_app
 from service.settings import Settings
 from service.v3.group_stream import NDJSON, SSE, decode_cursor, encode_cursor
@@ -41,3 +46,92 @@ def test_the_openapi_documents_the_consume_routes(tmp_path: Path) -> None:
     ):
         names = {p["name"] for p in paths[path]["post"]["parameters"]}
         assert "Idempotency-Key" in names, path
+
+
+class _Client:
+    """ASGI receive/send of one streaming GET, as uvicorn serves it, that hangs up once
+    ``hang_up(bodies)``."""
+
+    def __init__(self, hang_up: Callable[[list[bytes]], bool]) -> None:
+        self.hang_up = hang_up
+        self.bodies: list[bytes] = []
+        self.gone = asyncio.Event()
+        self._first = True
+
+    async def receive(self) -> dict[str, Any]:
+        if self._first:
+            self._first = False
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.gone.is_set():
+            return  # as uvicorn: what is sent after a hang-up goes nowhere, silently
+        if message["type"] == "http.response.body":
+            self.bodies.append(message.get("body", b""))
+            if self.hang_up(self.bodies):
+                self.gone.set()
+        await asyncio.sleep(0)
+
+
+def _stream_scope(path: str, query: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "headers": [(b"host", b"test"), (b"accept", NDJSON.encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+        "root_path": "",
+    }
+
+
+def test_a_round_cut_short_by_a_hang_up_is_not_committed(tmp_path: Path) -> None:
+    """Issue 22 defect 9. Race: the client hangs up while the stream sends a round of
+    ~1,000 records (after its first MiB). Expected: the group's committed offset does not
+    move (nothing was delivered), and a client reconnecting without a cursor gets that
+    round again from offset 0. A client that hangs up in its second round: the first
+    round, delivered, is what the group commits."""
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    app = create_app(Settings(store="memory://stream", db=db, janitors="none"))
+    tp = TopicPartition("s", 0)
+
+    async def stream(path: str, client: _Client) -> list[bytes]:
+        scope = _stream_scope(path, "topics=s&commit_interval_ms=0")
+        await asyncio.wait_for(app(scope, client.receive, client.send), 30)
+        return client.bodies
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            state = app.state.agent
+            info = state.coordinator.create_topic("s", 1)
+            b = SegmentBuilder()
+            b.append(info.topic_id, 0, [Record(None, b"x" * 1024, 1000) for _ in range(3000)])
+            state.writer.write(b)
+            path = f"/v3/clusters/{state.cluster_id}/consumer-groups/g/records"
+
+            cut = b"".join(await stream(path, _Client(lambda bodies: len(bodies) == 1)))
+            await asyncio.sleep(0.5)  # a commit left running in the background lands
+            assert state.groups.committed_offsets("g", [tp]) == {}
+            assert 0 < cut.count(b"\n") < 1000  # the client got the first MiB of the round
+
+            # Hangs up once a line of the second round arrived: the first round, whose
+            # held-back last byte went out with no hang-up after it, is delivered.
+            bodies = await stream(
+                path, _Client(lambda bodies: b"".join(bodies).count(b"\n") > 1100)
+            )
+            lines = b"".join(bodies).splitlines()
+            assert orjson.loads(lines[0])["offset"] == 0  # the cut round came again
+            end_of_first = next(i for i, body in enumerate(bodies) if len(body) == 1)
+            first_round = b"".join(bodies[: end_of_first + 1]).splitlines()
+            last = orjson.loads(first_round[-1])["offset"]
+            assert last == len(first_round) - 1 < len(lines) - 1
+            assert state.groups.committed_offsets("g", [tp])[tp].offset == last + 1
+
+    asyncio.run(main())
