@@ -144,7 +144,11 @@ class DeliveryStream(Response):
         on_delivered: Callable[[], None],
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(None, media_type=media_type, headers=headers)
+        # Not Response.__init__: without a body, no Content-Length (as StreamingResponse).
+        self.status_code = 200
+        self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
         self.chunks = chunks
         self.watch = watch
         self.on_delivered = on_delivered

@@ -11,12 +11,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from coordinator.http_client import HttpCoordinator
+from tests.conftest import sql_rows
 from tests.integration.conftest import Cluster, start_cluster
 from tests.integration.test_consumer_api import Consumer, produce, unb64
 
@@ -222,3 +224,78 @@ def test_rest_seek_by_timestamp_never_seeks_below_log_start(
     assert [(x["offset"], unb64(x["value"])) for x in got] == [
         (i, b"v%d" % i) for i in range(5, 10)
     ]
+
+
+# -- defect 4: a hole in the index fails every reader, none spins -----------------------------
+
+
+def _holed(cluster: Cluster, topic: str, where: str) -> None:
+    """``topic``: three index entries of five records (offsets 0-14), then the one at 5
+    (``middle``) or at 10 (``end``: the index ends before the high watermark) deleted
+    behind the coordinator's back."""
+    create(cluster, topic)
+    for i in range(3):
+        produce(cluster.agents[0], topic, [b"r%d-%d" % (i, j) for j in range(5)], partition=0)
+    with HttpCoordinator(cluster.coordinator_url) as coordinator:
+        topic_id = coordinator.get_topic(topic).topic_id
+        assert [r.base_offset for r in coordinator.lookup(topic, 0, 0)] == [0, 5, 10]
+    base = {"middle": 5, "end": 10}[where]
+    sql_rows(
+        f"sqlite:///{cluster.tmp / 'meta.db'}",
+        "DELETE FROM index_entries WHERE topic_id = ? AND partition = 0 AND base_offset = ?",
+        (topic_id, base),
+    )
+
+
+HOLE = {"error_code": 50002}
+
+
+@pytest.mark.parametrize("where", ["middle", "end"])
+def test_rest_readers_fail_on_a_hole_instead_of_spinning(
+    cluster: Cluster, unique_topic: Callable[[str], str], where: str
+) -> None:
+    """A hole below the high watermark: the v3 read and the v2 consumer's fetch (which
+    long-polls for records it believes are coming) answer 500 50002 naming the hole; the
+    group stream, already streaming, ends with that error as its last line."""
+    topic = unique_topic(f"hole-rest-{where}")
+    _holed(cluster, topic, where)
+    r = v3_read(cluster, topic, 0, timeout_ms=5000)
+    assert (r.status_code, r.json()["error_code"]) == (500, 50002), r.text
+    assert "index" in r.json()["message"]
+
+    c = Consumer.create(cluster.agents, f"g-{topic}", **{"auto.offset.reset": "earliest"})
+    c.assign(topic, 0)
+    r = c.fetch_raw(5000)
+    assert (r.status_code, r.json()["error_code"]) == (500, 50002), r.text
+
+    url = (
+        f"{cluster.agents[0]}/v3/clusters/{cluster.cluster_id}/consumer-groups/g-{topic}-s/records"
+    )
+    with httpx.stream("GET", url, params={"topics": topic, "keepalive_ms": 500}, timeout=30) as s:
+        assert s.status_code == 200
+        lines = [orjson.loads(line) for line in s.iter_lines() if line]
+    assert lines[-1]["error_code"] == 50002, lines
+    assert all("keepalive" not in x for x in lines)
+
+
+@pytest.mark.parametrize("where", ["middle", "end"])
+def test_a_kafka_consumer_gets_an_error_on_a_hole_instead_of_waiting(
+    cluster: Cluster, unique_topic: Callable[[str], str], where: str
+) -> None:
+    """The same hole through the Kafka door: confluent-kafka's consumer reports the
+    partition's error (UNKNOWN_SERVER_ERROR) instead of waiting for records forever."""
+    topic = unique_topic(f"hole-kafka-{where}")
+    _holed(cluster, topic, where)
+    c = kafka_consumer(cluster)
+    c.assign([TopicPartition(topic, 0, 0)])
+    errors = []
+    deadline = time.monotonic() + 20
+    try:
+        while not errors and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is not None:
+                errors.append(m.error())
+    finally:
+        c.close()
+    assert errors, "the consumer waited without an error"
+    assert errors[0].code() == KafkaError.UNKNOWN, errors[0]

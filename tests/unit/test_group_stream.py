@@ -68,6 +68,8 @@ class _Client:
     async def send(self, message: dict[str, Any]) -> None:
         if self.gone.is_set():
             return  # as uvicorn: what is sent after a hang-up goes nowhere, silently
+        if message["type"] == "http.response.start":  # a stream has no length
+            assert b"content-length" not in dict(message["headers"]), message
         if message["type"] == "http.response.body":
             self.bodies.append(message.get("body", b""))
             if self.hang_up(self.bodies):
