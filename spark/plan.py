@@ -134,13 +134,18 @@ class Plan:
 
 
 def subscribed_topics(
-    opts: ReadOptions, coordinator: Coordinator, access: TopicAccess | None = None
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    access: TopicAccess | None = None,
+    *,
+    missing_ok: bool = False,
 ) -> list[TopicInfo]:
     """The topics ``subscribe`` names or ``subscribePattern`` matches, now; with
-    ``access``, only those the job may see, and each one it may READ.
+    ``access``, only those the job may see, and each one it may READ. ``missing_ok``:
+    ``subscribe`` topics that do not exist are left out.
 
     Raises:
-        ValueError: a ``subscribe`` topic does not exist.
+        ValueError: a ``subscribe`` topic does not exist (unless ``missing_ok``).
         AuthorizationError: a topic the job may not READ (``spark.access``).
     """
     if opts.topics is not None:
@@ -151,7 +156,8 @@ def subscribed_topics(
             try:
                 out.append(coordinator.get_topic(name))
             except TopicNotFoundError:
-                raise ValueError(f"subscribe: unknown topic {name!r}") from None
+                if not missing_ok:
+                    raise ValueError(f"subscribe: unknown topic {name!r}") from None
         return out
     assert opts.pattern is not None
     # Spark's subscribePattern matches whole names (java.util.regex.Matcher.matches).
