@@ -31,9 +31,12 @@ head of the partition: the tier entries from log-start up to the first segment c
 clocks disagree, wait until tiering fills the gap: an older value of a key in that chunk
 must not outlive the key's tombstone). The head is rewritten keeping, per key, only the
 record with the highest offset in it. Offsets are kept, so gaps appear (the one place
-they may). A tombstone (null value) that is the latest of its key is dropped once its
-timestamp is older than ``delete.retention.ms``. Keyless records are kept: Kafka refuses
-them on compacted topics, we accept them at produce and cannot compact them, so they
+they may). A tombstone (null value) that is the latest of its key is dropped once
+``delete.retention.ms`` has passed since the first compaction that saw it (Kafka's delete
+horizon, KIP-534; never by its record timestamp, an event time that may be long past):
+that compaction rewrites the head to stamp the horizon in the tier objects' footers
+(``lakelog.delete_horizons``), where later rewrites carry it. Keyless records are kept:
+Kafka refuses them on compacted topics, we accept them at produce and cannot compact them, so they
 stay until retention (``compact,delete``) drops them. A head whose every record would go
 (all its keys deleted long enough ago) keeps its last record, an expired tombstone, so
 that its replacement entries cover its offsets and the index stays contiguous (readers
@@ -231,7 +234,10 @@ class Tierer:
 
     # -- shared ---------------------------------------------------------------------
     def _put(
-        self, part: PartitionState, records: Sequence[ConsumedRecord] | Sequence[tuple[int, Record]]
+        self,
+        part: PartitionState,
+        records: Sequence[ConsumedRecord] | Sequence[tuple[int, Record]],
+        delete_horizons: Sequence[tuple[int, int]] = (),
     ) -> tuple[str, bytes, float]:
         """Encode and PUT one tier object; returns its key, bytes and the time of the PUT.
 
@@ -246,6 +252,7 @@ class Tierer:
             records,
             compression=self.config.tier_compression,
             row_group_bytes=self.config.tier_row_group_bytes,
+            delete_horizons=delete_horizons,
         )
         key = new_tier_key(part.topic, part.partition, first, last)
         if self._stopping.is_set():
@@ -446,39 +453,55 @@ class Tierer:
             head.append(r)
         if not head:
             return
+        now_ms = int(self.ctx.now() * 1000)
+        first_seen_horizon = now_ms + int(effective_configs(part.configs)["delete.retention.ms"])
         records: list[ConsumedRecord] = []
+        # The delete horizon of every tombstone: from its object, else (never seen by a
+        # compaction) delete.retention.ms from now.
+        horizons: dict[int, int] = {}
+        unseen = False
         for r in head:
             self.ctx.check()
             data = self.ctx.store.get(r.object_key)
             report.bytes_read += len(data)
-            recs = TierReader(data).records(max(r.base_offset, part.log_start))
-            records.extend(x for x in recs if x.offset < r.end_offset)
+            reader = TierReader(data)
+            for x in reader.records(max(r.base_offset, part.log_start)):
+                if x.offset >= r.end_offset:
+                    break
+                records.append(x)
+                if x.value is None and x.key is not None:
+                    seen = reader.delete_horizon(x.offset)
+                    unseen = unseen or seen is None
+                    horizons[x.offset] = first_seen_horizon if seen is None else seen
         if not records:
             return
         latest = {x.key: x.offset for x in records if x.key is not None}
-        configs = effective_configs(part.configs)
-        horizon_ms = int(self.ctx.now() * 1000) - int(configs["delete.retention.ms"])
 
         def keep(x: ConsumedRecord) -> bool:
             if x.key is None:
                 return True
             if latest[x.key] != x.offset:
                 return False
-            return x.value is not None or x.timestamp_ms >= horizon_ms
+            return x.value is not None or now_ms < horizons[x.offset]
 
         # Never nothing: the replacement's entries must cover the head's offsets.
         kept = [x for x in records if keep(x)] or records[-1:]
-        if len(kept) == len(records):
-            return  # nothing to drop; leave its objects alone
+        if len(kept) == len(records) and not unseen:
+            return  # nothing to drop or to stamp; leave its objects alone
         report.records_dropped += len(records) - len(kept)
-        written = self._write_compacted(part, head, kept)
+        written = self._write_compacted(part, head, kept, horizons)
         report.rows_dropped += max(0, len(head) - len(written))
         self._swap(part, head, written, report)
 
     def _write_compacted(
-        self, part: PartitionState, run: list[IndexRow], kept: list[ConsumedRecord]
+        self,
+        part: PartitionState,
+        run: list[IndexRow],
+        kept: list[ConsumedRecord],
+        horizons: dict[int, int],
     ) -> list[_Written]:
-        """Tier objects for a run's kept records; their spans tile the run's span."""
+        """Tier objects for a run's kept records, with the delete horizons of their
+        tombstones; their spans tile the run's span."""
         chunks: list[list[ConsumedRecord]] = []
         size = 0
         for x in kept:
@@ -492,7 +515,7 @@ class Tierer:
         for i, chunk in enumerate(chunks):
             start = run[0].base_offset if i == 0 else chunk[0].offset
             end = chunks[i + 1][0].offset if i + 1 < len(chunks) else run[-1].end_offset
-            key, data, put_at = self._put(part, chunk)
+            key, data, put_at = self._put(part, chunk, _horizon_ranges(chunk, horizons))
             new = NewRow(
                 key,
                 len(data),
@@ -503,6 +526,19 @@ class Tierer:
             )
             out.append(_Written(new, put_at))
         return out
+
+
+def _horizon_ranges(
+    records: Sequence[ConsumedRecord], horizons: dict[int, int]
+) -> list[tuple[int, int]]:
+    """The ``delete_horizons`` of a tier object holding ``records``: a new range at each
+    tombstone whose horizon differs from the previous tombstone's."""
+    out: list[tuple[int, int]] = []
+    for x in records:
+        horizon = horizons.get(x.offset)
+        if horizon is not None and (not out or out[-1][1] != horizon):
+            out.append((x.offset, horizon))
+    return out
 
 
 def _partitions(ctx: JanitorContext, topic: str | None) -> list[PartitionState]:

@@ -435,12 +435,12 @@ def test_compaction_leaves_no_hole_with_an_untiered_chunk_before_the_last_tier_r
 ) -> None:
     """Issue 22 defect 4. Precondition: tier entries, an untiered chunk, more tier entries
     (an aborted tier swap, or coordinators whose clocks disagree); every key ends in a
-    tombstone older than delete.retention.ms. Compaction keeps the index contiguous up to
+    tombstone. Compaction keeps the index contiguous up to
     the high watermark (reads end, no reader spins), never lets an older value in the
     untiered chunk outlive its key's tombstone, and once the gap is tiered, drops all but
     one record."""
     h.coordinator.create_topic("c", 1, {"cleanup.policy": "compact", "delete.retention.ms": "1"})
-    old = 1000  # event times long past: the tombstones are older than the horizon at once
+    old = 1000  # event times long past
     h.produce("c", 0, [Record(b"k0", b"a0", old, ()), Record(b"k1", b"a1", old, ())])
     h.produce("c", 0, [Record(b"k0", b"b0", old, ()), Record(b"k1", b"b1", old, ())])
     h.produce("c", 0, [Record(b"k0", None, old, ()), Record(b"k1", None, old, ())])
@@ -468,6 +468,8 @@ def test_compaction_leaves_no_hole_with_an_untiered_chunk_before_the_last_tier_r
         ]
 
     run_tiering(h.ctx(), h.config())  # the gap is tiered: the head is the whole log
+    run_compaction(h.ctx(), h.config())  # sees the tombstones: their horizon starts now
+    h.clock.advance(1)
     run_compaction(h.ctx(), h.config())
     got = _within(10, lambda: h.walk("c", 0))
     assert isinstance(got, list), got
@@ -515,3 +517,34 @@ def test_readers_fail_on_a_hole_in_the_index_instead_of_spinning(h: Harness, whe
         if where != "start":
             got = _within(10, lambda reader=reader: list(reader.records("holes", 0, 12)))
             assert isinstance(got, IndexHoleError), got
+
+
+def test_a_tombstone_lives_delete_retention_ms_from_its_first_compaction_not_its_timestamp(
+    h: Harness,
+) -> None:
+    """Issue 22 suspicion (a), proven: a tombstone whose record timestamp is a day old
+    (event time) survives the first compaction that sees it, and every compaction for
+    delete.retention.ms after that one (Kafka's delete horizon, KIP-534), so a lagging
+    consumer still sees the delete; then it goes. A tombstone kept through a rewrite
+    keeps the horizon its first compaction gave it."""
+    h.coordinator.create_topic(
+        "t", 1, {"cleanup.policy": "compact", "delete.retention.ms": "60000"}
+    )
+    day_ago = int(h.clock() * 1000) - 86_400_000
+    h.produce("t", 0, [Record(b"a", b"1", day_ago, ()), Record(b"b", b"1", day_ago, ())])
+    h.produce("t", 0, [Record(b"a", None, day_ago, ()), Record(b"c", b"1", day_ago, ())])
+    run_tiering(h.ctx(), h.config())
+    run_compaction(h.ctx(), h.config())
+    assert [(r.offset, r.key, r.value) for r in h.walk("t", 0)] == [
+        (1, b"b", b"1"),
+        (2, b"a", None),
+        (3, b"c", b"1"),
+    ]
+    h.clock.advance(30)
+    h.produce("t", 0, [Record(b"b", b"2", day_ago, ())])  # forces a rewrite of the head
+    run_tiering(h.ctx(), h.config())
+    run_compaction(h.ctx(), h.config())
+    assert [(r.offset, r.key) for r in h.walk("t", 0)] == [(2, b"a"), (3, b"c"), (4, b"b")]
+    h.clock.advance(31)  # 61 s after the first compaction saw the tombstone
+    run_compaction(h.ctx(), h.config())
+    assert [(r.offset, r.key) for r in h.walk("t", 0)] == [(3, b"c"), (4, b"b")]
