@@ -100,6 +100,10 @@ _UPSERT_CONFIG = (
 )
 _DELETE_CONFIG = "DELETE FROM topic_configs WHERE topic_id = ? AND name = ?"
 _DELETE_TOPIC = (
+    # Consumer groups keep offsets and positions by topic name: they go with the topic (as
+    # in Kafka), or a topic created again under the name would start from them.
+    "DELETE FROM committed_offsets WHERE topic = (SELECT name FROM topics WHERE topic_id = ?)",
+    "DELETE FROM consumer_positions WHERE topic = (SELECT name FROM topics WHERE topic_id = ?)",
     # Children first: explicit rather than relying on ON DELETE CASCADE being enabled.
     # Its table goes too: the objects it held become garbage (coordinator.iceberg).
     "DELETE FROM iceberg_tables WHERE topic_id = ?",
