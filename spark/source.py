@@ -392,7 +392,9 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.opts, coordinator, from_json(start), from_json(end), recreated
         )
         store = get_store(location)
-        tasks = plan_tasks(coordinator, store, ranges, Bounds(), self.opts.max_bytes_per_task)
+        tasks = plan_tasks(
+            coordinator, store, ranges, Bounds(), self.opts.max_bytes_per_task, self._topic_ids
+        )
         if self.opts.trace:
             from spark.scan import append_trace
 
