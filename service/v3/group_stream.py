@@ -15,7 +15,9 @@ Where it starts, per partition: the cursor the client echoes back (SSE's
 received), else the group's committed offset, else ``auto_offset_reset`` (earliest or
 latest); a cursor or committed offset outside [log-start, high watermark] (its records
 deleted, or written for a topic since deleted and created again) is reset by
-``auto_offset_reset`` too, as Kafka's consumer does. A cursor is the positions of the
+``auto_offset_reset`` too, as Kafka's consumer does. Partitions added to the topics while
+it runs join it (as the agent's topic metadata shows them, within ``metadata_ttl_s``)
+from their committed offset or ``auto_offset_reset``. A cursor is the positions of the
 stream (next offset per partition) as URL-safe base64 of JSON: a client that resumes
 with the last cursor it processed gets every following record exactly once, through any
 agent.
@@ -44,7 +46,7 @@ import binascii
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import orjson
@@ -62,6 +64,7 @@ from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
 from service.delivery import DeliveryStream, DisconnectWatch
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run
+from service.notify import Waiter
 from service.state import AgentState, get_state
 from service.v2.consumers import read_round_robin
 from service.v3.consume import check_format, render
@@ -154,23 +157,10 @@ async def stream_group_records(
         partitions += [TopicPartition(name, p) for p in range(info.partitions)]
     echoed = last_event_id or cursor
     resumed = decode_cursor(echoed) if echoed else {}
-    committed = await call(state.groups.committed_offsets, group_id, partitions)
-    bounds = await call(state.coordinator.offsets_many, partitions)
-    positions: dict[TopicPartition, int] = {}
-    for tp in partitions:
-        o = bounds.get(tp)
-        if o is None:  # deleted since its metadata was read
-            raise TopicNotFoundError(f"Topic '{tp.topic}' not found.")
-        pos = resumed.get(tp, committed[tp].offset if tp in committed else None)
-        if pos is None or not o.log_start <= pos <= o.high_watermark:
-            # None, or not of this log (deleted records, a topic created again): Kafka's
-            # auto.offset.reset.
-            pos = o.log_start if auto_offset_reset == "earliest" else o.high_watermark
-        positions[tp] = pos
-    ids = {tp: bounds[tp].topic_id for tp in partitions}
     stream = _GroupStream(
-        state, group_id, positions, ids, format, _wants_sse(request.headers.get("accept"))
+        state, group_id, names, auto_offset_reset, format, _wants_sse(request.headers.get("accept"))
     )
+    await stream.add(partitions, resumed)
     stream.keepalive_s = keepalive_ms / 1000
     stream.commit_interval_s = commit_interval_ms / 1000
     watch = DisconnectWatch(request.receive)
@@ -191,27 +181,65 @@ class _GroupStream:
         self,
         state: AgentState,
         group: str,
-        positions: dict[TopicPartition, int],
-        ids: dict[TopicPartition, bytes],
+        topics: list[str],
+        auto_offset_reset: str,
         fmt: str,
         sse: bool,
     ) -> None:
         self.state = state
         self.group = group
-        #: Where the next round reads from (past what was sent, delivered or not).
-        self.positions = positions
-        #: The topic id of each partition when the stream started: the log it reads.
-        self.ids = ids
+        self.topics = topics
+        self.auto_offset_reset = auto_offset_reset
         self.fmt = fmt
         self.sse = sse
         self.keepalive_s = 15.0
         self.commit_interval_s = 1.0
+        #: Where the next round reads from (past what was sent, delivered or not).
+        self.positions: dict[TopicPartition, int] = {}
+        #: The topic id of each partition when the stream took it: the log it reads.
+        self.ids: dict[TopicPartition, bytes] = {}
         #: Positions after what got out to the client (``DeliveryStream``): committed.
-        self._delivered = dict(positions)
+        self._delivered: dict[TopicPartition, int] = {}
         #: Positions after the chunk being sent, delivered once it got out.
         self._pending: dict[TopicPartition, int] = {}
-        self._committed = dict(positions)
+        self._committed: dict[TopicPartition, int] = {}
         self._can_commit = True
+        self._ended = False
+
+    async def add(
+        self, partitions: list[TopicPartition], resumed: dict[TopicPartition, int]
+    ) -> None:
+        """Start reading ``partitions``: at the cursor's position, else the committed
+        offset, else (or when outside [log-start, high watermark]) by auto_offset_reset.
+
+        Raises:
+            TopicNotFoundError: a topic deleted meanwhile.
+        """
+        state = self.state
+        committed = await call(state.groups.committed_offsets, self.group, partitions)
+        bounds = await call(state.coordinator.offsets_many, partitions)
+        for tp in partitions:
+            o = bounds.get(tp)
+            if o is None:  # deleted since its metadata was read
+                raise TopicNotFoundError(f"Topic '{tp.topic}' not found.")
+            pos = resumed.get(tp, committed[tp].offset if tp in committed else None)
+            if pos is None or not o.log_start <= pos <= o.high_watermark:
+                # None, or not of this log (deleted records, a topic created again):
+                # Kafka's auto.offset.reset.
+                pos = o.log_start if self.auto_offset_reset == "earliest" else o.high_watermark
+            self.positions[tp] = self._delivered[tp] = self._committed[tp] = pos
+            self.ids[tp] = o.topic_id
+
+    async def _added_partitions(self) -> list[TopicPartition]:
+        """Take the partitions added to the topics since the stream began (as the topic
+        cache sees them), from their committed offsets or auto_offset_reset."""
+        new = []
+        for name in self.topics:
+            count = (await self.state.topics.get(name)).partitions
+            new += [tp for p in range(count) if (tp := TopicPartition(name, p)) not in self.ids]
+        if new:
+            await self.add(new, {})
+        return new
 
     def delivered(self) -> None:
         """``DeliveryStream``: the last chunk got out to the client."""
@@ -243,44 +271,78 @@ class _GroupStream:
         return records, new
 
     async def events(self, watch: DisconnectWatch) -> AsyncIterator[bytes]:
-        state = self.state
-        last_commit = time.monotonic()
-        ordered = sorted(self.positions)
-        keys = {(tp.topic, tp.partition): cursor_key(tp) for tp in ordered}
-        cursor = {cursor_key(tp): self.positions[tp] for tp in ordered}
-        watches = {(self.ids[tp], tp.partition): (tp.topic, self.positions[tp]) for tp in ordered}
+        """The stream's chunks until the client goes or an error ends it (its last chunk);
+        commits what was delivered when it ends."""
+        cursor = {cursor_key(tp): off for tp, off in sorted(self.positions.items())}
         try:
-            with state.notifier.watch(watches) as waiter:
-                watch.callbacks.append(waiter.event.set)
-                while not watch.disconnected:
+            while not watch.disconnected and not self._ended:
+                # Registered again whenever partitions are added, so that they wake it too.
+                watches = {
+                    (self.ids[tp], tp.partition): (tp.topic, off)
+                    for tp, off in self.positions.items()
+                }
+                with self.state.notifier.watch(watches) as waiter:
+                    watch.callbacks.append(waiter.event.set)
                     try:
-                        records, new = await run(Kind.READ, self._round)
-                        rendered = await render(state, records, self.fmt) if records else []
-                    except LakelogError as e:
-                        # The stream has begun (200 sent): the error is its last event.
-                        log.warning("stream of group %s ends: %s", self.group, e)
-                        yield self._error(e)
-                        return
-                    if records:
-                        out = []
-                        for rec, doc in zip(records, rendered, strict=True):
-                            # The cursor after each record: one dict updated in place.
-                            cursor[keys[(rec.topic, rec.partition)]] = rec.offset + 1
-                            out.append(self._frame(doc, _encode_doc(cursor)))
-                        self.positions.update(new)
-                        for tp, off in new.items():
-                            waiter.update((self.ids[tp], tp.partition), off)
-                        state.consume_metrics.consumed_records.inc(len(records))
-                        self._pending = dict(new)
-                        yield b"".join(out)
-                    elif not await state.notifier.wait(waiter, self.keepalive_s):
-                        yield b": keepalive\n\n" if self.sse else b'{"keepalive":true}\n'
-                    if time.monotonic() - last_commit >= self.commit_interval_s:
-                        await self._commit()
-                        last_commit = time.monotonic()
+                        async with contextlib.aclosing(
+                            self._serve(waiter, watch, cursor)
+                        ) as chunks:
+                            async for chunk in chunks:
+                                yield chunk
+                    finally:
+                        watch.callbacks.remove(waiter.event.set)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._commit())
+
+    async def _serve(
+        self, waiter: Waiter, watch: DisconnectWatch, cursor: dict[str, int]
+    ) -> AsyncGenerator[bytes, None]:
+        """Rounds of records (or keepalives) until the client goes, an error (the last
+        chunk, and ``_ended``), or partitions were added (taken, with their cursors)."""
+        state = self.state
+        last_commit = last_check = time.monotonic()
+        while not watch.disconnected:
+            try:
+                records, new = await run(Kind.READ, self._round)
+                rendered = await render(state, records, self.fmt) if records else []
+            except LakelogError as e:
+                yield self._end(e)
+                return
+            if records:
+                out = []
+                for rec, doc in zip(records, rendered, strict=True):
+                    # The cursor after each record: one dict updated in place.
+                    cursor[cursor_key(TopicPartition(rec.topic, rec.partition))] = rec.offset + 1
+                    out.append(self._frame(doc, _encode_doc(cursor)))
+                self.positions.update(new)
+                for tp, off in new.items():
+                    waiter.update((self.ids[tp], tp.partition), off)
+                state.consume_metrics.consumed_records.inc(len(records))
+                self._pending = dict(new)
+                yield b"".join(out)
+            elif not await state.notifier.wait(waiter, self.keepalive_s):
+                yield b": keepalive\n\n" if self.sse else b'{"keepalive":true}\n'
+            if time.monotonic() - last_commit >= self.commit_interval_s:
+                await self._commit()
+                last_commit = time.monotonic()
+            if time.monotonic() - last_check >= state.settings.metadata_ttl_s:
+                last_check = time.monotonic()
+                try:
+                    added = await self._added_partitions()
+                except LakelogError as e:
+                    yield self._end(e)
+                    return
+                if added:
+                    for tp in added:
+                        cursor[cursor_key(tp)] = self.positions[tp]
+                    return
+
+    def _end(self, exc: LakelogError) -> bytes:
+        """The error that ends the stream, as its last chunk (the 200 is sent already)."""
+        log.warning("stream of group %s ends: %s", self.group, exc)
+        self._ended = True
+        return self._error(exc)
 
     def _frame(self, doc: dict[str, Any], cursor: str) -> bytes:
         if self.sse:

@@ -56,6 +56,7 @@ class _Client:
         self.hang_up = hang_up
         self.bodies: list[bytes] = []
         self.gone = asyncio.Event()
+        self.answered = asyncio.Event()  # a first body came
         self._first = True
 
     async def receive(self) -> dict[str, Any]:
@@ -72,6 +73,7 @@ class _Client:
             assert b"content-length" not in dict(message["headers"]), message
         if message["type"] == "http.response.body":
             self.bodies.append(message.get("body", b""))
+            self.answered.set()
             if self.hang_up(self.bodies):
                 self.gone.set()
         await asyncio.sleep(0)
@@ -137,3 +139,46 @@ def test_a_round_cut_short_by_a_hang_up_is_not_committed(tmp_path: Path) -> None
             assert state.groups.committed_offsets("g", [tp])[tp].offset == last + 1
 
     asyncio.run(main())
+
+
+def test_partitions_added_while_streaming_join_the_stream(tmp_path: Path) -> None:
+    """The seam pass: a stream of a one-partition topic; partitions are added and a record
+    written to the new one. Expected: the stream delivers it (from the new partition's
+    beginning, auto_offset_reset earliest) without a reconnect."""
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    settings = Settings(store="memory://grow", db=db, janitors="none", metadata_ttl_s=0.05)
+    app = create_app(settings)
+
+    async def main() -> list[dict[str, Any]]:
+        async with app.router.lifespan_context(app):
+            state = app.state.agent
+            info = state.coordinator.create_topic("g", 1)
+
+            def write(partition: int, value: bytes) -> None:
+                b = SegmentBuilder()
+                b.append(info.topic_id, partition, [Record(None, value, 1000)])
+                state.writer.write(b)
+
+            write(0, b"first")
+
+            def seen(bodies: list[bytes]) -> bool:
+                return b'"partition":1' in b"".join(bodies)
+
+            client = _Client(seen)
+
+            async def grow() -> None:
+                await client.answered.wait()
+                state.coordinator.add_partitions("g", 2)
+                state.topics.invalidate("g")
+                write(1, b"second")
+
+            path = f"/v3/clusters/{state.cluster_id}/consumer-groups/grow/records"
+            scope = _stream_scope(path, "topics=g&keepalive_ms=100")
+            await asyncio.wait_for(
+                asyncio.gather(app(scope, client.receive, client.send), grow()), 30
+            )
+            lines = b"".join(client.bodies).splitlines()
+            return [orjson.loads(x) for x in lines if b'"offset"' in x]
+
+    got = asyncio.run(main())
+    assert [(r["partition"], r["offset"]) for r in got] == [(0, 0), (1, 0)]
