@@ -502,15 +502,21 @@ def _delete_entry(h: Harness, topic_id: bytes, base_offset: int) -> None:
         )
 
 
-@pytest.mark.parametrize("where", ["middle", "end", "start"])
+@pytest.mark.parametrize("where", ["middle", "end", "start", "page"])
 def test_readers_fail_on_a_hole_in_the_index_instead_of_spinning(h: Harness, where: str) -> None:
     """A hole injected into the index (an entry deleted behind the coordinator's back) below
     the high watermark: every read that reaches it raises IndexHoleError within seconds,
-    through LogReader and CachingLogReader alike."""
+    through LogReader and CachingLogReader alike; also right past a full page of lookups
+    (``page``: 40 one-record entries, the 17th deleted)."""
     info = h.coordinator.create_topic("holes", 1)
-    for i in range(3):
-        h.produce("holes", 0, records(10, 1000 * (i + 1)))
-    _delete_entry(h, info.topic_id, {"start": 0, "middle": 10, "end": 20}[where])
+    if where == "page":
+        for i in range(40):
+            h.produce("holes", 0, records(1, 1000 + i))
+        _delete_entry(h, info.topic_id, 16)
+    else:
+        for i in range(3):
+            h.produce("holes", 0, records(10, 1000 * (i + 1)))
+        _delete_entry(h, info.topic_id, {"start": 0, "middle": 10, "end": 20}[where])
     for reader in (h.reader, _caching_reader(h)):
         got = _within(10, lambda reader=reader: reader.read("holes", 0, 0, max_bytes=1 << 20))
         assert isinstance(got, IndexHoleError), got

@@ -391,3 +391,21 @@ def test_a_read_ends_at_the_high_watermark_it_started_from(
     ]
     assert [r.offset for r in reader.records("hw", 0, 0)] == list(range(10))
     reader.close()
+
+
+def test_a_read_over_many_lookup_pages_ends_at_its_high_watermark(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    """40 entries (more than two pages of 16 lookups) and more committed after the bounds:
+    the read crosses the pages and stops exactly at the bounds' high watermark."""
+    writer, coordinator, store = log_parts
+    info = coordinator.create_topic("pages", 1)
+    for i in range(40):
+        _write(writer, info.topic_id, 1, i)
+    bounds = coordinator.offsets("pages", 0)
+    for i in range(40, 45):
+        _write(writer, info.topic_id, 1, i)
+    reader = _caching(store, coordinator)
+    got = [r.offset for r in reader.records("pages", 0, 3, bounds=bounds)]
+    assert got == list(range(3, 40))
+    reader.close()
