@@ -182,3 +182,39 @@ def test_partitions_added_while_streaming_join_the_stream(tmp_path: Path) -> Non
 
     got = asyncio.run(main())
     assert [(r["partition"], r["offset"]) for r in got] == [(0, 0), (1, 0)]
+
+
+def test_a_cursor_outside_the_log_is_reset_by_auto_offset_reset(tmp_path: Path) -> None:
+    """Issue 22 defect 9: a cursor past the high watermark (written for a topic since
+    deleted and created again) or below log-start starts where auto_offset_reset says,
+    never past the end of the log (where the stream would skip records to come)."""
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    app = create_app(Settings(store="memory://cursor", db=db, janitors="none"))
+
+    async def first_line(path: str, query: str) -> dict[str, Any]:
+        client = _Client(lambda bodies: bool(bodies))
+        await asyncio.wait_for(app(_stream_scope(path, query), client.receive, client.send), 30)
+        line: dict[str, Any] = orjson.loads(b"".join(client.bodies).splitlines()[0])
+        return line
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            state = app.state.agent
+            info = state.coordinator.create_topic("c", 1)
+            b = SegmentBuilder()
+            b.append(info.topic_id, 0, [Record(None, b"v%d" % i, 1000) for i in range(5)])
+            state.writer.write(b)
+            state.coordinator.delete_records("c", 0, 2)
+            path = f"/v3/clusters/{state.cluster_id}/consumer-groups/cg/records"
+            past = encode_cursor({TopicPartition("c", 0): 50})
+            got = await first_line(path, f"topics=c&cursor={past}")
+            assert got["offset"] == 2  # earliest: log-start
+            below = encode_cursor({TopicPartition("c", 0): 1})
+            got = await first_line(
+                path, f"topics=c&cursor={below}&auto_offset_reset=latest&keepalive_ms=100"
+            )
+            assert got == {"keepalive": True}  # latest: the end, nothing to send yet
+            inside = encode_cursor({TopicPartition("c", 0): 3})
+            assert (await first_line(path, f"topics=c&cursor={inside}"))["offset"] == 3
+
+    asyncio.run(main())
