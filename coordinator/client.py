@@ -112,7 +112,8 @@ class Coordinator(Protocol):
         ...
 
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
-        """Log-start offset and high watermark. Raises Topic/PartitionNotFoundError."""
+        """Log-start offset and high watermark, with the id of the topic the name names
+        now. Raises Topic/PartitionNotFoundError."""
         ...
 
     def offsets_many(
@@ -123,16 +124,29 @@ class Coordinator(Protocol):
         ...
 
     def lookup(
-        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_chunks: int = 16,
+        *,
+        topic_id: bytes | None = None,
     ) -> list[ChunkRef]:
         """Index entries covering ``offset`` and after, in offset order, at most
         ``max_chunks``; empty when ``offset`` >= high watermark. An offset below
-        log-start returns entries from log-start."""
+        log-start returns entries from log-start. With ``topic_id``: TopicNotFoundError
+        when the name now belongs to another topic (deleted and created again).
+        IndexHoleError when the entries do not follow each other up to the high
+        watermark (the index is damaged)."""
         ...
 
-    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
-        """The first index entry whose max timestamp is >= ``timestamp_ms`` (the
-        chunk holding the first record with timestamp >= t), or None."""
+    def lookup_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int, from_offset: int = 0
+    ) -> ChunkRef | None:
+        """The first index entry, from the one holding ``max(from_offset, log-start)`` on,
+        whose max timestamp is >= ``timestamp_ms`` (the chunk holding the first record
+        with timestamp >= t, unless that record lies below log-start in an entry that
+        straddles it), or None."""
         ...
 
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:

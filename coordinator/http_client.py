@@ -343,23 +343,30 @@ def heartbeat_from_json(d: JSON) -> ConsumerHeartbeat:
     return ConsumerHeartbeat(group, name, token)
 
 
+def partition_offsets_to_json(o: PartitionOffsets) -> JSON:
+    return {
+        "log_start": o.log_start,
+        "high_watermark": o.high_watermark,
+        "topic_id": o.topic_id.hex(),
+    }
+
+
+def partition_offsets_from_json(d: JSON) -> PartitionOffsets:
+    # "topic_id" is absent in answers of coordinators older than the field.
+    return PartitionOffsets(
+        int(d["log_start"]), int(d["high_watermark"]), bytes.fromhex(d.get("topic_id", ""))
+    )
+
+
 def offsets_to_json(offsets: Mapping[TopicPartition, PartitionOffsets]) -> list[JSON]:
     return [
-        {
-            "topic": tp.topic,
-            "partition": tp.partition,
-            "log_start": o.log_start,
-            "high_watermark": o.high_watermark,
-        }
+        {"topic": tp.topic, "partition": tp.partition, **partition_offsets_to_json(o)}
         for tp, o in offsets.items()
     ]
 
 
 def offsets_from_json(items: list[JSON]) -> dict[TopicPartition, PartitionOffsets]:
-    return {
-        tp_from_json(d): PartitionOffsets(int(d["log_start"]), int(d["high_watermark"]))
-        for d in items
-    }
+    return {tp_from_json(d): partition_offsets_from_json(d) for d in items}
 
 
 def group_info_to_json(g: GroupInfo) -> JSON:
@@ -791,7 +798,7 @@ class HttpCoordinator:
         data = self._request(
             "GET", f"{topic_path(topic)}/partitions/{partition}/offsets", idempotent=True
         )
-        return PartitionOffsets(log_start=data["log_start"], high_watermark=data["high_watermark"])
+        return partition_offsets_from_json(data)
 
     def offsets_many(
         self, partitions: Sequence[TopicPartition]
@@ -801,21 +808,32 @@ class HttpCoordinator:
         return offsets_from_json(data["offsets"])
 
     def lookup(
-        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_chunks: int = 16,
+        *,
+        topic_id: bytes | None = None,
     ) -> list[ChunkRef]:
+        params: dict[str, str | int] = {"offset": offset, "max_chunks": max_chunks}
+        if topic_id is not None:
+            params["topic_id"] = topic_id.hex()
         data = self._request(
             "GET",
             f"{topic_path(topic)}/partitions/{partition}/lookup",
-            params={"offset": offset, "max_chunks": max_chunks},
+            params=params,
             idempotent=True,
         )
         return [chunk_ref_from_json(c) for c in data["chunks"]]
 
-    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
+    def lookup_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int, from_offset: int = 0
+    ) -> ChunkRef | None:
         data = self._request(
             "GET",
             f"{topic_path(topic)}/partitions/{partition}/lookup-timestamp",
-            params={"ts": timestamp_ms},
+            params={"ts": timestamp_ms, "from_offset": from_offset},
             idempotent=True,
         )
         chunk = data["chunk"]

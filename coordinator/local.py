@@ -221,12 +221,20 @@ class LocalCoordinator:
         return self._store.offsets_many(partitions)
 
     def lookup(
-        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_chunks: int = 16,
+        *,
+        topic_id: bytes | None = None,
     ) -> list[ChunkRef]:
-        return self._store.lookup(topic, partition, offset, max_chunks)
+        return self._store.lookup(topic, partition, offset, max_chunks, topic_id=topic_id)
 
-    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
-        return self._store.lookup_timestamp(topic, partition, timestamp_ms)
+    def lookup_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int, from_offset: int = 0
+    ) -> ChunkRef | None:
+        return self._store.lookup_timestamp(topic, partition, timestamp_ms, from_offset)
 
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         return self._store.committed_object_keys(keys)

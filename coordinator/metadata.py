@@ -54,6 +54,7 @@ from coordinator.topic_configs import (
 from segments.errors import (
     CommitConflictError,
     CoordinatorUnavailableError,
+    IndexHoleError,
     InvalidConfigError,
     InvalidPartitionsError,
     MetadataError,
@@ -99,6 +100,10 @@ _UPSERT_CONFIG = (
 )
 _DELETE_CONFIG = "DELETE FROM topic_configs WHERE topic_id = ? AND name = ?"
 _DELETE_TOPIC = (
+    # Consumer groups keep offsets and positions by topic name: they go with the topic (as
+    # in Kafka), or a topic created again under the name would start from them.
+    "DELETE FROM committed_offsets WHERE topic = (SELECT name FROM topics WHERE topic_id = ?)",
+    "DELETE FROM consumer_positions WHERE topic = (SELECT name FROM topics WHERE topic_id = ?)",
     # Children first: explicit rather than relying on ON DELETE CASCADE being enabled.
     # Its table goes too: the objects it held become garbage (coordinator.iceberg).
     "DELETE FROM iceberg_tables WHERE topic_id = ?",
@@ -238,8 +243,8 @@ _LOOKUP = _ENTRIES_FROM + " ORDER BY e.base_offset LIMIT ?"
 _LOOKUP_TIMESTAMP = _ENTRIES_FROM + " AND e.max_ts >= ? ORDER BY e.base_offset LIMIT 1"
 _OBJECTS_IN = "SELECT object_key FROM objects WHERE object_key IN ({marks})"
 _OFFSETS_OF_TOPICS = (
-    "SELECT t.name, p.partition, p.log_start_offset, p.high_watermark FROM topics t "
-    "JOIN partitions p ON p.topic_id = t.topic_id WHERE t.name IN ({marks})"
+    "SELECT t.name, p.partition, p.log_start_offset, p.high_watermark, t.topic_id "
+    "FROM topics t JOIN partitions p ON p.topic_id = t.topic_id WHERE t.name IN ({marks})"
 )
 
 _PRODUCER_STATE = (
@@ -392,27 +397,74 @@ def lookup_entries(
     max_chunks: int,
 ) -> list[ChunkRef]:
     """A partition's index entries from the one holding ``offset`` on (``where``: topic
-    id, partition, log-start, high watermark), in ``conn``'s snapshot; see ``lookup``."""
+    id, partition, log-start, high watermark), in ``conn``'s snapshot; see ``lookup``.
+
+    Raises:
+        IndexHoleError: the entries do not cover the offsets from ``max(offset,
+            log-start)`` on without a gap (up to the high watermark, or to the last of
+            ``max_chunks`` entries): readers would otherwise wait for records that
+            cannot come.
+    """
     topic_id, partition, log_start, high_watermark = where
-    if offset >= high_watermark:
-        return []
     start = max(offset, log_start)
+    if start >= high_watermark:
+        return []
     rows = conn.execute(
         q(_LOOKUP), (topic_id, partition, topic_id, partition, start, start, max_chunks)
     ).fetchall()
-    return [ChunkRef(*row) for row in rows]
+    refs = [ChunkRef(*row) for row in rows]
+    where_text = f"partition {partition} of topic id {format_topic_id(topic_id)}"
+    check_contiguous(refs, start, high_watermark, max_chunks, where_text)
+    return refs
+
+
+def check_contiguous(
+    refs: Sequence[ChunkRef], start: int, high_watermark: int, max_chunks: int, where: str
+) -> None:
+    """Raise IndexHoleError unless ``refs`` (a page of at most ``max_chunks`` entries)
+    hold ``start`` and follow each other without a gap, up to the high watermark when
+    the page is not full (DESIGN.md: the index is contiguous from log-start to the high
+    watermark)."""
+    at = start
+    for ref in refs:
+        if not ref.base_offset <= at < ref.end_offset:
+            raise IndexHoleError(
+                f"The index of {where} holds no entry at offset {at} (the next starts at "
+                f"{ref.base_offset}, high watermark {high_watermark})."
+            )
+        at = ref.end_offset
+    if at < high_watermark and len(refs) < max_chunks:
+        raise IndexHoleError(
+            f"The index of {where} ends at offset {at}, before its high watermark {high_watermark}."
+        )
+
+
+def check_topic_id(topic: str, wanted: bytes | None, found: bytes) -> None:
+    """Raises TopicNotFoundError when the caller reads topic id ``wanted`` (not None) and
+    the name ``topic`` now belongs to another topic (deleted and created again)."""
+    if wanted is not None and wanted != found:
+        raise TopicNotFoundError(
+            f"Topic '{topic}' with id {format_topic_id(wanted)} not found: the name now "
+            f"belongs to topic id {format_topic_id(found)}."
+        )
 
 
 def lookup_timestamp_entry(
-    conn: Any, q: Callable[[str], str], where: tuple[bytes, int, int, int], timestamp_ms: int
+    conn: Any,
+    q: Callable[[str], str],
+    where: tuple[bytes, int, int, int],
+    timestamp_ms: int,
+    from_offset: int = 0,
 ) -> ChunkRef | None:
-    """The first entry whose max timestamp is >= ``timestamp_ms``; see ``lookup_timestamp``."""
+    """The first entry from the one holding ``max(from_offset, log-start)`` on whose max
+    timestamp is >= ``timestamp_ms``; see ``lookup_timestamp``."""
     topic_id, partition, log_start, high_watermark = where
-    if log_start >= high_watermark:
+    start = max(from_offset, log_start)
+    if start >= high_watermark:
         return None
     row = conn.execute(
         q(_LOOKUP_TIMESTAMP),
-        (topic_id, partition, topic_id, partition, log_start, log_start, timestamp_ms),
+        (topic_id, partition, topic_id, partition, start, start, timestamp_ms),
     ).fetchone()
     return None if row is None else ChunkRef(*row)
 
@@ -1090,10 +1142,11 @@ class MetadataStore:
         return row[0], row[1], row[2]
 
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
-        """Log-start offset and high watermark. Raises Topic/PartitionNotFoundError."""
+        """Log-start offset and high watermark (and the topic's id). Raises
+        Topic/PartitionNotFoundError."""
         with self._db.read() as conn:
-            _, log_start, high_watermark = self._partition_state(conn, topic, partition)
-        return PartitionOffsets(log_start, high_watermark)
+            topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
+        return PartitionOffsets(log_start, high_watermark, bytes(topic_id))
 
     def offsets_many(
         self, partitions: Sequence[TopicPartition]
@@ -1107,32 +1160,46 @@ class MetadataStore:
             for i in range(0, len(names), _IN_BATCH):
                 batch = names[i : i + _IN_BATCH]
                 sql = self._q(_OFFSETS_OF_TOPICS.format(marks=", ".join("?" * len(batch))))
-                for name, partition, log_start, high_watermark in conn.execute(sql, batch):
+                for name, partition, log_start, high_watermark, topic_id in conn.execute(
+                    sql, batch
+                ):
                     tp = TopicPartition(name, partition)
                     if tp in wanted:
-                        out[tp] = PartitionOffsets(log_start, high_watermark)
+                        out[tp] = PartitionOffsets(log_start, high_watermark, bytes(topic_id))
         return out
 
     def lookup(
-        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_chunks: int = 16,
+        *,
+        topic_id: bytes | None = None,
     ) -> list[ChunkRef]:
         """Index entries from the one holding ``offset`` on, in offset order.
 
         At most ``max_chunks``; empty when ``offset`` >= high watermark; an offset
-        below log-start reads from log-start.
+        below log-start reads from log-start. With ``topic_id``, only of that topic:
+        a name that now belongs to another (deleted and created again) is not found.
 
         Raises:
-            TopicNotFoundError, PartitionNotFoundError; ValueError if ``max_chunks`` < 1.
+            TopicNotFoundError, PartitionNotFoundError; IndexHoleError (see
+            ``lookup_entries``); ValueError if ``max_chunks`` < 1.
         """
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, not {max_chunks}")
         with self._db.read() as conn:
-            topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
-            where = (topic_id, partition, log_start, high_watermark)
+            found, log_start, high_watermark = self._partition_state(conn, topic, partition)
+            check_topic_id(topic, topic_id, bytes(found))
+            where = (found, partition, log_start, high_watermark)
             return lookup_entries(conn, self._q, where, offset, max_chunks)
 
-    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
-        """The first entry (by offset, from log-start) whose max timestamp is >= ``timestamp_ms``.
+    def lookup_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int, from_offset: int = 0
+    ) -> ChunkRef | None:
+        """The first entry (by offset, from the one holding ``max(from_offset, log-start)``)
+        whose max timestamp is >= ``timestamp_ms``.
 
         Timestamps need not grow with offsets (CreateTime), so this scans the
         partition's entries in offset order; SQLite does that at millions of rows
@@ -1144,7 +1211,7 @@ class MetadataStore:
         with self._db.read() as conn:
             topic_id, log_start, high_watermark = self._partition_state(conn, topic, partition)
             where = (topic_id, partition, log_start, high_watermark)
-            return lookup_timestamp_entry(conn, self._q, where, timestamp_ms)
+            return lookup_timestamp_entry(conn, self._q, where, timestamp_ms, from_offset)
 
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` are committed objects (for orphan detection)."""

@@ -152,6 +152,7 @@ from coordinator.http_client import (
     kafka_group_to_json,
     object_info_to_json,
     offsets_to_json,
+    partition_offsets_to_json,
     positions_from_json,
     reference_from_json,
     store_location_to_json,
@@ -534,8 +535,7 @@ def create_app(
 
     @app.get("/v1/topics/{name:path}/partitions/{partition}/offsets")
     def offsets(name: str, partition: int) -> Response:
-        o = coordinator.offsets(name, partition)
-        return _json({"log_start": o.log_start, "high_watermark": o.high_watermark})
+        return _json(partition_offsets_to_json(coordinator.offsets(name, partition)))
 
     @app.post("/v1/offsets")
     def offsets_many(body: dict[str, Any] = Body()) -> Response:
@@ -545,14 +545,26 @@ def create_app(
 
     @app.get("/v1/topics/{name:path}/partitions/{partition}/lookup")
     def lookup(
-        name: str, partition: int, offset: int = Query(), max_chunks: int = Query(16, ge=1)
+        name: str,
+        partition: int,
+        offset: int = Query(),
+        max_chunks: int = Query(16, ge=1),
+        topic_id: str | None = Query(None),
     ) -> Response:
-        chunks = coordinator.lookup(name, partition, offset, max_chunks)
+        wanted = None
+        if topic_id is not None:
+            try:
+                wanted = bytes.fromhex(topic_id)
+            except ValueError:
+                raise _malformed(f"topic id {topic_id!r} is not hex") from None
+        chunks = coordinator.lookup(name, partition, offset, max_chunks, topic_id=wanted)
         return _json({"chunks": [chunk_ref_to_json(c) for c in chunks]})
 
     @app.get("/v1/topics/{name:path}/partitions/{partition}/lookup-timestamp")
-    def lookup_timestamp(name: str, partition: int, ts: int = Query()) -> Response:
-        chunk = coordinator.lookup_timestamp(name, partition, ts)
+    def lookup_timestamp(
+        name: str, partition: int, ts: int = Query(), from_offset: int = Query(0)
+    ) -> Response:
+        chunk = coordinator.lookup_timestamp(name, partition, ts, from_offset)
         return _json({"chunk": None if chunk is None else chunk_ref_to_json(chunk)})
 
     @app.post("/v1/topics/{name:path}/partitions/{partition}/delete-records")

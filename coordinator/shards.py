@@ -64,6 +64,7 @@ from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionSta
 from coordinator.metadata import (
     MetadataStore,
     check_chunks,
+    check_topic_id,
     delete_records_target,
     format_topic_id,
     lookup_entries,
@@ -700,7 +701,7 @@ class ShardedStore:
 
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         topic_id, shard = self._resolve(topic, partition)
-        return PartitionOffsets(*self._bounds(topic_id, partition, shard))
+        return PartitionOffsets(*self._bounds(topic_id, partition, shard), topic_id)
 
     def offsets_many(
         self, partitions: Sequence[TopicPartition]
@@ -742,7 +743,7 @@ class ShardedStore:
                 if bounds is None:  # placed while the shard was down: empty
                     absent.append((topic_id, tp.partition))
                     bounds = (0, 0)
-                out[tp] = PartitionOffsets(*bounds)
+                out[tp] = PartitionOffsets(bounds[0], bounds[1], topic_id)
             if absent:
                 self._ensure(shard, absent)
         return out
@@ -784,11 +785,19 @@ class ShardedStore:
         return out
 
     def lookup(
-        self, topic: str, partition: int, offset: int, max_chunks: int = 16
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_chunks: int = 16,
+        *,
+        topic_id: bytes | None = None,
     ) -> list[ChunkRef]:
         if max_chunks < 1:
             raise ValueError(f"max_chunks must be >= 1, not {max_chunks}")
+        wanted = topic_id
         topic_id, shard = self._resolve(topic, partition)
+        check_topic_id(topic, wanted, topic_id)
 
         def read(conn: Any) -> list[ChunkRef] | None:  # one snapshot, one transaction
             bounds = conn.execute(shard.q(_BOUNDS), (topic_id, partition)).fetchone()
@@ -803,10 +812,14 @@ class ShardedStore:
             return []
         return refs
 
-    def lookup_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> ChunkRef | None:
+    def lookup_timestamp(
+        self, topic: str, partition: int, timestamp_ms: int, from_offset: int = 0
+    ) -> ChunkRef | None:
         topic_id, shard = self._resolve(topic, partition)
         where = (topic_id, partition, *self._bounds(topic_id, partition, shard))
-        return shard.read(lambda conn: lookup_timestamp_entry(conn, shard.q, where, timestamp_ms))
+        return shard.read(
+            lambda conn: lookup_timestamp_entry(conn, shard.q, where, timestamp_ms, from_offset)
+        )
 
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         """Keys some shard has committed. Asks every shard.

@@ -12,7 +12,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ulid import ULID
@@ -22,6 +22,7 @@ from coordinator.producers import ProducerBatch, RequestKey
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import (
     CorruptSegmentError,
+    IndexHoleError,
     LakelogError,
     ObjectNotFoundError,
     PartialCommitError,
@@ -31,7 +32,7 @@ from segments.errors import (
 from segments.segment import SegmentBuilder, iter_chunk
 from segments.store import ObjectStore
 from segments.tier import TierReader
-from segments.types import ChunkInfo, ChunkRef, ConsumedRecord
+from segments.types import ChunkInfo, ChunkRef, ConsumedRecord, PartitionOffsets
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +268,14 @@ class LogReader:
 
     Index entries are segment chunks or tier objects (``decode_entry``). Records
     below the partition's log-start are never returned, even from an entry that
-    straddles it. An entry whose object is gone (tiering, compaction or retention
-    replaced it and GC deleted it) is looked up again once.
+    straddles it, nor records at or past the high watermark the read started from
+    (a reader reports that one). An entry whose object is gone (tiering, compaction or
+    retention replaced it and GC deleted it) is looked up again once. Every lookup
+    names the topic's id: a topic deleted and created again under the same name is
+    another log, and a read that started on the old one ends with TopicNotFoundError.
+
+    Subclasses cache (``service.read_cache.CachingLogReader``) by overriding
+    ``fetch_chunk``, ``lookup``, ``forget`` and ``prefetch``.
     """
 
     def __init__(self, store: ObjectStore, coordinator: Coordinator) -> None:
@@ -287,6 +294,99 @@ class LogReader:
             )
         return data
 
+    def lookup(self, topic: str, partition: int, offset: int, topic_id: bytes) -> list[ChunkRef]:
+        """Index entries from the one holding ``offset`` on, of topic id ``topic_id`` (b"":
+        whichever topic the name names). Subclasses cache them."""
+        return self.coordinator.lookup(topic, partition, offset, topic_id=topic_id or None)
+
+    def forget(self, topic_id: bytes, partition: int) -> None:
+        """Drop what is cached of a partition's index (an entry's object was gone)."""
+
+    def prefetch(self, refs: list[ChunkRef], budget: int) -> None:
+        """Start fetching ``refs`` (at most ``budget`` bytes) ahead of the reader; the
+        base reader reads nothing ahead."""
+
+    def entries(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        bounds: PartitionOffsets | None = None,
+        read_ahead_bytes: int = 0,
+    ) -> Iterator[tuple[ChunkRef, bytes, int]]:
+        """The index entries from ``offset`` on, up to the high watermark, with their bytes.
+
+        Yields (entry, its bytes, first offset wanted from it), lazily: the offset is
+        never below log-start, even in an entry that straddles it, and no entry reaches
+        past the high watermark (a tier object that does is cut there). ``bounds``: the
+        partition's offsets as the caller read them (read here when None): the read ends
+        at that high watermark and reads that topic id only. Callers decode (REST,
+        ``records``) or pass batches on (Kafka Fetch). ``read_ahead_bytes``: how many
+        bytes of the following entries may be fetched in parallel ahead of the one
+        being used (0: none).
+
+        Raises:
+            TopicNotFoundError: the topic was deleted (or deleted and created again).
+            IndexHoleError: the index does not hold an offset below the high watermark.
+        """
+        if bounds is None:
+            bounds = self.coordinator.offsets(topic, partition)
+        end = bounds.high_watermark
+        next_offset = max(offset, bounds.log_start)
+        retried = False
+        while next_offset < end:
+            refs = self.lookup(topic, partition, next_offset, bounds.topic_id)
+            if not refs:
+                return  # log-start passed the high watermark meanwhile (DeleteRecords)
+            # Log-start may have moved past next_offset meanwhile (retention): skip up to it.
+            next_offset = max(next_offset, refs[0].base_offset)
+            before = next_offset
+            self.prefetch(refs[1:], read_ahead_bytes - refs[0].length)
+            for ref in refs:
+                if ref.base_offset >= end:
+                    return
+                if ref.end_offset > end and ref.kind == "parquet":
+                    # Tiered past our high watermark: the rows after it are not ours to serve.
+                    ref = replace(ref, record_count=end - ref.base_offset)
+                try:
+                    data = self.fetch_chunk(ref)
+                except ObjectNotFoundError:
+                    # The entry was swapped or dropped after our lookup: ask again, once.
+                    if retried:
+                        raise
+                    retried = True
+                    self.forget(bounds.topic_id, partition)
+                    break
+                retried = False
+                yield ref, data, next_offset
+                next_offset = max(next_offset, ref.end_offset)
+            else:
+                if next_offset <= before:
+                    # Entries that end where the reader stands: asking again would spin.
+                    raise IndexHoleError(
+                        f"The index of partition {partition} of topic '{topic}' holds no "
+                        f"entry past offset {next_offset}, below its high watermark {end}."
+                    )
+
+    def records(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        bounds: PartitionOffsets | None = None,
+        read_ahead_bytes: int = 0,
+    ) -> Iterator[ConsumedRecord]:
+        """Committed records from ``offset`` on (from log-start if below it), up to the
+        high watermark, lazily; see ``entries``."""
+        for ref, data, start in self.entries(
+            topic, partition, offset, bounds=bounds, read_ahead_bytes=read_ahead_bytes
+        ):
+            yield from decode_entry(
+                ref, data, topic, partition, start, self.decompressed_limit(topic)
+            )
+
     def read(
         self, topic: str, partition: int, offset: int, *, max_bytes: int = 1 << 20
     ) -> list[ConsumedRecord]:
@@ -297,56 +397,45 @@ class LogReader:
         """
         out: list[ConsumedRecord] = []
         size = 0
-        next_offset = max(offset, self.coordinator.offsets(topic, partition).log_start)
-        retried = False
-        while True:
-            refs = self.coordinator.lookup(topic, partition, next_offset)
-            if not refs:
-                return out
-            for ref in refs:
-                try:
-                    data = self.fetch_chunk(ref)
-                except ObjectNotFoundError:
-                    # The entry was swapped or dropped after our lookup: ask again, once.
-                    if retried:
-                        raise
-                    retried = True
-                    break
-                retried = False
-                for rec in decode_entry(
-                    ref, data, topic, partition, next_offset, self.decompressed_limit(topic)
-                ):
-                    out.append(rec)
-                    size += len(rec.key or b"") + len(rec.value or b"")
-                    if size >= max_bytes:
-                        return out
-                next_offset = max(next_offset, ref.end_offset)
+        for rec in self.records(topic, partition, offset, read_ahead_bytes=max_bytes):
+            out.append(rec)
+            size += len(rec.key or b"") + len(rec.value or b"")
+            if size >= max_bytes:
+                break
+        return out
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> int | None:
-        """The first offset whose record timestamp is >= ``timestamp_ms``, or None."""
+        """The first offset at or after log-start whose record timestamp is >=
+        ``timestamp_ms``, or None."""
         found = self.record_for_timestamp(topic, partition, timestamp_ms)
         return None if found is None else found.offset
 
     def record_for_timestamp(
         self, topic: str, partition: int, timestamp_ms: int
     ) -> ConsumedRecord | None:
-        """The first record whose timestamp is >= ``timestamp_ms``, or None."""
-        ref = self.coordinator.lookup_timestamp(topic, partition, timestamp_ms)
-        if ref is None:
-            return None
-        records = decode_entry(
-            ref,
-            self.fetch_chunk(ref),
-            topic,
-            partition,
-            ref.base_offset,
-            self.decompressed_limit(topic),
-        )
-        for rec in records:
-            if rec.timestamp_ms >= timestamp_ms:
-                return rec
-        # The index's max timestamp comes from these very records, so this is corruption.
-        raise CorruptSegmentError(
-            f"{ref.object_key}: no record at or after {timestamp_ms} in a chunk whose "
-            f"max timestamp is {ref.max_timestamp_ms}"
-        )
+        """The first record at or after log-start whose timestamp is >= ``timestamp_ms``,
+        or None (Kafka's ListOffsets by timestamp)."""
+        start = self.coordinator.offsets(topic, partition).log_start
+        while True:
+            ref = self.coordinator.lookup_timestamp(topic, partition, timestamp_ms, start)
+            if ref is None:
+                return None
+            records = decode_entry(
+                ref,
+                self.fetch_chunk(ref),
+                topic,
+                partition,
+                max(start, ref.base_offset),
+                self.decompressed_limit(topic),
+            )
+            for rec in records:
+                if rec.timestamp_ms >= timestamp_ms:
+                    return rec
+            if ref.base_offset >= start:
+                # The index's max timestamp comes from these very records: corruption.
+                raise CorruptSegmentError(
+                    f"{ref.object_key}: no record at or after {timestamp_ms} in a chunk whose "
+                    f"max timestamp is {ref.max_timestamp_ms}"
+                )
+            # The entry straddles log-start and its recent records lie below it.
+            start = ref.end_offset

@@ -36,6 +36,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── InvalidTopicPatternError  a topic_pattern we cannot run (Java syntax RE2 lacks)
     │   ├── NoOffsetError             auto.offset.reset=none and no committed offset
     │   ├── OffsetOutOfRangeError     an offset beyond the partition's high watermark
+    │   ├── IndexHoleError            no index entry holds an offset below the high watermark
     │   ├── ProducerFencedError       an idempotent producer's epoch is not its latest
     │   ├── GroupProtocolConflictError  a group used through the other door (REST/Kafka)
     │   ├── RebalanceInProgressError  retriable: a Kafka group is rebalancing, rejoin
@@ -293,6 +294,12 @@ class OffsetOutOfRangeError(MetadataError):
     """An offset outside what the partition holds (DeleteRecords past the high watermark)."""
 
 
+class IndexHoleError(MetadataError):
+    """A partition's index does not cover an offset between its log-start and its high
+    watermark (DESIGN.md: the index is contiguous). Never expected: a bug or a damaged
+    database; readers fail with it instead of waiting for records that cannot come."""
+
+
 class ProducerFencedError(MetadataError):
     """An idempotent producer's epoch is older than its latest (Kafka's
     INVALID_PRODUCER_EPOCH), or its id is unknown."""
@@ -511,6 +518,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         PrincipalExistsError,
         InvalidSecurityRequestError,
         OffsetOutOfRangeError,
+        IndexHoleError,
         ProducerFencedError,
         ProducerConflictError,
         GroupProtocolConflictError,

@@ -58,6 +58,12 @@ File layout choices (all standard Parquet, readable by any reader):
       lakelog.record_count      number of records (rows)
       lakelog.min_timestamp_ms  over all records
       lakelog.max_timestamp_ms
+      lakelog.delete_horizons   (compacted objects holding tombstones only) JSON
+                                [[from_offset, horizon_ms], ...] by rising from_offset:
+                                the tombstones at offsets from one from_offset up to the
+                                next may be dropped by compaction once the clock passes
+                                horizon_ms (Kafka's delete horizon, KIP-534: set by the
+                                first compaction that saw them, delete.retention.ms on)
 
       lakelog.integrity         "lklcrc1:<from:020d>:<crc:08x>": CRC-32 (zlib) of the
                                 object's tail, bytes [from, size - 4) = page index, footer
@@ -76,8 +82,10 @@ sees (page headers are not covered by a CRC; pyarrow refuses the ones that matte
 
 from __future__ import annotations
 
+import bisect
 import io
 import itertools
+import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -161,6 +169,7 @@ _MD_LAST = "lakelog.last_offset"
 _MD_COUNT = "lakelog.record_count"
 _MD_MIN_TS = "lakelog.min_timestamp_ms"
 _MD_MAX_TS = "lakelog.max_timestamp_ms"
+_MD_HORIZONS = "lakelog.delete_horizons"
 _MD_INTEGRITY = "lakelog.integrity"
 _INTEGRITY_PREFIX = b"lklcrc1:"
 
@@ -258,6 +267,7 @@ def encode_tier(
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
     row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
     compression: str = "zstd",
+    delete_horizons: Sequence[tuple[int, int]] = (),
 ) -> bytes:
     """Encode one topic-partition's records, in offset order, as a tier object.
 
@@ -269,6 +279,8 @@ def encode_tier(
         row_group_rows: at most this many records per row group.
         row_group_bytes: close a row group once its payload reaches this many bytes.
         compression: one of :data:`COMPRESSIONS`.
+        delete_horizons: ``(from_offset, horizon_ms)`` by rising offset: the delete
+            horizon of the tombstones from each offset on (see the module docstring).
 
     Returns:
         The Parquet object's bytes.
@@ -343,6 +355,11 @@ def encode_tier(
         _MD_MIN_TS: str(min(cols.timestamps)),
         _MD_MAX_TS: str(max(cols.timestamps)),
     }
+    if delete_horizons:
+        froms = [f for f, _ in delete_horizons]
+        if froms != sorted(set(froms)):
+            raise ValueError(f"delete horizons must rise by offset: {delete_horizons}")
+        metadata[_MD_HORIZONS] = json.dumps([[f, h] for f, h in delete_horizons])
     sink = io.BytesIO()
     with pq.ParquetWriter(
         sink,
@@ -479,12 +496,22 @@ class TierReader:
             self.record_count: int = int(kv[_MD_COUNT])
             self.min_timestamp_ms: int = int(kv[_MD_MIN_TS])
             self.max_timestamp_ms: int = int(kv[_MD_MAX_TS])
-        except (KeyError, ValueError) as exc:
+            #: ``(from_offset, horizon_ms)`` of the tombstones (see the module docstring).
+            self.delete_horizons: tuple[tuple[int, int], ...] = tuple(
+                (int(f), int(h)) for f, h in json.loads(kv.get(_MD_HORIZONS, "[]"))
+            )
+        except (KeyError, ValueError, TypeError) as exc:
             raise _corrupt(f"bad key-value metadata: {exc}") from exc
         self.row_groups: tuple[TierRowGroup, ...] = tuple(
             self._check_group(i, g) for i, g in enumerate(groups)
         )
         self._check_totals(total_rows)
+
+    def delete_horizon(self, offset: int) -> int | None:
+        """The delete horizon (epoch ms) of a tombstone at ``offset``; None when no
+        compaction has seen it yet."""
+        i = bisect.bisect_right([f for f, _ in self.delete_horizons], offset) - 1
+        return None if i < 0 else self.delete_horizons[i][1]
 
     def _check_group(self, index: int, group: Any) -> TierRowGroup:
         """A row group's statistics, checked against the footer's key-value metadata."""

@@ -84,10 +84,16 @@ class ChunkRef:
 
 @dataclass(frozen=True, slots=True)
 class PartitionOffsets:
-    """``log_start``: first readable offset; ``high_watermark``: next offset to assign."""
+    """``log_start``: first readable offset; ``high_watermark``: next offset to assign.
+
+    ``topic_id``: the topic the bounds were read from (b"" where the caller did not ask).
+    A topic deleted and created again under its name is another log, so readers key what
+    they cache by it; it is not part of the value compared (the bounds are).
+    """
 
     log_start: int
     high_watermark: int
+    topic_id: bytes = field(default=b"", compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Knowing whether an answer reached its client: disconnect watching and a reporting response.
+"""Knowing whether an answer reached its client: disconnect watching and reporting responses.
 
 HTTP has no acknowledgement, so "delivered" here means: the whole body was
 handed to the connection while the client was still connected. A client that
@@ -6,16 +6,18 @@ hung up before (a timeout shorter than the long-poll, a killed process) is
 seen by the server as an ``http.disconnect`` message on the request's ASGI
 ``receive`` channel; ``DisconnectWatch`` waits on that channel for the whole
 request and ``DeliveryResponse`` reports to its ``on_done`` callback whether
-it got its body out first. Bytes still in socket buffers when a client dies
-can be lost; that window is the kernel's, and the at-least-once redelivery
-covers it only if the client had not yet been answered.
+it got its body out first; ``DeliveryStream`` does the same for each chunk of a
+stream (the v3 group stream commits only what was delivered). Bytes still in
+socket buffers when a client dies can be lost; that window is the kernel's, and
+the at-least-once redelivery covers it only if the client had not yet been
+answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -121,3 +123,72 @@ class DeliveryResponse(Response):
         finally:
             await self.watch.stop()
             await self.on_done(delivered)
+
+
+class DeliveryStream(Response):
+    """A streaming response that calls ``on_delivered()`` after each chunk of ``chunks``
+    got out to a client still connected, and stops at the first sign it is gone.
+
+    A chunk is sent in slices, its last byte held back: sending that byte waits until
+    the rest left the server's buffers (uvicorn's flow control), then a hang-up is
+    looked for. A chunk cut short, or followed by a hang-up, is not delivered. The
+    generator is closed (its ``finally`` runs) before ``__call__`` returns. ``watch``
+    must have been started.
+    """
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        media_type: str,
+        watch: DisconnectWatch,
+        on_delivered: Callable[[], None],
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        # Not Response.__init__: without a body, no Content-Length (as StreamingResponse).
+        self.status_code = 200
+        self.media_type = media_type
+        self.background = None
+        self.init_headers(headers)
+        self.chunks = chunks
+        self.watch = watch
+        self.on_delivered = on_delivered
+
+    async def _send_chunk(self, send: Send, chunk: bytes) -> bool:
+        """Whether the whole chunk got out while the client was there."""
+        view = memoryview(chunk)
+        held = max(len(view) - 1, 0)
+        for start in range(0, held, SLICE_BYTES):
+            if self.watch.disconnected:
+                return False
+            part = bytes(view[start : min(start + SLICE_BYTES, held)])
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        if self.watch.disconnected:
+            return False
+        await send({"type": "http.response.body", "body": bytes(view[held:]), "more_body": True})
+        await DeliveryResponse._settle()
+        return not self.watch.disconnected
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await DeliveryResponse._settle()
+            if self.watch.disconnected:
+                return
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            async for chunk in self.chunks:
+                if not await self._send_chunk(send, chunk):
+                    return
+                self.on_delivered()
+            if not self.watch.disconnected:
+                await self.watch.stop()  # receive() reports the end as a disconnect
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            aclose = getattr(self.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            await self.watch.stop()

@@ -165,6 +165,8 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.PrincipalExistsError: ErrorSpec(ErrorCode.CONFLICT),
     e.InvalidSecurityRequestError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.OffsetOutOfRangeError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
+    # A damaged index: never the client's fault, never worth retrying.
+    e.IndexHoleError: ErrorSpec(ErrorCode.KAFKA_ERROR),
     e.ProducerFencedError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.ProducerConflictError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.GroupProtocolConflictError: ErrorSpec(ErrorCode.ILLEGAL_STATE),

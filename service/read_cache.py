@@ -8,10 +8,14 @@
   the *history* budget holds ranges fetched from the store. A lagging reader
   churns only the history budget, never the hot tail. Concurrent fetches of one
   range are coalesced: one GET, the other readers wait for it.
-- ``IndexCache``: ChunkRef lists from ``coordinator.lookup``. A committed index
-  entry never changes, so it is cached (bounded, and only for ``ttl_s`` because
-  tiering and retention swap or drop entries); "nothing past the high watermark"
-  is never cached, so new data is seen at once.
+- ``IndexCache``: ChunkRef lists from ``coordinator.lookup``, keyed by topic id (a
+  topic deleted and created again is another log). A committed index entry never
+  changes, so it is cached (bounded, and only for ``ttl_s`` because tiering and
+  retention swap or drop entries); "nothing past the high watermark" is never
+  cached, so new data is seen at once. Every read starts from the partition's
+  offsets as the coordinator says now (its topic id, log-start and high watermark,
+  ``LogReader.entries``): a hit serves only entries of that topic, below that
+  high watermark.
 - ``CachingLogReader``: a ``LogReader`` over both, with read-ahead of the next
   chunks in parallel when catching up on history. Read-ahead is best effort and
   bounded: at most ``4 x read_ahead`` chunks queued or in flight per agent (each
@@ -31,15 +35,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from coordinator.client import Coordinator
-from index.log import LogReader, WriteResult, decode_entry
-from segments.errors import ObjectNotFoundError
+from index.log import LogReader, WriteResult
 from segments.store import ObjectStore
-from segments.types import ChunkRef, ConsumedRecord
+from segments.types import ChunkRef
 from service.consume_metrics import ConsumeMetrics
 
 log = logging.getLogger(__name__)
@@ -238,7 +241,10 @@ class _PartitionIndex:
 
 
 class IndexCache:
-    """Committed index entries per partition, bounded in entries and age.
+    """Committed index entries per partition, keyed by topic id, bounded in entries and age.
+
+    Keyed by the topic's id, never its name: a topic deleted and created again is another
+    log, whose entries are never mixed with the old one's.
 
     Args:
         max_entries: at most this many ChunkRefs in total (least recently used
@@ -252,19 +258,22 @@ class IndexCache:
         self.max_entries = max_entries
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
-        self._parts: OrderedDict[tuple[str, int], _PartitionIndex] = OrderedDict()
+        self._parts: OrderedDict[tuple[bytes, int], _PartitionIndex] = OrderedDict()
         self._count = 0
 
-    def get(self, topic: str, partition: int, offset: int, max_chunks: int = 16) -> list[ChunkRef]:
+    def get(
+        self, topic_id: bytes, partition: int, offset: int, max_chunks: int = 16
+    ) -> list[ChunkRef]:
         """Cached entries from the one holding ``offset`` on (contiguous), else []."""
+        key = (topic_id, partition)
         with self._lock:
-            part = self._parts.get((topic, partition))
+            part = self._parts.get(key)
             if part is None:
                 return []
             if time.monotonic() - part.created > self.ttl_s:
-                self._drop((topic, partition))
+                self._drop(key)
                 return []
-            self._parts.move_to_end((topic, partition))
+            self._parts.move_to_end(key)
             i = bisect.bisect_right(part.bases, offset) - 1
             if i < 0 or not part.refs[i].base_offset <= offset < part.refs[i].end_offset:
                 return []
@@ -275,12 +284,12 @@ class IndexCache:
                 chain.append(ref)
             return chain
 
-    def put(self, topic: str, partition: int, refs: list[ChunkRef]) -> None:
+    def put(self, topic_id: bytes, partition: int, refs: list[ChunkRef]) -> None:
         """Remember committed entries (an empty list, "nothing yet", is never cached)."""
         if not refs or self.max_entries <= 0 or self.ttl_s <= 0:
             return
         with self._lock:
-            key = (topic, partition)
+            key = (topic_id, partition)
             part = self._parts.get(key)
             if part is None:
                 part = self._parts[key] = _PartitionIndex()
@@ -295,11 +304,11 @@ class IndexCache:
             while self._count > self.max_entries and self._parts:
                 self._drop(next(iter(self._parts)))
 
-    def invalidate(self, topic: str, partition: int) -> None:
+    def invalidate(self, topic_id: bytes, partition: int) -> None:
         with self._lock:
-            self._drop((topic, partition))
+            self._drop((topic_id, partition))
 
-    def _drop(self, key: tuple[str, int]) -> None:
+    def _drop(self, key: tuple[bytes, int]) -> None:
         part = self._parts.pop(key, None)
         if part is not None:
             self._count -= len(part.refs)
@@ -340,10 +349,6 @@ class CachingLogReader(LogReader):
         self._pending: set[RangeKey] = set()
         self._pending_lock = threading.Lock()
         self.max_pending = 4 * read_ahead
-        # Log-start per partition, refreshed with every index lookup that reaches the
-        # coordinator, so it is exactly as fresh as the index entries it goes with.
-        self._log_starts: dict[tuple[str, int], int] = {}
-        self._log_starts_lock = threading.Lock()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -364,34 +369,25 @@ class CachingLogReader(LogReader):
             (ref.object_key, ref.position, ref.length), lambda: self._get(ref)
         )
 
-    def lookup(self, topic: str, partition: int, offset: int) -> list[ChunkRef]:
-        """Index entries from ``offset`` on: the agent's cache, else the coordinator."""
-        refs = self.index.get(topic, partition, offset)
+    def lookup(self, topic: str, partition: int, offset: int, topic_id: bytes) -> list[ChunkRef]:
+        """Index entries from ``offset`` on: the agent's cache (by topic id), else the
+        coordinator (for that topic id only)."""
+        refs = self.index.get(topic_id, partition, offset) if topic_id else []
         if refs:
             if self.metrics is not None:
                 self.metrics.index_hits.inc()
             return refs
         if self.metrics is not None:
             self.metrics.index_misses.inc()
-        log_start = self.coordinator.offsets(topic, partition).log_start
-        refs = self.coordinator.lookup(topic, partition, offset)
-        with self._log_starts_lock:
-            self._log_starts[(topic, partition)] = log_start
-        self.index.put(topic, partition, refs)
+        refs = super().lookup(topic, partition, offset, topic_id)
+        if topic_id:
+            self.index.put(topic_id, partition, refs)
         return refs
 
-    def log_start(self, topic: str, partition: int) -> int:
-        """The partition's log-start as of the last index lookup that reached the coordinator."""
-        with self._log_starts_lock:
-            known = self._log_starts.get((topic, partition))
-        if known is not None:
-            return known
-        log_start = self.coordinator.offsets(topic, partition).log_start
-        with self._log_starts_lock:
-            self._log_starts[(topic, partition)] = log_start
-        return log_start
+    def forget(self, topic_id: bytes, partition: int) -> None:
+        self.index.invalidate(topic_id, partition)
 
-    def _prefetch(self, refs: list[ChunkRef], budget: int) -> None:
+    def prefetch(self, refs: list[ChunkRef], budget: int) -> None:
         if self._pool is None or budget <= 0:
             return
         for ref in refs[: self.read_ahead]:
@@ -421,64 +417,3 @@ class CachingLogReader(LogReader):
         """Chunks queued for read-ahead or being fetched by it."""
         with self._pending_lock:
             return len(self._pending)
-
-    def entries(
-        self, topic: str, partition: int, offset: int, *, read_ahead_bytes: int = 0
-    ) -> Iterator[tuple[ChunkRef, bytes, int]]:
-        """The committed index entries from ``offset`` on with their bytes, lazily.
-
-        Yields (entry, its bytes, first offset wanted from it): the offset is never
-        below log-start, even in an entry that straddles it. Callers decode (REST,
-        ``records``) or pass batches on (Kafka Fetch). ``read_ahead_bytes``: how many
-        bytes of the following entries may be fetched in parallel ahead of the one
-        being used (0: none).
-        """
-        next_offset = offset
-        retried = False
-        while True:
-            refs = self.lookup(topic, partition, next_offset)
-            if not refs:
-                return
-            next_offset = max(next_offset, self.log_start(topic, partition))
-            self._prefetch(refs[1:], read_ahead_bytes - refs[0].length)
-            for ref in refs:
-                try:
-                    data = self.fetch_chunk(ref)
-                except ObjectNotFoundError:
-                    # A cached entry may point at an object tiering or retention
-                    # removed: forget the partition's entries and ask once more.
-                    if retried:
-                        raise
-                    retried = True
-                    self.index.invalidate(topic, partition)
-                    break
-                yield ref, data, next_offset
-                next_offset = max(next_offset, ref.end_offset)
-
-    def records(
-        self, topic: str, partition: int, offset: int, *, read_ahead_bytes: int = 0
-    ) -> Iterator[ConsumedRecord]:
-        """Committed records from ``offset`` on, up to the high watermark, lazily.
-
-        ``read_ahead_bytes``: how many bytes of the following chunks may be fetched
-        in parallel ahead of the one being decoded (0: none).
-        """
-        for ref, data, start in self.entries(
-            topic, partition, offset, read_ahead_bytes=read_ahead_bytes
-        ):
-            yield from decode_entry(
-                ref, data, topic, partition, start, self.decompressed_limit(topic)
-            )
-
-    def read(
-        self, topic: str, partition: int, offset: int, *, max_bytes: int = 1 << 20
-    ) -> list[ConsumedRecord]:
-        """As ``LogReader.read``, through the caches."""
-        out: list[ConsumedRecord] = []
-        size = 0
-        for rec in self.records(topic, partition, offset, read_ahead_bytes=max_bytes):
-            out.append(rec)
-            size += len(rec.key or b"") + len(rec.value or b"")
-            if size >= max_bytes:
-                break
-        return out

@@ -134,13 +134,18 @@ class Plan:
 
 
 def subscribed_topics(
-    opts: ReadOptions, coordinator: Coordinator, access: TopicAccess | None = None
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    access: TopicAccess | None = None,
+    *,
+    missing_ok: bool = False,
 ) -> list[TopicInfo]:
     """The topics ``subscribe`` names or ``subscribePattern`` matches, now; with
-    ``access``, only those the job may see, and each one it may READ.
+    ``access``, only those the job may see, and each one it may READ. ``missing_ok``:
+    ``subscribe`` topics that do not exist are left out.
 
     Raises:
-        ValueError: a ``subscribe`` topic does not exist.
+        ValueError: a ``subscribe`` topic does not exist (unless ``missing_ok``).
         AuthorizationError: a topic the job may not READ (``spark.access``).
     """
     if opts.topics is not None:
@@ -151,7 +156,8 @@ def subscribed_topics(
             try:
                 out.append(coordinator.get_topic(name))
             except TopicNotFoundError:
-                raise ValueError(f"subscribe: unknown topic {name!r}") from None
+                if not missing_ok:
+                    raise ValueError(f"subscribe: unknown topic {name!r}") from None
         return out
     assert opts.pattern is not None
     # Spark's subscribePattern matches whole names (java.util.regex.Matcher.matches).
@@ -183,15 +189,29 @@ def _topics(
 
 
 def _offset_for_timestamp(
-    coordinator: Coordinator, store: ObjectStore, topic: str, partition: int, ts: int
+    coordinator: Coordinator,
+    store: ObjectStore,
+    topic: str,
+    partition: int,
+    ts: int,
+    log_start: int,
 ) -> int | None:
-    """The first offset whose record timestamp is >= ts (reads one index entry), or None."""
+    """The first offset at or after ``log_start`` whose record timestamp is >= ts, or None.
+
+    Reads one index entry, or two when the first straddles log-start and its records
+    recent enough all lie below it.
+    """
     from spark.scan import first_offset_at_or_after
 
-    ref = coordinator.lookup_timestamp(topic, partition, ts)
-    if ref is None:
-        return None
-    return first_offset_at_or_after(store, topic, partition, ref, ts)
+    start = log_start
+    while True:
+        ref = coordinator.lookup_timestamp(topic, partition, ts, start)
+        if ref is None:
+            return None
+        found = first_offset_at_or_after(store, topic, partition, ref, ts, start)
+        if found is not None or ref.base_offset >= start:
+            return found
+        start = ref.end_offset
 
 
 def start_at_timestamp(
@@ -210,7 +230,9 @@ def start_at_timestamp(
             ``error`` (with ``latest``: the high watermark, nothing to read).
     """
     assert opts.starting_timestamp is not None
-    found = _offset_for_timestamp(coordinator, store, topic, partition, opts.starting_timestamp)
+    found = _offset_for_timestamp(
+        coordinator, store, topic, partition, opts.starting_timestamp, log_start
+    )
     if found is None:
         if opts.timestamp_strategy == "error":
             raise ValueError(
@@ -252,7 +274,9 @@ def _resolve(
     else:
         start = log_start
     if opts.ending_timestamp is not None:
-        found = _offset_for_timestamp(coordinator, store, topic, partition, opts.ending_timestamp)
+        found = _offset_for_timestamp(
+            coordinator, store, topic, partition, opts.ending_timestamp, log_start
+        )
         end = hw if found is None else min(found, hw)
     elif isinstance(opts.ending, dict):
         parts = opts.ending.get(topic)
@@ -276,15 +300,23 @@ def _slices(
     end: int,
     bounds: Bounds,
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    topic_id: bytes | None = None,
 ) -> Iterator[Slice]:
-    """Disjoint slices covering [start, end) from the index, pruned by timestamp bounds."""
+    """Disjoint slices covering [start, end) from the index (of ``topic_id`` only, if
+    given), pruned by timestamp bounds."""
     cursor = start
     while cursor < end:
-        refs = coordinator.lookup(topic, partition, cursor, _LOOKUP_PAGE)
-        if not refs:
+        try:
+            refs = coordinator.lookup(topic, partition, cursor, _LOOKUP_PAGE, topic_id=topic_id)
+        except TopicNotFoundError:
             raise ValueError(
-                f"{topic}-{partition}: the index ends at {cursor}, before {end}: records "
-                "were deleted while planning; run the read again"
+                f"{topic}-{partition}: the topic was deleted (or deleted and created again) "
+                "while planning; run the read again"
+            ) from None
+        if not refs or refs[0].base_offset > cursor:
+            raise ValueError(
+                f"{topic}-{partition}: the index no longer holds offset {cursor} (of "
+                f"{start}-{end - 1}): records were deleted while planning; run the read again"
             )
         for ref in refs:
             lo, hi = max(ref.base_offset, cursor), min(ref.end_offset, end)
@@ -404,7 +436,9 @@ def plan_read(
     """
     snapshot: dict[tuple[str, int], tuple[int, int]] = {}
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
+    topic_ids: dict[str, bytes] = {}
     for info in _topics(opts, coordinator, bounds, access):
+        topic_ids[info.name] = info.topic_id
         for partition in range(info.partitions):
             if bounds.partitions is not None and partition not in bounds.partitions:
                 continue
@@ -416,7 +450,7 @@ def plan_read(
             snapshot[(info.name, partition)] = (log_start, hw)
             start, end = _resolve(opts, coordinator, store, info.name, partition, log_start, hw)
             ranges[(info.name, partition)] = (start, end)
-    tasks = plan_tasks(coordinator, store, ranges, bounds, opts.max_bytes_per_task)
+    tasks = plan_tasks(coordinator, store, ranges, bounds, opts.max_bytes_per_task, topic_ids)
     return Plan(snapshot, ranges, tasks)
 
 
@@ -426,11 +460,14 @@ def plan_tasks(
     ranges: Mapping[tuple[str, int], tuple[int, int]],
     bounds: Bounds,
     max_bytes_per_task: int,
+    topic_ids: Mapping[str, bytes] | None = None,
 ) -> list[ScanTask]:
     """Scan tasks reading offsets [start, end) of each topic-partition (within the bounds).
 
     What a batch read plans after resolving its offsets, and what a stream plans for
-    each micro-batch: the same range gives the same records either way.
+    each micro-batch: the same range gives the same records either way. ``topic_ids``:
+    the id each topic had when the ranges were resolved; the index of a topic deleted
+    (and created again) meanwhile is not read as if it were the same log.
 
     Raises:
         ValueError: the index no longer holds a range's records (see :func:`_slices`).
@@ -445,7 +482,10 @@ def plan_tasks(
         if start < end:
             if topic not in limits:
                 limits[topic] = max_decompressed_bytes(coordinator.get_topic(topic))
-            slices.extend(_slices(coordinator, topic, partition, start, end, bounds, limits[topic]))
+            topic_id = None if topic_ids is None else topic_ids.get(topic)
+            slices.extend(
+                _slices(coordinator, topic, partition, start, end, bounds, limits[topic], topic_id)
+            )
     # Object by object: a segment object holds a chunk of every partition its flush had,
     # and a task fetches the chunks of one object with one GET (the order of rows within
     # a task means nothing to Spark).

@@ -462,9 +462,10 @@ def read_task(
 
 
 def first_offset_at_or_after(
-    store: ObjectStore, topic: str, partition: int, ref: ChunkRef, ts: int
+    store: ObjectStore, topic: str, partition: int, ref: ChunkRef, ts: int, from_offset: int = 0
 ) -> int | None:
-    """In one index entry, the first offset whose timestamp is >= ts (None: none is)."""
+    """In one index entry, the first offset at or after ``from_offset`` (log-start) whose
+    timestamp is >= ts (None: none is)."""
     s = Slice(
         topic,
         partition,
@@ -474,7 +475,7 @@ def first_offset_at_or_after(
         ref.length,
         ref.base_offset,
         ref.record_count,
-        ref.base_offset,
+        max(ref.base_offset, from_offset),
         ref.end_offset,
     )
     bounds = Bounds(min_ts=ts)

@@ -327,6 +327,10 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._coordinator: Coordinator | None = None
         self._access: TopicAccess | None = None
         self._location: StoreLocation | None = None
+        # The id of each topic as last seen, and those seen with another id since the
+        # last planned micro-batch (deleted and created again): this query's memory only.
+        self._topic_ids: dict[str, bytes] = {}
+        self._recreated: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled to the executors for read(): without the planner's open client.
@@ -341,8 +345,15 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._coordinator
 
     def _offsets(self) -> dict[tuple[str, int], PartitionOffsets]:
-        coordinator = self._client()
-        return current_offsets(self.opts, coordinator, self._access)
+        """The subscribed partitions now (a ``subscribe`` topic deleted meanwhile is left
+        out); notes the topics whose id changed (deleted and created again)."""
+        now = current_offsets(self.opts, self._client(), self._access, missing_ok=True)
+        for (topic, _), o in now.items():
+            seen = self._topic_ids.setdefault(topic, o.topic_id)
+            if o.topic_id and seen != o.topic_id:
+                self._recreated.add(topic)
+                self._topic_ids[topic] = o.topic_id
+        return now
 
     def initialOffset(self) -> dict[str, Any]:
         coordinator = self._client()
@@ -376,9 +387,14 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         coordinator = self._client()
         location = self._store_location(coordinator)
-        ranges = micro_batch_ranges(self.opts, coordinator, from_json(start), from_json(end))
+        recreated, self._recreated = self._recreated, set()
+        ranges = micro_batch_ranges(
+            self.opts, coordinator, from_json(start), from_json(end), recreated
+        )
         store = get_store(location)
-        tasks = plan_tasks(coordinator, store, ranges, Bounds(), self.opts.max_bytes_per_task)
+        tasks = plan_tasks(
+            coordinator, store, ranges, Bounds(), self.opts.max_bytes_per_task, self._topic_ids
+        )
         if self.opts.trace:
             from spark.scan import append_trace
 

@@ -13,8 +13,14 @@ records, as a batch read with those ``startingOffsets``/``endingOffsets``.
   offset, as in Spark's Kafka source;
 - ``maxOffsetsPerTrigger`` is shared out in proportion to each partition's backlog
   (rounded down, but never to no progress at all), as Spark's Kafka source does;
-- a range whose start was deleted meanwhile (retention) fails the micro-batch with
-  ``failOnDataLoss`` (the default) and otherwise starts at log-start.
+- data loss fails the micro-batch with ``failOnDataLoss`` (the default) and is skipped
+  without it, as Spark's Kafka source reports it: a range whose start was deleted
+  meanwhile (retention: it starts at log-start), a partition whose offset went back
+  ("offset was changed": its topic was deleted and created again; the stream goes on
+  from the new offset), partitions that are gone (a deleted topic: a deleted
+  ``subscribe`` topic is left out, and read from its beginning should it come back).
+  A topic deleted and created again between two micro-batches of a running query is
+  told by its id, whatever its offsets: it is read as a new topic, from its beginning.
 
 No pyspark here.
 """
@@ -22,7 +28,7 @@ No pyspark here.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import TYPE_CHECKING
 
 from coordinator.client import Coordinator
@@ -63,16 +69,21 @@ def from_json(offsets: Mapping[str, Mapping[str, int]]) -> StreamOffsets:
 
 
 def current_offsets(
-    opts: ReadOptions, coordinator: Coordinator, access: TopicAccess | None = None
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    access: TopicAccess | None = None,
+    *,
+    missing_ok: bool = False,
 ) -> dict[tuple[str, int], PartitionOffsets]:
-    """Log-start and high watermark of every partition the stream subscribes to (and,
-    with ``access``, may read), now.
+    """Log-start, high watermark and topic id of every partition the stream subscribes to
+    (and, with ``access``, may read), now. ``missing_ok``: a ``subscribe`` topic that
+    does not exist (deleted while the query runs) is left out.
 
     Raises:
-        ValueError: a ``subscribe`` topic does not exist.
+        ValueError: a ``subscribe`` topic does not exist (unless ``missing_ok``).
         AuthorizationError: a topic the job may not READ.
     """
-    infos = subscribed_topics(opts, coordinator, access)
+    infos = subscribed_topics(opts, coordinator, access, missing_ok=missing_ok)
     out: dict[tuple[str, int], PartitionOffsets] = {}
     for info in infos:
         for p in range(info.partitions):
@@ -137,22 +148,23 @@ def latest_offsets(
     at most ``max_records`` past ``start`` in all, shared in proportion to backlog.
 
     A partition missing from ``start`` is new: it starts at its log-start. A partition
-    missing from ``cap`` (Trigger.AvailableNow) gets nothing new. Never below ``start``.
+    missing from ``cap`` (Trigger.AvailableNow) gets nothing new. As Spark's Kafka
+    source: a partition gone from ``now`` is left out, and one whose high watermark went
+    below ``start`` ends there (``micro_batch_ranges`` reports both as data loss).
     """
     begin: StreamOffsets = {}
     end: StreamOffsets = {}
     for tp, o in now.items():
         begin[tp] = start.get(tp, o.log_start)
         limit = o.high_watermark if cap is None else min(o.high_watermark, cap.get(tp, begin[tp]))
-        end[tp] = max(begin[tp], limit)
-    for tp, offset in start.items():  # a partition gone from the listing keeps its offset
-        begin.setdefault(tp, offset)
-        end.setdefault(tp, offset)
-    backlog = {tp: end[tp] - begin[tp] for tp in end}
+        end[tp] = limit
+    backlog = {tp: max(end[tp] - begin[tp], 0) for tp in end}
     total = sum(backlog.values())
     if max_records is None or total <= max_records:
         return end
     for tp, lag in backlog.items():
+        if lag == 0:
+            continue  # nothing to share out (or its offset went back: it ends there)
         share = max_records * lag / total
         # Spark's Kafka source rounds a share below one record up, others down.
         take = math.ceil(share) if share < 1 else math.floor(share)
@@ -165,20 +177,40 @@ def micro_batch_ranges(
     coordinator: Coordinator,
     start: Mapping[tuple[str, int], int],
     end: Mapping[tuple[str, int], int],
+    recreated: Set[str] = frozenset(),
 ) -> dict[tuple[str, int], tuple[int, int]]:
     """The offsets [from, to) each partition's micro-batch reads.
 
+    ``recreated``: topics deleted and created again since ``start`` was planned (told by
+    their ids): their partitions are read from their beginning, as new ones.
+
     Raises:
         ValueError: with ``failOnDataLoss``, a range whose first records were deleted
-            (retention moved log-start past it) or whose partition went backwards.
+            (retention moved log-start past it), a partition whose offset went back
+            (Spark's "offset was changed"), partitions gone from ``end`` (a deleted
+            topic), a topic in ``recreated``.
     """
+    gone = sorted(tp for tp in start if tp not in end)
+    if gone:
+        names = ", ".join(f"{t}-{p}" for t, p in gone)
+        _data_loss(opts, f"partitions {names} are gone (deleted); some data may have been missed")
+    for topic in sorted(recreated):
+        _data_loss(
+            opts, f"topic {topic} was deleted and created again; some data may have been missed"
+        )
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for tp, stop in end.items():
         topic, partition = tp
-        first = start.get(tp, 0)  # a new partition: from its very beginning
+        # A new partition (or one of a topic created again): from its very beginning.
+        first = 0 if topic in recreated else start.get(tp, 0)
         if stop <= first:
             if stop < first:
-                _data_loss(opts, f"{topic}-{partition} went back from {first} to {stop}")
+                _data_loss(
+                    opts,
+                    f"partition {topic}-{partition}'s offset was changed from {first} to "
+                    f"{stop} (its topic was deleted and created again?); some data may "
+                    "have been missed",
+                )
             continue
         try:
             log_start = coordinator.offsets(topic, partition).log_start

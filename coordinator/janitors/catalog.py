@@ -25,6 +25,7 @@ from typing import Any
 from coordinator.db import MetadataDatabase
 from coordinator.iceberg.changes import NOT_HELD, TableFiles, record_changes
 from coordinator.topic_configs import topic_defaults
+from segments.errors import IndexHoleError
 from segments.types import ChunkRef
 
 _PARTITIONS = (
@@ -142,6 +143,17 @@ class NewRow:
     max_ts: int
 
 
+def _spans(rows: Sequence[IndexRow] | Sequence[NewRow]) -> list[tuple[int, int]]:
+    """The offset ranges [first, end) that ``rows`` cover, adjacent ones merged."""
+    out: list[tuple[int, int]] = []
+    for base, end in sorted((r.base_offset, r.base_offset + r.record_count) for r in rows):
+        if out and out[-1][1] == base:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((base, end))
+    return out
+
+
 class SwapAborted(Exception):
     """The rows to replace changed since they were read (internal: rolls the swap back)."""
 
@@ -200,7 +212,16 @@ class Catalog:
         Returns False, changing nothing, when any of ``old`` is gone or changed (a
         concurrent tiering, compaction or retention got there first) or a new key is
         already an object.
+
+        Raises:
+            IndexHoleError: ``new`` does not cover exactly the offsets ``old`` covers
+                (a janitor's bug: the index must stay contiguous).
         """
+        if _spans(old) != _spans(new):
+            raise IndexHoleError(
+                f"A swap in partition {partition} would replace offsets {_spans(old)} "
+                f"with {_spans(new)}: the index must stay contiguous."
+            )
         q = self._q
         try:
             with self._db.write() as conn:

@@ -25,14 +25,23 @@ wave:
 A reader at offset N sees the same record (key, value, timestamp, headers) before
 and after (invariant 5): the records are copied, offsets included.
 
-Compaction, per partition of a ``cleanup.policy=compact`` topic: the tiered
-records are rewritten keeping, per key, only the record with the highest offset
-among the tiered ones (records in untiered segment chunks are neither read nor
-counted: they are compacted once tiered). Offsets are kept, so gaps appear (the
-one place they may). A tombstone (null value) that is the latest of its key is
-dropped once its timestamp is older than ``delete.retention.ms``. Keyless records
-are kept: Kafka refuses them on compacted topics, we accept them at produce and
-cannot compact them, so they stay until retention (``compact,delete``) drops them.
+Compaction, per partition of a ``cleanup.policy=compact`` topic, works on the tiered
+head of the partition: the tier entries from log-start up to the first segment chunk
+(tier entries after an untiered chunk, left by an aborted swap or by coordinators whose
+clocks disagree, wait until tiering fills the gap: an older value of a key in that chunk
+must not outlive the key's tombstone). The head is rewritten keeping, per key, only the
+record with the highest offset in it. Offsets are kept, so gaps appear (the one place
+they may). A tombstone (null value) that is the latest of its key is dropped once
+``delete.retention.ms`` has passed since the first compaction that saw it (Kafka's delete
+horizon, KIP-534; never by its record timestamp, an event time that may be long past):
+that compaction rewrites the head to stamp the horizon in the tier objects' footers
+(``lakelog.delete_horizons``), where later rewrites carry it. Keyless records are kept:
+Kafka refuses them on compacted topics, we accept them at produce and cannot compact them, so they
+stay until retention (``compact,delete``) drops them. A head whose every record would go
+(all its keys deleted long enough ago) keeps its last record, an expired tombstone, so
+that its replacement entries cover its offsets and the index stays contiguous (readers
+fail on a hole, DESIGN.md); the replacement's entries tile the head's offsets whatever
+was dropped.
 
 Object keys: ``tiered/<topic>/partition=<p>/<first:020d>-<last:020d>.<ULID>.parquet``,
 DESIGN.md's key (``segments.tier.tier_object_key``) with a unique suffix, so that a
@@ -225,7 +234,10 @@ class Tierer:
 
     # -- shared ---------------------------------------------------------------------
     def _put(
-        self, part: PartitionState, records: Sequence[ConsumedRecord] | Sequence[tuple[int, Record]]
+        self,
+        part: PartitionState,
+        records: Sequence[ConsumedRecord] | Sequence[tuple[int, Record]],
+        delete_horizons: Sequence[tuple[int, int]] = (),
     ) -> tuple[str, bytes, float]:
         """Encode and PUT one tier object; returns its key, bytes and the time of the PUT.
 
@@ -240,6 +252,7 @@ class Tierer:
             records,
             compression=self.config.tier_compression,
             row_group_bytes=self.config.tier_row_group_bytes,
+            delete_horizons=delete_horizons,
         )
         key = new_tier_key(part.topic, part.partition, first, last)
         if self._stopping.is_set():
@@ -430,63 +443,65 @@ class Tierer:
 
     # -- compaction -----------------------------------------------------------------
     def compact_partition(self, part: PartitionState, report: JanitorReport) -> None:
-        """Compact one partition's tiered records (see the module docstring)."""
-        rows = self.ctx.catalog.rows(part.topic_id, part.partition)
-        rows = [r for r in rows if r.end_offset > part.log_start]
-        # Runs of tier entries with no segment entry between them, each rewritten alone.
-        runs: list[list[IndexRow]] = []
-        previous_kind = ""
-        for r in rows:
-            if r.kind == "parquet":
-                if previous_kind != "parquet":
-                    runs.append([])
-                runs[-1].append(r)
-            previous_kind = r.kind
-        if not runs:
+        """Compact one partition's tiered head (see the module docstring)."""
+        head: list[IndexRow] = []
+        for r in self.ctx.catalog.rows(part.topic_id, part.partition):
+            if r.end_offset <= part.log_start:
+                continue
+            if r.kind != "parquet":
+                break  # an untiered chunk: what follows it waits for tiering
+            head.append(r)
+        if not head:
             return
-        contents: list[list[list[ConsumedRecord]]] = []
-        latest: dict[bytes, int] = {}
-        for run in runs:
-            per_row = []
-            for r in run:
-                self.ctx.check()
-                data = self.ctx.store.get(r.object_key)
-                report.bytes_read += len(data)
-                recs = TierReader(data).records(max(r.base_offset, part.log_start))
-                recs = [x for x in recs if x.offset < r.end_offset]
-                per_row.append(recs)
-                for x in recs:
-                    if x.key is not None:
-                        latest[x.key] = x.offset
-            contents.append(per_row)
-        configs = effective_configs(part.configs)
-        horizon_ms = int(self.ctx.now() * 1000) - int(configs["delete.retention.ms"])
+        now_ms = int(self.ctx.now() * 1000)
+        first_seen_horizon = now_ms + int(effective_configs(part.configs)["delete.retention.ms"])
+        records: list[ConsumedRecord] = []
+        # The delete horizon of every tombstone: from its object, else (never seen by a
+        # compaction) delete.retention.ms from now.
+        horizons: dict[int, int] = {}
+        unseen = False
+        for r in head:
+            self.ctx.check()
+            data = self.ctx.store.get(r.object_key)
+            report.bytes_read += len(data)
+            reader = TierReader(data)
+            for x in reader.records(max(r.base_offset, part.log_start)):
+                if x.offset >= r.end_offset:
+                    break
+                records.append(x)
+                if x.value is None and x.key is not None:
+                    seen = reader.delete_horizon(x.offset)
+                    unseen = unseen or seen is None
+                    horizons[x.offset] = first_seen_horizon if seen is None else seen
+        if not records:
+            return
+        latest = {x.key: x.offset for x in records if x.key is not None}
 
         def keep(x: ConsumedRecord) -> bool:
             if x.key is None:
                 return True
             if latest[x.key] != x.offset:
                 return False
-            return x.value is not None or x.timestamp_ms >= horizon_ms
+            return x.value is not None or now_ms < horizons[x.offset]
 
-        old: list[IndexRow] = []
-        written: list[_Written] = []
-        for run, per_row in zip(runs, contents, strict=True):
-            records = [x for recs in per_row for x in recs]
-            kept = [x for x in records if keep(x)]
-            if len(kept) == len(records):
-                continue  # nothing to drop in this run; leave its objects alone
-            report.records_dropped += len(records) - len(kept)
-            old.extend(run)
-            written.extend(self._write_compacted(part, run, kept))
-        if old:
-            report.rows_dropped += max(0, len(old) - len(written))
-            self._swap(part, old, written, report)
+        # Never nothing: the replacement's entries must cover the head's offsets.
+        kept = [x for x in records if keep(x)] or records[-1:]
+        if len(kept) == len(records) and not unseen:
+            return  # nothing to drop or to stamp; leave its objects alone
+        report.records_dropped += len(records) - len(kept)
+        written = self._write_compacted(part, head, kept, horizons)
+        report.rows_dropped += max(0, len(head) - len(written))
+        self._swap(part, head, written, report)
 
     def _write_compacted(
-        self, part: PartitionState, run: list[IndexRow], kept: list[ConsumedRecord]
+        self,
+        part: PartitionState,
+        run: list[IndexRow],
+        kept: list[ConsumedRecord],
+        horizons: dict[int, int],
     ) -> list[_Written]:
-        """Tier objects for a run's kept records; their spans tile the run's span."""
+        """Tier objects for a run's kept records, with the delete horizons of their
+        tombstones; their spans tile the run's span."""
         chunks: list[list[ConsumedRecord]] = []
         size = 0
         for x in kept:
@@ -500,7 +515,7 @@ class Tierer:
         for i, chunk in enumerate(chunks):
             start = run[0].base_offset if i == 0 else chunk[0].offset
             end = chunks[i + 1][0].offset if i + 1 < len(chunks) else run[-1].end_offset
-            key, data, put_at = self._put(part, chunk)
+            key, data, put_at = self._put(part, chunk, _horizon_ranges(chunk, horizons))
             new = NewRow(
                 key,
                 len(data),
@@ -511,6 +526,19 @@ class Tierer:
             )
             out.append(_Written(new, put_at))
         return out
+
+
+def _horizon_ranges(
+    records: Sequence[ConsumedRecord], horizons: dict[int, int]
+) -> list[tuple[int, int]]:
+    """The ``delete_horizons`` of a tier object holding ``records``: a new range at each
+    tombstone whose horizon differs from the previous tombstone's."""
+    out: list[tuple[int, int]] = []
+    for x in records:
+        horizon = horizons.get(x.offset)
+        if horizon is not None and (not out or out[-1][1] != horizon):
+            out.append((x.offset, horizon))
+    return out
 
 
 def _partitions(ctx: JanitorContext, topic: str | None) -> list[PartitionState]:

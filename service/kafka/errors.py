@@ -39,6 +39,8 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.ConsumerNotFoundError: ErrorCode.unknown_member_id,
     e.InvalidConsumerConfigError: ErrorCode.invalid_group_id,
     e.OffsetOutOfRangeError: ErrorCode.offset_out_of_range,
+    # Not KAFKA_STORAGE_ERROR: clients retry that one silently; this one they must report.
+    e.IndexHoleError: ErrorCode.unknown_server_error,
     e.ProducerFencedError: ErrorCode.invalid_producer_epoch,
     # Every request of the flush gets it: a retriable code that means nothing else.
     e.ProducerConflictError: ErrorCode.request_timed_out,

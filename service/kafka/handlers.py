@@ -39,7 +39,7 @@ from segments.errors import (
     PartitionNotFoundError,
     TopicNotFoundError,
 )
-from segments.types import ConsumedRecord, PartitionOffsets, TopicInfo, TopicPartition
+from segments.types import ChunkRef, ConsumedRecord, PartitionOffsets, TopicInfo, TopicPartition
 from service.batcher import PartlyCommittedError, RawBatch
 from service.executors import Kind, call, run
 from service.idempotence import Admission, ProducerGate, Ticket
@@ -633,7 +633,8 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """
     body = req.body
     st = ctx.state
-    wanted: list[tuple[str, int, int, int]] = []
+    # (topic, partition, offset, partition max bytes, the topic id a request by id named)
+    wanted: list[tuple[str, int, int, int, bytes | None]] = []
     keys: list[_KeyPartition] = []  # the request's name for each of ``wanted``
     unknown: dict[_KeyPartition, ErrorCode] = {}
     watches: dict[tuple[bytes, int], tuple[str, int]] = {}
@@ -646,7 +647,8 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
                     named.error if info is None else ErrorCode.unknown_topic_or_partition
                 )
                 continue
-            wanted.append((info.name, p.partition, p.fetch_offset, p.partition_max_bytes))
+            by_id = info.topic_id if isinstance(named.key, uuid.UUID) else None
+            wanted.append((info.name, p.partition, p.fetch_offset, p.partition_max_bytes, by_id))
             keys.append((named.key, p.partition))
             watches[(info.topic_id, p.partition)] = (info.name, p.fetch_offset)
     max_wait_s = max(0, millis(body.max_wait)) / 1000
@@ -709,20 +711,25 @@ def _offsets_or_none(st: AgentState, tp: TopicPartition) -> PartitionOffsets | N
 
 
 def _read_partitions(
-    st: AgentState, wanted: list[tuple[str, int, int, int]], max_bytes: int
+    st: AgentState, wanted: list[tuple[str, int, int, int, bytes | None]], max_bytes: int
 ) -> list[_PartitionRead]:
-    """One pass over the fetched partitions (worker thread): offsets, then batches."""
+    """One pass over the fetched partitions (worker thread): offsets, then batches.
+
+    A partition asked for by topic id (Fetch v13+) whose name now belongs to another
+    topic (deleted and created again since the agent's metadata was read) answers
+    UNKNOWN_TOPIC_ID: the log it named is gone.
+    """
     out = []
     remaining = max_bytes
     empty = True  # nothing in the answer yet: the next first batch goes in whatever size
     known: dict[TopicPartition, PartitionOffsets] | None
     try:
-        known = st.coordinator.offsets_many([TopicPartition(t, p) for t, p, _, _ in wanted])
+        known = st.coordinator.offsets_many([TopicPartition(t, p) for t, p, *_ in wanted])
     except CoordinatorUnavailableError:
         # Some partitions' offsets are unavailable (a metadata shard is down): ask one
         # by one, so that only those partitions answer with an error.
         known = None
-    for topic, partition, offset, partition_max in wanted:
+    for topic, partition, offset, partition_max, by_id in wanted:
         r = _PartitionRead()
         out.append(r)
         try:
@@ -731,6 +738,9 @@ def _read_partitions(
             if offsets is None:
                 r.error = ErrorCode.unknown_topic_or_partition
                 continue
+            if by_id is not None and offsets.topic_id and offsets.topic_id != by_id:
+                r.error = ErrorCode.unknown_topic_id
+                continue
             r.high_watermark, r.log_start = offsets.high_watermark, offsets.log_start
             if not offsets.log_start <= offset <= offsets.high_watermark:
                 r.error = ErrorCode.offset_out_of_range
@@ -738,7 +748,7 @@ def _read_partitions(
             if offset == offsets.high_watermark or (remaining <= 0 and not empty):
                 continue
             budget = min(partition_max, remaining)
-            _collect(st, topic, partition, offset, budget, empty, r.records)
+            _collect(st, topic, partition, offset, offsets, budget, empty, r.records)
         except LakelogError as e:
             r.error = code_for(e)
             r.records.clear()
@@ -753,15 +763,18 @@ def _collect(
     topic: str,
     partition: int,
     offset: int,
+    bounds: PartitionOffsets,
     budget: int,
     first_may_exceed: bool,
     out: bytearray,
 ) -> None:
-    """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``."""
+    """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``, up to
+    the high watermark of ``bounds`` (the one this Fetch reports) and of its topic id."""
     # Read ahead twice the budget: the next Fetch's chunks arrive while the client is busy
     # with this one's (one Fetch in flight per connection).
     ahead = 2 * budget
-    for ref, data, start in st.reader.entries(topic, partition, offset, read_ahead_bytes=ahead):
+    entries = st.reader.entries(topic, partition, offset, bounds=bounds, read_ahead_bytes=ahead)
+    for ref, data, start in entries:
         if ref.kind == "segment":
             if not fetch_batches(data, ref.base_offset, start, out, budget, first_may_exceed):
                 return
@@ -853,24 +866,32 @@ def _offset_for(st: AgentState, topic: str, partition: int, timestamp: int) -> t
 
 
 def _max_timestamp(st: AgentState, topic: str, partition: int, log_start: int) -> tuple[int, int]:
-    """The first record with the partition's largest timestamp (KIP-734), or (-1, -1)."""
-    best = None
+    """The first record at or after log-start with the partition's largest timestamp
+    (KIP-734), or (-1, -1)."""
+    straddling: ConsumedRecord | None = None  # the best of an entry straddling log-start
+    best: ChunkRef | None = None
+    limit = st.reader.decompressed_limit(topic)
     offset = log_start
     while True:
         refs = st.coordinator.lookup(topic, partition, offset, 1000)
         if not refs:
             break
         for ref in refs:
-            if best is None or ref.max_timestamp_ms > best.max_timestamp_ms:
+            if ref.base_offset < log_start:
+                # Only its records from log-start count, whatever its max timestamp says.
+                data = st.reader.fetch_chunk(ref)
+                for rec in decode_entry(ref, data, topic, partition, log_start, limit):
+                    if straddling is None or rec.timestamp_ms > straddling.timestamp_ms:
+                        straddling = rec
+            elif best is None or ref.max_timestamp_ms > best.max_timestamp_ms:
                 best = ref
         offset = refs[-1].end_offset
-    if best is None:
-        return -1, -1
-    data = st.reader.fetch_chunk(best)
-    start = max(log_start, best.base_offset)
-    for rec in decode_entry(
-        best, data, topic, partition, start, st.reader.decompressed_limit(topic)
+    if best is None or (
+        straddling is not None and straddling.timestamp_ms >= best.max_timestamp_ms
     ):
+        return (-1, -1) if straddling is None else (straddling.offset, straddling.timestamp_ms)
+    data = st.reader.fetch_chunk(best)
+    for rec in decode_entry(best, data, topic, partition, best.base_offset, limit):
         if rec.timestamp_ms == best.max_timestamp_ms:
             return rec.offset, rec.timestamp_ms
     return -1, -1

@@ -75,6 +75,7 @@ from segments.errors import (
     AuthorizationError,
     ConsumerFormatMismatchError,
     ConsumerStateError,
+    CoordinatorUnavailableError,
     InvalidConsumerConfigError,
     LakelogError,
     MalformedRequestError,
@@ -84,7 +85,7 @@ from segments.errors import (
     UnprocessableRequestError,
     UnsupportedMediaTypeError,
 )
-from segments.types import ConsumedRecord, TopicPartition
+from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
 from service.acl import Rights, rights
 from service.auth import principal_of
 from service.delivery import DeliveryResponse, DisconnectWatch
@@ -735,8 +736,12 @@ def read_round_robin(
     at_least_one: bool = True,
     start: int = 0,
     max_records: int = 0,
+    bounds: dict[TopicPartition, PartitionOffsets] | None = None,
 ) -> tuple[list[ConsumedRecord], dict[TopicPartition, int], int]:
     """Read ``positions`` record by record in turn, until ``max_bytes`` or nothing is left.
+
+    Each partition is read up to its high watermark in ``bounds`` (its topic id and
+    offsets as the caller read them; asked for here when None).
 
     At most ``max_records`` records (0: no limit: an instance's max.poll.records).
     A record that would take the total past ``max_bytes`` is not returned (unless
@@ -754,8 +759,17 @@ def read_round_robin(
         k = start % len(order)
         order = order[k:] + order[:k]
     share = max(max_bytes // max(len(order), 1), 1)
+    if bounds is None:
+        try:
+            # Every partition's bounds (topic id, high watermark) in one call; each read
+            # serves that topic, up to that high watermark.
+            bounds = reader.coordinator.offsets_many(order) if order else {}
+        except CoordinatorUnavailableError:
+            bounds = {}  # a metadata shard is down: each partition asks for its own
     streams = {
-        tp: reader.records(tp.topic, tp.partition, positions[tp], read_ahead_bytes=share)
+        tp: reader.records(
+            tp.topic, tp.partition, positions[tp], bounds=bounds.get(tp), read_ahead_bytes=share
+        )
         for tp in order
     }
     out: list[ConsumedRecord] = []

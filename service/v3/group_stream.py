@@ -13,23 +13,33 @@ partition, in the v2 consumer's shape (``format`` as for the v3 read by offset):
 Where it starts, per partition: the cursor the client echoes back (SSE's
 ``Last-Event-ID`` header, or the ``cursor`` query parameter: the last cursor it
 received), else the group's committed offset, else ``auto_offset_reset`` (earliest or
-latest). A cursor is the positions of the stream (next offset per partition) as
-URL-safe base64 of JSON: a client that resumes with the last cursor it processed gets
-every following record exactly once, through any agent.
+latest); a cursor or committed offset outside [log-start, high watermark] (its records
+deleted, or written for a topic since deleted and created again) is reset by
+``auto_offset_reset`` too, as Kafka's consumer does. Partitions added to the topics while
+it runs join it (as the agent's topic metadata shows them, within ``metadata_ttl_s``)
+from their committed offset or ``auto_offset_reset``. A cursor is the positions of the
+stream (next offset per partition) as URL-safe base64 of JSON: a client that resumes
+with the last cursor it processed gets every following record exactly once, through any
+agent.
 
-While it runs, the stream stores the positions it has *sent* as the group's committed
-offsets (at most every ``commit_interval_ms``, and when it ends), as an operator's
-offset reset does (``alter_group_offsets``): a client that reconnects without a cursor
-resumes there (records sent but not processed before a crash come again: at least
-once). The group must have no REST or Kafka members (those own its offsets); the stream
-then only reads. A stream is not a member: two streams of one group both read
-everything (a group stream is one reader that can resume, not a balanced group).
+While it runs, the stream stores the positions it has *delivered* as the group's
+committed offsets (at most every ``commit_interval_ms``, and when it ends), as an
+operator's offset reset does (``alter_group_offsets``): a client that reconnects
+without a cursor resumes there (records delivered but not processed before a crash come
+again: at least once). Delivered is what ``service.delivery.DeliveryStream`` says: a
+round of records whose bytes got out while the client was still connected, as for the
+v2 consumer's fetch; a round cut short by a hang-up is not committed. The group must
+have no REST or Kafka members (those own its offsets); the stream then only reads. A
+stream is not a member: two streams of one group both read everything (a group stream
+is one reader that can resume, not a balanced group).
 
 With authorization on, READ on the group and on each topic is checked when the stream
 opens (``service.acl``) and again before every round it sends, with the agent's ACL
-copy: a READ revoked while the stream is open ends it within the agents' staleness
-bound, with an error event (SSE ``event: error``) or line, ``{"error_code": 40301,
-"message"}``, as its last.
+copy: a READ revoked while the stream is open ends it within the agents' staleness bound.
+
+An error once the stream has begun (a topic deleted while streaming, a damaged index, a
+READ revoked) ends it with one last event in the REST door's shape,
+``{"error_code", "message"}``: an ``event: error`` under SSE, a line under NDJSON.
 """
 
 from __future__ import annotations
@@ -40,25 +50,27 @@ import binascii
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from starlette.responses import StreamingResponse
 
 from coordinator.groups import CommittedOffset
 from coordinator.security import Operation, ResourceType
 from segments.errors import (
-    AuthorizationError,
     LakelogError,
     MalformedRequestError,
     NonEmptyGroupError,
+    TopicNotFoundError,
 )
-from segments.types import TopicPartition
+from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
 from service.acl import Rights, rights
-from service.errors import ErrorCode
+from service.delivery import DeliveryStream, DisconnectWatch
+from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run
+from service.notify import Waiter
 from service.state import AgentState, get_state
 from service.v2.consumers import read_round_robin
 from service.v3.consume import check_format, render
@@ -139,7 +151,7 @@ async def stream_group_records(
     commit_interval_ms: int = Query(default=1000, ge=0),
     last_event_id: str | None = Header(default=None),
     state: AgentState = Depends(get_state),
-) -> StreamingResponse:
+) -> Response:
     """See the module docstring."""
     check_format(format)
     names = [t for t in (n.strip() for n in topics.split(",")) if t]
@@ -151,27 +163,20 @@ async def stream_group_records(
         partitions += [TopicPartition(name, p) for p in range(info.partitions)]
     echoed = last_event_id or cursor
     resumed = decode_cursor(echoed) if echoed else {}
-    committed = await call(state.groups.committed_offsets, group_id, partitions)
-    missing = [tp for tp in partitions if tp not in resumed and tp not in committed]
-    edges = await call(state.coordinator.offsets_many, missing) if missing else {}
-    positions: dict[TopicPartition, int] = {}
-    for tp in partitions:
-        if tp in resumed:
-            positions[tp] = resumed[tp]
-        elif tp in committed:
-            positions[tp] = committed[tp].offset
-        else:
-            o = edges[tp]
-            positions[tp] = o.log_start if auto_offset_reset == "earliest" else o.high_watermark
     stream = _GroupStream(
-        state, group_id, positions, format, _wants_sse(request.headers.get("accept"))
+        state, group_id, names, auto_offset_reset, format, _wants_sse(request.headers.get("accept"))
     )
     stream.rights = rights(request)
+    await stream.add(partitions, resumed)
     stream.keepalive_s = keepalive_ms / 1000
     stream.commit_interval_s = commit_interval_ms / 1000
-    return StreamingResponse(
-        stream.events(request),
-        media_type=SSE if stream.sse else NDJSON,
+    watch = DisconnectWatch(request.receive)
+    watch.start()
+    return DeliveryStream(
+        stream.events(watch),
+        SSE if stream.sse else NDJSON,
+        watch,
+        stream.delivered,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
@@ -183,62 +188,164 @@ class _GroupStream:
         self,
         state: AgentState,
         group: str,
-        positions: dict[TopicPartition, int],
+        topics: list[str],
+        auto_offset_reset: str,
         fmt: str,
         sse: bool,
     ) -> None:
         self.state = state
         self.group = group
-        self.positions = positions
+        self.topics = topics
+        self.auto_offset_reset = auto_offset_reset
         self.fmt = fmt
         self.sse = sse
         self.keepalive_s = 15.0
         self.commit_interval_s = 1.0
-        self._committed = dict(positions)
+        #: Where the next round reads from (past what was sent, delivered or not).
+        self.positions: dict[TopicPartition, int] = {}
+        #: The topic id of each partition when the stream took it: the log it reads.
+        self.ids: dict[TopicPartition, bytes] = {}
+        #: Positions after what got out to the client (``DeliveryStream``): committed.
+        self._delivered: dict[TopicPartition, int] = {}
+        #: Positions after the chunk being sent, delivered once it got out.
+        self._pending: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
         self._can_commit = True
+        self._ended = False
         self.rights = Rights(None, "", "")
 
-    async def events(self, request: Request) -> AsyncIterator[bytes]:
+    async def add(
+        self, partitions: list[TopicPartition], resumed: dict[TopicPartition, int]
+    ) -> None:
+        """Start reading ``partitions``: at the cursor's position, else the committed
+        offset, else (or when outside [log-start, high watermark]) by auto_offset_reset.
+
+        Raises:
+            TopicNotFoundError: a topic deleted meanwhile.
+        """
         state = self.state
-        ids = {}
-        for tp in self.positions:
-            ids[tp] = ((await state.topics.get(tp.topic)).topic_id, tp.partition)
-        last_commit = time.monotonic()
-        ordered = sorted(self.positions)
-        keys = {(tp.topic, tp.partition): cursor_key(tp) for tp in ordered}
-        cursor = {cursor_key(tp): self.positions[tp] for tp in ordered}
-        watches = {ids[tp]: (tp.topic, off) for tp, off in self.positions.items()}
+        committed = await call(state.groups.committed_offsets, self.group, partitions)
+        bounds = await call(state.coordinator.offsets_many, partitions)
+        for tp in partitions:
+            o = bounds.get(tp)
+            if o is None:  # deleted since its metadata was read
+                raise TopicNotFoundError(f"Topic '{tp.topic}' not found.")
+            pos = resumed.get(tp, committed[tp].offset if tp in committed else None)
+            if pos is None or not o.log_start <= pos <= o.high_watermark:
+                # None, or not of this log (deleted records, a topic created again):
+                # Kafka's auto.offset.reset.
+                pos = o.log_start if self.auto_offset_reset == "earliest" else o.high_watermark
+            self.positions[tp] = self._delivered[tp] = self._committed[tp] = pos
+            self.ids[tp] = o.topic_id
+
+    async def _added_partitions(self) -> list[TopicPartition]:
+        """Take the partitions added to the topics since the stream began (as the topic
+        cache sees them), from their committed offsets or auto_offset_reset."""
+        new = []
+        for name in self.topics:
+            count = (await self.state.topics.get(name)).partitions
+            new += [tp for p in range(count) if (tp := TopicPartition(name, p)) not in self.ids]
+        if new:
+            await self.add(new, {})
+        return new
+
+    def delivered(self) -> None:
+        """``DeliveryStream``: the last chunk got out to the client."""
+        self._delivered.update(self._pending)
+        self._pending = {}
+
+    def _bounds(self) -> dict[TopicPartition, PartitionOffsets]:
+        """The partitions' offsets now (worker thread).
+
+        Raises:
+            TopicNotFoundError: a topic was deleted (or deleted and created again: another
+                log, which this stream's positions do not belong to).
+        """
+        bounds = self.state.coordinator.offsets_many(list(self.positions))
+        for tp, topic_id in self.ids.items():
+            o = bounds.get(tp)
+            if o is None or (o.topic_id and o.topic_id != topic_id):
+                raise TopicNotFoundError(
+                    f"Topic '{tp.topic}' was deleted while streaming; reconnect to read "
+                    "the topic of that name now."
+                )
+        return bounds
+
+    def _round(self) -> tuple[list[ConsumedRecord], dict[TopicPartition, int]]:
+        """One round of records from the positions (worker thread)."""
+        records, new, _ = read_round_robin(
+            self.state.reader, self.positions, ROUND_BYTES, bounds=self._bounds()
+        )
+        return records, new
+
+    async def events(self, watch: DisconnectWatch) -> AsyncIterator[bytes]:
+        """The stream's chunks until the client goes or an error ends it (its last chunk);
+        commits what was delivered when it ends."""
+        cursor = {cursor_key(tp): off for tp, off in sorted(self.positions.items())}
         try:
-            with state.notifier.watch(watches) as waiter:
-                while not await request.is_disconnected():
+            while not watch.disconnected and not self._ended:
+                # Registered again whenever partitions are added, so that they wake it too.
+                watches = {
+                    (self.ids[tp], tp.partition): (tp.topic, off)
+                    for tp, off in self.positions.items()
+                }
+                with self.state.notifier.watch(watches) as waiter:
+                    watch.callbacks.append(waiter.event.set)
                     try:
-                        await self._authorized()
-                    except AuthorizationError as e:
-                        yield self._error(int(ErrorCode.KAFKA_AUTHORIZATION), e.message)
-                        return
-                    records, new, _ = await run(
-                        Kind.READ, read_round_robin, state.reader, self.positions, ROUND_BYTES
-                    )
-                    if records:
-                        rendered = await render(state, records, self.fmt)
-                        out = []
-                        for rec, doc in zip(records, rendered, strict=True):
-                            # The cursor after each record: one dict updated in place.
-                            cursor[keys[(rec.topic, rec.partition)]] = rec.offset + 1
-                            out.append(self._frame(doc, _encode_doc(cursor)))
-                        self.positions.update(new)
-                        for tp, off in new.items():
-                            waiter.update(ids[tp], off)
-                        state.consume_metrics.consumed_records.inc(len(records))
-                        yield b"".join(out)
-                    elif not await state.notifier.wait(waiter, self.keepalive_s):
-                        yield b": keepalive\n\n" if self.sse else b'{"keepalive":true}\n'
-                    if time.monotonic() - last_commit >= self.commit_interval_s:
-                        await self._commit()
-                        last_commit = time.monotonic()
+                        async with contextlib.aclosing(
+                            self._serve(waiter, watch, cursor)
+                        ) as chunks:
+                            async for chunk in chunks:
+                                yield chunk
+                    finally:
+                        watch.callbacks.remove(waiter.event.set)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._commit())
+
+    async def _serve(
+        self, waiter: Waiter, watch: DisconnectWatch, cursor: dict[str, int]
+    ) -> AsyncGenerator[bytes, None]:
+        """Rounds of records (or keepalives) until the client goes, an error (the last
+        chunk, and ``_ended``), or partitions were added (taken, with their cursors)."""
+        state = self.state
+        last_commit = last_check = time.monotonic()
+        while not watch.disconnected:
+            try:
+                await self._authorized()
+                records, new = await run(Kind.READ, self._round)
+                rendered = await render(state, records, self.fmt) if records else []
+            except LakelogError as e:
+                yield self._end(e)
+                return
+            if records:
+                out = []
+                for rec, doc in zip(records, rendered, strict=True):
+                    # The cursor after each record: one dict updated in place.
+                    cursor[cursor_key(TopicPartition(rec.topic, rec.partition))] = rec.offset + 1
+                    out.append(self._frame(doc, _encode_doc(cursor)))
+                self.positions.update(new)
+                for tp, off in new.items():
+                    waiter.update((self.ids[tp], tp.partition), off)
+                state.consume_metrics.consumed_records.inc(len(records))
+                self._pending = dict(new)
+                yield b"".join(out)
+            elif not await state.notifier.wait(waiter, self.keepalive_s):
+                yield b": keepalive\n\n" if self.sse else b'{"keepalive":true}\n'
+            if time.monotonic() - last_commit >= self.commit_interval_s:
+                await self._commit()
+                last_commit = time.monotonic()
+            if time.monotonic() - last_check >= state.settings.metadata_ttl_s:
+                last_check = time.monotonic()
+                try:
+                    added = await self._added_partitions()
+                except LakelogError as e:
+                    yield self._end(e)
+                    return
+                if added:
+                    for tp in added:
+                        cursor[cursor_key(tp)] = self.positions[tp]
+                    return
 
     async def _authorized(self) -> None:
         """Raises AuthorizationError unless READ is still allowed on the group and topics."""
@@ -246,22 +353,30 @@ class _GroupStream:
         topics = {tp.topic for tp in self.positions}
         await self.rights.require(Operation.READ, ResourceType.TOPIC, topics)
 
-    def _error(self, code: int, message: str) -> bytes:
-        """The stream's last event: an error in the door's shape."""
-        doc = orjson.dumps({"error_code": code, "message": message})
-        if self.sse:
-            return b"event: error\ndata: %s\n\n" % doc
-        return doc + b"\n"
+    def _end(self, exc: LakelogError) -> bytes:
+        """The error that ends the stream, as its last chunk (the 200 is sent already)."""
+        log.warning("stream of group %s ends: %s", self.group, exc)
+        self._ended = True
+        return self._error(exc)
 
     def _frame(self, doc: dict[str, Any], cursor: str) -> bytes:
         if self.sse:
             return b"id: %s\nevent: record\ndata: %s\n\n" % (cursor.encode(), orjson.dumps(doc))
         return orjson.dumps({**doc, "cursor": cursor}) + b"\n"
 
+    def _error(self, exc: LakelogError) -> bytes:
+        """The error in the REST door's shape, as the stream's last event."""
+        body = orjson.dumps(
+            {"error_code": error_code_for(exc, v3=True), "message": error_message_for(exc, v3=True)}
+        )
+        if self.sse:
+            return b"event: error\ndata: %s\n\n" % body
+        return body + b"\n"
+
     async def _commit(self) -> None:
-        """The positions sent so far as the group's committed offsets (see the module
+        """The positions delivered so far as the group's committed offsets (see the module
         docstring); a group with members keeps its own offsets."""
-        moved = {tp: off for tp, off in self.positions.items() if self._committed.get(tp) != off}
+        moved = {tp: off for tp, off in self._delivered.items() if self._committed.get(tp) != off}
         if not moved or not self._can_commit:
             return
         try:

@@ -189,6 +189,7 @@ def test_commit_route_statuses_and_bodies(api: TestClient, local: LocalCoordinat
     assert api.get("/v1/topics/log/partitions/1/offsets").json() == {
         "log_start": 0,
         "high_watermark": 4,
+        "topic_id": t.topic_id.hex(),
     }
 
     other = [{**chunks[0], "record_count": 5}]

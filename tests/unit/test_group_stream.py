@@ -3,12 +3,17 @@ the Idempotency-Key header."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from segments.errors import MalformedRequestError
-from segments.types import TopicPartition
+from segments.segment import SegmentBuilder
+from segments.types import Record, TopicPartition
 from service.app import create_app
 from service.settings import Settings
 from service.v3.group_stream import NDJSON, SSE, decode_cursor, encode_cursor
@@ -41,3 +46,175 @@ def test_the_openapi_documents_the_consume_routes(tmp_path: Path) -> None:
     ):
         names = {p["name"] for p in paths[path]["post"]["parameters"]}
         assert "Idempotency-Key" in names, path
+
+
+class _Client:
+    """ASGI receive/send of one streaming GET, as uvicorn serves it, that hangs up once
+    ``hang_up(bodies)``."""
+
+    def __init__(self, hang_up: Callable[[list[bytes]], bool]) -> None:
+        self.hang_up = hang_up
+        self.bodies: list[bytes] = []
+        self.gone = asyncio.Event()
+        self.answered = asyncio.Event()  # a first body came
+        self._first = True
+
+    async def receive(self) -> dict[str, Any]:
+        if self._first:
+            self._first = False
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.gone.is_set():
+            return  # as uvicorn: what is sent after a hang-up goes nowhere, silently
+        if message["type"] == "http.response.start":  # a stream has no length
+            assert b"content-length" not in dict(message["headers"]), message
+        if message["type"] == "http.response.body":
+            self.bodies.append(message.get("body", b""))
+            self.answered.set()
+            if self.hang_up(self.bodies):
+                self.gone.set()
+        await asyncio.sleep(0)
+
+
+def _stream_scope(path: str, query: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "headers": [(b"host", b"test"), (b"accept", NDJSON.encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("test", 80),
+        "root_path": "",
+    }
+
+
+def test_a_round_cut_short_by_a_hang_up_is_not_committed(tmp_path: Path) -> None:
+    """Issue 22 defect 9. Race: the client hangs up while the stream sends a round of
+    ~1,000 records (after its first MiB). Expected: the group's committed offset does not
+    move (nothing was delivered), and a client reconnecting without a cursor gets that
+    round again from offset 0. A client that hangs up in its second round: the first
+    round, delivered, is what the group commits."""
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    app = create_app(Settings(store="memory://stream", db=db, janitors="none"))
+    tp = TopicPartition("s", 0)
+
+    async def stream(path: str, client: _Client) -> list[bytes]:
+        scope = _stream_scope(path, "topics=s&commit_interval_ms=0")
+        await asyncio.wait_for(app(scope, client.receive, client.send), 30)
+        return client.bodies
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            state = app.state.agent
+            info = state.coordinator.create_topic("s", 1)
+            b = SegmentBuilder()
+            b.append(info.topic_id, 0, [Record(None, b"x" * 1024, 1000) for _ in range(3000)])
+            state.writer.write(b)
+            path = f"/v3/clusters/{state.cluster_id}/consumer-groups/g/records"
+
+            cut = b"".join(await stream(path, _Client(lambda bodies: len(bodies) == 1)))
+            await asyncio.sleep(0.5)  # a commit left running in the background lands
+            assert state.groups.committed_offsets("g", [tp]) == {}
+            assert 0 < cut.count(b"\n") < 1000  # the client got the first MiB of the round
+
+            # Hangs up once a line of the second round arrived: the first round, whose
+            # held-back last byte went out with no hang-up after it, is delivered.
+            bodies = await stream(
+                path, _Client(lambda bodies: b"".join(bodies).count(b"\n") > 1100)
+            )
+            lines = b"".join(bodies).splitlines()
+            assert orjson.loads(lines[0])["offset"] == 0  # the cut round came again
+            end_of_first = next(i for i, body in enumerate(bodies) if len(body) == 1)
+            first_round = b"".join(bodies[: end_of_first + 1]).splitlines()
+            last = orjson.loads(first_round[-1])["offset"]
+            assert last == len(first_round) - 1 < len(lines) - 1
+            assert state.groups.committed_offsets("g", [tp])[tp].offset == last + 1
+
+    asyncio.run(main())
+
+
+def test_partitions_added_while_streaming_join_the_stream(tmp_path: Path) -> None:
+    """The seam pass: a stream of a one-partition topic; partitions are added and a record
+    written to the new one. Expected: the stream delivers it (from the new partition's
+    beginning, auto_offset_reset earliest) without a reconnect."""
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    settings = Settings(store="memory://grow", db=db, janitors="none", metadata_ttl_s=0.05)
+    app = create_app(settings)
+
+    async def main() -> list[dict[str, Any]]:
+        async with app.router.lifespan_context(app):
+            state = app.state.agent
+            info = state.coordinator.create_topic("g", 1)
+
+            def write(partition: int, value: bytes) -> None:
+                b = SegmentBuilder()
+                b.append(info.topic_id, partition, [Record(None, value, 1000)])
+                state.writer.write(b)
+
+            write(0, b"first")
+
+            def seen(bodies: list[bytes]) -> bool:
+                return b'"partition":1' in b"".join(bodies)
+
+            client = _Client(seen)
+
+            async def grow() -> None:
+                await client.answered.wait()
+                state.coordinator.add_partitions("g", 2)
+                state.topics.invalidate("g")
+                write(1, b"second")
+
+            path = f"/v3/clusters/{state.cluster_id}/consumer-groups/grow/records"
+            scope = _stream_scope(path, "topics=g&keepalive_ms=100")
+            await asyncio.wait_for(
+                asyncio.gather(app(scope, client.receive, client.send), grow()), 30
+            )
+            lines = b"".join(client.bodies).splitlines()
+            return [orjson.loads(x) for x in lines if b'"offset"' in x]
+
+    got = asyncio.run(main())
+    assert [(r["partition"], r["offset"]) for r in got] == [(0, 0), (1, 0)]
+
+
+def test_a_cursor_outside_the_log_is_reset_by_auto_offset_reset(tmp_path: Path) -> None:
+    """Issue 22 defect 9: a cursor past the high watermark (written for a topic since
+    deleted and created again) or below log-start starts where auto_offset_reset says,
+    never past the end of the log (where the stream would skip records to come)."""
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    app = create_app(Settings(store="memory://cursor", db=db, janitors="none"))
+
+    async def first_line(path: str, query: str) -> dict[str, Any]:
+        client = _Client(lambda bodies: bool(bodies))
+        await asyncio.wait_for(app(_stream_scope(path, query), client.receive, client.send), 30)
+        line: dict[str, Any] = orjson.loads(b"".join(client.bodies).splitlines()[0])
+        return line
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            state = app.state.agent
+            info = state.coordinator.create_topic("c", 1)
+            b = SegmentBuilder()
+            b.append(info.topic_id, 0, [Record(None, b"v%d" % i, 1000) for i in range(5)])
+            state.writer.write(b)
+            state.coordinator.delete_records("c", 0, 2)
+            path = f"/v3/clusters/{state.cluster_id}/consumer-groups/cg/records"
+            past = encode_cursor({TopicPartition("c", 0): 50})
+            got = await first_line(path, f"topics=c&cursor={past}")
+            assert got["offset"] == 2  # earliest: log-start
+            below = encode_cursor({TopicPartition("c", 0): 1})
+            got = await first_line(
+                path, f"topics=c&cursor={below}&auto_offset_reset=latest&keepalive_ms=100"
+            )
+            assert got == {"keepalive": True}  # latest: the end, nothing to send yet
+            inside = encode_cursor({TopicPartition("c", 0): 3})
+            assert (await first_line(path, f"topics=c&cursor={inside}"))["offset"] == 3
+
+    asyncio.run(main())

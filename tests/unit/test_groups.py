@@ -537,6 +537,29 @@ def test_deleted_topic_drops_out(c: LocalCoordinator) -> None:
     assert c.describe_group("g").committed == {}
 
 
+def test_a_topic_created_again_starts_without_the_old_offsets_and_positions(
+    c: LocalCoordinator,
+) -> None:
+    """Issue 22, the seam pass: committed offsets and positions are kept by topic name; a
+    topic deleted and created again is a new log, so they go with the deleted topic (as
+    Kafka's group coordinator drops a deleted topic's offsets). Here the new topic holds
+    more records than the old offset: a consumer must start at the new log's beginning,
+    not skip its first records."""
+    c.create_topic("r", 1)
+    produce(c, "r", 0, 5)
+    c.create_consumer("g", "a", cfg(auto_offset_reset="earliest"))
+    a = c.subscribe("g", "a", ["r"])
+    c.commit_offsets("g", "a", {TP("r", 0): CommittedOffset(5)}, a.generation)
+    c.create_consumer("g", "m", cfg(auto_offset_reset="earliest"))
+    c.assign("g", "m", [TP("r", 0)])
+    c.seek("g", "m", {TP("r", 0): 4})
+    c.delete_topic("r")
+    c.create_topic("r", 1)
+    produce(c, "r", 0, 10)
+    assert c.committed_offsets("g", [TP("r", 0)]) == {}
+    assert c.consumer("g", "m").positions == {TP("r", 0): 0}
+
+
 # -- validation, listing, restart ---------------------------------------------
 
 

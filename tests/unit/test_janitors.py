@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from coordinator.janitors.catalog import Catalog, IndexRow
-from coordinator.janitors.context import JanitorContext
+from coordinator.janitors.catalog import Catalog, IndexRow, NewRow
+from coordinator.janitors.context import JanitorContext, JanitorReport
 from coordinator.janitors.gc import run_gc
 from coordinator.janitors.leases import LeaseLostError, LeaseStore
 from coordinator.janitors.retention import run_retention
-from coordinator.janitors.tiering import plan_fetches, run_compaction, run_tiering
-from segments.errors import BatchTooLargeError, CorruptSegmentError
+from coordinator.janitors.tiering import (
+    Tierer,
+    TierRun,
+    plan_fetches,
+    run_compaction,
+    run_tiering,
+)
+from segments.errors import BatchTooLargeError, CorruptSegmentError, IndexHoleError
 from segments.segment import SegmentBuilder
 from segments.store import ObjectInfo, ObjectStore
 from segments.types import Record
@@ -118,7 +125,6 @@ def test_swap_aborts_when_entries_changed(h: Harness) -> None:
     topic_id = h.coordinator.get_topic("t").topic_id
     rows = h.catalog.rows(topic_id, 0)
     assert h.catalog.advance_log_start(topic_id, 0, rows[0].end_offset, h.clock()) == 25
-    from coordinator.janitors.catalog import NewRow
 
     new = NewRow("tiered/x", 10, 0, 50, 0, 0)
     assert not h.catalog.swap(topic_id, 0, rows, [new], h.clock())
@@ -395,3 +401,156 @@ def test_a_stored_batch_over_the_decompressed_bound_fails_its_run_only(h: Harnes
     h.coordinator.alter_configs("bomb", {"lakelog.max.decompressed.bytes": str(4 << 20)})
     run_tiering(h.ctx(), h.config())
     assert [r.kind for r in h.catalog.rows(info.topic_id, 0)] == ["parquet"]
+
+
+# -- issue 22: compaction never leaves a hole; readers never spin on one ------------------------
+
+
+def _within(seconds: float, read: Callable[[], object]) -> object:
+    """``read()`` in a thread; fails if it has not returned (or raised) after ``seconds``:
+    a reader spinning on a hole never does."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(read())
+        except BaseException as e:
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "the read spins"
+    return out[0]
+
+
+def _caching_reader(h: Harness) -> CachingLogReader:
+    return CachingLogReader(
+        h.store, h.coordinator, RangeCache(1 << 20, 1 << 20), IndexCache(100, 30.0)
+    )
+
+
+def test_compaction_leaves_no_hole_with_an_untiered_chunk_before_the_last_tier_run(
+    h: Harness,
+) -> None:
+    """Issue 22 defect 4. Precondition: tier entries, an untiered chunk, more tier entries
+    (an aborted tier swap, or coordinators whose clocks disagree); every key ends in a
+    tombstone. Compaction keeps the index contiguous up to
+    the high watermark (reads end, no reader spins), never lets an older value in the
+    untiered chunk outlive its key's tombstone, and once the gap is tiered, drops all but
+    one record."""
+    h.coordinator.create_topic("c", 1, {"cleanup.policy": "compact", "delete.retention.ms": "1"})
+    old = 1000  # event times long past
+    h.produce("c", 0, [Record(b"k0", b"a0", old, ()), Record(b"k1", b"a1", old, ())])
+    h.produce("c", 0, [Record(b"k0", b"b0", old, ()), Record(b"k1", b"b1", old, ())])
+    h.produce("c", 0, [Record(b"k0", None, old, ()), Record(b"k1", None, old, ())])
+    (part,) = h.catalog.partitions("c")
+    rows = h.catalog.rows(part.topic_id, 0)
+    tierer = Tierer(h.ctx(), h.config())
+    tierer.tier_runs([TierRun(part, (rows[0],)), TierRun(part, (rows[2],))], JanitorReport("t"))
+    kinds = [r.kind for r in h.catalog.rows(part.topic_id, 0)]
+    assert kinds == ["parquet", "segment", "parquet"]
+
+    run_compaction(h.ctx(), h.config())
+    hw = h.coordinator.offsets("c", 0).high_watermark
+    assert hw == 6
+    for reader in (h.reader, _caching_reader(h)):
+        got = _within(10, lambda reader=reader: reader.read("c", 0, 0, max_bytes=1 << 20))
+        assert isinstance(got, list), got
+        # Nothing dropped yet: the older values in the untiered chunk keep their tombstones.
+        assert [(r.offset, r.value) for r in got] == [
+            (0, b"a0"),
+            (1, b"a1"),
+            (2, b"b0"),
+            (3, b"b1"),
+            (4, None),
+            (5, None),
+        ]
+
+    run_tiering(h.ctx(), h.config())  # the gap is tiered: the head is the whole log
+    run_compaction(h.ctx(), h.config())  # sees the tombstones: their horizon starts now
+    h.clock.advance(1)
+    run_compaction(h.ctx(), h.config())
+    got = _within(10, lambda: h.walk("c", 0))
+    assert isinstance(got, list), got
+    # Every key deleted: one record stays (the last), so the index still reaches 6.
+    assert [(r.offset, r.key, r.value) for r in got] == [(5, b"k1", None)]
+    assert _within(10, lambda: h.reader.read("c", 0, 2)) == got
+
+
+def test_a_swap_that_would_leave_a_hole_is_refused(h: Harness) -> None:
+    """The catalog owns the rule: a swap whose new entries do not cover the replaced
+    offsets exactly raises IndexHoleError and changes nothing."""
+    h.coordinator.create_topic("s", 1)
+    h.produce("s", 0, records(10, 1000))
+    h.produce("s", 0, records(10, 2000))
+    (part,) = h.catalog.partitions("s")
+    rows = h.catalog.rows(part.topic_id, 0)
+    short = NewRow("tiered/x.parquet", 10, 0, 15, 1000, 2000)
+    with pytest.raises(IndexHoleError):
+        h.catalog.swap(part.topic_id, 0, rows, [short], h.clock())
+    assert h.catalog.rows(part.topic_id, 0) == rows
+
+
+def _delete_entry(h: Harness, topic_id: bytes, base_offset: int) -> None:
+    with h.coordinator.db.write() as conn:
+        conn.execute(
+            h.coordinator.db.dialect.sql(
+                "DELETE FROM index_entries WHERE topic_id = ? AND partition = 0 AND base_offset = ?"
+            ),
+            (topic_id, base_offset),
+        )
+
+
+@pytest.mark.parametrize("where", ["middle", "end", "start", "page"])
+def test_readers_fail_on_a_hole_in_the_index_instead_of_spinning(h: Harness, where: str) -> None:
+    """A hole injected into the index (an entry deleted behind the coordinator's back) below
+    the high watermark: every read that reaches it raises IndexHoleError within seconds,
+    through LogReader and CachingLogReader alike; also right past a full page of lookups
+    (``page``: 40 one-record entries, the 17th deleted)."""
+    info = h.coordinator.create_topic("holes", 1)
+    if where == "page":
+        for i in range(40):
+            h.produce("holes", 0, records(1, 1000 + i))
+        _delete_entry(h, info.topic_id, 16)
+    else:
+        for i in range(3):
+            h.produce("holes", 0, records(10, 1000 * (i + 1)))
+        _delete_entry(h, info.topic_id, {"start": 0, "middle": 10, "end": 20}[where])
+    for reader in (h.reader, _caching_reader(h)):
+        got = _within(10, lambda reader=reader: reader.read("holes", 0, 0, max_bytes=1 << 20))
+        assert isinstance(got, IndexHoleError), got
+        if where != "start":
+            got = _within(10, lambda reader=reader: list(reader.records("holes", 0, 12)))
+            assert isinstance(got, IndexHoleError), got
+
+
+def test_a_tombstone_lives_delete_retention_ms_from_its_first_compaction_not_its_timestamp(
+    h: Harness,
+) -> None:
+    """Issue 22 suspicion (a), proven: a tombstone whose record timestamp is a day old
+    (event time) survives the first compaction that sees it, and every compaction for
+    delete.retention.ms after that one (Kafka's delete horizon, KIP-534), so a lagging
+    consumer still sees the delete; then it goes. A tombstone kept through a rewrite
+    keeps the horizon its first compaction gave it."""
+    h.coordinator.create_topic(
+        "t", 1, {"cleanup.policy": "compact", "delete.retention.ms": "60000"}
+    )
+    day_ago = int(h.clock() * 1000) - 86_400_000
+    h.produce("t", 0, [Record(b"a", b"1", day_ago, ()), Record(b"b", b"1", day_ago, ())])
+    h.produce("t", 0, [Record(b"a", None, day_ago, ()), Record(b"c", b"1", day_ago, ())])
+    run_tiering(h.ctx(), h.config())
+    run_compaction(h.ctx(), h.config())
+    assert [(r.offset, r.key, r.value) for r in h.walk("t", 0)] == [
+        (1, b"b", b"1"),
+        (2, b"a", None),
+        (3, b"c", b"1"),
+    ]
+    h.clock.advance(30)
+    h.produce("t", 0, [Record(b"b", b"2", day_ago, ())])  # forces a rewrite of the head
+    run_tiering(h.ctx(), h.config())
+    run_compaction(h.ctx(), h.config())
+    assert [(r.offset, r.key) for r in h.walk("t", 0)] == [(2, b"a"), (3, b"c"), (4, b"b")]
+    h.clock.advance(31)  # 61 s after the first compaction saw the tombstone
+    run_compaction(h.ctx(), h.config())
+    assert [(r.offset, r.key) for r in h.walk("t", 0)] == [(3, b"c"), (4, b"b")]

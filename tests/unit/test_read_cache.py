@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.janitors.catalog import Catalog
+from coordinator.janitors.context import JanitorConfig, JanitorContext
+from coordinator.janitors.tiering import run_tiering
 from coordinator.local import LocalCoordinator
 from index.log import LogWriter, WriteResult
-from segments.errors import StorageUnavailableError
+from segments.errors import StorageUnavailableError, TopicNotFoundError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
 from segments.types import ChunkInfo, ChunkRef, Record
@@ -192,36 +195,36 @@ def ref(base: int, count: int = 10, obj: str = "o") -> ChunkRef:
 
 def test_index_cache_returns_the_contiguous_chain_from_an_offset() -> None:
     index = IndexCache(max_entries=100, ttl_s=60)
-    index.put("t", 0, [ref(0), ref(10), ref(20)])
-    assert index.get("t", 0, 15) == [ref(10), ref(20)]
-    assert index.get("t", 0, 0, max_chunks=2) == [ref(0), ref(10)]
-    assert index.get("t", 0, 30) == []  # past what is known: ask the coordinator
-    assert index.get("t", 1, 0) == []
-    index.put("t", 0, [ref(40)])  # a hole at 30..39: the chain stops before it
-    assert index.get("t", 0, 25) == [ref(20)]
-    assert index.get("t", 0, 45) == [ref(40)]
+    index.put(b"t", 0, [ref(0), ref(10), ref(20)])
+    assert index.get(b"t", 0, 15) == [ref(10), ref(20)]
+    assert index.get(b"t", 0, 0, max_chunks=2) == [ref(0), ref(10)]
+    assert index.get(b"t", 0, 30) == []  # past what is known: ask the coordinator
+    assert index.get(b"t", 1, 0) == []
+    index.put(b"t", 0, [ref(40)])  # a hole at 30..39: the chain stops before it
+    assert index.get(b"t", 0, 25) == [ref(20)]
+    assert index.get(b"t", 0, 45) == [ref(40)]
 
 
 def test_index_cache_never_caches_nothing_and_expires() -> None:
     index = IndexCache(max_entries=100, ttl_s=0.1)
-    index.put("t", 0, [])
+    index.put(b"t", 0, [])
     assert len(index) == 0
-    index.put("t", 0, [ref(0)])
-    assert index.get("t", 0, 5) == [ref(0)]
+    index.put(b"t", 0, [ref(0)])
+    assert index.get(b"t", 0, 5) == [ref(0)]
     time.sleep(0.15)
-    assert index.get("t", 0, 5) == []
+    assert index.get(b"t", 0, 5) == []
     assert len(index) == 0
 
 
 def test_index_cache_is_bounded() -> None:
     index = IndexCache(max_entries=5, ttl_s=60)
-    index.put("a", 0, [ref(0), ref(10), ref(20)])
-    index.put("b", 0, [ref(0), ref(10)])
-    index.get("a", 0, 0)  # a is now the most recently used
-    index.put("c", 0, [ref(0)])
+    index.put(b"a", 0, [ref(0), ref(10), ref(20)])
+    index.put(b"b", 0, [ref(0), ref(10)])
+    index.get(b"a", 0, 0)  # a is now the most recently used
+    index.put(b"c", 0, [ref(0)])
     assert len(index) <= 5
-    assert index.get("b", 0, 0) == []
-    assert index.get("a", 0, 0) == [ref(0), ref(10), ref(20)]
+    assert index.get(b"b", 0, 0) == []
+    assert index.get(b"a", 0, 0) == [ref(0), ref(10), ref(20)]
 
 
 # -- the caching reader over a real coordinator and store ------------------------------------
@@ -281,7 +284,8 @@ def test_tailing_on_the_writing_agent_costs_no_gets(
     misses = m2.index_misses._value.get()
     assert [r.offset for r in cold.records("tail", 0, 25)] == list(range(25, 50))
     assert m2.gets._value.get() == 5
-    assert m2.index_misses._value.get() == misses + 1  # only the "anything past 50?" lookup
+    # No lookup at all: the read ends at the high watermark it started from.
+    assert m2.index_misses._value.get() == misses
     assert cold.read("tail", 0, 48) == reader.read("tail", 0, 48)
     cold.close()
     reader.close()
@@ -321,8 +325,87 @@ def test_read_ahead_queue_is_bounded(
     refs = coordinator.lookup("ra", 0, 0, max_chunks=40)
     assert len(refs) == 40
     for start in range(40):
-        reader._prefetch(refs[start:], 1 << 30)
+        reader.prefetch(refs[start:], 1 << 30)
         assert reader.pending_read_ahead() <= reader.max_pending == 8
     gated.gate.set()
     assert [r.value for r in reader.records("ra", 0, 0)] == [f"v{i}".encode() for i in range(40)]
+    reader.close()
+
+
+def _caching(store: object, coordinator: LocalCoordinator) -> CachingLogReader:
+    return CachingLogReader(
+        store,  # type: ignore[arg-type]
+        coordinator,
+        RangeCache(1 << 20, 1 << 20),
+        IndexCache(1000, 60),
+    )
+
+
+def test_a_recreated_topic_is_a_new_log_whatever_the_index_cache_holds(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    """Issue 22 defect 2: read t (its entries are cached), delete t, create t, write one
+    record: a read from 0 gets that record only, never the deleted topic's. A read that
+    started on the old topic (its bounds) gets the old log's records or, once the agent
+    must ask, TopicNotFoundError: never the new log's."""
+    writer, coordinator, store = log_parts
+    old = coordinator.create_topic("t", 1)
+    _write(writer, old.topic_id, 5, 0)
+    reader = _caching(store, coordinator)
+    old_bounds = coordinator.offsets("t", 0)
+    assert old_bounds.topic_id == old.topic_id
+    assert [r.value for r in reader.records("t", 0, 0)] == [b"v%d" % i for i in range(5)]
+    coordinator.delete_topic("t")
+    new = coordinator.create_topic("t", 1)
+    _write(writer, new.topic_id, 1, 100)
+    assert [(r.offset, r.value) for r in reader.records("t", 0, 0)] == [(0, b"v100")]
+    assert [r.offset for r in reader.records("t", 0, 3)] == []  # past the new end: nothing
+    in_flight = [r.value for r in reader.records("t", 0, 1, bounds=old_bounds)]
+    assert in_flight == [b"v%d" % i for i in range(1, 5)]
+    with pytest.raises(TopicNotFoundError):
+        list(_caching(store, coordinator).records("t", 0, 1, bounds=old_bounds))
+    reader.close()
+
+
+def test_a_read_ends_at_the_high_watermark_it_started_from(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    """Records committed after the bounds a read started from are not served by it, segment
+    chunks and a tier object spanning past that high watermark alike."""
+    writer, coordinator, store = log_parts
+    info = coordinator.create_topic("hw", 1)
+    _write(writer, info.topic_id, 5, 0)
+    bounds = coordinator.offsets("hw", 0)
+    _write(writer, info.topic_id, 5, 5)
+    reader = _caching(store, coordinator)
+    assert [r.offset for r in reader.records("hw", 0, 0, bounds=bounds)] == list(range(5))
+    # Tiering rewrites both chunks as one tier object [0, 10): still cut at 5.
+    catalog = Catalog(coordinator.db)
+    ctx = JanitorContext(catalog, coordinator.store, store, time.time)  # type: ignore[arg-type]
+    run_tiering(ctx, JanitorConfig(tier_age_s=0.0, gc_grace_s=60.0))
+    assert [r.kind for r in catalog.rows(info.topic_id, 0)] == ["parquet"]
+    assert [r.offset for r in _caching(store, coordinator).records("hw", 0, 2, bounds=bounds)] == [
+        2,
+        3,
+        4,
+    ]
+    assert [r.offset for r in reader.records("hw", 0, 0)] == list(range(10))
+    reader.close()
+
+
+def test_a_read_over_many_lookup_pages_ends_at_its_high_watermark(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    """40 entries (more than two pages of 16 lookups) and more committed after the bounds:
+    the read crosses the pages and stops exactly at the bounds' high watermark."""
+    writer, coordinator, store = log_parts
+    info = coordinator.create_topic("pages", 1)
+    for i in range(40):
+        _write(writer, info.topic_id, 1, i)
+    bounds = coordinator.offsets("pages", 0)
+    for i in range(40, 45):
+        _write(writer, info.topic_id, 1, i)
+    reader = _caching(store, coordinator)
+    got = [r.offset for r in reader.records("pages", 0, 3, bounds=bounds)]
+    assert got == list(range(3, 40))
     reader.close()

@@ -124,3 +124,47 @@ def test_a_stream_can_start_at_a_timestamp(tmp_path: Path) -> None:
         assert initial_offsets(late, c, store) == {("t", 0): 20, ("t", 1): 20}
     finally:
         c.close()
+
+
+def test_an_offset_that_went_back_is_data_loss_as_in_sparks_kafka_source(
+    coordinator: LocalCoordinator,
+) -> None:
+    """Issue 22 defect 8: the high watermark below the checkpointed offset (the topic was
+    deleted and created again) ends the micro-batch there, not at the old offset; the
+    batch fails with Spark's "offset was changed", or reads nothing of that partition
+    without failOnDataLoss (the stream goes on from the new offset)."""
+    now = {("t", 0): PartitionOffsets(0, 30), ("t", 1): PartitionOffsets(0, 10)}
+    start = {("t", 0): 100, ("t", 1): 10}
+    end = latest_offsets(now, start, None)
+    assert end == {("t", 0): 30, ("t", 1): 10}
+    assert latest_offsets(now, start, 5) == end  # a limit shares out no negative backlog
+    with pytest.raises(ValueError, match=r"t-0's offset was changed from 100 to 30"):
+        micro_batch_ranges(opts(), coordinator, start, end)
+    assert micro_batch_ranges(opts(failOnDataLoss="false"), coordinator, start, end) == {}
+
+
+def test_partitions_that_are_gone_are_data_loss(coordinator: LocalCoordinator) -> None:
+    """A partition in the start but no longer listed (its topic deleted) is left out of the
+    end and fails the batch ("are gone"), or is skipped without failOnDataLoss."""
+    now = {("t", 0): PartitionOffsets(0, 60)}
+    start = {("t", 0): 50, ("gone", 0): 7}
+    end = latest_offsets(now, start, None)
+    assert end == {("t", 0): 60}
+    with pytest.raises(ValueError, match=r"gone-0 are gone"):
+        micro_batch_ranges(opts(), coordinator, start, end)
+    relaxed = opts(failOnDataLoss="false")
+    assert micro_batch_ranges(relaxed, coordinator, start, end) == {("t", 0): (50, 60)}
+
+
+def test_a_topic_created_again_is_read_from_its_beginning(coordinator: LocalCoordinator) -> None:
+    """Told by its id (the stream saw another one): a topic deleted and created again is
+    data loss; without failOnDataLoss its partitions are read from the start of the new
+    log, whatever the offsets say (here past the old checkpointed ones)."""
+    start, end = {("t", 0): 20, ("t", 1): 5}, {("t", 0): 50, ("t", 1): 10}
+    with pytest.raises(ValueError, match="topic t was deleted and created again"):
+        micro_batch_ranges(opts(), coordinator, start, end, {"t"})
+    relaxed = opts(failOnDataLoss="false")
+    assert micro_batch_ranges(relaxed, coordinator, start, end, {"t"}) == {
+        ("t", 0): (0, 50),
+        ("t", 1): (0, 10),
+    }

@@ -512,3 +512,15 @@ def test_import_pulls_no_io_modules() -> None:
     forbidden = {"boto3", "botocore", "fastapi", "starlette", "httpx", "sqlite3", "asyncio"}
     assert "pyarrow.parquet" in loaded
     assert loaded & forbidden == set()
+
+
+def test_delete_horizons_round_trip_and_default_to_unseen() -> None:
+    """A compacted object's tombstone horizons come back by offset; an object written
+    without them (by tiering) has none: its tombstones were never seen by compaction."""
+    pairs = [(o, Record(b"k%d" % o, None, 1000, ())) for o in (3, 5, 9, 12)]
+    plain = TierReader(encode_tier("t", 0, pairs))
+    assert plain.delete_horizons == () and plain.delete_horizon(5) is None
+    stamped = TierReader(encode_tier("t", 0, pairs, delete_horizons=[(3, 70_000), (9, 90_000)]))
+    assert [stamped.delete_horizon(o) for o in (3, 5, 9, 12)] == [70_000, 70_000, 90_000, 90_000]
+    with pytest.raises(ValueError, match="rise by offset"):
+        encode_tier("t", 0, pairs, delete_horizons=[(9, 1), (3, 2)])
