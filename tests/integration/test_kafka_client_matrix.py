@@ -114,6 +114,7 @@ def _serve(tmp: Path) -> tuple[Target, Proc]:
             "serve",
             "--host",
             "0.0.0.0",  # every interface: Metadata must name the one each client reached
+            "--allow-unauthenticated",  # this test's clients log in to nothing
             "--port",
             str(port),
             "--kafka-port",

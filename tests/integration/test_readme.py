@@ -132,8 +132,11 @@ NOT_RUN = {
         "Consumer groups: `lakelog groups` (kafka-consumer-groups)",
         ".venv/bin/lakelog groups list [--state]",
     ): "a synopsis ([--state] marks options): test_groups_cli.py runs each command",
-    ("Run a cluster", "cp .env.example .env          # set the passwords and the secret; every "
-     "variable is listed there"): "needs a Docker engine: test_deploy.py validates the files "
+    (
+        "Run a cluster",
+        "cp .env.example .env          # set the passwords and the secret (openssl rand -hex 32); "
+        "every variable is listed there",
+    ): "needs a Docker engine: test_deploy.py validates the files "
     "and runs the same topology as processes",
     ("Security", "security.protocol=SASL_PLAINTEXT"): "client properties, not a command: "
     "test_kafka_sasl.py connects with them",

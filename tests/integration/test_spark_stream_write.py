@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -137,6 +138,25 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
+def python_with_only(packages: Path, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """A command and environment running this venv's Python with ``packages`` as the only
+    copy of lakelog on the path, Spark's Python workers included. The venv's own editable
+    install of this checkout (a ``.pth`` file; ``make install``'s compat mode) is left out:
+    ``-S`` skips the ``site`` module that would read it, and the venv's site-packages come
+    back through ``PYTHONPATH``, where no ``.pth`` file is read."""
+    site = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    worker = tmp_path / "python"
+    worker.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    worker.chmod(0o755)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(packages), *site]),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": str(worker),
+    }
+    return [sys.executable, "-S"], env
+
+
 FRESH_SESSION = """
 import json, sys
 from pyspark.sql import SparkSession
@@ -172,14 +192,9 @@ def test_a_fresh_session_needs_no_registration(
         produce(lakelog_cluster, topic, [{"value": f"{p}-{i}".encode()} for i in range(8)], p)
     script = tmp_path / "job.py"
     script.write_text(FRESH_SESSION)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(installed),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-    }
+    python, env = python_with_only(installed, tmp_path)
     proc = subprocess.run(
-        [sys.executable, str(script), lakelog_cluster.coordinator_url, topic],
+        [*python, str(script), lakelog_cluster.coordinator_url, topic],
         cwd=tmp_path,  # nothing of this tree on the path but the installed copy
         env=env,
         capture_output=True,
@@ -230,14 +245,9 @@ def test_register_registers_once(
             (path / package).symlink_to(installed / package)
     script = tmp_path / "job.py"
     script.write_text(REGISTER_TWICE)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(path),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": sys.executable,
-    }
+    python, env = python_with_only(path, tmp_path)
     proc = subprocess.run(
-        [sys.executable, str(script), lakelog_cluster.coordinator_url, topic],
+        [*python, str(script), lakelog_cluster.coordinator_url, topic],
         cwd=tmp_path,
         env=env,
         capture_output=True,
