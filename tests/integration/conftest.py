@@ -44,7 +44,9 @@ from segments.types import ConsumedRecord
 from tests.conftest import BACKENDS, new_db_url
 from tests.procs import Proc, free_port, lakelog_cmd, start_coordinator, wait_http
 
-START_TIMEOUT_S = 30.0
+#: How long a process may take to answer /health: imports and migrations take a few seconds
+#: on an idle machine and several times that when both cores are busy with other modules.
+START_TIMEOUT_S = 60.0
 
 
 @dataclass
