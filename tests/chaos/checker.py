@@ -44,6 +44,7 @@ Anomalies (``kind``):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -270,7 +271,7 @@ class _Checker:
         for (tid, p), part in sorted(self.finals.items()):
             where = f"final {part.topic}/{p}"
             offs = [o for o, _, _ in part.records]
-            if any(b <= a for a, b in zip(offs, offs[1:], strict=False)):
+            if any(b <= a for a, b in itertools.pairwise(offs)):
                 self.report.anomaly("offset_order", where=where, topic_id=tid, offsets=offs[:50])
             outside = [o for o in offs if o < part.log_start or o >= part.high_watermark]
             if outside:
@@ -394,7 +395,7 @@ class _Checker:
         where = f"read op {inv['id']}"
         records = [(r[0], r[1]) for r in done["records"]]
         offs = [o for o, _ in records]
-        if any(b <= a for a, b in zip(offs, offs[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(offs)):
             self.report.anomaly(
                 "offset_order", where=where, topic=topic, partition=p, offsets=offs[:50]
             )
