@@ -118,9 +118,8 @@ class Run:
     # -- admin --------------------------------------------------------------------------
 
     def topic_id(self, topic: str) -> str | None:
-        from confluent_kafka.admin import AdminClient
-
         from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(self.kafka_conf())
         try:
@@ -199,9 +198,8 @@ class Run:
                 self.hist.complete(op, proc, "add_partitions", "info", error=repr(e))
 
     def _admin_delete_records(self, proc: str, rng: random.Random) -> None:
-        from confluent_kafka.admin import AdminClient
-
         from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import AdminClient
 
         topic = rng.choice(["churn", "retained"])
         p = rng.randrange(TOPICS[topic][0])
@@ -408,10 +406,11 @@ class Run:
                 proc, "produce", topic=topic, mode="kafka", values=values, keys=keys
             )
 
-            def report(i: int) -> Callable[[Any, Any], None]:
+            def report(i: int, out: list[Any] = results) -> Callable[[Any, Any], None]:
+                # ``out`` bound now: a late delivery must not land in a later op's results.
                 def cb(err: Any, msg: Any) -> None:
                     if err is None:
-                        results[i] = [msg.partition(), msg.offset()]
+                        out[i] = [msg.partition(), msg.offset()]
 
                 return cb
 
@@ -731,9 +730,8 @@ class Run:
         )
 
     def _final_committed(self, proc: str) -> None:
-        from confluent_kafka.admin import AdminClient
-
         from confluent_kafka import ConsumerGroupTopicPartitions
+        from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(self.kafka_conf())
         tid = self.topic_id("stable")
