@@ -265,7 +265,8 @@ class Run:
                     if mode == "v3-batch":
                         self._v3_batch(client, proc, topic, values, keys)
                     else:
-                        self._v2(client, proc, topic, values, keys, mode == "v2-key", n)
+                        resend = mode == "v2-key" and rng.random() < 0.25
+                        self._v2(client, proc, topic, values, keys, mode == "v2-key", n, resend)
                 except httpx.HTTPError:
                     client.close()
                     client = self.client()
@@ -282,6 +283,7 @@ class Run:
         keys: list[str],
         keyed: bool,
         n: int,
+        resend: bool = False,
     ) -> None:
         body = orjson.dumps(
             {
@@ -319,6 +321,21 @@ class Run:
                 if len(results) != len(values):
                     results = [None] * len(values)
                 self.hist.complete(op, proc, "produce", "ok", results=results, attempts=attempt + 1)
+                if resend:
+                    # A client that lost this answer sends the request again: the key
+                    # must make it a duplicate (same offsets, nothing stored twice).
+                    with contextlib.suppress(httpx.HTTPError):
+                        again = client.post(
+                            f"{self.topo.url}/topics/{topic}", content=body, headers=headers
+                        )
+                        self.hist.info(
+                            proc,
+                            "resend",
+                            op_id=op,
+                            status=again.status_code,
+                            same=again.status_code == 200
+                            and again.json().get("offsets") == offsets,
+                        )
                 return
             last = f"{r.status_code} {r.text[:200]}"
             if r.status_code < 500 and r.status_code not in (408, 429):

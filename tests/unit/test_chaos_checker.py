@@ -307,3 +307,23 @@ def test_history_file_round_trip(tmp_path: Path, outcome: str) -> None:
     report = check(events)
     assert report.faults == {"kill": 1}
     assert json.loads(json.dumps(report.summary()))["ops"] == {"produce": {outcome: 1}}
+
+
+def test_keyed_resend_answered_with_other_offsets() -> None:
+    h = valid()
+    h.final("a", "A1", [(0, "a1"), (1, "a2")])
+    h.events.append(
+        {
+            "id": 500,
+            "t": h.t + 1,
+            "proc": "p",
+            "type": "info",
+            "op": "resend",
+            "op_id": 2,
+            "status": 200,
+            "same": True,
+        }
+    )
+    assert kinds(h) == set()
+    h.events[-1]["same"] = False
+    assert kinds(h) == {"retry_answer_differs"}
