@@ -334,6 +334,10 @@ class _Checker:
             if s.status == "ok" and s.incarnation and s.key is not None and s.pos:
                 k = (s.incarnation, s.pos[0], s.key)
                 later_keys[k] = max(later_keys.get(k, -1), s.pos[1])
+        for (tid, p), part in self.finals.items():  # a produce of unknown outcome that landed
+            for o, key, _ in part.records:
+                if key is not None:
+                    later_keys[(tid, p, key)] = max(later_keys.get((tid, p, key), -1), o)
         final_at = {
             (tid, p, o): v for (tid, p), part in self.finals.items() for o, _, v in part.records
         }
