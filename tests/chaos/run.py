@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import threading
 import time
 import traceback
@@ -649,7 +650,17 @@ class Run:
         proxy = self.topo.proxy
         assert proxy is not None
         while not self.stop.wait(rng.uniform(2, 6)):
-            kind = rng.choice(["s3", "s3", "kill_agent", "kill_agent", "kill_coordinator"])
+            kind = rng.choice(
+                [
+                    "s3",
+                    "s3",
+                    "kill_agent",
+                    "kill_agent",
+                    "kill_coordinator",
+                    "pause_agent",
+                    "pause_coordinator",
+                ]
+            )
             try:
                 if kind == "s3":
                     rule = rng.choice(
@@ -679,15 +690,23 @@ class Run:
                     self.stop.wait(secs)
                     proxy.clear()
                 else:
-                    group = self.topo.agents if kind == "kill_agent" else self.topo.coordinators
-                    svc = rng.choice(group)
-                    down = rng.uniform(0.5, 3)
+                    agents = kind.endswith("_agent")
+                    svc = rng.choice(self.topo.agents if agents else self.topo.coordinators)
+                    # A pause outlasts the lease and session timeouts now and then (10 s).
+                    down = rng.uniform(0.5, 3) if kind.startswith("kill") else rng.uniform(1, 12)
                     self.hist.info(
                         proc, "fault", kind=kind, target=svc.name, seconds=round(down, 2)
                     )
-                    svc.kill()
-                    self.stop.wait(down)
-                    svc.restart()
+                    if kind.startswith("kill"):
+                        svc.kill()
+                        self.stop.wait(down)
+                        svc.restart()
+                    else:  # SIGSTOP: frozen, its connections open, then SIGCONT
+                        os.kill(svc.pid, signal.SIGSTOP)
+                        try:
+                            time.sleep(down)
+                        finally:
+                            os.kill(svc.pid, signal.SIGCONT)
             except Exception:
                 self.errors.append(f"{proc}: {traceback.format_exc()}")
 
