@@ -14,6 +14,7 @@ Idempotency-Key) is caught within a minute, but is left out of the suite to keep
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,47 @@ def test_a_seeded_run_finds_no_anomaly(tmp_path: Path) -> None:
     assert ops["final_read"]["ok"] >= 9, table  # every partition of the four topics
     assert sum(summary["faults"].values()) >= 2, table
     assert summary["client_errors"] == [], summary["client_errors"]
+
+
+# -- defects the checker found, pinned --------------------------------------------------
+
+
+def test_authentication_with_the_coordinator_down_is_a_retriable_error(tmp_path: Path) -> None:
+    """Found by ``make chaos PROFILE=sqlite SEED=5`` (ops answered ``500 {"error_code":
+    500, "message": "Internal Server Error"}`` while the coordinator restarted): a
+    credential the agent has not verified lately must be checked by the coordinator;
+    with the coordinator down the agent answered an unhandled 500. Expected: the
+    Confluent shape with the retriable code (50003), so a client knows to retry."""
+    import httpx
+
+    from tests.integration.topology import ADMIN, S3_ENV, start_topology
+    from tests.procs import start_moto
+
+    for k, v in S3_ENV.items():
+        os.environ.setdefault(k, v)
+    moto, endpoint = start_moto(tmp_path)
+    topo = start_topology(
+        tmp_path / "topo",
+        endpoint,
+        f"sqlite:///{tmp_path / 'meta.db'}",
+        agents=1,
+        coordinators=1,
+        faults=False,
+    )
+    try:
+        agent = topo.agents[0].url
+        assert httpx.get(f"{agent}/topics", auth=ADMIN, timeout=10).status_code == 200
+        topo.coordinators[0].kill()
+        for path in ("/topics", f"/v3/clusters/{topo.cluster_id}/topics"):
+            r = httpx.get(
+                f"{agent}{path}", auth=httpx.BasicAuth("admin", "not-yet-seen"), timeout=30
+            )
+            assert r.json() == {
+                "error_code": 50003,
+                "message": r.json()["message"],
+            }, r.text
+            assert r.status_code == 500
+            assert "coordinator" in r.json()["message"]
+    finally:
+        topo.stop()
+        moto.stop()
