@@ -301,11 +301,13 @@ class Run:
         op = self.hist.invoke(proc, "produce", topic=topic, mode=mode, values=values, keys=keys)
         attempts = 4 if keyed else 1
         last: str = ""
+        tries: list[str] = []  # what each failed attempt got
         for attempt in range(attempts):
             try:
                 r = client.post(f"{self.topo.url}/topics/{topic}", content=body, headers=headers)
             except httpx.HTTPError as e:
                 last = repr(e)
+                tries.append(last[:200])
                 if attempt + 1 < attempts:
                     time.sleep(0.5)
                     continue
@@ -321,7 +323,9 @@ class Run:
                 ]
                 if len(results) != len(values):
                     results = [None] * len(values)
-                self.hist.complete(op, proc, "produce", "ok", results=results, attempts=attempt + 1)
+                self.hist.complete(
+                    op, proc, "produce", "ok", results=results, attempts=attempt + 1, tries=tries
+                )
                 if resend:
                     # A client that lost this answer sends the request again: the key
                     # must make it a duplicate (same offsets, nothing stored twice).
@@ -336,9 +340,11 @@ class Run:
                             status=again.status_code,
                             same=again.status_code == 200
                             and again.json().get("offsets") == offsets,
+                            answer=again.text[:2000],
                         )
                 return
             last = f"{r.status_code} {r.text[:200]}"
+            tries.append(last)
             if r.status_code < 500 and r.status_code not in (408, 429):
                 # A refusal before anything was stored (but a refused retry of a keyed
                 # request whose first try may have landed is unknown).
