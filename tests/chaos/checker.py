@@ -424,10 +424,25 @@ class _Checker:
                 offset=offs[0],
                 asked=asked,
             )
+        # A read wholly inside one incarnation's life serves that incarnation only.
+        served = self._attribute(topic, inv["t"], done["t"])
         for o, v in records:
             self.report.records["read"] += 1
             self._check_value(where, topic, p, o, v)
             self._check_located(where, topic, p, o, v)
+            s = self.sends.get(v)
+            if served and s is not None and s.incarnation and s.incarnation != served:
+                self.report.anomaly(
+                    "wrong_incarnation",
+                    where=where,
+                    topic=topic,
+                    partition=p,
+                    offset=o,
+                    value=v,
+                    served_by=served,
+                    acked_in=s.incarnation,
+                    op=s.op,
+                )
         self._against_final(where, topic, p, records)
 
     def _check_located(self, where: str, topic: str, p: int, o: int, v: str) -> None:

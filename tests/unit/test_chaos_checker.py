@@ -327,3 +327,21 @@ def test_keyed_resend_answered_with_other_offsets() -> None:
     assert kinds(h) == set()
     h.events[-1]["same"] = False
     assert kinds(h) == {"retry_answer_differs"}
+
+
+def test_a_read_of_a_new_incarnation_serving_the_old_ones_records() -> None:
+    """What the checker found on the commit before the read seams were fixed (issue 22):
+    a v3 read just after delete + recreate answered the deleted topic's records."""
+    h = valid()
+    h.op("delete_topic", "ok", {"topic": "a"})
+    h.create("a", "A2")
+    h.op(
+        "read",
+        "ok",
+        {"topic": "a", "partition": 0, "offset": None},
+        records=[[0, "a1"], [1, "a2"]],
+        high_watermark=0,
+        log_start=0,
+    )
+    h.final("a", "A2", [], hw=0)
+    assert kinds(h) == {"wrong_incarnation", "past_hw"}
