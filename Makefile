@@ -60,7 +60,7 @@ bench: $(VENV)/.dev  ## run every benchmark (prints JSON lines)
 MINUTES ?= 10
 PROFILE ?= postgres
 SEED ?=
-chaos: $(VENV)/.dev  ## chaos run and check: MINUTES=10 PROFILE=postgres|sqlite SEED=n
+chaos: $(VENV)/.dev  ## chaos run and check: MINUTES=10 PROFILE=postgres|sqlite|sharded SEED=n
 	$(BIN)/python -m tests.chaos --minutes $(MINUTES) --profile $(PROFILE) $(if $(SEED),--seed $(SEED))
 
 clean:  ## remove the venv and caches
