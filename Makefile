@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 # needs `make install` again). -qq: no build-backend banners for a newcomer to wonder about.
 INSTALL := $(BIN)/pip install -qq --config-settings editable_mode=compat --editable
 
-.PHONY: help install run spark test lint bench clean
+.PHONY: help install run spark test lint bench chaos clean
 
 help:  ## list targets
 	@grep -E '^[a-z]+:.*##' Makefile | sed 's/:.*## /\t/'
@@ -53,6 +53,15 @@ test: lint  ## lint, then the whole test suite
 bench: $(VENV)/.dev  ## run every benchmark (prints JSON lines)
 	$(INSTALL) '.[dev,bench]'
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+# The whole-system checker (tests/chaos): a cluster of real processes under seeded
+# clients and faults for MINUTES, its history checked against a log model; exits 1 on
+# any anomaly. SEED replays a run's schedule of operations.
+MINUTES ?= 10
+PROFILE ?= postgres
+SEED ?=
+chaos: $(VENV)/.dev  ## chaos run and check: MINUTES=10 PROFILE=postgres|sqlite|sharded SEED=n
+	$(BIN)/python -m tests.chaos --minutes $(MINUTES) --profile $(PROFILE) $(if $(SEED),--seed $(SEED))
 
 clean:  ## remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

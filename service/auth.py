@@ -31,8 +31,8 @@ from coordinator.logins import Logins, login_keys
 from coordinator.security import ANONYMOUS, basic
 from coordinator.security import parse_basic as basic_credential
 from coordinator.security_store import SecurityStore
-from segments.errors import AuthenticationError, LoginThrottledError
-from service.errors import ErrorCode
+from segments.errors import AuthenticationError, LakelogError, LoginThrottledError
+from service.errors import ErrorCode, error_code_for, error_message_for, is_v3, status_for
 from service.executors import call
 from service.web import send_error
 
@@ -170,6 +170,9 @@ class BasicAuthMiddleware:
                 scope, send, 401, int(ErrorCode.KAFKA_AUTHENTICATION), e.message, _CHALLENGE
             )
             return
+        except LakelogError as e:  # the coordinator could not check it: retry later
+            await _send_lakelog_error(scope, send, e)
+            return
         state = scope.setdefault("state", {})
         state["principal"] = principal
         state["credential"] = basic(*credential)  # what management calls forward
@@ -200,6 +203,9 @@ class BasicAuthMiddleware:
                 [(b"www-authenticate", challenge)],
             )
             return
+        except LakelogError as e:
+            await _send_lakelog_error(scope, send, e)
+            return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
 
@@ -220,3 +226,12 @@ def principal_of(scope: Scope) -> str:
     """The request's principal; ANONYMOUS when authentication is off."""
     state = scope.get("state") or {}
     return str(state.get("principal", ANONYMOUS))
+
+
+async def _send_lakelog_error(scope: Scope, send: Send, exc: LakelogError) -> None:
+    """A credential that could not be checked (the coordinator unreachable): the error
+    table's answer, as a route would give, not an unhandled 500."""
+    log.warning("%s: authentication failed: %s: %s", scope["path"], type(exc).__name__, exc)
+    v3 = is_v3(scope["path"])
+    code = error_code_for(exc, v3=v3)
+    await send_error(scope, send, status_for(code), code, error_message_for(exc, v3=v3))

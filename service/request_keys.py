@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,6 +78,12 @@ class KeyedProduce:
         return partition_for_key(self.key.encode(), partitions)
 
 
+#: A deliberately broken build for the chaos checker to catch (tests/chaos):
+#: ``LAKELOG_CHAOS_BREAK=dedupe`` ignores Idempotency-Key, so a retried request is stored
+#: again. Read once, from the environment only: no setting, never for production.
+_BROKEN_DEDUPE = "dedupe" in os.environ.get("LAKELOG_CHAOS_BREAK", "").split(",")
+
+
 def keyed_produce(request: Request, body: bytes, window_s: int) -> KeyedProduce | None:
     """The request's idempotency key and digest; None without the header.
 
@@ -85,7 +92,7 @@ def keyed_produce(request: Request, body: bytes, window_s: int) -> KeyedProduce 
             visible ASCII (400).
     """
     key = request.headers.get(HEADER)
-    if key is None:
+    if key is None or _BROKEN_DEDUPE:
         return None
     if not 0 < len(key) <= _MAX_KEY or not all(0x21 <= ord(c) <= 0x7E for c in key):
         raise MalformedRequestError(

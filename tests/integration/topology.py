@@ -234,6 +234,7 @@ def start_topology(
     agents: int = 3,
     coordinators: int = 2,
     agent_env: dict[str, str] | None = None,
+    coordinator_env: dict[str, str] | None = None,
     seed: int = 1,
     faults: bool = True,
 ) -> Topology:
@@ -241,6 +242,8 @@ def start_topology(
 
     Args:
         agent_env: extra ``LAKELOG_*`` variables for every agent (e.g. a shorter linger).
+        coordinator_env: extra ``LAKELOG_*`` variables for every coordinator (e.g.
+            janitor schedules).
         seed: the fault proxy's dice.
         faults: put the fault proxy in front of moto (False: lakelog talks to moto
             directly, as benchmarks want).
@@ -270,6 +273,7 @@ def start_topology(
                         "LAKELOG_STORE": store_url,
                         "LAKELOG_STORE_ENDPOINT": s3_endpoint,
                         "LAKELOG_JANITORS": "all",
+                        **(coordinator_env or {}),
                     },
                     url=f"http://127.0.0.1:{port}",
                     log=tmp / f"coordinator-{i}.log",

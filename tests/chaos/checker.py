@@ -1,0 +1,611 @@
+"""Check a history (see ``tests.chaos.history``) against a model of a Kafka log.
+
+The model, per topic incarnation (a topic id: a topic deleted and created again under
+the same name is another log) and partition: a sequence of records at offsets
+``log_start .. high_watermark - 1``, contiguous unless the topic is compacted, where
+``log_start`` only moves forward (retention, DeleteRecords). Every value the clients
+send is unique in the run, so a value found in a log names the one produce that sent it.
+
+A produce is attributed to an incarnation when it ran wholly inside the incarnation's
+life (from its create's ``ok`` to the ``invoke`` of the delete that ended it); one
+that overlapped a delete or create is attributed to none, and then only what it
+returned is checked, not where it must be found.
+
+Anomalies (``kind``):
+
+- ``lost``: a produce acknowledged at (partition, offset) of a live incarnation, not
+  found there at the end, though the offset is at or past the log start and no later
+  record of its key in a compacted topic explains it.
+- ``duplicate``: one sent value stored at two places (all our producers send a value
+  once; only an idempotent retry resends it, and that must not store it again).
+- ``wrong_offset``: a value read (or stored) at another (partition, offset) than the
+  one its produce was acknowledged with, or than where the final read finds it.
+- ``wrong_topic`` / ``wrong_incarnation``: a value served in a topic it was not sent
+  to, or in an incarnation other than the one it was acknowledged in.
+- ``phantom``: a value nobody sent. ``failed_write_visible``: a value whose produce
+  was refused outright (``fail``) found in a log.
+- ``offset_order``: offsets of one answer (or of the final log) not strictly
+  increasing; ``gap``: offsets of a non-compacted final log not contiguous from the
+  log start to the high watermark; ``outside_log``: a final record below the log
+  start or at/past the high watermark.
+- ``past_hw``: a read returned an offset at or past the high watermark it reported;
+  ``read_before_offset``: a record before the offset asked for.
+- ``inconsistent_read``: a read returned, at an offset the final log still holds,
+  another value than the final log holds there.
+- ``poll_nonmonotonic``: a consumer got an offset of a partition at or below one it
+  already got since its last assignment (duplicate delivery or reordering).
+- ``poll_skip``: a consumer's consecutive records of a partition jump over offsets
+  the final log holds (Jepsen's poll-skip); ``resume_skip``: after an assignment a
+  consumer started past the group's committed offset, over records the log holds.
+- ``retry_answer_differs``: a request acknowledged whole, sent again with its
+  Idempotency-Key, was acknowledged whole with other offsets (so it was stored again).
+- ``commit_past_hw``: a committed offset beyond the final high watermark;
+  ``committed_unknown``: the group's final committed offset is none that was ever
+  committed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+#: At most this many anomalies of one kind are listed in full (all are counted).
+MAX_LISTED = 20
+
+
+@dataclass
+class Send:
+    op: int
+    topic: str
+    mode: str
+    key: str | None
+    t0: float
+    t1: float = math.inf
+    status: str = "pending"  # ok, info, fail, pending (no completion: a crashed client)
+    pos: tuple[int, int] | None = None
+    incarnation: str | None = None
+
+
+@dataclass
+class Incarnation:
+    topic: str
+    topic_id: str
+    born: float
+    died: float = math.inf
+
+
+@dataclass
+class FinalPart:
+    topic: str
+    topic_id: str
+    partition: int
+    log_start: int
+    high_watermark: int
+    compacted: bool
+    records: list[tuple[int, str | None, str]]
+
+
+@dataclass
+class Report:
+    """Counts and anomalies; ``summary()`` is the run's last JSON line."""
+
+    ops: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    records: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    anomalies: list[dict[str, Any]] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def anomaly(self, kind: str, **detail: Any) -> None:
+        self.counts[kind] += 1
+        if self.counts[kind] <= MAX_LISTED:
+            self.anomalies.append({"kind": kind, **detail})
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "operations": sum(sum(c.values()) for c in self.ops.values()),
+            "ops": {k: dict(v) for k, v in sorted(self.ops.items())},
+            "records": dict(self.records),
+            "faults": dict(self.faults),
+            "anomaly_counts": dict(self.counts),
+            "anomalies": self.anomalies,
+        }
+
+
+def check(events: Iterable[dict[str, Any]]) -> Report:
+    """Check the events of one history; returns the report (anomalies empty: valid)."""
+    return _Checker(list(events)).run()
+
+
+class _Checker:
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+        self.report = Report()
+        self.sends: dict[str, Send] = {}
+        self.incarnations: dict[str, list[Incarnation]] = defaultdict(list)
+        self.finals: dict[tuple[str, int], FinalPart] = {}
+        self.live: dict[str, str] = {}  # topic -> topic id of the final read
+        self.located: dict[str, tuple[str, str, int, int]] = {}  # value -> (topic, id, p, o)
+
+    # -- building the model ---------------------------------------------------------
+
+    def run(self) -> Report:
+        invokes: dict[int, dict[str, Any]] = {}
+        completions: dict[int, dict[str, Any]] = {}
+        for e in self.events:
+            if e["type"] == "invoke":
+                invokes[e["id"]] = e
+            elif e["id"] in invokes:
+                completions[e["id"]] = e
+            elif e["op"] == "fault":
+                self.report.faults[e.get("kind", "?")] += 1
+            elif e["op"] == "resend":
+                self.report.records["keyed_resends"] += 1
+                if e.get("same") is False:
+                    self.report.anomaly("retry_answer_differs", op=e["op_id"], proc=e["proc"])
+        for op_id, inv in invokes.items():
+            done = completions.get(op_id)
+            self.report.ops[inv["op"]][done["type"] if done else "pending"] += 1
+        self._incarnations(invokes, completions)
+        self._sends(invokes, completions)
+        self._finals()
+        self._check_finals()
+        self._check_lost()
+        for op_id, inv in invokes.items():
+            done = completions.get(op_id)
+            if done is not None and done["type"] == "ok" and inv["op"] == "read":
+                self._check_read(inv, done)
+        self._check_polls(completions)
+        self._check_commits(invokes, completions)
+        return self.report
+
+    def _incarnations(
+        self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
+    ) -> None:
+        for op_id, inv in invokes.items():
+            done = completions.get(op_id)
+            if inv["op"] == "create_topic" and done is not None and done["type"] == "ok":
+                self.incarnations[inv["topic"]].append(
+                    Incarnation(inv["topic"], done["topic_id"], done["t"])
+                )
+        for incs in self.incarnations.values():
+            incs.sort(key=lambda i: i.born)
+        for op_id, inv in sorted(invokes.items(), key=lambda kv: kv[1]["t"]):
+            done = completions.get(op_id)
+            if inv["op"] != "delete_topic" or (done is not None and done["type"] == "fail"):
+                continue
+            for inc in self.incarnations.get(inv["topic"], []):
+                if inc.born <= inv["t"] < inc.died:
+                    inc.died = inv["t"]
+
+    def _attribute(self, topic: str, t0: float, t1: float) -> str | None:
+        for inc in self.incarnations.get(topic, []):
+            if inc.born <= t0 and t1 <= inc.died:
+                return inc.topic_id
+        return None
+
+    def _sends(
+        self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
+    ) -> None:
+        rec = self.report.records
+        for op_id, inv in invokes.items():
+            if inv["op"] != "produce":
+                continue
+            done = completions.get(op_id)
+            keys = inv.get("keys") or [None] * len(inv["values"])
+            results = (done or {}).get("results") or [None] * len(inv["values"])
+            for i, value in enumerate(inv["values"]):
+                s = Send(op_id, inv["topic"], inv["mode"], keys[i], inv["t"])
+                if done is not None:
+                    s.t1 = done["t"]
+                    s.status = done["type"]
+                    if done["type"] == "ok":
+                        if results[i] is None:
+                            s.status = "info"
+                        else:
+                            s.pos = (results[i][0], results[i][1])
+                rec["sent"] += 1
+                rec[{"ok": "acked", "fail": "failed"}.get(s.status, "unknown")] += 1
+                if s.status == "ok":
+                    s.incarnation = self._attribute(s.topic, s.t0, s.t1)
+                self.sends[value] = s
+
+    def _finals(self) -> None:
+        for e in self.events:
+            if e["op"] == "final_read" and e["type"] == "ok":
+                part = FinalPart(
+                    e["topic"],
+                    e["topic_id"],
+                    e["partition"],
+                    e["log_start"],
+                    e["high_watermark"],
+                    bool(e.get("compacted")),
+                    [(r[0], r[1], r[2]) for r in e["records"]],
+                )
+                self.finals[(part.topic_id, part.partition)] = part
+                self.live[part.topic] = part.topic_id
+
+    # -- checks -----------------------------------------------------------------------
+
+    def _check_value(self, where: str, topic: str, p: int, o: int, value: str) -> None:
+        """What holds wherever a value is served: it was sent, to this topic, here."""
+        s = self.sends.get(value)
+        if s is None:
+            self.report.anomaly(
+                "phantom", where=where, topic=topic, partition=p, offset=o, value=value
+            )
+            return
+        if s.topic != topic:
+            self.report.anomaly(
+                "wrong_topic",
+                where=where,
+                topic=topic,
+                partition=p,
+                offset=o,
+                value=value,
+                sent_to=s.topic,
+                op=s.op,
+            )
+        elif s.pos is not None and s.pos != (p, o):
+            self.report.anomaly(
+                "wrong_offset",
+                where=where,
+                topic=topic,
+                partition=p,
+                offset=o,
+                value=value,
+                acked_at=list(s.pos),
+                op=s.op,
+                mode=s.mode,
+            )
+        if s.status == "fail":
+            self.report.anomaly(
+                "failed_write_visible",
+                where=where,
+                topic=topic,
+                partition=p,
+                offset=o,
+                value=value,
+                op=s.op,
+            )
+
+    def _check_finals(self) -> None:
+        seen: dict[str, list[tuple[str, str, int, int]]] = defaultdict(list)
+        for (tid, p), part in sorted(self.finals.items()):
+            where = f"final {part.topic}/{p}"
+            offs = [o for o, _, _ in part.records]
+            if any(b <= a for a, b in itertools.pairwise(offs)):
+                self.report.anomaly("offset_order", where=where, topic_id=tid, offsets=offs[:50])
+            outside = [o for o in offs if o < part.log_start or o >= part.high_watermark]
+            if outside:
+                self.report.anomaly(
+                    "outside_log",
+                    where=where,
+                    topic_id=tid,
+                    offsets=outside[:20],
+                    log_start=part.log_start,
+                    high_watermark=part.high_watermark,
+                )
+            if not part.compacted and offs != list(range(part.log_start, part.high_watermark)):
+                missing = sorted(set(range(part.log_start, part.high_watermark)) - set(offs))
+                self.report.anomaly(
+                    "gap",
+                    where=where,
+                    topic_id=tid,
+                    missing=missing[:20],
+                    missing_count=len(missing),
+                    log_start=part.log_start,
+                    high_watermark=part.high_watermark,
+                )
+            for o, _key, value in part.records:
+                self.report.records["final"] += 1
+                self._check_value(where, part.topic, p, o, value)
+                s = self.sends.get(value)
+                if s is not None and s.incarnation is not None and s.incarnation != tid:
+                    self.report.anomaly(
+                        "wrong_incarnation",
+                        where=where,
+                        topic_id=tid,
+                        partition=p,
+                        offset=o,
+                        value=value,
+                        acked_in=s.incarnation,
+                        op=s.op,
+                    )
+                seen[value].append((part.topic, tid, p, o))
+                self.located[value] = (part.topic, tid, p, o)
+        for value, places in seen.items():
+            if len(places) > 1:
+                s = self.sends.get(value)
+                self.report.anomaly(
+                    "duplicate",
+                    value=value,
+                    places=[list(x) for x in places],
+                    mode=s.mode if s else None,
+                    op=s.op if s else None,
+                )
+
+    def _check_lost(self) -> None:
+        later_keys: dict[tuple[str, int, str], int] = {}
+        for s in self.sends.values():
+            if s.status == "ok" and s.incarnation and s.key is not None and s.pos:
+                k = (s.incarnation, s.pos[0], s.key)
+                later_keys[k] = max(later_keys.get(k, -1), s.pos[1])
+        for (tid, p), part in self.finals.items():  # a produce of unknown outcome that landed
+            for o, key, _ in part.records:
+                if key is not None:
+                    later_keys[(tid, p, key)] = max(later_keys.get((tid, p, key), -1), o)
+        final_at = {
+            (tid, p, o): v for (tid, p), part in self.finals.items() for o, _, v in part.records
+        }
+        rec = self.report.records
+        for value, s in self.sends.items():
+            if s.status != "ok" or s.pos is None:
+                continue
+            if s.incarnation is None:
+                rec["acked_unattributed"] += 1
+                continue
+            p, o = s.pos
+            part = self.finals.get((s.incarnation, p))
+            if part is None:
+                rec["acked_in_deleted_topics"] += 1
+                continue
+            if final_at.get((s.incarnation, p, o)) == value:
+                rec["acked_found"] += 1
+            elif o < part.log_start:
+                rec["acked_removed_by_log_start"] += 1
+            elif (
+                part.compacted
+                and s.key is not None
+                and later_keys.get((s.incarnation, p, s.key), -1) > o
+            ):
+                rec["acked_compacted_away"] += 1
+            else:
+                self.report.anomaly(
+                    "lost",
+                    topic=s.topic,
+                    topic_id=s.incarnation,
+                    partition=p,
+                    offset=o,
+                    value=value,
+                    op=s.op,
+                    mode=s.mode,
+                    log_start=part.log_start,
+                    high_watermark=part.high_watermark,
+                    found_there=final_at.get((s.incarnation, p, o)),
+                )
+
+    def _against_final(
+        self, where: str, topic: str, p: int, records: list[tuple[int, str]]
+    ) -> None:
+        """A read's records vs the final log of the incarnation they came from."""
+        tids = {self.located[v][1] for _, v in records if v in self.located}
+        for tid in tids:
+            part = self.finals.get((tid, p))
+            if part is None:
+                continue
+            held = {o: v for o, _, v in part.records}
+            for o, v in records:
+                if o >= part.log_start and o in held and held[o] != v:
+                    self.report.anomaly(
+                        "inconsistent_read",
+                        where=where,
+                        topic=topic,
+                        partition=p,
+                        offset=o,
+                        read=v,
+                        final=held[o],
+                    )
+
+    def _check_read(self, inv: dict[str, Any], done: dict[str, Any]) -> None:
+        topic, p = inv["topic"], inv["partition"]
+        where = f"read op {inv['id']}"
+        records = [(r[0], r[1]) for r in done["records"]]
+        offs = [o for o, _ in records]
+        if any(b <= a for a, b in itertools.pairwise(offs)):
+            self.report.anomaly(
+                "offset_order", where=where, topic=topic, partition=p, offsets=offs[:50]
+            )
+        hw = done.get("high_watermark")
+        if hw is not None and offs and offs[-1] >= hw:
+            self.report.anomaly(
+                "past_hw", where=where, topic=topic, partition=p, offset=offs[-1], high_watermark=hw
+            )
+        asked = inv.get("offset")
+        if asked is not None and offs and offs[0] < asked:
+            self.report.anomaly(
+                "read_before_offset",
+                where=where,
+                topic=topic,
+                partition=p,
+                offset=offs[0],
+                asked=asked,
+            )
+        # A read wholly inside one incarnation's life serves that incarnation only.
+        served = self._attribute(topic, inv["t"], done["t"])
+        for o, v in records:
+            self.report.records["read"] += 1
+            self._check_value(where, topic, p, o, v)
+            self._check_located(where, topic, p, o, v)
+            s = self.sends.get(v)
+            if served and s is not None and s.incarnation and s.incarnation != served:
+                self.report.anomaly(
+                    "wrong_incarnation",
+                    where=where,
+                    topic=topic,
+                    partition=p,
+                    offset=o,
+                    value=v,
+                    served_by=served,
+                    acked_in=s.incarnation,
+                    op=s.op,
+                )
+        self._against_final(where, topic, p, records)
+
+    def _check_located(self, where: str, topic: str, p: int, o: int, v: str) -> None:
+        loc = self.located.get(v)
+        if loc is not None and loc[0] == topic and (loc[2], loc[3]) != (p, o):
+            s = self.sends.get(v)
+            if s is None or s.pos is None:  # else _check_value reported it already
+                self.report.anomaly(
+                    "wrong_offset",
+                    where=where,
+                    topic=topic,
+                    partition=p,
+                    offset=o,
+                    value=v,
+                    final_at=[loc[2], loc[3]],
+                )
+
+    def _check_polls(self, completions: dict[int, dict[str, Any]]) -> None:
+        # consumer -> (topic, partition) -> (last offset, incarnation of the last value)
+        last: dict[str, dict[tuple[str, int], tuple[int, str | None]]] = defaultdict(dict)
+        for e in sorted(completions.values(), key=lambda e: e["t"]):
+            if e["type"] != "ok":
+                continue
+            if e["op"] == "assign":
+                last[e["consumer"]] = {}
+                continue
+            if e["op"] != "poll":
+                continue
+            c, topic = e["consumer"], e["topic"]
+            where = f"poll op {e['id']} by {c}"
+            by_p: dict[int, list[tuple[int, str]]] = defaultdict(list)
+            for p, o, v in e["records"]:
+                self.report.records["polled"] += 1
+                self._check_value(where, topic, p, o, v)
+                self._check_located(where, topic, p, o, v)
+                by_p[p].append((o, v))
+                tid = self.located[v][1] if v in self.located else None
+                prev = last[c].get((topic, p))
+                if prev is not None:
+                    if o <= prev[0]:
+                        self.report.anomaly(
+                            "poll_nonmonotonic",
+                            where=where,
+                            consumer=c,
+                            topic=topic,
+                            partition=p,
+                            offset=o,
+                            after=prev[0],
+                        )
+                    elif o > prev[0] + 1 and tid is not None and tid == prev[1]:
+                        part = self.finals.get((tid, p))
+                        if part is not None:
+                            skipped = [x for x, _, _ in part.records if prev[0] < x < o]
+                            if skipped:
+                                self.report.anomaly(
+                                    "poll_skip",
+                                    where=where,
+                                    consumer=c,
+                                    topic=topic,
+                                    partition=p,
+                                    offset=o,
+                                    after=prev[0],
+                                    skipped=skipped[:20],
+                                )
+                last[c][(topic, p)] = (o, tid)
+            for p, recs in by_p.items():
+                self._against_final(where, topic, p, recs)
+
+    def _check_commits(
+        self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
+    ) -> None:
+        deleted = {inv["topic"] for inv in invokes.values() if inv["op"] == "delete_topic"}
+        committed: dict[tuple[str, str, int], set[int]] = defaultdict(set)
+        # (group, topic, partition) -> [(time the commit was invoked, offset)] of commits
+        # that may have happened, for the resume check.
+        history: dict[tuple[str, str, int], list[tuple[float, float, int]]] = defaultdict(list)
+        for op_id, inv in invokes.items():
+            if inv["op"] != "commit":
+                continue
+            done = completions.get(op_id)
+            if done is None or done["type"] == "fail":
+                continue
+            for p_s, o in inv["offsets"].items():
+                k = (inv["group"], inv["topic"], int(p_s))
+                committed[k].add(o)
+                history[k].append((inv["t"], done["t"] if done["type"] == "ok" else math.inf, o))
+                tid = self.live.get(inv["topic"])
+                part = self.finals.get((tid, int(p_s))) if tid else None
+                if inv["topic"] not in deleted and part is not None and o > part.high_watermark:
+                    self.report.anomaly(
+                        "commit_past_hw",
+                        op=op_id,
+                        group=inv["group"],
+                        topic=inv["topic"],
+                        partition=int(p_s),
+                        offset=o,
+                        high_watermark=part.high_watermark,
+                    )
+        for e in self.events:
+            if e["op"] == "final_committed" and e["type"] == "ok" and e["topic"] not in deleted:
+                for p_s, o in e["offsets"].items():
+                    k = (e["group"], e["topic"], int(p_s))
+                    part = self.finals.get((e["topic_id"], int(p_s)))
+                    if part is not None and o > part.high_watermark:
+                        self.report.anomaly(
+                            "commit_past_hw",
+                            group=e["group"],
+                            topic=e["topic"],
+                            partition=int(p_s),
+                            offset=o,
+                            high_watermark=part.high_watermark,
+                        )
+                    if o >= 0 and o not in committed[k]:
+                        self.report.anomaly(
+                            "committed_unknown",
+                            group=e["group"],
+                            topic=e["topic"],
+                            partition=int(p_s),
+                            offset=o,
+                            committed=sorted(committed[k])[-10:],
+                        )
+        self._check_resumes(completions, history, deleted)
+
+    def _check_resumes(
+        self,
+        completions: dict[int, dict[str, Any]],
+        history: dict[tuple[str, str, int], list[tuple[float, float, int]]],
+        deleted: set[str],
+    ) -> None:
+        """After an assignment, a consumer starts at most at the group's committed offset."""
+        pending: dict[str, tuple[float, str, str]] = {}  # consumer -> (assigned at, group, topic)
+        started: set[tuple[str, int]] = set()
+        for e in sorted(completions.values(), key=lambda e: e["t"]):
+            if e["type"] != "ok":
+                continue
+            if e["op"] == "assign" and e.get("group") and e["topic"] not in deleted:
+                pending[e["consumer"]] = (e["t"], e["group"], e["topic"])
+                started = {x for x in started if x[0] != e["consumer"]}
+            elif e["op"] == "poll" and e["consumer"] in pending:
+                at, group, topic = pending[e["consumer"]]
+                for p, o, v in e["records"]:
+                    if (e["consumer"], p) in started:
+                        continue
+                    started.add((e["consumer"], p))
+                    # Commits acknowledged before the assignment are in; any that may have
+                    # landed before it could be the position too: the highest is the bound.
+                    bound = max(
+                        (off for t0, _t1, off in history[(group, topic, p)] if t0 < at),
+                        default=None,
+                    )
+                    tid = self.located[v][1] if v in self.located else None
+                    part = self.finals.get((tid, p)) if tid else None
+                    if bound is None or part is None or o <= bound:
+                        continue
+                    skipped = [x for x, _, _ in part.records if bound <= x < o]
+                    if skipped:
+                        self.report.anomaly(
+                            "resume_skip",
+                            consumer=e["consumer"],
+                            group=group,
+                            topic=topic,
+                            partition=p,
+                            offset=o,
+                            committed=bound,
+                            skipped=skipped[:20],
+                        )

@@ -1,0 +1,950 @@
+"""One chaos run: a cluster of real processes, seeded clients and faults, a history.
+
+``run(Params)`` starts moto, the fault proxy in front of it and the topology of
+``tests.integration.topology`` (coordinators on PostgreSQL or one on SQLite, two
+agents behind a load balancer, every janitor on a schedule of seconds; ``sharded``:
+two coordinators on a catalog and two shard databases), then for
+``minutes`` runs client threads and a nemesis, each drawing its operations from its
+own ``random.Random`` seeded by (seed, thread name): the seed fixes each thread's
+schedule of operations (timing, and so interleavings, still vary). Then it stops the
+faults, restarts what is down, waits for the janitors, reads every partition whole
+(``final_read``) and the groups' committed offsets, and checks the history.
+
+Topics: ``stable`` (3 partitions; the consumers read it), ``retained``
+(``retention.ms`` of seconds, changed at random), ``compacted``
+(``cleanup.policy=compact``, keys from a small set), ``churn`` (deleted and created
+again under the same name, partitions added, DeleteRecords).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import random
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from tests.chaos.checker import check
+from tests.chaos.history import History, read_history
+from tests.integration.topology import ADMIN, ADMIN_PASSWORD, S3_ENV, Topology, start_topology
+from tests.procs import start_moto
+
+BINARY_V2 = "application/vnd.kafka.binary.v2+json"
+V2 = "application/vnd.kafka.v2+json"
+PROFILES = ("sqlite", "postgres", "sharded")
+
+#: Every janitor often, with thresholds of seconds (GC grace stays above the longest read
+#: and flush under injected delays: what the janitors' docs ask of an operator).
+COORDINATOR_ENV = {
+    "LAKELOG_JANITOR_INTERVAL": "tier=2,retention=2,compact=4,gc=3,table=10",
+    "LAKELOG_TIER_AGE_S": "3",
+    "LAKELOG_GC_GRACE_S": "30",
+    "LAKELOG_LEASE_TTL_S": "10",
+}
+AGENT_ENV = {
+    "LAKELOG_LINGER_MS": "20",
+    "LAKELOG_FLUSH_BYTES": "65536",
+    "LAKELOG_METADATA_TTL_S": "1",
+}
+
+TOPICS: dict[str, tuple[int, dict[str, str]]] = {
+    "stable": (3, {}),
+    "retained": (2, {"retention.ms": "15000"}),
+    "compacted": (2, {"cleanup.policy": "compact"}),
+    "churn": (2, {}),
+}
+
+
+@dataclass
+class Params:
+    seed: int
+    minutes: float
+    profile: str
+    out: Path
+    #: LAKELOG_CHAOS_BREAK for the agents (a deliberately broken build; see service).
+    break_env: dict[str, str] = field(default_factory=dict)
+
+
+def b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+def unb64(s: str | None) -> str | None:
+    return None if s is None else base64.b64decode(s).decode(errors="replace")
+
+
+class Run:
+    """The clients, the nemesis and the final read over one topology."""
+
+    def __init__(self, topo: Topology, hist: History, params: Params) -> None:
+        self.topo = topo
+        self.hist = hist
+        self.params = params
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+        self.partitions = {t: n for t, (n, _) in TOPICS.items()}
+        self.kafka_bootstrap = ",".join(
+            a.environment["LAKELOG_KAFKA_ADVERTISED"] for a in topo.agents
+        )
+        self.v3 = f"{topo.url}/v3/clusters/{topo.cluster_id}"
+        self.churn_lock = threading.Lock()
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(f"{self.params.seed}:{name}")
+
+    def client(self, timeout: float = 20.0) -> httpx.Client:
+        return httpx.Client(timeout=timeout, auth=ADMIN)
+
+    def kafka_conf(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": self.kafka_bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "admin",
+            "sasl.password": ADMIN_PASSWORD,
+            **extra,
+        }
+
+    # -- admin --------------------------------------------------------------------------
+
+    def topic_id(self, topic: str) -> str | None:
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(self.kafka_conf())
+        try:
+            fut = admin.describe_topics(TopicCollection([topic]), request_timeout=15)[topic]
+            return str(fut.result(timeout=20).topic_id)
+        except Exception:
+            return None
+
+    def create_topic(self, proc: str, name: str) -> bool:
+        n, configs = TOPICS[name]
+        op = self.hist.invoke(proc, "create_topic", topic=name, partitions=n, configs=configs)
+        body = {
+            "topic_name": name,
+            "partitions_count": n,
+            "configs": [{"name": k, "value": v} for k, v in configs.items()],
+        }
+        try:
+            with self.client() as c:
+                r = c.post(f"{self.v3}/topics", json=body)
+        except httpx.HTTPError as e:
+            self.hist.complete(op, proc, "create_topic", "info", error=repr(e))
+            return False
+        # "Already exists": an earlier create whose answer was lost made it (none of ours
+        # deletes it meanwhile: the admin thread alone deletes). Its life is counted from
+        # now, later than it began: fewer produces are attributed to it, none wrongly.
+        exists = r.status_code == 400 and "already exists" in r.text
+        if r.status_code != 201 and not exists:
+            self.hist.complete(op, proc, "create_topic", _outcome(r.status_code), error=r.text)
+            return False
+        tid = None
+        for _ in range(3):
+            tid = self.topic_id(name)
+            if tid is not None or self.stop.is_set():
+                break
+        if tid is None:
+            self.hist.complete(op, proc, "create_topic", "info", error="no topic id")
+            return False
+        self.partitions[name] = n
+        self.hist.complete(op, proc, "create_topic", "ok", topic_id=tid, existed=exists)
+        return True
+
+    def admin_loop(self) -> None:
+        proc = "admin"
+        rng = self.rng(proc)
+        while not self.stop.wait(rng.uniform(3, 7)):
+            what = rng.choice(["recreate", "recreate", "partitions", "delete_records", "retention"])
+            try:
+                getattr(self, f"_admin_{what}")(proc, rng)
+            except Exception:
+                self.errors.append(f"{proc}: {traceback.format_exc()}")
+
+    def _admin_recreate(self, proc: str, rng: random.Random) -> None:
+        with self.churn_lock:
+            op = self.hist.invoke(proc, "delete_topic", topic="churn")
+            try:
+                with self.client() as c:
+                    r = c.delete(f"{self.v3}/topics/churn")
+                outcome = "ok" if r.status_code == 204 else _outcome(r.status_code)
+                self.hist.complete(op, proc, "delete_topic", outcome, status=r.status_code)
+            except httpx.HTTPError as e:
+                self.hist.complete(op, proc, "delete_topic", "info", error=repr(e))
+            time.sleep(rng.uniform(0, 1))
+            for _ in range(10):
+                if self.create_topic(proc, "churn") or self.stop.is_set():
+                    break
+                time.sleep(1)
+
+    def _admin_partitions(self, proc: str, rng: random.Random) -> None:
+        from confluent_kafka.admin import AdminClient, NewPartitions
+
+        with self.churn_lock:
+            n = self.partitions["churn"]
+            if n >= 6:
+                return
+            op = self.hist.invoke(proc, "add_partitions", topic="churn", count=n + 1)
+            admin = AdminClient(self.kafka_conf())
+            try:
+                admin.create_partitions([NewPartitions("churn", n + 1)], request_timeout=15)[
+                    "churn"
+                ].result(timeout=20)
+                self.partitions["churn"] = n + 1
+                self.hist.complete(op, proc, "add_partitions", "ok")
+            except Exception as e:
+                self.hist.complete(op, proc, "add_partitions", "info", error=repr(e))
+
+    def _admin_delete_records(self, proc: str, rng: random.Random) -> None:
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import AdminClient
+
+        topic = rng.choice(["churn", "retained"])
+        p = rng.randrange(TOPICS[topic][0])
+        offsets = self.offsets(topic, p)
+        if offsets is None or offsets[1] <= offsets[0]:
+            return
+        target = rng.randint(offsets[0], offsets[1])
+        op = self.hist.invoke(proc, "delete_records", topic=topic, partition=p, offset=target)
+        admin = AdminClient(self.kafka_conf())
+        try:
+            res = admin.delete_records([TopicPartition(topic, p, target)], request_timeout=15)
+            tp = next(iter(res.values())).result(timeout=20)
+            self.hist.complete(op, proc, "delete_records", "ok", low_watermark=tp.low_watermark)
+        except Exception as e:
+            self.hist.complete(op, proc, "delete_records", "info", error=repr(e))
+
+    def _admin_retention(self, proc: str, rng: random.Random) -> None:
+        value = str(rng.choice([5000, 15000, 60000, 600000]))
+        op = self.hist.invoke(
+            proc, "alter_config", topic="retained", name="retention.ms", value=value
+        )
+        try:
+            with self.client() as c:
+                r = c.put(f"{self.v3}/topics/retained/configs/retention.ms", json={"value": value})
+            outcome = "ok" if r.status_code == 204 else _outcome(r.status_code)
+            self.hist.complete(op, proc, "alter_config", outcome, status=r.status_code)
+        except httpx.HTTPError as e:
+            self.hist.complete(op, proc, "alter_config", "info", error=repr(e))
+
+    def offsets(self, topic: str, p: int) -> tuple[int, int] | None:
+        """(log start, high watermark) through a v3 read of nothing."""
+        try:
+            with self.client() as c:
+                r = c.get(
+                    f"{self.v3}/topics/{topic}/partitions/{p}/records",
+                    params={"max_bytes": 1, "timeout_ms": 0},
+                )
+            if r.status_code != 200:
+                return None
+            d = r.json()
+            return d["log_start_offset"], d["high_watermark"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+
+    # -- producers ----------------------------------------------------------------------
+
+    def rest_producer(self, proc: str) -> None:
+        rng = self.rng(proc)
+        client = self.client()
+        n = 0
+        try:
+            while not self.stop.is_set():
+                n += 1
+                topic = rng.choice(["stable", "stable", "retained", "compacted", "churn"])
+                mode = rng.choice(["v2", "v2-key", "v3-batch"])
+                size = rng.randint(1, 10)
+                values = [f"{topic}|{proc}|{n}|{i}" for i in range(size)]
+                keys = [
+                    f"k{rng.randrange(5)}" if topic == "compacted" else values[i]
+                    for i in range(size)
+                ]
+                try:
+                    if mode == "v3-batch":
+                        self._v3_batch(client, proc, topic, values, keys)
+                    else:
+                        resend = mode == "v2-key" and rng.random() < 0.25
+                        self._v2(client, proc, topic, values, keys, mode == "v2-key", n, resend)
+                except httpx.HTTPError:
+                    client.close()
+                    client = self.client()
+                time.sleep(rng.uniform(0, 0.1))
+        finally:
+            client.close()
+
+    def _v2(
+        self,
+        client: httpx.Client,
+        proc: str,
+        topic: str,
+        values: list[str],
+        keys: list[str],
+        keyed: bool,
+        n: int,
+        resend: bool = False,
+    ) -> None:
+        body = orjson.dumps(
+            {
+                "records": [
+                    {"key": b64(k), "value": b64(v)} for k, v in zip(keys, values, strict=True)
+                ]
+            }
+        )
+        headers = {"Content-Type": BINARY_V2}
+        mode = "v2"
+        if keyed:
+            mode = "v2-key"
+            headers["Idempotency-Key"] = f"{proc}-{self.params.seed}-{n}"
+        op = self.hist.invoke(proc, "produce", topic=topic, mode=mode, values=values, keys=keys)
+        attempts = 4 if keyed else 1
+        last: str = ""
+        tries: list[str] = []  # what each failed attempt got
+        for attempt in range(attempts):
+            try:
+                r = client.post(f"{self.topo.url}/topics/{topic}", content=body, headers=headers)
+            except httpx.HTTPError as e:
+                last = repr(e)
+                tries.append(last[:200])
+                if attempt + 1 < attempts:
+                    time.sleep(0.5)
+                    continue
+                self.hist.complete(op, proc, "produce", "info", error=last)
+                raise
+            if r.status_code == 200:
+                offsets = r.json().get("offsets", [])
+                results = [
+                    [o["partition"], o["offset"]]
+                    if o.get("error_code") is None and isinstance(o.get("offset"), int)
+                    else None
+                    for o in offsets
+                ]
+                if len(results) != len(values):
+                    results = [None] * len(values)
+                self.hist.complete(
+                    op, proc, "produce", "ok", results=results, attempts=attempt + 1, tries=tries
+                )
+                if resend:
+                    # A client that lost this answer sends the request again: the key
+                    # must make it a duplicate (same offsets, nothing stored twice).
+                    with contextlib.suppress(httpx.HTTPError):
+                        again = client.post(
+                            f"{self.topo.url}/topics/{topic}", content=body, headers=headers
+                        )
+                        self.hist.info(
+                            proc,
+                            "resend",
+                            op_id=op,
+                            status=again.status_code,
+                            same=_same_offsets(results, again),
+                            answer=again.text[:2000],
+                        )
+                return
+            last = f"{r.status_code} {r.text[:200]}"
+            tries.append(last)
+            if r.status_code < 500 and r.status_code not in (408, 429):
+                # A refusal before anything was stored (but a refused retry of a keyed
+                # request whose first try may have landed is unknown).
+                outcome = "fail" if attempt == 0 else "info"
+                self.hist.complete(op, proc, "produce", outcome, error=last)
+                return
+            if attempt + 1 < attempts:
+                time.sleep(0.5)
+        self.hist.complete(op, proc, "produce", "info", error=last)
+
+    def _v3_batch(
+        self, client: httpx.Client, proc: str, topic: str, values: list[str], keys: list[str]
+    ) -> None:
+        entries = [
+            {
+                "id": str(i),
+                "key": {"type": "BINARY", "data": b64(k)},
+                "value": {"type": "BINARY", "data": b64(v)},
+            }
+            for i, (k, v) in enumerate(zip(keys, values, strict=True))
+        ]
+        op = self.hist.invoke(
+            proc, "produce", topic=topic, mode="v3-batch", values=values, keys=keys
+        )
+        try:
+            r = client.post(f"{self.v3}/topics/{topic}/records:batch", json={"entries": entries})
+        except httpx.HTTPError as e:
+            self.hist.complete(op, proc, "produce", "info", error=repr(e))
+            raise
+        if r.status_code != 207:
+            self.hist.complete(
+                op,
+                proc,
+                "produce",
+                _outcome(r.status_code),
+                error=f"{r.status_code} {r.text[:200]}",
+            )
+            return
+        d = r.json()
+        results: list[Any] = [None] * len(values)
+        for s in d.get("successes", []):
+            results[int(s["id"])] = [s["partition_id"], s["offset"]]
+        self.hist.complete(op, proc, "produce", "ok", results=results)
+
+    def kafka_producer(self, proc: str) -> None:
+        """An idempotent confluent-kafka producer; a new one after a fatal error (a topic
+        deleted and created again resets the partition's producer state, and librdkafka
+        calls the sequence mismatch fatal, as it would against Kafka)."""
+        from confluent_kafka import Producer
+
+        rng = self.rng(proc)
+        fatal = threading.Event()
+
+        def on_error(err: Any) -> None:
+            if err.fatal():
+                fatal.set()
+
+        def new_producer() -> Any:
+            fatal.clear()
+            return Producer(
+                self.kafka_conf(
+                    **{
+                        "enable.idempotence": True,
+                        "acks": "all",
+                        "linger.ms": 20,
+                        "message.timeout.ms": 20000,
+                        "partitioner": "murmur2_random",
+                        "error_cb": on_error,
+                    }
+                )
+            )
+
+        producer = new_producer()
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            topic = rng.choice(["stable", "retained", "compacted", "churn"])
+            size = rng.randint(1, 20)
+            values = [f"{topic}|{proc}|{n}|{i}" for i in range(size)]
+            keys = [f"k{rng.randrange(5)}" if topic == "compacted" else v for v in values]
+            results: list[Any] = [None] * size
+            op = self.hist.invoke(
+                proc, "produce", topic=topic, mode="kafka", values=values, keys=keys
+            )
+
+            def report(i: int, out: list[Any] = results) -> Callable[[Any, Any], None]:
+                # ``out`` bound now: a late delivery must not land in a later op's results.
+                def cb(err: Any, msg: Any) -> None:
+                    if err is None:
+                        out[i] = [msg.partition(), msg.offset()]
+
+                return cb
+
+            try:
+                for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+                    producer.produce(topic, v.encode(), k.encode(), on_delivery=report(i))
+                left = producer.flush(30)
+                outcome, error = "ok", None
+            except Exception as e:  # BufferError, KafkaException: nothing is known
+                outcome, error, left = "info", repr(e), -1
+            if outcome == "ok":
+                self.hist.complete(op, proc, "produce", "ok", results=results, unflushed=left)
+            else:
+                self.hist.complete(op, proc, "produce", "info", error=error)
+            if fatal.is_set() or outcome != "ok":
+                self.hist.info(proc, "producer_reset", error=error)
+                with contextlib.suppress(Exception):
+                    producer.flush(5)
+                producer = new_producer()
+            time.sleep(rng.uniform(0, 0.2))
+        producer.flush(30)
+
+    # -- readers ------------------------------------------------------------------------
+
+    def v3_reader(self, proc: str) -> None:
+        rng = self.rng(proc)
+        known: dict[tuple[str, int], tuple[int, int]] = {}
+        with self.client() as client:
+            while not self.stop.wait(rng.uniform(0.05, 0.3)):
+                topic = rng.choice(list(TOPICS))
+                p = rng.randrange(TOPICS[topic][0])
+                params: dict[str, Any] = {
+                    "max_bytes": rng.choice([200, 5000, 50000]),
+                    "timeout_ms": 200,
+                }
+                if (topic, p) in known and rng.random() < 0.8:
+                    ls, hw = known[(topic, p)]
+                    params["offset"] = rng.randint(ls, max(ls, hw - 1))
+                op = self.hist.invoke(
+                    proc, "read", topic=topic, partition=p, offset=params.get("offset")
+                )
+                try:
+                    r = client.get(
+                        f"{self.v3}/topics/{topic}/partitions/{p}/records", params=params
+                    )
+                except httpx.HTTPError as e:
+                    self.hist.complete(op, proc, "read", "info", error=repr(e))
+                    continue
+                if r.status_code != 200:
+                    self.hist.complete(op, proc, "read", "fail", error=r.text[:200])
+                    known.pop((topic, p), None)
+                    continue
+                d = r.json()
+                known[(topic, p)] = (d["log_start_offset"], d["high_watermark"])
+                self.hist.complete(
+                    op,
+                    proc,
+                    "read",
+                    "ok",
+                    records=[[x["offset"], unb64(x["value"])] for x in d["records"]],
+                    high_watermark=d["high_watermark"],
+                    log_start=d["log_start_offset"],
+                )
+
+    def v2_consumer(self, proc: str) -> None:
+        """A v2 instance assigned every partition of ``stable``, committing after each poll;
+        now and then abandoned for a new one (which starts at the committed offsets)."""
+        rng = self.rng(proc)
+        group = f"g-{proc}"
+        while not self.stop.is_set():
+            name = f"{proc}-{uuid.uuid4().hex[:6]}"
+            try:
+                with self.client(timeout=30) as c:
+                    self._v2_instance(c, proc, group, name, rng)
+            except (httpx.HTTPError, _Refused) as e:
+                self.hist.info(proc, "consumer_error", consumer=name, error=repr(e)[:300])
+                time.sleep(0.5)
+
+    def _v2_instance(
+        self, c: httpx.Client, proc: str, group: str, name: str, rng: random.Random
+    ) -> None:
+        h = {"Content-Type": V2}
+        cfg = {
+            "name": name,
+            "format": "binary",
+            "auto.offset.reset": "earliest",
+            "auto.commit.enable": "false",
+        }
+        _expect(c.post(f"{self.topo.url}/consumers/{group}", json=cfg, headers=h), 200)
+        base = f"{self.topo.url}/consumers/{group}/instances/{name}"
+        parts = [{"topic": "stable", "partition": p} for p in range(3)]
+        _expect(c.post(f"{base}/assignments", json={"partitions": parts}, headers=h), 204)
+        op = self.hist.invoke(proc, "assign", consumer=name)
+        self.hist.complete(
+            op,
+            proc,
+            "assign",
+            "ok",
+            consumer=name,
+            group=group,
+            topic="stable",
+            partitions=[0, 1, 2],
+        )
+        while not self.stop.is_set():
+            if rng.random() < 0.03:
+                with contextlib.suppress(httpx.HTTPError):
+                    c.delete(base, headers=h)
+                return
+            r = c.get(
+                f"{base}/records",
+                params={"timeout": 500, "max_bytes": 30000},
+                headers={"Accept": BINARY_V2},
+            )
+            _expect(r, 200)
+            recs = [[x["partition"], x["offset"], unb64(x["value"])] for x in r.json()]
+            op = self.hist.invoke(proc, "poll", consumer=name)
+            self.hist.complete(op, proc, "poll", "ok", consumer=name, topic="stable", records=recs)
+            last: dict[int, int] = {}
+            for p, o, _ in recs:
+                last[p] = o + 1
+            if not last:
+                continue
+            offsets = {str(p): o for p, o in last.items()}
+            op = self.hist.invoke(
+                proc, "commit", consumer=name, group=group, topic="stable", offsets=offsets
+            )
+            body = {
+                "offsets": [
+                    {"topic": "stable", "partition": p, "offset": o - 1} for p, o in last.items()
+                ]
+            }
+            try:
+                r = c.post(f"{base}/offsets", json=body, headers=h)
+            except httpx.HTTPError as e:
+                self.hist.complete(op, proc, "commit", "info", error=repr(e))
+                raise
+            self.hist.complete(
+                op, proc, "commit", "ok" if r.status_code == 200 else "info", status=r.status_code
+            )
+            _expect(r, 200)
+
+    def kafka_consumer(self, proc: str) -> None:
+        """Members of one Kafka group on ``stable``; each now and then leaves (a rebalance)."""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        rng = self.rng(proc)
+        group = "g-kafka"
+        while not self.stop.is_set():
+            name = f"{proc}-{uuid.uuid4().hex[:6]}"
+            consumer = Consumer(
+                self.kafka_conf(
+                    **{
+                        "group.id": group,
+                        "enable.auto.commit": False,
+                        "auto.offset.reset": "earliest",
+                        "session.timeout.ms": 6000,
+                        "heartbeat.interval.ms": 1000,
+                    }
+                )
+            )
+
+            def on_assign(_c: Any, parts: list[Any], name: str = name) -> None:
+                op = self.hist.invoke(proc, "assign", consumer=name)
+                self.hist.complete(
+                    op,
+                    proc,
+                    "assign",
+                    "ok",
+                    consumer=name,
+                    group=group,
+                    topic="stable",
+                    partitions=[p.partition for p in parts],
+                )
+
+            consumer.subscribe(["stable"], on_assign=on_assign)
+            try:
+                polls = rng.randint(20, 200)
+                for _ in range(polls):
+                    if self.stop.is_set():
+                        break
+                    msgs = consumer.consume(100, 0.5)
+                    recs = [
+                        [m.partition(), m.offset(), m.value().decode()]
+                        for m in msgs
+                        if m.error() is None
+                    ]
+                    if not recs:
+                        continue
+                    op = self.hist.invoke(proc, "poll", consumer=name)
+                    self.hist.complete(
+                        op, proc, "poll", "ok", consumer=name, topic="stable", records=recs
+                    )
+                    last: dict[int, int] = {}
+                    for p, o, _ in recs:
+                        last[p] = o + 1
+                    offsets = {str(p): o for p, o in last.items()}
+                    op = self.hist.invoke(
+                        proc, "commit", consumer=name, group=group, topic="stable", offsets=offsets
+                    )
+                    try:
+                        consumer.commit(
+                            offsets=[TopicPartition("stable", p, o) for p, o in last.items()],
+                            asynchronous=False,
+                        )
+                        self.hist.complete(op, proc, "commit", "ok")
+                    except KafkaException as e:
+                        self.hist.complete(op, proc, "commit", "info", error=str(e))
+            except Exception:
+                self.errors.append(f"{proc}: {traceback.format_exc()}")
+            finally:
+                with contextlib.suppress(Exception):
+                    consumer.close()
+
+    # -- the nemesis ----------------------------------------------------------------------
+
+    def nemesis(self) -> None:
+        proc = "nemesis"
+        rng = self.rng(proc)
+        proxy = self.topo.proxy
+        assert proxy is not None
+        while not self.stop.wait(rng.uniform(2, 6)):
+            kind = rng.choice(
+                [
+                    "s3",
+                    "s3",
+                    "kill_agent",
+                    "kill_agent",
+                    "kill_coordinator",
+                    "pause_agent",
+                    "pause_coordinator",
+                ]
+            )
+            try:
+                if kind == "s3":
+                    rule = rng.choice(
+                        [
+                            {"action": "status", "status": 503, "rate": 0.2},
+                            {
+                                "action": "status",
+                                "status": 500,
+                                "when": "after",
+                                "rate": 0.1,
+                                "method": "PUT",
+                            },
+                            {"action": "reset", "rate": 0.1},
+                            {"action": "reset", "when": "after", "rate": 0.1},
+                            {"action": "delay", "delay_s": rng.uniform(0.2, 2.0), "rate": 0.3},
+                        ]
+                    )
+                    secs = rng.uniform(2, 6)
+                    self.hist.info(
+                        proc,
+                        "fault",
+                        kind=f"s3_{rule['action']}",
+                        rule=rule,
+                        seconds=round(secs, 2),
+                    )
+                    proxy.set_rules(rule)
+                    self.stop.wait(secs)
+                    proxy.clear()
+                else:
+                    agents = kind.endswith("_agent")
+                    svc = rng.choice(self.topo.agents if agents else self.topo.coordinators)
+                    # A pause outlasts the lease and session timeouts now and then (10 s).
+                    down = rng.uniform(0.5, 3) if kind.startswith("kill") else rng.uniform(1, 12)
+                    self.hist.info(
+                        proc, "fault", kind=kind, target=svc.name, seconds=round(down, 2)
+                    )
+                    if kind.startswith("kill"):
+                        svc.kill()
+                        self.stop.wait(down)
+                        svc.restart()
+                    else:  # SIGSTOP: frozen, its connections open, then SIGCONT
+                        os.kill(svc.pid, signal.SIGSTOP)
+                        try:
+                            time.sleep(down)
+                        finally:
+                            os.kill(svc.pid, signal.SIGCONT)
+            except Exception:
+                self.errors.append(f"{proc}: {traceback.format_exc()}")
+
+    # -- the end --------------------------------------------------------------------------
+
+    def quiesce(self) -> None:
+        assert self.topo.proxy is not None
+        self.topo.proxy.clear()
+        self.topo.ensure_running()
+        time.sleep(8)  # agents flush, janitors run a round (intervals of 2-4 s)
+
+    def final_reads(self) -> None:
+        proc = "final"
+        with self.client(timeout=60) as c:
+            for topic in TOPICS:
+                tid = self.topic_id(topic)
+                r = c.get(f"{self.v3}/topics/{topic}/partitions")
+                if tid is None or r.status_code != 200:
+                    self.hist.info(proc, "final_missing", topic=topic, status=r.status_code)
+                    continue
+                for part in r.json()["data"]:
+                    p = part["partition_id"]
+                    self._final_partition(c, proc, topic, tid, p)
+            self._final_committed(proc)
+
+    def _final_partition(self, c: httpx.Client, proc: str, topic: str, tid: str, p: int) -> None:
+        url = f"{self.v3}/topics/{topic}/partitions/{p}/records"
+        records: list[list[Any]] = []
+        first = c.get(url, params={"max_bytes": 1, "timeout_ms": 0}).json()
+        ls, hw = first["log_start_offset"], first["high_watermark"]
+        offset = ls
+        while offset < hw:
+            r = c.get(url, params={"offset": offset, "max_bytes": 1 << 20, "timeout_ms": 0})
+            if r.status_code != 200:
+                self.hist.info(
+                    proc, "final_error", topic=topic, partition=p, offset=offset, error=r.text[:300]
+                )
+                break
+            d = r.json()
+            if not d["records"]:
+                break
+            records += [[x["offset"], unb64(x["key"]), unb64(x["value"])] for x in d["records"]]
+            offset = d["next_offset"]
+        op = self.hist.invoke(proc, "final_read", topic=topic, partition=p)
+        self.hist.complete(
+            op,
+            proc,
+            "final_read",
+            "ok",
+            topic=topic,
+            topic_id=tid,
+            partition=p,
+            log_start=ls,
+            high_watermark=hw,
+            records=records,
+            compacted=TOPICS[topic][1].get("cleanup.policy") == "compact",
+        )
+
+    def _final_committed(self, proc: str) -> None:
+        from confluent_kafka import ConsumerGroupTopicPartitions
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(self.kafka_conf())
+        tid = self.topic_id("stable")
+        for group in ["g-kafka", "g-v2-consumer-1"]:
+            try:
+                fut = admin.list_consumer_group_offsets(
+                    [ConsumerGroupTopicPartitions(group)], request_timeout=15
+                )[group]
+                res = fut.result(timeout=20)
+            except Exception as e:
+                self.hist.info(proc, "final_committed_error", group=group, error=repr(e))
+                continue
+            offsets = {
+                str(tp.partition): tp.offset
+                for tp in res.topic_partitions
+                if tp.topic == "stable" and tp.offset >= 0
+            }
+            op = self.hist.invoke(proc, "final_committed", group=group)
+            self.hist.complete(
+                op,
+                proc,
+                "final_committed",
+                "ok",
+                group=group,
+                topic="stable",
+                topic_id=tid,
+                offsets=offsets,
+            )
+
+
+class _Refused(Exception):
+    """An answer a healthy consumer would not get (the instance is abandoned)."""
+
+
+def _expect(r: httpx.Response, status: int) -> None:
+    if r.status_code != status:
+        raise _Refused(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:200]}")
+
+
+def _same_offsets(first: list[Any], again: httpx.Response) -> bool | None:
+    """Whether a keyed resend was answered with the first answer's offsets: None when
+    there is nothing to compare (a record failed either time: a retry may store it)."""
+    if again.status_code != 200 or None in first:
+        return None
+    offsets = again.json().get("offsets") or []
+    second = [[o.get("partition"), o.get("offset")] for o in offsets]
+    if len(second) != len(first) or any(o.get("error_code") is not None for o in offsets):
+        return None
+    return second == first
+
+
+def _outcome(status: int) -> str:
+    """A 4xx refused before anything happened; a 5xx (or 408/429) may or may not have."""
+    return "fail" if status < 500 and status not in (408, 429) else "info"
+
+
+# -- the whole run ----------------------------------------------------------------------------
+
+
+def _databases(profile: str, tmp: Path) -> tuple[str, dict[str, str], Callable[[], None]]:
+    """(the coordinators' LAKELOG_DB, more of their environment, how to drop it all)."""
+    if profile == "sqlite":
+        return f"sqlite:///{tmp / 'meta.db'}", {}, lambda: None
+    import psycopg
+
+    from tests.conftest import PG_ADMIN_URL
+
+    info = psycopg.conninfo.conninfo_to_dict(PG_ADMIN_URL)
+    prefix = (
+        f"postgresql://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:"
+        f"{info.get('port', '5432')}/"
+    )
+    names = [
+        f"lakelog_chaos_{uuid.uuid4().hex[:10]}" for _ in range(3 if profile == "sharded" else 1)
+    ]
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=5) as admin:
+        for name in names:
+            admin.execute(f"CREATE DATABASE {name}")
+
+    def drop() -> None:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=10) as admin:
+            for name in names:
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    env = {"LAKELOG_DB_SHARDS": ",".join(prefix + n for n in names[1:])} if names[1:] else {}
+    return prefix + names[0], env, drop
+
+
+def run(params: Params) -> dict[str, Any]:
+    """Run, check, and return the summary (``anomaly_counts`` empty: no anomaly)."""
+    if params.profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}")
+    params.out.mkdir(parents=True, exist_ok=True)
+    for k, v in S3_ENV.items():  # moto's fake credentials, for this process's boto3
+        os.environ.setdefault(k, v)
+    history_path = params.out / "history.jsonl"
+    hist = History(history_path)
+    hist.info(
+        "runner",
+        "params",
+        seed=params.seed,
+        minutes=params.minutes,
+        profile=params.profile,
+        break_env=params.break_env,
+    )
+    moto, endpoint = start_moto(params.out)
+    db_url, db_env, drop_db = _databases(params.profile, params.out)
+    topo: Topology | None = None
+    started = time.monotonic()
+    errors: list[str] = []
+    try:
+        topo = start_topology(
+            params.out / "cluster",
+            endpoint,
+            db_url,
+            agents=2,
+            coordinators=1 if params.profile == "sqlite" else 2,
+            agent_env={**AGENT_ENV, **params.break_env},
+            coordinator_env={**COORDINATOR_ENV, **db_env},
+            seed=params.seed,
+        )
+        r = Run(topo, hist, params)
+        for topic in TOPICS:
+            assert r.create_topic("setup", topic), f"cannot create {topic}"
+        workers = [
+            threading.Thread(target=r.rest_producer, args=("rest-1",)),
+            threading.Thread(target=r.rest_producer, args=("rest-2",)),
+            threading.Thread(target=r.kafka_producer, args=("kafka-producer-1",)),
+            threading.Thread(target=r.v3_reader, args=("v3-reader-1",)),
+            threading.Thread(target=r.v2_consumer, args=("v2-consumer-1",)),
+            threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-1",)),
+            threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-2",)),
+            threading.Thread(target=r.admin_loop),
+            threading.Thread(target=r.nemesis),
+        ]
+        for w in workers:
+            w.daemon = True
+            w.start()
+        r.stop.wait(params.minutes * 60)
+        r.stop.set()
+        for w in workers:
+            w.join(90)
+            if w.is_alive():
+                errors.append(f"a client thread did not stop: {w.name}")
+        r.quiesce()
+        r.final_reads()
+        errors += r.errors
+    finally:
+        hist.close()
+        if topo is not None:
+            topo.stop()
+        moto.stop()
+        with contextlib.suppress(Exception):
+            drop_db()
+    report = check(read_history(history_path))
+    summary = {
+        "seed": params.seed,
+        "profile": params.profile,
+        "minutes": params.minutes,
+        "seconds": round(time.monotonic() - started, 1),
+        "history": str(history_path),
+        **report.summary(),
+        "client_errors": errors[:10],
+    }
+    (params.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

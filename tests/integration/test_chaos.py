@@ -1,0 +1,102 @@
+"""The whole-system checker, short: a seeded chaos run of about 90 s must find no anomaly.
+
+``python -m tests.chaos`` (what ``make chaos`` runs) is started as a process, on the
+SQLite profile (one coordinator, two agents behind a load balancer, S3 through the
+fault proxy, every janitor on a schedule of seconds), for 30 s of clients, admin
+operations and faults, then checked. The test asserts the run did real work (records
+acknowledged and found again, reads, polls, faults injected) and found no anomaly; on
+failure it prints the anomalies, the seed and the history's path. The checker itself
+is proved able to fail in ``tests/unit/test_chaos_checker.py`` (crafted histories); a
+deliberately broken build (``python -m tests.chaos --break dedupe``: agents that ignore
+Idempotency-Key) is caught within a minute, but is left out of the suite to keep it short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = 24
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def chaos(tmp: Path, *args: str, timeout: float = 400) -> tuple[int, dict[str, Any], str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.chaos", "--out", str(tmp), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"no summary line\n{done.stderr[-5000:]}"
+    return done.returncode, json.loads(lines[-1]), done.stderr
+
+
+def test_a_seeded_run_finds_no_anomaly(tmp_path: Path) -> None:
+    rc, summary, table = chaos(
+        tmp_path, "--minutes", "0.5", "--profile", "sqlite", "--seed", str(SEED)
+    )
+    assert summary["anomaly_counts"] == {}, f"seed {SEED}, history {summary['history']}\n{table}"
+    assert rc == 0, table
+    assert summary["seed"] == SEED
+    records, ops = summary["records"], summary["ops"]
+    assert records["acked"] > 100, table
+    assert records["acked_found"] > 50, table
+    assert records["read"] > 0 and records["polled"] > 0, table
+    assert ops["final_read"]["ok"] >= 9, table  # every partition of the four topics
+    assert sum(summary["faults"].values()) >= 2, table
+    assert summary["client_errors"] == [], summary["client_errors"]
+
+
+# -- defects the checker found, pinned --------------------------------------------------
+
+
+def test_authentication_with_the_coordinator_down_is_a_retriable_error(tmp_path: Path) -> None:
+    """Found by ``make chaos PROFILE=sqlite SEED=5`` (ops answered ``500 {"error_code":
+    500, "message": "Internal Server Error"}`` while the coordinator restarted): a
+    credential the agent has not verified lately must be checked by the coordinator;
+    with the coordinator down the agent answered an unhandled 500. Expected: the
+    Confluent shape with the retriable code (50003), so a client knows to retry."""
+    import httpx
+
+    from tests.integration.topology import ADMIN, S3_ENV, start_topology
+    from tests.procs import start_moto
+
+    for k, v in S3_ENV.items():
+        os.environ.setdefault(k, v)
+    moto, endpoint = start_moto(tmp_path)
+    topo = start_topology(
+        tmp_path / "topo",
+        endpoint,
+        f"sqlite:///{tmp_path / 'meta.db'}",
+        agents=1,
+        coordinators=1,
+        faults=False,
+    )
+    try:
+        agent = topo.agents[0].url
+        assert httpx.get(f"{agent}/topics", auth=ADMIN, timeout=10).status_code == 200
+        topo.coordinators[0].kill()
+        for path in ("/topics", f"/v3/clusters/{topo.cluster_id}/topics"):
+            r = httpx.get(
+                f"{agent}{path}", auth=httpx.BasicAuth("admin", "not-yet-seen"), timeout=30
+            )
+            assert r.json() == {
+                "error_code": 50003,
+                "message": r.json()["message"],
+            }, r.text
+            assert r.status_code == 500
+            assert "coordinator" in r.json()["message"]
+    finally:
+        topo.stop()
+        moto.stop()

@@ -1,0 +1,347 @@
+"""The chaos checker finds each anomaly in a crafted history, and none in a valid one.
+
+A checker that never fails proves nothing: each test below breaks one valid history in
+one way (a lost ack, a duplicate, a record under another topic id, a reordering, ...)
+and asserts that exactly that kind is reported.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chaos.checker import check
+from tests.chaos.history import History, read_history
+
+
+class H:
+    """Builds a history in memory with explicit times."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.next_id = 1
+        self.t = 0.0
+
+    def op(self, op: str, outcome: str | None, inv: dict[str, Any], **done: Any) -> int:
+        op_id = self.next_id
+        self.next_id += 1
+        self.t += 1
+        self.events.append(
+            {"id": op_id, "t": self.t, "proc": "p", "type": "invoke", "op": op, **inv}
+        )
+        if outcome is not None:
+            self.t += 1
+            self.events.append(
+                {"id": op_id, "t": self.t, "proc": "p", "type": outcome, "op": op, **done}
+            )
+        return op_id
+
+    def create(self, topic: str, tid: str) -> None:
+        self.op("create_topic", "ok", {"topic": topic, "partitions": 1}, topic_id=tid)
+
+    def produce(
+        self,
+        topic: str,
+        values: list[str],
+        results: list[Any],
+        outcome: str = "ok",
+        mode: str = "v2",
+        keys: list[str | None] | None = None,
+    ) -> None:
+        inv: dict[str, Any] = {"topic": topic, "mode": mode, "values": values}
+        if keys is not None:
+            inv["keys"] = keys
+        self.op("produce", outcome, inv, results=results)
+
+    def final(
+        self,
+        topic: str,
+        tid: str,
+        records: list[tuple[int, str]],
+        log_start: int = 0,
+        hw: int | None = None,
+        p: int = 0,
+        compacted: bool = False,
+        keys: dict[int, str] | None = None,
+    ) -> None:
+        self.t += 1
+        self.events.append(
+            {
+                "id": self.next_id,
+                "t": self.t,
+                "proc": "final",
+                "type": "ok",
+                "op": "final_read",
+                "topic": topic,
+                "topic_id": tid,
+                "partition": p,
+                "log_start": log_start,
+                "high_watermark": hw if hw is not None else log_start + len(records),
+                "compacted": compacted,
+                "records": [[o, (keys or {}).get(o), v] for o, v in records],
+            }
+        )
+        self.next_id += 1
+
+
+def kinds(h: H) -> set[str]:
+    return set(check(h.events).counts)
+
+
+def valid() -> H:
+    h = H()
+    h.create("a", "A1")
+    h.produce("a", ["a1", "a2"], [[0, 0], [0, 1]])
+    h.produce("a", ["a3"], [], outcome="info")  # unknown: may be missing
+    return h
+
+
+def test_a_valid_history_has_no_anomaly() -> None:
+    h = valid()
+    h.final("a", "A1", [(0, "a1"), (1, "a2")])
+    report = check(h.events)
+    assert report.anomalies == []
+    assert report.records["acked_found"] == 2
+    assert report.summary()["records"]["unknown"] == 1
+
+
+def test_lost_ack() -> None:
+    h = valid()
+    h.final("a", "A1", [(0, "a1")], hw=1)
+    assert kinds(h) == {"lost"}
+
+
+def test_lost_ack_explained_by_log_start_is_no_anomaly() -> None:
+    h = valid()
+    h.final("a", "A1", [(1, "a2")], log_start=1)
+    assert kinds(h) == set()
+
+
+def test_duplicate() -> None:
+    h = valid()
+    h.final("a", "A1", [(0, "a1"), (1, "a2"), (2, "a3"), (3, "a3")])
+    assert kinds(h) == {"duplicate"}
+
+
+def test_record_served_under_another_topic_id() -> None:
+    """a1 was acked in A1; after delete + recreate it is found in A2."""
+    h = valid()
+    h.op("delete_topic", "ok", {"topic": "a"})
+    h.create("a", "A2")
+    h.produce("a", ["b1"], [[0, 0]])
+    h.final("a", "A2", [(0, "a1")])
+    assert kinds(h) == {"wrong_incarnation", "lost"}
+
+
+def test_record_served_under_another_topic() -> None:
+    h = valid()
+    h.create("b", "B1")
+    h.final("a", "A1", [(0, "a1"), (1, "a2")])
+    h.final("b", "B1", [(0, "a3")])
+    assert kinds(h) == {"wrong_topic"}
+
+
+def test_produce_overlapping_a_delete_is_not_required_but_checked() -> None:
+    h = H()
+    h.create("a", "A1")
+    h.events.append(
+        {
+            "id": 99,
+            "t": 2.5,
+            "proc": "p",
+            "type": "invoke",
+            "op": "produce",
+            "topic": "a",
+            "mode": "v2",
+            "values": ["x"],
+        }
+    )
+    h.op("delete_topic", "ok", {"topic": "a"})
+    h.create("a", "A2")
+    h.events.append(
+        {"id": 99, "t": h.t + 1, "proc": "p", "type": "ok", "op": "produce", "results": [[0, 0]]}
+    )
+    h.final("a", "A2", [], hw=0)
+    assert kinds(h) == set()  # unattributed: may be in the deleted incarnation
+    h.events[-1]["records"] = [[3, None, "x"]]
+    h.events[-1]["log_start"], h.events[-1]["high_watermark"] = 3, 4
+    assert kinds(h) == {"wrong_offset"}
+
+
+def test_reordering_in_the_final_log_and_in_a_read() -> None:
+    h = valid()
+    h.final("a", "A1", [(1, "a2"), (0, "a1")])
+    assert "offset_order" in kinds(h)
+    h = valid()
+    h.op(
+        "read",
+        "ok",
+        {"topic": "a", "partition": 0, "offset": 0},
+        records=[[1, "a2"], [0, "a1"]],
+        high_watermark=2,
+    )
+    h.final("a", "A1", [(0, "a1"), (1, "a2")])
+    assert kinds(h) == {"offset_order"}
+    h = valid()  # the values swapped, the offsets in order
+    h.op(
+        "read",
+        "ok",
+        {"topic": "a", "partition": 0, "offset": 0},
+        records=[[0, "a2"], [1, "a1"]],
+        high_watermark=2,
+    )
+    h.final("a", "A1", [(0, "a1"), (1, "a2")])
+    assert kinds(h) == {"wrong_offset", "inconsistent_read"}
+
+
+def test_read_past_the_high_watermark_and_inconsistent_read() -> None:
+    h = valid()
+    h.op(
+        "read",
+        "ok",
+        {"topic": "a", "partition": 0, "offset": 0},
+        records=[[0, "a1"], [1, "a2"]],
+        high_watermark=1,
+    )
+    h.final("a", "A1", [(0, "a1"), (1, "a2")])
+    assert kinds(h) == {"past_hw"}
+    h = valid()
+    h.produce("a", ["a4"], [[0, 2]])
+    h.op(
+        "read",
+        "ok",
+        {"topic": "a", "partition": 0, "offset": 1},
+        records=[[1, "a2"], [2, "a3"]],
+        high_watermark=3,
+    )  # a3 (unknown) read at 2
+    h.final("a", "A1", [(0, "a1"), (1, "a2"), (2, "a4")])
+    assert kinds(h) == {"inconsistent_read"}
+
+
+def test_gap_and_phantom() -> None:
+    h = valid()
+    h.final("a", "A1", [(0, "a1"), (1, "a2"), (3, "zz")], hw=4)
+    assert kinds(h) == {"gap", "phantom"}
+
+
+def test_failed_write_visible() -> None:
+    h = valid()
+    h.produce("a", ["f1"], [], outcome="fail")
+    h.final("a", "A1", [(0, "a1"), (1, "a2"), (2, "f1")])
+    assert kinds(h) == {"failed_write_visible"}
+
+
+def test_compaction_explains_a_missing_ack_only_with_a_later_record_of_its_key() -> None:
+    h = H()
+    h.create("c", "C1")
+    h.produce("c", ["c1", "c2", "c3"], [[0, 0], [0, 1], [0, 2]], keys=["k", "j", "k"])
+    h.final("c", "C1", [(1, "c2"), (2, "c3")], hw=3, compacted=True, keys={1: "j", 2: "k"})
+    assert kinds(h) == set()
+    h = H()
+    h.create("c", "C1")
+    h.produce("c", ["c1", "c2", "c3"], [[0, 0], [0, 1], [0, 2]], keys=["k", "j", "k"])
+    h.final("c", "C1", [(0, "c1"), (2, "c3")], hw=3, compacted=True, keys={0: "k", 2: "k"})
+    assert kinds(h) == {"lost"}
+
+
+def _consumer_history(polls: list[list[list[Any]]], commit: int | None = None) -> H:
+    h = H()
+    h.create("s", "S1")
+    h.produce("s", [f"s{i}" for i in range(5)], [[0, i] for i in range(5)])
+    if commit is not None:
+        h.op(
+            "commit", "ok", {"consumer": "c1", "group": "g", "topic": "s", "offsets": {"0": commit}}
+        )
+    h.op("assign", "ok", {}, consumer="c2", group="g", topic="s", partitions=[0])
+    for records in polls:
+        h.op("poll", "ok", {}, consumer="c2", topic="s", records=records)
+    h.final("s", "S1", [(i, f"s{i}") for i in range(5)])
+    return h
+
+
+def test_consumer_polls() -> None:
+    ok = [[[0, 0, "s0"], [0, 1, "s1"]], [[0, 2, "s2"]]]
+    assert kinds(_consumer_history(ok)) == set()
+    skip = [[[0, 0, "s0"], [0, 1, "s1"]], [[0, 3, "s3"]]]
+    assert kinds(_consumer_history(skip)) == {"poll_skip"}
+    again = [[[0, 0, "s0"], [0, 1, "s1"]], [[0, 1, "s1"]]]
+    assert kinds(_consumer_history(again)) == {"poll_nonmonotonic"}
+    resumed_past_commit = [[[0, 3, "s3"]]]
+    assert kinds(_consumer_history(resumed_past_commit, commit=2)) == {"resume_skip"}
+    assert kinds(_consumer_history([[[0, 2, "s2"]]], commit=2)) == set()
+
+
+def test_committed_offsets() -> None:
+    h = _consumer_history([], commit=9)
+    assert kinds(h) == {"commit_past_hw"}
+    h = _consumer_history([], commit=2)
+    h.events.append(
+        {
+            "id": 1000,
+            "t": h.t + 1,
+            "proc": "final",
+            "type": "ok",
+            "op": "final_committed",
+            "group": "g",
+            "topic": "s",
+            "topic_id": "S1",
+            "offsets": {"0": 4},
+        }
+    )
+    assert kinds(h) == {"committed_unknown"}
+
+
+@pytest.mark.parametrize("outcome", ["fail", "info"])
+def test_history_file_round_trip(tmp_path: Path, outcome: str) -> None:
+    path = tmp_path / "h.jsonl"
+    hist = History(path)
+    op = hist.invoke("w1", "produce", topic="a", mode="v2", values=["v"])
+    hist.complete(op, "w1", "produce", outcome)
+    hist.info("nemesis", "fault", kind="kill")
+    hist.close()
+    events = list(read_history(path))
+    assert [e["type"] for e in events] == ["invoke", outcome, "info"]
+    report = check(events)
+    assert report.faults == {"kill": 1}
+    assert json.loads(json.dumps(report.summary()))["ops"] == {"produce": {outcome: 1}}
+
+
+def test_keyed_resend_answered_with_other_offsets() -> None:
+    h = valid()
+    h.final("a", "A1", [(0, "a1"), (1, "a2")])
+    h.events.append(
+        {
+            "id": 500,
+            "t": h.t + 1,
+            "proc": "p",
+            "type": "info",
+            "op": "resend",
+            "op_id": 2,
+            "status": 200,
+            "same": True,
+        }
+    )
+    assert kinds(h) == set()
+    h.events[-1]["same"] = False
+    assert kinds(h) == {"retry_answer_differs"}
+
+
+def test_a_read_of_a_new_incarnation_serving_the_old_ones_records() -> None:
+    """What the checker found on the commit before the read seams were fixed (issue 22):
+    a v3 read just after delete + recreate answered the deleted topic's records."""
+    h = valid()
+    h.op("delete_topic", "ok", {"topic": "a"})
+    h.create("a", "A2")
+    h.op(
+        "read",
+        "ok",
+        {"topic": "a", "partition": 0, "offset": None},
+        records=[[0, "a1"], [1, "a2"]],
+        high_watermark=0,
+        log_start=0,
+    )
+    h.final("a", "A2", [], hw=0)
+    assert kinds(h) == {"wrong_incarnation", "past_hw"}
