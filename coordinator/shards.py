@@ -134,7 +134,7 @@ _PURGE_TOPIC = (
     "DELETE FROM partitions WHERE topic_id = ?",
     "DELETE FROM topics WHERE topic_id = ?",
 )
-_OBJECTS_IN = "SELECT object_key FROM objects WHERE object_key IN ({marks})"
+_OBJECTS_IN = "SELECT object_key FROM objects WHERE deleted_at IS NULL AND object_key IN ({marks})"
 _PRODUCER_STATE = (
     "SELECT epoch, batches FROM producer_state "
     "WHERE producer_id = ? AND topic_id = ? AND partition = ?"
@@ -843,6 +843,27 @@ class ShardedStore:
             found |= shard.read(read)
         return found
 
+    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+        """Leases and pending keys live in the catalog (``MetadataStore.keep_pending``);
+        a key some shard holds a tombstone of is answered as deleted."""
+        self._catalog.keep_pending(lease_id, keys, ttl_s)
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return set()
+        deleted: set[str] = set()
+        for shard in self.shards:
+            try:
+                deleted |= shard.call(functools.partial(Catalog(shard.db).deleted_keys, wanted))
+            except CoordinatorUnavailableError:  # the lease is renewed: that is what counts
+                log.warning("keep_pending: shard %s did not say what was deleted", shard.shard_id)
+        return deleted
+
+    def release_pending(self, lease_id: str) -> None:
+        self._catalog.release_pending(lease_id)
+
+    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
+        return self._catalog.pending_object_keys(keys)
+
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         topic_id, shard = self._resolve(topic, partition)
         log_start, high_watermark = self._bounds(topic_id, partition, shard)
@@ -1043,8 +1064,9 @@ class ShardedCatalog:
         return sum(s.call(s.catalog().pending_deletion) for s in self._store.shards)
 
     def forget_object(self, token: Any) -> bool:
-        """Drop one shard's row of an object; True only when no shard has a row for it
-        any more (then the object may be deleted). Asks every shard.
+        """Make one shard's row of an object a tombstone; True only when every shard has
+        a tombstone for the key and none a committed row (then the object may be
+        deleted: no shard can commit it any more). Asks every shard.
 
         Raises:
             CoordinatorUnavailableError: a shard did not answer (the object stays; if
@@ -1054,7 +1076,33 @@ class ShardedCatalog:
         shard = self._store._by_id[shard_id]
         if not shard.call(lambda: Catalog(shard.db).forget_object(object_id)):
             return False
-        return key not in self._store.committed_object_keys([key])
+        others = [s for s in self._store.shards if s.shard_id != shard_id]
+        return self._claim_all(others, key, time.time())
+
+    def claim_orphan(self, key: str, now: float) -> bool:
+        """``Catalog.claim_orphan`` in every shard: True only if every shard took the
+        tombstone (any shard may be asked to commit the key)."""
+        return self._claim_all(self._store.shards, key, now)
+
+    @staticmethod
+    def _claim_all(shards: Sequence[Shard], key: str, now: float) -> bool:
+        claimed: list[Shard] = []
+        for s in shards:
+            if not s.call(functools.partial(Catalog(s.db).claim_orphan, key, now)):
+                for c in claimed:  # committed there: no orphan; undo the tombstones
+                    c.call(functools.partial(Catalog(c.db).unclaim_orphan, key, now))
+                return False
+            claimed.append(s)
+        return True
+
+    def purge_tombstones(self, deleted_before: float) -> int:
+        return sum(
+            s.call(functools.partial(s.catalog().purge_tombstones, deleted_before))
+            for s in self._store.shards
+        )
+
+    def purge_leases(self, now: float, stray_before: float) -> int:
+        return Catalog(self._db).purge_leases(now, stray_before)
 
 
 def _conforms(s: ShardedStore) -> Coordinator:

@@ -24,6 +24,7 @@ from segments.errors import (
     CorruptSegmentError,
     IndexHoleError,
     LakelogError,
+    ObjectDeletedError,
     ObjectNotFoundError,
     PartialCommitError,
     PreconditionFailedError,
@@ -120,10 +121,19 @@ class LogWriter:
         """
         return self.commit(self.upload(builder))
 
-    def upload(self, builder: SegmentBuilder) -> UploadedSegment:
-        """Step 1 of ``write``: build and PUT the object (nothing visible yet)."""
+    def upload(
+        self, builder: SegmentBuilder, *, before_put: Callable[[str], object] | None = None
+    ) -> UploadedSegment:
+        """Step 1 of ``write``: build and PUT the object (nothing visible yet).
+
+        Args:
+            before_put: called with the new key before the PUT (a Spark task registers
+                it as pending under its job's write lease: ``Coordinator.keep_pending``).
+        """
         data, chunks = builder.build()
         key = new_object_key()
+        if before_put is not None:
+            retry(lambda: before_put(key))
         retry(lambda: self._put_new(key, data))
         producers = {
             tp: [ProducerBatch(*b) for b in batches]
@@ -171,6 +181,16 @@ class LogWriter:
                 # whose partitions committed now rather than holding them all back.
                 give_up=(ProducerConflictError, PartialCommitError),
             )
+        except ObjectDeletedError:
+            # Our commit came after garbage collection took the object (a commit retried
+            # through a long coordinator outage): nothing was committed. With the bytes
+            # at hand, PUT them again under a new key and commit that instead.
+            if not uploaded.data:
+                raise
+            log.warning("%s was collected before its commit: uploading again", uploaded.object_key)
+            key = new_object_key()
+            retry(lambda: self._put_new(key, uploaded.data))
+            return self.commit(replace(uploaded, object_key=key))
         except PartialCommitError as e:
             # What did commit is readable now: the cache and waiting fetches hear of it.
             done = [
