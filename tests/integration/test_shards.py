@@ -34,6 +34,7 @@ from coordinator.local import LocalCoordinator
 from coordinator.shards import ShardConfigError, ShardedStore
 from segments.errors import (
     CoordinatorUnavailableError,
+    ObjectDeletedError,
     PartialCommitError,
     PartitionNotFoundError,
     TopicNotFoundError,
@@ -454,6 +455,49 @@ def test_gc_keeps_an_object_any_shard_references(new_db: NewDb, tmp_path: Path) 
                 time.sleep(0.2)
         report = run_gc(ctx, grace_s=1.0) if report.objects_deleted == 0 else report
         assert {o.key for o in store.list("segments/")} == set()
+
+
+def test_gc_and_commits_agree_in_every_shard(new_db: NewDb, tmp_path: Path) -> None:
+    """Issue 22 defect 1, sharded. An orphan is collected only once every shard holds its
+    tombstone, so a late commit fails whichever shard its partitions live in; a
+    committed object collected after retention cannot be committed again (a retry whose
+    answer was lost); a pending upload under a live lease (in the catalog) stays; a key
+    committed in one shard is no orphan, and the tombstones claimed meanwhile in the
+    others are taken back."""
+    catalog, urls = new_db(), [new_db(), new_db()]
+    store = open_store(f"file://{tmp_path}/store")
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        t = coord.create_topic("gc-agree", 8)
+        s = sharded(coord)
+        where = {p: s.shard_of(t.topic_id, p).shard_id for p in range(8)}
+        first = min(p for p in range(8) if where[p] == s.shards[0].shard_id)
+        second = min(p for p in range(8) if where[p] == s.shards[1].shard_id)
+        committed, orphan, pending = "segments/a/c.seg", "segments/a/o.seg", "segments/a/p.seg"
+        for key in (committed, orphan, pending):
+            store.put(key, b"x")
+        coord.commit(committed, [chunk(t.topic_id, first), chunk(t.topic_id, second)])
+        coord.keep_pending("job", [pending], 20_000)  # past the pinned clock
+        for p in (first, second):
+            coord.delete_records("gc-agree", p, -1)
+        clock = [time.time() + 10_000]
+        ctx = JanitorContext(coord.janitor_catalog(), coord.store, store, lambda: clock[0])
+        run_gc(ctx, grace_s=1.0)
+        clock[0] += 10
+        run_gc(ctx, grace_s=1.0)
+        assert {o.key for o in store.list("segments/")} == {pending}
+        for key in (orphan, committed):
+            for p in (first, second):
+                with pytest.raises(ObjectDeletedError):
+                    coord.commit(key, [chunk(t.topic_id, p)])
+        assert coord.offsets("gc-agree", first).high_watermark == 1
+
+        janitors = coord.janitor_catalog()
+        late = "segments/a/late.seg"
+        coord.commit(late, [chunk(t.topic_id, second)])
+        assert not janitors.claim_orphan(late, time.time())
+        url0 = shard_urls_of(coord, urls)[s.shards[0].shard_id]
+        assert sql_rows(url0, "SELECT object_key FROM objects WHERE object_key = ?", (late,)) == []
+        assert coord.commit(late, [chunk(t.topic_id, first)]) == [1]
 
 
 def test_retention_runs_in_every_shard_and_skips_one_that_is_down(
