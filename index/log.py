@@ -130,7 +130,8 @@ class LogWriter:
             before_put: called with the new key before the PUT (a Spark task registers
                 it as pending under its job's write lease: ``Coordinator.keep_pending``).
         """
-        data, chunks = builder.build()
+        # The append time of LogAppendTime topics: this writer's clock at the flush.
+        data, chunks = builder.build(append_time_ms=time.time_ns() // 1_000_000)
         key = new_object_key()
         if before_put is not None:
             retry(lambda: before_put(key))
@@ -248,7 +249,14 @@ def decode_entry(
             count += 1
             if off >= from_offset:
                 yield ConsumedRecord(
-                    topic, partition, off, rec.key, rec.value, rec.timestamp_ms, rec.headers
+                    topic,
+                    partition,
+                    off,
+                    rec.key,
+                    rec.value,
+                    rec.timestamp_ms,
+                    rec.headers,
+                    rec.timestamp_type,
                 )
         if count != ref.record_count:
             raise CorruptSegmentError(f"chunk holds {count} records, expected {ref.record_count}")
@@ -275,7 +283,14 @@ def decode_entry(
             if row.offset >= ref.end_offset:
                 return
             yield ConsumedRecord(
-                topic, partition, row.offset, row.key, row.value, row.timestamp_ms, row.headers
+                topic,
+                partition,
+                row.offset,
+                row.key,
+                row.value,
+                row.timestamp_ms,
+                row.headers,
+                row.timestamp_type,
             )
 
 

@@ -45,7 +45,7 @@ from typing import Any
 import pyarrow as pa
 
 from coordinator.client import Coordinator
-from coordinator.topic_configs import check_record_size, record_limit
+from coordinator.topic_configs import check_record_size, log_append_time, record_limit
 from index.log import LogWriter, UploadedSegment, WriteResult
 from segments.partitioning import partition_for_key
 from segments.segment import SegmentBuilder
@@ -273,7 +273,8 @@ class TaskWriter:
         if self._builder is None:
             self._builder = SegmentBuilder(compression=self.compression)
         for (name, p), records in grouped.items():
-            self._builder.append(self._info(name).topic_id, p, records)
+            info = self._info(name)
+            self._builder.append(info.topic_id, p, records, log_append_time=log_append_time(info))
         self.records += n
         if self._builder.estimated_size >= self.max_bytes:
             self._upload()

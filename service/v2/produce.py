@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
-from coordinator.topic_configs import check_record_size, record_limit
+from coordinator.topic_configs import check_record_size, log_append_time, record_limit
 from segments.errors import (
     LakelogError,
     MalformedRequestError,
@@ -143,7 +143,10 @@ async def _produce(
                 assigned = stored_offsets(stored, [p for p, _ in entries])
             else:
                 assigned = await state.batcher.append(
-                    topic.topic_id, entries, None if keyed is None else keyed.request_key()
+                    topic.topic_id,
+                    entries,
+                    None if keyed is None else keyed.request_key(),
+                    log_append_time=log_append_time(topic),
                 )
         except PartlyCommittedError as exc:  # some partitions' shard failed: say which
             offsets = [

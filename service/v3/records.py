@@ -50,7 +50,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from coordinator.producers import ProducerBatch, StoredKey
-from coordinator.topic_configs import check_record_size, record_limit
+from coordinator.topic_configs import check_record_size, log_append_time, record_limit
 from segments.errors import (
     InternalError,
     InvalidBatchError,
@@ -597,6 +597,7 @@ class _Producer:
                         self.topic.topic_id,
                         [(r.partition, r.record) for r in good],
                         None if keyed is None else keyed.request_key(),
+                        log_append_time=log_append_time(self.topic),
                     )
             except PartlyCommittedError as exc:  # some partitions' shard failed
                 if stored is None and idempotent is None:
@@ -673,7 +674,10 @@ class _Producer:
             fresh = [r for r in good if r.partition not in first]
             appended = iter(
                 await self.state.batcher.append(
-                    tid, [(r.partition, r.record) for r in fresh], producer=producer
+                    tid,
+                    [(r.partition, r.record) for r in fresh],
+                    producer=producer,
+                    log_append_time=log_append_time(self.topic),
                 )
             )
         finally:

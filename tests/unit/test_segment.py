@@ -28,6 +28,7 @@ records_st = st.builds(
     value=nullable_bytes,
     timestamp_ms=st.integers(min_value=0, max_value=2**63 - 1),
     headers=st.lists(st.tuples(st.text(max_size=8), nullable_bytes), max_size=3).map(tuple),
+    timestamp_type=st.just(0),  # producers' records: CreateTime (LogAppendTime is stamped)
 )
 topic_partitions = st.tuples(
     st.sampled_from([TOPIC_A, TOPIC_B, uuid.UUID(int=2**128 - 1).bytes]),
