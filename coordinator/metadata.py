@@ -115,6 +115,16 @@ _DELETE_TOPIC = (
     "DELETE FROM partitions WHERE topic_id = ?",
     "DELETE FROM topics WHERE topic_id = ?",
 )
+# PostgreSQL: a topic's partition rows locked in commit order (partition order within a
+# topic id) before anything of the topic is deleted. A commit that holds them has then
+# committed, and its index entries are visible to the deletes that follow (each statement
+# of a READ COMMITTED transaction reads anew); a commit that comes later waits, then finds
+# no partition and writes nothing. Without it a commit slipping in between the delete of
+# the entries and that of the partitions left entries behind (no foreign keys: migration
+# 11). SQLite's write transaction is exclusive: nothing to lock.
+LOCK_TOPIC_PARTITIONS_PG = (
+    "SELECT partition FROM partitions WHERE topic_id = %s ORDER BY partition FOR UPDATE"
+)
 _PARTITION_STATE = (
     "SELECT t.topic_id, p.log_start_offset, p.high_watermark FROM topics t "
     "LEFT JOIN partitions p ON p.topic_id = t.topic_id AND p.partition = ? "
@@ -641,6 +651,8 @@ class MetadataStore:
                     f"('{name}' has another id)."
                 )
             topic_id = found
+            if self._db.dialect.name == POSTGRESQL.name:
+                conn.execute(LOCK_TOPIC_PARTITIONS_PG, (topic_id,)).fetchall()
             for statement in _DELETE_TOPIC:
                 conn.execute(self._q(statement), (topic_id,))
             if self._placement is not None:

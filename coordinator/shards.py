@@ -57,11 +57,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coordinator.client import ChunkCommit, Coordinator
-from coordinator.db import MetadataDatabase, open_database
+from coordinator.db import POSTGRESQL, MetadataDatabase, open_database
 from coordinator.group_commit import GroupCommitStats
 from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
 from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
 from coordinator.metadata import (
+    LOCK_TOPIC_PARTITIONS_PG,
     MetadataStore,
     check_chunks,
     check_topic_id,
@@ -939,6 +940,8 @@ def purge_topic(shard: Shard, topic_id: bytes) -> None:
     """Drop a deleted topic's rows from a shard (its objects become unreferenced)."""
 
     def purge(conn: Any) -> None:
+        if shard.db.dialect.name == POSTGRESQL.name:  # in commit order, as delete_topic
+            conn.execute(LOCK_TOPIC_PARTITIONS_PG, (topic_id,)).fetchall()
         for statement in _PURGE_TOPIC:
             conn.execute(shard.q(statement), (topic_id,))
 

@@ -10,14 +10,15 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from coordinator.client import ChunkCommit
 from coordinator.janitors.catalog import Catalog
 from coordinator.local import LocalCoordinator
-from segments.errors import ObjectDeletedError
-from tests.conftest import sql_rows
+from segments.errors import ObjectDeletedError, PartitionNotFoundError, TopicNotFoundError
+from tests.conftest import new_db_url, sql_rows
 
 
 @pytest.fixture
@@ -118,3 +119,53 @@ def test_leases_keep_pending_keys_until_they_expire(coord: LocalCoordinator) -> 
     # A key collected already is reported to its writer.
     assert catalog.claim_orphan("k9", time.time())
     assert coord.keep_pending("job-d", ["k9"], 60) == {"k9"}
+
+
+def test_deleting_a_topic_while_commits_hold_its_partitions_leaves_no_entry(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Issue 22 defect 6, on PostgreSQL (several coordinators on one database). Race:
+    commits into a topic's partitions while the topic is deleted. A commit that locked
+    the partitions before the delete reached them inserted its index entries after the
+    delete had removed the topic's entries, and they stayed (no foreign keys since
+    migration 11): their objects were never collected. Expected: no index entry of a
+    deleted topic survives, whatever the interleaving; every commit either lands before
+    the delete (its entries go with the topic) or fails with not found."""
+    url = new_db_url(request, "postgresql", tmp_path)
+    coords = [LocalCoordinator(url) for _ in range(3)]
+    try:
+        for round_ in range(12):
+            name = f"doomed-{round_}"
+            topic_id = coords[0].create_topic(name, 4).topic_id
+            stop = threading.Event()
+
+            def hammer(
+                c: LocalCoordinator,
+                n: int,
+                topic_id: bytes = topic_id,
+                stop: threading.Event = stop,
+            ) -> None:
+                i = 0
+                while not stop.is_set():
+                    key = f"segments/d/{topic_id.hex()}-{n}-{i}.seg"
+                    i += 1
+                    try:
+                        c.commit(key, [ChunkCommit(topic_id, p, 0, 10, 1, 1, 1) for p in range(4)])
+                    except (TopicNotFoundError, PartitionNotFoundError):
+                        return
+
+            threads = [threading.Thread(target=hammer, args=(coords[n % 3], n)) for n in range(6)]
+            for t in threads:
+                t.start()
+            time.sleep(0.05)
+            coords[round_ % 3].delete_topic(name)
+            stop.set()
+            for t in threads:
+                t.join()
+            left = sql_rows(
+                url, "SELECT COUNT(*) FROM index_entries WHERE topic_id = ?", (topic_id,)
+            )
+            assert left == [(0,)], f"round {round_}: index entries of the deleted topic survive"
+    finally:
+        for c in coords:
+            c.close()
