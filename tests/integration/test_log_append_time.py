@@ -56,7 +56,9 @@ def test_log_append_time_is_stamped_for_kafka_rest_and_spark(
         kind, ts = m.timestamp()
         assert kind == TIMESTAMP_LOG_APPEND_TIME and before <= ts <= after, (kind, ts)
 
-    rest = RestConsumer.create(kafka_cluster.agents, f"lat-{topic}")
+    rest = RestConsumer.create(
+        kafka_cluster.agents, f"lat-{topic}", **{"auto.offset.reset": "earliest"}
+    )
     rest.assign(topic, 0)
     records: list[Any] = []
     deadline = time.monotonic() + 20
