@@ -909,10 +909,20 @@ class ShardedStore:
 
     def request_key(self, topic_id: bytes, key: str, now_ms: int) -> StoredKey | None:
         """A live REST idempotency key: the parts every shard stored for it (a keyed
-        request spread over shards stored a row in each)."""
+        request spread over shards stored a row in each).
+
+        A shard that is down is left out, so keyed requests go on while it is: what it
+        stored cannot be stored twice anyway (a commit refuses a key live in its shard),
+        and the parts it holds are found by a retry once it is back (a partly stored
+        request is completed then: ``service.request_keys.append_keyed``).
+        """
         found: list[StoredKey] = []
         for shard in self.shards:
-            row = shard.read(_one(shard.q(_REQUEST_KEY), (bytes(topic_id), key, now_ms)))
+            try:
+                row = shard.read(_one(shard.q(_REQUEST_KEY), (bytes(topic_id), key, now_ms)))
+            except CoordinatorUnavailableError as e:
+                log.warning("request key %r: shard %s left out: %s", key, shard.shard_id, e)
+                continue
             if row is not None:
                 found.append(StoredKey.from_row(*row))
         if not found:

@@ -82,6 +82,7 @@ from service.request_keys import (
     KeyedProduce,
     KeyHeader,
     admit,
+    append_keyed,
     keyed_produce,
     release,
     stored_offsets,
@@ -588,19 +589,21 @@ class _Producer:
         failure: LakelogError | None = None
         if good:
             try:
-                if stored is not None:  # a retry of a stored request: its first offsets
+                if idempotent is not None and stored is not None:
                     offsets = stored_offsets(stored, [r.partition for r in good])
                 elif idempotent is not None:
                     offsets = await self._append_idempotent(good, idempotent)
-                else:
-                    offsets = await self.state.batcher.append(
+                else:  # a retry of a stored request: its first offsets (append_keyed)
+                    offsets = await append_keyed(
+                        self.state,
                         self.topic.topic_id,
                         [(r.partition, r.record) for r in good],
-                        None if keyed is None else keyed.request_key(),
+                        keyed,
+                        stored,
                         log_append_time=log_append_time(self.topic),
                     )
             except PartlyCommittedError as exc:  # some partitions' shard failed
-                if stored is None and idempotent is None:
+                if idempotent is None:
                     offsets, errors = exc.offsets, exc.errors
                 else:
                     failure = exc
