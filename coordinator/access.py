@@ -188,6 +188,10 @@ RULES: dict[tuple[str, str], Rule] = {
         Caller.USER, _commit, body=True, needs="WRITE on each topic committed"
     ),
     ("POST", "/v1/objects/committed"): USER,
+    # A Spark write's tasks register their uploads and keep the job's write lease alive.
+    ("POST", "/v1/objects/pending"): USER,
+    ("POST", "/v1/objects/pending/release"): USER,
+    ("POST", "/v1/objects/pending/live"): USER,
     ("POST", _S + "/authorize"): USER,  # a Spark job's own rights
     # -- what agents do for their clients --------------------------------------------------
     ("GET", _S + "/settings"): Rule(Caller.AGENT),

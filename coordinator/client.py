@@ -153,6 +153,21 @@ class Coordinator(Protocol):
         """Which of ``keys`` are committed objects (for orphan detection)."""
         ...
 
+    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+        """Register uploads under a writer's lease (before their PUT) and extend the
+        lease to ``ttl_s`` from now; garbage collection leaves them alone while it lives.
+        Returns the keys given that garbage collection deleted already (their commit
+        would fail with ObjectDeletedError). Safe to repeat."""
+        ...
+
+    def release_pending(self, lease_id: str) -> None:
+        """Drop a writer's lease and its pending keys (its commit is done or abandoned)."""
+        ...
+
+    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` are uploads under a live write lease (not orphans)."""
+        ...
+
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         """Move log-start up to ``offset`` (-1: the high watermark), as Kafka's DeleteRecords;
         returns the new log-start. Raises Topic/PartitionNotFoundError, and

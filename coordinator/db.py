@@ -598,6 +598,31 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        20,
+        "garbage collection agrees with commits: tombstones of deleted objects, "
+        "pending uploads kept alive by write leases",
+        (
+            # Set when garbage collection deletes (or is about to delete) the object: the
+            # row stays as a tombstone, so a commit of the key (INSERT ... ON CONFLICT on
+            # object_key) can never succeed afterwards. An orphan gets a tombstone row
+            # before its delete. Purged long after (coordinator.janitors.gc).
+            "ALTER TABLE objects ADD COLUMN deleted_at {double}",
+            # In the catalog (or the one database): a writer's lease (a Spark job, say)
+            # and the keys it uploaded and has not committed yet. Garbage collection
+            # leaves a key alone while its lease lives.
+            """CREATE TABLE write_leases (
+                lease_id TEXT NOT NULL PRIMARY KEY,
+                expires_at {double} NOT NULL
+            )""",
+            """CREATE TABLE pending_objects (
+                object_key TEXT NOT NULL PRIMARY KEY,
+                lease_id TEXT NOT NULL,
+                registered_at {double} NOT NULL
+            )""",
+            "CREATE INDEX pending_objects_by_lease ON pending_objects (lease_id)",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

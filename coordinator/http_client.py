@@ -845,6 +845,26 @@ class HttpCoordinator:
         )
         return set(data["committed"])
 
+    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+        data = self._request(
+            "POST",
+            "/v1/objects/pending",
+            body={"lease_id": lease_id, "keys": list(keys), "ttl_s": ttl_s},
+            idempotent=True,
+        )
+        return set(data["deleted"])
+
+    def release_pending(self, lease_id: str) -> None:
+        self._request(
+            "POST", "/v1/objects/pending/release", body={"lease_id": lease_id}, idempotent=True
+        )
+
+    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
+        data = self._request(
+            "POST", "/v1/objects/pending/live", body={"keys": list(keys)}, idempotent=True
+        )
+        return set(data["pending"])
+
     def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
         # Not idempotent: a repeat allocates another id (harmless, never reused).
         data = self._request(

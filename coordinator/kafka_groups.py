@@ -109,6 +109,9 @@ _INSERT_MEMBER = (
 _TOPICS = "SELECT topic_id, name, partition_count FROM topics"
 _DELETE_GROUP = "DELETE FROM kafka_groups WHERE group_id = ?"
 _DELETE_COMMITTED = "DELETE FROM committed_offsets WHERE group_id = ?"
+_FORGET_COMMITTED = (
+    "DELETE FROM committed_offsets WHERE group_id = ? AND topic = ? AND partition = ?"
+)
 _ALL_GROUPS = "SELECT group_id FROM kafka_groups ORDER BY group_id"
 _REST_MEMBERS = "SELECT 1 FROM consumers WHERE group_id = ? LIMIT 1"
 _COMMITTED = (
@@ -565,8 +568,13 @@ class KafkaGroupStore:
         generation; ``generation`` -1 with no member id is a simple consumer's commit,
         allowed while the group has no member.
 
+        A negative offset is accepted, as Kafka accepts it, and means what it means to
+        every Kafka client that fetches it: no committed offset (the row goes).
+
         Raises:
-            ConsumerNotFoundError, StaleGenerationError, RebalanceInProgressError.
+            ConsumerNotFoundError, StaleGenerationError; RebalanceInProgressError from a
+            member of a classic group that is completing a rebalance (joined, not synced),
+            as Kafka answers.
         """
 
         def apply(conn: Any, g: KafkaGroup, now: float) -> None:
@@ -579,13 +587,22 @@ class KafkaGroupStore:
                 _consumer_member(g, member_id, generation)
             else:
                 m = _member(g, member_id, generation)
+                if g.state == COMPLETING:
+                    raise RebalanceInProgressError(
+                        f"Group '{group}' is completing a rebalance: sync, then commit."
+                    )
                 m.last_heartbeat = now
             conn.executemany(
                 self._q(_UPSERT_COMMITTED),
                 [
                     (group, tp.topic, tp.partition, c.offset, c.metadata or "", now)
                     for tp, c in offsets.items()
+                    if c.offset >= 0
                 ],
+            )
+            conn.executemany(
+                self._q(_FORGET_COMMITTED),
+                [(group, tp.topic, tp.partition) for tp, c in offsets.items() if c.offset < 0],
             )
 
         self._transact(group, apply)

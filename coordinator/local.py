@@ -239,6 +239,15 @@ class LocalCoordinator:
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         return self._store.committed_object_keys(keys)
 
+    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+        return self._store.keep_pending(lease_id, keys, ttl_s)
+
+    def release_pending(self, lease_id: str) -> None:
+        self._store.release_pending(lease_id)
+
+    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
+        return self._store.pending_object_keys(keys)
+
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         return self._store.delete_records(topic, partition, offset)
 

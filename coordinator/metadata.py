@@ -58,6 +58,7 @@ from segments.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     MetadataError,
+    ObjectDeletedError,
     OffsetOutOfRangeError,
     PartitionNotFoundError,
     ProducerConflictError,
@@ -113,6 +114,16 @@ _DELETE_TOPIC = (
     "DELETE FROM topic_configs WHERE topic_id = ?",
     "DELETE FROM partitions WHERE topic_id = ?",
     "DELETE FROM topics WHERE topic_id = ?",
+)
+# PostgreSQL: a topic's partition rows locked in commit order (partition order within a
+# topic id) before anything of the topic is deleted. A commit that holds them has then
+# committed, and its index entries are visible to the deletes that follow (each statement
+# of a READ COMMITTED transaction reads anew); a commit that comes later waits, then finds
+# no partition and writes nothing. Without it a commit slipping in between the delete of
+# the entries and that of the partitions left entries behind (no foreign keys: migration
+# 11). SQLite's write transaction is exclusive: nothing to lock.
+LOCK_TOPIC_PARTITIONS_PG = (
+    "SELECT partition FROM partitions WHERE topic_id = %s ORDER BY partition FOR UPDATE"
 )
 _PARTITION_STATE = (
     "SELECT t.topic_id, p.log_start_offset, p.high_watermark FROM topics t "
@@ -224,7 +235,8 @@ SELECT ARRAY(SELECT req FROM complete ORDER BY req),
         ORDER BY r.ord
     )
 """
-_OBJECT_EXISTS = "SELECT 1 FROM objects WHERE object_key = ?"
+# deleted_at: NULL for a committed object, else a tombstone (garbage collection took it).
+_OBJECT_EXISTS = "SELECT deleted_at FROM objects WHERE object_key = ?"
 _ENTRIES_OF_OBJECT = (
     "SELECT e.topic_id, e.partition, e.position, e.length, e.record_count, e.base_offset "
     "FROM index_entries e JOIN objects o ON o.object_id = e.object_id WHERE o.object_key = ?"
@@ -241,7 +253,27 @@ _ENTRIES_FROM = (
 )
 _LOOKUP = _ENTRIES_FROM + " ORDER BY e.base_offset LIMIT ?"
 _LOOKUP_TIMESTAMP = _ENTRIES_FROM + " AND e.max_ts >= ? ORDER BY e.base_offset LIMIT 1"
-_OBJECTS_IN = "SELECT object_key FROM objects WHERE object_key IN ({marks})"
+_OBJECTS_IN = "SELECT object_key FROM objects WHERE deleted_at IS NULL AND object_key IN ({marks})"
+# Pending uploads (see ``MetadataStore.keep_pending``).
+_UPSERT_LEASE = (
+    "INSERT INTO write_leases (lease_id, expires_at) VALUES (?, ?) "
+    "ON CONFLICT (lease_id) DO UPDATE SET expires_at = excluded.expires_at"
+)
+_ADD_PENDING = (
+    "INSERT INTO pending_objects (object_key, lease_id, registered_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (object_key) DO UPDATE SET lease_id = excluded.lease_id"
+)
+_RELEASE_PENDING = "DELETE FROM pending_objects WHERE lease_id = ?"
+_RELEASE_LEASE = "DELETE FROM write_leases WHERE lease_id = ?"
+_PENDING_IN = (
+    "SELECT p.object_key FROM pending_objects p JOIN write_leases l ON l.lease_id = p.lease_id "
+    "WHERE l.expires_at >= ? AND p.object_key IN ({marks})"
+)
+_DELETED_IN = (
+    "SELECT object_key FROM objects WHERE deleted_at IS NOT NULL AND object_key IN ({marks})"
+)
+#: The longest a write lease may be asked for at once (a typo must not pin garbage).
+MAX_LEASE_S = 24 * 3600.0
 _OFFSETS_OF_TOPICS = (
     "SELECT t.name, p.partition, p.log_start_offset, p.high_watermark, t.topic_id "
     "FROM topics t JOIN partitions p ON p.topic_id = t.topic_id WHERE t.name IN ({marks})"
@@ -619,6 +651,8 @@ class MetadataStore:
                     f"('{name}' has another id)."
                 )
             topic_id = found
+            if self._db.dialect.name == POSTGRESQL.name:
+                conn.execute(LOCK_TOPIC_PARTITIONS_PG, (topic_id,)).fetchall()
             for statement in _DELETE_TOPIC:
                 conn.execute(self._q(statement), (topic_id,))
             if self._placement is not None:
@@ -1086,7 +1120,15 @@ class MetadataStore:
             for r in unwritten:
                 if r.done:
                     continue
-                if conn.execute(self._q(_OBJECT_EXISTS), (r.object_key,)).fetchone():
+                found = conn.execute(self._q(_OBJECT_EXISTS), (r.object_key,)).fetchone()
+                if found is not None and found[0] is not None:
+                    r.error = ObjectDeletedError(
+                        f"Object {r.object_key!r} was deleted by garbage collection (its "
+                        "upload outlived the grace period without a live write lease); "
+                        "nothing was committed: upload the records again."
+                    )
+                    continue
+                if found is not None:
                     try:
                         r.bases = self._retried_commit(conn, r.object_key, r.chunks)
                     except CommitConflictError as e:
@@ -1222,6 +1264,52 @@ class MetadataStore:
                 batch = wanted[i : i + _IN_BATCH]
                 sql = self._q(_OBJECTS_IN.format(marks=", ".join("?" * len(batch))))
                 found.update(key for (key,) in conn.execute(sql, batch))
+        return found
+
+    # -- pending uploads ------------------------------------------------------
+    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+        """Register uploads (``keys``, before their PUT) under a writer's lease and extend
+        the lease to ``ttl_s`` from now; with no keys, only extend it. Garbage collection
+        leaves a key alone while its lease lives (``pending_object_keys``).
+
+        Returns:
+            The lease's keys (of ``keys``) that garbage collection deleted already:
+            their commit would fail (``ObjectDeletedError``), so the writer may stop early.
+
+        Raises:
+            ValueError: an empty lease id, or ``ttl_s`` not in (0, MAX_LEASE_S].
+        """
+        if not isinstance(lease_id, str) or not lease_id:
+            raise ValueError("lease_id must be a non-empty string")
+        if not 0 < ttl_s <= MAX_LEASE_S:
+            raise ValueError(f"ttl_s must be in (0, {MAX_LEASE_S:.0f}], not {ttl_s}")
+        now = time.time()
+        wanted = list(dict.fromkeys(keys))
+        with self._db.write(exclusive=False) as conn:
+            conn.execute(self._q(_UPSERT_LEASE), (lease_id, now + ttl_s))
+            conn.executemany(self._q(_ADD_PENDING), [(k, lease_id, now) for k in wanted])
+            return self._keys_in(conn, _DELETED_IN, wanted, ())
+
+    def release_pending(self, lease_id: str) -> None:
+        """Drop a writer's lease and its pending keys (its job committed or gave up):
+        uncommitted keys become ordinary orphans for garbage collection."""
+        with self._db.write(exclusive=False) as conn:
+            conn.execute(self._q(_RELEASE_PENDING), (lease_id,))
+            conn.execute(self._q(_RELEASE_LEASE), (lease_id,))
+
+    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` are uploads under a live write lease (not orphans)."""
+        with self._db.read() as conn:
+            return self._keys_in(conn, _PENDING_IN, list(dict.fromkeys(keys)), (time.time(),))
+
+    def _keys_in(
+        self, conn: Any, template: str, keys: list[str], before: tuple[Any, ...]
+    ) -> set[str]:
+        found: set[str] = set()
+        for i in range(0, len(keys), _IN_BATCH):
+            batch = keys[i : i + _IN_BATCH]
+            sql = self._q(template.format(marks=", ".join("?" * len(batch))))
+            found.update(str(k) for (k,) in conn.execute(sql, [*before, *batch]))
         return found
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:

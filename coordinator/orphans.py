@@ -1,4 +1,4 @@
-"""Orphan objects: in the store, older than a grace period, never committed.
+"""Orphan objects: in the store, older than a grace period, never committed, not pending.
 
 A flush that crashed between its PUT and its commit leaves such an object
 (invariant 3). Nothing reads it, since the index never pointed at it; garbage
@@ -24,7 +24,8 @@ def find_orphans(
     *,
     now: float | None = None,
 ) -> list[ObjectInfo]:
-    """Objects under ``prefix`` older than ``grace_s`` that no commit names, in key order.
+    """Objects under ``prefix`` older than ``grace_s`` that no commit names and no live
+    write lease holds, in key order.
 
     The grace period covers flushes in flight: an object PUT a moment ago whose
     commit has not landed yet is not an orphan. Stores that keep modification
@@ -39,8 +40,11 @@ def find_orphans(
     batch: list[ObjectInfo] = []
 
     def flush() -> None:
-        committed = coordinator.committed_object_keys([o.key for o in batch])
-        orphans.extend(o for o in batch if o.key not in committed)
+        keys = [o.key for o in batch]
+        committed = coordinator.committed_object_keys(keys)
+        # Uploads under a live write lease (a long Spark job's) wait for their commit.
+        pending = coordinator.pending_object_keys([k for k in keys if k not in committed])
+        orphans.extend(o for o in batch if o.key not in committed and o.key not in pending)
         batch.clear()
 
     # Listing first, then asking: an object committed after the listing shows as

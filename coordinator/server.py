@@ -30,6 +30,9 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
     POST   /v1/producers/state               {"states": [{"topic_id", "partition", "epoch",
                                              "batches"}]}  <- {"producer_id", "partitions"}
     POST   /v1/objects/committed             {"committed": [key]}  <- {"keys"}
+    POST   /v1/objects/pending               {"deleted": [key]}  <- {"lease_id", "keys", "ttl_s"}
+    POST   /v1/objects/pending/release       {}  <- {"lease_id"}
+    POST   /v1/objects/pending/live          {"pending": [key]}  <- {"keys"}
     POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port",
                                                                "kafka_host", "kafka_port"}
     GET    /v1/agents?max_age_s=             {"agents": [agent]}
@@ -370,6 +373,15 @@ class KeysBody(BaseModel):
     keys: list[str]
 
 
+class LeaseBody(BaseModel):
+    lease_id: str = Field(min_length=1, max_length=200)
+
+
+class PendingBody(LeaseBody):
+    keys: list[str] = Field(default_factory=list)
+    ttl_s: float = Field(gt=0, le=24 * 3600)
+
+
 class HeartbeatBody(BaseModel):
     agent_id: str
     host: str
@@ -692,6 +704,20 @@ def create_app(
     @app.post("/v1/objects/committed")
     def committed_object_keys(body: KeysBody) -> Response:
         return _json({"committed": sorted(coordinator.committed_object_keys(body.keys))})
+
+    @app.post("/v1/objects/pending")
+    def keep_pending(body: PendingBody) -> Response:
+        deleted = coordinator.keep_pending(body.lease_id, body.keys, body.ttl_s)
+        return _json({"deleted": sorted(deleted)})
+
+    @app.post("/v1/objects/pending/release")
+    def release_pending(body: LeaseBody) -> Response:
+        coordinator.release_pending(body.lease_id)
+        return _json({})
+
+    @app.post("/v1/objects/pending/live")
+    def pending_object_keys(body: KeysBody) -> Response:
+        return _json({"pending": sorted(coordinator.pending_object_keys(body.keys))})
 
     # -- agents -----------------------------------------------------------------
 

@@ -57,11 +57,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coordinator.client import ChunkCommit, Coordinator
-from coordinator.db import MetadataDatabase, open_database
+from coordinator.db import POSTGRESQL, MetadataDatabase, open_database
 from coordinator.group_commit import GroupCommitStats
 from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
 from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
 from coordinator.metadata import (
+    LOCK_TOPIC_PARTITIONS_PG,
     MetadataStore,
     check_chunks,
     check_topic_id,
@@ -134,7 +135,7 @@ _PURGE_TOPIC = (
     "DELETE FROM partitions WHERE topic_id = ?",
     "DELETE FROM topics WHERE topic_id = ?",
 )
-_OBJECTS_IN = "SELECT object_key FROM objects WHERE object_key IN ({marks})"
+_OBJECTS_IN = "SELECT object_key FROM objects WHERE deleted_at IS NULL AND object_key IN ({marks})"
 _PRODUCER_STATE = (
     "SELECT epoch, batches FROM producer_state "
     "WHERE producer_id = ? AND topic_id = ? AND partition = ?"
@@ -843,6 +844,27 @@ class ShardedStore:
             found |= shard.read(read)
         return found
 
+    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+        """Leases and pending keys live in the catalog (``MetadataStore.keep_pending``);
+        a key some shard holds a tombstone of is answered as deleted."""
+        self._catalog.keep_pending(lease_id, keys, ttl_s)
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return set()
+        deleted: set[str] = set()
+        for shard in self.shards:
+            try:
+                deleted |= shard.call(functools.partial(Catalog(shard.db).deleted_keys, wanted))
+            except CoordinatorUnavailableError:  # the lease is renewed: that is what counts
+                log.warning("keep_pending: shard %s did not say what was deleted", shard.shard_id)
+        return deleted
+
+    def release_pending(self, lease_id: str) -> None:
+        self._catalog.release_pending(lease_id)
+
+    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
+        return self._catalog.pending_object_keys(keys)
+
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         topic_id, shard = self._resolve(topic, partition)
         log_start, high_watermark = self._bounds(topic_id, partition, shard)
@@ -887,10 +909,20 @@ class ShardedStore:
 
     def request_key(self, topic_id: bytes, key: str, now_ms: int) -> StoredKey | None:
         """A live REST idempotency key: the parts every shard stored for it (a keyed
-        request spread over shards stored a row in each)."""
+        request spread over shards stored a row in each).
+
+        A shard that is down is left out, so keyed requests go on while it is: what it
+        stored cannot be stored twice anyway (a commit refuses a key live in its shard),
+        and the parts it holds are found by a retry once it is back (a partly stored
+        request is completed then: ``service.request_keys.append_keyed``).
+        """
         found: list[StoredKey] = []
         for shard in self.shards:
-            row = shard.read(_one(shard.q(_REQUEST_KEY), (bytes(topic_id), key, now_ms)))
+            try:
+                row = shard.read(_one(shard.q(_REQUEST_KEY), (bytes(topic_id), key, now_ms)))
+            except CoordinatorUnavailableError as e:
+                log.warning("request key %r: shard %s left out: %s", key, shard.shard_id, e)
+                continue
             if row is not None:
                 found.append(StoredKey.from_row(*row))
         if not found:
@@ -918,6 +950,8 @@ def purge_topic(shard: Shard, topic_id: bytes) -> None:
     """Drop a deleted topic's rows from a shard (its objects become unreferenced)."""
 
     def purge(conn: Any) -> None:
+        if shard.db.dialect.name == POSTGRESQL.name:  # in commit order, as delete_topic
+            conn.execute(LOCK_TOPIC_PARTITIONS_PG, (topic_id,)).fetchall()
         for statement in _PURGE_TOPIC:
             conn.execute(shard.q(statement), (topic_id,))
 
@@ -1043,8 +1077,9 @@ class ShardedCatalog:
         return sum(s.call(s.catalog().pending_deletion) for s in self._store.shards)
 
     def forget_object(self, token: Any) -> bool:
-        """Drop one shard's row of an object; True only when no shard has a row for it
-        any more (then the object may be deleted). Asks every shard.
+        """Make one shard's row of an object a tombstone; True only when every shard has
+        a tombstone for the key and none a committed row (then the object may be
+        deleted: no shard can commit it any more). Asks every shard.
 
         Raises:
             CoordinatorUnavailableError: a shard did not answer (the object stays; if
@@ -1054,7 +1089,33 @@ class ShardedCatalog:
         shard = self._store._by_id[shard_id]
         if not shard.call(lambda: Catalog(shard.db).forget_object(object_id)):
             return False
-        return key not in self._store.committed_object_keys([key])
+        others = [s for s in self._store.shards if s.shard_id != shard_id]
+        return self._claim_all(others, key, time.time())
+
+    def claim_orphan(self, key: str, now: float) -> bool:
+        """``Catalog.claim_orphan`` in every shard: True only if every shard took the
+        tombstone (any shard may be asked to commit the key)."""
+        return self._claim_all(self._store.shards, key, now)
+
+    @staticmethod
+    def _claim_all(shards: Sequence[Shard], key: str, now: float) -> bool:
+        claimed: list[Shard] = []
+        for s in shards:
+            if not s.call(functools.partial(Catalog(s.db).claim_orphan, key, now)):
+                for c in claimed:  # committed there: no orphan; undo the tombstones
+                    c.call(functools.partial(Catalog(c.db).unclaim_orphan, key, now))
+                return False
+            claimed.append(s)
+        return True
+
+    def purge_tombstones(self, deleted_before: float) -> int:
+        return sum(
+            s.call(functools.partial(s.catalog().purge_tombstones, deleted_before))
+            for s in self._store.shards
+        )
+
+    def purge_leases(self, now: float, stray_before: float) -> int:
+        return Catalog(self._db).purge_leases(now, stray_before)
 
 
 def _conforms(s: ShardedStore) -> Coordinator:

@@ -556,6 +556,15 @@ def max_decompressed_bytes(topic: TopicInfo) -> int:
     return _int_config(topic, DECOMPRESSED_CONFIG)
 
 
+def log_append_time(topic: TopicInfo) -> bool:
+    """Whether the topic stamps records with their append time
+    (``message.timestamp.type=LogAppendTime``): the agent sets it on every batch."""
+    value = topic.configs.get(
+        "message.timestamp.type", topic.defaults.get("message.timestamp.type")
+    )
+    return value == "LogAppendTime"
+
+
 def record_limit(topic: TopicInfo) -> tuple[int, str]:
     """The largest one-record batch a topic takes from REST and Spark (which write their
     records uncompressed into batches of their own making), and the config that sets it:

@@ -24,6 +24,7 @@ from segments.errors import (
     CorruptSegmentError,
     IndexHoleError,
     LakelogError,
+    ObjectDeletedError,
     ObjectNotFoundError,
     PartialCommitError,
     PreconditionFailedError,
@@ -120,10 +121,20 @@ class LogWriter:
         """
         return self.commit(self.upload(builder))
 
-    def upload(self, builder: SegmentBuilder) -> UploadedSegment:
-        """Step 1 of ``write``: build and PUT the object (nothing visible yet)."""
-        data, chunks = builder.build()
+    def upload(
+        self, builder: SegmentBuilder, *, before_put: Callable[[str], object] | None = None
+    ) -> UploadedSegment:
+        """Step 1 of ``write``: build and PUT the object (nothing visible yet).
+
+        Args:
+            before_put: called with the new key before the PUT (a Spark task registers
+                it as pending under its job's write lease: ``Coordinator.keep_pending``).
+        """
+        # The append time of LogAppendTime topics: this writer's clock at the flush.
+        data, chunks = builder.build(append_time_ms=time.time_ns() // 1_000_000)
         key = new_object_key()
+        if before_put is not None:
+            retry(lambda: before_put(key))
         retry(lambda: self._put_new(key, data))
         producers = {
             tp: [ProducerBatch(*b) for b in batches]
@@ -171,6 +182,16 @@ class LogWriter:
                 # whose partitions committed now rather than holding them all back.
                 give_up=(ProducerConflictError, PartialCommitError),
             )
+        except ObjectDeletedError:
+            # Our commit came after garbage collection took the object (a commit retried
+            # through a long coordinator outage): nothing was committed. With the bytes
+            # at hand, PUT them again under a new key and commit that instead.
+            if not uploaded.data:
+                raise
+            log.warning("%s was collected before its commit: uploading again", uploaded.object_key)
+            key = new_object_key()
+            retry(lambda: self._put_new(key, uploaded.data))
+            return self.commit(replace(uploaded, object_key=key))
         except PartialCommitError as e:
             # What did commit is readable now: the cache and waiting fetches hear of it.
             done = [
@@ -228,7 +249,14 @@ def decode_entry(
             count += 1
             if off >= from_offset:
                 yield ConsumedRecord(
-                    topic, partition, off, rec.key, rec.value, rec.timestamp_ms, rec.headers
+                    topic,
+                    partition,
+                    off,
+                    rec.key,
+                    rec.value,
+                    rec.timestamp_ms,
+                    rec.headers,
+                    rec.timestamp_type,
                 )
         if count != ref.record_count:
             raise CorruptSegmentError(f"chunk holds {count} records, expected {ref.record_count}")
@@ -255,7 +283,14 @@ def decode_entry(
             if row.offset >= ref.end_offset:
                 return
             yield ConsumedRecord(
-                topic, partition, row.offset, row.key, row.value, row.timestamp_ms, row.headers
+                topic,
+                partition,
+                row.offset,
+                row.key,
+                row.value,
+                row.timestamp_ms,
+                row.headers,
+                row.timestamp_type,
             )
 
 

@@ -18,6 +18,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── InvalidPartitionsError
     │   ├── InvalidConfigError
     │   ├── CommitConflictError       same object key committed with other chunks
+    │   │   └── ObjectDeletedError    the object was collected (GC): never committable
     │   ├── CoordinatorUnavailableError  retriable: the coordinator cannot be reached
     │   ├── ClusterNotFoundError      a cluster id other than ours
     │   ├── ConfigNotFoundError       a config name the topic does not have
@@ -159,6 +160,12 @@ class InvalidConfigError(MetadataError):
 
 class CommitConflictError(MetadataError):
     """An object key that is already committed was committed again with other chunks."""
+
+
+class ObjectDeletedError(CommitConflictError):
+    """A commit of an object that garbage collection deleted (or may be deleting): an
+    upload whose pending lease lapsed, or a key collected after an earlier commit. Never
+    committed; not retriable as is (upload the bytes again under a new key)."""
 
 
 class CoordinatorUnavailableError(MetadataError):
@@ -490,6 +497,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         InvalidPartitionsError,
         InvalidConfigError,
         CommitConflictError,
+        ObjectDeletedError,
         CoordinatorUnavailableError,
         PartialCommitError,
         ClusterNotFoundError,

@@ -21,8 +21,11 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
       17  u32  CRC                   CRC-32C of bytes [21, 12 + Length): attributes
                                      through the last record
       21  i16  Attributes            compression codec in bits 0-2 (0 none, 1 gzip,
-                                     2 snappy, 3 lz4, 4 zstd); every other bit 0 (also
-                                     in producers' batches: segments.batches checks)
+                                     2 snappy, 3 lz4, 4 zstd); bit 3 LogAppendTime (set
+                                     by the agent for topics with
+                                     message.timestamp.type=LogAppendTime, with
+                                     MaxTimestamp the append time, as Kafka does); every
+                                     other bit 0 (producers set none: segments.batches)
       23  i32  LastOffsetDelta       record count - 1
       27  i64  FirstTimestamp        CreateTime of the first record (epoch ms)
       35  i64  MaxTimestamp
@@ -107,6 +110,13 @@ _LEADER_EPOCH_AT = 12
 _RECORD_BATCH_MAGIC = 2
 _NO_LEADER_EPOCH = -1
 _CODEC_MASK = 0x07
+_LOG_APPEND_TIME = 0x08  # attributes bit 3: every record's timestamp is MaxTimestamp
+_ATTRIBUTES_AT = 21
+_MAX_TIMESTAMP_AT = 35
+_I16 = struct.Struct(">h")
+_I64 = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+_CRC_AT = 17
 _CRC_FROM = 21  # the batch CRC covers Attributes through the last record
 
 _FOOTER_COUNT = struct.Struct(">I")
@@ -162,8 +172,18 @@ class SegmentBuilder:
         """Records appended so far, over all topic-partitions."""
         return self._record_count
 
-    def append(self, topic_id: bytes, partition: int, records: Sequence[Record]) -> None:
+    def append(
+        self,
+        topic_id: bytes,
+        partition: int,
+        records: Sequence[Record],
+        *,
+        log_append_time: bool = False,
+    ) -> None:
         """Add records to the chunk of (topic_id, partition), after those appended before.
+
+        ``log_append_time``: the topic has message.timestamp.type=LogAppendTime; its
+        chunk's batches get the append time when the object is built (``build``).
 
         All-or-nothing: every record is checked before any is encoded, so a refused
         call leaves the builder as it was. An empty ``records`` is a no-op.
@@ -173,9 +193,15 @@ class SegmentBuilder:
             ValueError: topic_id not 16 bytes, partition or timestamp out of range.
             RuntimeError: ``build`` was already called.
         """
-        self.append_groups(topic_id, {partition: records})
+        self.append_groups(topic_id, {partition: records}, log_append_time=log_append_time)
 
-    def append_groups(self, topic_id: bytes, groups: Mapping[int, Sequence[Record]]) -> None:
+    def append_groups(
+        self,
+        topic_id: bytes,
+        groups: Mapping[int, Sequence[Record]],
+        *,
+        log_append_time: bool = False,
+    ) -> None:
         """``append`` for several partitions of one topic at once, all or nothing.
 
         Every partition and record of every group is checked before any is encoded,
@@ -193,6 +219,8 @@ class SegmentBuilder:
                 ready.append((partition, prepared))
         for partition, prepared in ready:
             self._append_prepared(topic_id, partition, prepared)
+            if log_append_time:
+                self._chunks[(topic_id, partition)].log_append_time = True
 
     def _append_prepared(self, topic_id: bytes, partition: int, prepared: list[_Prepared]) -> None:
         chunk = self._chunks.get((topic_id, partition))
@@ -230,6 +258,8 @@ class SegmentBuilder:
         min_timestamp_ms: int,
         max_timestamp_ms: int,
         producer: tuple[int, int, int] | None = None,
+        *,
+        log_append_time: bool = False,
     ) -> int:
         """Add one producer's RecordBatch, as it is, after the records of the chunk so far.
 
@@ -265,6 +295,7 @@ class SegmentBuilder:
             chunk.producer_batches.append((*producer, record_count, relative))
         chunk.closed_records += record_count
         chunk.record_count += record_count
+        chunk.log_append_time = chunk.log_append_time or log_append_time
         chunk.min_ts = min(chunk.min_ts, min_timestamp_ms)
         chunk.max_ts = max(chunk.max_ts, max_timestamp_ms)
         self._record_count += record_count
@@ -289,18 +320,32 @@ class SegmentBuilder:
         if type(partition) is not int or not 0 <= partition <= _INT32_MAX:
             raise ValueError(f"partition must be an int in [0, 2**31): {partition!r}")
 
-    def build(self) -> tuple[bytes, list[ChunkInfo]]:
+    def build(self, append_time_ms: int | None = None) -> tuple[bytes, list[ChunkInfo]]:
         """Close every open batch and return the object's bytes and its footer entries.
 
+        Chunks appended with ``log_append_time`` get the append time (``append_time_ms``,
+        epoch ms: the writer's clock) on every batch, as a Kafka broker stamps it:
+        attributes bit 3 set, MaxTimestamp the append time, the CRC computed again; the
+        chunk's timestamps in the footer are the append time too.
+
         Calling it again returns the same result; ``append`` is refused afterwards.
+
+        Raises:
+            ValueError: a chunk needs the append time and ``append_time_ms`` is None.
         """
         if self._built is not None:
             return self._built
+        if append_time_ms is None and any(c.log_append_time for c in self._chunks.values()):
+            raise ValueError("LogAppendTime chunks need append_time_ms")
         parts: list[bytes | bytearray] = []
         infos: list[ChunkInfo] = []
         position = 0
         for chunk in self._chunks.values():
             self._close_batch(chunk)
+            if chunk.log_append_time and append_time_ms is not None:
+                for batch in chunk.batches:
+                    stamp_log_append_time(batch, append_time_ms)
+                chunk.min_ts = chunk.max_ts = append_time_ms
             length = sum(len(batch) for batch in chunk.batches)
             parts.extend(chunk.batches)
             infos.append(
@@ -439,7 +484,9 @@ def iter_chunk(
             )
         header = _BATCH_HEADER.unpack_from(view, pos)
         attributes, last_delta, count = header[5], header[6], header[12]
-        if attributes & ~_CODEC_MASK or attributes > _CODEC_IDS["zstd"]:
+        if attributes & ~(_CODEC_MASK | _LOG_APPEND_TIME) or (
+            attributes & _CODEC_MASK > _CODEC_IDS["zstd"]
+        ):
             raise CorruptSegmentError(f"batch at byte {pos}: unsupported attributes {attributes}")
         if count < 1 or last_delta != count - 1:
             raise CorruptSegmentError(f"batch at byte {pos}: bad record count {count}")
@@ -462,6 +509,8 @@ def iter_chunk(
         relative = batch_base  # == records of the chunk before this batch
         records: list[tuple[int, Record]] = []
         append = records.append
+        # LogAppendTime: the decoder gives every record the batch's MaxTimestamp.
+        stamp_type = 1 if attributes & _LOG_APPEND_TIME else 0
         try:
             for record in batch:
                 if record.offset != relative:
@@ -469,7 +518,13 @@ def iter_chunk(
                 append(
                     (
                         base_offset + relative,
-                        Record(record.key, record.value, record.timestamp, tuple(record.headers)),
+                        Record(
+                            record.key,
+                            record.value,
+                            record.timestamp,
+                            tuple(record.headers),
+                            stamp_type,
+                        ),
                     )
                 )
                 relative += 1
@@ -499,6 +554,16 @@ class _ChunkBuffer:
     min_ts: int = _INT64_MAX
     max_ts: int = -1
     producer_batches: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    log_append_time: bool = False
+
+
+def stamp_log_append_time(batch: bytearray, append_time_ms: int) -> None:
+    """Mark one v2 RecordBatch LogAppendTime in place, as a Kafka broker does: attributes
+    bit 3, MaxTimestamp = ``append_time_ms``, and the CRC (which covers both) again."""
+    attributes = _I16.unpack_from(batch, _ATTRIBUTES_AT)[0]
+    _I16.pack_into(batch, _ATTRIBUTES_AT, attributes | _LOG_APPEND_TIME)
+    _I64.pack_into(batch, _MAX_TIMESTAMP_AT, append_time_ms)
+    _CRC.pack_into(batch, _CRC_AT, crc32c.crc32c(memoryview(batch)[_CRC_FROM:]))
 
 
 _BYTES_OR_NONE = (bytes, type(None))

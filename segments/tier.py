@@ -21,7 +21,7 @@ with ``includeHeaders=true``)::
                                              TIMESTAMP(MILLIS, isAdjustedToUTC=true), which
                                              Spark maps to TimestampType (not NTZ); Kafka's
                                              millisecond timestamps are kept exactly
-    timestampType  int32                     required; 0 = CreateTime
+    timestampType  int32                     required; 0 = CreateTime, 1 = LogAppendTime
     headers        list<element: struct<key: string, value: binary>>
                                              nullable; null when a record has no headers,
                                              as Spark's Kafka source yields; header values
@@ -157,7 +157,7 @@ _LEAF_TYPES = (
 _STATS_COLUMNS = ["topic", "partition", "offset", "timestamp", "timestampType"]
 _DICTIONARY_COLUMNS = ["topic", "partition", "timestampType", "key", "headers.list.element.key"]
 # What a ConsumedRecord needs; topic and partition come from the (cross-checked) footer.
-_RECORD_COLUMNS = ["key", "value", "offset", "timestamp", "headers"]
+_RECORD_COLUMNS = ["key", "value", "offset", "timestamp", "timestampType", "headers"]
 # Per-record overhead counted towards row_group_bytes: offset, timestamp, levels.
 _ROW_OVERHEAD = 24
 
@@ -212,6 +212,7 @@ class _Columns:
         self.values: list[bytes | None] = []
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
+        self.timestamp_types: list[int] = []
         self.header_starts: list[int] = [0]
         self.header_null: list[bool] = []
         self.header_keys: list[str] = []
@@ -219,7 +220,13 @@ class _Columns:
         self.sizes: list[int] = []
 
     def add(
-        self, offset: int, key: bytes | None, value: bytes | None, ts: int, headers: Headers
+        self,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        ts: int,
+        headers: Headers,
+        ts_type: int = 0,
     ) -> None:
         if self.offsets and offset <= self.offsets[-1]:
             raise ValueError(
@@ -234,6 +241,7 @@ class _Columns:
         self.values.append(value)
         self.offsets.append(offset)
         self.timestamps.append(ts)
+        self.timestamp_types.append(ts_type)
         for hkey, hvalue in headers:
             self.header_keys.append(hkey)
             self.header_values.append(hvalue)
@@ -307,10 +315,17 @@ def encode_tier(
                     f"record of {item.topic}/{item.partition} in a tier object of "
                     f"{topic}/{partition}"
                 )
-            cols.add(item.offset, item.key, item.value, item.timestamp_ms, item.headers)
+            cols.add(
+                item.offset,
+                item.key,
+                item.value,
+                item.timestamp_ms,
+                item.headers,
+                item.timestamp_type,
+            )
         else:
             offset, rec = item
-            cols.add(offset, rec.key, rec.value, rec.timestamp_ms, rec.headers)
+            cols.add(offset, rec.key, rec.value, rec.timestamp_ms, rec.headers, rec.timestamp_type)
     count = len(cols.offsets)
     if count == 0:
         raise ValueError("a tier object needs at least one record")
@@ -337,7 +352,7 @@ def encode_tier(
                 pa.repeat(pa.scalar(partition, pa.int32()), count),
                 pa.array(cols.offsets, pa.int64()),
                 pa.array(cols.timestamps, TIER_SCHEMA.field("timestamp").type),
-                pa.repeat(pa.scalar(TIMESTAMP_TYPE_CREATE_TIME, pa.int32()), count),
+                pa.array(cols.timestamp_types, pa.int32()),
                 headers,
             ],
             schema=TIER_SCHEMA,
@@ -633,20 +648,23 @@ class TierReader:
             values = table.column("value").to_pylist()
             offsets = table.column("offset").to_pylist()
             timestamps = table.column("timestamp").cast(pa.int64()).to_pylist()
+            types = table.column("timestampType").to_pylist()
             header_lists = table.column("headers").to_pylist()
         except (pa.ArrowException, UnicodeDecodeError) as exc:
             raise _corrupt(f"undecodable records: {exc}") from exc
         topic, partition = self.topic, self.partition
         out = []
-        for key, value, offset, ts, hlist in zip(
-            keys, values, offsets, timestamps, header_lists, strict=True
+        for key, value, offset, ts, ts_type, hlist in zip(
+            keys, values, offsets, timestamps, types, header_lists, strict=True
         ):
             headers: Headers = ()
             if hlist:
                 if any(h is None or h["key"] is None for h in hlist):
                     raise _corrupt(f"null header at offset {offset}")
                 headers = tuple((h["key"], h["value"]) for h in hlist)
-            out.append(ConsumedRecord(topic, partition, offset, key, value, ts, headers))
+            out.append(
+                ConsumedRecord(topic, partition, offset, key, value, ts, headers, ts_type or 0)
+            )
         return out
 
     def table(

@@ -25,6 +25,9 @@ class Record(NamedTuple):
     value: bytes | None
     timestamp_ms: int
     headers: Headers = ()
+    #: 0 CreateTime; 1 LogAppendTime (the batch's append time, as decoded from a topic
+    #: with message.timestamp.type=LogAppendTime).
+    timestamp_type: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,8 @@ class ConsumedRecord:
     value: bytes | None
     timestamp_ms: int
     headers: Headers = ()
+    #: 0 CreateTime, 1 LogAppendTime (Kafka's timestampType).
+    timestamp_type: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,8 @@ class RawBatch:
     max_timestamp_ms: int
     #: (producer id, epoch, base sequence) of an idempotent producer, checked at commit.
     producer: tuple[int, int, int] | None = None
+    #: The topic has message.timestamp.type=LogAppendTime: stamped at the flush.
+    log_append_time: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +248,13 @@ class Batcher:
         records: Sequence[tuple[int, Record]],
         request_key: RequestKey | None = None,
         producer: RestProducer | None = None,
+        *,
+        log_append_time: bool = False,
     ) -> list[int]:
         """Buffer ``(partition, record)`` pairs of one topic; wait for their flush.
+
+        ``log_append_time``: the topic has message.timestamp.type=LogAppendTime; its
+        batches get the flush's time (``SegmentBuilder.build``).
 
         Records of one partition keep their order; the whole call lands in one flush.
         ``request_key`` (its offset and count ignored): a REST idempotency key the
@@ -288,7 +295,7 @@ class Batcher:
         buf.size += size  # accounted before appending: whatever gets in is counted
         starts = {p: buf.counts.get((topic_id, p), 0) for p in groups}
         try:
-            buf.builder.append_groups(topic_id, groups)
+            buf.builder.append_groups(topic_id, groups, log_append_time=log_append_time)
         except Exception as exc:
             buf.size -= size
             self._refused(buf, exc)
@@ -364,6 +371,7 @@ class Batcher:
                 b.min_timestamp_ms,
                 b.max_timestamp_ms,
                 b.producer,
+                log_append_time=b.log_append_time,
             )
             buf.counts[key] = buf.counts.get(key, 0) + b.record_count
             buf.records += b.record_count

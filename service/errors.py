@@ -131,6 +131,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.InvalidPartitionsError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.InvalidConfigError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.CommitConflictError: ErrorSpec(ErrorCode.KAFKA_ERROR),
+    e.ObjectDeletedError: ErrorSpec(ErrorCode.KAFKA_ERROR),
     e.CoordinatorUnavailableError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.PartialCommitError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.ClusterNotFoundError: ErrorSpec(ErrorCode.NOT_FOUND),

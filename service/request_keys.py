@@ -20,6 +20,12 @@ got. So, whichever agent a retry reaches, whenever (until the key expires after
 A keyed request is produced as one group (a v3 stream is read whole first), and its
 keyless records go to the partition the key hashes to (not the sticky round robin), so
 a retry places every record where the first request did.
+
+With sharded metadata (``coordinator.shards``) a request may commit on some shards and
+fail on others (the client gets the failed records' errors): the key is stored only
+where its records were. A retry is then answered with the stored offsets for the
+partitions that committed and stores the records of the others, under the key, now
+(``append_keyed``): a partly committed request is completed by its retry.
 """
 
 from __future__ import annotations
@@ -39,9 +45,11 @@ from segments.errors import (
     BufferFullError,
     IdempotencyKeyMismatchError,
     InternalError,
+    LakelogError,
     MalformedRequestError,
 )
 from segments.partitioning import partition_for_key
+from segments.types import Record
 from service.idempotence import Admission, Ticket
 from service.state import AgentState
 
@@ -165,6 +173,64 @@ def stored_offsets(stored: StoredKey, partitions: Sequence[int]) -> list[int]:
             "Idempotency-Key (did the topic's partition count change?)."
         )
     return out
+
+
+async def append_keyed(
+    state: AgentState,
+    topic_id: bytes,
+    entries: Sequence[tuple[int, Record]],
+    keyed: KeyedProduce | None,
+    stored: StoredKey | None,
+    *,
+    log_append_time: bool = False,
+) -> list[int]:
+    """Produce a (keyed) request's ``(partition, record)`` entries; the offset of each.
+
+    Not stored yet: appended with the key. Stored: the stored offsets; stored for some
+    partitions only (committed on some metadata shards, see the module docstring): the
+    stored offsets for those, and the records of the others appended with the key.
+
+    Raises:
+        PartlyCommittedError: as ``Batcher.append``, with an entry per record.
+        InternalError: as ``stored_offsets``; LakelogError: as ``Batcher.append``.
+    """
+    from service.batcher import PartlyCommittedError  # the batcher imports the state
+
+    request_key = None if keyed is None else keyed.request_key()
+    if stored is None:
+        return await state.batcher.append(
+            topic_id, entries, request_key, log_append_time=log_append_time
+        )
+    done = {p for p, _, _ in stored.parts}
+    missing = [i for i, (p, _) in enumerate(entries) if p not in done]
+    if not missing or request_key is None:
+        return stored_offsets(stored, [p for p, _ in entries])
+    kept = stored_offsets(stored, [p for p, _ in entries if p in done])
+    try:
+        added: list[int | None] = list(
+            await state.batcher.append(
+                topic_id,
+                [entries[i] for i in missing],
+                request_key,
+                log_append_time=log_append_time,
+            )
+        )
+        errors: list[LakelogError | None] = [None] * len(missing)
+    except PartlyCommittedError as exc:
+        added, errors = exc.offsets, exc.errors
+    fresh = dict(zip(missing, zip(added, errors, strict=True), strict=True))
+    first = iter(kept)
+    offsets: list[int | None] = []
+    failures: list[LakelogError | None] = []
+    for i in range(len(entries)):
+        offset, error = fresh[i] if i in fresh else (next(first), None)
+        offsets.append(offset)
+        failures.append(error)
+    if any(e is not None for e in failures):
+        raise PartlyCommittedError(
+            "Some partitions of the request were not stored; retry it.", offsets, failures
+        )
+    return [o for o in offsets if o is not None]
 
 
 def release(state: AgentState, ticket: Ticket | None) -> None:

@@ -133,6 +133,7 @@ def _segment_batch(
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         stamps: list[int] = []
+        types: list[int] = []
         headers: list[list[dict[str, Any]] | None] = []
         lo, hi = s.lo, s.hi
         for off, rec in decode_chunk(chunk, s.base_offset, s.record_count, s.max_decompressed):
@@ -143,6 +144,7 @@ def _segment_batch(
                 continue
             offsets.append(off)
             stamps.append(ts)
+            types.append(rec.timestamp_type)
             keys.append(rec.key)
             values.append(rec.value)
             if "headers" in want:
@@ -168,7 +170,7 @@ def _segment_batch(
                 ms = pa.array(stamps, pa.int64())
                 arrays.append(pc.multiply(ms, 1000).cast(pa.timestamp("us", tz="UTC")))
             elif name == "timestampType":
-                arrays.append(pa.array([0] * n, pa.int32()))
+                arrays.append(pa.array(types, pa.int32()))
             else:  # headers: null when a record has none, as Spark's Kafka source
                 arrays.append(pa.array(headers, _HEADER_TYPE))
         stats.records += n

@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import sys
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -449,16 +450,21 @@ class _Writer:
             self.topic: TopicInfo | None = (
                 None if self.opts.topic is None else _topic(coordinator, self.opts.topic)
             )
+        # The job's write lease: its tasks' uploads are pending under it until the commit.
+        self.lease_id = f"spark-{uuid.uuid4().hex}"
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> LakelogCommitMessage:
         from pyspark import TaskContext
 
         from index.log import LogWriter
-        from spark.write import TaskWriter
+        from spark.write import TaskWriter, WriteLease
 
         context = TaskContext.get()
         store = get_store(self.location)
-        with opened(self.opts.connection) as coordinator:
+        with (
+            opened(self.opts.connection) as coordinator,
+            WriteLease(coordinator, self.lease_id) as lease,  # renewed while the task runs
+        ):
             known = {} if self.topic is None else {self.topic.name: self.topic}
             task = TaskWriter(
                 LogWriter(store, coordinator),
@@ -466,6 +472,7 @@ class _Writer:
                 None if self.topic is None else self.topic.name,
                 self.opts.compression,
                 self.opts.max_bytes_per_object,
+                before_put=lease.register,
             )
             for batch in iterator:
                 task.add(batch)
@@ -476,7 +483,7 @@ class _Writer:
         return LakelogCommitMessage(written)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None], what: str) -> None:
-        from spark.write import commit_objects
+        from spark.write import WriteLease, commit_objects
 
         written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
         with opened(self.opts.connection) as coordinator:
@@ -485,16 +492,23 @@ class _Writer:
                 # Every topic the tasks wrote (the topic column's too), before any commit:
                 # a denied write leaves nothing visible, and Spark's abort deletes its objects.
                 access.require(Operation.WRITE, {t for w in written if w for t in w.topics})
-            results = commit_objects(get_store(self.location), coordinator, written)
+            lease = WriteLease(coordinator, self.lease_id)
+            with lease:  # alive through a long commit; released once it is done
+                results = commit_objects(get_store(self.location), coordinator, written)
+            lease.release()
         records = sum(w.records for w in written if w is not None)
         log.info("%s: committed %d objects, %d records", what, len(results), records)
 
     def _abort(self, messages: Sequence[WriterCommitMessage | None], what: str) -> None:
-        from spark.write import delete_objects
+        from spark.write import WriteLease, delete_objects
 
         written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
         with opened(self.opts.connection) as coordinator:
             deleted = delete_objects(get_store(self.location), coordinator, written)
+            try:  # what is left (failed attempts' objects) is an orphan from now on
+                WriteLease(coordinator, self.lease_id).release()
+            except Exception:
+                log.warning("abort: write lease %s left to expire", self.lease_id, exc_info=True)
         log.warning("%s aborted: deleted %d uncommitted objects", what, deleted)
 
 

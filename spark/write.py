@@ -9,6 +9,14 @@ The job commit (Spark's driver, once every task has succeeded) commits the objec
 the coordinator, task by task: each commit is one transaction that assigns the
 object's offsets, and repeating it with the same object key answers the same offsets.
 
+Uploads stay alive until the job commits (invariant 9): the job has a write lease (an
+id made on the driver, shared by its tasks); each task registers a key as pending under
+it before the PUT (``Coordinator.keep_pending``) and renews the lease while it runs
+(``WriteLease``), so garbage collection leaves the uploads of a job that runs for hours
+alone; the job commit renews it once more, then releases it. A job whose lease lapsed
+(every task finished, the driver silent longer than ``LEASE_TTL_S``) may find its
+objects collected: its commit then fails with ``ObjectDeletedError``, never succeeds.
+
 Why the driver commits, not the task: Spark may run a task more than once (a retry
 after a failure, a speculative copy) and uses only one attempt's result. An attempt
 that committed its own objects and then failed, or lost the race, would leave its
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +45,7 @@ from typing import Any
 import pyarrow as pa
 
 from coordinator.client import Coordinator
-from coordinator.topic_configs import check_record_size, record_limit
+from coordinator.topic_configs import check_record_size, log_append_time, record_limit
 from index.log import LogWriter, UploadedSegment, WriteResult
 from segments.partitioning import partition_for_key
 from segments.segment import SegmentBuilder
@@ -44,15 +53,78 @@ from segments.store import ObjectStore
 from segments.types import ChunkInfo, Headers, Record, TopicInfo
 
 __all__ = [
+    "LEASE_TTL_S",
     "SINK_COLUMNS",
     "ObjectsWritten",
     "TaskWriter",
+    "WriteLease",
     "check_sink_schema",
     "commit_objects",
     "delete_objects",
 ]
 
 log = logging.getLogger(__name__)
+
+#: A job's write lease lives this long after its last renewal: the time its driver has
+#: between the last task's end and the commit, and the longest outage it survives.
+LEASE_TTL_S = 600.0
+#: Running tasks renew the lease this often.
+LEASE_RENEW_S = 30.0
+
+
+class WriteLease:
+    """A job's write lease as one task (or the job commit) holds it: registers uploads as
+    pending and, inside ``with``, renews the lease every ``renew_s`` from a thread.
+
+    Renewal failures are logged, not raised: the commit will tell (ObjectDeletedError)
+    if the lease lapsed and garbage collection took an object meanwhile.
+    """
+
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        lease_id: str,
+        ttl_s: float = LEASE_TTL_S,
+        renew_s: float = LEASE_RENEW_S,
+    ) -> None:
+        self.coordinator = coordinator
+        self.lease_id = lease_id
+        self.ttl_s = ttl_s
+        self.renew_s = renew_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register(self, key: str) -> None:
+        """Register ``key`` (before its PUT) under the lease, renewing the lease."""
+        self.coordinator.keep_pending(self.lease_id, [key], self.ttl_s)
+
+    def renew(self) -> set[str]:
+        """Extend the lease now; returns nothing useful without keys (see keep_pending)."""
+        return self.coordinator.keep_pending(self.lease_id, [], self.ttl_s)
+
+    def release(self) -> None:
+        self.coordinator.release_pending(self.lease_id)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.renew_s):
+            try:
+                self.renew()
+            except Exception:
+                log.warning("renewal of write lease %s failed", self.lease_id, exc_info=True)
+
+    def __enter__(self) -> WriteLease:
+        self.renew()
+        self._thread = threading.Thread(
+            target=self._run, name=f"write-lease-{self.lease_id[:8]}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
 
 #: The Kafka sink's columns and the Spark types each may have (DDL ``simpleString``).
 SINK_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -125,6 +197,7 @@ class TaskWriter:
         topic: the ``topic`` option, overriding the ``topic`` column.
         compression: batch compression of the segment objects.
         max_bytes: a new object is started once the current one holds this many bytes.
+        before_put: called with each new object key before its PUT (``WriteLease.register``).
     """
 
     writer: LogWriter
@@ -132,6 +205,7 @@ class TaskWriter:
     topic: str | None
     compression: str
     max_bytes: int
+    before_put: Callable[[str], object] | None = None
     _builder: SegmentBuilder | None = None
     _uploaded: list[UploadedSegment] = field(default_factory=list)
     _topics: dict[str, TopicInfo] = field(default_factory=dict)
@@ -199,14 +273,15 @@ class TaskWriter:
         if self._builder is None:
             self._builder = SegmentBuilder(compression=self.compression)
         for (name, p), records in grouped.items():
-            self._builder.append(self._info(name).topic_id, p, records)
+            info = self._info(name)
+            self._builder.append(info.topic_id, p, records, log_append_time=log_append_time(info))
         self.records += n
         if self._builder.estimated_size >= self.max_bytes:
             self._upload()
 
     def _upload(self) -> None:
         if self._builder is not None and self._builder.record_count:
-            up = self.writer.upload(self._builder)
+            up = self.writer.upload(self._builder, before_put=self.before_put)
             # Without the bytes: the job commit needs the key and the chunks only.
             self._uploaded.append(UploadedSegment(up.object_key, up.size, up.chunks))
             log.info("uploaded %s (%d bytes)", up.object_key, up.size)

@@ -18,6 +18,7 @@ still unreferenced (the foreign key from ``index_entries`` would refuse it anywa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +69,45 @@ _MARK_ALL = (
     "RETURNING object_id"
 )
 _DUE = (
-    "SELECT object_id, object_key FROM objects "
-    "WHERE unreferenced_at IS NOT NULL AND unreferenced_at <= ? ORDER BY object_id"
+    "SELECT object_id, object_key FROM objects WHERE unreferenced_at IS NOT NULL "
+    "AND unreferenced_at <= ? AND deleted_at IS NULL ORDER BY object_id"
 )
-_PENDING = "SELECT COUNT(*) FROM objects WHERE unreferenced_at IS NOT NULL"
-_FORGET = f"DELETE FROM objects WHERE object_id = ? AND {_UNREFERENCED} RETURNING object_id"
+_PENDING = "SELECT COUNT(*) FROM objects WHERE unreferenced_at IS NOT NULL AND deleted_at IS NULL"
+# The row stays as a tombstone: a late commit of the key conflicts with it and fails.
+_FORGET = (
+    "UPDATE objects SET deleted_at = ? "
+    f"WHERE object_id = ? AND deleted_at IS NULL AND {_UNREFERENCED} RETURNING object_id"
+)
+# An orphan's tombstone, unless the key is committed meanwhile (a row without deleted_at):
+# the same unique key a commit inserts, so commit and collection cannot both win. A
+# tombstone already there (an earlier run died before its delete) is claimed again.
+_CLAIM_ORPHAN = (
+    "INSERT INTO objects (object_key, size, committed_at, unreferenced_at, deleted_at) "
+    "VALUES (?, NULL, ?, ?, ?) "
+    "ON CONFLICT (object_key) DO UPDATE SET deleted_at = objects.deleted_at "
+    "WHERE objects.deleted_at IS NOT NULL RETURNING object_key"
+)
+# Only a tombstone no index entry can name (one this run just made).
+_UNCLAIM = (
+    "DELETE FROM objects WHERE object_key = ? AND deleted_at = ? "
+    f"AND {_UNREFERENCED} RETURNING object_id"
+)
+_DELETED_IN = (
+    "SELECT object_key FROM objects WHERE deleted_at IS NOT NULL AND object_key IN ({marks})"
+)
+# unreferenced_at <= deleted_at on every tombstone: the condition uses its index.
+_PURGE_TOMBSTONES = (
+    "DELETE FROM objects WHERE unreferenced_at < ? AND deleted_at IS NOT NULL "
+    "AND deleted_at < ? RETURNING object_id"
+)
+_EXPIRED_LEASES = "SELECT lease_id FROM write_leases WHERE expires_at < ?"
+_DROP_PENDING_OF = "DELETE FROM pending_objects WHERE lease_id = ?"
+_DROP_LEASE = "DELETE FROM write_leases WHERE lease_id = ? AND expires_at < ? RETURNING lease_id"
+# Pending rows of a lease that no longer exists (released while a task registered).
+_DROP_STRAY_PENDING = (
+    "DELETE FROM pending_objects WHERE registered_at < ? AND NOT EXISTS "
+    "(SELECT 1 FROM write_leases l WHERE l.lease_id = pending_objects.lease_id)"
+)
 _ADVANCE_LOG_START = (
     "UPDATE partitions SET log_start_offset = ? "
     "WHERE topic_id = ? AND partition = ? AND log_start_offset < ? AND ? <= high_watermark "
@@ -312,6 +347,53 @@ class Catalog:
             return int(conn.execute(self._q(_PENDING)).fetchone()[0])
 
     def forget_object(self, object_id: int) -> bool:
-        """Drop an object's row once the object is deleted; False if it is referenced."""
+        """Make an object's row a tombstone before the object is deleted; False if it is
+        referenced (or a tombstone already). A commit of the key fails from now on."""
         with self._db.write() as conn:
-            return conn.execute(self._q(_FORGET), (object_id,)).fetchone() is not None
+            row = conn.execute(self._q(_FORGET), (time.time(), object_id)).fetchone()
+        return row is not None
+
+    def claim_orphan(self, key: str, now: float) -> bool:
+        """Write an orphan's tombstone before deleting it; False if the key is committed
+        (then it is no orphan: leave it). Decided by the unique object key, in the same
+        way a commit is: of a commit and this claim, exactly one wins."""
+        with self._db.write(exclusive=False) as conn:
+            return conn.execute(self._q(_CLAIM_ORPHAN), (key, now, now, now)).fetchone() is not None
+
+    def unclaim_orphan(self, key: str, now: float) -> None:
+        """Undo ``claim_orphan(key, now)`` (another shard refused its claim)."""
+        with self._db.write(exclusive=False) as conn:
+            conn.execute(self._q(_UNCLAIM), (key, now))
+
+    def deleted_keys(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` have a tombstone (garbage collection took them)."""
+        wanted = list(dict.fromkeys(keys))
+        found: set[str] = set()
+        with self._db.read() as conn:
+            for i in range(0, len(wanted), 500):
+                batch = wanted[i : i + 500]
+                sql = self._q(_DELETED_IN.format(marks=", ".join("?" * len(batch))))
+                found.update(str(k) for (k,) in conn.execute(sql, batch))
+        return found
+
+    def purge_tombstones(self, deleted_before: float) -> int:
+        """Drop tombstones older than ``deleted_before``; returns how many."""
+        with self._db.write(exclusive=False) as conn:
+            rows = conn.execute(
+                self._q(_PURGE_TOMBSTONES), (deleted_before, deleted_before)
+            ).fetchall()
+        return len(rows)
+
+    def purge_leases(self, now: float, stray_before: float) -> int:
+        """Drop write leases expired before ``now`` with their pending keys (their
+        uploads are orphans now), and pending keys of leases that are gone, registered
+        before ``stray_before``. Returns how many leases."""
+        q = self._q
+        with self._db.write(exclusive=False) as conn:
+            expired = [str(r[0]) for r in conn.execute(q(_EXPIRED_LEASES), (now,)).fetchall()]
+            for lease_id in expired:
+                # Lease first (row locked): one renewed meanwhile keeps its keys.
+                if conn.execute(q(_DROP_LEASE), (lease_id, now)).fetchone() is not None:
+                    conn.execute(q(_DROP_PENDING_OF), (lease_id,))
+            conn.execute(q(_DROP_STRAY_PENDING), (stray_before,))
+        return len(expired)

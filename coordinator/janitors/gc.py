@@ -8,7 +8,17 @@ Two kinds of garbage:
   the entry up just before it went and have not fetched yet.
 - Orphans: objects under ``segments/`` or ``tiered/`` that no commit or swap ever
   named (a flush or a janitor that died between its PUT and its commit), older
-  than ``grace_s`` by the store's modification time; found by listing.
+  than ``grace_s`` by the store's modification time and not pending (registered
+  under a live write lease: a Spark job's uploads waiting for its driver's commit);
+  found by listing.
+
+Commit and collection agree through the database (invariant 9): before an object is
+deleted its key gets a tombstone, a row of ``objects`` with ``deleted_at`` set (the
+committed row becomes one; an orphan's is inserted unless the key is committed). A
+commit inserts that same unique key, so of a commit and a collection exactly one
+wins: a commit that comes after fails with ``ObjectDeletedError``, never succeeds over
+a deleted object. Tombstones are purged after ``TOMBSTONE_KEEP_S``, expired write
+leases (and their pending keys) at each run.
 
 Invariants: an object an index entry references is never deleted (both paths
 check at the database, in the same run, just before deleting); an orphan written
@@ -26,6 +36,9 @@ from coordinator.orphans import find_orphans
 
 #: Where objects live; anything else in the bucket is not ours to delete.
 PREFIXES = ("segments/", "tiered/")
+#: How long a tombstone outlives its object: a commit of the key later than this (a
+#: writer stalled for a day with its lease lapsed) is no longer refused by it.
+TOMBSTONE_KEEP_S = 24 * 3600.0
 
 
 def run_gc(ctx: JanitorContext, grace_s: float) -> JanitorReport:
@@ -34,6 +47,8 @@ def run_gc(ctx: JanitorContext, grace_s: float) -> JanitorReport:
     report = JanitorReport("gc")
     now = ctx.now()
     ctx.catalog.purge_deleted_topics()
+    ctx.catalog.purge_leases(now, now - grace_s)
+    ctx.catalog.purge_tombstones(now - max(TOMBSTONE_KEEP_S, grace_s))
     ctx.catalog.mark_unreferenced(now)
     due = ctx.catalog.due_for_deletion(now - grace_s)
     orphans = [
@@ -55,8 +70,11 @@ def run_gc(ctx: JanitorContext, grace_s: float) -> JanitorReport:
         ctx.report_progress(done, total, key)
     for orphan in orphans:
         ctx.check()
-        ctx.store.delete(orphan.key)
-        report.orphans_deleted += 1
+        # Tombstone first: a commit of the key that landed since the listing wins here
+        # (the object is no orphan), one that comes later fails.
+        if ctx.catalog.claim_orphan(orphan.key, now):
+            ctx.store.delete(orphan.key)
+            report.orphans_deleted += 1
         done += 1
         ctx.report_progress(done, total, orphan.key)
     report.seconds = time.perf_counter() - started

@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from coordinator.producers import ProducerBatch
-from coordinator.topic_configs import max_decompressed_bytes, max_message_bytes
+from coordinator.topic_configs import (
+    log_append_time,
+    max_decompressed_bytes,
+    max_message_bytes,
+)
 from index.log import decode_entry
 from segments.batches import (
     BatchInfo,
@@ -390,12 +394,15 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
         compressed(records) for _, _, records in to_check if records
     )
     results = await run(Kind.CPU, _check_all, to_check) if offload else _check_all(to_check)
+    stamped: set[_KeyPartition] = set()  # LogAppendTime topics: the flush stamps them
     for (tp, topic, records), problem in zip(to_check, results, strict=True):
         if isinstance(problem, tuple):
             errors[tp] = problem
             continue
         assert records is not None
         checked[tp] = (topic.topic_id, memoryview(records), problem)
+        if log_append_time(topic):
+            stamped.add(tp)
     ctx.state.metrics.produce_requests.labels(api="kafka").inc()
     throttle_ms = ctx.state.quotas.kafka_throttle_ms(
         req.header.client_id, PRODUCE, size, access.principal
@@ -414,6 +421,7 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
                 b.min_timestamp_ms,
                 b.max_timestamp_ms,
                 (b.producer_id, b.producer_epoch, b.base_sequence) if b.idempotent else None,
+                log_append_time=tp in stamped,
             )
             for b in infos
         )

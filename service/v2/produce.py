@@ -41,7 +41,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
-from coordinator.topic_configs import check_record_size, record_limit
+from coordinator.topic_configs import check_record_size, log_append_time, record_limit
 from segments.errors import (
     LakelogError,
     MalformedRequestError,
@@ -70,9 +70,9 @@ from service.request_keys import (
     KeyedProduce,
     KeyHeader,
     admit,
+    append_keyed,
     keyed_produce,
     release,
-    stored_offsets,
 )
 from service.state import AgentState, get_state
 
@@ -139,12 +139,16 @@ async def _produce(
         entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition, keyed)
         state.metrics.produce_requests.labels(api="v2").inc()
         try:
-            if stored is not None:  # a retry of a stored request: its first offsets
-                assigned = stored_offsets(stored, [p for p, _ in entries])
-            else:
-                assigned = await state.batcher.append(
-                    topic.topic_id, entries, None if keyed is None else keyed.request_key()
-                )
+            # A retry of a stored request: its first offsets (and the partitions it
+            # did not store yet, if it was partly committed over metadata shards).
+            assigned = await append_keyed(
+                state,
+                topic.topic_id,
+                entries,
+                keyed,
+                stored,
+                log_append_time=log_append_time(topic),
+            )
         except PartlyCommittedError as exc:  # some partitions' shard failed: say which
             offsets = [
                 _failed(error)

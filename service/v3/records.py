@@ -50,7 +50,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from coordinator.producers import ProducerBatch, StoredKey
-from coordinator.topic_configs import check_record_size, record_limit
+from coordinator.topic_configs import check_record_size, log_append_time, record_limit
 from segments.errors import (
     InternalError,
     InvalidBatchError,
@@ -82,6 +82,7 @@ from service.request_keys import (
     KeyedProduce,
     KeyHeader,
     admit,
+    append_keyed,
     keyed_produce,
     release,
     stored_offsets,
@@ -588,18 +589,21 @@ class _Producer:
         failure: LakelogError | None = None
         if good:
             try:
-                if stored is not None:  # a retry of a stored request: its first offsets
+                if idempotent is not None and stored is not None:
                     offsets = stored_offsets(stored, [r.partition for r in good])
                 elif idempotent is not None:
                     offsets = await self._append_idempotent(good, idempotent)
-                else:
-                    offsets = await self.state.batcher.append(
+                else:  # a retry of a stored request: its first offsets (append_keyed)
+                    offsets = await append_keyed(
+                        self.state,
                         self.topic.topic_id,
                         [(r.partition, r.record) for r in good],
-                        None if keyed is None else keyed.request_key(),
+                        keyed,
+                        stored,
+                        log_append_time=log_append_time(self.topic),
                     )
             except PartlyCommittedError as exc:  # some partitions' shard failed
-                if stored is None and idempotent is None:
+                if idempotent is None:
                     offsets, errors = exc.offsets, exc.errors
                 else:
                     failure = exc
@@ -673,7 +677,10 @@ class _Producer:
             fresh = [r for r in good if r.partition not in first]
             appended = iter(
                 await self.state.batcher.append(
-                    tid, [(r.partition, r.record) for r in fresh], producer=producer
+                    tid,
+                    [(r.partition, r.record) for r in fresh],
+                    producer=producer,
+                    log_append_time=log_append_time(self.topic),
                 )
             )
         finally:

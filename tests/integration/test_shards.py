@@ -34,6 +34,7 @@ from coordinator.local import LocalCoordinator
 from coordinator.shards import ShardConfigError, ShardedStore
 from segments.errors import (
     CoordinatorUnavailableError,
+    ObjectDeletedError,
     PartialCommitError,
     PartitionNotFoundError,
     TopicNotFoundError,
@@ -456,6 +457,49 @@ def test_gc_keeps_an_object_any_shard_references(new_db: NewDb, tmp_path: Path) 
         assert {o.key for o in store.list("segments/")} == set()
 
 
+def test_gc_and_commits_agree_in_every_shard(new_db: NewDb, tmp_path: Path) -> None:
+    """Issue 22 defect 1, sharded. An orphan is collected only once every shard holds its
+    tombstone, so a late commit fails whichever shard its partitions live in; a
+    committed object collected after retention cannot be committed again (a retry whose
+    answer was lost); a pending upload under a live lease (in the catalog) stays; a key
+    committed in one shard is no orphan, and the tombstones claimed meanwhile in the
+    others are taken back."""
+    catalog, urls = new_db(), [new_db(), new_db()]
+    store = open_store(f"file://{tmp_path}/store")
+    with LocalCoordinator(catalog, shards=urls) as coord:
+        t = coord.create_topic("gc-agree", 8)
+        s = sharded(coord)
+        where = {p: s.shard_of(t.topic_id, p).shard_id for p in range(8)}
+        first = min(p for p in range(8) if where[p] == s.shards[0].shard_id)
+        second = min(p for p in range(8) if where[p] == s.shards[1].shard_id)
+        committed, orphan, pending = "segments/a/c.seg", "segments/a/o.seg", "segments/a/p.seg"
+        for key in (committed, orphan, pending):
+            store.put(key, b"x")
+        coord.commit(committed, [chunk(t.topic_id, first), chunk(t.topic_id, second)])
+        coord.keep_pending("job", [pending], 20_000)  # past the pinned clock
+        for p in (first, second):
+            coord.delete_records("gc-agree", p, -1)
+        clock = [time.time() + 10_000]
+        ctx = JanitorContext(coord.janitor_catalog(), coord.store, store, lambda: clock[0])
+        run_gc(ctx, grace_s=1.0)
+        clock[0] += 10
+        run_gc(ctx, grace_s=1.0)
+        assert {o.key for o in store.list("segments/")} == {pending}
+        for key in (orphan, committed):
+            for p in (first, second):
+                with pytest.raises(ObjectDeletedError):
+                    coord.commit(key, [chunk(t.topic_id, p)])
+        assert coord.offsets("gc-agree", first).high_watermark == 1
+
+        janitors = coord.janitor_catalog()
+        late = "segments/a/late.seg"
+        coord.commit(late, [chunk(t.topic_id, second)])
+        assert not janitors.claim_orphan(late, time.time())
+        url0 = shard_urls_of(coord, urls)[s.shards[0].shard_id]
+        assert sql_rows(url0, "SELECT object_key FROM objects WHERE object_key = ?", (late,)) == []
+        assert coord.commit(late, [chunk(t.topic_id, first)]) == [1]
+
+
 def test_retention_runs_in_every_shard_and_skips_one_that_is_down(
     new_db: NewDb, tmp_path: Path
 ) -> None:
@@ -605,6 +649,72 @@ def consume_all(cluster: Cluster, topic: str, expected: int) -> list[dict[str, A
 
 
 @pytest.mark.slow
+def test_a_keyed_request_partly_committed_over_shards_is_completed_by_its_retry(
+    cluster_factory: ClusterFactory, new_db: NewDb
+) -> None:
+    """Issue 22 defect 5. While one shard is down, keyed requests to the other shards
+    work (on main every keyed request failed: the key was looked up in every shard), and
+    a keyed request over both kinds of partition commits where it can (the others fail
+    retriably). Its retry once the shard is back stores what is missing and answers
+    every offset, the first ones unchanged (on main: 50002 for the key's whole window,
+    the missing record never stored); a further retry stores nothing."""
+    catalog, urls = new_db(), [new_db(), new_db()]
+    cluster = cluster_factory(
+        db_url=catalog, coordinator_args=[a for u in urls for a in ("--db-shard", u)]
+    )
+    topic = create_topic(cluster, "keyed-across", 8)
+    ((topic_id,),) = sql_rows(catalog, "SELECT topic_id FROM topics WHERE name = ?", (topic,))
+    placed = dict(
+        sql_rows(
+            catalog,
+            "SELECT partition, shard_id FROM partition_shards WHERE topic_id = ?",
+            (topic_id,),
+        )
+    )
+    shard_url = {
+        sql_rows(u, "SELECT value FROM meta WHERE key = 'shard_id'")[0][0]: u for u in urls
+    }
+    victim = placed[0]
+    lost = min(p for p, s in placed.items() if s == victim)
+    kept = min(p for p, s in placed.items() if s != victim)
+
+    def send(key: str, records: list[tuple[int, bytes]]) -> list[dict[str, Any]]:
+        body = {"records": [{"value": b64(v), "partition": p} for p, v in records]}
+        r = httpx.post(
+            f"{cluster.agents[0]}/topics/{topic}",
+            content=orjson.dumps(body),
+            headers={"Content-Type": BINARY, "Idempotency-Key": key},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        answers: list[dict[str, Any]] = r.json()["offsets"]
+        return answers
+
+    both = [(kept, b"kept"), (lost, b"lost")]
+    with unavailable(shard_url[victim]):
+        alone = send("only-kept", [(kept, b"alone")])
+        assert alone[0]["error_code"] is None, alone
+        first = send("both", both)
+        assert first[0]["error_code"] is None and first[1]["error_code"] == 50003, first
+    deadline = time.monotonic() + 60
+    while True:
+        again = send("both", both)
+        if all(a["error_code"] is None for a in again):
+            break
+        assert time.monotonic() < deadline, again
+        time.sleep(0.5)
+    assert again[0]["offset"] == first[0]["offset"] and again[1]["partition"] == lost
+    assert send("both", both) == again  # answered from what is stored now
+    records = consume_all(cluster, topic, 3)
+    assert sorted((r["partition"], r["offset"], unb64(r["value"])) for r in records) == sorted(
+        [
+            (kept, alone[0]["offset"], b"alone"),
+            (kept, first[0]["offset"], b"kept"),
+            (lost, again[1]["offset"], b"lost"),
+        ]
+    )
+
+
 def test_rest_cluster_across_shards_with_one_shard_down(
     cluster_factory: ClusterFactory, new_db: NewDb, spark: Any
 ) -> None:

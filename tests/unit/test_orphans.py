@@ -13,15 +13,19 @@ from segments.memory import MemoryStore
 
 
 class CommittedKeys:
-    """Only the one Coordinator method find_orphans needs; records every call."""
+    """Only the Coordinator methods find_orphans needs; records every committed call."""
 
-    def __init__(self, committed: set[str]) -> None:
+    def __init__(self, committed: set[str], pending: frozenset[str] = frozenset()) -> None:
         self.committed = committed
+        self.pending = pending
         self.calls: list[list[str]] = []
 
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         self.calls.append(list(keys))
         return {k for k in keys if k in self.committed}
+
+    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
+        return {k for k in keys if k in self.pending}
 
 
 def _coord(fake: CommittedKeys) -> Coordinator:
@@ -36,6 +40,16 @@ def test_reports_uncommitted_keys_only() -> None:
     found = find_orphans(store, _coord(fake), grace_s=0, now=time.time() + 1)
     assert [o.key for o in found] == ["segments/aa/1.seg", "segments/cc/3.seg"]
     assert all(o.size == 10 for o in found)
+
+
+def test_pending_uploads_are_no_orphans() -> None:
+    """An upload under a live write lease (a running Spark job's) waits for its commit."""
+    store = MemoryStore()
+    for key in ("segments/aa/1.seg", "segments/bb/2.seg"):
+        store.put(key, b"x")
+    fake = CommittedKeys(set(), pending=frozenset({"segments/aa/1.seg"}))
+    found = find_orphans(store, _coord(fake), grace_s=0, now=time.time() + 1)
+    assert [o.key for o in found] == ["segments/bb/2.seg"]
 
 
 def test_grace_period_hides_young_objects() -> None:

@@ -28,6 +28,7 @@ records_st = st.builds(
     value=nullable_bytes,
     timestamp_ms=st.integers(min_value=0, max_value=2**63 - 1),
     headers=st.lists(st.tuples(st.text(max_size=8), nullable_bytes), max_size=3).map(tuple),
+    timestamp_type=st.just(0),  # producers' records: CreateTime (LogAppendTime is stamped)
 )
 topic_partitions = st.tuples(
     st.sampled_from([TOPIC_A, TOPIC_B, uuid.UUID(int=2**128 - 1).bytes]),
@@ -399,3 +400,28 @@ def test_each_codec_really_compresses(compression: str) -> None:
     codec = COMPRESSIONS.index(compression)
     assert {attrs for _, _, attrs in batch_headers(chunk_bytes(packed_data, infos[0]))} == {codec}
     assert SegmentReader(packed_data).records(infos[0], 1000) == list(enumerate(recs, start=1000))
+
+
+# --- LogAppendTime ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_log_append_time_chunks_are_stamped_at_build(compression: str) -> None:
+    """A chunk of a LogAppendTime topic gets the append time on every batch (attributes
+    bit 3, MaxTimestamp, a CRC that still checks) and in the footer; readers decode
+    every record at that time, type 1. Other chunks keep their CreateTime."""
+    stamped, plain = uuid.uuid4().bytes, uuid.uuid4().bytes
+    builder = SegmentBuilder(compression=compression, max_batch_bytes=200)
+    recs = [Record(b"k", b"v" * 50, 1_000 + i, (("h", b"x"),)) for i in range(10)]
+    builder.append(stamped, 0, recs, log_append_time=True)
+    builder.append(plain, 0, recs[:2])
+    with pytest.raises(ValueError, match="append_time_ms"):
+        builder.build()
+    data, infos = builder.build(append_time_ms=1_700_000_000_123)
+    reader = SegmentReader(data)
+    assert (infos[0].min_timestamp_ms, infos[0].max_timestamp_ms) == (1_700_000_000_123,) * 2
+    assert (infos[1].min_timestamp_ms, infos[1].max_timestamp_ms) == (1_000, 1_001)
+    got = [r for _, r in reader.records(infos[0])]
+    assert got == [r._replace(timestamp_ms=1_700_000_000_123, timestamp_type=1) for r in recs]
+    assert [r for _, r in reader.records(infos[1])] == recs[:2]
+    assert len(list(segment.iter_chunk(chunk_bytes(data, infos[0]), 0))) == 10

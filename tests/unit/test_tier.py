@@ -39,6 +39,7 @@ records_st = st.builds(
     value=nullable_bytes,
     timestamp_ms=st.integers(min_value=-(2**63), max_value=2**63 - 1),
     headers=st.lists(st.tuples(st.text(max_size=8), nullable_bytes), max_size=3).map(tuple),
+    timestamp_type=st.sampled_from([0, 1]),  # kept by tiering (Kafka's timestampType)
 )
 
 
@@ -56,7 +57,9 @@ def offset_records(draw: st.DrawFn) -> list[tuple[int, Record]]:
 
 def consumed(pairs: Sequence[tuple[int, Record]]) -> list[ConsumedRecord]:
     return [
-        ConsumedRecord(TOPIC, PARTITION, off, r.key, r.value, r.timestamp_ms, r.headers)
+        ConsumedRecord(
+            TOPIC, PARTITION, off, r.key, r.value, r.timestamp_ms, r.headers, r.timestamp_type
+        )
         for off, r in pairs
     ]
 
