@@ -73,7 +73,7 @@ class Lakelog:
     name = "lakelog"
 
     def __init__(self, tmp: Path, endpoint: str, prefix: str, profile: str | None = None) -> None:
-        """``profile``: a file for the agent's cProfile stats (``bench/profiled.py``)."""
+        """``profile``: a file for the agent's cProfile stats (bench/tools/profiled_agent.py)."""
         port, self.kafka_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{port}"
         self.bootstrap = f"127.0.0.1:{self.kafka_port}"
@@ -87,7 +87,7 @@ class Lakelog:
                 *(
                     ("-m", "service.cli")
                     if profile is None
-                    else (str(ROOT / "bench" / "profiled.py"), profile)
+                    else (str(ROOT / "bench" / "tools" / "profiled_agent.py"), profile)
                 ),
             ),
             *("serve", "--host", "127.0.0.1"),

@@ -20,9 +20,10 @@ client's CPU, the load average. Then one ``rest_vs_kafka`` line per REST case (r
 and CPU per record against the Kafka door's, the issue's targets: <= 10 us binary,
 <= 15 us JSON, >= 0.5x the Kafka door's records/s).
 
-``--profile FILE`` runs the agent under cProfile (``bench/profiled.py``: its main thread, the
-event loop that serves requests, while the cases run, all cases together: give it one) into
-FILE) and prints the top functions by own and by cumulative time (``profile`` lines).
+``--profile FILE`` runs the agent under cProfile (bench/tools/profiled_agent.py: its main
+thread, the event loop that serves requests, while the measured cases run, all of them
+together: give it one case) into FILE, and prints the top functions by own and by
+cumulative time (``profile`` lines) and the garbage collector's passes (``profile_gc``).
 cProfile slows what it measures: use the shares, not the us/record, of a profiled run.
 
 Run: ``.venv/bin/python bench/rest_produce.py`` (about 1 minute), e.g.

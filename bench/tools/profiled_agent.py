@@ -1,6 +1,7 @@
 """Run ``python -m service.cli ...`` with cProfile switched by signals (bench/rest_produce.py).
 
-``python bench/profiled.py OUT serve ...``: the profiler starts off; SIGUSR1 switches it
+``python bench/tools/profiled_agent.py OUT serve ...`` (not a benchmark: ``make bench`` runs
+bench/*.py only): the profiler starts off; SIGUSR1 switches it
 on, SIGUSR2 switches it off and writes the stats to OUT. (``python -m cProfile`` writes
 nothing here: uvicorn re-raises the SIGTERM it stopped on, which ends the process before
 cProfile's dump.) cProfile sees the main thread only: the event loop serving requests. The
