@@ -53,7 +53,7 @@ import boto3  # noqa: E402
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 from kafka import BUCKET, Lakelog, create_topic, produce_load  # noqa: E402
-from produce import CpuMeter, RawConn, emit, load_avg, log, percentile  # noqa: E402
+from produce import CLK_TCK, CpuMeter, RawConn, emit, load_avg, log, percentile  # noqa: E402
 
 from tests.procs import start_moto  # noqa: E402
 
@@ -181,6 +181,20 @@ def report_profile(path: Path, top: int = 30) -> None:
             )
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of ``pid`` ("tid name"), from /proc."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rpartition(")")[2].split()
+        out[f"{task.name} {name}"] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def load(agent: Lakelog, topic: str, case: str, duration: float, args: Any) -> dict[str, Any]:
     """Run ``case`` for ``duration`` s: latencies, records, errors, seconds."""
     if case == "kafka":
@@ -202,11 +216,17 @@ def run_case(agent: Lakelog, moto_pid: int, topic: str, case: str, args: Any) ->
     cpu = CpuMeter({"agent": agent.pid, "moto": moto_pid})
     if args.profile is not None:
         os.kill(agent.pid, signal.SIGUSR1)
+    flushes = agent.flushes()
+    threads = thread_cpu(agent.pid)
     cpu.start()
     result = load(agent, topic, case, args.duration, args)
     lat, seconds = result["latencies"], result["seconds"]
     records, errors = result["records"], result["errors"]
     cores = cpu.stop()
+    flushes = agent.flushes() - flushes
+    used = {t: c - threads.get(t, 0.0) for t, c in thread_cpu(agent.pid).items()}
+    main = str(agent.pid)
+    top = sorted(used.items(), key=lambda kv: -kv[1])[:4]
     if args.profile is not None:
         os.kill(agent.pid, signal.SIGUSR2)
     row = {
@@ -221,6 +241,13 @@ def run_case(agent: Lakelog, moto_pid: int, topic: str, case: str, args: Any) ->
         "p50_ms": percentile(lat, 0.5),
         "p99_ms": percentile(lat, 0.99),
         "agent_us_per_record": round(cores["agent"] * seconds * 1e6 / max(1, records), 1),
+        "records_per_flush": round(records / max(1, flushes)),
+        # Where the agent's CPU went: its main thread (the event loop: HTTP, parsing,
+        # buffering) and its busiest other threads (flush encoding, PUTs, commits).
+        "agent_threads_us_per_record": {
+            ("main" if t.split()[0] == main else t): round(c * 1e6 / max(1, records), 1)
+            for t, c in top
+        },
         "cpu_cores": cores,
         "load_avg": load_avg(),
     }
@@ -234,6 +261,7 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--records", type=int, default=100, help="records per REST request")
     p.add_argument("--inflight", type=int, default=20_000)
     p.add_argument(
         "--profile",
@@ -241,6 +269,7 @@ def main() -> None:
         help="run the agent under cProfile, keep its stats in this file, print the top",
     )
     args = p.parse_args()
+    globals()["RECORDS"] = args.records
     cases = args.cases.split(",")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -249,6 +278,7 @@ def main() -> None:
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
             agent = Lakelog(tmp, endpoint, "rest", args.profile)
             try:
+                log(f"agent pid {agent.pid}")
                 agent.cluster_id = httpx.get(f"{agent.base}/v3/clusters").json()["data"][0][
                     "cluster_id"
                 ]
