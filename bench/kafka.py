@@ -72,7 +72,8 @@ class Lakelog:
 
     name = "lakelog"
 
-    def __init__(self, tmp: Path, endpoint: str, prefix: str) -> None:
+    def __init__(self, tmp: Path, endpoint: str, prefix: str, profile: str | None = None) -> None:
+        """``profile``: a file for the agent's cProfile stats (bench/tools/profiled_agent.py)."""
         port, self.kafka_port = free_port(), free_port()
         self.base = f"http://127.0.0.1:{port}"
         self.bootstrap = f"127.0.0.1:{self.kafka_port}"
@@ -81,7 +82,15 @@ class Lakelog:
         home.mkdir()
         self.home = home
         command = [
-            *(sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1"),
+            *(
+                sys.executable,
+                *(
+                    ("-m", "service.cli")
+                    if profile is None
+                    else (str(ROOT / "bench" / "tools" / "profiled_agent.py"), profile)
+                ),
+            ),
+            *("serve", "--host", "127.0.0.1"),
             *("--port", str(port), "--kafka-port", str(self.kafka_port)),
             *("--db", f"sqlite:///{tmp / (prefix + '.db')}"),
             *("--store", self.store, "--store-endpoint", endpoint, "--log-level", "warning"),

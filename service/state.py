@@ -64,7 +64,10 @@ class AgentState:
         self.quotas = Quotas(self.settings, self.metrics)
 
 
-def get_state(request: Request) -> AgentState:
-    """FastAPI dependency: the running agent's state."""
+async def get_state(request: Request) -> AgentState:
+    """FastAPI dependency: the running agent's state.
+
+    ``async`` although it awaits nothing: FastAPI runs a plain ``def`` dependency on its
+    thread pool, a thread hop (and a GIL hand-over) on every request."""
     state: AgentState = request.app.state.agent
     return state

@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
@@ -239,6 +240,59 @@ def _place(
     return entries
 
 
+class _BinaryRecord(msgspec.Struct, forbid_unknown_fields=True):
+    key: bytes | None = None  # msgspec decodes base64 (standard alphabet, padded)
+    value: bytes | None = None
+    partition: int | None = None
+    headers: list[Any] | None = None  # checked by _parse_headers
+
+
+class _BinaryBody(msgspec.Struct, forbid_unknown_fields=True):
+    records: list[_BinaryRecord] | None = None
+    # Allowed and ignored in the binary format (skipped unparsed):
+    key_schema: msgspec.Raw = msgspec.Raw(b"null")
+    key_schema_id: msgspec.Raw = msgspec.Raw(b"null")
+    value_schema: msgspec.Raw = msgspec.Raw(b"null")
+    value_schema_id: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_BINARY_BODY = msgspec.json.Decoder(_BinaryBody)
+
+
+def _parse_binary(body: bytes) -> list[_Parsed] | None:
+    """The fast path of a binary-format body: one typed msgspec decode (JSON, fields,
+    types and base64, in C) instead of orjson objects and a base64 call per key and value
+    (7 us a 1 KiB record -> under 2). None when anything is off: the caller then parses
+    with ``_parse_body``'s checks, which accept it or name the first error as always.
+
+    Where msgspec accepts, the slow path accepts the same records: both keep the last of
+    duplicate members, msgspec's base64 accepts a subset of ``binascii``'s strict mode
+    (not excess padding) with the same bytes, and ``int`` takes neither bools nor floats
+    (tests/unit/test_v2_produce_parse.py compares the two paths).
+    """
+    try:
+        doc = _BINARY_BODY.decode(body)
+    except msgspec.DecodeError:  # ValidationError included
+        return None
+    records = doc.records
+    if not records:
+        return None
+    out: list[_Parsed] = []
+    append = out.append
+    for i, rec in enumerate(records):
+        partition, raw_headers = rec.partition, rec.headers
+        if partition is not None and partition < 0:
+            return None
+        headers: Headers = ()
+        if raw_headers:
+            try:
+                headers = _parse_headers(raw_headers, i)
+            except MalformedRequestError:
+                return None
+        append((rec.key, rec.value, partition, headers))
+    return out
+
+
 def _parse_body(body: bytes, fmt: str, content_type: str | None = None) -> list[_Parsed]:
     """Check and decode a v2 produce body; nothing is buffered before this returns.
     ``content_type`` (the header) is named in the error of a key or value not in base64.
@@ -247,6 +301,16 @@ def _parse_body(body: bytes, fmt: str, content_type: str | None = None) -> list[
         MalformedRequestError: malformed JSON, wrong JSON types, bad base64 (400).
         UnprocessableRequestError: missing/empty ``records``, unknown fields (422).
     """
+    if fmt == BINARY:
+        fast = _parse_binary(body)
+        if fast is not None:
+            return fast
+    return _parse_checked(body, fmt, content_type)
+
+
+def _parse_checked(body: bytes, fmt: str, content_type: str | None = None) -> list[_Parsed]:
+    """``_parse_body`` without the binary fast path: every check, in order, each error
+    with its message."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:

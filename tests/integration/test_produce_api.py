@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from coordinator.http_client import HttpCoordinator
+from coordinator.topic_configs import BATCH_OVERHEAD
 from index.log import LogReader
 from segments.store import open_store
 from segments.types import ConsumedRecord
@@ -607,6 +608,43 @@ def test_v3_record_over_max_message_bytes_is_a_per_record_413(
     assert "max.message.bytes (1000)" in got[0]["message"]
     assert got[1]["error_code"] == 200
     assert [g.value for g in read_all(reader, topic, 0)] == [b"small"]
+
+
+def test_binary_records_at_the_size_limit_and_one_byte_over(
+    cluster: Cluster, reader: LogReader, create_topic: Callable[..., str]
+) -> None:
+    """The msgspec fast paths (v2 and v3 binary) keep the checked path's limits: a record
+    whose one-record batch is exactly max.message.bytes is stored, one byte more is a
+    413 in the Confluent shape (the v2 request refused whole, the v3 record alone)."""
+    topic = create_topic(configs={"max.message.bytes": "1000"})
+    fits = b"k" * 8, b"v" * (1000 - BATCH_OVERHEAD - 8)
+    over = fits[0], fits[1] + b"v"
+    url = f"{cluster.agents[0]}/topics/{topic}"
+    record = {"key": b64(fits[0]), "value": b64(fits[1]), "partition": 0}
+    assert post_v2(url, {"records": [record]}).json()["offsets"][0]["offset"] == 0
+    r = post_v2(url, {"records": [record, {**record, "value": b64(over[1])}]})
+    assert r.status_code == 413
+    assert r.json()["error_code"] == 413
+    assert "larger than the topic's max.message.bytes (1000)" in r.json()["message"]
+
+    def v3(key: bytes, value: bytes) -> bytes:
+        return orjson.dumps(
+            {
+                "partition_id": 0,
+                "key": {"type": "BINARY", "data": b64(key)},
+                "value": {"type": "BINARY", "data": b64(value)},
+            }
+        )
+
+    r = httpx.post(
+        v3_url(cluster, topic),
+        content=v3(*fits) + v3(*over) + b"%%",
+        headers={"Content-Type": "application/json"},
+    )
+    got = reports(r)
+    assert [g["error_code"] for g in got] == [200, 413, 400]
+    assert "max.message.bytes (1000)" in got[1]["message"]
+    assert [g.value for g in read_all(reader, topic, 0)] == [fits[1], fits[1]]
 
 
 # -- concurrency -----------------------------------------------------------------------

@@ -4,6 +4,7 @@ and a stream's failures (in-process app on SQLite and a file store)."""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import time
 from pathlib import Path
@@ -12,10 +13,12 @@ from typing import Any
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from segments.errors import RequestTooLargeError
+from coordinator.topic_configs import record_limit
+from segments.errors import LakelogError, RequestTooLargeError
+from segments.types import TopicInfo
 from service.app import create_app
 from service.settings import Settings
 from service.v3 import records
@@ -133,3 +136,83 @@ def test_an_unexpected_exception_fails_only_its_record(
     ]
     assert "a bug" not in reports[1]["message"]
     assert any(rec.exc_info and rec.levelno == logging.ERROR for rec in caplog.records)
+
+
+# -- the fast path of one record answers as the checked path -----------------------------
+
+_b64ish = st.one_of(
+    st.binary(max_size=9).map(lambda b: base64.b64encode(b).decode()),
+    st.binary(max_size=9).map(lambda b: base64.b64encode(b).decode() + "="),
+    st.text(alphabet=st.sampled_from("AQg+/=-_ \n"), max_size=8),
+)
+_any = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 9), st.integers(2**63, 2**64), _b64ish, _json
+)
+_data = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["BINARY", "binary", "JSON", "String", "AVRO", "XML", 1]),
+            "data": _any,
+            "schema_id": st.integers(1, 3),
+        },
+    ),
+    _any,
+)
+_record = st.one_of(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "key": _data,
+            "value": _data,
+            "partition_id": st.integers(-1, 9) | _any,
+            "timestamp": st.sampled_from(["2026-01-02T03:04:05Z", "2026-13-01", "1960-01-01"])
+            | _any,
+            "headers": st.lists(
+                st.fixed_dictionaries({"name": st.text(max_size=2), "value": _b64ish | st.none()})
+                | _any,
+                max_size=2,
+            )
+            | _any,
+            "other": _any,
+        },
+    ),
+    _any,
+)
+
+
+def _outcome(text: bytes, *, fast: bool) -> Any:
+    topic = TopicInfo("t", b"\x01" * 16, 3, {"max.message.bytes": "200"})
+    sticky = [2]  # the keyless partition of the group (chosen at random when -1)
+    try:
+        parsed = records.parse_record(text, topic, record_limit(topic), 1000, sticky, fast=fast)
+    except records.NeedsSchema:
+        return "needs schema"
+    except LakelogError as exc:
+        return (type(exc).__name__, exc.message)
+    return (parsed.partition, parsed.record, parsed.key_report, parsed.value_report, sticky)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_record.map(lambda doc: json.dumps(doc).encode()))  # stdlib: integers past 64 bits
+@example(b'{"value":{"type":"BINARY","data":"eA=="},"value":{"type":"JSON","data":[1]}}')
+@example(b'{"value":{"type":"JSON","data" :  12345678901234567890123 }}')  # exact text
+@example(b'{"value":{"type":"XML","data":null}}')
+@example(b'{"value":{"type":"BINARY","data":"URR4=="}}')  # excess padding: checked path only
+@example(b'{"value":{"type":"STRING","data":"\\u00e9"},"partition_id":true}')
+@example(b'{"value":{"type":"BINARY","data":"' + b"A" * 400 + b'"},"partition_id":"x"}')
+def test_fast_and_checked_record_parses_agree(text: bytes) -> None:
+    assert _outcome(text, fast=True) == _outcome(text, fast=False)
+
+
+def test_the_fast_path_takes_common_records() -> None:
+    text = orjson.dumps(
+        {
+            "key": {"type": "BINARY", "data": base64.b64encode(b"k").decode()},
+            "value": {"type": "JSON", "data": {"n": 1}},
+            "headers": [{"name": "h", "value": None}],
+            "partition_id": 1,
+        }
+    )
+    assert records._parse_fast(text, 1000) is not None
+    assert _outcome(text, fast=True) == _outcome(text, fast=False)
