@@ -64,8 +64,28 @@ log = logging.getLogger(__name__)
 
 #: An idempotent REST producer's records: (producer id, epoch, partition -> base sequence).
 RestProducer = tuple[int, int, Mapping[int, int]]
-#: Offsets of a flush: (topic id, partition) -> base offset of that chunk.
-BaseOffsets = dict[tuple[bytes, int], int]
+
+
+class BaseOffsets(dict[tuple[bytes, int], int]):
+    """Offsets of a flush: (topic id, partition) -> base offset of that chunk, and the
+    append time stamped on LogAppendTime topics' batches."""
+
+    append_time_ms: int = -1
+
+
+class Offsets(list[int]):
+    """A request's offsets, and the append time of the flush that committed them (ms):
+    what LogAppendTime topics' records carry (Kafka's Produce ``log_append_time_ms``)."""
+
+    append_time_ms: int = -1
+
+    @classmethod
+    def of(cls, offsets: Iterable[int], append_time_ms: int) -> Offsets:
+        out = cls(offsets)
+        out.append_time_ms = append_time_ms
+        return out
+
+
 #: Runs a blocking call off the event loop: ``await offload(fn, *args)``.
 Offload = Callable[..., Awaitable[Any]]
 
@@ -94,6 +114,8 @@ class PartlyCommittedError(CoordinatorUnavailableError):
         super().__init__(message)
         self.offsets = offsets
         self.errors = errors
+        #: As ``Offsets.append_time_ms``, for the items that committed.
+        self.append_time_ms = -1
 
 
 class _PartlyDone(Exception):
@@ -114,11 +136,13 @@ class _PartlyDone(Exception):
             out.append(None if base is None else base + relative)
             errors.append(self.failed[key] if base is None else None)
         first = next(e for e in errors if e is not None)
-        return PartlyCommittedError(
+        error = PartlyCommittedError(
             f"Some partitions of the request were written, others not: {first.message}",
             out,
             errors,
         )
+        error.append_time_ms = self.done.append_time_ms
+        return error
 
 
 @dataclass(eq=False)
@@ -338,7 +362,7 @@ class Batcher:
         producer: RestProducer | None = None,
         *,
         log_append_time: bool = False,
-    ) -> list[int]:
+    ) -> Offsets:
         """Buffer ``(partition, record)`` pairs of one topic; wait for their flush.
 
         ``log_append_time``: the topic has message.timestamp.type=LogAppendTime; its
@@ -362,7 +386,7 @@ class Batcher:
                 or coordinator said otherwise).
         """
         if not records:
-            return []
+            return Offsets()
         size = 0
         # Group per partition, remembering each record's slot within its group.
         groups: dict[int, list[Record]] = {}
@@ -411,9 +435,11 @@ class Batcher:
             raise partly.answer(keys, [starts[p] + i for p, i in slots]) from None
         self.metrics.produced_records.inc(len(records))
         self.metrics.produced_bytes.inc(size - RECORD_OVERHEAD * len(records))
-        return [bases[(topic_id, p)] + starts[p] + i for p, i in slots]
+        return Offsets.of(
+            (bases[(topic_id, p)] + starts[p] + i for p, i in slots), bases.append_time_ms
+        )
 
-    async def append_batches(self, batches: Sequence[RawBatch]) -> list[int]:
+    async def append_batches(self, batches: Sequence[RawBatch]) -> Offsets:
         """Buffer producers' RecordBatches (Kafka Produce) as they are; wait for their flush.
 
         They share the open buffer, and so the next segment object, with every other
@@ -427,7 +453,7 @@ class Batcher:
             As ``append``.
         """
         if not batches:
-            return []
+            return Offsets()
         size = sum(len(b.data) for b in batches)
         await self._reserve(size)
         # No await from here to the end of the appends: the request lands in one buffer.
@@ -459,7 +485,7 @@ class Batcher:
             raise partly.answer([k for k, _ in placed], [r for _, r in placed]) from None
         self.metrics.produced_records.inc(records)
         self.metrics.produced_bytes.inc(size)
-        return [bases[key] + relative for key, relative in placed]
+        return Offsets.of((bases[key] + relative for key, relative in placed), bases.append_time_ms)
 
     # -- internals ------------------------------------------------------------
     def _refused(self, buf: _Buffer, exc: Exception) -> None:
@@ -654,10 +680,11 @@ class Batcher:
         except Exception as exc:
             self._fail(buf, exc)
         else:
-            bases: BaseOffsets = {
-                (chunk.topic_id, chunk.partition): base
+            bases = BaseOffsets(
+                ((chunk.topic_id, chunk.partition), base)
                 for chunk, base in zip(result.chunks, result.base_offsets, strict=True)
-            }
+            )
+            bases.append_time_ms = result.append_time_ms
             self.metrics.flushes.labels(result="ok").inc()
             self.metrics.flush_bytes.observe(result.size)
             self.metrics.flush_records.observe(buf.records)
@@ -721,7 +748,8 @@ class Batcher:
         """Some metadata shards committed the flush, others failed: a request whose
         partitions all committed gets its offsets, one with none committed its shard's
         error, one with some committed a PartlyCommittedError saying which."""
-        done: BaseOffsets = {}
+        done = BaseOffsets()
+        done.append_time_ms = uploaded.append_time_ms
         failed: dict[tuple[bytes, int], LakelogError] = {}
         for c, base, failure in zip(uploaded.chunks, exc.base_offsets, exc.failures, strict=False):
             if base is not None:
@@ -776,7 +804,9 @@ def _shifted(buf: _Buffer, future: asyncio.Future[BaseOffsets], bases: BaseOffse
     shift = buf.shifts.get(future)
     if not shift:
         return bases
-    return {k: base + shift.get(k, 0) for k, base in bases.items()}
+    out = BaseOffsets((k, base + shift.get(k, 0)) for k, base in bases.items())
+    out.append_time_ms = bases.append_time_ms
+    return out
 
 
 def _as_flush_error(exc: BaseException) -> LakelogError:

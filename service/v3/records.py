@@ -65,7 +65,7 @@ from segments.errors import (
 )
 from segments.types import Headers, Record, TopicInfo
 from service.acl import Rights, rights
-from service.batcher import PartlyCommittedError, RestProducer
+from service.batcher import Offsets, PartlyCommittedError, RestProducer
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run_if
 from service.formats import (
@@ -609,6 +609,9 @@ class _Producer:
                     failure = exc
             except LakelogError as exc:
                 failure = exc
+        # LogAppendTime topics: the records carry the flush's time, and so does the answer
+        # (not known for a retry answered from what was stored: the request's time).
+        stamp = getattr(offsets, "append_time_ms", -1) if log_append_time(self.topic) else -1
         out: list[dict[str, Any]] = []
         next_offset = iter(offsets)
         next_error = iter(errors or [None] * len(offsets))
@@ -628,7 +631,7 @@ class _Producer:
                     "topic_name": self.topic.name,
                     "partition_id": r.partition,
                     "offset": next(next_offset),
-                    "timestamp": _format_timestamp(r.record.timestamp_ms),
+                    "timestamp": _format_timestamp(stamp if stamp >= 0 else r.record.timestamp_ms),
                 }
                 if r.key_report is not None:
                     report["key"] = r.key_report
@@ -675,14 +678,13 @@ class _Producer:
                 if d.admission is Admission.DUPLICATE
             }
             fresh = [r for r in good if r.partition not in first]
-            appended = iter(
-                await self.state.batcher.append(
-                    tid,
-                    [(r.partition, r.record) for r in fresh],
-                    producer=producer,
-                    log_append_time=log_append_time(self.topic),
-                )
+            offsets = await self.state.batcher.append(
+                tid,
+                [(r.partition, r.record) for r in fresh],
+                producer=producer,
+                log_append_time=log_append_time(self.topic),
             )
+            appended = iter(offsets)
         finally:
             for t in tickets:
                 self.state.gate.release(t)
@@ -693,7 +695,8 @@ class _Producer:
                 first[r.partition] += 1
             else:
                 out.append(next(appended))
-        return out
+        # The flush's append time holds for every record only when none was a duplicate.
+        return Offsets.of(out, -1 if first else offsets.append_time_ms)
 
 
 @router.post("/v3/clusters/{cluster_id}/producers", summary="Get an idempotent producer id")
