@@ -441,6 +441,8 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
                     errors[tp] = (code_for(error), error.message)
         except LakelogError as e:
             failure = (code_for(e), e.message)
+            if isinstance(e, TopicNotFoundError):  # deleted (and made again?) meanwhile
+                ctx.state.topics.invalidate_all()
         finally:
             for ticket in tickets:
                 ctx.gate.release(ticket)

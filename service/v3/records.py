@@ -608,6 +608,7 @@ class _Producer:
                 else:
                     failure = exc
             except LakelogError as exc:
+                self.state.topics.forget_if_gone(self.topic, exc)
                 failure = exc
         # LogAppendTime topics: the records carry the flush's time, and so does the answer
         # (not known for a retry answered from what was stored: the request's time).
