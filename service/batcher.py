@@ -19,7 +19,9 @@ An append that does not fit waits up to ``buffer_wait_ms`` and then raises
 exactly the requests whose records it held, with a retriable error unless the store or
 coordinator said otherwise, or unless it was an unexpected exception (a bug: answered
 with a non-retriable ``InternalError`` and logged with its traceback, so clients do not
-retry it forever); no request is answered twice.
+retry it forever); no request is answered twice. A commit that refuses one request (its
+idempotency key or producer sequence) fails that request alone: ``_split`` commits the
+others again, in append order, in new objects.
 
 One request's records are buffered all or nothing (``SegmentBuilder.append_groups``
 checks every record before encoding any): a request that fails never leaves some of
