@@ -13,7 +13,9 @@ The batch function decides every request's outcome itself (its offsets or its
 own error); if it raises instead, the requests of that batch are run again one
 by one, so a failure fails only the request that caused it. A retriable error
 (the database unreachable, a deadlock or serialization victim) is caused by no
-request: every request of the batch gets it at once, and its caller retries.
+request: every request of the batch gets it at once, and its caller retries;
+unless the error says it is one request's doing (``request_specific``, as a
+``ProducerConflictError``): then the batch is run one by one as for any other.
 """
 
 from __future__ import annotations
@@ -139,7 +141,12 @@ class GroupCommitter:
         try:
             self._run_batch(batch)
         except BaseException as e:
-            if len(batch) == 1 or getattr(e, "retriable", False):
+            # Retriable and no request's doing (the database unreachable): all at once.
+            # A retriable error that one request caused (``request_specific``: an
+            # idempotency key stored by another transaction) is found by a solo re-run.
+            if len(batch) == 1 or (
+                getattr(e, "retriable", False) and not getattr(e, "request_specific", False)
+            ):
                 for request in batch:
                     request.bases, request.error = None, e
             else:

@@ -79,6 +79,8 @@ class WriteResult:
     size: int
     chunks: list[ChunkInfo]
     base_offsets: list[int]
+    #: The time stamped on the batches of LogAppendTime topics (ms; -1 unknown).
+    append_time_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,8 @@ class UploadedSegment:
     producer_batches: dict[tuple[bytes, int], list[ProducerBatch]] = field(default_factory=dict)
     #: REST idempotency keys per chunk, stored by the commit (set by the batcher).
     request_keys: dict[tuple[bytes, int], list[RequestKey]] = field(default_factory=dict)
+    #: The time stamped on the batches of LogAppendTime topics (ms; -1 unknown).
+    append_time_ms: int = -1
 
 
 #: Called after every committed write with the result and the object's bytes.
@@ -131,7 +135,8 @@ class LogWriter:
                 it as pending under its job's write lease: ``Coordinator.keep_pending``).
         """
         # The append time of LogAppendTime topics: this writer's clock at the flush.
-        data, chunks = builder.build(append_time_ms=time.time_ns() // 1_000_000)
+        append_time_ms = time.time_ns() // 1_000_000
+        data, chunks = builder.build(append_time_ms=append_time_ms)
         key = new_object_key()
         if before_put is not None:
             retry(lambda: before_put(key))
@@ -140,7 +145,9 @@ class LogWriter:
             tp: [ProducerBatch(*b) for b in batches]
             for tp, batches in builder.producer_batches().items()
         }
-        return UploadedSegment(key, len(data), chunks, data, producers)
+        return UploadedSegment(
+            key, len(data), chunks, data, producers, append_time_ms=append_time_ms
+        )
 
     def _put_new(self, key: str, data: bytes) -> None:
         """PUT a fresh key; a 412 whose object holds exactly ``data`` is our own earlier try.
@@ -205,11 +212,14 @@ class LogWriter:
                     uploaded.size,
                     [c for c, _ in done],
                     [base for _, base in done],
+                    uploaded.append_time_ms,
                 ),
                 uploaded.data,
             )
             raise
-        result = WriteResult(uploaded.object_key, uploaded.size, uploaded.chunks, offsets)
+        result = WriteResult(
+            uploaded.object_key, uploaded.size, uploaded.chunks, offsets, uploaded.append_time_ms
+        )
         self._tell(result, uploaded.data)
         return result
 

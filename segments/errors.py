@@ -317,6 +317,9 @@ class ProducerConflictError(MetadataError):
     by what another commit stored meanwhile; nothing of that commit was stored."""
 
     retriable = True
+    #: One request's doing, even when it breaks a shared transaction: a group commit
+    #: runs its requests again one by one rather than failing them all.
+    request_specific = True
 
 
 class GroupProtocolConflictError(MetadataError):

@@ -19,7 +19,9 @@ An append that does not fit waits up to ``buffer_wait_ms`` and then raises
 exactly the requests whose records it held, with a retriable error unless the store or
 coordinator said otherwise, or unless it was an unexpected exception (a bug: answered
 with a non-retriable ``InternalError`` and logged with its traceback, so clients do not
-retry it forever); no request is answered twice.
+retry it forever); no request is answered twice. A commit that refuses one request (its
+idempotency key or producer sequence) fails that request alone: ``_split`` commits the
+others again, in append order, in new objects.
 
 One request's records are buffered all or nothing (``SegmentBuilder.append_groups``
 checks every record before encoding any): a request that fails never leaves some of
@@ -49,6 +51,7 @@ from segments.errors import (
     LakelogError,
     MetadataError,
     PartialCommitError,
+    ProducerConflictError,
     RecordTooLargeError,
     StorageUnavailableError,
 )
@@ -63,8 +66,28 @@ log = logging.getLogger(__name__)
 
 #: An idempotent REST producer's records: (producer id, epoch, partition -> base sequence).
 RestProducer = tuple[int, int, Mapping[int, int]]
-#: Offsets of a flush: (topic id, partition) -> base offset of that chunk.
-BaseOffsets = dict[tuple[bytes, int], int]
+
+
+class BaseOffsets(dict[tuple[bytes, int], int]):
+    """Offsets of a flush: (topic id, partition) -> base offset of that chunk, and the
+    append time stamped on LogAppendTime topics' batches."""
+
+    append_time_ms: int = -1
+
+
+class Offsets(list[int]):
+    """A request's offsets, and the append time of the flush that committed them (ms):
+    what LogAppendTime topics' records carry (Kafka's Produce ``log_append_time_ms``)."""
+
+    append_time_ms: int = -1
+
+    @classmethod
+    def of(cls, offsets: Iterable[int], append_time_ms: int) -> Offsets:
+        out = cls(offsets)
+        out.append_time_ms = append_time_ms
+        return out
+
+
 #: Runs a blocking call off the event loop: ``await offload(fn, *args)``.
 Offload = Callable[..., Awaitable[Any]]
 
@@ -93,6 +116,8 @@ class PartlyCommittedError(CoordinatorUnavailableError):
         super().__init__(message)
         self.offsets = offsets
         self.errors = errors
+        #: As ``Offsets.append_time_ms``, for the items that committed.
+        self.append_time_ms = -1
 
 
 class _PartlyDone(Exception):
@@ -113,11 +138,13 @@ class _PartlyDone(Exception):
             out.append(None if base is None else base + relative)
             errors.append(self.failed[key] if base is None else None)
         first = next(e for e in errors if e is not None)
-        return PartlyCommittedError(
+        error = PartlyCommittedError(
             f"Some partitions of the request were written, others not: {first.message}",
             out,
             errors,
         )
+        error.append_time_ms = self.done.append_time_ms
+        return error
 
 
 @dataclass(eq=False)
@@ -139,6 +166,28 @@ class _Buffer:
     request_keys: dict[tuple[bytes, int], list[RequestKey]] = field(default_factory=dict)
     #: REST records of idempotent producers (v3 records:batch), per chunk.
     producer_batches: dict[tuple[bytes, int], list[ProducerBatch]] = field(default_factory=dict)
+    #: Each request as appended, in order: replayed into a new buffer without the
+    #: requests the commit refused (``Batcher._split``).
+    entries: list[_Entry] = field(default_factory=list)
+    #: A replayed request's offsets differ from those it was first given: per waiter,
+    #: (chunk -> new start - first start), added to the chunk's base offset.
+    shifts: dict[asyncio.Future[BaseOffsets], dict[tuple[bytes, int], int]] = field(
+        default_factory=dict
+    )
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    """One request in a buffer: its waiter, how to append it again, where it started."""
+
+    future: asyncio.Future[BaseOffsets]
+    #: Appends the request to a buffer; returns its first relative offset per chunk.
+    place: Callable[[_Buffer], dict[tuple[bytes, int], int]]
+    #: Its first relative offset per chunk in the buffer it was first appended to.
+    starts: dict[tuple[bytes, int], int]
+    #: It carries what a commit may refuse on its own (an idempotency key, producer
+    #: sequences): a ProducerConflictError can only be its doing.
+    refusable: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +227,71 @@ class BatcherConfig:
             compression=str(settings.compression),
             flushes_in_flight=int(settings.flushes_in_flight),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordsPlacement:
+    """Appends one ``Batcher.append`` request's records to a buffer (synchronously)."""
+
+    topic_id: bytes
+    groups: Mapping[int, Sequence[Record]]
+    request_key: RequestKey | None
+    producer: RestProducer | None
+    log_append_time: bool
+
+    def __call__(self, buf: _Buffer) -> dict[tuple[bytes, int], int]:
+        """Returns the first relative offset of the records in each chunk."""
+        topic_id = self.topic_id
+        starts = {p: buf.counts.get((topic_id, p), 0) for p in self.groups}
+        buf.builder.append_groups(topic_id, self.groups, log_append_time=self.log_append_time)
+        for partition, group in self.groups.items():
+            buf.counts[(topic_id, partition)] = starts[partition] + len(group)
+            if self.request_key is not None:
+                part = replace(
+                    self.request_key, relative_offset=starts[partition], record_count=len(group)
+                )
+                buf.request_keys.setdefault((topic_id, partition), []).append(part)
+            if self.producer is not None:
+                pid, epoch, sequences = self.producer
+                batch = ProducerBatch(
+                    pid, epoch, sequences[partition], len(group), starts[partition]
+                )
+                buf.producer_batches.setdefault((topic_id, partition), []).append(batch)
+            buf.records += len(group)
+        return {(topic_id, p): start for p, start in starts.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _BatchesPlacement:
+    """Appends one ``Batcher.append_batches`` request's batches to a buffer."""
+
+    batches: Sequence[RawBatch]
+
+    def append(self, buf: _Buffer) -> list[tuple[tuple[bytes, int], int]]:
+        """Returns each batch's chunk and relative offset."""
+        placed: list[tuple[tuple[bytes, int], int]] = []
+        for b in self.batches:
+            key = (b.topic_id, b.partition)
+            relative = buf.builder.append_batch(
+                b.topic_id,
+                b.partition,
+                b.data,
+                b.record_count,
+                b.min_timestamp_ms,
+                b.max_timestamp_ms,
+                b.producer,
+                log_append_time=b.log_append_time,
+            )
+            buf.counts[key] = buf.counts.get(key, 0) + b.record_count
+            buf.records += b.record_count
+            placed.append((key, relative))
+        return placed
+
+    def __call__(self, buf: _Buffer) -> dict[tuple[bytes, int], int]:
+        first: dict[tuple[bytes, int], int] = {}
+        for key, relative in self.append(buf):
+            first.setdefault(key, relative)
+        return first
 
 
 class Batcher:
@@ -250,7 +364,7 @@ class Batcher:
         producer: RestProducer | None = None,
         *,
         log_append_time: bool = False,
-    ) -> list[int]:
+    ) -> Offsets:
         """Buffer ``(partition, record)`` pairs of one topic; wait for their flush.
 
         ``log_append_time``: the topic has message.timestamp.type=LogAppendTime; its
@@ -274,7 +388,7 @@ class Batcher:
                 or coordinator said otherwise).
         """
         if not records:
-            return []
+            return Offsets()
         size = 0
         # Group per partition, remembering each record's slot within its group.
         groups: dict[int, list[Record]] = {}
@@ -293,9 +407,9 @@ class Batcher:
         if was_empty:
             buf.created = time.monotonic()  # linger counts from the batch's first record
         buf.size += size  # accounted before appending: whatever gets in is counted
-        starts = {p: buf.counts.get((topic_id, p), 0) for p in groups}
+        place = _RecordsPlacement(topic_id, groups, request_key, producer, log_append_time)
         try:
-            buf.builder.append_groups(topic_id, groups, log_append_time=log_append_time)
+            first = place(buf)
         except Exception as exc:
             buf.size -= size
             self._refused(buf, exc)
@@ -303,23 +417,12 @@ class Batcher:
                 "Internal error while buffering the records; none was stored "
                 "(not retriable: see the agent's log)."
             ) from exc
-        for partition, group in groups.items():
-            buf.counts[(topic_id, partition)] = starts[partition] + len(group)
-            if request_key is not None:
-                part = replace(
-                    request_key, relative_offset=starts[partition], record_count=len(group)
-                )
-                buf.request_keys.setdefault((topic_id, partition), []).append(part)
-            if producer is not None:
-                pid, epoch, sequences = producer
-                batch = ProducerBatch(
-                    pid, epoch, sequences[partition], len(group), starts[partition]
-                )
-                buf.producer_batches.setdefault((topic_id, partition), []).append(batch)
-        buf.records += len(records)
+        starts = {p: first[(topic_id, p)] for p in groups}
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
         buf.keys_of[future] = ((topic_id, p) for p in groups)
+        refusable = request_key is not None or producer is not None
+        buf.entries.append(_Entry(future, place, first, refusable))
         if buf.size >= self.config.flush_bytes:
             self._seal()
             self._wake.set()
@@ -334,9 +437,11 @@ class Batcher:
             raise partly.answer(keys, [starts[p] + i for p, i in slots]) from None
         self.metrics.produced_records.inc(len(records))
         self.metrics.produced_bytes.inc(size - RECORD_OVERHEAD * len(records))
-        return [bases[(topic_id, p)] + starts[p] + i for p, i in slots]
+        return Offsets.of(
+            (bases[(topic_id, p)] + starts[p] + i for p, i in slots), bases.append_time_ms
+        )
 
-    async def append_batches(self, batches: Sequence[RawBatch]) -> list[int]:
+    async def append_batches(self, batches: Sequence[RawBatch]) -> Offsets:
         """Buffer producers' RecordBatches (Kafka Produce) as they are; wait for their flush.
 
         They share the open buffer, and so the next segment object, with every other
@@ -350,7 +455,7 @@ class Batcher:
             As ``append``.
         """
         if not batches:
-            return []
+            return Offsets()
         size = sum(len(b.data) for b in batches)
         await self._reserve(size)
         # No await from here to the end of the appends: the request lands in one buffer.
@@ -359,27 +464,17 @@ class Batcher:
         if was_empty:
             buf.created = time.monotonic()
         buf.size += size
-        placed: list[tuple[tuple[bytes, int], int]] = []
-        records = 0
-        for b in batches:
-            key = (b.topic_id, b.partition)
-            relative = buf.builder.append_batch(
-                b.topic_id,
-                b.partition,
-                b.data,
-                b.record_count,
-                b.min_timestamp_ms,
-                b.max_timestamp_ms,
-                b.producer,
-                log_append_time=b.log_append_time,
-            )
-            buf.counts[key] = buf.counts.get(key, 0) + b.record_count
-            buf.records += b.record_count
-            records += b.record_count
-            placed.append((key, relative))
+        placement = _BatchesPlacement(batches)
+        placed = placement.append(buf)
+        records = sum(b.record_count for b in batches)
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
         buf.keys_of[future] = (key for key, _ in placed)
+        first: dict[tuple[bytes, int], int] = {}
+        for key, relative in placed:
+            first.setdefault(key, relative)
+        refusable = any(b.producer is not None for b in batches)
+        buf.entries.append(_Entry(future, placement, first, refusable))
         if buf.size >= self.config.flush_bytes:
             self._seal()
             self._wake.set()
@@ -392,7 +487,7 @@ class Batcher:
             raise partly.answer([k for k, _ in placed], [r for _, r in placed]) from None
         self.metrics.produced_records.inc(records)
         self.metrics.produced_bytes.inc(size)
-        return [bases[key] + relative for key, relative in placed]
+        return Offsets.of((bases[key] + relative for key, relative in placed), bases.append_time_ms)
 
     # -- internals ------------------------------------------------------------
     def _refused(self, buf: _Buffer, exc: Exception) -> None:
@@ -551,6 +646,27 @@ class Batcher:
         """
         self._in_flight += buf.size
         self.metrics.buffer_bytes.set(self._used())
+        try:
+            await self._write(buf, after)
+        except BaseException as exc:  # cancellation / interpreter exit: waiters answered
+            self._fail(buf, exc)
+            raise
+        finally:
+            if committed is not None and not committed.done():
+                committed.set_result(None)
+            self._in_flight -= buf.size
+            self.metrics.buffer_bytes.set(self._used())
+            self._admit()
+
+    async def _write(self, buf: _Buffer, after: asyncio.Future[None] | None = None) -> None:
+        """PUT and commit one buffer and answer its waiters; raises only on cancellation.
+
+        A commit refused with a ProducerConflictError (an idempotency key stored
+        meanwhile through another agent, an idempotent batch that is a duplicate or out
+        of order) is the doing of the requests that carry such things, not of the whole
+        flush: the buffer is split (``_split``) until the refused requests are alone,
+        and every other request is committed, in append order.
+        """
         started = time.perf_counter()
         uploaded: UploadedSegment | None = None
         try:
@@ -561,37 +677,72 @@ class Batcher:
         except PartialCommitError as exc:
             assert uploaded is not None
             self._answer_partly(buf, uploaded, exc)
-        except BaseException as exc:
-            error = _as_flush_error(exc)
-            if isinstance(exc, Exception) and not isinstance(exc, LakelogError):
-                log.error("flush of %d records failed unexpectedly", buf.records, exc_info=exc)
-            else:
-                log.warning("flush of %d records failed: %s", buf.records, error.message)
-            self.metrics.flushes.labels(result="error").inc()
-            self.metrics.failed_records.inc(buf.records)
-            for future in buf.waiters:
-                if not future.done():
-                    future.set_exception(error)
-            if not isinstance(exc, Exception):
-                raise  # cancellation / interpreter exit: waiters are answered, now stop
+        except ProducerConflictError as exc:
+            await self._split(buf.entries, exc)
+        except Exception as exc:
+            self._fail(buf, exc)
         else:
-            bases: BaseOffsets = {
-                (chunk.topic_id, chunk.partition): base
+            bases = BaseOffsets(
+                ((chunk.topic_id, chunk.partition), base)
                 for chunk, base in zip(result.chunks, result.base_offsets, strict=True)
-            }
+            )
+            bases.append_time_ms = result.append_time_ms
             self.metrics.flushes.labels(result="ok").inc()
             self.metrics.flush_bytes.observe(result.size)
             self.metrics.flush_records.observe(buf.records)
             self.metrics.flush_seconds.observe(time.perf_counter() - started)
             for future in buf.waiters:
                 if not future.done():
-                    future.set_result(bases)
-        finally:
-            if committed is not None and not committed.done():
-                committed.set_result(None)
-            self._in_flight -= buf.size
-            self.metrics.buffer_bytes.set(self._used())
-            self._admit()
+                    future.set_result(_shifted(buf, future, bases))
+
+    async def _split(self, entries: list[_Entry], error: ProducerConflictError) -> None:
+        """``entries`` were refused together: commit each half again in its own object,
+        first half first (so append order is commit order), splitting again a half
+        that is refused, until a refused request is alone and gets the error.
+
+        The refused objects stay uncommitted (garbage, collected as any failed
+        flush's); the index never references them. A half without a request that a
+        commit could refuse (no key, no producer) is not refused again.
+        """
+        if len(entries) == 1 or not any(e.refusable for e in entries):
+            log.warning("commit refused %d request(s): %s", len(entries), error.message)
+            self._fail_futures([e.future for e in entries], error)
+            return
+        mid = len(entries) // 2
+        for half in (entries[:mid], entries[mid:]):
+            if all(e.future.done() for e in half):
+                continue
+            await self._write(self._rebuild(half))
+
+    def _rebuild(self, entries: list[_Entry]) -> _Buffer:
+        """A new buffer holding ``entries`` again, each answered at its new offsets."""
+        buf = self._new_buffer()
+        for e in entries:
+            now = e.place(buf)
+            buf.waiters.append(e.future)
+            buf.keys_of[e.future] = list(now)
+            buf.shifts[e.future] = {k: now[k] - e.starts[k] for k in now}
+            buf.entries.append(e)
+        return buf
+
+    def _fail(self, buf: _Buffer, exc: BaseException) -> None:
+        """Answer every waiter of a failed flush (nothing of it was committed)."""
+        error = _as_flush_error(exc)
+        if isinstance(exc, Exception) and not isinstance(exc, LakelogError):
+            log.error("flush of %d records failed unexpectedly", buf.records, exc_info=exc)
+        else:
+            log.warning("flush of %d records failed: %s", buf.records, error.message)
+        self.metrics.failed_records.inc(buf.records)
+        self._fail_futures(buf.waiters, exc)
+
+    def _fail_futures(
+        self, futures: Iterable[asyncio.Future[BaseOffsets]], exc: BaseException
+    ) -> None:
+        error = _as_flush_error(exc)
+        self.metrics.flushes.labels(result="error").inc()
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
 
     def _answer_partly(
         self, buf: _Buffer, uploaded: UploadedSegment, exc: PartialCommitError
@@ -599,7 +750,8 @@ class Batcher:
         """Some metadata shards committed the flush, others failed: a request whose
         partitions all committed gets its offsets, one with none committed its shard's
         error, one with some committed a PartlyCommittedError saying which."""
-        done: BaseOffsets = {}
+        done = BaseOffsets()
+        done.append_time_ms = uploaded.append_time_ms
         failed: dict[tuple[bytes, int], LakelogError] = {}
         for c, base, failure in zip(uploaded.chunks, exc.base_offsets, exc.failures, strict=False):
             if base is not None:
@@ -620,10 +772,10 @@ class Batcher:
             keys = list(buf.keys_of.get(future, ()))
             missing = [k for k in keys if k not in done]
             if not missing:
-                future.set_result(done)
+                future.set_result(_shifted(buf, future, done))
             elif len(missing) < len(keys):
                 mine = {k: _as_flush_error(failed.get(k, exc)) for k in missing}
-                future.set_exception(_PartlyDone(done, mine))
+                future.set_exception(_PartlyDone(_shifted(buf, future, done), mine))
             else:
                 future.set_exception(_as_flush_error(failed.get(missing[0], exc)))
 
@@ -646,6 +798,17 @@ class Batcher:
         result = self.writer.commit(uploaded)
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         return result
+
+
+def _shifted(buf: _Buffer, future: asyncio.Future[BaseOffsets], bases: BaseOffsets) -> BaseOffsets:
+    """The base offsets a waiter adds its first relative offsets to: as committed,
+    unless its request was appended again to this buffer at other relative offsets."""
+    shift = buf.shifts.get(future)
+    if not shift:
+        return bases
+    out = BaseOffsets((k, base + shift.get(k, 0)) for k, base in bases.items())
+    out.append_time_ms = bases.append_time_ms
+    return out
 
 
 def _as_flush_error(exc: BaseException) -> LakelogError:

@@ -14,8 +14,9 @@ got. So, whichever agent a retry reaches, whenever (until the key expires after
 - the same key and another request: 422 with error_code 42209, nothing stored;
 - the same key while the first request is still being written by this agent: the
   retry waits for it (up to ``buffer_wait_ms``), then is answered as above; on two
-  agents at once, the commit lets one through and the other's flush fails retriably
-  (50003), and its retry is answered with the first offsets.
+  agents at once, the commit lets one through and the other request fails retriably
+  (50003; the rest of its flush is committed without it, ``Batcher._split``), and its
+  retry is answered with the first offsets.
 
 A keyed request is produced as one group (a v3 stream is read whole first), and its
 keyless records go to the partition the key hashes to (not the sticky round robin), so

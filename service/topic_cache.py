@@ -110,6 +110,15 @@ class TopicCache:
         for key in [k for k, (_, info) in self._by_id.items() if info.name == name]:
             del self._by_id[key]
 
+    def forget_if_gone(self, info: TopicInfo, exc: BaseException) -> None:
+        """A write to ``info`` failed: if its topic id is gone (deleted, perhaps created
+        again under its name through another agent), forget the name, so the client's
+        next request finds the topic as it is now rather than failing until the TTL."""
+        if isinstance(exc, TopicNotFoundError):
+            hit = self._entries.get(info.name)
+            if hit is None or hit[1].topic_id == info.topic_id:
+                self.invalidate(info.name)
+
     def invalidate_all(self) -> None:
         """Forget every topic (the cluster-wide configs they inherit changed)."""
         self._entries.clear()

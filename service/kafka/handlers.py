@@ -429,23 +429,30 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
     async def finish() -> Any:
         bases: Sequence[int | None] = []
         failure: tuple[ErrorCode, str | None] | None = None
+        append_time_ms = -1
         try:
             if raws:
-                bases = await ctx.state.batcher.append_batches(raws)
+                offsets = await ctx.state.batcher.append_batches(raws)
+                bases, append_time_ms = offsets, offsets.append_time_ms
         except PartlyCommittedError as e:  # some partitions' shard failed: only they fail
-            bases = e.offsets
+            bases, append_time_ms = e.offsets, e.append_time_ms
             for tp, i in firsts.items():
                 if (error := e.errors[i]) is not None:
                     errors[tp] = (code_for(error), error.message)
         except LakelogError as e:
             failure = (code_for(e), e.message)
+            if isinstance(e, TopicNotFoundError):  # deleted (and made again?) meanwhile
+                ctx.state.topics.invalidate_all()
         finally:
             for ticket in tickets:
                 ctx.gate.release(ticket)
         if body.acks == 0:
             return None
+        # Kafka answers the append time for LogAppendTime topics, -1 otherwise (and for
+        # a duplicate, whose first append time is not kept).
+        stamps = dict.fromkeys(stamped, append_time_ms)
         return _produce_response(
-            resp, order, errors, firsts, bases, failure, duplicates, throttle_ms
+            resp, order, errors, firsts, bases, failure, duplicates, throttle_ms, stamps
         )
 
     return Deferred(asyncio.get_running_loop().create_task(finish()))
@@ -543,7 +550,9 @@ def _produce_response(
     failure: tuple[ErrorCode, str | None] | None,
     duplicates: dict[_KeyPartition, int],
     throttle_ms: int = 0,
+    append_times: dict[_KeyPartition, int] | None = None,
 ) -> Any:
+    """``append_times``: the partitions of LogAppendTime topics and their append time."""
     part_cls = nested(resp, "PartitionProduceResponse")
     by_topic: dict[TopicKey, list[Any]] = {}
     for tp in order:
@@ -561,7 +570,9 @@ def _produce_response(
                 index=tp[1],
                 error_code=code,
                 base_offset=base,
-                log_append_time=-1,
+                log_append_time=-1
+                if error is not None or tp in duplicates
+                else (append_times or {}).get(tp, -1),
                 log_start_offset=-1,
                 record_errors=(),
                 error_message=message,

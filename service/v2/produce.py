@@ -159,6 +159,7 @@ async def _produce(
             ]
             answer = _answer(offsets, key_schema_id, value_schema_id)
         except LakelogError as exc:
+            state.topics.forget_if_gone(topic, exc)
             answer = _answer([_failed(exc)] * len(entries), key_schema_id, value_schema_id)
         else:
             answer = await run_if(

@@ -65,7 +65,7 @@ from segments.errors import (
 )
 from segments.types import Headers, Record, TopicInfo
 from service.acl import Rights, rights
-from service.batcher import PartlyCommittedError, RestProducer
+from service.batcher import Offsets, PartlyCommittedError, RestProducer
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run_if
 from service.formats import (
@@ -699,7 +699,11 @@ class _Producer:
                 else:
                     failure = exc
             except LakelogError as exc:
+                self.state.topics.forget_if_gone(self.topic, exc)
                 failure = exc
+        # LogAppendTime topics: the records carry the flush's time, and so does the answer
+        # (not known for a retry answered from what was stored: the request's time).
+        stamp = getattr(offsets, "append_time_ms", -1) if log_append_time(self.topic) else -1
         out: list[dict[str, Any]] = []
         next_offset = iter(offsets)
         next_error = iter(errors or [None] * len(offsets))
@@ -714,7 +718,7 @@ class _Producer:
                 next(next_offset)
                 out.append(_error_report(error))
             else:
-                ms = r.record.timestamp_ms
+                ms = stamp if stamp >= 0 else r.record.timestamp_ms
                 report: dict[str, Any] = {
                     "error_code": 200,
                     "cluster_id": cluster,
@@ -768,14 +772,13 @@ class _Producer:
                 if d.admission is Admission.DUPLICATE
             }
             fresh = [r for r in good if r.partition not in first]
-            appended = iter(
-                await self.state.batcher.append(
-                    tid,
-                    [(r.partition, r.record) for r in fresh],
-                    producer=producer,
-                    log_append_time=log_append_time(self.topic),
-                )
+            offsets = await self.state.batcher.append(
+                tid,
+                [(r.partition, r.record) for r in fresh],
+                producer=producer,
+                log_append_time=log_append_time(self.topic),
             )
+            appended = iter(offsets)
         finally:
             for t in tickets:
                 self.state.gate.release(t)
@@ -786,7 +789,8 @@ class _Producer:
                 first[r.partition] += 1
             else:
                 out.append(next(appended))
-        return out
+        # The flush's append time holds for every record only when none was a duplicate.
+        return Offsets.of(out, -1 if first else offsets.append_time_ms)
 
 
 @router.post("/v3/clusters/{cluster_id}/producers", summary="Get an idempotent producer id")

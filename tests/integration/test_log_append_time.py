@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Producer
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Producer
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_consumer_api import Consumer as RestConsumer
@@ -76,3 +76,51 @@ def test_log_append_time_is_stamped_for_kafka_rest_and_spark(
     )
     assert [r.timestampType for r in rows] == [1] * 6
     assert all(before <= int(r.timestamp.timestamp() * 1000) <= after for r in rows)
+
+
+def test_the_produce_answers_carry_the_append_time(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """Kafka's Produce answer holds ``log_append_time_ms`` for a LogAppendTime topic (-1
+    otherwise): a confluent-kafka delivery report then says TIMESTAMP_LOG_APPEND_TIME
+    with the time the records carry. The REST v3 answer's timestamp is that time too.
+    Before: the reports showed the producer's CreateTime (2001) for both."""
+    stamped = unique_topic("lat-answer")
+    plain = unique_topic("ct-answer")
+    create_topic(kafka_cluster, stamped, 1, **{"message.timestamp.type": "LogAppendTime"})
+    create_topic(kafka_cluster, plain, 1)
+    reports: list[tuple[str, int, tuple[int, int]]] = []
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None, err
+        reports.append((msg.topic(), msg.offset(), msg.timestamp()))
+
+    p = Producer({"bootstrap.servers": kafka_cluster.kafka[0], "linger.ms": 5})
+    for topic in (stamped, plain):
+        for i in range(3):
+            p.produce(topic, value=b"v%d" % i, partition=0, timestamp=OLD_MS, on_delivery=delivered)
+    assert p.flush(30) == 0
+    r = httpx.post(
+        f"{kafka_cluster.agents[1]}/v3/clusters/{kafka_cluster.cluster_id}/topics/{stamped}/records",
+        json={
+            "partition_id": 0,
+            "timestamp": "2001-09-09T01:46:40Z",
+            "value": {"type": "BINARY", "data": base64.b64encode(b"rest").decode()},
+        },
+    )
+    assert r.status_code == 200 and r.json()["error_code"] == 200, r.text
+    answered = r.json()["timestamp"]
+
+    got = consume_all(kafka_cluster.kafka[1], stamped, 1, 4)
+    stored = {m.offset(): m.timestamp()[1] for m in got}
+    mine = sorted((o, ts) for t, o, ts in reports if t == stamped)
+    assert [o for o, _ in mine] == [0, 1, 2]
+    for offset, (kind, ts) in mine:
+        assert kind == TIMESTAMP_LOG_APPEND_TIME and ts == stored[offset], (kind, ts, stored)
+    # The v3 answer is an ISO-8601 date-time of the stamped time (ms precision).
+    from datetime import datetime
+
+    answered_ms = int(datetime.fromisoformat(answered.replace("Z", "+00:00")).timestamp() * 1000)
+    assert answered_ms == stored[3], (answered, stored[3])
+    others = [ts for t, _, ts in reports if t == plain]
+    assert others == [(TIMESTAMP_CREATE_TIME, OLD_MS)] * 3, others

@@ -581,18 +581,13 @@ def test_a_partly_committed_kafka_request_answers_each_batch(
     assert coordinator.offsets("kafka-halves", 1).high_watermark == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22 suspicion, proven and left open: a request refused at commit (its "
-    "REST key stored meanwhile through another agent) fails every request of its flush",
-)
 def test_a_refused_request_key_fails_only_its_own_request(
     store: FlakyStore, coordinator: LocalCoordinator
 ) -> None:
     """Race: one flush holds a keyed request whose key another agent stored since this
     agent's gate looked (modelled by sending the key twice; only the commit checks it)
-    and another client's plain request. Expected: only the keyed request fails; today the
-    commit refuses the whole object, so the other client's records fail too (retriably)."""
+    and another client's plain request. Only the keyed request fails: the commit refuses
+    the object, and the batcher commits the other requests again without it."""
     from coordinator.producers import RequestKey
 
     topic = coordinator.create_topic("refused", 2)
@@ -610,3 +605,43 @@ def test_a_refused_request_key_fails_only_its_own_request(
     (keyed, other), _ = run(store, coordinator, BatcherConfig(linger_ms=50), body)
     assert isinstance(keyed, LakelogError)
     assert other == [0], other
+    reader = LogReader(store, coordinator)
+    assert [r.value for r in reader.read("refused", 0, 0)] == [b"first"]
+    assert [r.value for r in reader.read("refused", 1, 0)] == [b"other client"]
+
+
+def test_a_refused_idempotent_batch_fails_only_its_request_and_the_rest_keep_order(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """One flush: plain batch A, an idempotent producer's duplicate D (refused only at
+    commit: the sequence was stored by an earlier flush), plain B, all on partition 0,
+    and a REST request C on partition 1. D alone fails; A, B and C are committed in
+    append order at offsets that skip nothing and serve exactly their records."""
+    topic = coordinator.create_topic("dup", 2)
+    pid, _ = coordinator.init_producer_id()
+
+    def raw(value: bytes, producer: tuple[int, int, int] | None = None) -> RawBatch:
+        data = encode_records([ConsumedRecord("dup", 0, 0, None, value, 5, ())])
+        return RawBatch(topic.topic_id, 0, data, 1, 5, 5, producer)
+
+    async def body(b: Batcher) -> Any:
+        assert await b.append_batches([raw(b"seq0", (pid, 0, 0))]) == [0]
+        return await asyncio.gather(
+            b.append_batches([raw(b"A")]),
+            b.append_batches([raw(b"seq0 again", (pid, 0, 0))]),
+            b.append_batches([raw(b"B1"), raw(b"B2")]),
+            b.append(topic.topic_id, [(1, rec(b"C"))]),
+            return_exceptions=True,
+        )
+
+    (a, dup, b2, c), _ = run(store, coordinator, BatcherConfig(linger_ms=50), body)
+    assert isinstance(dup, LakelogError), dup
+    assert (a, b2, c) == ([1], [2, 3], [0]), (a, b2, c)
+    reader = LogReader(store, coordinator)
+    assert [(r.offset, r.value) for r in reader.read("dup", 0, 0)] == [
+        (0, b"seq0"),
+        (1, b"A"),
+        (2, b"B1"),
+        (3, b"B2"),
+    ]
+    assert [r.value for r in reader.read("dup", 1, 0)] == [b"C"]

@@ -19,6 +19,7 @@ from segments.errors import (
     CommitConflictError,
     CoordinatorUnavailableError,
     PartitionNotFoundError,
+    ProducerConflictError,
     TopicNotFoundError,
 )
 from tests.conftest import sql_rows
@@ -161,6 +162,27 @@ def test_a_retriable_failure_fails_the_whole_batch_at_once() -> None:
     assert all(isinstance(v, CoordinatorUnavailableError) for v in result.values())
     assert len(rec.batches) == 2  # the held one, then the five together, once
     assert committer.stats.solo_reruns == 0
+
+
+def test_a_retriable_conflict_of_one_request_fails_only_that_request() -> None:
+    """A ProducerConflictError is retriable but one request's doing (PostgreSQL with
+    several coordinators: another transaction stored one of the batch's idempotency
+    keys between the claim and the store, metadata.py's ``_store_request_keys``): the
+    batch runs again one commit at a time and only the conflicting request fails."""
+
+    class Conflict(Recorder):
+        def __call__(self, batch: list[PendingCommit]) -> None:
+            if len(self.batches) >= 1 and any(r.object_key == "k2" for r in batch):
+                self.batches.append([r.object_key for r in batch])
+                raise ProducerConflictError("key stored by another transaction meanwhile")
+            super().__call__(batch)
+
+    rec = Conflict()
+    committer = GroupCommitter(rec)
+    result = behind_a_held_batch(committer, rec, [f"k{i}" for i in range(5)])
+    assert isinstance(result.pop("k2"), ProducerConflictError)
+    assert all(isinstance(v, list) for v in result.values()), result
+    assert committer.stats.solo_reruns == 1
 
 
 def test_one_key_is_never_twice_in_a_batch() -> None:

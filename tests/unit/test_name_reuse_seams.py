@@ -1,0 +1,100 @@
+"""The seam pass of issue 22: names reused and topics changed under a request, through
+an in-process agent (the other agent modelled by calls on the coordinator)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.app import create_app
+from service.settings import Settings
+
+V2 = "application/vnd.kafka.binary.v2+json"
+
+
+def _with_agent(tmp_path: Path, body: Any) -> Any:
+    settings = Settings(
+        store="memory://seams",
+        db=f"sqlite:///{tmp_path / 'm.db'}",
+        janitors="none",
+        metadata_ttl_s=60,
+    )
+    app = create_app(settings)
+
+    async def main() -> Any:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://agent") as c:
+                return await body(app.state.agent, c)
+
+    return asyncio.run(main())
+
+
+def test_a_topic_made_again_elsewhere_is_produced_to_after_one_failure(tmp_path: Path) -> None:
+    """A topic this agent has cached is deleted and created again through another agent.
+    The first produce here fails (its flush names the old topic id; Kafka answers
+    UNKNOWN_TOPIC_OR_PARTITION there too), the next ones go to the new topic at once,
+    not only after metadata_ttl_s (60 s here). Before: every produce failed for the TTL."""
+
+    async def body(st: Any, c: httpx.AsyncClient) -> list[Any]:
+        st.coordinator.create_topic("again", 1)
+        v3 = f"/v3/clusters/{st.cluster_id}/topics/again/records"
+        one = {"value": {"type": "BINARY", "data": base64.b64encode(b"x").decode()}}
+        v2 = {"records": [{"value": base64.b64encode(b"y").decode()}]}
+        assert (await c.post(v3, json=one)).json()["error_code"] == 200
+        out = []
+        for send in (
+            lambda: c.post(v3, json=one),
+            lambda: c.post("/topics/again", json=v2, headers={"Content-Type": V2}),
+        ):
+            st.coordinator.delete_topic("again")
+            st.coordinator.create_topic("again", 1)
+            out.append([(await send()).json() for _ in range(2)])
+        out.append(st.coordinator.offsets("again", 0).high_watermark)
+        return out
+
+    v3, v2, high_watermark = _with_agent(tmp_path, body)
+    assert v3[0]["error_code"] == 40403, v3
+    assert v3[1]["error_code"] == 200 and v3[1]["offset"] == 0, v3
+    assert v2[0]["offsets"][0]["error_code"] is not None, v2
+    assert v2[1]["offsets"][0] == {
+        "partition": 0,
+        "offset": 0,
+        "error_code": None,
+        "error": None,
+    }, v2
+    assert high_watermark == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22 seam pass, proven and left open: a keyed REST request retried after "
+    "partitions were added hashes its record keys over the new count and is answered 500 "
+    "(the stored key does not keep the partition count it was placed with)",
+)
+def test_a_keyed_request_retried_after_partitions_were_added_gets_its_offsets(
+    tmp_path: Path,
+) -> None:
+    async def body(st: Any, c: httpx.AsyncClient) -> list[Any]:
+        st.coordinator.create_topic("grown", 1)
+        url = f"/v3/clusters/{st.cluster_id}/topics/grown/records"
+        rec = {
+            "key": {"type": "BINARY", "data": base64.b64encode(b"some-key").decode()},
+            "value": {"type": "BINARY", "data": base64.b64encode(b"v").decode()},
+        }
+        first = (await c.post(url, json=rec, headers={"Idempotency-Key": "k-1"})).json()
+        st.coordinator.add_partitions("grown", 8)
+        st.topics.invalidate("grown")
+        again = (await c.post(url, json=rec, headers={"Idempotency-Key": "k-1"})).json()
+        stored = sum(st.coordinator.offsets("grown", p).high_watermark for p in range(8))
+        return [first, again, stored]
+
+    first, again, stored = _with_agent(tmp_path, body)
+    assert stored == 1  # stored once either way
+    assert first["error_code"] == 200
+    assert (again["error_code"], again["partition_id"], again["offset"]) == (200, 0, 0), again
