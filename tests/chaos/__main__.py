@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             dest="breaks",
             action="append",
             default=[],
-            help="LAKELOG_CHAOS_BREAK value for the agents: a deliberately broken build",
+            help="LAKELOG_CHAOS_BREAK for agents and coordinators: dedupe, stale_cache, no_fencing",
         )
         args = parser.parse_args(argv)
         seed = args.seed if args.seed is not None else int(time.time()) % 100000

@@ -73,7 +73,7 @@ class Params:
     minutes: float
     profile: str
     out: Path
-    #: LAKELOG_CHAOS_BREAK for the agents (a deliberately broken build; see service).
+    #: LAKELOG_CHAOS_BREAK for agents and coordinators (a deliberately broken build).
     break_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -900,7 +900,7 @@ def run(params: Params) -> dict[str, Any]:
             agents=2,
             coordinators=1 if params.profile == "sqlite" else 2,
             agent_env={**AGENT_ENV, **params.break_env},
-            coordinator_env={**COORDINATOR_ENV, **db_env},
+            coordinator_env={**COORDINATOR_ENV, **db_env, **params.break_env},
             seed=params.seed,
         )
         r = Run(topo, hist, params)
