@@ -39,6 +39,10 @@ Anomalies (``kind``):
   consumer started past the group's committed offset, over records the log holds.
 - ``retry_answer_differs``: a request acknowledged whole, sent again with its
   Idempotency-Key, was acknowledged whole with other offsets (so it was stored again).
+- ``missing_object``: an object an index entry or an Iceberg table references is not
+  in the bucket after quiescence; ``leaked_object``: an object in the bucket (under
+  ``segments/`` or ``tiered/``) nothing references, unreferenced (or, never committed,
+  written) longer ago than GC grace and the janitors' slack: garbage collection missed it.
 - ``commit_past_hw``: a committed offset beyond the final high watermark;
   ``committed_unknown``: the group's final committed offset is none that was ever
   committed.
@@ -160,7 +164,34 @@ class _Checker:
                 self._check_read(inv, done)
         self._check_polls(completions)
         self._check_commits(invokes, completions)
+        for e in self.events:
+            if e["type"] == "info" and e["op"] == "storage":
+                self._check_storage(e)
         return self.report
+
+    def _check_storage(self, e: dict[str, Any]) -> None:
+        """The storage snapshot (``tests.chaos.run.storage_snapshot``) after quiescence."""
+        listed: dict[str, float] = e["listed"]
+        rows: dict[str, float | None] = e["rows"]
+        self.report.records["objects"] = len(listed)
+        for key in e["referenced"]:
+            if key not in listed:
+                self.report.anomaly("missing_object", key=key, in_rows=key in rows)
+        held = set(e["referenced_after"])
+        cutoff = e["now"] - e["grace_s"] - e["slack_s"]
+        for key, modified in sorted(listed.items()):
+            if key in held:
+                continue
+            since = rows.get(key, modified)  # no row: an orphan, as old as its PUT
+            if since is None or since > cutoff:
+                self.report.records["objects_pending_gc"] += 1
+                continue
+            self.report.anomaly(
+                "leaked_object",
+                key=key,
+                row=key in rows,
+                unreferenced_s=round(e["now"] - since, 1),
+            )
 
     def _incarnations(
         self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]

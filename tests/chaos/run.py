@@ -24,6 +24,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import threading
 import time
 import traceback
@@ -812,6 +813,74 @@ class Run:
             )
 
 
+#: Objects whose keys the storage check compares (what garbage collection owns).
+STORAGE_PREFIXES = ("segments/", "tiered/")
+#: What the janitors may take beyond GC grace to delete an unreferenced object: GC runs
+#: every 3 s, behind a lease of 10 s that a killed coordinator may still hold.
+GC_SLACK_S = 20.0
+_REFERENCED = (
+    "SELECT o.object_key FROM objects o"
+    " WHERE EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = o.object_id)"
+    " OR EXISTS (SELECT 1 FROM table_files f WHERE f.object_id = o.object_id)"
+)
+_OBJECT_ROWS = "SELECT object_key, unreferenced_at FROM objects"
+
+
+def _query(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` on one metadata database, read only."""
+    if url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        with contextlib.closing(
+            sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        ) as conn:
+            return conn.execute(sql).fetchall()
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def storage_snapshot(topo: Topology, db_urls: list[str]) -> dict[str, Any]:
+    """What the metadata references and what the bucket holds, after quiescence.
+
+    In this order, so that janitors running meanwhile cannot fake an anomaly: the keys
+    referenced (``referenced``: an index entry or an Iceberg table holds the object),
+    then the bucket's listing (an object referenced before it was listed cannot have
+    been deleted since: GC waits a grace period of 30 s first), then the references
+    and the ``objects`` rows again (``referenced_after``, ``rows``: key -> unreferenced
+    since, None while not stamped; an object listed, then committed, is referenced).
+    """
+    import boto3
+
+    referenced = sorted({k for url in db_urls for (k,) in _query(url, _REFERENCED)})
+    prefix = topo.store_url.split("/", 3)[3].strip("/") + "/"
+    s3 = boto3.client("s3", endpoint_url=topo.moto_endpoint)
+    listed: dict[str, float] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=topo.bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            key = o["Key"].removeprefix(prefix)
+            if key.startswith(STORAGE_PREFIXES):
+                listed[key] = o["LastModified"].timestamp()
+    after = sorted({k for url in db_urls for (k,) in _query(url, _REFERENCED)})
+    rows: dict[str, float | None] = {}
+    for url in db_urls:
+        for key, since in _query(url, _OBJECT_ROWS):
+            # Sharded: one row per shard; unreferenced since the last stamp, if all are.
+            if key in rows and (rows[key] is None or since is None):
+                rows[key] = None
+            else:
+                rows[key] = None if since is None else max(float(since), rows.get(key) or 0.0)
+    return {
+        "referenced": referenced,
+        "listed": listed,
+        "referenced_after": after,
+        "rows": rows,
+        "now": time.time(),
+        "grace_s": float(COORDINATOR_ENV["LAKELOG_GC_GRACE_S"]),
+        "slack_s": GC_SLACK_S,
+    }
+
+
 class _Refused(Exception):
     """An answer a healthy consumer would not get (the instance is abandoned)."""
 
@@ -928,6 +997,11 @@ def run(params: Params) -> dict[str, Any]:
                 errors.append(f"a client thread did not stop: {w.name}")
         r.quiesce()
         r.final_reads()
+        db_urls = [db_url, *filter(None, db_env.get("LAKELOG_DB_SHARDS", "").split(","))]
+        try:
+            hist.info("final", "storage", **storage_snapshot(topo, db_urls))
+        except Exception:
+            errors.append(f"storage snapshot: {traceback.format_exc()}")
         errors += r.errors
     finally:
         hist.close()

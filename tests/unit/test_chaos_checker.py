@@ -8,6 +8,9 @@ and asserts that exactly that kind is reported.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +348,66 @@ def test_a_read_of_a_new_incarnation_serving_the_old_ones_records() -> None:
     )
     h.final("a", "A2", [], hw=0)
     assert kinds(h) == {"wrong_incarnation", "past_hw"}
+
+
+def _storage(h: H, **snapshot: Any) -> H:
+    base: dict[str, Any] = {
+        "referenced": [],
+        "listed": {},
+        "referenced_after": [],
+        "rows": {},
+        "now": 1000.0,
+        "grace_s": 30.0,
+        "slack_s": 20.0,
+    }
+    h.events.append(
+        {"id": 999, "t": h.t + 1, "proc": "final", "type": "info", "op": "storage"}
+        | base
+        | snapshot
+    )
+    return h
+
+
+def test_storage_referenced_objects_exist_and_garbage_is_collected() -> None:
+    listed = {"segments/a.seg": 10.0, "tiered/t/b.parquet": 990.0, "segments/new.seg": 995.0}
+    ok = _storage(
+        valid(),
+        referenced=["segments/a.seg"],
+        listed=listed,
+        referenced_after=["segments/a.seg"],
+        # b: unreferenced 10 s ago (within grace); new: written 5 s ago, not committed yet
+        rows={"segments/a.seg": None, "tiered/t/b.parquet": 990.0},
+    )
+    assert kinds(ok) == set()
+    assert check(ok.events).records["objects_pending_gc"] == 2
+
+    missing = _storage(valid(), referenced=["segments/gone.seg"], rows={"segments/gone.seg": None})
+    assert kinds(missing) == {"missing_object"}
+
+    for rows in ({"segments/old.seg": 900.0}, {}):  # unreferenced long ago / an old orphan
+        leak = _storage(valid(), listed={"segments/old.seg": 100.0}, rows=rows)
+        assert kinds(leak) == {"leaked_object"}, rows
+
+
+@pytest.mark.parametrize(
+    ("module", "flag", "value"),
+    [
+        ("service.request_keys", "_BROKEN_DEDUPE", "dedupe"),
+        ("service.read_cache", "_BROKEN_STALE_CACHE", "stale_cache"),
+        ("coordinator.producers", "_BROKEN_FENCING", "no_fencing"),
+    ],
+)
+def test_broken_builds_are_off_by_default_and_read_from_the_environment(
+    module: str, flag: str, value: str
+) -> None:
+    """Each deliberately broken build (``python -m tests.chaos --break NAME``) is one
+    module flag, read once from LAKELOG_CHAOS_BREAK: off unless named there."""
+    code = f"import {module} as m; print(m.{flag})"
+    env = {k: v for k, v in os.environ.items() if k != "LAKELOG_CHAOS_BREAK"}
+    for setting, expected in ((None, "False"), (f"x,{value}", "True"), ("other", "False")):
+        if setting is not None:
+            env["LAKELOG_CHAOS_BREAK"] = setting
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == expected, (module, setting, out.stderr)
