@@ -816,8 +816,9 @@ class Run:
 #: Objects whose keys the storage check compares (what garbage collection owns).
 STORAGE_PREFIXES = ("segments/", "tiered/")
 #: What the janitors may take beyond GC grace to delete an unreferenced object: GC runs
-#: every 3 s, behind a lease of 10 s that a killed coordinator may still hold.
-GC_SLACK_S = 20.0
+#: every 3 s (a pass takes up to 10 s on a loaded box), behind a lease of 10 s that a
+#: killed coordinator may still hold.
+GC_SLACK_S = 30.0
 _REFERENCED = (
     "SELECT o.object_key FROM objects o"
     " WHERE EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = o.object_id)"
@@ -840,28 +841,16 @@ def _query(url: str, sql: str) -> list[tuple[Any, ...]]:
         return conn.execute(sql).fetchall()
 
 
-def storage_snapshot(topo: Topology, db_urls: list[str]) -> dict[str, Any]:
-    """What the metadata references and what the bucket holds, after quiescence.
-
-    In this order, so that janitors running meanwhile cannot fake an anomaly: the keys
-    referenced (``referenced``: an index entry or an Iceberg table holds the object),
-    then the bucket's listing (an object referenced before it was listed cannot have
-    been deleted since: GC waits a grace period of 30 s first), then the references
-    and the ``objects`` rows again (``referenced_after``, ``rows``: key -> unreferenced
-    since, None while not stamped; an object listed, then committed, is referenced).
+def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> dict[str, Any]:
+    """What the metadata references and what the bucket holds, once every process of the
+    topology has stopped (``stopped_at``): nothing changes between the two reads, so no
+    janitor caught between its steps (GC drops an object's row, then the object) can
+    fake an anomaly. ``referenced``: keys an index entry or an Iceberg table holds;
+    ``listed``: key -> modified; ``rows``: key -> unreferenced since (None: not stamped).
     """
     import boto3
 
     referenced = sorted({k for url in db_urls for (k,) in _query(url, _REFERENCED)})
-    prefix = topo.store_url.split("/", 3)[3].strip("/") + "/"
-    s3 = boto3.client("s3", endpoint_url=topo.moto_endpoint)
-    listed: dict[str, float] = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=topo.bucket, Prefix=prefix):
-        for o in page.get("Contents", []):
-            key = o["Key"].removeprefix(prefix)
-            if key.startswith(STORAGE_PREFIXES):
-                listed[key] = o["LastModified"].timestamp()
-    after = sorted({k for url in db_urls for (k,) in _query(url, _REFERENCED)})
     rows: dict[str, float | None] = {}
     for url in db_urls:
         for key, since in _query(url, _OBJECT_ROWS):
@@ -870,12 +859,19 @@ def storage_snapshot(topo: Topology, db_urls: list[str]) -> dict[str, Any]:
                 rows[key] = None
             else:
                 rows[key] = None if since is None else max(float(since), rows.get(key) or 0.0)
+    prefix = topo.store_url.split("/", 3)[3].strip("/") + "/"
+    s3 = boto3.client("s3", endpoint_url=topo.moto_endpoint)
+    listed: dict[str, float] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=topo.bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            key = o["Key"].removeprefix(prefix)
+            if key.startswith(STORAGE_PREFIXES):
+                listed[key] = o["LastModified"].timestamp()
     return {
         "referenced": referenced,
         "listed": listed,
-        "referenced_after": after,
         "rows": rows,
-        "now": time.time(),
+        "now": stopped_at,
         "grace_s": float(COORDINATOR_ENV["LAKELOG_GC_GRACE_S"]),
         "slack_s": GC_SLACK_S,
     }
@@ -961,6 +957,7 @@ def run(params: Params) -> dict[str, Any]:
     topo: Topology | None = None
     started = time.monotonic()
     errors: list[str] = []
+    finished = False
     try:
         topo = start_topology(
             params.out / "cluster",
@@ -997,16 +994,19 @@ def run(params: Params) -> dict[str, Any]:
                 errors.append(f"a client thread did not stop: {w.name}")
         r.quiesce()
         r.final_reads()
-        db_urls = [db_url, *filter(None, db_env.get("LAKELOG_DB_SHARDS", "").split(","))]
-        try:
-            hist.info("final", "storage", **storage_snapshot(topo, db_urls))
-        except Exception:
-            errors.append(f"storage snapshot: {traceback.format_exc()}")
         errors += r.errors
+        finished = True
     finally:
-        hist.close()
+        stopped_at = time.time()
         if topo is not None:
             topo.stop()
+        if topo is not None and finished:
+            db_urls = [db_url, *filter(None, db_env.get("LAKELOG_DB_SHARDS", "").split(","))]
+            try:
+                hist.info("final", "storage", **storage_snapshot(topo, db_urls, stopped_at))
+            except Exception:
+                errors.append(f"storage snapshot: {traceback.format_exc()}")
+        hist.close()
         moto.stop()
         with contextlib.suppress(Exception):
             drop_db()

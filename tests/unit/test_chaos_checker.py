@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.chaos.checker import check
+from tests.chaos.checker import check, excerpt
 from tests.chaos.history import History, read_history
 
 
@@ -354,7 +354,6 @@ def _storage(h: H, **snapshot: Any) -> H:
     base: dict[str, Any] = {
         "referenced": [],
         "listed": {},
-        "referenced_after": [],
         "rows": {},
         "now": 1000.0,
         "grace_s": 30.0,
@@ -374,7 +373,6 @@ def test_storage_referenced_objects_exist_and_garbage_is_collected() -> None:
         valid(),
         referenced=["segments/a.seg"],
         listed=listed,
-        referenced_after=["segments/a.seg"],
         # b: unreferenced 10 s ago (within grace); new: written 5 s ago, not committed yet
         rows={"segments/a.seg": None, "tiered/t/b.parquet": 990.0},
     )
@@ -389,25 +387,52 @@ def test_storage_referenced_objects_exist_and_garbage_is_collected() -> None:
         assert kinds(leak) == {"leaked_object"}, rows
 
 
-@pytest.mark.parametrize(
-    ("module", "flag", "value"),
-    [
-        ("service.request_keys", "_BROKEN_DEDUPE", "dedupe"),
-        ("service.read_cache", "_BROKEN_STALE_CACHE", "stale_cache"),
-        ("coordinator.producers", "_BROKEN_FENCING", "no_fencing"),
-    ],
-)
+#: Each deliberately broken build: (LAKELOG_CHAOS_BREAK name, module, flag).
+BREAKS = [
+    ("dedupe", "service.request_keys", "_BROKEN_DEDUPE"),
+    ("stale_cache", "service.read_cache", "_BROKEN_STALE_CACHE"),
+    ("no_fencing", "coordinator.producers", "_BROKEN_FENCING"),
+]
+
+
+@pytest.mark.parametrize("setting", [None, "other", "dedupe", "x,stale_cache", "no_fencing"])
 def test_broken_builds_are_off_by_default_and_read_from_the_environment(
-    module: str, flag: str, value: str
+    setting: str | None,
 ) -> None:
     """Each deliberately broken build (``python -m tests.chaos --break NAME``) is one
-    module flag, read once from LAKELOG_CHAOS_BREAK: off unless named there."""
-    code = f"import {module} as m; print(m.{flag})"
+    module flag, read once from LAKELOG_CHAOS_BREAK: on only when named there."""
+    code = "; ".join(f"import {m}; print({m}.{flag})" for _, m, flag in BREAKS)
     env = {k: v for k, v in os.environ.items() if k != "LAKELOG_CHAOS_BREAK"}
-    for setting, expected in ((None, "False"), (f"x,{value}", "True"), ("other", "False")):
-        if setting is not None:
-            env["LAKELOG_CHAOS_BREAK"] = setting
-        out = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        assert out.stdout.strip() == expected, (module, setting, out.stderr)
+    if setting is not None:
+        env["LAKELOG_CHAOS_BREAK"] = setting
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    named = (setting or "").split(",")
+    assert out.stdout.split() == [str(name in named) for name, _, _ in BREAKS], out.stderr
+
+
+def test_an_anomaly_comes_with_the_part_of_the_history_that_shows_it() -> None:
+    """``excerpt``: the named read, the produce that sent its value, the operations of
+    the same topic and partition next to them and the faults meanwhile; nothing of
+    another topic."""
+    h = H()
+    h.create("a", "A1")
+    h.create("b", "B1")
+    h.produce("b", ["b1"], [[0, 0]])
+    h.produce("a", ["a1"], [[0, 0]])
+    h.events.append({"id": 50, "t": h.t + 0.5, "proc": "nemesis", "type": "info", "op": "fault"})
+    read = h.op(
+        "read",
+        "ok",
+        {"topic": "a", "partition": 0, "offset": 0},
+        records=[[0, "a1"]],
+        high_watermark=0,
+        log_start=0,
+    )
+    (a,) = [x for x in check(h.events).anomalies if x["kind"] == "past_hw"]
+    shown = excerpt(h.events, a)
+    ids = {e["id"] for e in shown}
+    assert read in ids and 50 in ids
+    assert any(e.get("values") == ["a1"] for e in shown)
+    assert not any(e.get("topic") == "b" or e.get("values") == ["b1"] for e in shown), shown
