@@ -20,6 +20,7 @@ REST idempotent produce can carry the same ``ProducerBatch`` through the same co
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -59,6 +60,13 @@ class ProducerPartitionState:
         return cls(epoch, [(int(f), int(la), int(o)) for f, la, o in json.loads(batches)])
 
 
+#: A deliberately broken build for the chaos checker to catch (tests/chaos):
+#: ``LAKELOG_CHAOS_BREAK=no_fencing`` skips the epoch and sequence checks, so an
+#: idempotent producer's retry is stored again and a fenced producer still writes. Read
+#: once, from the environment only: no setting, never for production.
+_BROKEN_FENCING = "no_fencing" in os.environ.get("LAKELOG_CHAOS_BREAK", "").split(",")
+
+
 class Verdict(StrEnum):
     APPEND = "append"
     DUPLICATE = "duplicate"
@@ -70,6 +78,8 @@ class Verdict(StrEnum):
 def judge(state: ProducerPartitionState | None, batch: ProducerBatch) -> tuple[Verdict, int | None]:
     """The verdict on ``batch`` given the partition's ``state``; with DUPLICATE, the
     offset the first copy was stored at."""
+    if _BROKEN_FENCING:
+        return Verdict.APPEND, None
     if state is None:
         if batch.base_sequence == 0:
             return Verdict.APPEND, None

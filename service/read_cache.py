@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -240,6 +241,13 @@ class _PartitionIndex:
         self.created = time.monotonic()
 
 
+#: A deliberately broken build for the chaos checker to catch (tests/chaos):
+#: ``LAKELOG_CHAOS_BREAK=stale_cache`` keys the agent's index cache by topic name, not id,
+#: so a topic deleted and created again is served its old incarnation's chunks. Read
+#: once, from the environment only: no setting, never for production.
+_BROKEN_STALE_CACHE = "stale_cache" in os.environ.get("LAKELOG_CHAOS_BREAK", "").split(",")
+
+
 class IndexCache:
     """Committed index entries per partition, keyed by topic id, bounded in entries and age.
 
@@ -372,7 +380,9 @@ class CachingLogReader(LogReader):
     def lookup(self, topic: str, partition: int, offset: int, topic_id: bytes) -> list[ChunkRef]:
         """Index entries from ``offset`` on: the agent's cache (by topic id), else the
         coordinator (for that topic id only)."""
-        refs = self.index.get(topic_id, partition, offset) if topic_id else []
+        # The broken build caches by name: a deleted incarnation's entries serve the next.
+        cache_key = topic.encode() if _BROKEN_STALE_CACHE else topic_id
+        refs = self.index.get(cache_key, partition, offset) if topic_id else []
         if refs:
             if self.metrics is not None:
                 self.metrics.index_hits.inc()
@@ -381,7 +391,7 @@ class CachingLogReader(LogReader):
             self.metrics.index_misses.inc()
         refs = super().lookup(topic, partition, offset, topic_id)
         if topic_id:
-            self.index.put(topic_id, partition, refs)
+            self.index.put(cache_key, partition, refs)
         return refs
 
     def forget(self, topic_id: bytes, partition: int) -> None:

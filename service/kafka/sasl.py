@@ -10,7 +10,9 @@ per user; a user made before SCRAM was kept needs its password set again).
 With authentication on, a connection may send only ApiVersions, SaslHandshake and
 SaslAuthenticate until it has authenticated; anything else closes it (Kafka's
 IllegalSaslStateException). A failed authentication is answered with
-SASL_AUTHENTICATION_FAILED, then the connection closes (as Kafka's does). A login lasts
+SASL_AUTHENTICATION_FAILED, then the connection closes (as Kafka's does); one that could
+not be checked (the coordinator unreachable) gets the error table's retriable code, then
+the connection closes and the client reconnects. A login lasts
 ``kafka_connections_max_reauth_ms`` (KIP-368): see :class:`SaslSession`. Handshake v0
 (raw tokens outside Kafka's framing) is not offered, so every client speaks
 SaslAuthenticate.
@@ -19,6 +21,7 @@ SaslAuthenticate.
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from typing import Any
 
@@ -39,10 +42,14 @@ from coordinator.security_store import SCRAM_MECHANISMS, SecurityStore
 from segments.errors import (
     AuthenticationError,
     InvalidSecurityRequestError,
+    LakelogError,
     LoginThrottledError,
 )
 from service.auth import Authenticator
 from service.executors import call
+from service.kafka.errors import code_for
+
+log = logging.getLogger(__name__)
 
 SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
@@ -142,6 +149,16 @@ class SaslSession:
             self.principal = None  # not even a certificate's
             self.failed = True  # the listener answers, then closes (as Kafka does)
             return _answer(response_cls, ErrorCode.sasl_authentication_failed, e.message)
+        except LakelogError as e:
+            # The credential could not be checked (the coordinator unreachable): the error
+            # table's code (retriable: REQUEST_TIMED_OUT for an unreachable coordinator),
+            # then the connection closes; the client reconnects and authenticates again.
+            log.warning("SASL authentication could not be checked: %s: %s", type(e).__name__, e)
+            self.principal = None
+            self.failed = True
+            return _answer(
+                response_cls, code_for(e), f"Authentication could not be checked: {e.message}"
+            )
         lifetime = 0
         if self._done:
             self._reauth = False

@@ -1,7 +1,9 @@
 """``python -m tests.chaos [run] --minutes M --profile P --seed S [--out DIR]`` runs the
 cluster under chaos and checks it; ``python -m tests.chaos check HISTORY`` checks a
-history again. Both print a table and, last, one JSON summary line (counts, every
-anomaly, the seed, the history's path) and exit 1 on any anomaly.
+history again. Both print a table (each anomaly with the part of the history that
+shows it: the operations it names, those of its topic and partition around them, the
+faults meanwhile) and, last, one JSON summary line (counts, every anomaly, the seed,
+the history's path) and exit 1 on any anomaly.
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.checker import check
+from tests.chaos.checker import check, excerpt
 from tests.chaos.history import read_history
+
+#: Anomalies printed with their excerpt of the history (all are listed).
+EXCERPTS = 10
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -31,8 +36,11 @@ def table(summary: dict[str, Any]) -> str:
         "anomalies: "
         + (", ".join(f"{k} {v}" for k, v in summary["anomaly_counts"].items()) or "none")
     )
-    for a in summary["anomalies"]:
+    events = list(read_history(Path(summary["history"]))) if summary["anomalies"] else []
+    for n, a in enumerate(summary["anomalies"]):
         lines.append(f"  {json.dumps(a)[:400]}")
+        if n < EXCERPTS:  # the part of the history that shows it
+            lines += [f"      {json.dumps(e)[:300]}" for e in excerpt(events, a)]
     n_faults = sum(summary["faults"].values())
     n_anomalies = sum(summary["anomaly_counts"].values())
     lines.append(
@@ -61,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             dest="breaks",
             action="append",
             default=[],
-            help="LAKELOG_CHAOS_BREAK value for the agents: a deliberately broken build",
+            help="LAKELOG_CHAOS_BREAK for agents and coordinators: dedupe, stale_cache, no_fencing",
         )
         args = parser.parse_args(argv)
         seed = args.seed if args.seed is not None else int(time.time()) % 100000

@@ -39,6 +39,10 @@ Anomalies (``kind``):
   consumer started past the group's committed offset, over records the log holds.
 - ``retry_answer_differs``: a request acknowledged whole, sent again with its
   Idempotency-Key, was acknowledged whole with other offsets (so it was stored again).
+- ``missing_object``: an object an index entry or an Iceberg table references is not
+  in the bucket after quiescence; ``leaked_object``: an object in the bucket (under
+  ``segments/`` or ``tiered/``) nothing references, unreferenced (or, never committed,
+  written) longer ago than GC grace and the janitors' slack: garbage collection missed it.
 - ``commit_past_hw``: a committed offset beyond the final high watermark;
   ``committed_unknown``: the group's final committed offset is none that was ever
   committed.
@@ -160,7 +164,34 @@ class _Checker:
                 self._check_read(inv, done)
         self._check_polls(completions)
         self._check_commits(invokes, completions)
+        for e in self.events:
+            if e["type"] == "info" and e["op"] == "storage":
+                self._check_storage(e)
         return self.report
+
+    def _check_storage(self, e: dict[str, Any]) -> None:
+        """The storage snapshot (``tests.chaos.run.storage_snapshot``) after quiescence."""
+        listed: dict[str, float] = e["listed"]
+        rows: dict[str, float | None] = e["rows"]
+        self.report.records["objects"] = len(listed)
+        for key in e["referenced"]:
+            if key not in listed:
+                self.report.anomaly("missing_object", key=key, in_rows=key in rows)
+        held = set(e.get("referenced_after", e["referenced"]))
+        cutoff = e["now"] - e["grace_s"] - e["slack_s"]
+        for key, modified in sorted(listed.items()):
+            if key in held:
+                continue
+            since = rows.get(key, modified)  # no row: an orphan, as old as its PUT
+            if since is None or since > cutoff:
+                self.report.records["objects_pending_gc"] += 1
+                continue
+            self.report.anomaly(
+                "leaked_object",
+                key=key,
+                row=key in rows,
+                unreferenced_s=round(e["now"] - since, 1),
+            )
 
     def _incarnations(
         self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
@@ -609,3 +640,73 @@ class _Checker:
                             committed=bound,
                             skipped=skipped[:20],
                         )
+
+
+def _touches(op: list[dict[str, Any]], topic: str | None, partition: int | None) -> bool:
+    """Whether an operation (its invoke and completion) is about ``topic`` (and
+    ``partition``: a produce's results, a poll's records, a read's or final read's)."""
+    merged: dict[str, Any] = {k: v for e in op for k, v in e.items()}
+    if topic is None or merged.get("topic") != topic:
+        return False
+    if partition is None or merged.get("partition") == partition:
+        return True
+    if merged.get("op") == "produce":
+        return any(r and r[0] == partition for r in merged.get("results") or ())
+    if merged.get("op") == "poll":
+        return any(r[0] == partition for r in merged.get("records") or ())
+    return False
+
+
+def _carries(op: list[dict[str, Any]], value: str) -> bool:
+    for e in op:
+        if value in (e.get("values") or ()):
+            return True
+        if any(value in r for r in e.get("records") or () if isinstance(r, list)):
+            return True
+    return False
+
+
+def excerpt(
+    events: list[dict[str, Any]], anomaly: dict[str, Any], around: int = 3, limit: int = 40
+) -> list[dict[str, Any]]:
+    """The minimal part of a history that shows ``anomaly``: the operations it names
+    (``op``, ``op_id``, ``... op N`` in ``where``) or that carry its ``value`` (else,
+    for a final log's anomaly, that final read), each with the ``around`` operations of
+    the same topic (and partition) before and after it, and the faults injected
+    meanwhile; their events in history order, at most ``limit``."""
+    ops: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        ops[e["id"]].append(e)
+    named: set[int] = {anomaly[k] for k in ("op", "op_id") if isinstance(anomaly.get(k), int)}
+    where = str(anomaly.get("where", "")).split()
+    if len(where) >= 3 and where[-2] == "op" and where[-1].isdigit():
+        named.add(int(where[-1]))
+    topic = anomaly.get("topic") or anomaly.get("sent_to")
+    partition = anomaly.get("partition")
+    if len(where) == 2 and where[0] == "final" and "/" in where[1]:
+        topic, p = where[1].rsplit("/", 1)
+        partition = int(p) if p.isdigit() else partition
+    value = anomaly.get("value")
+    if isinstance(value, str):
+        named.update(i for i, op in ops.items() if _carries(op, value))
+    if not named and topic is not None:
+        named.update(
+            i
+            for i, op in ops.items()
+            if op[0]["op"] == "final_read" and _touches(op, topic, partition)
+        )
+    order = sorted(ops)  # ids follow invocations
+    related = [i for i in order if _touches(ops[i], topic, partition)]
+    chosen = set(named)
+    for i in named:
+        chosen.update(
+            [j for j in related if j < i][-around:] + [j for j in related if j > i][:around]
+        )
+    if chosen:
+        t0 = min(ops[i][0]["t"] for i in chosen) - 2
+        t1 = max(ops[i][-1]["t"] for i in chosen) + 2
+        chosen.update(
+            i for i, op in ops.items() if op[0]["op"] == "fault" and t0 <= op[0]["t"] <= t1
+        )
+    out = sorted((e for i in chosen for e in ops[i]), key=lambda e: e["t"])
+    return out[:limit]

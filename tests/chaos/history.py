@@ -27,6 +27,9 @@ Operations (fields beyond the common ones):
 - ``final_read`` ok ``{topic, topic_id, partition, log_start, high_watermark,
   records: [[offset, key, value], ...], compacted}``: the whole log after quiescence.
 - ``final_committed`` ok ``{group, topic, topic_id, offsets: {partition: offset}}``.
+- ``storage`` (a lone ``info``, last: once the topology stopped) ``{referenced, listed:
+  {key: modified}, rows: {key: unreferenced since | null}, now, grace_s, slack_s}``:
+  see ``tests.chaos.run.storage_snapshot``.
 """
 
 from __future__ import annotations

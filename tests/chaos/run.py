@@ -24,6 +24,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import threading
 import time
 import traceback
@@ -73,7 +74,7 @@ class Params:
     minutes: float
     profile: str
     out: Path
-    #: LAKELOG_CHAOS_BREAK for the agents (a deliberately broken build; see service).
+    #: LAKELOG_CHAOS_BREAK for agents and coordinators (a deliberately broken build).
     break_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -812,6 +813,70 @@ class Run:
             )
 
 
+#: Objects whose keys the storage check compares (what garbage collection owns).
+STORAGE_PREFIXES = ("segments/", "tiered/")
+#: What the janitors may take beyond GC grace to delete an unreferenced object: GC runs
+#: every 3 s (a pass takes up to 10 s on a loaded box), behind a lease of 10 s that a
+#: killed coordinator may still hold.
+GC_SLACK_S = 30.0
+_REFERENCED = (
+    "SELECT o.object_key FROM objects o"
+    " WHERE EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = o.object_id)"
+    " OR EXISTS (SELECT 1 FROM table_files f WHERE f.object_id = o.object_id)"
+)
+_OBJECT_ROWS = "SELECT object_key, unreferenced_at FROM objects"
+
+
+def _query(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` on one metadata database, read only."""
+    if url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        with contextlib.closing(
+            sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        ) as conn:
+            return conn.execute(sql).fetchall()
+    import psycopg
+
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> dict[str, Any]:
+    """What the metadata references and what the bucket holds, once every process of the
+    topology has stopped (``stopped_at``): nothing changes between the two reads, so no
+    janitor caught between its steps (GC drops an object's row, then the object) can
+    fake an anomaly. ``referenced``: keys an index entry or an Iceberg table holds;
+    ``listed``: key -> modified; ``rows``: key -> unreferenced since (None: not stamped).
+    """
+    import boto3
+
+    referenced = sorted({k for url in db_urls for (k,) in _query(url, _REFERENCED)})
+    rows: dict[str, float | None] = {}
+    for url in db_urls:
+        for key, since in _query(url, _OBJECT_ROWS):
+            # Sharded: one row per shard; unreferenced since the last stamp, if all are.
+            if key in rows and (rows[key] is None or since is None):
+                rows[key] = None
+            else:
+                rows[key] = None if since is None else max(float(since), rows.get(key) or 0.0)
+    prefix = topo.store_url.split("/", 3)[3].strip("/") + "/"
+    s3 = boto3.client("s3", endpoint_url=topo.moto_endpoint)
+    listed: dict[str, float] = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=topo.bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            key = o["Key"].removeprefix(prefix)
+            if key.startswith(STORAGE_PREFIXES):
+                listed[key] = o["LastModified"].timestamp()
+    return {
+        "referenced": referenced,
+        "listed": listed,
+        "rows": rows,
+        "now": stopped_at,
+        "grace_s": float(COORDINATOR_ENV["LAKELOG_GC_GRACE_S"]),
+        "slack_s": GC_SLACK_S,
+    }
+
+
 class _Refused(Exception):
     """An answer a healthy consumer would not get (the instance is abandoned)."""
 
@@ -892,6 +957,7 @@ def run(params: Params) -> dict[str, Any]:
     topo: Topology | None = None
     started = time.monotonic()
     errors: list[str] = []
+    finished = False
     try:
         topo = start_topology(
             params.out / "cluster",
@@ -900,7 +966,7 @@ def run(params: Params) -> dict[str, Any]:
             agents=2,
             coordinators=1 if params.profile == "sqlite" else 2,
             agent_env={**AGENT_ENV, **params.break_env},
-            coordinator_env={**COORDINATOR_ENV, **db_env},
+            coordinator_env={**COORDINATOR_ENV, **db_env, **params.break_env},
             seed=params.seed,
         )
         r = Run(topo, hist, params)
@@ -929,10 +995,18 @@ def run(params: Params) -> dict[str, Any]:
         r.quiesce()
         r.final_reads()
         errors += r.errors
+        finished = True
     finally:
-        hist.close()
+        stopped_at = time.time()
         if topo is not None:
             topo.stop()
+        if topo is not None and finished:
+            db_urls = [db_url, *filter(None, db_env.get("LAKELOG_DB_SHARDS", "").split(","))]
+            try:
+                hist.info("final", "storage", **storage_snapshot(topo, db_urls, stopped_at))
+            except Exception:
+                errors.append(f"storage snapshot: {traceback.format_exc()}")
+        hist.close()
         moto.stop()
         with contextlib.suppress(Exception):
             drop_db()

@@ -6,9 +6,9 @@ fault proxy, every janitor on a schedule of seconds), for 30 s of clients, admin
 operations and faults, then checked. The test asserts the run did real work (records
 acknowledged and found again, reads, polls, faults injected) and found no anomaly; on
 failure it prints the anomalies, the seed and the history's path. The checker itself
-is proved able to fail in ``tests/unit/test_chaos_checker.py`` (crafted histories); a
-deliberately broken build (``python -m tests.chaos --break dedupe``: agents that ignore
-Idempotency-Key) is caught within a minute, but is left out of the suite to keep it short.
+is proved able to fail in ``tests/unit/test_chaos_checker.py`` (crafted histories);
+deliberately broken builds (``python -m tests.chaos --break dedupe|stale_cache|no_fencing``)
+are left out of the suite to keep it short (their hooks are tested there).
 """
 
 from __future__ import annotations
@@ -17,10 +17,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from tests.integration.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 24
@@ -61,24 +65,22 @@ def test_a_seeded_run_finds_no_anomaly(tmp_path: Path) -> None:
 # -- defects the checker found, pinned --------------------------------------------------
 
 
-def test_authentication_with_the_coordinator_down_is_a_retriable_error(tmp_path: Path) -> None:
-    """Found by ``make chaos PROFILE=sqlite SEED=5`` (ops answered ``500 {"error_code":
-    500, "message": "Internal Server Error"}`` while the coordinator restarted): a
-    credential the agent has not verified lately must be checked by the coordinator;
-    with the coordinator down the agent answered an unhandled 500. Expected: the
-    Confluent shape with the retriable code (50003), so a client knows to retry."""
+@pytest.fixture(scope="module")
+def coordinator_down(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
+    """One agent whose one coordinator is killed (SIGKILL), not restarted."""
     import httpx
 
     from tests.integration.topology import ADMIN, S3_ENV, start_topology
     from tests.procs import start_moto
 
+    tmp = tmp_path_factory.mktemp("coordinator-down")
     for k, v in S3_ENV.items():
         os.environ.setdefault(k, v)
-    moto, endpoint = start_moto(tmp_path)
+    moto, endpoint = start_moto(tmp)
     topo = start_topology(
-        tmp_path / "topo",
+        tmp / "topo",
         endpoint,
-        f"sqlite:///{tmp_path / 'meta.db'}",
+        f"sqlite:///{tmp / 'meta.db'}",
         agents=1,
         coordinators=1,
         faults=False,
@@ -87,16 +89,53 @@ def test_authentication_with_the_coordinator_down_is_a_retriable_error(tmp_path:
         agent = topo.agents[0].url
         assert httpx.get(f"{agent}/topics", auth=ADMIN, timeout=10).status_code == 200
         topo.coordinators[0].kill()
-        for path in ("/topics", f"/v3/clusters/{topo.cluster_id}/topics"):
-            r = httpx.get(
-                f"{agent}{path}", auth=httpx.BasicAuth("admin", "not-yet-seen"), timeout=30
-            )
-            assert r.json() == {
-                "error_code": 50003,
-                "message": r.json()["message"],
-            }, r.text
-            assert r.status_code == 500
-            assert "coordinator" in r.json()["message"]
+        yield topo
     finally:
         topo.stop()
         moto.stop()
+
+
+def test_authentication_with_the_coordinator_down_is_a_retriable_error(
+    coordinator_down: Topology,
+) -> None:
+    """Found by ``make chaos PROFILE=sqlite SEED=5`` (ops answered ``500 {"error_code":
+    500, "message": "Internal Server Error"}`` while the coordinator restarted): a
+    credential the agent has not verified lately must be checked by the coordinator;
+    with the coordinator down the agent answered an unhandled 500. Expected: the
+    Confluent shape with the retriable code (50003), so a client knows to retry."""
+    import httpx
+
+    topo = coordinator_down
+    agent = topo.agents[0].url
+    for path in ("/topics", f"/v3/clusters/{topo.cluster_id}/topics"):
+        r = httpx.get(f"{agent}{path}", auth=httpx.BasicAuth("admin", "not-yet-seen"), timeout=30)
+        assert r.json() == {
+            "error_code": 50003,
+            "message": r.json()["message"],
+        }, r.text
+        assert r.status_code == 500
+        assert "coordinator" in r.json()["message"]
+
+
+def test_kafka_sasl_with_the_coordinator_down_is_a_retriable_error(
+    coordinator_down: Topology,
+) -> None:
+    """The Kafka door's side of the same (seen in every chaos run that kills a
+    coordinator: librdkafka's "SaslAuthenticateRequest failed: Local: Broker transport
+    failure", the agent logging an ERROR traceback and dropping the connection). Expected:
+    SaslAuthenticate answered with the error table's retriable code for an unreachable
+    coordinator (REQUEST_TIMED_OUT) and a message that says so, then the connection
+    closes (the client reconnects and authenticates again), no traceback."""
+    from kio.schema.errors import ErrorCode
+
+    from tests.integration.test_kafka_limits import Conn
+
+    agent = coordinator_down.agents[0]
+    bootstrap = agent.environment["LAKELOG_KAFKA_ADVERTISED"]
+    with Conn(SimpleNamespace(bootstrap=bootstrap)) as c:  # type: ignore[arg-type]
+        answer = c.login("admin", "not-yet-seen-either")
+        assert answer.error_code == ErrorCode.request_timed_out, answer
+        assert "coordinator" in (answer.error_message or ""), answer
+        assert c.closed_within(10)
+    log = agent.output()
+    assert " ERROR " not in log and "Traceback" not in log, log[-3000:]

@@ -8,12 +8,15 @@ and asserts that exactly that kind is reported.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.chaos.checker import check
+from tests.chaos.checker import check, excerpt
 from tests.chaos.history import History, read_history
 
 
@@ -345,3 +348,91 @@ def test_a_read_of_a_new_incarnation_serving_the_old_ones_records() -> None:
     )
     h.final("a", "A2", [], hw=0)
     assert kinds(h) == {"wrong_incarnation", "past_hw"}
+
+
+def _storage(h: H, **snapshot: Any) -> H:
+    base: dict[str, Any] = {
+        "referenced": [],
+        "listed": {},
+        "rows": {},
+        "now": 1000.0,
+        "grace_s": 30.0,
+        "slack_s": 20.0,
+    }
+    h.events.append(
+        {"id": 999, "t": h.t + 1, "proc": "final", "type": "info", "op": "storage"}
+        | base
+        | snapshot
+    )
+    return h
+
+
+def test_storage_referenced_objects_exist_and_garbage_is_collected() -> None:
+    listed = {"segments/a.seg": 10.0, "tiered/t/b.parquet": 990.0, "segments/new.seg": 995.0}
+    ok = _storage(
+        valid(),
+        referenced=["segments/a.seg"],
+        listed=listed,
+        # b: unreferenced 10 s ago (within grace); new: written 5 s ago, not committed yet
+        rows={"segments/a.seg": None, "tiered/t/b.parquet": 990.0},
+    )
+    assert kinds(ok) == set()
+    assert check(ok.events).records["objects_pending_gc"] == 2
+
+    missing = _storage(valid(), referenced=["segments/gone.seg"], rows={"segments/gone.seg": None})
+    assert kinds(missing) == {"missing_object"}
+
+    for rows in ({"segments/old.seg": 900.0}, {}):  # unreferenced long ago / an old orphan
+        leak = _storage(valid(), listed={"segments/old.seg": 100.0}, rows=rows)
+        assert kinds(leak) == {"leaked_object"}, rows
+
+
+#: Each deliberately broken build: (LAKELOG_CHAOS_BREAK name, module, flag).
+BREAKS = [
+    ("dedupe", "service.request_keys", "_BROKEN_DEDUPE"),
+    ("stale_cache", "service.read_cache", "_BROKEN_STALE_CACHE"),
+    ("no_fencing", "coordinator.producers", "_BROKEN_FENCING"),
+]
+
+
+@pytest.mark.parametrize("setting", [None, "other", "dedupe", "x,stale_cache", "no_fencing"])
+def test_broken_builds_are_off_by_default_and_read_from_the_environment(
+    setting: str | None,
+) -> None:
+    """Each deliberately broken build (``python -m tests.chaos --break NAME``) is one
+    module flag, read once from LAKELOG_CHAOS_BREAK: on only when named there."""
+    code = "; ".join(f"import {m}; print({m}.{flag})" for _, m, flag in BREAKS)
+    env = {k: v for k, v in os.environ.items() if k != "LAKELOG_CHAOS_BREAK"}
+    if setting is not None:
+        env["LAKELOG_CHAOS_BREAK"] = setting
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    named = (setting or "").split(",")
+    assert out.stdout.split() == [str(name in named) for name, _, _ in BREAKS], out.stderr
+
+
+def test_an_anomaly_comes_with_the_part_of_the_history_that_shows_it() -> None:
+    """``excerpt``: the named read, the produce that sent its value, the operations of
+    the same topic and partition next to them and the faults meanwhile; nothing of
+    another topic."""
+    h = H()
+    h.create("a", "A1")
+    h.create("b", "B1")
+    h.produce("b", ["b1"], [[0, 0]])
+    h.produce("a", ["a1"], [[0, 0]])
+    h.events.append({"id": 50, "t": h.t + 0.5, "proc": "nemesis", "type": "info", "op": "fault"})
+    read = h.op(
+        "read",
+        "ok",
+        {"topic": "a", "partition": 0, "offset": 0},
+        records=[[0, "a1"]],
+        high_watermark=0,
+        log_start=0,
+    )
+    (a,) = [x for x in check(h.events).anomalies if x["kind"] == "past_hw"]
+    shown = excerpt(h.events, a)
+    ids = {e["id"] for e in shown}
+    assert read in ids and 50 in ids
+    assert any(e.get("values") == ["a1"] for e in shown)
+    assert not any(e.get("topic") == "b" or e.get("values") == ["b1"] for e in shown), shown
