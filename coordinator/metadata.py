@@ -1024,7 +1024,7 @@ class MetadataStore:
                     k.digest,
                     k.created_ms,
                     k.expires_ms,
-                    StoredKey(k.digest, k.created_ms, tuple(sorted(parts))).to_json(),
+                    StoredKey(k.digest, k.created_ms, tuple(sorted(parts)), k.partitions).to_json(),
                 )
                 for (topic_id, name), (k, parts) in sorted(claimed.items())
             ],

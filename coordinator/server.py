@@ -697,6 +697,7 @@ def create_app(
                     "digest": found.digest,
                     "created_ms": found.created_ms,
                     "parts": [list(p) for p in found.parts],
+                    "partitions": found.partitions,
                 }
             }
         )

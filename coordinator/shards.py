@@ -928,7 +928,8 @@ class ShardedStore:
         if not found:
             return None
         parts = tuple(sorted(p for k in found for p in k.parts))
-        return StoredKey(found[0].digest, min(k.created_ms for k in found), parts)
+        partitions = max(k.partitions for k in found)  # the same in every shard
+        return StoredKey(found[0].digest, min(k.created_ms for k in found), parts, partitions)
 
     # -- agents (the catalog) ---------------------------------------------------
     def heartbeat_agent(

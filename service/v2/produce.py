@@ -73,6 +73,7 @@ from service.request_keys import (
     admit,
     append_keyed,
     keyed_produce,
+    placed_on,
     release,
 )
 from service.state import AgentState, get_state
@@ -136,6 +137,7 @@ async def _produce(
             f"Partition {url_partition} of topic '{topic_name}' not found."
         )
     ticket, stored = (None, None) if keyed is None else await admit(state, topic.topic_id, keyed)
+    topic = placed_on(topic, stored)  # a retry: over the partitions its records first were
     try:
         entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition, keyed)
         state.metrics.produce_requests.labels(api="v2").inc()
@@ -148,6 +150,7 @@ async def _produce(
                 entries,
                 keyed,
                 stored,
+                partitions=topic.partitions,
                 log_append_time=log_append_time(topic),
             )
         except PartlyCommittedError as exc:  # some partitions' shard failed: say which

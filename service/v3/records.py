@@ -84,6 +84,7 @@ from service.request_keys import (
     admit,
     append_keyed,
     keyed_produce,
+    placed_on,
     release,
     stored_offsets,
 )
@@ -651,6 +652,8 @@ class _Producer:
         ticket = stored = None
         if keyed is not None:
             ticket, stored = await admit(self.state, self.topic.topic_id, keyed)
+            # A retry: placed over the partitions its records first were.
+            self.topic = placed_on(self.topic, stored)
             now_ms = keyed.now_ms if stored is None else stored.created_ms
             sticky[0] = keyed.sticky_partition(self.topic.partitions)
         try:
@@ -691,6 +694,7 @@ class _Producer:
                         [(r.partition, r.record) for r in good],
                         keyed,
                         stored,
+                        partitions=self.topic.partitions,
                         log_append_time=log_append_time(self.topic),
                     )
             except PartlyCommittedError as exc:  # some partitions' shard failed
