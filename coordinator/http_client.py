@@ -862,7 +862,10 @@ class HttpCoordinator:
         )
         return set(data["committed"])
 
-    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+    def keep_pending(
+        self, lease_id: str, keys: Sequence[str], ttl_s: float, *, principal: str | None = None
+    ) -> set[str]:
+        # ``principal`` is not sent: the coordinator takes it from this client's credential.
         data = self._request(
             "POST",
             "/v1/objects/pending",
@@ -871,7 +874,7 @@ class HttpCoordinator:
         )
         return set(data["deleted"])
 
-    def release_pending(self, lease_id: str) -> None:
+    def release_pending(self, lease_id: str, *, principal: str | None = None) -> None:
         self._request(
             "POST", "/v1/objects/pending/release", body={"lease_id": lease_id}, idempotent=True
         )
