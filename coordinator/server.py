@@ -225,6 +225,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "RequestTooLargeError": 413,
     "RecordTooLargeError": 413,
     "CorruptRecordError": 400,
+    "InvalidRecordError": 400,
     "UnprocessableRequestError": 422,
     "SchemaRegistryError": 400,
     "SubjectNotFoundError": 404,

@@ -42,7 +42,12 @@ import msgspec
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
-from coordinator.topic_configs import check_record_size, log_append_time, record_limit
+from coordinator.topic_configs import (
+    check_record_key,
+    check_record_size,
+    log_append_time,
+    record_limit,
+)
 from segments.errors import (
     LakelogError,
     MalformedRequestError,
@@ -217,6 +222,7 @@ def _place(
         PartitionNotFoundError: a record's explicit partition is outside the topic.
         RecordTooLargeError: a record over the topic's ``max.message.bytes`` (or
             ``lakelog.max.decompressed.bytes``, when lower).
+        InvalidRecordError: a record without a key for a compacted topic.
     """
     partitions = topic.partitions
     limit = record_limit(topic)
@@ -240,6 +246,7 @@ def _place(
             if sticky < 0:
                 sticky = DEFAULT_PARTITIONER.sticky_partition(topic.name, partitions)
             partition = sticky
+        check_record_key(record, topic, partition)  # a compacted topic takes keyed ones only
         entries.append((partition, record))
     return entries
 

@@ -50,7 +50,12 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from coordinator.producers import ProducerBatch, StoredKey
-from coordinator.topic_configs import check_record_size, log_append_time, record_limit
+from coordinator.topic_configs import (
+    check_record_key,
+    check_record_size,
+    log_append_time,
+    record_limit,
+)
 from segments.errors import (
     InternalError,
     InvalidBatchError,
@@ -425,6 +430,7 @@ def _placed(
         if sticky[0] < 0:
             sticky[0] = DEFAULT_PARTITIONER.sticky_partition(topic.name, topic.partitions)
         partition = sticky[0]
+    check_record_key(record, topic, partition)  # a compacted topic takes keyed ones only
     return _Parsed(partition, record, key_report, value_report)
 
 
