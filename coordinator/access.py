@@ -88,6 +88,10 @@ SELF_GUARDED = ("/iceberg/",)
 CLUSTER_NAME = "kafka-cluster"
 #: How long a coordinator decides with one copy of the ACLs.
 ACL_TTL_S = 1.0
+#: How long a coordinator trusts a user's verified credential (a Spark job's): a user or
+#: API key deleted, a password changed, stops working here within this (the agents'
+#: ``auth_cache_ttl_s`` default).
+LOGIN_CACHE_TTL_S = 5.0
 Op = Operation
 
 
@@ -359,7 +363,7 @@ class AccessMiddleware:
         # Users' logins (Spark jobs) as an agent's, with the agents' default bounds.
         self.logins = Logins(
             security,
-            cache_ttl_s=5.0,
+            cache_ttl_s=LOGIN_CACHE_TTL_S,
             max_failures=10,
             failure_window_s=60.0,
             metrics=AuthMetrics(registry),
