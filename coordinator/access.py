@@ -10,7 +10,9 @@ Three kinds of callers, told apart by what they present:
   each decided with the coordinator's ACLs (authorization ``acl``) as an agent decides
   its clients' requests: READ on a topic to look its chunks up, WRITE on every topic a
   commit names, DESCRIBE to see a topic (the topic list shows only those); no other
-  route.
+  route. A write lease (a Spark write's pending uploads) belongs to the user that took
+  it: the route gets the user's principal (:func:`user_of`) and another user's lease,
+  or a key pending under it, is refused with 403.
 - **management** (users, API keys; creating and deleting ACLs) needs a principal's own
   credential, verified here: a super user's for users and API keys, ALTER on the
   cluster (Kafka's CreateAcls/DeleteAcls; a super user's with authorization ``none``)
@@ -78,12 +80,18 @@ from segments.errors import (
 
 #: Where an agent forwards its client's own credential (management routes only).
 PRINCIPAL_HEADER = "x-lakelog-principal"
+#: The ASGI scope key holding the principal of a user's request (not an agent's).
+USER_SCOPE = "lakelog.user"
 #: Paths that authenticate and authorize their own callers (users, not agents), in their
 #: own error shape: the Iceberg REST catalog (``coordinator.iceberg.rest``).
 SELF_GUARDED = ("/iceberg/",)
 CLUSTER_NAME = "kafka-cluster"
 #: How long a coordinator decides with one copy of the ACLs.
 ACL_TTL_S = 1.0
+#: How long a coordinator trusts a user's verified credential (a Spark job's): a user or
+#: API key deleted, a password changed, stops working here within this (the agents'
+#: ``auth_cache_ttl_s`` default).
+LOGIN_CACHE_TTL_S = 5.0
 Op = Operation
 
 
@@ -188,10 +196,10 @@ RULES: dict[tuple[str, str], Rule] = {
         Caller.USER, _commit, body=True, needs="WRITE on each topic committed"
     ),
     ("POST", "/v1/objects/committed"): USER,
-    # A Spark write's tasks register their uploads and keep the job's write lease alive.
-    ("POST", "/v1/objects/pending"): USER,
-    ("POST", "/v1/objects/pending/release"): USER,
-    ("POST", "/v1/objects/pending/live"): USER,
+    # A Spark write's tasks register their uploads and keep the job's write lease alive;
+    # the lease is the user's own (which keys others' leases hold is for agents only).
+    ("POST", "/v1/objects/pending"): Rule(Caller.USER, needs="its own write lease"),
+    ("POST", "/v1/objects/pending/release"): Rule(Caller.USER, needs="its own write lease"),
     ("POST", _S + "/authorize"): USER,  # a Spark job's own rights
     # -- what agents do for their clients --------------------------------------------------
     ("GET", _S + "/settings"): Rule(Caller.AGENT),
@@ -216,6 +224,13 @@ _PROTECTED_METRICS = Rule(
     lambda r: [Check(Op.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)],
     needs="DESCRIBE on the cluster",
 )
+
+
+def user_of(scope: Scope) -> str | None:
+    """The principal of the user a request is served for; None for an agent's request
+    and without authentication (trusted callers)."""
+    user = scope.get(USER_SCOPE)
+    return user if isinstance(user, str) else None
 
 
 def rule_for(method: str, template: str, *, protect_metrics: bool = False) -> Rule:
@@ -348,7 +363,7 @@ class AccessMiddleware:
         # Users' logins (Spark jobs) as an agent's, with the agents' default bounds.
         self.logins = Logins(
             security,
-            cache_ttl_s=5.0,
+            cache_ttl_s=LOGIN_CACHE_TTL_S,
             max_failures=10,
             failure_window_s=60.0,
             metrics=AuthMetrics(registry),
@@ -378,6 +393,7 @@ class AccessMiddleware:
             elif rule.caller is Caller.AGENT and not agent:
                 raise AuthorizationError("this route serves agents only")
             elif rule.caller is Caller.USER and not agent:
+                scope[USER_SCOPE] = principal
                 receive = await self._check_user(rule, scope, receive, params, principal, address)
                 if rule.topic_listing and self.settings.authorization == "acl":
                     keep = await self._topic_filter(principal or "", address)

@@ -153,15 +153,24 @@ class Coordinator(Protocol):
         """Which of ``keys`` are committed objects (for orphan detection)."""
         ...
 
-    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+    def keep_pending(
+        self, lease_id: str, keys: Sequence[str], ttl_s: float, *, principal: str | None = None
+    ) -> set[str]:
         """Register uploads under a writer's lease (before their PUT) and extend the
         lease to ``ttl_s`` from now; garbage collection leaves them alone while it lives.
         Returns the keys given that garbage collection deleted already (their commit
-        would fail with ObjectDeletedError). Safe to repeat."""
+        would fail with ObjectDeletedError). Safe to repeat.
+
+        ``principal``: the user a coordinator serves the call for (its HTTP API sets it
+        from the caller's credential; over HTTP the caller's credential decides, and
+        this argument is not sent). A lease belongs to the user that took it: another
+        user's call on it, or on a key pending under it, raises AuthorizationError.
+        None: a trusted caller (an agent, no authentication), which may touch all."""
         ...
 
-    def release_pending(self, lease_id: str) -> None:
-        """Drop a writer's lease and its pending keys (its commit is done or abandoned)."""
+    def release_pending(self, lease_id: str, *, principal: str | None = None) -> None:
+        """Drop a writer's lease and its pending keys (its commit is done or abandoned).
+        AuthorizationError for a lease another ``principal`` took (see keep_pending)."""
         ...
 
     def pending_object_keys(self, keys: Sequence[str]) -> set[str]:

@@ -623,6 +623,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX pending_objects_by_lease ON pending_objects (lease_id)",
         ),
     ),
+    Migration(
+        21,
+        "write leases belong to the principal that took them",
+        (
+            # The user (a Spark job's credential) that took the lease: only it renews,
+            # extends or releases it ('' for agents and coordinators without
+            # authentication, which may touch every lease).
+            "ALTER TABLE write_leases ADD COLUMN principal TEXT NOT NULL DEFAULT ''",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -125,9 +125,17 @@ def chunk_commit_to_json(c: ChunkCommit) -> JSON:
             for b in c.producer_batches
         ]
     if c.request_keys:
-        # [key, digest, relative offset, record count, created ms, expires ms]
+        # [key, digest, relative offset, record count, created ms, expires ms, partitions]
         out["request_keys"] = [
-            [k.key, k.digest, k.relative_offset, k.record_count, k.created_ms, k.expires_ms]
+            [
+                k.key,
+                k.digest,
+                k.relative_offset,
+                k.record_count,
+                k.created_ms,
+                k.expires_ms,
+                k.partitions,
+            ]
             for k in c.request_keys
         ]
     return out
@@ -151,10 +159,19 @@ def chunk_commit_from_json(d: JSON) -> ChunkCommit:
 
 
 def _request_key(k: list[object]) -> RequestKey:
-    key, digest, relative, count, created, expires = k
-    if type(key) is not str or type(digest) is not str:
+    # Six fields from an agent that did not send the partition count yet.
+    key, digest, relative, count, created, expires, *partitions = k
+    if type(key) is not str or type(digest) is not str or len(partitions) > 1:
         raise TypeError(f"expected a key and a digest, got {k!r}")
-    return RequestKey(key, digest, _int(relative), _int(count), _int(created), _int(expires))
+    return RequestKey(
+        key,
+        digest,
+        _int(relative),
+        _int(count),
+        _int(created),
+        _int(expires),
+        _int(partitions[0]) if partitions else 0,
+    )
 
 
 def _int(v: object) -> int:
@@ -845,7 +862,10 @@ class HttpCoordinator:
         )
         return set(data["committed"])
 
-    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+    def keep_pending(
+        self, lease_id: str, keys: Sequence[str], ttl_s: float, *, principal: str | None = None
+    ) -> set[str]:
+        # ``principal`` is not sent: the coordinator takes it from this client's credential.
         data = self._request(
             "POST",
             "/v1/objects/pending",
@@ -854,7 +874,7 @@ class HttpCoordinator:
         )
         return set(data["deleted"])
 
-    def release_pending(self, lease_id: str) -> None:
+    def release_pending(self, lease_id: str, *, principal: str | None = None) -> None:
         self._request(
             "POST", "/v1/objects/pending/release", body={"lease_id": lease_id}, idempotent=True
         )
@@ -897,7 +917,10 @@ class HttpCoordinator:
         if found is None:
             return None
         return StoredKey(
-            found["digest"], int(found["created_ms"]), tuple(tuple(p) for p in found["parts"])
+            found["digest"],
+            int(found["created_ms"]),
+            tuple(tuple(p) for p in found["parts"]),
+            int(found.get("partitions") or 0),
         )
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:

@@ -239,11 +239,13 @@ class LocalCoordinator:
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         return self._store.committed_object_keys(keys)
 
-    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
-        return self._store.keep_pending(lease_id, keys, ttl_s)
+    def keep_pending(
+        self, lease_id: str, keys: Sequence[str], ttl_s: float, *, principal: str | None = None
+    ) -> set[str]:
+        return self._store.keep_pending(lease_id, keys, ttl_s, principal=principal)
 
-    def release_pending(self, lease_id: str) -> None:
-        self._store.release_pending(lease_id)
+    def release_pending(self, lease_id: str, *, principal: str | None = None) -> None:
+        self._store.release_pending(lease_id, principal=principal)
 
     def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
         return self._store.pending_object_keys(keys)

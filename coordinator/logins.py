@@ -165,6 +165,12 @@ class Logins:
     (keyed by an HMAC of the credential under a per-process random key, so the cache
     never holds a password), throttles failures (:class:`LoginThrottle`).
 
+    ``cache_ttl_s`` bounds how long a credential keeps working here after its user or
+    API key was deleted (or its password changed, or its key rotated) elsewhere: a
+    success is answered from the cache for at most that long after its verification
+    ended, then verified again. A change made through this process drops the cache at
+    once (:meth:`forget`), verifications in flight included.
+
     ``run(fn, *args)`` takes the store's (blocking) calls off the event loop.
     """
 
@@ -190,15 +196,25 @@ class Logins:
         #: Verifications in flight by credential: the same credential sent many times at
         #: once (a client's burst on a cold cache) is verified once.
         self._pending: dict[bytes, asyncio.Future[str]] = {}
+        #: Bumped by :meth:`forget`: a verification that began before is not cached.
+        self._generation = 0
         self.throttle = LoginThrottle(max_failures, failure_window_s, clock)
+
+    @property
+    def cache_ttl_s(self) -> float:
+        """How long a verified credential is trusted without asking the store again."""
+        return self._ttl
 
     def _digest(self, name: str, secret: str) -> bytes:
         return hmac.new(self._key, f"{name}\0{secret}".encode(), hashlib.sha256).digest()
 
     def forget(self) -> None:
-        """Drop every cached credential (after a password change through this process)."""
+        """Drop every cached credential (after a password change, a user's or an API key's
+        deletion through this process), and keep the verifications in flight from
+        caching what they verified before the change."""
         with self._lock:
             self._cache.clear()
+            self._generation += 1
 
     async def authenticate(self, name: str, secret: str, address: str, door: str) -> str:
         """The principal of ``name``/``secret``.
@@ -230,6 +246,7 @@ class Logins:
             raise
         verdict: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._pending[digest] = verdict
+        generation = self._generation
         failed = False
         try:
             principal: str = await self._run(self.store.authenticate, name, secret)
@@ -245,6 +262,9 @@ class Logins:
             await self.throttle.done(keys, failed=failed)
         verdict.set_result(principal)
         with self._lock:
+            if generation != self._generation:  # forgotten meanwhile: verify it again
+                self.metrics.successes.labels(door, "false").inc()
+                return principal
             self._cache[digest] = (principal, self._clock() + self._ttl)
             self._cache.move_to_end(digest)
             while len(self._cache) > MAX_ENTRIES:

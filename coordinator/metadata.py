@@ -52,6 +52,7 @@ from coordinator.topic_configs import (
     validate_topic_name,
 )
 from segments.errors import (
+    AuthorizationError,
     CommitConflictError,
     CoordinatorUnavailableError,
     IndexHoleError,
@@ -254,15 +255,22 @@ _ENTRIES_FROM = (
 _LOOKUP = _ENTRIES_FROM + " ORDER BY e.base_offset LIMIT ?"
 _LOOKUP_TIMESTAMP = _ENTRIES_FROM + " AND e.max_ts >= ? ORDER BY e.base_offset LIMIT 1"
 _OBJECTS_IN = "SELECT object_key FROM objects WHERE deleted_at IS NULL AND object_key IN ({marks})"
-# Pending uploads (see ``MetadataStore.keep_pending``).
+# Pending uploads (see ``MetadataStore.keep_pending``). Each statement's first parameter
+# is 1 for a trusted caller (an agent, or a coordinator without authentication), which
+# may touch every lease; a user touches only the leases it took, and the keys under them.
 _UPSERT_LEASE = (
-    "INSERT INTO write_leases (lease_id, expires_at) VALUES (?, ?) "
-    "ON CONFLICT (lease_id) DO UPDATE SET expires_at = excluded.expires_at"
+    "INSERT INTO write_leases (lease_id, expires_at, principal) VALUES (?, ?, ?) "
+    "ON CONFLICT (lease_id) DO UPDATE SET expires_at = excluded.expires_at "
+    "WHERE ? = 1 OR write_leases.principal = excluded.principal RETURNING lease_id"
 )
 _ADD_PENDING = (
     "INSERT INTO pending_objects (object_key, lease_id, registered_at) VALUES (?, ?, ?) "
-    "ON CONFLICT (object_key) DO UPDATE SET lease_id = excluded.lease_id"
+    "ON CONFLICT (object_key) DO UPDATE SET lease_id = excluded.lease_id "
+    "WHERE ? = 1 OR pending_objects.lease_id = excluded.lease_id OR EXISTS (SELECT 1 "
+    "FROM write_leases l WHERE l.lease_id = pending_objects.lease_id AND l.principal = ?) "
+    "RETURNING object_key"
 )
+_LEASE_PRINCIPAL = "SELECT principal FROM write_leases WHERE lease_id = ?"
 _RELEASE_PENDING = "DELETE FROM pending_objects WHERE lease_id = ?"
 _RELEASE_LEASE = "DELETE FROM write_leases WHERE lease_id = ?"
 _PENDING_IN = (
@@ -1024,7 +1032,7 @@ class MetadataStore:
                     k.digest,
                     k.created_ms,
                     k.expires_ms,
-                    StoredKey(k.digest, k.created_ms, tuple(sorted(parts))).to_json(),
+                    StoredKey(k.digest, k.created_ms, tuple(sorted(parts)), k.partitions).to_json(),
                 )
                 for (topic_id, name), (k, parts) in sorted(claimed.items())
             ],
@@ -1267,10 +1275,17 @@ class MetadataStore:
         return found
 
     # -- pending uploads ------------------------------------------------------
-    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+    def keep_pending(
+        self, lease_id: str, keys: Sequence[str], ttl_s: float, *, principal: str | None = None
+    ) -> set[str]:
         """Register uploads (``keys``, before their PUT) under a writer's lease and extend
         the lease to ``ttl_s`` from now; with no keys, only extend it. Garbage collection
         leaves a key alone while its lease lives (``pending_object_keys``).
+
+        Args:
+            principal: the user calling (a Spark job's credential): a new lease is its
+                own, and it may touch only its own leases and the keys under them. None:
+                a trusted caller (an agent, or no authentication), which may touch all.
 
         Returns:
             The lease's keys (of ``keys``) that garbage collection deleted already:
@@ -1278,6 +1293,8 @@ class MetadataStore:
 
         Raises:
             ValueError: an empty lease id, or ``ttl_s`` not in (0, MAX_LEASE_S].
+            AuthorizationError: the lease, or a key's current lease, is another
+                principal's (nothing is changed).
         """
         if not isinstance(lease_id, str) or not lease_id:
             raise ValueError("lease_id must be a non-empty string")
@@ -1285,15 +1302,44 @@ class MetadataStore:
             raise ValueError(f"ttl_s must be in (0, {MAX_LEASE_S:.0f}], not {ttl_s}")
         now = time.time()
         wanted = list(dict.fromkeys(keys))
+        trusted = int(principal is None)
+        owner = principal or ""
         with self._db.write(exclusive=False) as conn:
-            conn.execute(self._q(_UPSERT_LEASE), (lease_id, now + ttl_s))
-            conn.executemany(self._q(_ADD_PENDING), [(k, lease_id, now) for k in wanted])
+            taken = conn.execute(
+                self._q(_UPSERT_LEASE), (lease_id, now + ttl_s, owner, trusted)
+            ).fetchone()
+            if taken is None:
+                raise AuthorizationError(
+                    f"{principal} may not use write lease {lease_id!r}: another principal took it"
+                )
+            added = fetch_each(
+                conn,
+                self._q(_ADD_PENDING),
+                [(k, lease_id, now, trusted, owner) for k in wanted],
+            )
+            refused = [k for k, row in zip(wanted, added, strict=True) if row is None]
+            if refused:
+                raise AuthorizationError(
+                    f"{principal} may not register {refused[0]!r}: it is pending under "
+                    "another principal's write lease"
+                )
             return self._keys_in(conn, _DELETED_IN, wanted, ())
 
-    def release_pending(self, lease_id: str) -> None:
+    def release_pending(self, lease_id: str, *, principal: str | None = None) -> None:
         """Drop a writer's lease and its pending keys (its job committed or gave up):
-        uncommitted keys become ordinary orphans for garbage collection."""
+        uncommitted keys become ordinary orphans for garbage collection.
+
+        Raises:
+            AuthorizationError: ``principal`` (a user; None: a trusted caller, see
+                ``keep_pending``) did not take the lease (nothing is changed).
+        """
         with self._db.write(exclusive=False) as conn:
+            row = conn.execute(self._q(_LEASE_PRINCIPAL), (lease_id,)).fetchone()
+            if principal is not None and row is not None and row[0] != principal:
+                raise AuthorizationError(
+                    f"{principal} may not release write lease {lease_id!r}: another "
+                    "principal took it"
+                )
             conn.execute(self._q(_RELEASE_PENDING), (lease_id,))
             conn.execute(self._q(_RELEASE_LEASE), (lease_id,))
 

@@ -129,6 +129,9 @@ class RequestKey:
     record_count: int
     created_ms: int  # when the agent took the request (its records' default timestamp)
     expires_ms: int
+    #: The topic's partition count the agent placed the request's records with (0: not
+    #: known, from an agent before it was sent).
+    partitions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +142,30 @@ class StoredKey:
     created_ms: int
     #: (partition, first offset, record count) per partition of the request.
     parts: tuple[tuple[int, int, int], ...]
+    #: The partition count the records were placed with, so a retry places them the same
+    #: way after partitions were added (0: not known, stored before it was kept).
+    partitions: int = 0
 
     def to_json(self) -> str:
-        return json.dumps([list(p) for p in self.parts])
+        parts = [list(p) for p in self.parts]
+        if not self.partitions:
+            return json.dumps(parts)
+        return json.dumps({"partitions": self.partitions, "parts": parts})
 
     @classmethod
     def from_row(cls, digest: str, created_ms: int, parts: str) -> StoredKey:
+        """The key as ``to_json`` wrote it (a bare list of parts: stored by an older
+        coordinator, partition count not known)."""
         found = json.loads(parts)
-        return cls(digest, int(created_ms), tuple((int(p), int(o), int(n)) for p, o, n in found))
+        partitions = 0
+        if isinstance(found, dict):
+            partitions, found = int(found["partitions"]), found["parts"]
+        return cls(
+            digest,
+            int(created_ms),
+            tuple((int(p), int(o), int(n)) for p, o, n in found),
+            partitions,
+        )
 
 
 def judge_key(stored: StoredKey | None, digest: str) -> Verdict:

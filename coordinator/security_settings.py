@@ -214,7 +214,8 @@ class AgentSecuritySettings(CoordinatorSecuritySettings):
     auth_cache_ttl_s: Annotated[float, Field(ge=0, le=300)] = Field(
         default=5.0,
         description="How long an agent trusts a verified credential and its copy of the ACLs "
-        "(the staleness bound of a password change, key rotation or ACL change).",
+        "(the staleness bound of a password change, key rotation, ACL change, or a user or "
+        "API key deleted through another process).",
     )
     auth_max_failures: Annotated[int, Field(ge=1)] = Field(
         default=10,

@@ -31,7 +31,8 @@ Routes (wire format in ``coordinator.http_client``; topic ids are hex)::
                                              "batches"}]}  <- {"producer_id", "partitions"}
     POST   /v1/objects/committed             {"committed": [key]}  <- {"keys"}
     POST   /v1/objects/pending               {"deleted": [key]}  <- {"lease_id", "keys", "ttl_s"}
-    POST   /v1/objects/pending/release       {}  <- {"lease_id"}
+                                             (a user's call: only its own leases, 403)
+    POST   /v1/objects/pending/release       {}  <- {"lease_id"}  (the same)
     POST   /v1/objects/pending/live          {"pending": [key]}  <- {"keys"}
     POST   /v1/agents/heartbeat              {"broker_id"}  <- {"agent_id", "host", "port",
                                                                "kafka_host", "kafka_port"}
@@ -133,7 +134,7 @@ from prometheus_client.exposition import generate_latest
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator.access import AccessMiddleware
+from coordinator.access import AccessMiddleware, user_of
 from coordinator.client import Coordinator
 from coordinator.group_commit import GroupCommitCollector
 from coordinator.group_metrics import GroupLagCollector
@@ -224,6 +225,7 @@ _STATUS_BY_ERROR: dict[str, int] = {
     "RequestTooLargeError": 413,
     "RecordTooLargeError": 413,
     "CorruptRecordError": 400,
+    "InvalidRecordError": 400,
     "UnprocessableRequestError": 422,
     "SchemaRegistryError": 400,
     "SubjectNotFoundError": 404,
@@ -697,6 +699,7 @@ def create_app(
                     "digest": found.digest,
                     "created_ms": found.created_ms,
                     "parts": [list(p) for p in found.parts],
+                    "partitions": found.partitions,
                 }
             }
         )
@@ -706,13 +709,15 @@ def create_app(
         return _json({"committed": sorted(coordinator.committed_object_keys(body.keys))})
 
     @app.post("/v1/objects/pending")
-    def keep_pending(body: PendingBody) -> Response:
-        deleted = coordinator.keep_pending(body.lease_id, body.keys, body.ttl_s)
+    def keep_pending(request: Request, body: PendingBody) -> Response:
+        deleted = coordinator.keep_pending(
+            body.lease_id, body.keys, body.ttl_s, principal=user_of(request.scope)
+        )
         return _json({"deleted": sorted(deleted)})
 
     @app.post("/v1/objects/pending/release")
-    def release_pending(body: LeaseBody) -> Response:
-        coordinator.release_pending(body.lease_id)
+    def release_pending(request: Request, body: LeaseBody) -> Response:
+        coordinator.release_pending(body.lease_id, principal=user_of(request.scope))
         return _json({})
 
     @app.post("/v1/objects/pending/live")

@@ -844,10 +844,12 @@ class ShardedStore:
             found |= shard.read(read)
         return found
 
-    def keep_pending(self, lease_id: str, keys: Sequence[str], ttl_s: float) -> set[str]:
+    def keep_pending(
+        self, lease_id: str, keys: Sequence[str], ttl_s: float, *, principal: str | None = None
+    ) -> set[str]:
         """Leases and pending keys live in the catalog (``MetadataStore.keep_pending``);
         a key some shard holds a tombstone of is answered as deleted."""
-        self._catalog.keep_pending(lease_id, keys, ttl_s)
+        self._catalog.keep_pending(lease_id, keys, ttl_s, principal=principal)
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return set()
@@ -859,8 +861,8 @@ class ShardedStore:
                 log.warning("keep_pending: shard %s did not say what was deleted", shard.shard_id)
         return deleted
 
-    def release_pending(self, lease_id: str) -> None:
-        self._catalog.release_pending(lease_id)
+    def release_pending(self, lease_id: str, *, principal: str | None = None) -> None:
+        self._catalog.release_pending(lease_id, principal=principal)
 
     def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
         return self._catalog.pending_object_keys(keys)
@@ -928,7 +930,8 @@ class ShardedStore:
         if not found:
             return None
         parts = tuple(sorted(p for k in found for p in k.parts))
-        return StoredKey(found[0].digest, min(k.created_ms for k in found), parts)
+        partitions = max(k.partitions for k in found)  # the same in every shard
+        return StoredKey(found[0].digest, min(k.created_ms for k in found), parts, partitions)
 
     # -- agents (the catalog) ---------------------------------------------------
     def heartbeat_agent(

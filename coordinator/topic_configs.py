@@ -25,7 +25,12 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from segments.compression import DECOMPRESSED_CONFIG, DEFAULT_MAX_DECOMPRESSED_BYTES
-from segments.errors import InvalidConfigError, InvalidTopicNameError, RecordTooLargeError
+from segments.errors import (
+    InvalidConfigError,
+    InvalidRecordError,
+    InvalidTopicNameError,
+    RecordTooLargeError,
+)
 from segments.types import Record, TopicInfo
 
 #: Kafka's limit: 249, so that ``<topic>-<partition>`` directory names fit in 255 bytes.
@@ -563,6 +568,33 @@ def log_append_time(topic: TopicInfo) -> bool:
         "message.timestamp.type", topic.defaults.get("message.timestamp.type")
     )
     return value == "LogAppendTime"
+
+
+def compacted(topic: TopicInfo) -> bool:
+    """Whether the topic is compacted (``cleanup.policy`` holds ``compact``): it takes
+    only records with a key."""
+    value = topic.configs.get("cleanup.policy", topic.defaults.get("cleanup.policy"))
+    policy = CONFIG_DEFS["cleanup.policy"].default if value is None else value
+    return "compact" in [p.strip() for p in policy.split(",")]
+
+
+def keyless_refused(topic: TopicInfo, partition: int) -> InvalidRecordError:
+    """Kafka's error (INVALID_RECORD) for a record without a key on a compacted topic."""
+    return InvalidRecordError(
+        "Compacted topic cannot accept message without key in topic partition "
+        f"{topic.name}-{partition}."
+    )
+
+
+def check_record_key(record: Record, topic: TopicInfo, partition: int) -> None:
+    """Refuse a record without a key for a compacted topic (REST and Spark writes; the
+    Kafka door's batches are checked by ``segments.batches.check_batches``).
+
+    Raises:
+        InvalidRecordError: the record has no key and the topic is compacted.
+    """
+    if record.key is None and compacted(topic):
+        raise keyless_refused(topic, partition)
 
 
 def record_limit(topic: TopicInfo) -> tuple[int, str]:

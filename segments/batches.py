@@ -19,7 +19,8 @@ The batch layout is the one drawn at the top of ``segments.segment``; what matte
 
 A producer's batch is checked (framing, magic, CRC, attributes, its records'
 decompressed size against a bound, and every record decoded once so that its count,
-offset deltas and timestamps are known and a batch that cannot be read back is refused)
+offset deltas and timestamps are known and a batch that cannot be read back is refused;
+for a compacted topic, that every record has a key)
 and then stored byte for byte: neither decompressed into the store nor re-encoded. Only
 BaseOffset and PartitionLeaderEpoch, which the CRC does not cover, are ever rewritten.
 """
@@ -39,7 +40,12 @@ from segments.compression import (
     OverLimitError,
     plain_batch,
 )
-from segments.errors import CorruptRecordError, CorruptSegmentError, RecordTooLargeError
+from segments.errors import (
+    CorruptRecordError,
+    CorruptSegmentError,
+    InvalidRecordError,
+    RecordTooLargeError,
+)
 from segments.types import ConsumedRecord
 
 __all__ = [
@@ -83,12 +89,16 @@ class BatchInfo:
 
 
 def check_batches(
-    data: bytes | memoryview, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    data: bytes | memoryview,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    *,
+    keys_required: bool = False,
 ) -> list[BatchInfo]:
     """Check the RecordBatches of one partition of a Produce request.
 
     Records are decompressed by :func:`segments.compression.plain_batch`, which stops at
     ``max_decompressed_bytes`` (the topic's ``lakelog.max.decompressed.bytes``).
+    ``keys_required``: the topic is compacted, and a record without a key is refused.
 
     Raises:
         CorruptRecordError: bad framing, magic, CRC, attributes, or records that do not
@@ -96,6 +106,8 @@ def check_batches(
             record set and transactional or control batches.
         RecordTooLargeError: a batch whose records take more than
             ``max_decompressed_bytes`` once decompressed (Kafka's MESSAGE_TOO_LARGE).
+        InvalidRecordError: with ``keys_required``, a record without a key (Kafka's
+            INVALID_RECORD).
     """
     view = memoryview(data)
     size = len(view)
@@ -136,14 +148,16 @@ def check_batches(
             ) from None
         except ValueError as e:
             raise CorruptRecordError(f"Batch at byte {pos}: undecodable records: {e}") from None
-        lo, hi = _check_records(DefaultRecordBatch(plain), pos, count)
+        lo, hi = _check_records(DefaultRecordBatch(plain), pos, count, keys_required)
         del plain
         out.append(BatchInfo(pos, end - pos, count, lo, hi, pid, epoch, seq, attributes))
         pos = end
     return out
 
 
-def _check_records(batch: DefaultRecordBatch, pos: int, count: int) -> tuple[int, int]:
+def _check_records(
+    batch: DefaultRecordBatch, pos: int, count: int, keys_required: bool
+) -> tuple[int, int]:
     """Decode every record once; returns (min, max) timestamp."""
     expected = 0
     lo, hi = 1 << 63, -(1 << 63)
@@ -151,11 +165,16 @@ def _check_records(batch: DefaultRecordBatch, pos: int, count: int) -> tuple[int
         for record in batch:
             if record.offset != expected:
                 raise CorruptRecordError(f"Batch at byte {pos}: offset deltas not contiguous.")
+            if keys_required and record.key is None:
+                raise InvalidRecordError(
+                    f"Compacted topic cannot accept message without key (record {expected} "
+                    f"of the batch at byte {pos})."
+                )
             ts = record.timestamp
             lo = min(lo, ts)
             hi = max(hi, ts)
             expected += 1
-    except CorruptRecordError:
+    except (CorruptRecordError, InvalidRecordError):
         raise
     except Exception as e:  # each codec library raises its own types
         raise CorruptRecordError(f"Batch at byte {pos}: undecodable records: {e!r}") from e

@@ -78,6 +78,7 @@ Every layer raises these; only the web layer knows HTTP, through one table in
         ├── RequestTooLargeError      the request body is over the limit
         ├── RecordTooLargeError       one record is over max.message.bytes
         ├── CorruptRecordError        a producer's RecordBatch fails its checks (CRC, ...)
+        ├── InvalidRecordError        a record its topic refuses (no key, compacted topic)
         ├── UnprocessableRequestError well-formed but unusable (empty records, ...)
         ├── InvalidBatchError         records:batch: empty, too many entries, ids not distinct
         ├── IdempotencyKeyMismatchError  an Idempotency-Key reused for another request
@@ -385,6 +386,11 @@ class CorruptRecordError(RequestError):
     CORRUPT_MESSAGE)."""
 
 
+class InvalidRecordError(RequestError):
+    """A well-formed record its topic does not take: one without a key on a compacted
+    topic (``cleanup.policy`` with ``compact``), as Kafka's INVALID_RECORD."""
+
+
 class UnprocessableRequestError(RequestError):
     """Well-formed but unusable: empty records, missing fields, ..."""
 
@@ -545,6 +551,7 @@ ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
         RequestTooLargeError,
         RecordTooLargeError,
         CorruptRecordError,
+        InvalidRecordError,
         UnprocessableRequestError,
         InvalidBatchError,
         IdempotencyKeyMismatchError,

@@ -186,6 +186,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.RequestTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.RecordTooLargeError: ErrorSpec(ErrorCode.REQUEST_TOO_LARGE),
     e.CorruptRecordError: ErrorSpec(ErrorCode.BAD_REQUEST),
+    e.InvalidRecordError: ErrorSpec(ErrorCode.KAFKA_BAD_REQUEST),
     e.UnprocessableRequestError: ErrorSpec(ErrorCode.PAYLOAD_ERROR),
     e.InvalidBatchError: ErrorSpec(ErrorCode.BATCH_ERROR),
     e.IdempotencyKeyMismatchError: ErrorSpec(ErrorCode.IDEMPOTENCY_KEY_MISMATCH),

@@ -20,7 +20,9 @@ got. So, whichever agent a retry reaches, whenever (until the key expires after
 
 A keyed request is produced as one group (a v3 stream is read whole first), and its
 keyless records go to the partition the key hashes to (not the sticky round robin), so
-a retry places every record where the first request did.
+a retry places every record where the first request did. The partition count the
+records were placed with is stored with the key, and a retry is placed with that count
+(``placed_on``): partitions added to the topic meanwhile do not move its records.
 
 With sharded metadata (``coordinator.shards``) a request may commit on some shards and
 fail on others (the client gets the failed records' errors): the key is stored only
@@ -36,7 +38,7 @@ import hashlib
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 from fastapi import Header, Request
@@ -50,7 +52,7 @@ from segments.errors import (
     MalformedRequestError,
 )
 from segments.partitioning import partition_for_key
-from segments.types import Record
+from segments.types import Record, TopicInfo
 from service.idempotence import Admission, Ticket
 from service.state import AgentState
 
@@ -78,9 +80,10 @@ class KeyedProduce:
     now_ms: int
     expires_ms: int
 
-    def request_key(self) -> RequestKey:
-        """The key as the batcher carries it to the commit (offsets filled in there)."""
-        return RequestKey(self.key, self.digest, 0, 0, self.now_ms, self.expires_ms)
+    def request_key(self, partitions: int) -> RequestKey:
+        """The key as the batcher carries it to the commit (offsets filled in there),
+        with the partition count its records were placed with."""
+        return RequestKey(self.key, self.digest, 0, 0, self.now_ms, self.expires_ms, partitions)
 
     def sticky_partition(self, partitions: int) -> int:
         """Where the request's keyless records go: the same on every retry."""
@@ -151,6 +154,15 @@ async def admit(
         await asyncio.sleep(_IN_FLIGHT_POLL_S)
 
 
+def placed_on(topic: TopicInfo, stored: StoredKey | None) -> TopicInfo:
+    """The topic as a keyed request's records are placed on: for a retry of a stored
+    request, with the partition count the first request was placed with (so keys hash
+    and keyless records go where they did, whatever partitions were added since)."""
+    if stored is None or not stored.partitions or stored.partitions == topic.partitions:
+        return topic
+    return replace(topic, partitions=stored.partitions)
+
+
 def stored_offsets(stored: StoredKey, partitions: Sequence[int]) -> list[int]:
     """The offsets a duplicate is answered with: one per record, given each record's
     partition in request order (records of one partition are contiguous in the log).
@@ -183,9 +195,11 @@ async def append_keyed(
     keyed: KeyedProduce | None,
     stored: StoredKey | None,
     *,
+    partitions: int,
     log_append_time: bool = False,
 ) -> list[int]:
-    """Produce a (keyed) request's ``(partition, record)`` entries; the offset of each.
+    """Produce a (keyed) request's ``(partition, record)`` entries, placed over
+    ``partitions`` partitions (``placed_on``); the offset of each.
 
     Not stored yet: appended with the key. Stored: the stored offsets; stored for some
     partitions only (committed on some metadata shards, see the module docstring): the
@@ -197,7 +211,7 @@ async def append_keyed(
     """
     from service.batcher import PartlyCommittedError  # the batcher imports the state
 
-    request_key = None if keyed is None else keyed.request_key()
+    request_key = None if keyed is None else keyed.request_key(partitions)
     if stored is None:
         return await state.batcher.append(
             topic_id, entries, request_key, log_append_time=log_append_time

@@ -45,7 +45,12 @@ from typing import Any
 import pyarrow as pa
 
 from coordinator.client import Coordinator
-from coordinator.topic_configs import check_record_size, log_append_time, record_limit
+from coordinator.topic_configs import (
+    check_record_key,
+    check_record_size,
+    log_append_time,
+    record_limit,
+)
 from index.log import LogWriter, UploadedSegment, WriteResult
 from segments.partitioning import partition_for_key
 from segments.segment import SegmentBuilder
@@ -269,6 +274,7 @@ class TaskWriter:
                     p = keyless[name] = self._keyless_partition(info)
             record = Record(key, values[i], now, headers[i])
             check_record_size(record, *record_limit(info))
+            check_record_key(record, info, p)  # a compacted topic takes keyed ones only
             grouped.setdefault((name, p), []).append(record)
         if self._builder is None:
             self._builder = SegmentBuilder(compression=self.compression)

@@ -52,6 +52,7 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.RecordTooLargeError: ErrorCode.message_too_large,
     e.RequestTooLargeError: ErrorCode.record_list_too_large,
     e.CorruptRecordError: ErrorCode.corrupt_message,
+    e.InvalidRecordError: ErrorCode.invalid_record,
     e.SecurityDisabledError: ErrorCode.security_disabled,
     # Raised only where a coordinator refuses an ACL change (the handlers answer topic and
     # group denials with their own codes, service.kafka.acl).

@@ -25,6 +25,8 @@ from kio.schema.errors import ErrorCode
 
 from coordinator.producers import ProducerBatch
 from coordinator.topic_configs import (
+    compacted,
+    keyless_refused,
     log_append_time,
     max_decompressed_bytes,
     max_message_bytes,
@@ -39,6 +41,7 @@ from segments.batches import (
 )
 from segments.errors import (
     CoordinatorUnavailableError,
+    InvalidRecordError,
     LakelogError,
     PartitionNotFoundError,
     TopicNotFoundError,
@@ -516,20 +519,24 @@ def _check_all(
     partitions: list[tuple[_KeyPartition, TopicInfo, bytes | None]],
 ) -> list[list[Any] | tuple[ErrorCode, str | None]]:
     """:func:`_check_partition` of each partition against its topic's limits."""
-    return [
-        _check_partition(records, max_message_bytes(topic), max_decompressed_bytes(topic))
-        for _, topic, records in partitions
-    ]
+    return [_check_partition(records, topic, tp[1]) for tp, topic, records in partitions]
 
 
 def _check_partition(
-    records: bytes | None, limit: int, max_decompressed: int
+    records: bytes | None, topic: TopicInfo, partition: int
 ) -> list[Any] | tuple[ErrorCode, str | None]:
-    """The checked batches of one partition, or its (error code, message)."""
+    """The checked batches of one partition, or its (error code, message): its topic's
+    size limits, and keys on a compacted topic (as Kafka: INVALID_RECORD)."""
     if not records:
         return ErrorCode.corrupt_message, "The record set is empty."
+    limit = max_message_bytes(topic)
     try:
-        infos = check_batches(records, max_decompressed)
+        infos = check_batches(
+            records, max_decompressed_bytes(topic), keys_required=compacted(topic)
+        )
+    except InvalidRecordError:
+        refused = keyless_refused(topic, partition)
+        return code_for(refused), refused.message
     except LakelogError as e:
         return code_for(e), e.message
     for info in infos:

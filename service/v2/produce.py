@@ -42,7 +42,12 @@ import msgspec
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
-from coordinator.topic_configs import check_record_size, log_append_time, record_limit
+from coordinator.topic_configs import (
+    check_record_key,
+    check_record_size,
+    log_append_time,
+    record_limit,
+)
 from segments.errors import (
     LakelogError,
     MalformedRequestError,
@@ -73,6 +78,7 @@ from service.request_keys import (
     admit,
     append_keyed,
     keyed_produce,
+    placed_on,
     release,
 )
 from service.state import AgentState, get_state
@@ -136,6 +142,7 @@ async def _produce(
             f"Partition {url_partition} of topic '{topic_name}' not found."
         )
     ticket, stored = (None, None) if keyed is None else await admit(state, topic.topic_id, keyed)
+    topic = placed_on(topic, stored)  # a retry: over the partitions its records first were
     try:
         entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition, keyed)
         state.metrics.produce_requests.labels(api="v2").inc()
@@ -148,6 +155,7 @@ async def _produce(
                 entries,
                 keyed,
                 stored,
+                partitions=topic.partitions,
                 log_append_time=log_append_time(topic),
             )
         except PartlyCommittedError as exc:  # some partitions' shard failed: say which
@@ -214,6 +222,7 @@ def _place(
         PartitionNotFoundError: a record's explicit partition is outside the topic.
         RecordTooLargeError: a record over the topic's ``max.message.bytes`` (or
             ``lakelog.max.decompressed.bytes``, when lower).
+        InvalidRecordError: a record without a key for a compacted topic.
     """
     partitions = topic.partitions
     limit = record_limit(topic)
@@ -237,6 +246,7 @@ def _place(
             if sticky < 0:
                 sticky = DEFAULT_PARTITIONER.sticky_partition(topic.name, partitions)
             partition = sticky
+        check_record_key(record, topic, partition)  # a compacted topic takes keyed ones only
         entries.append((partition, record))
     return entries
 

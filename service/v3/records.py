@@ -50,7 +50,12 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from coordinator.producers import ProducerBatch, StoredKey
-from coordinator.topic_configs import check_record_size, log_append_time, record_limit
+from coordinator.topic_configs import (
+    check_record_key,
+    check_record_size,
+    log_append_time,
+    record_limit,
+)
 from segments.errors import (
     InternalError,
     InvalidBatchError,
@@ -84,6 +89,7 @@ from service.request_keys import (
     admit,
     append_keyed,
     keyed_produce,
+    placed_on,
     release,
     stored_offsets,
 )
@@ -424,6 +430,7 @@ def _placed(
         if sticky[0] < 0:
             sticky[0] = DEFAULT_PARTITIONER.sticky_partition(topic.name, topic.partitions)
         partition = sticky[0]
+    check_record_key(record, topic, partition)  # a compacted topic takes keyed ones only
     return _Parsed(partition, record, key_report, value_report)
 
 
@@ -651,6 +658,8 @@ class _Producer:
         ticket = stored = None
         if keyed is not None:
             ticket, stored = await admit(self.state, self.topic.topic_id, keyed)
+            # A retry: placed over the partitions its records first were.
+            self.topic = placed_on(self.topic, stored)
             now_ms = keyed.now_ms if stored is None else stored.created_ms
             sticky[0] = keyed.sticky_partition(self.topic.partitions)
         try:
@@ -691,6 +700,7 @@ class _Producer:
                         [(r.partition, r.record) for r in good],
                         keyed,
                         stored,
+                        partitions=self.topic.partitions,
                         log_append_time=log_append_time(self.topic),
                     )
             except PartlyCommittedError as exc:  # some partitions' shard failed

@@ -369,6 +369,57 @@ def test_produce_errors_store_nothing(kafka_cluster: Cluster, unique_topic: Any)
     assert watermarks(kafka_cluster, topic) == (0, 2)
 
 
+def _keyed_batch(*keys: bytes | None) -> bytes:
+    b = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 30)
+    for i, key in enumerate(keys):
+        b.append(i, 1000, key, b"v%d" % i, [])
+    return bytes(b.build())
+
+
+KEYLESS = "Compacted topic cannot accept message without key in topic partition"
+
+
+@pytest.mark.parametrize("policy", ["compact", "compact,delete"])
+def test_a_compacted_topic_refuses_keyless_records_at_both_doors(
+    kafka_cluster: Cluster, unique_topic: Any, policy: str
+) -> None:
+    """As Kafka: a record without a key on a compacted topic is INVALID_RECORD on the wire
+    (its whole batch refused: a raw Produce and librdkafka) and 400 40002 on REST (v2
+    and v3), naming the topic partition; nothing of it is stored, keyed records are."""
+    topic = unique_topic("compacted")
+    create_topic(kafka_cluster, topic, 1, **{"cleanup.policy": policy})
+    addr, rest = kafka_cluster.kafka[0], kafka_cluster.agents[1]
+    wire = [_raw_produce(addr, topic, 0, _keyed_batch(*keys)) for keys in ([None], [b"k", None])]
+    p = Producer({"bootstrap.servers": addr, "retries": 0})
+    reports: list[Any] = []
+    p.produce(topic, value=b"no key", partition=0, on_delivery=lambda err, _: reports.append(err))
+    assert p.flush(30) == 0
+    v2 = httpx.post(
+        f"{rest}/topics/{topic}",
+        json={"records": [{"key": b64(b"k"), "value": b64(b"a")}, {"value": b64(b"b")}]},
+        headers={"content-type": BINARY},
+    )
+    v3_url = f"{rest}/v3/clusters/{kafka_cluster.cluster_id}/topics/{topic}/records"
+    v3 = httpx.post(v3_url, json={"value": {"type": "STRING", "data": "b"}})
+    stored_before = watermarks(kafka_cluster, topic)
+    keyed = _raw_produce(addr, topic, 0, _keyed_batch(b"k1", b"k2"))
+    v3_keyed = httpx.post(
+        v3_url,
+        json={"key": {"type": "STRING", "data": "k"}, "value": {"type": "STRING", "data": "c"}},
+    )
+
+    assert [w.error_code for w in wire] == [ErrorCode.invalid_record] * 2, wire
+    assert all(w.error_message.startswith(f"{KEYLESS} {topic}-0.") for w in wire), wire
+    assert [e.code() for e in reports] == [KafkaError.INVALID_RECORD], reports
+    assert v2.status_code == 400, v2.text
+    assert v2.json() == {"error_code": 40002, "message": f"{KEYLESS} {topic}-0."}
+    assert v3.status_code == 200, v3.text  # v3 answers each record in its report
+    assert v3.json() == {"error_code": 40002, "message": f"{KEYLESS} {topic}-0."}
+    assert stored_before == (0, 0)
+    assert (keyed.error_code, keyed.base_offset) == (ErrorCode.none, 0)
+    assert (v3_keyed.json()["error_code"], v3_keyed.json()["offset"]) == (200, 2), v3_keyed.text
+
+
 def test_fetch_below_log_start_is_offset_out_of_range(
     kafka_cluster: Cluster, unique_topic: Any
 ) -> None:

@@ -3,10 +3,13 @@ SCRAM proof an agent forwards, checked without a network."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 from scramp import ScramClient, ScramMechanism
+from starlette.testclient import TestClient
 
 from coordinator.access import (
     AGENT_ONLY,
@@ -18,7 +21,14 @@ from coordinator.access import (
     verify_scram,
 )
 from coordinator.local import LocalCoordinator
-from coordinator.security import PrincipalMapper
+from coordinator.security import (
+    AclBinding,
+    Operation,
+    PatternType,
+    Permission,
+    PrincipalMapper,
+    ResourceType,
+)
 from coordinator.security_settings import AccessSettings
 from coordinator.security_store import SqlSecurityStore
 from coordinator.server import create_app
@@ -43,6 +53,71 @@ def test_every_rule_names_a_route_and_every_security_route_has_one(tmp_path: Pat
         assert rule_for(*route) is AGENT_ONLY
     assert rule_for("GET", "/metrics").caller is Caller.ANYONE
     assert rule_for("GET", "/metrics", protect_metrics=True).caller is Caller.USER
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_a_write_lease_is_its_users_own(tmp_path: Path) -> None:
+    """Alice (WRITE on a topic, as a Spark write) takes a write lease for an upload;
+    Mallory (no ACL at all, but a valid login) can neither release it, renew or shorten
+    it, move its key under her own lease, nor ask which keys are pending: each is 403
+    and the upload stays pending (garbage collection leaves it alone). Before, any
+    user could release it, and GC could then delete an object about to be committed."""
+    secret = "s" * 32
+    with LocalCoordinator(f"sqlite:///{tmp_path}/m.db") as coord:
+        security = SqlSecurityStore(coord.db, CHEAP)
+        security.create_user("alice", "alice-password-1")
+        security.create_user("mallory", "mallory-password-1")
+        coord.create_topic("w", 1)
+        security.create_acls(
+            [
+                AclBinding(
+                    "User:alice",
+                    "*",
+                    ResourceType.TOPIC,
+                    "w",
+                    PatternType.LITERAL,
+                    Operation.WRITE,
+                    Permission.ALLOW,
+                )
+            ]
+        )
+        access = AccessSettings("basic", secret, "acl", frozenset({"User:admin"}))
+        app = create_app(coord, security=security, access=access)
+        key = "segments/ab/01JUPLOAD.seg"
+        with TestClient(app) as client:
+            alice = _basic("alice", "alice-password-1")
+            mallory = _basic("mallory", "mallory-password-1")
+            agent = f"Bearer {secret}"
+
+            def post(path: str, body: dict[str, Any], who: str) -> tuple[int, Any]:
+                r = client.post(path, json=body, headers={"Authorization": who})
+                return r.status_code, r.json()
+
+            pending = "/v1/objects/pending"
+            lease = {"lease_id": "job-a", "keys": [key], "ttl_s": 600}
+            assert post(pending, lease, alice) == (200, {"deleted": []})
+            refused = [
+                post(pending + "/release", {"lease_id": "job-a"}, mallory),
+                post(pending, {**lease, "keys": [], "ttl_s": 0.001}, mallory),
+                post(pending, {**lease, "lease_id": "job-m"}, mallory),
+                post(pending + "/live", {"keys": [key]}, mallory),
+            ]
+            live = post(pending + "/live", {"keys": [key]}, agent)
+            # Her own lease, for her own upload, is hers to keep and release.
+            own = {"lease_id": "job-m", "keys": ["segments/cd/01JMINE.seg"], "ttl_s": 60}
+            mine = [post(pending, own, mallory), post(pending + "/release", own, mallory)]
+            released = post(pending + "/release", {"lease_id": "job-a"}, alice)
+            after = post(pending + "/live", {"keys": [key]}, agent)
+    assert [status for status, _ in refused] == [403] * 4, refused
+    assert all(body["error"] == "AuthorizationError" for _, body in refused)
+    assert "another principal" in refused[0][1]["message"]
+    assert live == (200, {"pending": [key]})
+    assert mine == [(200, {"deleted": []}), (200, {})]
+    assert released == (200, {})
+    assert after == (200, {"pending": []})
 
 
 def test_a_forwarded_scram_login_is_checked_against_the_users_verifier(tmp_path: Path) -> None:

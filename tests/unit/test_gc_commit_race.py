@@ -17,7 +17,12 @@ import pytest
 from coordinator.client import ChunkCommit
 from coordinator.janitors.catalog import Catalog
 from coordinator.local import LocalCoordinator
-from segments.errors import ObjectDeletedError, PartitionNotFoundError, TopicNotFoundError
+from segments.errors import (
+    AuthorizationError,
+    ObjectDeletedError,
+    PartitionNotFoundError,
+    TopicNotFoundError,
+)
 from tests.conftest import new_db_url, sql_rows
 
 
@@ -119,6 +124,29 @@ def test_leases_keep_pending_keys_until_they_expire(coord: LocalCoordinator) -> 
     # A key collected already is reported to its writer.
     assert catalog.claim_orphan("k9", time.time())
     assert coord.keep_pending("job-d", ["k9"], 60) == {"k9"}
+
+
+def test_a_lease_belongs_to_the_principal_that_took_it(coord: LocalCoordinator) -> None:
+    """Another user can neither renew, release nor move keys out of a lease (nothing
+    changes when refused); its own user and trusted callers (principal None: agents)
+    can; keys may move between one user's own leases."""
+    alice, bob = "User:alice", "User:bob"
+    assert coord.keep_pending("job-a", ["k1"], 60, principal=alice) == set()
+    for call in (
+        lambda: coord.keep_pending("job-a", [], 0.001, principal=bob),
+        lambda: coord.keep_pending("job-b", ["k2", "k1"], 60, principal=bob),
+        lambda: coord.release_pending("job-a", principal=bob),
+    ):
+        with pytest.raises(AuthorizationError, match="another principal"):
+            call()
+    time.sleep(0.01)
+    assert coord.pending_object_keys(["k1", "k2"]) == {"k1"}  # job-b was never made
+    assert coord.keep_pending("job-b", ["k2"], 60, principal=bob) == set()
+    assert coord.keep_pending("job-a2", ["k1"], 60, principal=alice) == set()  # her own
+    assert coord.keep_pending("job-a", [], 60) == set()  # an agent renews any lease
+    coord.release_pending("job-a2", principal=alice)
+    coord.release_pending("job-b")  # and releases any
+    assert coord.pending_object_keys(["k1", "k2"]) == set()
 
 
 def test_deleting_a_topic_while_commits_hold_its_partitions_leaves_no_entry(

@@ -8,7 +8,7 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from segments.batches import check_batches, encode_records, fetch_batches
-from segments.errors import CorruptRecordError
+from segments.errors import CorruptRecordError, InvalidRecordError
 from segments.segment import COMPRESSIONS, SegmentBuilder, SegmentReader, decode_chunk
 from segments.types import ConsumedRecord, Record
 
@@ -152,3 +152,17 @@ def test_spark_scan_reads_producer_batches_of_every_codec_and_size() -> None:
     values = [v for b in batches for v in b.column("value").to_pylist()]
     assert offsets == list(range(500, 500 + total))
     assert values[0] == b"rest" and len(values[-1]) == 1 << 20
+
+
+@pytest.mark.parametrize("codec", range(len(COMPRESSIONS)), ids=COMPRESSIONS)
+def test_a_compacted_topics_batches_need_keys_in_every_record(codec: int) -> None:
+    """``keys_required`` (a compacted topic): one keyless record, in a batch of any codec,
+    refuses the set; the same set passes without it, and keyed batches pass with it."""
+    b = DefaultRecordBatchBuilder(2, codec, 0, -1, -1, -1, 1 << 30)
+    for i, key in enumerate([b"k0", None, b"k2"]):
+        b.append(i, 1_000, key, b"v", [])
+    keyless = bytes(b.build())
+    with pytest.raises(InvalidRecordError, match=r"without key \(record 1 of the batch at byte"):
+        check_batches(producer_batch(2, codec) + keyless, keys_required=True)
+    assert len(check_batches(keyless)) == 1
+    assert len(check_batches(producer_batch(3, codec), keys_required=True)) == 1

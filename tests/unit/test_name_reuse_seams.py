@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+import orjson
 
 from service.app import create_app
 from service.settings import Settings
@@ -71,30 +71,58 @@ def test_a_topic_made_again_elsewhere_is_produced_to_after_one_failure(tmp_path:
     assert high_watermark == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22 seam pass, proven and left open: a keyed REST request retried after "
-    "partitions were added hashes its record keys over the new count and is answered 500 "
-    "(the stored key does not keep the partition count it was placed with)",
-)
 def test_a_keyed_request_retried_after_partitions_were_added_gets_its_offsets(
     tmp_path: Path,
 ) -> None:
+    """A v3 and a v2 request under an Idempotency-Key (keyed and keyless records), then
+    partitions added to the topic, then each request retried: the retries are answered
+    with the first answers and store nothing. Before: a retry hashed the records' keys
+    over the new count, did not match what was stored and was answered 500."""
+
+    def b64(s: str) -> str:
+        return base64.b64encode(s.encode()).decode()
+
+    v3_body = b"".join(
+        orjson.dumps(
+            {
+                "value": {"type": "BINARY", "data": b64(f"v{j}")},
+                **({"key": {"type": "BINARY", "data": b64(f"key-{j}")}} if j % 3 else {}),
+            }
+        )
+        for j in range(6)
+    )
+    v2_body = {
+        "records": [
+            {"value": b64(f"w{j}"), **({"key": b64(f"key-{j}")} if j % 3 else {})} for j in range(6)
+        ]
+    }
+
     async def body(st: Any, c: httpx.AsyncClient) -> list[Any]:
-        st.coordinator.create_topic("grown", 1)
-        url = f"/v3/clusters/{st.cluster_id}/topics/grown/records"
-        rec = {
-            "key": {"type": "BINARY", "data": base64.b64encode(b"some-key").decode()},
-            "value": {"type": "BINARY", "data": base64.b64encode(b"v").decode()},
-        }
-        first = (await c.post(url, json=rec, headers={"Idempotency-Key": "k-1"})).json()
-        st.coordinator.add_partitions("grown", 8)
+        st.coordinator.create_topic("grown", 2)
+        v3 = f"/v3/clusters/{st.cluster_id}/topics/grown/records"
+
+        async def send() -> list[Any]:
+            a = await c.post(
+                v3,
+                content=v3_body,
+                headers={"Content-Type": "application/json", "Idempotency-Key": "k-3"},
+            )
+            b = await c.post(
+                "/topics/grown",
+                json=v2_body,
+                headers={"Content-Type": V2, "Idempotency-Key": "k-2"},
+            )
+            return [[orjson.loads(line) for line in a.text.splitlines()], b.json()]
+
+        first = await send()
+        st.coordinator.add_partitions("grown", 16)
         st.topics.invalidate("grown")
-        again = (await c.post(url, json=rec, headers={"Idempotency-Key": "k-1"})).json()
-        stored = sum(st.coordinator.offsets("grown", p).high_watermark for p in range(8))
+        again = await send()
+        stored = sum(st.coordinator.offsets("grown", p).high_watermark for p in range(16))
         return [first, again, stored]
 
     first, again, stored = _with_agent(tmp_path, body)
-    assert stored == 1  # stored once either way
-    assert first["error_code"] == 200
-    assert (again["error_code"], again["partition_id"], again["offset"]) == (200, 0, 0), again
+    assert stored == 12  # each request once
+    assert [r["error_code"] for r in first[0]] == [200] * 6, first
+    assert [o["error_code"] for o in first[1]["offsets"]] == [None] * 6, first
+    assert again == first

@@ -182,6 +182,27 @@ def test_a_request_key_is_stored_with_its_offsets_by_the_commit(
     )
 
 
+def test_a_request_key_keeps_the_partition_count_its_records_were_placed_with(
+    coordinator: LocalCoordinator,
+) -> None:
+    """The count the agent placed a keyed request with goes through the commit (and the
+    coordinator's HTTP API) to the stored key, so a retry after partitions were added
+    can be placed the same way (``service.request_keys.placed_on``)."""
+    t = int(time.time() * 1000)
+    tid = coordinator.create_topic("placed", 3).topic_id
+    key = RequestKey("order-1", "digest-a", 0, 2, t, t + 5000, 3)
+    coordinator.commit("p1", [_keyed(tid, 2, 2, key)])
+    assert coordinator.request_key(tid, "order-1", t) == StoredKey("digest-a", t, ((2, 0, 2),), 3)
+
+
+def test_a_stored_key_reads_the_rows_of_older_coordinators() -> None:
+    """Keys stored before the partition count was kept (a bare list of parts) read with
+    count 0 (not known: a retry is placed over the topic's partitions, as before)."""
+    new = StoredKey("d", 1, ((0, 5, 2), (3, 0, 1)), 4)
+    assert StoredKey.from_row("d", 1, new.to_json()) == new
+    assert StoredKey.from_row("d", 1, "[[0, 5, 2]]") == StoredKey("d", 1, ((0, 5, 2),), 0)
+
+
 def test_concurrent_commits_of_one_request_key_store_it_once(db_url: str) -> None:
     """Race: eight threads commit chunks carrying the same idempotency key under eight
     object keys at once (the same request through eight agents); exactly one wins, the

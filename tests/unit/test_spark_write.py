@@ -13,7 +13,7 @@ import pytest
 from coordinator.client import Coordinator
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
-from segments.errors import CoordinatorUnavailableError
+from segments.errors import CoordinatorUnavailableError, InvalidRecordError
 from segments.partitioning import partition_for_key
 from segments.store import ObjectStore, open_store
 from spark.write import TaskWriter, check_sink_schema, commit_objects, delete_objects
@@ -137,6 +137,21 @@ def test_refusals_and_abort(store: ObjectStore, coordinator: LocalCoordinator) -
     written = w.finish()
     assert delete_objects(store, coordinator, [written, None]) == 1
     assert list(store.list("segments/")) == []
+
+
+def test_a_compacted_topic_takes_only_keyed_rows(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    """As Kafka and REST producers: a row without a key for a compacted topic fails the
+    task (InvalidRecordError, naming the topic partition); keyed rows are written."""
+    coordinator.create_topic("c", 1, {"cleanup.policy": "compact"})
+    w = task(store, coordinator, topic="c")
+    with pytest.raises(InvalidRecordError, match="without key in topic partition c-0"):
+        w.add(pa.RecordBatch.from_pydict({"key": [b"k", None], "value": [b"v", b"w"]}))
+    w = task(store, coordinator, topic="c")
+    w.add(pa.RecordBatch.from_pydict({"key": [b"k"], "value": [b"v"]}))
+    commit_objects(store, coordinator, [w.finish()])
+    assert [r[2:4] for r in all_records(store, coordinator, "c", 1)] == [(b"k", b"v")]
 
 
 def test_abort_after_a_commit_failed_part_way_keeps_the_committed_objects(
