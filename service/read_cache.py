@@ -36,12 +36,13 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from coordinator.client import Coordinator
-from index.log import LogReader, WriteResult
+from index.log import LogReader, PartitionWant, WriteResult
+from segments.errors import CorruptSegmentError, LakelogError, StorageUnavailableError
 from segments.store import ObjectStore
 from segments.types import ChunkRef
 from service.consume_metrics import ConsumeMetrics
@@ -53,6 +54,13 @@ RangeKey = tuple[str, int, int]
 
 TAIL = "tail"
 HISTORY = "history"
+
+#: Chunks of one object at most this far apart are read with one ranged GET (the bytes
+#: between them are read and dropped): a GET costs about as much as reading 1-2 MiB more.
+MERGE_GAP_BYTES = 1 << 20
+#: One ranged GET of several chunks reads at most this many bytes (a single chunk larger
+#: than this is still read whole, as by itself).
+MAX_SPAN_BYTES = 8 << 20
 
 #: What one cached range costs beyond its bytes (measured ~200 B on CPython 3.11: the
 #: key tuple, the ordered-dict slot, the bytes object's header), rounded up.
@@ -224,10 +232,87 @@ class RangeCache:
                 self._in_flight.pop(key, None)
             flight.done.set()
 
+    def claim(self, keys: Iterable[RangeKey]) -> dict[RangeKey, _InFlight]:
+        """Mark those of ``keys`` neither cached nor being fetched as fetched by the caller.
+
+        Readers of a claimed range wait for it as for any fetch in flight (``get_or_fetch``);
+        the caller must ``settle`` every claim, with its bytes or an error.
+        """
+        claims: dict[RangeKey, _InFlight] = {}
+        with self._lock:
+            for key in keys:
+                if (
+                    key in claims
+                    or key in self._in_flight
+                    or key in self._tail.entries
+                    or key in self._history.entries
+                ):
+                    continue
+                claims[key] = self._in_flight[key] = _InFlight()
+                self.stats.misses += 1
+                if self.metrics is not None:
+                    self.metrics.cache_misses.inc()
+        return claims
+
+    def settle(
+        self,
+        claims: dict[RangeKey, _InFlight],
+        data: dict[RangeKey, bytes],
+        error: BaseException | None = None,
+    ) -> None:
+        """End claimed fetches: those in ``data`` go into the history budget, the others
+        fail with ``error`` (their readers raise it, as a reader of a failed GET does)."""
+        for key, flight in claims.items():
+            got = data.get(key)
+            if got is not None:
+                flight.data = got
+                self.put_history(key, got)
+            else:
+                flight.error = error or StorageUnavailableError(f"{key[0]}: range not fetched")
+        with self._lock:
+            for key in claims:
+                self._in_flight.pop(key, None)
+        for flight in claims.values():
+            flight.done.set()
+
+    def count_fetch(self) -> None:
+        with self._lock:
+            self.stats.fetches += 1
+
+    @property
+    def history_capacity(self) -> int:
+        return self._history.capacity
+
     def sizes(self) -> tuple[int, int]:
         """Bytes accounted in (tail, history): lengths plus the per-entry overhead."""
         with self._lock:
             return self._tail.size, self._history.size
+
+
+def plan_spans(
+    keys: Iterable[RangeKey], merge_gap: int = MERGE_GAP_BYTES, max_span: int = MAX_SPAN_BYTES
+) -> list[list[RangeKey]]:
+    """Ranges grouped into the ranged GETs that read them: ranges of one object, in
+    position order, whose gaps are at most ``merge_gap`` and whose GET reads at most
+    ``max_span`` bytes (a range longer than that alone), objects in order of first mention."""
+    by_object: dict[str, list[RangeKey]] = {}
+    for key in keys:
+        by_object.setdefault(key[0], []).append(key)
+    spans: list[list[RangeKey]] = []
+    for ranges in by_object.values():
+        ranges.sort(key=lambda k: k[1])
+        span = [ranges[0]]
+        start, end = ranges[0][1], ranges[0][1] + ranges[0][2]
+        for key in ranges[1:]:
+            key_end = key[1] + key[2]
+            if key[1] - end > merge_gap or max(end, key_end) - start > max_span:
+                spans.append(span)
+                span, start, end = [key], key[1], key_end
+            else:
+                span.append(key)
+                end = max(end, key_end)
+        spans.append(span)
+    return spans
 
 
 class _PartitionIndex:
@@ -342,6 +427,8 @@ class CachingLogReader(LogReader):
         *,
         metrics: ConsumeMetrics | None = None,
         read_ahead: int = 8,
+        merge_gap: int = MERGE_GAP_BYTES,
+        max_span: int = MAX_SPAN_BYTES,
     ) -> None:
         super().__init__(store, coordinator)
         self.cache = cache
@@ -357,10 +444,21 @@ class CachingLogReader(LogReader):
         self._pending: set[RangeKey] = set()
         self._pending_lock = threading.Lock()
         self.max_pending = 4 * read_ahead
+        # The GETs of ``fetch_many``: a pool of their own, whose tasks wait for nothing
+        # (read-ahead tasks may wait for the ranges these fetch). At most ``read_ahead``
+        # GETs of at most ``max_span`` bytes each are in flight per agent.
+        self.merge_gap = merge_gap
+        self.max_span = max_span
+        self._span_pool = (
+            ThreadPoolExecutor(read_ahead, thread_name_prefix="lakelog-spans")
+            if read_ahead > 0
+            else None
+        )
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._span_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _get(self, ref: ChunkRef) -> bytes:
         started = time.perf_counter()
@@ -422,6 +520,101 @@ class CachingLogReader(LogReader):
         finally:
             with self._pending_lock:
                 self._pending.discard(key)
+
+    def prefetch_partitions(self, wants: Sequence[PartitionWant], max_bytes: int) -> None:
+        """Fetch the first chunks the reads of ``wants`` will use, whole objects' runs
+        of chunks at once (``fetch_many``), before the reads start.
+
+        Each partition's index entries from its offset (the index cache keeps them for
+        its read), up to its budget; at most ``max_bytes`` in all, and at most half the
+        history budget (more would evict what this fetch is about to use). A partition
+        whose lookup fails is left to its read, which meets the error and reports it.
+        """
+        limit = min(max_bytes, self.cache.history_capacity // 2)
+        refs: list[ChunkRef] = []
+        planned = 0
+        for want in wants:
+            if planned >= limit:
+                break
+            bounds = want.bounds
+            start = max(want.offset, bounds.log_start)
+            if start >= bounds.high_watermark:
+                continue
+            try:
+                found = self.lookup(want.topic, want.partition, start, bounds.topic_id)
+            except LakelogError:
+                continue
+            budget = min(want.budget, limit - planned)
+            mine = 0
+            for ref in found:
+                if ref.base_offset >= bounds.high_watermark or mine >= budget:
+                    break
+                refs.append(ref)
+                mine += ref.length
+            planned += mine
+        self.fetch_many(refs)
+
+    def fetch_many(self, refs: Sequence[ChunkRef]) -> int:
+        """Put the chunks of ``refs`` in the cache with as few ranged GETs as will do.
+
+        Chunks cached or being fetched are left alone; the others are claimed (their
+        readers wait for this fetch) and read in runs (``plan_spans``): one GET per run of
+        nearby chunks of one object, the runs in parallel. A run that fails fails its
+        chunks' readers with its error, as a failed GET of one chunk does. Returns the
+        GETs sent.
+        """
+        claims = self.cache.claim((r.object_key, r.position, r.length) for r in refs)
+        if not claims:
+            return 0
+        spans = plan_spans(claims, self.merge_gap, self.max_span)
+        if self._span_pool is None or len(spans) == 1:
+            for span in spans:
+                self._fetch_span(span, claims)
+            return len(spans)
+        futures: dict[Future[None], list[RangeKey]] = {}
+        for span in spans:
+            try:
+                futures[self._span_pool.submit(self._fetch_span, span, claims)] = span
+            except RuntimeError:  # the pool is shut down: the agent is stopping
+                self._fetch_span(span, claims)
+        wait(futures)
+        for future, span in futures.items():
+            if future.cancelled():
+                self.cache.settle(
+                    {k: claims[k] for k in span},
+                    {},
+                    StorageUnavailableError(f"{span[0][0]}: read cancelled (agent stopping)"),
+                )
+        return len(spans)
+
+    def _fetch_span(self, span: list[RangeKey], claims: dict[RangeKey, _InFlight]) -> None:
+        """One ranged GET of a run of chunks of one object; settles their claims."""
+        key = span[0][0]
+        start = span[0][1]
+        end = max(p + n for _, p, n in span)
+        got: dict[RangeKey, bytes] = {}
+        error: BaseException | None = None
+        try:
+            started = time.perf_counter()
+            self.cache.count_fetch()
+            data = self.store.get_range(key, start, end - start)
+            if self.metrics is not None:
+                self.metrics.gets.inc()
+                self.metrics.get_bytes.inc(len(data))
+                self.metrics.get_seconds.observe(time.perf_counter() - started)
+            for k in span:
+                piece = data[k[1] - start : k[1] - start + k[2]]
+                if len(piece) == k[2]:
+                    got[k] = piece
+            if len(got) < len(span):
+                error = CorruptSegmentError(
+                    f"{key}: {len(data)} bytes at {start}, the index says {end - start}"
+                )
+        except Exception as e:
+            error = e
+            log.debug("GET of %s at %d (%d bytes) failed: %s", key, start, end - start, e)
+        finally:
+            self.cache.settle({k: claims[k] for k in span}, got, error)
 
     def pending_read_ahead(self) -> int:
         """Chunks queued for read-ahead or being fetched by it."""
