@@ -526,9 +526,10 @@ class CachingLogReader(LogReader):
         of chunks at once (``fetch_many``), before the reads start.
 
         Each partition's index entries from its offset (the index cache keeps them for
-        its read), up to its budget; at most ``max_bytes`` in all, and at most half the
-        history budget (more would evict what this fetch is about to use). A partition
-        whose lookup fails is left to its read, which meets the error and reports it.
+        its read), up to its budget or its high watermark; at most ``max_bytes`` in all,
+        and at most half the history budget (more would evict what this fetch is about to
+        use). A partition whose lookup fails is left to its read, which meets the error
+        and reports it.
         """
         limit = min(max_bytes, self.cache.history_capacity // 2)
         refs: list[ChunkRef] = []
@@ -537,20 +538,24 @@ class CachingLogReader(LogReader):
             if planned >= limit:
                 break
             bounds = want.bounds
-            start = max(want.offset, bounds.log_start)
-            if start >= bounds.high_watermark:
-                continue
-            try:
-                found = self.lookup(want.topic, want.partition, start, bounds.topic_id)
-            except LakelogError:
-                continue
+            at = max(want.offset, bounds.log_start)
             budget = min(want.budget, limit - planned)
             mine = 0
-            for ref in found:
-                if ref.base_offset >= bounds.high_watermark or mine >= budget:
+            # Page after page of index entries (the read looks them up the same way, from
+            # the index cache then), until the partition's budget or its high watermark.
+            while mine < budget and at < bounds.high_watermark:
+                try:
+                    found = self.lookup(want.topic, want.partition, at, bounds.topic_id)
+                except LakelogError:
                     break
-                refs.append(ref)
-                mine += ref.length
+                if not found or found[-1].end_offset <= at:
+                    break  # the read meets the same and reports it
+                for ref in found:
+                    if ref.base_offset >= bounds.high_watermark or mine >= budget:
+                        break
+                    refs.append(ref)
+                    mine += ref.length
+                at = found[-1].end_offset
             planned += mine
         self.fetch_many(refs)
 

@@ -254,3 +254,26 @@ def test_a_failed_get_of_a_run_fails_its_partitions_as_a_failed_chunk_get_does(
     finally:
         reader.close()
         coordinator.close()
+
+
+def test_a_fetch_over_more_objects_than_one_lookup_page_reads_each_object_once(
+    tmp_path: Path,
+) -> None:
+    """Each partition's chunks in 20 objects, more than one index lookup returns (16): the
+    reads before the Fetch follow the index page after page, so each object is still read
+    with one GET (not the first 16 with one GET each and the rest chunk by chunk)."""
+    coordinator, store, _ = _many_partitions(tmp_path, 10, 20)
+    assert len(coordinator.lookup("wide", 0, 0)) == 16
+    counting = CountingStore(store)
+    reader = _reader(counting, coordinator)
+    plain = SimpleNamespace(coordinator=coordinator, reader=LogReader(store, coordinator))
+    try:
+        reads = _fetch_all(SimpleNamespace(coordinator=coordinator, reader=reader), 10)
+        assert [bytes(r.records) for r in reads] == [
+            bytes(r.records) for r in _fetch_all(plain, 10)
+        ]
+        assert all(batch_offsets(bytes(r.records))[-1][1] == 59 for r in reads)
+        assert len(counting.gets) == 20
+    finally:
+        reader.close()
+        coordinator.close()
