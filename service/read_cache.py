@@ -31,6 +31,7 @@ threads (``asyncio.to_thread``), so coalescing works across tasks and threads al
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 import threading
@@ -100,12 +101,28 @@ class _Lru:
 
 
 class _InFlight:
-    """A GET that other readers of the same range wait for."""
+    """A GET that other readers of the same range wait for.
+
+    A lock held until the GET ends, not an Event: a Fetch at 1,000 partitions claims
+    thousands of ranges at once, and an Event (a Condition and two locks) costs about
+    ten times as much to make.
+    """
+
+    __slots__ = ("_done", "data", "error")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self._done = threading.Lock()
+        self._done.acquire()
         self.data: bytes | None = None
         self.error: BaseException | None = None
+
+    def set(self) -> None:
+        """The GET ended (``data`` or ``error`` is set): wake the waiters."""
+        self._done.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+        self._done.release()  # the next waiter
 
 
 @dataclass
@@ -214,7 +231,7 @@ class RangeCache:
                 if self.metrics is not None:
                     self.metrics.cache_coalesced.inc()
         if not owner:
-            flight.done.wait()
+            flight.wait()
             if flight.error is not None:
                 raise flight.error
             assert flight.data is not None
@@ -230,7 +247,7 @@ class RangeCache:
         finally:
             with self._lock:
                 self._in_flight.pop(key, None)
-            flight.done.set()
+            flight.set()
 
     def claim(self, keys: Iterable[RangeKey]) -> dict[RangeKey, _InFlight]:
         """Mark those of ``keys`` neither cached nor being fetched as fetched by the caller.
@@ -273,7 +290,7 @@ class RangeCache:
             for key in claims:
                 self._in_flight.pop(key, None)
         for flight in claims.values():
-            flight.done.set()
+            flight.set()
 
     def count_fetch(self) -> None:
         with self._lock:
@@ -313,6 +330,11 @@ def plan_spans(
                 end = max(end, key_end)
         spans.append(span)
     return spans
+
+
+def span_bytes(span: list[RangeKey]) -> int:
+    """What the GET of a run reads."""
+    return max(p + n for _, p, n in span) - span[0][1]
 
 
 class _PartitionIndex:
@@ -449,6 +471,9 @@ class CachingLogReader(LogReader):
         # GETs of at most ``max_span`` bytes each are in flight per agent.
         self.merge_gap = merge_gap
         self.max_span = max_span
+        #: Read-ahead runs (``prefetch_partitions``) in flight, in bytes, and their bound.
+        self._ahead_bytes = 0
+        self.max_ahead_bytes = cache.history_capacity // 4
         self._span_pool = (
             ThreadPoolExecutor(read_ahead, thread_name_prefix="lakelog-spans")
             if read_ahead > 0
@@ -522,28 +547,39 @@ class CachingLogReader(LogReader):
                 self._pending.discard(key)
 
     def prefetch_partitions(self, wants: Sequence[PartitionWant], max_bytes: int) -> None:
-        """Fetch the first chunks the reads of ``wants`` will use, whole objects' runs
-        of chunks at once (``fetch_many``), before the reads start.
+        """Fetch the chunks the reads of ``wants`` will use, whole objects' runs of chunks
+        at once (``fetch_many``), before the reads start; and start fetching the chunks
+        the next Fetch of the same partitions will want.
 
         Each partition's index entries from its offset (the index cache keeps them for
-        its read), up to its budget or its high watermark; at most ``max_bytes`` in all,
-        and at most half the history budget (more would evict what this fetch is about to
-        use). A partition whose lookup fails is left to its read, which meets the error
+        its read), up to its budget or its high watermark, at most ``max_bytes`` in all;
+        then the first entry of each partition left (the read opens it to see whether
+        its first batch fits). Then, not waited for, as many bytes again per partition
+        (read-ahead, as ``entries`` reads ahead twice the budget of one partition's read).
+        All of it within half the history budget (more would evict what this fetch is
+        about to use), the read-ahead also within ``max_ahead_bytes`` in flight per
+        agent. A partition whose lookup fails is left to its read, which meets the error
         and reports it.
         """
-        limit = min(max_bytes, self.cache.history_capacity // 2)
-        refs: list[ChunkRef] = []
-        planned = 0
+        cap = self.cache.history_capacity // 2
+        limit = min(max_bytes, cap)
+        now: list[ChunkRef] = []
+        ahead: list[ChunkRef] = []
+        planned = 0  # bytes of `now`
+        total = 0  # bytes of `now` and `ahead`
         for want in wants:
-            if planned >= limit:
+            if total >= cap:
                 break
             bounds = want.bounds
             at = max(want.offset, bounds.log_start)
             budget = min(want.budget, limit - planned)
             mine = 0
+            more = budget  # read-ahead: as much again
             # Page after page of index entries (the read looks them up the same way, from
-            # the index cache then), until the partition's budget or its high watermark.
-            while mine < budget and at < bounds.high_watermark:
+            # the index cache then), until the partition's budgets or its high watermark.
+            while (
+                at < bounds.high_watermark and total < cap and (mine < max(budget, 1) or more > 0)
+            ):
                 try:
                     found = self.lookup(want.topic, want.partition, at, bounds.topic_id)
                 except LakelogError:
@@ -551,49 +587,87 @@ class CachingLogReader(LogReader):
                 if not found or found[-1].end_offset <= at:
                     break  # the read meets the same and reports it
                 for ref in found:
-                    if ref.base_offset >= bounds.high_watermark or mine >= budget:
+                    if ref.base_offset >= bounds.high_watermark or total >= cap:
                         break
-                    refs.append(ref)
-                    mine += ref.length
+                    if mine < max(budget, 1):  # the first entry always: the read opens it
+                        now.append(ref)
+                        mine += ref.length
+                    elif more > 0:
+                        ahead.append(ref)
+                        more -= ref.length
+                    else:
+                        break
+                    total += ref.length
                 at = found[-1].end_offset
             planned += mine
-        self.fetch_many(refs)
+        self.fetch_many(now)
+        if ahead:
+            self.fetch_many(ahead, wait_for=False)
 
-    def fetch_many(self, refs: Sequence[ChunkRef]) -> int:
+    def fetch_many(self, refs: Sequence[ChunkRef], *, wait_for: bool = True) -> int:
         """Put the chunks of ``refs`` in the cache with as few ranged GETs as will do.
 
         Chunks cached or being fetched are left alone; the others are claimed (their
         readers wait for this fetch) and read in runs (``plan_spans``): one GET per run of
         nearby chunks of one object, the runs in parallel. A run that fails fails its
         chunks' readers with its error, as a failed GET of one chunk does. Returns the
-        GETs sent.
+        GETs sent (started, with ``wait_for`` False: read-ahead, skipped while more than
+        ``max_ahead_bytes`` of it are in flight on this agent).
         """
+        if not wait_for:
+            if self._span_pool is None:
+                return 0
+            with self._pending_lock:
+                if self._ahead_bytes >= self.max_ahead_bytes:
+                    return 0
         claims = self.cache.claim((r.object_key, r.position, r.length) for r in refs)
         if not claims:
             return 0
         spans = plan_spans(claims, self.merge_gap, self.max_span)
-        if self._span_pool is None or len(spans) == 1:
+        if self._span_pool is None or (wait_for and len(spans) == 1):
             for span in spans:
                 self._fetch_span(span, claims)
             return len(spans)
-        futures: dict[Future[None], list[RangeKey]] = {}
+        futures: list[Future[None]] = []
         for span in spans:
+            ahead = 0 if wait_for else span_bytes(span)
+            if ahead:
+                with self._pending_lock:
+                    self._ahead_bytes += ahead
             try:
-                futures[self._span_pool.submit(self._fetch_span, span, claims)] = span
+                future = self._span_pool.submit(self._fetch_span, span, claims, ahead)
             except RuntimeError:  # the pool is shut down: the agent is stopping
-                self._fetch_span(span, claims)
-        wait(futures)
-        for future, span in futures.items():
-            if future.cancelled():
-                self.cache.settle(
-                    {k: claims[k] for k in span},
-                    {},
-                    StorageUnavailableError(f"{span[0][0]}: read cancelled (agent stopping)"),
-                )
+                self._fetch_span(span, claims, ahead)
+                continue
+            future.add_done_callback(functools.partial(self._span_done, span, claims, ahead))
+            futures.append(future)
+        if wait_for:
+            wait(futures)
         return len(spans)
 
-    def _fetch_span(self, span: list[RangeKey], claims: dict[RangeKey, _InFlight]) -> None:
-        """One ranged GET of a run of chunks of one object; settles their claims."""
+    def _span_done(
+        self,
+        span: list[RangeKey],
+        claims: dict[RangeKey, _InFlight],
+        ahead: int,
+        future: Future[None],
+    ) -> None:
+        """A run's GET that never ran (the pool was shut down): its readers fail."""
+        if future.cancelled():
+            if ahead:
+                with self._pending_lock:
+                    self._ahead_bytes -= ahead
+            self.cache.settle(
+                {k: claims[k] for k in span},
+                {},
+                StorageUnavailableError(f"{span[0][0]}: read cancelled (agent stopping)"),
+            )
+
+    def _fetch_span(
+        self, span: list[RangeKey], claims: dict[RangeKey, _InFlight], ahead: int = 0
+    ) -> None:
+        """One ranged GET of a run of chunks of one object; settles their claims.
+        ``ahead``: the bytes it counts in the agent's read-ahead in flight."""
         key = span[0][0]
         start = span[0][1]
         end = max(p + n for _, p, n in span)
@@ -619,7 +693,20 @@ class CachingLogReader(LogReader):
             error = e
             log.debug("GET of %s at %d (%d bytes) failed: %s", key, start, end - start, e)
         finally:
+            if ahead:
+                with self._pending_lock:
+                    self._ahead_bytes -= ahead
             self.cache.settle({k: claims[k] for k in span}, got, error)
+
+    def wait_read_ahead(self, timeout: float) -> bool:
+        """Until no read-ahead run is in flight (tests); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._pending_lock:
+                if self._ahead_bytes == 0:
+                    return True
+            time.sleep(0.005)
+        return False
 
     def pending_read_ahead(self) -> int:
         """Chunks queued for read-ahead or being fetched by it."""

@@ -805,10 +805,9 @@ def _collect(
 ) -> None:
     """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``, up to
     the high watermark of ``bounds`` (the one this Fetch reports) and of its topic id."""
-    # Read ahead twice the budget: the next Fetch's chunks arrive while the client is busy
-    # with this one's (one Fetch in flight per connection).
-    ahead = 2 * budget
-    entries = st.reader.entries(topic, partition, offset, bounds=bounds, read_ahead_bytes=ahead)
+    # No read-ahead here: ``prefetch_partitions`` read this Fetch's chunks and started on
+    # the next one's, a run of chunks of an object per GET (not a GET per chunk).
+    entries = st.reader.entries(topic, partition, offset, bounds=bounds)
     for ref, data, start in entries:
         if ref.kind == "segment":
             if not fetch_batches(data, ref.base_offset, start, out, budget, first_may_exceed):

@@ -215,19 +215,48 @@ def test_a_run_longer_than_the_span_limit_takes_several_gets(tmp_path: Path) -> 
 
 def test_a_fetch_reads_ahead_no_more_than_its_max_bytes(tmp_path: Path) -> None:
     """The GETs before the reads are planned within the Fetch's max_bytes: a Fetch of
-    40 partitions with room for about 5 partitions' records reads no whole object."""
+    40 partitions with room for 5 partitions' records reads those, and the first entry
+    of each other partition (the read opens it to see whether its first batch fits),
+    not the other partitions' other entries."""
     coordinator, store, _ = _many_partitions(tmp_path, 40, 3)
     counting = CountingStore(store)
     reader = _reader(counting, coordinator)
-    per_partition = sum(r.length for r in coordinator.lookup("wide", 0, 0))
+    first = coordinator.lookup("wide", 0, 0)
+    per_partition = sum(r.length for r in first)
     try:
         reads = _fetch_all(
             SimpleNamespace(coordinator=coordinator, reader=reader), 40, 5 * per_partition
         )
         assert sum(len(r.records) for r in reads) <= 5 * per_partition
         assert [bool(r.records) for r in reads] == [True] * 5 + [False] * 35
+        assert reader.wait_read_ahead(10)
         fetched = sum(length for _, _, length in counting.gets)
-        assert fetched <= 5 * per_partition + 1024  # at most the gaps between chunks
+        assert fetched <= 5 * per_partition + 35 * (first[0].length + 8)
+        assert len(counting.gets) == 3
+    finally:
+        reader.close()
+        coordinator.close()
+
+
+def test_a_fetch_starts_reading_what_the_next_fetch_wants(tmp_path: Path) -> None:
+    """Read-ahead by runs: a Fetch whose partitions each take 2 entries reads those and
+    starts on the next 2 of each, one GET per object; the next Fetch sends no GET."""
+    coordinator, store, _ = _many_partitions(tmp_path, 8, 6)
+    counting = CountingStore(store)
+    reader = _reader(counting, coordinator)
+    state = SimpleNamespace(coordinator=coordinator, reader=reader)
+    two = sum(r.length for r in coordinator.lookup("wide", 0, 0)[:2])
+    try:
+        wanted = [("wide", p, 0, two, None) for p in range(8)]
+        reads = _read_partitions(state, wanted, 1 << 20)  # type: ignore[arg-type]
+        assert all(batch_offsets(bytes(r.records))[-1][1] == 5 for r in reads)
+        assert reader.wait_read_ahead(10)
+        assert len(counting.gets) == 4  # objects 0-1 now, 2-3 ahead
+        wanted = [("wide", p, 6, two, None) for p in range(8)]
+        reads = _read_partitions(state, wanted, 1 << 20)  # type: ignore[arg-type]
+        assert all(batch_offsets(bytes(r.records))[-1][1] == 11 for r in reads)
+        assert reader.wait_read_ahead(10)
+        assert len(counting.gets) == 6  # objects 4-5 ahead
     finally:
         reader.close()
         coordinator.close()
