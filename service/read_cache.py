@@ -552,34 +552,36 @@ class CachingLogReader(LogReader):
         the next Fetch of the same partitions will want.
 
         Each partition's index entries from its offset (the index cache keeps them for
-        its read), up to its budget or its high watermark, at most ``max_bytes`` in all;
+        its read), up to its budget or its high watermark, at most ``max_bytes`` and half
+        the history budget in all (more would evict what this fetch is about to use);
         then the first entry of each partition left (the read opens it to see whether
-        its first batch fits). Then, not waited for, as many bytes again per partition
-        (read-ahead, as ``entries`` reads ahead twice the budget of one partition's read).
-        All of it within half the history budget (more would evict what this fetch is
-        about to use), the read-ahead also within ``max_ahead_bytes`` in flight per
+        its first batch fits), within three quarters of the history budget. Then, not
+        waited for, as many bytes again per partition (read-ahead, as ``entries`` reads
+        ahead twice the budget of one partition's read) while all of it stays within half
+        the history budget, and the read-ahead in flight within ``max_ahead_bytes`` per
         agent. A partition whose lookup fails is left to its read, which meets the error
         and reports it.
         """
-        cap = self.cache.history_capacity // 2
-        limit = min(max_bytes, cap)
+        history = self.cache.history_capacity
+        limit = min(max_bytes, history // 2)  # the entries the reads use
+        first_cap = history * 3 // 4  # with the first entries the reads open
+        ahead_cap = history // 2  # with the read-ahead
         now: list[ChunkRef] = []
         ahead: list[ChunkRef] = []
-        planned = 0  # bytes of `now`
+        planned = 0  # bytes of `now` within each partition's budget
         total = 0  # bytes of `now` and `ahead`
         for want in wants:
-            if total >= cap:
+            if total >= first_cap:
                 break
             bounds = want.bounds
             at = max(want.offset, bounds.log_start)
             budget = min(want.budget, limit - planned)
             mine = 0
             more = budget  # read-ahead: as much again
+            done = False
             # Page after page of index entries (the read looks them up the same way, from
             # the index cache then), until the partition's budgets or its high watermark.
-            while (
-                at < bounds.high_watermark and total < cap and (mine < max(budget, 1) or more > 0)
-            ):
+            while not done and at < bounds.high_watermark:
                 try:
                     found = self.lookup(want.topic, want.partition, at, bounds.topic_id)
                 except LakelogError:
@@ -587,19 +589,24 @@ class CachingLogReader(LogReader):
                 if not found or found[-1].end_offset <= at:
                     break  # the read meets the same and reports it
                 for ref in found:
-                    if ref.base_offset >= bounds.high_watermark or total >= cap:
-                        break
-                    if mine < max(budget, 1):  # the first entry always: the read opens it
-                        now.append(ref)
-                        mine += ref.length
-                    elif more > 0:
+                    if ref.base_offset >= bounds.high_watermark:
+                        done = True
+                    elif mine < max(budget, 1):  # the first entry always: the read opens it
+                        done = total >= first_cap
+                        if not done:
+                            now.append(ref)
+                            mine += ref.length
+                            total += ref.length
+                    elif more > 0 and total < ahead_cap:
                         ahead.append(ref)
                         more -= ref.length
+                        total += ref.length
                     else:
+                        done = True
+                    if done:
                         break
-                    total += ref.length
                 at = found[-1].end_offset
-            planned += mine
+            planned += max(0, min(mine, budget))
         self.fetch_many(now)
         if ahead:
             self.fetch_many(ahead, wait_for=False)
