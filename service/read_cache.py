@@ -555,7 +555,7 @@ class CachingLogReader(LogReader):
         its read), up to its budget or its high watermark, at most ``max_bytes`` and half
         the history budget in all (more would evict what this fetch is about to use);
         then the first entry of each partition left (the read opens it to see whether
-        its first batch fits), within three quarters of the history budget. Then, not
+        its first batch fits), within 3/4 of the history budget. Then, not
         waited for, as many bytes again per partition (read-ahead, as ``entries`` reads
         ahead twice the budget of one partition's read) while all of it stays within half
         the history budget, and the read-ahead in flight within ``max_ahead_bytes`` per
