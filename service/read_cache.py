@@ -618,15 +618,23 @@ class CachingLogReader(LogReader):
         readers wait for this fetch) and read in runs (``plan_spans``): one GET per run of
         nearby chunks of one object, the runs in parallel. A run that fails fails its
         chunks' readers with its error, as a failed GET of one chunk does. Returns the
-        GETs sent (started, with ``wait_for`` False: read-ahead, skipped while more than
-        ``max_ahead_bytes`` of it are in flight on this agent).
+        GETs sent (started, with ``wait_for`` False: read-ahead, only of the chunks that
+        keep the agent's read-ahead in flight within ``max_ahead_bytes``, not counting the
+        gaps between chunks of one run).
         """
         if not wait_for:
             if self._span_pool is None:
                 return 0
             with self._pending_lock:
-                if self._ahead_bytes >= self.max_ahead_bytes:
-                    return 0
+                room = self.max_ahead_bytes - self._ahead_bytes
+            taken = 0
+            within: list[ChunkRef] = []
+            for ref in refs:
+                taken += ref.length
+                if taken > room:
+                    break
+                within.append(ref)
+            refs = within
         claims = self.cache.claim((r.object_key, r.position, r.length) for r in refs)
         if not claims:
             return 0

@@ -507,3 +507,25 @@ def test_a_short_run_caches_only_the_chunks_it_holds() -> None:
     with pytest.raises(CorruptSegmentError):
         reader.fetch_chunk(refs[1])
     reader.close()
+
+
+def test_read_ahead_by_runs_is_bounded_per_agent() -> None:
+    """Read-ahead runs (``fetch_many`` not waited for) in flight stay within
+    ``max_ahead_bytes`` however many are asked for while the store is stuck; the chunks
+    left out are not claimed (a reader fetches them itself), and once the store answers
+    the runs' chunks are cached."""
+    store = _SlowStore({f"o{i}": bytes(1000) for i in range(10)})
+    cache = RangeCache(0, 8000)  # read-ahead at most a quarter: 2,000 bytes
+    reader = CachingLogReader(store, None, cache, IndexCache(10, 60), read_ahead=4)  # type: ignore[arg-type]
+    assert reader.max_ahead_bytes == 2000
+    refs = [ChunkRef(f"o{i}", 0, 600, 0, 1, 0, 0) for i in range(10)]
+    assert reader.fetch_many(refs[:5], wait_for=False) == 3
+    assert reader.fetch_many(refs[5:], wait_for=False) == 0
+    assert reader._ahead_bytes == 1800
+    assert ("o3", 0, 600) not in cache._in_flight
+    store.gate.set()
+    assert reader.wait_read_ahead(10)
+    assert [(f"o{i}", 0, 600) in cache for i in range(5)] == [True] * 3 + [False] * 2
+    assert reader.fetch_many(refs[5:], wait_for=False) == 3
+    assert reader.wait_read_ahead(10)
+    reader.close()
