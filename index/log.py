@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from ulid import ULID
 
@@ -304,6 +304,18 @@ def decode_entry(
             )
 
 
+class PartitionWant(NamedTuple):
+    """A read about to start (``LogReader.prefetch_partitions``): a partition from
+    ``offset`` within ``bounds`` (its offsets as the reader read them), at most ``budget``
+    bytes of it."""
+
+    topic: str
+    partition: int
+    offset: int
+    bounds: PartitionOffsets
+    budget: int
+
+
 def _default_limit(topic: str) -> int:
     return DEFAULT_MAX_DECOMPRESSED_BYTES
 
@@ -350,6 +362,12 @@ class LogReader:
     def prefetch(self, refs: list[ChunkRef], budget: int) -> None:
         """Start fetching ``refs`` (at most ``budget`` bytes) ahead of the reader; the
         base reader reads nothing ahead."""
+
+    def prefetch_partitions(self, wants: Sequence[PartitionWant], max_bytes: int) -> None:
+        """Fetch, before reading them one by one, what the reads of several partitions
+        will use first (at most ``max_bytes``), in as few GETs as will do (one run of
+        nearby chunks of one object per GET); the base reader keeps nothing, so reads
+        nothing ahead."""
 
     def entries(
         self,

@@ -31,17 +31,19 @@ threads (``asyncio.to_thread``), so coalescing works across tasks and threads al
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from coordinator.client import Coordinator
-from index.log import LogReader, WriteResult
+from index.log import LogReader, PartitionWant, WriteResult
+from segments.errors import CorruptSegmentError, LakelogError, StorageUnavailableError
 from segments.store import ObjectStore
 from segments.types import ChunkRef
 from service.consume_metrics import ConsumeMetrics
@@ -53,6 +55,13 @@ RangeKey = tuple[str, int, int]
 
 TAIL = "tail"
 HISTORY = "history"
+
+#: Chunks of one object at most this far apart are read with one ranged GET (the bytes
+#: between them are read and dropped): a GET costs about as much as reading 1-2 MiB more.
+MERGE_GAP_BYTES = 1 << 20
+#: One ranged GET of several chunks reads at most this many bytes (a single chunk larger
+#: than this is still read whole, as by itself).
+MAX_SPAN_BYTES = 8 << 20
 
 #: What one cached range costs beyond its bytes (measured ~200 B on CPython 3.11: the
 #: key tuple, the ordered-dict slot, the bytes object's header), rounded up.
@@ -92,12 +101,28 @@ class _Lru:
 
 
 class _InFlight:
-    """A GET that other readers of the same range wait for."""
+    """A GET that other readers of the same range wait for.
+
+    A lock held until the GET ends, not an Event: a Fetch at 1,000 partitions claims
+    thousands of ranges at once, and an Event (a Condition and two locks) costs about
+    ten times as much to make.
+    """
+
+    __slots__ = ("_done", "data", "error")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self._done = threading.Lock()
+        self._done.acquire()
         self.data: bytes | None = None
         self.error: BaseException | None = None
+
+    def set(self) -> None:
+        """The GET ended (``data`` or ``error`` is set): wake the waiters."""
+        self._done.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+        self._done.release()  # the next waiter
 
 
 @dataclass
@@ -206,7 +231,7 @@ class RangeCache:
                 if self.metrics is not None:
                     self.metrics.cache_coalesced.inc()
         if not owner:
-            flight.done.wait()
+            flight.wait()
             if flight.error is not None:
                 raise flight.error
             assert flight.data is not None
@@ -222,12 +247,94 @@ class RangeCache:
         finally:
             with self._lock:
                 self._in_flight.pop(key, None)
-            flight.done.set()
+            flight.set()
+
+    def claim(self, keys: Iterable[RangeKey]) -> dict[RangeKey, _InFlight]:
+        """Mark those of ``keys`` neither cached nor being fetched as fetched by the caller.
+
+        Readers of a claimed range wait for it as for any fetch in flight (``get_or_fetch``);
+        the caller must ``settle`` every claim, with its bytes or an error.
+        """
+        claims: dict[RangeKey, _InFlight] = {}
+        with self._lock:
+            for key in keys:
+                if (
+                    key in claims
+                    or key in self._in_flight
+                    or key in self._tail.entries
+                    or key in self._history.entries
+                ):
+                    continue
+                claims[key] = self._in_flight[key] = _InFlight()
+                self.stats.misses += 1
+                if self.metrics is not None:
+                    self.metrics.cache_misses.inc()
+        return claims
+
+    def settle(
+        self,
+        claims: dict[RangeKey, _InFlight],
+        data: dict[RangeKey, bytes],
+        error: BaseException | None = None,
+    ) -> None:
+        """End claimed fetches: those in ``data`` go into the history budget, the others
+        fail with ``error`` (their readers raise it, as a reader of a failed GET does)."""
+        for key, flight in claims.items():
+            got = data.get(key)
+            if got is not None:
+                flight.data = got
+                self.put_history(key, got)
+            else:
+                flight.error = error or StorageUnavailableError(f"{key[0]}: range not fetched")
+        with self._lock:
+            for key in claims:
+                self._in_flight.pop(key, None)
+        for flight in claims.values():
+            flight.set()
+
+    def count_fetch(self) -> None:
+        with self._lock:
+            self.stats.fetches += 1
+
+    @property
+    def history_capacity(self) -> int:
+        return self._history.capacity
 
     def sizes(self) -> tuple[int, int]:
         """Bytes accounted in (tail, history): lengths plus the per-entry overhead."""
         with self._lock:
             return self._tail.size, self._history.size
+
+
+def plan_spans(
+    keys: Iterable[RangeKey], merge_gap: int = MERGE_GAP_BYTES, max_span: int = MAX_SPAN_BYTES
+) -> list[list[RangeKey]]:
+    """Ranges grouped into the ranged GETs that read them: ranges of one object, in
+    position order, whose gaps are at most ``merge_gap`` and whose GET reads at most
+    ``max_span`` bytes (a range longer than that alone), objects in order of first mention."""
+    by_object: dict[str, list[RangeKey]] = {}
+    for key in keys:
+        by_object.setdefault(key[0], []).append(key)
+    spans: list[list[RangeKey]] = []
+    for ranges in by_object.values():
+        ranges.sort(key=lambda k: k[1])
+        span = [ranges[0]]
+        start, end = ranges[0][1], ranges[0][1] + ranges[0][2]
+        for key in ranges[1:]:
+            key_end = key[1] + key[2]
+            if key[1] - end > merge_gap or max(end, key_end) - start > max_span:
+                spans.append(span)
+                span, start, end = [key], key[1], key_end
+            else:
+                span.append(key)
+                end = max(end, key_end)
+        spans.append(span)
+    return spans
+
+
+def span_bytes(span: list[RangeKey]) -> int:
+    """What the GET of a run reads."""
+    return max(p + n for _, p, n in span) - span[0][1]
 
 
 class _PartitionIndex:
@@ -342,6 +449,8 @@ class CachingLogReader(LogReader):
         *,
         metrics: ConsumeMetrics | None = None,
         read_ahead: int = 8,
+        merge_gap: int = MERGE_GAP_BYTES,
+        max_span: int = MAX_SPAN_BYTES,
     ) -> None:
         super().__init__(store, coordinator)
         self.cache = cache
@@ -357,10 +466,24 @@ class CachingLogReader(LogReader):
         self._pending: set[RangeKey] = set()
         self._pending_lock = threading.Lock()
         self.max_pending = 4 * read_ahead
+        # The GETs of ``fetch_many``: a pool of their own, whose tasks wait for nothing
+        # (read-ahead tasks may wait for the ranges these fetch). At most ``read_ahead``
+        # GETs of at most ``max_span`` bytes each are in flight per agent.
+        self.merge_gap = merge_gap
+        self.max_span = max_span
+        #: Read-ahead runs (``prefetch_partitions``) in flight, in bytes, and their bound.
+        self._ahead_bytes = 0
+        self.max_ahead_bytes = cache.history_capacity // 4
+        self._span_pool = (
+            ThreadPoolExecutor(read_ahead, thread_name_prefix="lakelog-spans")
+            if read_ahead > 0
+            else None
+        )
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pool, self._span_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _get(self, ref: ChunkRef) -> bytes:
         started = time.perf_counter()
@@ -422,6 +545,183 @@ class CachingLogReader(LogReader):
         finally:
             with self._pending_lock:
                 self._pending.discard(key)
+
+    def prefetch_partitions(self, wants: Sequence[PartitionWant], max_bytes: int) -> None:
+        """Fetch the chunks the reads of ``wants`` will use, whole objects' runs of chunks
+        at once (``fetch_many``), before the reads start; and start fetching the chunks
+        the next Fetch of the same partitions will want.
+
+        Each partition's index entries from its offset (the index cache keeps them for
+        its read), up to its budget or its high watermark, at most ``max_bytes`` and half
+        the history budget in all (more would evict what this fetch is about to use);
+        then the first entry of each partition left (the read opens it to see whether
+        its first batch fits), within 3/4 of the history budget. Then, not
+        waited for, as many bytes again per partition (read-ahead, as ``entries`` reads
+        ahead twice the budget of one partition's read) while all of it stays within half
+        the history budget, and the read-ahead in flight within ``max_ahead_bytes`` per
+        agent. A partition whose lookup fails is left to its read, which meets the error
+        and reports it.
+        """
+        history = self.cache.history_capacity
+        limit = min(max_bytes, history // 2)  # the entries the reads use
+        first_cap = history * 3 // 4  # with the first entries the reads open
+        ahead_cap = history // 2  # with the read-ahead
+        now: list[ChunkRef] = []
+        ahead: list[ChunkRef] = []
+        planned = 0  # bytes of `now` within each partition's budget
+        total = 0  # bytes of `now` and `ahead`
+        for want in wants:
+            if total >= first_cap:
+                break
+            bounds = want.bounds
+            at = max(want.offset, bounds.log_start)
+            budget = min(want.budget, limit - planned)
+            mine = 0
+            more = budget  # read-ahead: as much again
+            done = False
+            # Page after page of index entries (the read looks them up the same way, from
+            # the index cache then), until the partition's budgets or its high watermark.
+            while not done and at < bounds.high_watermark:
+                try:
+                    found = self.lookup(want.topic, want.partition, at, bounds.topic_id)
+                except LakelogError:
+                    break
+                if not found or found[-1].end_offset <= at:
+                    break  # the read meets the same and reports it
+                for ref in found:
+                    if ref.base_offset >= bounds.high_watermark:
+                        done = True
+                    elif mine < max(budget, 1):  # the first entry always: the read opens it
+                        done = total >= first_cap
+                        if not done:
+                            now.append(ref)
+                            mine += ref.length
+                            total += ref.length
+                    elif more > 0 and total < ahead_cap:
+                        ahead.append(ref)
+                        more -= ref.length
+                        total += ref.length
+                    else:
+                        done = True
+                    if done:
+                        break
+                at = found[-1].end_offset
+            planned += max(0, min(mine, budget))
+        self.fetch_many(now)
+        if ahead:
+            self.fetch_many(ahead, wait_for=False)
+
+    def fetch_many(self, refs: Sequence[ChunkRef], *, wait_for: bool = True) -> int:
+        """Put the chunks of ``refs`` in the cache with as few ranged GETs as will do.
+
+        Chunks cached or being fetched are left alone; the others are claimed (their
+        readers wait for this fetch) and read in runs (``plan_spans``): one GET per run of
+        nearby chunks of one object, the runs in parallel. A run that fails fails its
+        chunks' readers with its error, as a failed GET of one chunk does. Returns the
+        GETs sent (started, with ``wait_for`` False: read-ahead, only of the chunks that
+        keep the agent's read-ahead in flight within ``max_ahead_bytes``, not counting the
+        gaps between chunks of one run).
+        """
+        if not wait_for:
+            if self._span_pool is None:
+                return 0
+            with self._pending_lock:
+                room = self.max_ahead_bytes - self._ahead_bytes
+            taken = 0
+            within: list[ChunkRef] = []
+            for ref in refs:
+                taken += ref.length
+                if taken > room:
+                    break
+                within.append(ref)
+            refs = within
+        claims = self.cache.claim((r.object_key, r.position, r.length) for r in refs)
+        if not claims:
+            return 0
+        spans = plan_spans(claims, self.merge_gap, self.max_span)
+        if self._span_pool is None or (wait_for and len(spans) == 1):
+            for span in spans:
+                self._fetch_span(span, claims)
+            return len(spans)
+        futures: list[Future[None]] = []
+        for span in spans:
+            ahead = 0 if wait_for else span_bytes(span)
+            if ahead:
+                with self._pending_lock:
+                    self._ahead_bytes += ahead
+            try:
+                future = self._span_pool.submit(self._fetch_span, span, claims, ahead)
+            except RuntimeError:  # the pool is shut down: the agent is stopping
+                self._fetch_span(span, claims, ahead)
+                continue
+            future.add_done_callback(functools.partial(self._span_done, span, claims, ahead))
+            futures.append(future)
+        if wait_for:
+            wait(futures)
+        return len(spans)
+
+    def _span_done(
+        self,
+        span: list[RangeKey],
+        claims: dict[RangeKey, _InFlight],
+        ahead: int,
+        future: Future[None],
+    ) -> None:
+        """A run's GET that never ran (the pool was shut down): its readers fail."""
+        if future.cancelled():
+            if ahead:
+                with self._pending_lock:
+                    self._ahead_bytes -= ahead
+            self.cache.settle(
+                {k: claims[k] for k in span},
+                {},
+                StorageUnavailableError(f"{span[0][0]}: read cancelled (agent stopping)"),
+            )
+
+    def _fetch_span(
+        self, span: list[RangeKey], claims: dict[RangeKey, _InFlight], ahead: int = 0
+    ) -> None:
+        """One ranged GET of a run of chunks of one object; settles their claims.
+        ``ahead``: the bytes it counts in the agent's read-ahead in flight."""
+        key = span[0][0]
+        start = span[0][1]
+        end = max(p + n for _, p, n in span)
+        got: dict[RangeKey, bytes] = {}
+        error: BaseException | None = None
+        try:
+            started = time.perf_counter()
+            self.cache.count_fetch()
+            data = self.store.get_range(key, start, end - start)
+            if self.metrics is not None:
+                self.metrics.gets.inc()
+                self.metrics.get_bytes.inc(len(data))
+                self.metrics.get_seconds.observe(time.perf_counter() - started)
+            for k in span:
+                piece = data[k[1] - start : k[1] - start + k[2]]
+                if len(piece) == k[2]:
+                    got[k] = piece
+            if len(got) < len(span):
+                error = CorruptSegmentError(
+                    f"{key}: {len(data)} bytes at {start}, the index says {end - start}"
+                )
+        except Exception as e:
+            error = e
+            log.debug("GET of %s at %d (%d bytes) failed: %s", key, start, end - start, e)
+        finally:
+            if ahead:
+                with self._pending_lock:
+                    self._ahead_bytes -= ahead
+            self.cache.settle({k: claims[k] for k in span}, got, error)
+
+    def wait_read_ahead(self, timeout: float) -> bool:
+        """Until no read-ahead run is in flight (tests); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._pending_lock:
+                if self._ahead_bytes == 0:
+                    return True
+            time.sleep(0.005)
+        return False
 
     def pending_read_ahead(self) -> int:
         """Chunks queued for read-ahead or being fetched by it."""

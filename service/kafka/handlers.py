@@ -31,7 +31,7 @@ from coordinator.topic_configs import (
     max_decompressed_bytes,
     max_message_bytes,
 )
-from index.log import decode_entry
+from index.log import PartitionWant, decode_entry
 from segments.batches import (
     BatchInfo,
     check_batches,
@@ -745,9 +745,6 @@ def _read_partitions(
     topic (deleted and created again since the agent's metadata was read) answers
     UNKNOWN_TOPIC_ID: the log it named is gone.
     """
-    out = []
-    remaining = max_bytes
-    empty = True  # nothing in the answer yet: the next first batch goes in whatever size
     known: dict[TopicPartition, PartitionOffsets] | None
     try:
         known = st.coordinator.offsets_many([TopicPartition(t, p) for t, p, *_ in wanted])
@@ -755,26 +752,45 @@ def _read_partitions(
         # Some partitions' offsets are unavailable (a metadata shard is down): ask one
         # by one, so that only those partitions answer with an error.
         known = None
-    for topic, partition, offset, partition_max, by_id in wanted:
-        r = _PartitionRead()
-        out.append(r)
+    out = [_PartitionRead() for _ in wanted]
+    bounds: list[PartitionOffsets | None] = []  # those of partitions with records to read
+    for (topic, partition, offset, _, by_id), r in zip(wanted, out, strict=True):
+        found = None
         try:
             tp = TopicPartition(topic, partition)
             offsets = known.get(tp) if known is not None else _offsets_or_none(st, tp)
             if offsets is None:
                 r.error = ErrorCode.unknown_topic_or_partition
-                continue
-            if by_id is not None and offsets.topic_id and offsets.topic_id != by_id:
+            elif by_id is not None and offsets.topic_id and offsets.topic_id != by_id:
                 r.error = ErrorCode.unknown_topic_id
-                continue
-            r.high_watermark, r.log_start = offsets.high_watermark, offsets.log_start
-            if not offsets.log_start <= offset <= offsets.high_watermark:
-                r.error = ErrorCode.offset_out_of_range
-                continue
-            if offset == offsets.high_watermark or (remaining <= 0 and not empty):
-                continue
+            else:
+                r.high_watermark, r.log_start = offsets.high_watermark, offsets.log_start
+                if not offsets.log_start <= offset <= offsets.high_watermark:
+                    r.error = ErrorCode.offset_out_of_range
+                elif offset < offsets.high_watermark:
+                    found = offsets
+        except LakelogError as e:
+            r.error = code_for(e)
+        bounds.append(found)
+    # The chunks the reads below start with, in few GETs (one per run of nearby chunks of
+    # one object, not one per partition's chunk): at 1,000 partitions an object holds a
+    # small chunk of each.
+    st.reader.prefetch_partitions(
+        [
+            PartitionWant(topic, partition, offset, b, partition_max)
+            for (topic, partition, offset, partition_max, _), b in zip(wanted, bounds, strict=True)
+            if b is not None
+        ],
+        max_bytes,
+    )
+    remaining = max_bytes
+    empty = True  # nothing in the answer yet: the next first batch goes in whatever size
+    for (topic, partition, offset, partition_max, _), r, b in zip(wanted, out, bounds, strict=True):
+        if b is None or (remaining <= 0 and not empty):
+            continue
+        try:
             budget = min(partition_max, remaining)
-            _collect(st, topic, partition, offset, offsets, budget, empty, r.records)
+            _collect(st, topic, partition, offset, b, budget, empty, r.records)
         except LakelogError as e:
             r.error = code_for(e)
             r.records.clear()
@@ -796,10 +812,9 @@ def _collect(
 ) -> None:
     """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``, up to
     the high watermark of ``bounds`` (the one this Fetch reports) and of its topic id."""
-    # Read ahead twice the budget: the next Fetch's chunks arrive while the client is busy
-    # with this one's (one Fetch in flight per connection).
-    ahead = 2 * budget
-    entries = st.reader.entries(topic, partition, offset, bounds=bounds, read_ahead_bytes=ahead)
+    # No read-ahead here: ``prefetch_partitions`` read this Fetch's chunks and started on
+    # the next one's, a run of chunks of an object per GET (not a GET per chunk).
+    entries = st.reader.entries(topic, partition, offset, bounds=bounds)
     for ref, data, start in entries:
         if ref.kind == "segment":
             if not fetch_batches(data, ref.base_offset, start, out, budget, first_may_exceed):

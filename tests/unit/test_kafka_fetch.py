@@ -4,6 +4,7 @@ store in process."""
 from __future__ import annotations
 
 import struct
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,7 +12,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from coordinator.local import LocalCoordinator
-from index.log import LogWriter
+from index.log import LogReader, LogWriter
+from segments.errors import StorageUnavailableError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
 from segments.types import Record
@@ -113,6 +115,194 @@ def test_a_fetch_by_topic_id_of_a_recreated_topic_answers_unknown_topic_id(
         assert by_new.error == ErrorCode.none and batch_offsets(bytes(by_new.records)) == [(0, 0)]
         (by_name,) = _read_partitions(state, [("r", 0, 0, 1 << 20, None)], 1 << 20)  # type: ignore[arg-type]
         assert by_name.error == ErrorCode.none and by_name.records
+    finally:
+        reader.close()
+        coordinator.close()
+
+
+class CountingStore:
+    """A store that records its ranged GETs; ``fail`` makes them raise."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.gets: list[tuple[str, int, int]] = []
+        self.fail: Exception | None = None
+        self.lock = threading.Lock()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        with self.lock:
+            self.gets.append((key, start, length))
+        if self.fail is not None:
+            raise self.fail
+        data: bytes = self.store.get_range(key, start, length)
+        return data
+
+
+def _many_partitions(tmp_path: Path, partitions: int, objects: int) -> tuple[Any, Any, Any]:
+    """A topic of ``partitions`` partitions written as ``objects`` segment objects, each
+    holding a chunk of 3 records of every partition (as a flush at 1,000 partitions does)."""
+    coordinator = LocalCoordinator(f"sqlite:///{tmp_path / 'meta.db'}")
+    store = open_store(f"file://{tmp_path / 'data'}")
+    writer = LogWriter(store, coordinator)
+    info = coordinator.create_topic("wide", partitions)
+    for o in range(objects):
+        b = SegmentBuilder()
+        for p in range(partitions):
+            b.append(
+                info.topic_id, p, [Record(None, b"%d-%d-%d" % (o, p, i), 1000) for i in range(3)]
+            )
+        writer.write(b)
+    return coordinator, store, info
+
+
+def _fetch_all(state: Any, partitions: int, max_bytes: int = 1 << 20) -> list[Any]:
+    wanted = [("wide", p, 0, 1 << 20, None) for p in range(partitions)]
+    return _read_partitions(state, wanted, max_bytes)  # type: ignore[arg-type]
+
+
+def _reader(store: Any, coordinator: Any, **kwargs: Any) -> CachingLogReader:
+    return CachingLogReader(
+        store, coordinator, RangeCache(1 << 20, 8 << 20), IndexCache(100_000, 60), **kwargs
+    )
+
+
+def test_a_fetch_of_many_partitions_reads_each_object_once(tmp_path: Path) -> None:
+    """Issue 29: at 1,000 partitions an object holds a small chunk of every partition, and a
+    catch-up Fetch sent one ranged GET per chunk (27x slower than at 8 partitions).
+    Expected: one GET per object for a Fetch of all partitions (more objects than GETs in
+    flight at once, read_ahead=2), and the same answer as a reader without a cache."""
+    coordinator, store, _ = _many_partitions(tmp_path, 40, 5)
+    counting = CountingStore(store)
+    reader = _reader(counting, coordinator, read_ahead=2)
+    plain = SimpleNamespace(coordinator=coordinator, reader=LogReader(store, coordinator))
+    try:
+        reads = _fetch_all(SimpleNamespace(coordinator=coordinator, reader=reader), 40)
+        expected = _fetch_all(plain, 40)
+        assert [r.error for r in reads] == [ErrorCode.none] * 40
+        assert [bytes(r.records) for r in reads] == [bytes(r.records) for r in expected]
+        assert all(batch_offsets(bytes(r.records))[-1][1] == 14 for r in reads)
+        assert len(counting.gets) == 5
+        assert len({key for key, _, _ in counting.gets}) == 5
+        # Everything is cached now: the same Fetch again sends no GET.
+        again = _fetch_all(SimpleNamespace(coordinator=coordinator, reader=reader), 40)
+        assert [bytes(r.records) for r in again] == [bytes(r.records) for r in expected]
+        assert len(counting.gets) == 5
+    finally:
+        reader.close()
+        coordinator.close()
+
+
+def test_a_run_longer_than_the_span_limit_takes_several_gets(tmp_path: Path) -> None:
+    """One GET reads at most ``max_span`` bytes (bounded memory per GET in flight): a
+    Fetch wanting a whole object longer than that reads it in several GETs, none over
+    the limit (except a chunk longer than it, read alone), and answers the same."""
+    coordinator, store, _ = _many_partitions(tmp_path, 40, 2)
+    counting = CountingStore(store)
+    chunk = coordinator.lookup("wide", 0, 0)[0].length
+    reader = _reader(counting, coordinator, max_span=10 * chunk)
+    plain = SimpleNamespace(coordinator=coordinator, reader=LogReader(store, coordinator))
+    try:
+        reads = _fetch_all(SimpleNamespace(coordinator=coordinator, reader=reader), 40)
+        assert [bytes(r.records) for r in reads] == [
+            bytes(r.records) for r in _fetch_all(plain, 40)
+        ]
+        assert all(length <= 10 * chunk + 40 for _, _, length in counting.gets)
+        assert 2 * 4 <= len(counting.gets) < 2 * 40
+    finally:
+        reader.close()
+        coordinator.close()
+
+
+def test_a_fetch_reads_ahead_no_more_than_its_max_bytes(tmp_path: Path) -> None:
+    """The GETs before the reads are planned within the Fetch's max_bytes: a Fetch of
+    40 partitions with room for 5 partitions' records reads those, and the first entry
+    of each other partition (the read opens it to see whether its first batch fits),
+    not the other partitions' other entries."""
+    coordinator, store, _ = _many_partitions(tmp_path, 40, 3)
+    counting = CountingStore(store)
+    reader = _reader(counting, coordinator)
+    first = coordinator.lookup("wide", 0, 0)
+    per_partition = sum(r.length for r in first)
+    try:
+        reads = _fetch_all(
+            SimpleNamespace(coordinator=coordinator, reader=reader), 40, 5 * per_partition
+        )
+        assert sum(len(r.records) for r in reads) <= 5 * per_partition
+        assert [bool(r.records) for r in reads] == [True] * 5 + [False] * 35
+        assert reader.wait_read_ahead(10)
+        fetched = sum(length for _, _, length in counting.gets)
+        assert fetched <= 5 * per_partition + 35 * (first[0].length + 8)
+        assert len(counting.gets) == 3
+    finally:
+        reader.close()
+        coordinator.close()
+
+
+def test_a_fetch_starts_reading_what_the_next_fetch_wants(tmp_path: Path) -> None:
+    """Read-ahead by runs: a Fetch whose partitions each take 2 entries reads those and
+    starts on the next 2 of each, one GET per object; the next Fetch sends no GET."""
+    coordinator, store, _ = _many_partitions(tmp_path, 8, 6)
+    counting = CountingStore(store)
+    reader = _reader(counting, coordinator)
+    state = SimpleNamespace(coordinator=coordinator, reader=reader)
+    two = sum(r.length for r in coordinator.lookup("wide", 0, 0)[:2])
+    try:
+        wanted = [("wide", p, 0, two, None) for p in range(8)]
+        reads = _read_partitions(state, wanted, 1 << 20)  # type: ignore[arg-type]
+        assert all(batch_offsets(bytes(r.records))[-1][1] == 5 for r in reads)
+        assert reader.wait_read_ahead(10)
+        assert len(counting.gets) == 4  # objects 0-1 now, 2-3 ahead
+        wanted = [("wide", p, 6, two, None) for p in range(8)]
+        reads = _read_partitions(state, wanted, 1 << 20)  # type: ignore[arg-type]
+        assert all(batch_offsets(bytes(r.records))[-1][1] == 11 for r in reads)
+        assert reader.wait_read_ahead(10)
+        assert len(counting.gets) == 6  # objects 4-5 ahead
+    finally:
+        reader.close()
+        coordinator.close()
+
+
+def test_a_failed_get_of_a_run_fails_its_partitions_as_a_failed_chunk_get_does(
+    tmp_path: Path,
+) -> None:
+    """The store failing: every partition answers the retriable storage error, nothing is
+    cached, and the next Fetch (store back) reads everything."""
+    coordinator, store, _ = _many_partitions(tmp_path, 10, 2)
+    counting = CountingStore(store)
+    counting.fail = StorageUnavailableError("S3 is down")
+    reader = _reader(counting, coordinator)
+    state = SimpleNamespace(coordinator=coordinator, reader=reader)
+    try:
+        reads = _fetch_all(state, 10)
+        assert {r.error for r in reads} == {ErrorCode.kafka_storage_error}
+        assert all(not r.records for r in reads)
+        counting.fail = None
+        reads = _fetch_all(state, 10)
+        assert [r.error for r in reads] == [ErrorCode.none] * 10
+        assert all(batch_offsets(bytes(r.records))[-1][1] == 5 for r in reads)
+    finally:
+        reader.close()
+        coordinator.close()
+
+
+def test_a_fetch_over_more_objects_than_one_lookup_page_reads_each_object_once(
+    tmp_path: Path,
+) -> None:
+    """Each partition's chunks in 20 objects, more than one index lookup returns (16): the
+    reads before the Fetch follow the index page after page, so each object is still read
+    with one GET (not the first 16 with one GET each and the rest chunk by chunk)."""
+    coordinator, store, _ = _many_partitions(tmp_path, 10, 20)
+    assert len(coordinator.lookup("wide", 0, 0)) == 16
+    counting = CountingStore(store)
+    reader = _reader(counting, coordinator)
+    plain = SimpleNamespace(coordinator=coordinator, reader=LogReader(store, coordinator))
+    try:
+        reads = _fetch_all(SimpleNamespace(coordinator=coordinator, reader=reader), 10)
+        assert [bytes(r.records) for r in reads] == [
+            bytes(r.records) for r in _fetch_all(plain, 10)
+        ]
+        assert all(batch_offsets(bytes(r.records))[-1][1] == 59 for r in reads)
+        assert len(counting.gets) == 20
     finally:
         reader.close()
         coordinator.close()

@@ -15,12 +15,12 @@ from coordinator.janitors.context import JanitorConfig, JanitorContext
 from coordinator.janitors.tiering import run_tiering
 from coordinator.local import LocalCoordinator
 from index.log import LogWriter, WriteResult
-from segments.errors import StorageUnavailableError, TopicNotFoundError
+from segments.errors import CorruptSegmentError, StorageUnavailableError, TopicNotFoundError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
 from segments.types import ChunkInfo, ChunkRef, Record
 from service.consume_metrics import ConsumeMetrics
-from service.read_cache import CachingLogReader, IndexCache, RangeCache
+from service.read_cache import CachingLogReader, IndexCache, RangeCache, plan_spans
 
 
 def key(i: int) -> tuple[str, int, int]:
@@ -408,4 +408,124 @@ def test_a_read_over_many_lookup_pages_ends_at_its_high_watermark(
     reader = _caching(store, coordinator)
     got = [r.offset for r in reader.records("pages", 0, 3, bounds=bounds)]
     assert got == list(range(3, 40))
+    reader.close()
+
+
+# -- runs of chunks read with one GET (issue 29) ---------------------------------------
+
+
+def test_plan_spans_merges_nearby_ranges_of_one_object_within_the_limits() -> None:
+    """Ranges of one object at most ``merge_gap`` apart go in one GET of at most
+    ``max_span`` bytes; a range longer than that goes alone; other objects never mix."""
+    keys = [
+        ("a", 100, 10),
+        ("b", 0, 10),
+        ("a", 0, 10),
+        ("a", 15, 10),  # 5 bytes after the first: merged
+        ("a", 40, 10),  # 15 bytes after: a gap over merge_gap starts a new run
+        ("a", 50, 30),  # adjacent, but the run would read 40 > max_span=35 bytes
+        ("a", 200, 100),  # longer than max_span: alone
+    ]
+    spans = plan_spans(keys, merge_gap=10, max_span=35)
+    assert spans == [
+        [("a", 0, 10), ("a", 15, 10)],
+        [("a", 40, 10)],
+        [("a", 50, 30)],
+        [("a", 100, 10)],
+        [("a", 200, 100)],
+        [("b", 0, 10)],
+    ]
+    assert plan_spans([("a", 0, 10), ("a", 10, 10)]) == [[("a", 0, 10), ("a", 10, 10)]]
+
+
+class _SlowStore:
+    """Ranged GETs over a dict of objects, each waiting for ``gate``; counts them."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+        self.gate = threading.Event()
+        self.gets: list[tuple[str, int, int]] = []
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self.gets.append((key, start, length))
+        assert self.gate.wait(30)
+        return self.objects[key][start : start + length]
+
+
+def test_a_reader_of_a_chunk_being_fetched_in_a_run_waits_for_that_get() -> None:
+    """``fetch_many`` claims its chunks: a reader asking for one of them meanwhile sends no
+    GET of its own and gets the run's bytes; a chunk that ``fetch_many`` found cached is
+    not read again."""
+    data = bytes(range(256)) * 4
+    store = _SlowStore({"o1": data, "o2": data})
+    cache = RangeCache(0, 1 << 20)
+    reader = CachingLogReader(store, None, cache, IndexCache(10, 60), read_ahead=2)  # type: ignore[arg-type]
+    cache.put_history(("o2", 0, 8), data[:8])
+
+    def ref(obj: str, pos: int, length: int) -> ChunkRef:
+        return ChunkRef(obj, pos, length, 0, 1, 0, 0)
+
+    refs = [ref("o1", 0, 100), ref("o1", 100, 100), ref("o2", 0, 8), ref("o2", 512, 16)]
+    done = threading.Event()
+    sent: list[int] = []
+
+    def run() -> None:
+        sent.append(reader.fetch_many(refs))
+        done.set()
+
+    threading.Thread(target=run).start()
+    got: list[bytes] = []
+    waiter = threading.Thread(target=lambda: got.append(reader.fetch_chunk(refs[1])))
+    deadline = time.monotonic() + 10
+    while len(store.gets) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waiter.start()
+    time.sleep(0.1)
+    assert not got  # waiting for the run's GET, not sending its own
+    store.gate.set()
+    assert done.wait(10)
+    waiter.join(10)
+    assert got == [data[100:200]]
+    assert sorted(store.gets) == [("o1", 0, 200), ("o2", 512, 16)]
+    assert sent == [2]
+    assert cache.get(("o1", 0, 100)) == data[:100]
+    assert cache.get(("o2", 512, 16)) == data[512:528]
+    reader.close()
+
+
+def test_a_short_run_caches_only_the_chunks_it_holds() -> None:
+    """An object shorter than the index says: the chunk it holds whole is cached; the one
+    it does not is not, and reading it fails with CorruptSegmentError (as ``fetch_chunk``
+    of that chunk alone does)."""
+    store = _SlowStore({"o": b"x" * 150})
+    store.gate.set()
+    cache = RangeCache(0, 1 << 20)
+    reader = CachingLogReader(store, None, cache, IndexCache(10, 60))  # type: ignore[arg-type]
+    refs = [ChunkRef("o", 0, 100, 0, 1, 0, 0), ChunkRef("o", 100, 100, 1, 1, 0, 0)]
+    assert reader.fetch_many(refs) == 1
+    assert ("o", 0, 100) in cache and ("o", 100, 100) not in cache
+    with pytest.raises(CorruptSegmentError):
+        reader.fetch_chunk(refs[1])
+    reader.close()
+
+
+def test_read_ahead_by_runs_is_bounded_per_agent() -> None:
+    """Read-ahead runs (``fetch_many`` not waited for) in flight stay within
+    ``max_ahead_bytes`` however many are asked for while the store is stuck; the chunks
+    left out are not claimed (a reader fetches them itself), and once the store answers
+    the runs' chunks are cached."""
+    store = _SlowStore({f"o{i}": bytes(1000) for i in range(10)})
+    cache = RangeCache(0, 8000)  # read-ahead at most a quarter: 2,000 bytes
+    reader = CachingLogReader(store, None, cache, IndexCache(10, 60), read_ahead=4)  # type: ignore[arg-type]
+    assert reader.max_ahead_bytes == 2000
+    refs = [ChunkRef(f"o{i}", 0, 600, 0, 1, 0, 0) for i in range(10)]
+    assert reader.fetch_many(refs[:5], wait_for=False) == 3
+    assert reader.fetch_many(refs[5:], wait_for=False) == 0
+    assert reader._ahead_bytes == 1800
+    assert ("o3", 0, 600) not in cache._in_flight
+    store.gate.set()
+    assert reader.wait_read_ahead(10)
+    assert [(f"o{i}", 0, 600) in cache for i in range(5)] == [True] * 3 + [False] * 2
+    assert reader.fetch_many(refs[5:], wait_for=False) == 3
+    assert reader.wait_read_ahead(10)
     reader.close()

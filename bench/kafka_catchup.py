@@ -1,0 +1,337 @@
+"""Kafka catch-up at 8 and at 1,000 partitions over the same amount of data (issue 29).
+
+Starts one moto server. For each partition count in ``--partitions`` (default 8 and
+1,000): ``lakelog serve --kafka-port ...`` (agent + in-process SQLite coordinator, S3 on
+moto; ``bench/kafka.py``'s ``Lakelog``) creates a topic and confluent-kafka produces exactly
+``--records`` keyed 1 KiB records (acks=all, linger 50 ms, batch.num.messages 1000). Then a
+fresh confluent-kafka consumer (assign every partition at offset 0) reads everything:
+
+- ``warm``: through the agent that wrote the records (its write-through tail cache
+  holds every chunk: no GET);
+- ``cold``: through a freshly started agent on the same database and bucket (nothing
+  cached: every chunk is fetched from the store).
+
+Each line: MB/s of record values, Fetch requests the client sent, store GETs the agent
+sent (``lakelog_store_gets_total``), CPU (cores) of the agent, moto and this process, load
+average. Then ``raw_get`` lines: the same segment objects read whole with boto3 (1 thread,
+then 4) and the ratio of the cold catch-up to them, and a ``catchup_scaling`` line: the
+rate at the largest partition count over the rate at the smallest (issue 29's target
+>= 0.5).
+
+``--profile DIR``: py-spy (``PY_SPY``, else on the PATH or next to this interpreter)
+samples every thread of the agent during each catch-up; the top functions by own time and
+lakelog's by total time go to stderr, the raw samples to DIR/<case>.txt.
+
+Run: ``.venv/bin/python bench/kafka_catchup.py`` (about 2 minutes), e.g.
+``--partitions 1000 --records 20000``. Progress goes to stderr, JSON lines to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import boto3  # noqa: E402
+from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic  # noqa: E402
+from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
+
+from tests.procs import start_moto  # noqa: E402
+
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
+def produce_exactly(bootstrap: str, topic: str, count: int) -> float:
+    """``count`` keyed 1 KiB records, all acknowledged; returns seconds taken."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 50,
+            "batch.num.messages": 1000,
+            "batch.size": 4 << 20,
+            "compression.type": "none",
+            "enable.idempotence": False,
+            "partitioner": "murmur2_random",
+            "queue.buffering.max.messages": max(100_000, count),
+            "queue.buffering.max.kbytes": 1 << 21,
+        }
+    )
+    errors = 0
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        nonlocal errors
+        if err is not None:
+            errors += 1
+
+    value = os.urandom(RECORD_BYTES)
+    started = time.monotonic()
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(
+                    topic, value=value, key=i.to_bytes(8, "big"), on_delivery=on_delivery
+                )
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 1000 == 0:
+            producer.poll(0)
+    left = producer.flush(120)
+    if errors or left:
+        raise RuntimeError(f"produce: {errors} errors, {left} not delivered")
+    return time.monotonic() - started
+
+
+def wait_alone(agent: Lakelog, timeout: float = 60.0) -> None:
+    """Until the agent's Metadata lists it alone: the stopped writer's heartbeat is old
+    enough (otherwise the client is sent to a dead broker for half the partitions)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": agent.bootstrap})
+    deadline = time.monotonic() + timeout
+    while len(admin.list_topics(timeout=10).brokers) > 1:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the stopped writer is still listed as a broker")
+        time.sleep(0.5)
+
+
+def catch_up(agent: Lakelog, topic: str, partitions: int, expected: int) -> dict[str, Any]:
+    """A fresh consumer reads every partition from offset 0 through ``agent``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    stats: list[str] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": agent.bootstrap,
+            "group.id": f"catchup-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+            "statistics.interval.ms": 500,
+            "stats_cb": stats.append,
+        }
+    )
+    gets0 = metric_sum(agent.base, "lakelog_store_gets_total")
+    cpu = CpuMeter({"agent": agent.pid})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    cpu.start()
+    got = value_bytes = 0
+    started = time.monotonic()
+    first = None
+    deadline = started + 300
+    while got < expected and time.monotonic() < deadline:
+        for m in consumer.consume(10_000, 0.5):
+            if m.error() is None:
+                got += 1
+                value_bytes += len(m.value() or b"")
+        if got and first is None:
+            first = time.monotonic() - started
+    seconds = time.monotonic() - started
+    cores = cpu.stop()
+    stats.clear()
+    while not stats and time.monotonic() < deadline:
+        consumer.poll(0.1)  # the client's statistics: Fetch requests sent
+    consumer.close()
+    fetches = sum(
+        b.get("req", {}).get("Fetch", 0) for b in json.loads(stats[-1])["brokers"].values()
+    )
+    return {
+        "records": got,
+        "expected": expected,
+        "seconds": round(seconds, 2),
+        "mb_per_s": round(value_bytes / 1e6 / seconds, 1),
+        "first_record_s": None if first is None else round(first, 2),
+        "fetch_requests": fetches,
+        "store_gets": int(metric_sum(agent.base, "lakelog_store_gets_total") - gets0),
+        "cpu_cores": cores,
+        "load_avg": load_avg(),
+    }
+
+
+def raw_gets(endpoint: str, prefix: str) -> tuple[int, int, dict[int, float]]:
+    """(objects, bytes, {threads: MB/s}) of whole-object GETs of the case's segments."""
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    keys, total = [], 0
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=BUCKET, Prefix=f"{prefix}/segments/"
+    ):
+        for o in page.get("Contents", []):
+            keys.append(o["Key"])
+            total += o["Size"]
+
+    def get(key: str) -> int:
+        return len(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+    rates = {}
+    for threads in (1, 4):
+        started = time.monotonic()
+        with ThreadPoolExecutor(threads) as pool:
+            read = sum(pool.map(get, keys))
+        rates[threads] = read / 1e6 / (time.monotonic() - started)
+    return len(keys), total, rates
+
+
+class Profiled:
+    """py-spy samples of an agent (all its threads) during one catch-up."""
+
+    def __init__(self, spy: str | None, out_dir: Path | None, case: str) -> None:
+        self.spy = spy
+        self.out = None if out_dir is None else out_dir / f"{case}.txt"
+        self.sampler: subprocess.Popen[bytes] | None = None
+
+    def start(self, agent: Lakelog) -> None:
+        if self.spy is None or self.out is None:
+            return
+        self.sampler = subprocess.Popen(
+            [
+                *(self.spy, "record", "--pid", str(agent.pid), "--format", "raw"),
+                *("--output", str(self.out), "--threads", "--nonblocking", "--rate", "200"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(1.0)  # py-spy attaches
+
+    def stop(self) -> None:
+        if self.sampler is None or self.out is None:
+            return
+        self.sampler.send_signal(signal.SIGINT)  # py-spy writes what it has and ends
+        self.sampler.wait(60)
+        own: dict[str, int] = {}
+        total: dict[str, int] = {}
+        samples = 0
+        for line in self.out.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = [f for f in stack.split(";")[1:] if " (" in f]
+            if not frames:
+                continue
+            n = int(count)
+            samples += n
+            own[frames[-1]] = own.get(frames[-1], 0) + n
+            for f in set(frames):
+                total[f] = total.get(f, 0) + n
+        if not samples:
+            return
+        ours = [kv for kv in total.items() if any(
+            p in kv[0] for p in ("service/", "segments/", "index/", "coordinator/"))]  # fmt: skip
+        lines = [f"py-spy {self.out.name}: {samples} samples (all threads); own time:"]
+        lines += [
+            f"  {n / samples:6.1%}  {f}" for f, n in sorted(own.items(), key=lambda kv: -kv[1])[:20]
+        ]
+        lines += ["total time (lakelog frames):"]
+        lines += [f"  {n / samples:6.1%}  {f}" for f, n in sorted(ours, key=lambda kv: -kv[1])[:25]]
+        log("\n".join(lines))
+
+
+def py_spy() -> str:
+    found = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if not found:
+        found = str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("--profile needs py-spy (pip install py-spy, or PY_SPY=/path/to/py-spy)")
+    return found
+
+
+def run_case(tmp: Path, endpoint: str, partitions: int, args: argparse.Namespace) -> dict[str, Any]:
+    prefix = f"catchup{partitions}-{uuid.uuid4().hex[:6]}"
+    topic = "catchup"
+    profile_dir = Path(args.profile).resolve() if args.profile else None
+    spy = py_spy() if profile_dir else None
+    writer = Lakelog(tmp, endpoint, prefix)
+    rows: dict[str, Any] = {}
+    try:
+        create_topic(writer.bootstrap, topic, partitions)
+        log(f"{partitions} partitions: producing {args.records} records")
+        seconds = produce_exactly(writer.bootstrap, topic, args.records)
+        emit(
+            bench="catchup_produce",
+            partitions=partitions,
+            records=args.records,
+            seconds=round(seconds, 2),
+            segment_objects=int(writer.flushes()),
+            load_avg=load_avg(),
+        )
+        log(f"{partitions} partitions: warm catch-up through the writing agent")
+        p = Profiled(spy, profile_dir, f"warm-{partitions}")
+        p.start(writer)
+        rows["warm"] = catch_up(writer, topic, partitions, args.records)
+        p.stop()
+        emit(bench="kafka_catchup", case="warm", partitions=partitions, **rows["warm"])
+    finally:
+        writer.stop()
+    reader = Lakelog(tmp, endpoint, prefix)
+    try:
+        wait_alone(reader)
+        log(f"{partitions} partitions: cold catch-up through a fresh agent")
+        p = Profiled(spy, profile_dir, f"cold-{partitions}")
+        p.start(reader)
+        rows["cold"] = catch_up(reader, topic, partitions, args.records)
+        p.stop()
+        emit(bench="kafka_catchup", case="cold", partitions=partitions, **rows["cold"])
+    finally:
+        reader.stop()
+    objects, total, rates = raw_gets(endpoint, prefix)
+    for threads, rate in rates.items():
+        emit(
+            bench="raw_get",
+            partitions=partitions,
+            threads=threads,
+            objects=objects,
+            mb=round(total / 1e6, 1),
+            mb_per_s=round(rate, 1),
+            cold_catchup_ratio=round(rows["cold"]["mb_per_s"] / rate, 2),
+            load_avg=load_avg(),
+        )
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--partitions", type=lambda s: [int(x) for x in s.split(",")], default=[8, 1000])
+    p.add_argument("--records", type=int, default=40_000)
+    p.add_argument("--profile", default=None, help="a directory for py-spy samples")
+    args = p.parse_args()
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    results: dict[int, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        moto, endpoint = start_moto(tmp)
+        try:
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+            for partitions in args.partitions:
+                results[partitions] = run_case(tmp, endpoint, partitions, args)
+        finally:
+            moto.stop()
+    lo, hi = min(results), max(results)
+    if lo != hi:
+        for case in ("warm", "cold"):
+            emit(
+                bench="catchup_scaling",
+                case=case,
+                partitions=[lo, hi],
+                ratio=round(results[hi][case]["mb_per_s"] / results[lo][case]["mb_per_s"], 2),
+            )
+
+
+if __name__ == "__main__":
+    main()
