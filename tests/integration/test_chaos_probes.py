@@ -1,0 +1,139 @@
+"""The chaos run's targeted probes catch the deliberately broken builds, and the normal
+build passes them.
+
+One cluster for the module (SQLite, one coordinator, two agents behind the load
+balancer, moto without faults: the probes are deterministic); each test restarts the
+agents and the coordinator with its build (``LAKELOG_CHAOS_BREAK``), runs the probes of
+``tests.chaos.run`` into a history of its own and checks it with the chaos checker:
+
+- ``reincarnate``: topic ``reborn`` written and read through one agent, deleted, created
+  again, written and read at offset 0 through the same agent within its index cache's
+  lifetime. ``stale_cache`` (the index cache keyed by topic name) serves the old
+  incarnation's records: ``wrong_incarnation``.
+- ``idempotent_round`` with each probe: a batch resent as it was (``resend``), a zombie
+  of an older epoch writing after the next epoch wrote (``zombie``), a batch whose
+  sequence skips ahead (``gap``). ``no_fencing`` (epoch and sequence checks skipped)
+  stores the resend again (``retry_answer_differs``, ``duplicate``) and accepts the
+  others (``zombie_write``, ``out_of_sequence_write``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.checker import Report, check
+from tests.chaos.history import History, read_history
+from tests.chaos.run import AGENT_ENV, IdempotentState, Params, Run
+from tests.integration.topology import S3_ENV, Topology, start_topology
+from tests.procs import start_moto
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SEED = 3
+PROBED = ("stable", "reborn")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
+    tmp = tmp_path_factory.mktemp("chaos-probes")
+    for k, v in S3_ENV.items():
+        os.environ.setdefault(k, v)
+    moto, endpoint = start_moto(tmp)
+    try:
+        topo = start_topology(
+            tmp / "topo",
+            endpoint,
+            f"sqlite:///{tmp / 'meta.db'}",
+            agents=2,
+            coordinators=1,
+            agent_env=AGENT_ENV,
+            faults=False,
+        )
+        try:
+            yield topo
+        finally:
+            topo.stop()
+    finally:
+        moto.stop()
+
+
+def with_build(topo: Topology, broken: str | None) -> None:
+    """Restart the coordinator and the agents as build ``broken`` (None: the normal one)."""
+    for s in [*topo.coordinators, *topo.agents]:
+        s.environment.pop("LAKELOG_CHAOS_BREAK", None)
+        if broken is not None:
+            s.environment["LAKELOG_CHAOS_BREAK"] = broken
+        s.restart()
+
+
+def probe(topo: Topology, tmp: Path, broken: str | None) -> tuple[Report, list[dict]]:
+    """Every probe, several times, on fresh topics; the checked history."""
+    with_build(topo, broken)
+    path = tmp / "history.jsonl"
+    hist = History(path)
+    run = Run(topo, hist, Params(SEED, 0, "sqlite", tmp))
+    for topic in PROBED:  # what an earlier test left is no part of this history
+        run.delete_topic("setup", topic)
+        assert run.create_topic("setup", topic), topic
+    rng = random.Random(SEED)
+    n = itertools.count(1)
+    for _ in range(3):
+        run.reincarnate("reborn-1", rng, n)
+    state = IdempotentState()
+    with run.client() as c:
+        for kind in ["none", "resend", "none", "zombie", "none", "gap", "resend", "zombie"]:
+            run.idempotent_round(c, "idem-1", rng, state, probe=kind)
+    run.final_reads(PROBED, groups=())
+    hist.close()
+    events = list(read_history(path))
+    assert run.errors == [], run.errors
+    return check(events), events
+
+
+def outcomes(events: list[dict], **match: object) -> list[str]:
+    """The outcomes of the operations whose invoke has the fields ``match``."""
+    ids = {
+        e["id"]
+        for e in events
+        if e["type"] == "invoke" and all(e.get(k) == v for k, v in match.items())
+    }
+    return [e["type"] for e in events if e["id"] in ids and e["type"] != "invoke"]
+
+
+def test_the_normal_build_passes_every_probe(cluster: Topology, tmp_path: Path) -> None:
+    report, events = probe(cluster, tmp_path, None)
+    assert report.anomalies == [], report.anomalies
+    # The probes ran: reborn created again three times and read at offset 0 after each,
+    # resends answered with the first offsets, zombies and gaps refused outright.
+    assert outcomes(events, op="create_topic", topic="reborn").count("ok") == 4
+    reads = [e for e in events if e["op"] == "read" and e["type"] == "ok"]
+    assert len(reads) == 6 and all(r["records"] for r in reads), reads
+    resends = [e for e in events if e["op"] == "resend"]
+    assert [e["same"] for e in resends] == [True, True], resends
+    assert outcomes(events, op="produce", probe="zombie") == ["fail", "fail"]
+    assert outcomes(events, op="produce", probe="gap") == ["fail"]
+    assert report.records["acked_found"] > 20, report.records
+
+
+def test_a_stale_index_cache_is_caught(cluster: Topology, tmp_path: Path) -> None:
+    report, _ = probe(cluster, tmp_path, "stale_cache")
+    assert "wrong_incarnation" in report.counts, report.summary()
+    # A read of reborn's new incarnation at offset 0 through the agent served the old one's.
+    wrong = [a for a in report.anomalies if a["kind"] == "wrong_incarnation"]
+    assert any(a["where"].startswith("read op") and a["topic"] == "reborn" for a in wrong), (
+        report.anomalies
+    )
+
+
+def test_skipped_fencing_is_caught(cluster: Topology, tmp_path: Path) -> None:
+    report, _ = probe(cluster, tmp_path, "no_fencing")
+    expected = {"zombie_write", "out_of_sequence_write", "retry_answer_differs", "duplicate"}
+    assert expected <= set(report.counts), report.summary()
+    # A resend stored again is also away from the offsets it was acknowledged at.
+    assert set(report.counts) - expected <= {"wrong_offset"}, report.anomalies
