@@ -42,7 +42,8 @@ Anomalies (``kind``):
 - ``missing_object``: an object an index entry or an Iceberg table references is not
   in the bucket after quiescence; ``leaked_object``: an object in the bucket (under
   ``segments/`` or ``tiered/``) nothing references, unreferenced (or, never committed,
-  written) longer ago than GC grace and the janitors' slack: garbage collection missed it.
+  written) so long ago that it was due (GC grace) before a GC pass that finished began,
+  or longer ago than GC grace and a stall bound: garbage collection missed it.
 - ``zombie_write``: an idempotent producer's batch acknowledged on a partition at an
   epoch older than one of its batches acknowledged there before (a fenced producer
   wrote); ``out_of_sequence_write``: one acknowledged whose sequence neither starts its
@@ -63,6 +64,9 @@ from typing import Any
 
 #: At most this many anomalies of one kind are listed in full (all are counted).
 MAX_LISTED = 20
+#: Between the database's GC pass start and the stamps and store times it compares
+#: (one machine's clock; an S3 modification time is whole seconds).
+GC_CLOCK_SLACK_S = 1.0
 
 
 @dataclass
@@ -197,6 +201,10 @@ class _Checker:
                 self.report.anomaly("missing_object", key=key, in_rows=key in rows)
         held = set(e.get("referenced_after", e["referenced"]))
         cutoff = e["now"] - e["grace_s"] - e["slack_s"]
+        started = e.get("gc_pass_started")
+        if started is not None:
+            # A pass that began once the object was due, and finished, deleted it.
+            cutoff = max(cutoff, started - e["grace_s"] - GC_CLOCK_SLACK_S)
         for key, modified in sorted(listed.items()):
             if key in held:
                 continue
@@ -209,6 +217,8 @@ class _Checker:
                 key=key,
                 row=key in rows,
                 unreferenced_s=round(e["now"] - since, 1),
+                due_before_gc_pass=started is not None
+                and since < started - e["grace_s"] - GC_CLOCK_SLACK_S,
             )
 
     def _incarnations(

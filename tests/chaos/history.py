@@ -37,7 +37,8 @@ Operations (fields beyond the common ones):
   records: [[offset, key, value], ...], compacted}``: the whole log after quiescence.
 - ``final_committed`` ok ``{group, topic, topic_id, offsets: {partition: offset}}``.
 - ``storage`` (a lone ``info``, last: once the topology stopped) ``{referenced, listed:
-  {key: modified}, rows: {key: unreferenced since | null}, now, grace_s, slack_s}``:
+  {key: modified}, rows: {key: unreferenced since | null}, now, grace_s, slack_s,
+  gc_pass_started}``:
   see ``tests.chaos.run.storage_snapshot``.
 """
 

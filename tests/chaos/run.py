@@ -1083,10 +1083,18 @@ class Run:
 
 #: Objects whose keys the storage check compares (what garbage collection owns).
 STORAGE_PREFIXES = ("segments/", "tiered/")
-#: What the janitors may take beyond GC grace to delete an unreferenced object: GC runs
-#: every 3 s (a pass takes up to 10 s on a loaded box), behind a lease of 10 s that a
-#: killed coordinator may still hold.
-GC_SLACK_S = 30.0
+#: How long beyond GC grace an unreferenced object may wait when no GC pass that began
+#: after it was due has finished (GC stuck, or never running): GC runs every 3 s, but a
+#: pass over hundreds of objects takes 30-40 s on a loaded box (one conditional row
+#: delete, on every shard, and one S3 DELETE each), behind a lease of 10 s that a killed
+#: coordinator may still hold. An object due before a pass that finished ok began is a
+#: leak whatever its age (``gc_pass_started``).
+GC_SLACK_S = 120.0
+#: The start of the last garbage-collection pass that finished ok (any coordinator).
+_GC_PASS_STARTED = (
+    "SELECT MAX(started_at) FROM janitor_runs"
+    " WHERE janitor = 'gc' AND outcome = 'ok' AND finished_at IS NOT NULL"
+)
 _REFERENCED = (
     "SELECT o.object_key FROM objects o"
     " WHERE EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = o.object_id)"
@@ -1114,7 +1122,8 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
     topology has stopped (``stopped_at``): nothing changes between the two reads, so no
     janitor caught between its steps (GC drops an object's row, then the object) can
     fake an anomaly. ``referenced``: keys an index entry or an Iceberg table holds;
-    ``listed``: key -> modified; ``rows``: key -> unreferenced since (None: not stamped).
+    ``listed``: key -> modified; ``rows``: key -> unreferenced since (None: not stamped);
+    ``gc_pass_started``: when the last GC pass that finished ok began (None: none did).
     """
     import boto3
 
@@ -1127,6 +1136,12 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
                 rows[key] = None
             else:
                 rows[key] = None if since is None else max(float(since), rows.get(key) or 0.0)
+    passes = [
+        float(started)
+        for url in db_urls
+        for (started,) in _query(url, _GC_PASS_STARTED)
+        if started is not None
+    ]
     prefix = topo.store_url.split("/", 3)[3].strip("/") + "/"
     s3 = boto3.client("s3", endpoint_url=topo.moto_endpoint)
     listed: dict[str, float] = {}
@@ -1142,6 +1157,7 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
         "now": stopped_at,
         "grace_s": float(COORDINATOR_ENV["LAKELOG_GC_GRACE_S"]),
         "slack_s": GC_SLACK_S,
+        "gc_pass_started": max(passes, default=None),
     }
 
 

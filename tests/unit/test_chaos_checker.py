@@ -506,6 +506,24 @@ def test_storage_referenced_objects_exist_and_garbage_is_collected() -> None:
         assert kinds(leak) == {"leaked_object"}, rows
 
 
+def test_an_object_due_before_a_finished_gc_pass_began_is_a_leak() -> None:
+    """GC passes of 30-40 s: an object due (grace 30 s) after the last finished pass
+    began is pending whatever its age within the stall bound; one due before it began
+    is leaked however young."""
+    listed = {"segments/before.seg": 1.0, "segments/after.seg": 1.0}
+    rows = {"segments/before.seg": 955.0, "segments/after.seg": 962.0}
+    snapshot = {"listed": listed, "rows": rows, "slack_s": 120.0}
+    h = _storage(valid(), **snapshot, gc_pass_started=990.0)
+    report = check(h.events)
+    assert [a["key"] for a in report.anomalies] == ["segments/before.seg"], report.anomalies
+    assert report.anomalies[0]["due_before_gc_pass"] is True
+    assert report.records["objects_pending_gc"] == 1
+    # No pass finished: both wait, up to the stall bound (and past it, leaked).
+    assert check(_storage(valid(), **snapshot).events).anomalies == []
+    late = _storage(valid(), listed=listed, rows=rows, slack_s=5.0)
+    assert kinds(late) == {"leaked_object"}
+
+
 #: Each deliberately broken build: (LAKELOG_CHAOS_BREAK name, module, flag).
 BREAKS = [
     ("dedupe", "service.request_keys", "_BROKEN_DEDUPE"),
