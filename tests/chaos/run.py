@@ -112,6 +112,8 @@ class Run:
         )
         self.v3 = f"{topo.url}/v3/clusters/{topo.cluster_id}"
         self.churn_lock = threading.Lock()
+        #: topic -> the ids its incarnations were created with (``create_topic``).
+        self.topic_ids: dict[str, set[str]] = {}
 
     def rng(self, name: str) -> random.Random:
         return random.Random(f"{self.params.seed}:{name}")
@@ -163,14 +165,23 @@ class Run:
         if r.status_code != 201 and not exists:
             self.hist.complete(op, proc, "create_topic", _outcome(r.status_code), error=r.text)
             return False
+        # The id, from an agent's metadata: one that has not seen the create yet (its
+        # cache lives LAKELOG_METADATA_TTL_S) answers the last incarnation's, and the
+        # model would give this one's records to that one. Ids are never reused: wait
+        # for one not recorded before.
+        seen = self.topic_ids.setdefault(name, set())
         tid = None
-        for _ in range(3):
+        for _ in range(20):
             tid = self.topic_id(name)
-            if tid is not None or self.stop.is_set():
+            if (tid is not None and tid not in seen) or self.stop.is_set():
                 break
-        if tid is None:
-            self.hist.complete(op, proc, "create_topic", "info", error="no topic id")
+            time.sleep(0.25)
+        if tid is None or tid in seen:
+            self.hist.complete(
+                op, proc, "create_topic", "info", error="no new topic id", last_id=tid
+            )
             return False
+        seen.add(tid)
         self.partitions[name] = n
         self.hist.complete(op, proc, "create_topic", "ok", topic_id=tid, existed=exists)
         return True

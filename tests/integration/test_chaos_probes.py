@@ -52,7 +52,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
             f"sqlite:///{tmp / 'meta.db'}",
             agents=2,
             coordinators=1,
-            agent_env=AGENT_ENV,
+            # Agents' metadata cached longer than the run's 1 s: an agent still answers a
+            # recreated topic's last id for a while after the create (what the workload
+            # must not record as the new incarnation's).
+            agent_env={**AGENT_ENV, "LAKELOG_METADATA_TTL_S": "3"},
             faults=False,
         )
         try:
@@ -63,9 +66,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
         moto.stop()
 
 
-def with_build(topo: Topology, broken: str | None) -> None:
-    """Restart the coordinator and the agents as build ``broken`` (None: the normal one)."""
+def with_build(topo: Topology, broken: str | None, always: bool = True) -> None:
+    """Restart the coordinator and the agents as build ``broken`` (None: the normal one);
+    not ``always``: only those of another build."""
     for s in [*topo.coordinators, *topo.agents]:
+        if not always and s.environment.get("LAKELOG_CHAOS_BREAK") == broken:
+            continue
         s.environment.pop("LAKELOG_CHAOS_BREAK", None)
         if broken is not None:
             s.environment["LAKELOG_CHAOS_BREAK"] = broken
@@ -79,6 +85,8 @@ def probe(topo: Topology, tmp: Path, broken: str | None) -> tuple[Report, list[d
     hist = History(path)
     run = Run(topo, hist, Params(SEED, 0, "sqlite", tmp))
     for topic in PROBED:  # what an earlier test left is no part of this history
+        old = run.topic_id(topic)  # the agents restarted: no stale metadata yet
+        run.topic_ids[topic] = {old} if old else set()
         run.delete_topic("setup", topic)
         assert run.create_topic("setup", topic), topic
     rng = random.Random(SEED)
@@ -112,6 +120,16 @@ def test_the_normal_build_passes_every_probe(cluster: Topology, tmp_path: Path) 
     # The probes ran: reborn created again three times and read at offset 0 after each,
     # resends answered with the first offsets, zombies and gaps refused outright.
     assert outcomes(events, op="create_topic", topic="reborn").count("ok") == 4
+    # Each incarnation recorded with its own id (never the last one's, which an agent's
+    # metadata cache may still answer), the last one the final read's.
+    ids = [e["topic_id"] for e in events if e["op"] == "create_topic" and e["type"] == "ok"]
+    assert len(ids) == len(set(ids)) == 5, ids
+    final = [
+        e
+        for e in events
+        if e["op"] == "final_read" and e.get("topic_id") and e["topic"] == "reborn"
+    ]
+    assert final[0]["topic_id"] == ids[-1], (final, ids)
     reads = [e for e in events if e["op"] == "read" and e["type"] == "ok"]
     assert len(reads) == 6 and all(r["records"] for r in reads), reads
     resends = [e for e in events if e["op"] == "resend"]
@@ -119,6 +137,34 @@ def test_the_normal_build_passes_every_probe(cluster: Topology, tmp_path: Path) 
     assert outcomes(events, op="produce", probe="zombie") == ["fail", "fail"]
     assert outcomes(events, op="produce", probe="gap") == ["fail"]
     assert report.records["acked_found"] > 20, report.records
+
+
+def test_a_recreated_topic_is_recorded_with_its_new_id(
+    cluster: Topology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by ``make chaos PROFILE=sqlite SEED=302`` (``wrong_incarnation`` on the normal
+    build): the workload took a recreated topic's id from an agent's metadata, which for
+    ``LAKELOG_METADATA_TTL_S`` after the create may still be the deleted incarnation's
+    (the agent that served the delete and create forgets it, the other does not), and
+    gave the new incarnation's records to the old one. Here the Kafka door answers the
+    deleted incarnation's id twice after the create: ``create_topic`` must wait for the
+    new one."""
+    with_build(cluster, None, always=False)
+    hist = History(tmp_path / "history.jsonl")
+    run = Run(cluster, hist, Params(SEED, 0, "sqlite", tmp_path))
+    run.delete_topic("setup", "churn")
+    assert run.create_topic("setup", "churn")
+    (old,) = run.topic_ids["churn"]
+    real = run.topic_id
+    stale = iter([old, old])
+    monkeypatch.setattr(run, "topic_id", lambda topic: next(stale, None) or real(topic))
+    assert run.delete_topic("admin", "churn")
+    assert run.create_topic("admin", "churn")
+    hist.close()
+    new = real("churn")
+    assert new != old and run.topic_ids["churn"] == {old, new}, (old, new, run.topic_ids)
+    created = [e for e in read_history(hist.path) if e["op"] == "create_topic" and "topic_id" in e]
+    assert [e["topic_id"] for e in created] == [old, new], created
 
 
 def test_a_stale_index_cache_is_caught(cluster: Topology, tmp_path: Path) -> None:
