@@ -166,17 +166,20 @@ class Run:
             self.hist.complete(op, proc, "create_topic", _outcome(r.status_code), error=r.text)
             return False
         # The id, from an agent's metadata: one that has not seen the create yet (its
-        # cache lives LAKELOG_METADATA_TTL_S) answers the last incarnation's, and the
-        # model would give this one's records to that one. Ids are never reused: wait
-        # for one not recorded before.
+        # cache lives LAKELOG_METADATA_TTL_S, 1 s) answers the last incarnation's, and
+        # the model would give this one's records to that one. Ids are never reused: wait
+        # for one not recorded before; but "already exists" after a delete that failed
+        # is the last incarnation living on, whose id stays (past the cache's life).
         seen = self.topic_ids.setdefault(name, set())
         tid = None
-        for _ in range(20):
+        for attempt in range(20):
             tid = self.topic_id(name)
-            if (tid is not None and tid not in seen) or self.stop.is_set():
+            if self.stop.is_set() or (
+                tid is not None and (tid not in seen or (exists and attempt >= 8))
+            ):
                 break
             time.sleep(0.25)
-        if tid is None or tid in seen:
+        if tid is None or (tid in seen and not exists):
             self.hist.complete(
                 op, proc, "create_topic", "info", error="no new topic id", last_id=tid
             )
@@ -762,6 +765,7 @@ class Run:
                 except httpx.HTTPError:
                     client.close()
                     client = self.client()
+                    self.stop.wait(0.5)
                 except Exception:
                     self.errors.append(f"{proc}: {traceback.format_exc()}")
         finally:
@@ -789,6 +793,7 @@ class Run:
         ``probe``: this one (``none``: a plain batch) rather than one drawn at random.
         """
         if state.producer_id < 0 and not self.init_producer(c, proc, state):
+            self.stop.wait(0.5)  # the coordinator is away: not a request per 0.1 s meanwhile
             return
         topic = "stable"
         parts = [rng.randrange(TOPICS[topic][0]) for _ in range(rng.randint(1, 6))]
