@@ -42,7 +42,12 @@ Anomalies (``kind``):
 - ``missing_object``: an object an index entry or an Iceberg table references is not
   in the bucket after quiescence; ``leaked_object``: an object in the bucket (under
   ``segments/`` or ``tiered/``) nothing references, unreferenced (or, never committed,
-  written) longer ago than GC grace and the janitors' slack: garbage collection missed it.
+  written) so long ago that it was due (GC grace) before a GC pass that finished began,
+  or longer ago than GC grace and a stall bound: garbage collection missed it.
+- ``zombie_write``: an idempotent producer's batch acknowledged on a partition at an
+  epoch older than one of its batches acknowledged there before (a fenced producer
+  wrote); ``out_of_sequence_write``: one acknowledged whose sequence neither starts its
+  epoch (0) nor follows a batch of that epoch that may have been stored.
 - ``commit_past_hw``: a committed offset beyond the final high watermark;
   ``committed_unknown``: the group's final committed offset is none that was ever
   committed.
@@ -59,6 +64,9 @@ from typing import Any
 
 #: At most this many anomalies of one kind are listed in full (all are counted).
 MAX_LISTED = 20
+#: Between the database's GC pass start and the stamps and store times it compares
+#: (one machine's clock; an S3 modification time is whole seconds).
+GC_CLOCK_SLACK_S = 1.0
 
 
 @dataclass
@@ -91,6 +99,19 @@ class FinalPart:
     high_watermark: int
     compacted: bool
     records: list[tuple[int, str | None, str]]
+
+
+@dataclass
+class _Batch:
+    """One idempotent producer's batch on one partition (``_check_producers``)."""
+
+    op: int
+    t0: float
+    t1: float
+    status: str
+    epoch: int
+    sequence: int
+    count: int
 
 
 @dataclass
@@ -164,6 +185,7 @@ class _Checker:
                 self._check_read(inv, done)
         self._check_polls(completions)
         self._check_commits(invokes, completions)
+        self._check_producers(invokes, completions)
         for e in self.events:
             if e["type"] == "info" and e["op"] == "storage":
                 self._check_storage(e)
@@ -179,6 +201,10 @@ class _Checker:
                 self.report.anomaly("missing_object", key=key, in_rows=key in rows)
         held = set(e.get("referenced_after", e["referenced"]))
         cutoff = e["now"] - e["grace_s"] - e["slack_s"]
+        started = e.get("gc_pass_started")
+        if started is not None:
+            # A pass that began once the object was due, and finished, deleted it.
+            cutoff = max(cutoff, started - e["grace_s"] - GC_CLOCK_SLACK_S)
         for key, modified in sorted(listed.items()):
             if key in held:
                 continue
@@ -191,6 +217,8 @@ class _Checker:
                 key=key,
                 row=key in rows,
                 unreferenced_s=round(e["now"] - since, 1),
+                due_before_gc_pass=started is not None
+                and since < started - e["grace_s"] - GC_CLOCK_SLACK_S,
             )
 
     def _incarnations(
@@ -541,6 +569,74 @@ class _Checker:
                 last[c][(topic, p)] = (o, tid)
             for p, recs in by_p.items():
                 self._against_final(where, topic, p, recs)
+
+    def _check_producers(
+        self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
+    ) -> None:
+        """Idempotent producers' batches (a produce with a ``producer``), per producer id,
+        topic incarnation and partition: one acknowledged must follow a batch of its epoch
+        that may have been stored (or start its epoch at sequence 0), and none may be
+        acknowledged at an epoch older than one already acknowledged there."""
+        batches: dict[tuple[int, str, int], list[_Batch]] = defaultdict(list)
+        for op_id, inv in invokes.items():
+            producer = inv.get("producer")
+            if inv["op"] != "produce" or not producer:
+                continue
+            done = completions.get(op_id)
+            status = done["type"] if done is not None else "pending"
+            if status == "fail":  # refused: nothing stored
+                continue
+            t1 = done["t"] if done is not None else math.inf
+            inc = self._attribute(inv["topic"], inv["t"], t1)
+            if inc is None:
+                continue
+            counts = Counter(inv["partitions"])
+            for p_s, seq in producer["sequences"].items():
+                key = (producer["producer_id"], inc, int(p_s))
+                batches[key].append(
+                    _Batch(
+                        op_id,
+                        inv["t"],
+                        t1,
+                        status,
+                        producer["producer_epoch"],
+                        seq,
+                        counts[int(p_s)],
+                    )
+                )
+        for (pid, inc, p), bs in batches.items():
+            for b in bs:
+                if b.status != "ok":
+                    continue
+                newer = [x for x in bs if x.status == "ok" and x.epoch > b.epoch and x.t1 < b.t0]
+                if newer:
+                    self.report.anomaly(
+                        "zombie_write",
+                        op=b.op,
+                        producer_id=pid,
+                        topic_id=inc,
+                        partition=p,
+                        epoch=b.epoch,
+                        fenced_by=newer[0].op,
+                        newer_epoch=newer[0].epoch,
+                    )
+                follows = b.sequence == 0 or any(
+                    x.epoch == b.epoch and x.sequence + x.count == b.sequence and x.t0 < b.t1
+                    for x in bs
+                )
+                if not follows:
+                    self.report.anomaly(
+                        "out_of_sequence_write",
+                        op=b.op,
+                        producer_id=pid,
+                        topic_id=inc,
+                        partition=p,
+                        epoch=b.epoch,
+                        sequence=b.sequence,
+                        before=sorted(
+                            x.sequence + x.count for x in bs if x.epoch == b.epoch and x is not b
+                        )[-5:],
+                    )
 
     def _check_commits(
         self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]

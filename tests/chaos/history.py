@@ -16,8 +16,17 @@ Operations (fields beyond the common ones):
   ``{topic, name, value}``.
 - ``produce`` invoke ``{topic, mode, values, keys}`` (``mode``: ``v2``, ``v2-key``
   (with an Idempotency-Key, retried with it), ``v3-batch``, ``kafka`` (an idempotent
-  confluent-kafka producer)); ok ``{results: [[partition, offset] | null, ...]}``
-  aligned with ``values`` (null: that record's outcome is unknown).
+  confluent-kafka producer), ``v3-idem`` (records:batch with an idempotent REST
+  ``producer``: then also ``partitions`` (each value's), ``producer: {producer_id,
+  producer_epoch, sequences: {partition: first sequence}}`` and ``probe`` (null,
+  ``zombie``: an older epoch's batch, ``gap``: a sequence skipped ahead))); ok
+  ``{results: [[partition, offset] | null, ...]}`` aligned with ``values`` (null: that
+  record's outcome is unknown).
+- ``init_producer`` invoke ``{}`` (a new id) or ``{producer_id, producer_epoch}`` (its
+  next epoch), ok ``{producer_id, producer_epoch}``.
+- ``resend`` (a lone ``info``: an acknowledged keyed or idempotent request sent again
+  as it was) ``{op_id, status, same}``: ``same``, whether it was answered with the
+  first answer's offsets (null: nothing to compare).
 - ``read`` (v3 by offset) invoke ``{topic, partition, offset}``, ok ``{records:
   [[offset, value], ...], high_watermark, log_start}``.
 - ``poll`` (a consumer: ``consumer`` names the v2 instance or Kafka consumer) ok
@@ -28,7 +37,8 @@ Operations (fields beyond the common ones):
   records: [[offset, key, value], ...], compacted}``: the whole log after quiescence.
 - ``final_committed`` ok ``{group, topic, topic_id, offsets: {partition: offset}}``.
 - ``storage`` (a lone ``info``, last: once the topology stopped) ``{referenced, listed:
-  {key: modified}, rows: {key: unreferenced since | null}, now, grace_s, slack_s}``:
+  {key: modified}, rows: {key: unreferenced since | null}, now, grace_s, slack_s,
+  gc_pass_started}``:
   see ``tests.chaos.run.storage_snapshot``.
 """
 

@@ -13,13 +13,20 @@ faults, restarts what is down, waits for the janitors, reads every partition who
 Topics: ``stable`` (3 partitions; the consumers read it), ``retained``
 (``retention.ms`` of seconds, changed at random), ``compacted``
 (``cleanup.policy=compact``, keys from a small set), ``churn`` (deleted and created
-again under the same name, partitions added, DeleteRecords).
+again under the same name, partitions added, DeleteRecords), ``reborn`` (the
+reincarnation probe's: ``Run.reincarnate``).
+
+Targeted probes, each aimed at one defect a random mix rarely reaches: ``reincarnate``
+(an agent's cache outliving a topic's incarnation) and the idempotent REST producer's
+``resend``, ``zombie`` and ``gap`` (``Run.idempotent_round``: fencing and sequence
+checks).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -29,7 +36,8 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +73,10 @@ TOPICS: dict[str, tuple[int, dict[str, str]]] = {
     "retained": (2, {"retention.ms": "15000"}),
     "compacted": (2, {"cleanup.policy": "compact"}),
     "churn": (2, {}),
+    "reborn": (1, {}),
 }
+#: The consumer groups of the run (their committed offsets are read at the end).
+GROUPS = ("g-kafka", "g-v2-consumer-1")
 
 
 @dataclass
@@ -101,6 +112,8 @@ class Run:
         )
         self.v3 = f"{topo.url}/v3/clusters/{topo.cluster_id}"
         self.churn_lock = threading.Lock()
+        #: topic -> the ids its incarnations were created with (``create_topic``).
+        self.topic_ids: dict[str, set[str]] = {}
 
     def rng(self, name: str) -> random.Random:
         return random.Random(f"{self.params.seed}:{name}")
@@ -152,14 +165,26 @@ class Run:
         if r.status_code != 201 and not exists:
             self.hist.complete(op, proc, "create_topic", _outcome(r.status_code), error=r.text)
             return False
+        # The id, from an agent's metadata: one that has not seen the create yet (its
+        # cache lives LAKELOG_METADATA_TTL_S, 1 s) answers the last incarnation's, and
+        # the model would give this one's records to that one. Ids are never reused: wait
+        # for one not recorded before; but "already exists" after a delete that failed
+        # is the last incarnation living on, whose id stays (past the cache's life).
+        seen = self.topic_ids.setdefault(name, set())
         tid = None
-        for _ in range(3):
+        for attempt in range(20):
             tid = self.topic_id(name)
-            if tid is not None or self.stop.is_set():
+            if self.stop.is_set() or (
+                tid is not None and (tid not in seen or (exists and attempt >= 8))
+            ):
                 break
-        if tid is None:
-            self.hist.complete(op, proc, "create_topic", "info", error="no topic id")
+            time.sleep(0.25)
+        if tid is None or (tid in seen and not exists):
+            self.hist.complete(
+                op, proc, "create_topic", "info", error="no new topic id", last_id=tid
+            )
             return False
+        seen.add(tid)
         self.partitions[name] = n
         self.hist.complete(op, proc, "create_topic", "ok", topic_id=tid, existed=exists)
         return True
@@ -176,19 +201,24 @@ class Run:
 
     def _admin_recreate(self, proc: str, rng: random.Random) -> None:
         with self.churn_lock:
-            op = self.hist.invoke(proc, "delete_topic", topic="churn")
-            try:
-                with self.client() as c:
-                    r = c.delete(f"{self.v3}/topics/churn")
-                outcome = "ok" if r.status_code == 204 else _outcome(r.status_code)
-                self.hist.complete(op, proc, "delete_topic", outcome, status=r.status_code)
-            except httpx.HTTPError as e:
-                self.hist.complete(op, proc, "delete_topic", "info", error=repr(e))
+            self.delete_topic(proc, "churn")
             time.sleep(rng.uniform(0, 1))
             for _ in range(10):
                 if self.create_topic(proc, "churn") or self.stop.is_set():
                     break
                 time.sleep(1)
+
+    def delete_topic(self, proc: str, topic: str) -> bool:
+        op = self.hist.invoke(proc, "delete_topic", topic=topic)
+        try:
+            with self.client() as c:
+                r = c.delete(f"{self.v3}/topics/{topic}")
+            outcome = "ok" if r.status_code == 204 else _outcome(r.status_code)
+            self.hist.complete(op, proc, "delete_topic", outcome, status=r.status_code)
+            return outcome == "ok"
+        except httpx.HTTPError as e:
+            self.hist.complete(op, proc, "delete_topic", "info", error=repr(e))
+            return False
 
     def _admin_partitions(self, proc: str, rng: random.Random) -> None:
         from confluent_kafka.admin import AdminClient, NewPartitions
@@ -295,7 +325,10 @@ class Run:
         keyed: bool,
         n: int,
         resend: bool = False,
-    ) -> None:
+        url: str | None = None,
+    ) -> bool:
+        """One v2 produce (through ``url``, an agent's, else the LB); whether it was
+        acknowledged whole."""
         body = orjson.dumps(
             {
                 "records": [
@@ -314,7 +347,9 @@ class Run:
         tries: list[str] = []  # what each failed attempt got
         for attempt in range(attempts):
             try:
-                r = client.post(f"{self.topo.url}/topics/{topic}", content=body, headers=headers)
+                r = client.post(
+                    f"{url or self.topo.url}/topics/{topic}", content=body, headers=headers
+                )
             except httpx.HTTPError as e:
                 last = repr(e)
                 tries.append(last[:200])
@@ -341,7 +376,7 @@ class Run:
                     # must make it a duplicate (same offsets, nothing stored twice).
                     with contextlib.suppress(httpx.HTTPError):
                         again = client.post(
-                            f"{self.topo.url}/topics/{topic}", content=body, headers=headers
+                            f"{url or self.topo.url}/topics/{topic}", content=body, headers=headers
                         )
                         self.hist.info(
                             proc,
@@ -351,7 +386,7 @@ class Run:
                             same=_same_offsets(results, again),
                             answer=again.text[:2000],
                         )
-                return
+                return None not in results
             last = f"{r.status_code} {r.text[:200]}"
             tries.append(last)
             if r.status_code < 500 and r.status_code not in (408, 429):
@@ -359,10 +394,11 @@ class Run:
                 # request whose first try may have landed is unknown).
                 outcome = "fail" if attempt == 0 else "info"
                 self.hist.complete(op, proc, "produce", outcome, error=last)
-                return
+                return False
             if attempt + 1 < attempts:
                 time.sleep(0.5)
         self.hist.complete(op, proc, "produce", "info", error=last)
+        return False
 
     def _v3_batch(
         self, client: httpx.Client, proc: str, topic: str, values: list[str], keys: list[str]
@@ -482,31 +518,37 @@ class Run:
                 if (topic, p) in known and rng.random() < 0.8:
                     ls, hw = known[(topic, p)]
                     params["offset"] = rng.randint(ls, max(ls, hw - 1))
-                op = self.hist.invoke(
-                    proc, "read", topic=topic, partition=p, offset=params.get("offset")
-                )
-                try:
-                    r = client.get(
-                        f"{self.v3}/topics/{topic}/partitions/{p}/records", params=params
-                    )
-                except httpx.HTTPError as e:
-                    self.hist.complete(op, proc, "read", "info", error=repr(e))
-                    continue
-                if r.status_code != 200:
-                    self.hist.complete(op, proc, "read", "fail", error=r.text[:200])
+                d = self.read(client, self.v3, proc, topic, p, params)
+                if d is None:
                     known.pop((topic, p), None)
-                    continue
-                d = r.json()
-                known[(topic, p)] = (d["log_start_offset"], d["high_watermark"])
-                self.hist.complete(
-                    op,
-                    proc,
-                    "read",
-                    "ok",
-                    records=[[x["offset"], unb64(x["value"])] for x in d["records"]],
-                    high_watermark=d["high_watermark"],
-                    log_start=d["log_start_offset"],
-                )
+                else:
+                    known[(topic, p)] = (d["log_start_offset"], d["high_watermark"])
+
+    def read(
+        self, client: httpx.Client, v3: str, proc: str, topic: str, p: int, params: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """One v3 read by offset through ``v3`` (the LB's or one agent's), recorded; its
+        answer, or None when it failed."""
+        op = self.hist.invoke(proc, "read", topic=topic, partition=p, offset=params.get("offset"))
+        try:
+            r = client.get(f"{v3}/topics/{topic}/partitions/{p}/records", params=params)
+        except httpx.HTTPError as e:
+            self.hist.complete(op, proc, "read", "info", error=repr(e))
+            return None
+        if r.status_code != 200:
+            self.hist.complete(op, proc, "read", "fail", error=r.text[:200])
+            return None
+        d: dict[str, Any] = r.json()
+        self.hist.complete(
+            op,
+            proc,
+            "read",
+            "ok",
+            records=[[x["offset"], unb64(x["value"])] for x in d["records"]],
+            high_watermark=d["high_watermark"],
+            log_start=d["log_start_offset"],
+        )
+        return d
 
     def v2_consumer(self, proc: str) -> None:
         """A v2 instance assigned every partition of ``stable``, committing after each poll;
@@ -657,6 +699,246 @@ class Run:
                 with contextlib.suppress(Exception):
                     consumer.close()
 
+    # -- targeted probes ------------------------------------------------------------------
+
+    def reincarnation_loop(self, proc: str) -> None:
+        rng = self.rng(proc)
+        n = itertools.count(1)
+        while not self.stop.wait(rng.uniform(2, 6)):
+            try:
+                self.reincarnate(proc, rng, n)
+            except httpx.HTTPError:
+                pass  # a fault: the probe's operations are recorded as they ended
+            except Exception:
+                self.errors.append(f"{proc}: {traceback.format_exc()}")
+
+    def reincarnate(self, proc: str, rng: random.Random, n: Iterator[int]) -> None:
+        """Topic ``reborn`` written and read at offset 0 through one agent, deleted,
+        created again under its name, written and read at offset 0 through the same
+        agent (one connection: one worker), all within the agent's index-cache lifetime
+        (``index_cache_ttl_s``, 30 s): an agent that serves the old incarnation's index
+        to the new one returns records acknowledged in the old (``wrong_incarnation``)."""
+        agent = rng.choice(self.topo.agents)
+        v3 = f"{agent.url}/v3/clusters/{self.topo.cluster_id}"
+        topic = "reborn"
+        with self.client() as c:
+
+            def produce() -> bool:
+                i = next(n)
+                values = [f"{topic}|{proc}|{i}|{j}" for j in range(rng.randint(2, 8))]
+                return self._v2(c, proc, topic, values, values, False, i, url=agent.url)
+
+            for _ in range(10):  # the agent may still know the last incarnation
+                if produce() or self.stop.is_set():
+                    break
+                time.sleep(0.5)
+            else:
+                return
+            if self.read(c, v3, proc, topic, 0, {"offset": 0, "timeout_ms": 0}) is None:
+                return
+            if not self.delete_topic(proc, topic):
+                return
+            for _ in range(10):
+                if self.create_topic(proc, topic) or self.stop.is_set():
+                    break
+                time.sleep(0.5)
+            else:
+                return
+            for _ in range(10):
+                if produce() or self.stop.is_set():
+                    break
+                time.sleep(0.5)
+            else:
+                return
+            self.read(c, v3, proc, topic, 0, {"offset": 0, "timeout_ms": 0})
+
+    def idempotent_producer(self, proc: str) -> None:
+        """An idempotent REST producer (``POST .../producers``, ``records:batch`` with a
+        ``producer``) on ``stable``; now and then a probe of its fencing."""
+        rng = self.rng(proc)
+        state = IdempotentState()
+        client = self.client()
+        try:
+            while not self.stop.wait(rng.uniform(0, 0.2)):
+                try:
+                    self.idempotent_round(client, proc, rng, state)
+                except httpx.HTTPError:
+                    client.close()
+                    client = self.client()
+                    self.stop.wait(0.5)
+                except Exception:
+                    self.errors.append(f"{proc}: {traceback.format_exc()}")
+        finally:
+            client.close()
+
+    def idempotent_round(
+        self,
+        c: httpx.Client,
+        proc: str,
+        rng: random.Random,
+        state: IdempotentState,
+        probe: str | None = None,
+    ) -> None:
+        """One batch of the idempotent producer (a new producer id, or the next epoch,
+        after any batch not acknowledged), or one of the probes (at most one):
+
+        - ``resend``: an acknowledged batch sent again as it was (its answer lost): a
+          duplicate, answered with the first offsets (else ``retry_answer_differs``,
+          and the final log holds it twice: ``duplicate``);
+        - ``zombie``: the producer's next epoch writes partitions, then the old epoch
+          writes them (a zombie): refused (else ``zombie_write``);
+        - ``gap``: a batch whose sequence skips ahead: refused (else
+          ``out_of_sequence_write``).
+
+        ``probe``: this one (``none``: a plain batch) rather than one drawn at random.
+        """
+        if state.producer_id < 0 and not self.init_producer(c, proc, state):
+            self.stop.wait(0.5)  # the coordinator is away: not a request per 0.1 s meanwhile
+            return
+        topic = "stable"
+        parts = [rng.randrange(TOPICS[topic][0]) for _ in range(rng.randint(1, 6))]
+        probe = probe or rng.choices(["none", "resend", "zombie", "gap"], [85, 5, 5, 5])[0]
+        if probe == "zombie":
+            old = (state.epoch, dict(state.sequences))
+            if not self.init_producer(c, proc, state, bump=True):
+                return
+            if self.idempotent_batch(c, proc, state, topic, parts) is None:
+                return
+            zombie = IdempotentState(state.producer_id, old[0], old[1], state.n)
+            self.idempotent_batch(c, proc, zombie, topic, parts, probe="zombie")
+            state.n = zombie.n
+            return
+        if probe == "gap":
+            skip = {p: 3 for p in parts}
+            self.idempotent_batch(c, proc, state, topic, parts, probe="gap", skip=skip)
+            return
+        body = self.idempotent_batch(c, proc, state, topic, parts)
+        if body is not None and probe == "resend":
+            op, results, content = body
+            again = c.post(
+                f"{self.v3}/topics/{topic}/records:batch",
+                content=content,
+                headers={"Content-Type": "application/json"},
+            )
+            self.hist.info(
+                proc,
+                "resend",
+                op_id=op,
+                status=again.status_code,
+                same=_same_batch_offsets(results, again),
+                answer=again.text[:2000],
+            )
+
+    def init_producer(
+        self, c: httpx.Client, proc: str, state: IdempotentState, bump: bool = False
+    ) -> bool:
+        """A new producer id (or, ``bump``, the next epoch of this one); sequences from 0."""
+        body = {"producer_id": state.producer_id, "producer_epoch": state.epoch} if bump else {}
+        op = self.hist.invoke(proc, "init_producer", **body)
+        try:
+            r = c.post(f"{self.v3}/producers", json=body)
+        except httpx.HTTPError as e:
+            self.hist.complete(op, proc, "init_producer", "info", error=repr(e))
+            state.producer_id = -1
+            raise
+        if r.status_code != 200:
+            self.hist.complete(op, proc, "init_producer", _outcome(r.status_code), error=r.text)
+            state.producer_id = -1  # a new id next time
+            return False
+        d = r.json()
+        state.producer_id, state.epoch = d["producer_id"], d["producer_epoch"]
+        state.sequences = {}
+        self.hist.complete(op, proc, "init_producer", "ok", **d)
+        return True
+
+    def idempotent_batch(
+        self,
+        c: httpx.Client,
+        proc: str,
+        state: IdempotentState,
+        topic: str,
+        parts: list[int],
+        probe: str | None = None,
+        skip: dict[int, int] | None = None,
+    ) -> tuple[int, list[Any], bytes] | None:
+        """One records:batch of the idempotent producer ``state`` (a record per entry of
+        ``parts``, to that partition), retried as it is on a retriable error or a lost
+        answer. Acknowledged: (op id, results, the body sent), the sequences advanced;
+        else None and, unless refused outright, a new epoch for the next batch (what was
+        stored of it is unknown)."""
+        state.n += 1
+        values = [f"{topic}|{proc}|{state.n}|{i}" for i in range(len(parts))]
+        counts = Counter(parts)
+        sequences = {p: state.sequences.get(p, 0) + (skip or {}).get(p, 0) for p in counts}
+        producer = {
+            "producer_id": state.producer_id,
+            "producer_epoch": state.epoch,
+            "sequences": [{"partition_id": p, "sequence": q} for p, q in sequences.items()],
+        }
+        entries = [
+            {
+                "id": str(i),
+                "partition_id": p,
+                "key": {"type": "BINARY", "data": b64(v)},
+                "value": {"type": "BINARY", "data": b64(v)},
+            }
+            for i, (p, v) in enumerate(zip(parts, values, strict=True))
+        ]
+        content = orjson.dumps({"producer": producer, "entries": entries})
+        op = self.hist.invoke(
+            proc,
+            "produce",
+            topic=topic,
+            mode="v3-idem",
+            values=values,
+            keys=values,
+            partitions=parts,
+            producer={
+                "producer_id": state.producer_id,
+                "producer_epoch": state.epoch,
+                "sequences": {str(p): q for p, q in sequences.items()},
+            },
+            probe=probe,
+        )
+        tries: list[str] = []
+        outcome = "info"
+        for attempt in range(4):
+            if attempt:
+                time.sleep(0.5)
+            try:
+                r = c.post(
+                    f"{self.v3}/topics/{topic}/records:batch",
+                    content=content,
+                    headers={"Content-Type": "application/json"},
+                )
+            except httpx.HTTPError as e:
+                tries.append(repr(e)[:200])
+                continue
+            if r.status_code == 207:
+                d = r.json()
+                if not d["failures"] and len(d["successes"]) == len(values):
+                    results: list[Any] = [None] * len(values)
+                    for x in d["successes"]:
+                        results[int(x["id"])] = [x["partition_id"], x["offset"]]
+                    self.hist.complete(op, proc, "produce", "ok", results=results, tries=tries)
+                    for p, k in counts.items():
+                        state.sequences[p] = sequences[p] + k
+                    return op, results, content
+                codes = {x.get("error_code") for x in d["failures"]}
+                tries.append(f"207 {sorted(codes, key=str)} {r.text[:200]}")
+                if all(isinstance(x, int) and x < 50000 for x in codes) and not d["successes"]:
+                    outcome = "fail" if attempt == 0 else "info"
+                    break
+                continue
+            tries.append(f"{r.status_code} {r.text[:200]}")
+            if r.status_code < 500 and r.status_code not in (408, 429):
+                outcome = "fail" if attempt == 0 else "info"
+                break
+        self.hist.complete(op, proc, "produce", outcome, error=tries[-1] if tries else "")
+        if probe is None or outcome != "fail":
+            state.producer_id = -1  # what was stored is unknown (or refused): start anew
+        return None
+
     # -- the nemesis ----------------------------------------------------------------------
 
     def nemesis(self) -> None:
@@ -733,10 +1015,12 @@ class Run:
         self.topo.ensure_running()
         time.sleep(8)  # agents flush, janitors run a round (intervals of 2-4 s)
 
-    def final_reads(self) -> None:
+    def final_reads(self, topics: Iterable[str] = TOPICS, groups: Iterable[str] = GROUPS) -> None:
+        """Every partition of ``topics`` read whole, and the committed offsets of
+        ``groups`` on ``stable``."""
         proc = "final"
         with self.client(timeout=60) as c:
-            for topic in TOPICS:
+            for topic in topics:
                 tid = self.topic_id(topic)
                 r = c.get(f"{self.v3}/topics/{topic}/partitions")
                 if tid is None or r.status_code != 200:
@@ -745,7 +1029,7 @@ class Run:
                 for part in r.json()["data"]:
                     p = part["partition_id"]
                     self._final_partition(c, proc, topic, tid, p)
-            self._final_committed(proc)
+            self._final_committed(proc, groups)
 
     def _final_partition(self, c: httpx.Client, proc: str, topic: str, tid: str, p: int) -> None:
         url = f"{self.v3}/topics/{topic}/partitions/{p}/records"
@@ -780,13 +1064,13 @@ class Run:
             compacted=TOPICS[topic][1].get("cleanup.policy") == "compact",
         )
 
-    def _final_committed(self, proc: str) -> None:
+    def _final_committed(self, proc: str, groups: Iterable[str]) -> None:
         from confluent_kafka import ConsumerGroupTopicPartitions
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(self.kafka_conf())
         tid = self.topic_id("stable")
-        for group in ["g-kafka", "g-v2-consumer-1"]:
+        for group in groups:
             try:
                 fut = admin.list_consumer_group_offsets(
                     [ConsumerGroupTopicPartitions(group)], request_timeout=15
@@ -815,10 +1099,18 @@ class Run:
 
 #: Objects whose keys the storage check compares (what garbage collection owns).
 STORAGE_PREFIXES = ("segments/", "tiered/")
-#: What the janitors may take beyond GC grace to delete an unreferenced object: GC runs
-#: every 3 s (a pass takes up to 10 s on a loaded box), behind a lease of 10 s that a
-#: killed coordinator may still hold.
-GC_SLACK_S = 30.0
+#: How long beyond GC grace an unreferenced object may wait when no GC pass that began
+#: after it was due has finished (GC stuck, or never running): GC runs every 3 s, but a
+#: pass over hundreds of objects takes 30-40 s on a loaded box (one conditional row
+#: delete, on every shard, and one S3 DELETE each), behind a lease of 10 s that a killed
+#: coordinator may still hold. An object due before a pass that finished ok began is a
+#: leak whatever its age (``gc_pass_started``).
+GC_SLACK_S = 120.0
+#: The start of the last garbage-collection pass that finished ok (any coordinator).
+_GC_PASS_STARTED = (
+    "SELECT MAX(started_at) FROM janitor_runs"
+    " WHERE janitor = 'gc' AND outcome = 'ok' AND finished_at IS NOT NULL"
+)
 _REFERENCED = (
     "SELECT o.object_key FROM objects o"
     " WHERE EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = o.object_id)"
@@ -846,7 +1138,8 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
     topology has stopped (``stopped_at``): nothing changes between the two reads, so no
     janitor caught between its steps (GC drops an object's row, then the object) can
     fake an anomaly. ``referenced``: keys an index entry or an Iceberg table holds;
-    ``listed``: key -> modified; ``rows``: key -> unreferenced since (None: not stamped).
+    ``listed``: key -> modified; ``rows``: key -> unreferenced since (None: not stamped);
+    ``gc_pass_started``: when the last GC pass that finished ok began (None: none did).
     """
     import boto3
 
@@ -859,6 +1152,12 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
                 rows[key] = None
             else:
                 rows[key] = None if since is None else max(float(since), rows.get(key) or 0.0)
+    passes = [
+        float(started)
+        for url in db_urls
+        for (started,) in _query(url, _GC_PASS_STARTED)
+        if started is not None
+    ]
     prefix = topo.store_url.split("/", 3)[3].strip("/") + "/"
     s3 = boto3.client("s3", endpoint_url=topo.moto_endpoint)
     listed: dict[str, float] = {}
@@ -874,6 +1173,7 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
         "now": stopped_at,
         "grace_s": float(COORDINATOR_ENV["LAKELOG_GC_GRACE_S"]),
         "slack_s": GC_SLACK_S,
+        "gc_pass_started": max(passes, default=None),
     }
 
 
@@ -896,6 +1196,31 @@ def _same_offsets(first: list[Any], again: httpx.Response) -> bool | None:
     if len(second) != len(first) or any(o.get("error_code") is not None for o in offsets):
         return None
     return second == first
+
+
+def _same_batch_offsets(first: list[Any], again: httpx.Response) -> bool | None:
+    """Whether a resent records:batch was answered with the first answer's offsets
+    (None: refused, nothing to compare)."""
+    if again.status_code != 207:
+        return None
+    d = again.json()
+    if d.get("failures") or len(d.get("successes") or []) != len(first):
+        return None
+    second: list[Any] = [None] * len(first)
+    for x in d["successes"]:
+        second[int(x["id"])] = [x["partition_id"], x["offset"]]
+    return second == first
+
+
+@dataclass
+class IdempotentState:
+    """An idempotent REST producer: its id (-1: ask for one), epoch and next sequence
+    per partition; ``n`` numbers its batches (values are unique in the run)."""
+
+    producer_id: int = -1
+    epoch: int = 0
+    sequences: dict[int, int] = field(default_factory=dict)
+    n: int = 0
 
 
 def _outcome(status: int) -> str:
@@ -976,6 +1301,8 @@ def run(params: Params) -> dict[str, Any]:
             threading.Thread(target=r.rest_producer, args=("rest-1",)),
             threading.Thread(target=r.rest_producer, args=("rest-2",)),
             threading.Thread(target=r.kafka_producer, args=("kafka-producer-1",)),
+            threading.Thread(target=r.idempotent_producer, args=("idem-1",)),
+            threading.Thread(target=r.reincarnation_loop, args=("reborn-1",)),
             threading.Thread(target=r.v3_reader, args=("v3-reader-1",)),
             threading.Thread(target=r.v2_consumer, args=("v2-consumer-1",)),
             threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-1",)),

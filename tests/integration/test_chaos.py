@@ -7,8 +7,9 @@ operations and faults, then checked. The test asserts the run did real work (rec
 acknowledged and found again, reads, polls, faults injected) and found no anomaly; on
 failure it prints the anomalies, the seed and the history's path. The checker itself
 is proved able to fail in ``tests/unit/test_chaos_checker.py`` (crafted histories);
-deliberately broken builds (``python -m tests.chaos --break dedupe|stale_cache|no_fencing``)
-are left out of the suite to keep it short (their hooks are tested there).
+its targeted probes catch the deliberately broken builds ``stale_cache`` and
+``no_fencing`` in ``tests/integration/test_chaos_probes.py`` (``python -m tests.chaos
+--break NAME`` runs a whole run of one).
 """
 
 from __future__ import annotations

@@ -129,6 +129,125 @@ def test_duplicate() -> None:
     assert kinds(h) == {"duplicate"}
 
 
+def idem(
+    h: H,
+    values: list[str],
+    epoch: int,
+    sequence: int,
+    offset: int,
+    outcome: str = "ok",
+    pid: int = 7,
+) -> None:
+    """An idempotent producer's batch to partition 0 of topic a."""
+    inv = {
+        "topic": "a",
+        "mode": "v3-idem",
+        "values": values,
+        "partitions": [0] * len(values),
+        "producer": {"producer_id": pid, "producer_epoch": epoch, "sequences": {"0": sequence}},
+    }
+    h.op("produce", outcome, inv, results=[[0, offset + i] for i in range(len(values))])
+
+
+def test_idempotent_batches_in_sequence_and_epoch_are_valid() -> None:
+    """Sequences follow a batch that may have been stored (an unknown one too), a new
+    epoch starts at 0, a refused zombie or gap is nothing; another producer is apart."""
+    h = H()
+    h.create("a", "A1")
+    idem(h, ["i1", "i2"], 0, 0, 0)
+    idem(h, ["i3"], 0, 2, 2, outcome="info")  # unknown: then stored, as the next shows
+    idem(h, ["i4"], 0, 3, 3)
+    idem(h, ["i5"], 1, 0, 4)  # the next epoch
+    idem(h, ["z1"], 0, 4, 5, outcome="fail")  # a zombie refused
+    idem(h, ["g1"], 1, 9, 5, outcome="fail")  # a gap refused
+    idem(h, ["i6"], 1, 1, 5)
+    idem(h, ["o1"], 0, 0, 6, pid=8)  # another producer, epoch 0
+    h.final(
+        "a", "A1", [(0, "i1"), (1, "i2"), (2, "i3"), (3, "i4"), (4, "i5"), (5, "i6"), (6, "o1")]
+    )
+    assert check(h.events).anomalies == []
+
+
+def test_zombie_write() -> None:
+    """Epoch 0 acknowledged on a partition after epoch 1 was acknowledged there."""
+    h = H()
+    h.create("a", "A1")
+    idem(h, ["i1"], 0, 0, 0)
+    idem(h, ["i2"], 1, 0, 1)
+    idem(h, ["z1"], 0, 1, 2)
+    h.final("a", "A1", [(0, "i1"), (1, "i2"), (2, "z1")])
+    assert kinds(h) == {"zombie_write"}
+    (a,) = check(h.events).anomalies
+    assert (a["epoch"], a["newer_epoch"], a["producer_id"]) == (0, 1, 7), a
+
+
+def test_zombie_write_needs_the_newer_epoch_acknowledged_first() -> None:
+    """Epoch 1's batch overlapping the old epoch's (both in flight) fences nothing yet."""
+    h = H()
+    h.create("a", "A1")
+    idem(h, ["i1"], 0, 0, 0)
+    h.events.append(
+        {
+            "id": 90,
+            "t": 10.0,
+            "proc": "p",
+            "type": "invoke",
+            "op": "produce",
+            "topic": "a",
+            "mode": "v3-idem",
+            "values": ["i2"],
+            "partitions": [0],
+            "producer": {"producer_id": 7, "producer_epoch": 1, "sequences": {"0": 0}},
+        }
+    )
+    h.events.append(
+        {
+            "id": 91,
+            "t": 10.5,
+            "proc": "p",
+            "type": "invoke",
+            "op": "produce",
+            "topic": "a",
+            "mode": "v3-idem",
+            "values": ["i3"],
+            "partitions": [0],
+            "producer": {"producer_id": 7, "producer_epoch": 0, "sequences": {"0": 1}},
+        }
+    )
+    h.events.append(
+        {"id": 90, "t": 11.0, "proc": "p", "type": "ok", "op": "produce", "results": [[0, 2]]}
+    )
+    h.events.append(
+        {"id": 91, "t": 11.5, "proc": "p", "type": "ok", "op": "produce", "results": [[0, 1]]}
+    )
+    h.t = 12
+    h.final("a", "A1", [(0, "i1"), (1, "i3"), (2, "i2")])
+    assert kinds(h) == set()
+
+
+def test_out_of_sequence_write() -> None:
+    """A batch acknowledged at sequence 5 when the epoch's last batch ended at 2."""
+    h = H()
+    h.create("a", "A1")
+    idem(h, ["i1", "i2"], 0, 0, 0)
+    idem(h, ["g1"], 0, 5, 2)
+    h.final("a", "A1", [(0, "i1"), (1, "i2"), (2, "g1")])
+    assert kinds(h) == {"out_of_sequence_write"}
+    (a,) = check(h.events).anomalies
+    assert (a["sequence"], a["before"]) == (5, [2]), a
+
+
+def test_a_refused_batch_makes_no_sequence_follow() -> None:
+    """A batch refused outright stored nothing: the next at its end is out of sequence."""
+    h = H()
+    h.create("a", "A1")
+    idem(h, ["i1"], 0, 0, 0)
+    idem(h, ["r1"], 0, 1, 1, outcome="fail")
+    idem(h, ["i2"], 0, 2, 1)
+    h.final("a", "A1", [(0, "i1"), (1, "i2")])
+    assert kinds(h) == {"out_of_sequence_write"}
+
+
 def test_record_served_under_another_topic_id() -> None:
     """a1 was acked in A1; after delete + recreate it is found in A2."""
     h = valid()
@@ -385,6 +504,24 @@ def test_storage_referenced_objects_exist_and_garbage_is_collected() -> None:
     for rows in ({"segments/old.seg": 900.0}, {}):  # unreferenced long ago / an old orphan
         leak = _storage(valid(), listed={"segments/old.seg": 100.0}, rows=rows)
         assert kinds(leak) == {"leaked_object"}, rows
+
+
+def test_an_object_due_before_a_finished_gc_pass_began_is_a_leak() -> None:
+    """GC passes of 30-40 s: an object due (grace 30 s) after the last finished pass
+    began is pending whatever its age within the stall bound; one due before it began
+    is leaked however young."""
+    listed = {"segments/before.seg": 1.0, "segments/after.seg": 1.0}
+    rows = {"segments/before.seg": 955.0, "segments/after.seg": 962.0}
+    snapshot = {"listed": listed, "rows": rows, "slack_s": 120.0}
+    h = _storage(valid(), **snapshot, gc_pass_started=990.0)
+    report = check(h.events)
+    assert [a["key"] for a in report.anomalies] == ["segments/before.seg"], report.anomalies
+    assert report.anomalies[0]["due_before_gc_pass"] is True
+    assert report.records["objects_pending_gc"] == 1
+    # No pass finished: both wait, up to the stall bound (and past it, leaked).
+    assert check(_storage(valid(), **snapshot).events).anomalies == []
+    late = _storage(valid(), listed=listed, rows=rows, slack_s=5.0)
+    assert kinds(late) == {"leaked_object"}
 
 
 #: Each deliberately broken build: (LAKELOG_CHAOS_BREAK name, module, flag).
