@@ -12,11 +12,40 @@ from pathlib import Path
 
 import httpx
 
+#: The ports handed to the processes tests start lie below the kernel's ephemeral range
+#: (32768-60999 by default), where no outgoing connection takes one, in a range of their
+#: own per pytest-xdist worker. The port the kernel gives for port 0 is free only until
+#: its socket closes: the other worker's next server could be given it too and bind it
+#: first, and then answer /health in our server's place (an agent of one test once met
+#: another test's coordinator that way, and was refused with 401).
+_PORTS_PER_RANGE = 4_000
+_FIRST_PORT = 12_000
+
+
+def _port_range() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    n = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else -1
+    index = n if 0 <= n < 4 else 4  # gw0-gw3, then one range for everything else
+    start = _FIRST_PORT + index * _PORTS_PER_RANGE
+    return range(start, start + _PORTS_PER_RANGE)
+
+
+_ports = _port_range()
+_next_port = [_ports.start + (os.getpid() * 7919) % len(_ports)]  # processes start apart
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, from this worker's range (see ``_port_range``)."""
+    for _ in range(len(_ports)):
+        port = _next_port[0]
+        _next_port[0] = port + 1 if port + 1 < _ports.stop else _ports.start
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_ports}")
 
 
 def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
