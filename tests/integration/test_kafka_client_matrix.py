@@ -9,7 +9,8 @@ first use, and driven by ``tests/node/clients.mjs``.
 
 Each client, on each target: metadata; idempotent produce with headers in every codec it
 has; a group of two reading everything exactly once, its committed offsets, and a
-restarted member reading nothing old; DescribeConfigs of a topic and a broker equal to
+restarted member reading nothing old (every client on the cluster, confluent-kafka's two
+protocols on ``serve``: ``GROUP_CASES``); DescribeConfigs of a topic and a broker equal to
 REST v3's view (the issue's kafkajs defect). And for the door itself: Metadata names
 the address each connection reached (the issue's ``vm:9092``); InitProducerId without a
 transactional id always gives a new producer id (the issue's platformatic defect); a
@@ -845,6 +846,15 @@ def test_produce_idempotent_in_every_codec_with_headers(target: Target, producer
         assert offsets == list(range(len(offsets)))
 
 
+#: Every client's group runs on the two-agent cluster (its members on different agents);
+#: on ``lakelog serve``, confluent-kafka's two group protocols. The group code is the same
+#: (``coordinator.kafka_groups``) on both targets, and each of these runs takes 10-30 s.
+GROUP_CASES = [pytest.param("cluster", c, id=f"cluster-{c.name}") for c in CLIENTS] + [
+    pytest.param("serve", c, id=f"serve-{c.name}") for c in CLIENTS if isinstance(c, Confluent)
+]
+
+
+@pytest.mark.parametrize(("target", "client"), GROUP_CASES, indirect=True)
 def test_group_of_two_reads_everything_once_commits_and_restarts_reading_nothing_old(
     target: Target, client: Client
 ) -> None:
