@@ -3,6 +3,7 @@ placed as every producer places them, committed only by the job commit, once."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -106,11 +107,12 @@ def test_rows_are_placed_like_every_producer_and_invisible_until_the_job_commit(
 def test_a_task_uploads_an_object_per_max_bytes_and_a_repeated_commit_changes_nothing(
     store: ObjectStore, coordinator: LocalCoordinator
 ) -> None:
+    # Incompressible values: objects are cut by their (zstd-compressed) bytes.
     w = task(store, coordinator, max_bytes=4096)
     for b in range(10):
         w.add(
             pa.RecordBatch.from_pydict(
-                {"value": [b"x" * 100 + b"%d" % (b * 20 + i) for i in range(20)]}
+                {"value": [os.urandom(100) + b"%d" % (b * 20 + i) for i in range(20)]}
             )
         )
     written = w.finish(3, 1)
