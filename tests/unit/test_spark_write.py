@@ -14,8 +14,10 @@ import pytest
 from coordinator.client import Coordinator
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
+from segments.batches import iter_batches
 from segments.errors import CoordinatorUnavailableError, InvalidRecordError
 from segments.partitioning import partition_for_key
+from segments.segment import SegmentReader
 from segments.store import ObjectStore, open_store
 from spark.write import TaskWriter, check_sink_schema, commit_objects, delete_objects
 
@@ -179,3 +181,44 @@ def test_abort_after_a_commit_failed_part_way_keeps_the_committed_objects(
     assert delete_objects(store, coordinator, tasks) == 1
     assert [o.key for o in store.list("segments/")] == [kept]
     assert [r[3] for r in all_records(store, coordinator, "t", 4)] == [b"first"]
+
+
+def test_an_arrow_batch_larger_than_an_object_spans_objects_of_bounded_batches(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    """One Arrow batch of ~3 MB into objects of 256 KiB: it is cut across objects (each
+    at most one Kafka batch over the bound), its Kafka batches hold at most
+    max_batch_bytes (a 200 KiB row, larger than that, gets a batch of its own), and
+    every row reads back in its partition, in order, with its headers."""
+    coordinator.create_topic("big", 3, {"max.message.bytes": str(1 << 20)})
+    max_bytes, max_batch = 256 << 10, 64 << 10
+    n = 3000
+    keys = [b"k%d" % i for i in range(n)]
+    values = [os.urandom(200 << 10 if i == 1234 else 1000) for i in range(n)]
+    headers = [[{"key": "i", "value": b"%d" % i}] if i % 2 else None for i in range(n)]
+    w = task(store, coordinator, topic="big", max_bytes=max_bytes, max_batch_bytes=max_batch)
+    w.add(pa.RecordBatch.from_pydict({"key": keys, "value": values, "headers": headers}))
+    written = w.finish()
+    assert written.records == n
+    assert len(written.objects) >= 3 * n * 1000 // max_bytes // 4
+    lone = 0
+    for key, size, _chunks in written.objects:
+        data = store.get(key)
+        biggest = 0
+        for chunk in SegmentReader(data).chunks:
+            at = chunk.position
+            for pos, end, _rel, count in iter_batches(data[at : at + chunk.length]):
+                assert end - pos <= max_batch or count == 1, (end - pos, count)
+                lone += end - pos > max_batch
+                biggest = max(biggest, end - pos)
+        assert size < max_bytes + biggest + 4096  # cut after the batch that filled it
+    assert lone == 1  # the 200 KiB row
+    commit_objects(store, coordinator, [written])
+    got = all_records(store, coordinator, "big", 3)
+    assert len(got) == n
+    for p in range(3):
+        rows = [i for i in range(n) if partition_for_key(keys[i], 3) == p]
+        mine = [r for r in got if r[0] == p]
+        assert [r[1] for r in mine] == list(range(len(rows)))
+        assert [(r[2], r[3]) for r in mine] == [(keys[i], values[i]) for i in rows]
+        assert [r[4] for r in mine] == [(("i", b"%d" % i),) if i % 2 else () for i in rows]
