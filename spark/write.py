@@ -2,8 +2,10 @@
 
 A task turns its rows (the Kafka sink's columns: ``key``, ``value``, ``topic`` or the
 ``topic`` option, optional ``partition`` and ``headers``) into segment objects of at
-most about ``maxBytesPerObject`` (one per task unless it writes more than that), PUTs
-them under fresh random keys and returns their chunk lists. Nothing is visible yet.
+most about ``maxBytesPerObject`` (one per task unless it writes more than that; an
+Arrow batch larger than that spans objects), PUTs them under fresh random keys and
+returns their chunk lists. Nothing is visible yet. Rows are checked, placed and encoded
+as whole Arrow columns (``segments.arrow_records``): no Python per row.
 
 The job commit (Spark's driver, once every task has succeeded) commits the objects to
 the coordinator, task by task: each commit is one transaction that assigns the
