@@ -222,3 +222,18 @@ def test_an_arrow_batch_larger_than_an_object_spans_objects_of_bounded_batches(
         assert [r[1] for r in mine] == list(range(len(rows)))
         assert [(r[2], r[3]) for r in mine] == [(keys[i], values[i]) for i in rows]
         assert [r[4] for r in mine] == [(("i", b"%d" % i),) if i % 2 else () for i in rows]
+
+
+def test_a_log_append_time_topic_gets_its_batches_stamped(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    """Batches built column-wise are stamped like the agent's: timestampType 1, every
+    record the object's append time (after the rows' own time)."""
+    coordinator.create_topic("lat", 2, {"message.timestamp.type": "LogAppendTime"})
+    w = task(store, coordinator, topic="lat", compression="lz4")
+    w.add(pa.RecordBatch.from_pydict({"key": [b"a", b"b", b"c"], "value": [b"1", b"2", b"3"]}))
+    commit_objects(store, coordinator, [w.finish()])
+    reader = LogReader(store, coordinator)
+    got = [r for p in range(2) for r in reader.read("lat", p, 0, max_bytes=1 << 20)]
+    assert len(got) == 3 and {r.timestamp_type for r in got} == {1}
+    assert len({r.timestamp_ms for r in got}) == 1
