@@ -312,7 +312,9 @@ def record_sizes_estimate(keys: pa.Array, values: pa.Array, headers: HeaderBlobs
     )
 
 
-def batch_bytes(records: memoryview | bytes, count: int, timestamp_ms: int, codec: int) -> bytes:
+def batch_bytes(
+    records: memoryview | bytes, count: int, timestamp_ms: int, codec: int
+) -> bytearray:
     """One v2 RecordBatch around ``count`` encoded records: BaseOffset 0, no producer
     id, FirstTimestamp = MaxTimestamp = ``timestamp_ms``; compressed with ``codec``
     (Kafka's attribute code) when that makes it smaller."""
@@ -342,7 +344,8 @@ def batch_bytes(records: memoryview | bytes, count: int, timestamp_ms: int, code
     )
     crc = crc32c.crc32c(body, value=crc32c.crc32c(memoryview(header)[_CRC_FROM:]))
     struct.pack_into(">I", header, 17, crc)
-    return bytes(header) + bytes(body)
+    header += body  # one copy of the records
+    return header
 
 
 def cut_batches(

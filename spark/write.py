@@ -397,7 +397,9 @@ class TaskWriter:
             self._builder.append_batch(
                 topic_id,
                 run_partitions[run],
-                batch_bytes(data[offsets[start] : offsets[end]], end - start, now, codec),
+                memoryview(
+                    batch_bytes(data[offsets[start] : offsets[end]], end - start, now, codec)
+                ),
                 end - start,
                 now,
                 now,
