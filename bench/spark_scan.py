@@ -159,7 +159,7 @@ def rest_produce(tmp: Path, records: int) -> float:
         cwd=home,
     )
     try:
-        wait_http(f"{base}/health", proc=proc.popen)
+        wait_http(f"{base}/health", timeout=90.0, proc=proc.popen)
         cluster = httpx.get(f"{base}/v3/clusters").json()["data"][0]["cluster_id"]
         httpx.post(
             f"{base}/v3/clusters/{cluster}/topics",

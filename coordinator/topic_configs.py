@@ -618,7 +618,13 @@ def check_record_size(record: Record, limit: int, name: str = "max.message.bytes
     for header, value in record.headers:
         size += len(header) + len(value or b"") + 10
     if size > limit:
-        raise RecordTooLargeError(
-            f"The record is {size} bytes when serialized, which is larger than the topic's "
-            f"{name} ({limit})."
-        )
+        raise record_too_large(size, limit, name)
+
+
+def record_too_large(size: int, limit: int, name: str) -> RecordTooLargeError:
+    """The error for a record of ``size`` bytes (as :func:`check_record_size` counts them)
+    over ``limit``, the topic's config ``name``."""
+    return RecordTooLargeError(
+        f"The record is {size} bytes when serialized, which is larger than the topic's "
+        f"{name} ({limit})."
+    )

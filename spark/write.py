@@ -2,8 +2,10 @@
 
 A task turns its rows (the Kafka sink's columns: ``key``, ``value``, ``topic`` or the
 ``topic`` option, optional ``partition`` and ``headers``) into segment objects of at
-most about ``maxBytesPerObject`` (one per task unless it writes more than that), PUTs
-them under fresh random keys and returns their chunk lists. Nothing is visible yet.
+most about ``maxBytesPerObject`` (one per task unless it writes more than that; an
+Arrow batch larger than that spans objects), PUTs them under fresh random keys and
+returns their chunk lists. Nothing is visible yet. Rows are checked, placed and encoded
+as whole Arrow columns (``segments.arrow_records``): no Python per row.
 
 The job commit (Spark's driver, once every task has succeeded) commits the objects to
 the coordinator, task by task: each commit is one transaction that assigns the
@@ -40,22 +42,36 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from coordinator.client import Coordinator
 from coordinator.topic_configs import (
-    check_record_key,
-    check_record_size,
+    BATCH_OVERHEAD,
+    compacted,
+    keyless_refused,
     log_append_time,
     record_limit,
+    record_too_large,
 )
 from index.log import LogWriter, UploadedSegment, WriteResult
-from segments.partitioning import partition_for_key
-from segments.segment import SegmentBuilder
+from segments.arrow_records import (
+    HeaderBlobs,
+    arange,
+    as_large_binary,
+    batch_bytes,
+    byte_count,
+    cut_batches,
+    encode_records,
+    header_blobs,
+    partitions_for_keys,
+    record_offsets,
+    record_sizes_estimate,
+)
+from segments.segment import COMPRESSIONS, SegmentBuilder
 from segments.store import ObjectStore
-from segments.types import ChunkInfo, Headers, Record, TopicInfo
+from segments.types import ChunkInfo, TopicInfo
 
 __all__ = [
     "LEASE_TTL_S",
@@ -75,6 +91,8 @@ log = logging.getLogger(__name__)
 LEASE_TTL_S = 600.0
 #: Running tasks renew the lease this often.
 LEASE_RENEW_S = 30.0
+#: The largest Kafka batch a task makes (before compression): SegmentBuilder's default.
+MAX_BATCH_BYTES = 1 << 20
 
 
 class WriteLease:
@@ -182,19 +200,26 @@ class ObjectsWritten:
     topics: frozenset[str] = frozenset()
 
 
-def _as_bytes(values: list[Any]) -> list[bytes | None]:
-    return [v.encode() if isinstance(v, str) else v for v in values]
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """One topic's rows of an Arrow batch, checked and placed (``partitions``: int64)."""
 
-
-def _headers(value: Any) -> Headers:
-    if not value:
-        return ()
-    return tuple((h["key"], h["value"]) for h in value)
+    info: TopicInfo
+    keys: pa.Array
+    values: pa.Array
+    headers: HeaderBlobs
+    partitions: pa.Array
 
 
 @dataclass
 class TaskWriter:
     """One write task: Arrow batches in, uploaded segment objects out.
+
+    Each Arrow batch is encoded column-wise (``segments.arrow_records``): its rows are
+    checked and placed as whole columns, sorted by partition, cut into Kafka batches of
+    at most ``max_batch_bytes`` and encoded with no Python per row; the batches go into
+    the current segment object, which is uploaded once it holds ``max_bytes``, so an
+    Arrow batch larger than that spans several objects.
 
     Args:
         writer: PUTs objects (``LogWriter.upload``: fresh random key, if-none-match).
@@ -203,6 +228,8 @@ class TaskWriter:
         compression: batch compression of the segment objects.
         max_bytes: a new object is started once the current one holds this many bytes.
         before_put: called with each new object key before its PUT (``WriteLease.register``).
+        max_batch_bytes: the largest Kafka batch (before compression) made, but for a
+            record larger than that, which gets a batch of its own.
     """
 
     writer: LogWriter
@@ -211,6 +238,7 @@ class TaskWriter:
     compression: str
     max_bytes: int
     before_put: Callable[[str], object] | None = None
+    max_batch_bytes: int = MAX_BATCH_BYTES
     _builder: SegmentBuilder | None = None
     _uploaded: list[UploadedSegment] = field(default_factory=list)
     _topics: dict[str, TopicInfo] = field(default_factory=dict)
@@ -231,59 +259,154 @@ class TaskWriter:
         return cursor % info.partitions
 
     def add(self, batch: pa.RecordBatch) -> None:
-        """Append one batch's rows (uploading the current object when it is full).
+        """Append one batch's rows (uploading the current object whenever it is full).
+
+        Every row is checked before any is encoded: a refused batch adds nothing.
 
         Raises:
             ValueError: a null topic, an unknown topic, a partition out of range.
             RecordTooLargeError: a row over its topic's max.message.bytes (or
                 lakelog.max.decompressed.bytes, when lower), as REST produce refuses it.
+            InvalidRecordError: a row without a key for a compacted topic.
+            TypeError: a header without a key.
         """
         n = batch.num_rows
         if not n:
             return
         names = batch.schema.names
 
-        def column(name: str) -> list[Any]:
-            return batch.column(names.index(name)).to_pylist() if name in names else [None] * n
+        def column(name: str) -> pa.Array | None:
+            return batch.column(names.index(name)) if name in names else None
 
-        values = _as_bytes(column("value"))
-        keys = _as_bytes(column("key"))
-        topics = [self.topic] * n if self.topic is not None else column("topic")
+        value_column = column("value")
+        values = as_large_binary(pa.nulls(n) if value_column is None else value_column)
+        key_column = column("key")
+        keys = pa.nulls(n, pa.large_binary()) if key_column is None else as_large_binary(key_column)
         parts = column("partition")
-        headers = [_headers(h) for h in column("headers")]
-        now = int(time.time() * 1000)
-        grouped: dict[tuple[str, int], list[Record]] = {}
-        keyless: dict[str, int] = {}
-        for i in range(n):
-            name = topics[i]
-            if name is None:
+        headers = header_blobs(column("headers"), n)
+        groups: list[tuple[str, pa.Array | None]]
+        if self.topic is not None:
+            groups = [(self.topic, None)]
+        else:
+            topics = column("topic")
+            if topics is None or topics.null_count:
                 raise ValueError("a row's topic is null: set the 'topic' column or option")
-            info = self._info(name)
-            p, key = parts[i], keys[i]
-            if p is not None:
-                if not 0 <= p < info.partitions:
-                    raise ValueError(
-                        f"partition {p} of topic {name!r} does not exist "
-                        f"({info.partitions} partitions)"
-                    )
-            elif key is not None:
-                p = partition_for_key(key, info.partitions)
-            else:
-                p = keyless.get(name)
-                if p is None:
-                    p = keyless[name] = self._keyless_partition(info)
-            record = Record(key, values[i], now, headers[i])
-            check_record_size(record, *record_limit(info))
-            check_record_key(record, info, p)  # a compacted topic takes keyed ones only
-            grouped.setdefault((name, p), []).append(record)
-        if self._builder is None:
-            self._builder = SegmentBuilder(compression=self.compression)
-        for (name, p), records in grouped.items():
-            info = self._info(name)
-            self._builder.append(info.topic_id, p, records, log_append_time=log_append_time(info))
+            distinct = pc.unique(topics).to_pylist()
+            groups = (
+                [(distinct[0], None)]
+                if len(distinct) == 1
+                else [(name, pc.equal(topics, name)) for name in distinct]
+            )
+        checked = []
+        for name, mask in groups:
+            if mask is None:
+                checked.append(self._check(self._info(name), keys, values, parts, headers))
+                continue
+
+            def only(array: pa.Array, mask: pa.Array = mask) -> pa.Array:
+                return pc.filter(array, mask)
+
+            checked.append(
+                self._check(
+                    self._info(name),
+                    only(keys),
+                    only(values),
+                    None if parts is None else only(parts),
+                    headers.map(only),
+                )
+            )
+        for rows in checked:
+            self._append(rows, int(time.time() * 1000))
         self.records += n
-        if self._builder.estimated_size >= self.max_bytes:
-            self._upload()
+
+    def _check(
+        self,
+        info: TopicInfo,
+        keys: pa.Array,
+        values: pa.Array,
+        parts: pa.Array | None,
+        headers: HeaderBlobs,
+    ) -> _Rows:
+        """Place one topic's rows (explicit partition, else murmur2 of the key, else the
+        batch's sticky partition) and refuse what REST produce refuses."""
+        n, count = len(keys), info.partitions
+        placed = pa.nulls(n, pa.int64())
+        if parts is not None and parts.null_count < n:
+            placed = pc.cast(parts, pa.int64())
+            bad = pc.fill_null(pc.or_(pc.less(placed, 0), pc.greater_equal(placed, count)), False)
+            if pc.any(bad).as_py():
+                p = placed[pc.index(bad, True).as_py()].as_py()
+                raise ValueError(
+                    f"partition {p} of topic {info.name!r} does not exist ({count} partitions)"
+                )
+        if placed.null_count and keys.null_count < n:
+            placed = pc.coalesce(placed, partitions_for_keys(keys, count))
+        if placed.null_count:
+            placed = pc.fill_null(placed, self._keyless_partition(info))
+        limit, config = record_limit(info)
+        # As check_record_size counts a record (less BATCH_OVERHEAD).
+        sizes = pc.add(pc.add(byte_count(keys), byte_count(values)), headers.sizes)
+        too_large = pc.greater(sizes, limit - BATCH_OVERHEAD)
+        if pc.any(too_large).as_py():
+            at = pc.index(too_large, True).as_py()
+            size = BATCH_OVERHEAD + sizes[at].as_py()
+            raise record_too_large(size, limit, config)
+        if keys.null_count and compacted(info):
+            at = pc.index(pc.is_null(keys), True).as_py()
+            raise keyless_refused(info, placed[at].as_py())
+        return _Rows(info, keys, values, headers, placed)
+
+    def _append(self, rows: _Rows, now: int) -> None:
+        """Encode one topic's checked rows into Kafka batches, partition by partition."""
+        keys, values, headers, placed = rows.keys, rows.values, rows.headers, rows.partitions
+        low, high = pc.min_max(placed).values()
+        if low.as_py() == high.as_py():
+            run_ends, run_partitions = [len(placed)], [low.as_py()]
+        else:  # stable: each partition's rows keep their order
+            order = pc.sort_indices(placed)
+            keys, values, placed = (
+                pc.take(keys, order),
+                pc.take(values, order),
+                pc.take(placed, order),
+            )
+            headers = headers.map(lambda a: pc.take(a, order))
+            runs = pc.run_end_encode(placed)
+            run_ends = runs.run_ends.to_pylist()
+            run_partitions = runs.values.to_pylist()
+        estimates = pc.cumulative_sum(record_sizes_estimate(keys, values, headers)).to_pylist()
+        cuts = list(cut_batches(run_ends, estimates, self.max_batch_bytes))
+        n = len(placed)
+        if len(cuts) == 1:
+            deltas = arange(n)
+        else:
+            bounds = pa.array([s for s, _ in cuts] + [n], pa.int32())
+            parent = pc.list_parent_indices(pa.ListArray.from_arrays(bounds, pa.nulls(n)))
+            starts = pc.take(bounds, parent).cast(pa.int64())
+            deltas = pc.subtract(arange(n), starts)
+        encoded = encode_records(keys, values, headers, deltas)
+        offsets = record_offsets(encoded)
+        data = memoryview(encoded.buffers()[2]) if n else memoryview(b"")
+        codec = COMPRESSIONS.index(self.compression)
+        topic_id, append_time = rows.info.topic_id, log_append_time(rows.info)
+        run = 0
+        for start, end in cuts:
+            while end > run_ends[run]:
+                run += 1
+            if self._builder is None:
+                self._builder = SegmentBuilder(compression=self.compression)
+            self._builder.append_batch(
+                topic_id,
+                run_partitions[run],
+                memoryview(
+                    batch_bytes(data[offsets[start] : offsets[end]], end - start, now, codec)
+                ),
+                end - start,
+                now,
+                now,
+                log_append_time=append_time,
+            )
+            if self._builder.estimated_size >= self.max_bytes:
+                self._upload()
 
     def _upload(self) -> None:
         if self._builder is not None and self._builder.record_count:

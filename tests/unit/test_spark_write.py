@@ -3,6 +3,7 @@ placed as every producer places them, committed only by the job commit, once."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -13,8 +14,10 @@ import pytest
 from coordinator.client import Coordinator
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
+from segments.batches import iter_batches
 from segments.errors import CoordinatorUnavailableError, InvalidRecordError
 from segments.partitioning import partition_for_key
+from segments.segment import SegmentReader
 from segments.store import ObjectStore, open_store
 from spark.write import TaskWriter, check_sink_schema, commit_objects, delete_objects
 
@@ -106,11 +109,12 @@ def test_rows_are_placed_like_every_producer_and_invisible_until_the_job_commit(
 def test_a_task_uploads_an_object_per_max_bytes_and_a_repeated_commit_changes_nothing(
     store: ObjectStore, coordinator: LocalCoordinator
 ) -> None:
+    # Incompressible values: objects are cut by their (zstd-compressed) bytes.
     w = task(store, coordinator, max_bytes=4096)
     for b in range(10):
         w.add(
             pa.RecordBatch.from_pydict(
-                {"value": [b"x" * 100 + b"%d" % (b * 20 + i) for i in range(20)]}
+                {"value": [os.urandom(100) + b"%d" % (b * 20 + i) for i in range(20)]}
             )
         )
     written = w.finish(3, 1)
@@ -177,3 +181,59 @@ def test_abort_after_a_commit_failed_part_way_keeps_the_committed_objects(
     assert delete_objects(store, coordinator, tasks) == 1
     assert [o.key for o in store.list("segments/")] == [kept]
     assert [r[3] for r in all_records(store, coordinator, "t", 4)] == [b"first"]
+
+
+def test_an_arrow_batch_larger_than_an_object_spans_objects_of_bounded_batches(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    """One Arrow batch of ~3 MB into objects of 256 KiB: it is cut across objects (each
+    at most one Kafka batch over the bound), its Kafka batches hold at most
+    max_batch_bytes (a 200 KiB row, larger than that, gets a batch of its own), and
+    every row reads back in its partition, in order, with its headers."""
+    coordinator.create_topic("big", 3, {"max.message.bytes": str(1 << 20)})
+    max_bytes, max_batch = 256 << 10, 64 << 10
+    n = 3000
+    keys = [b"k%d" % i for i in range(n)]
+    values = [os.urandom(200 << 10 if i == 1234 else 1000) for i in range(n)]
+    headers = [[{"key": "i", "value": b"%d" % i}] if i % 2 else None for i in range(n)]
+    w = task(store, coordinator, topic="big", max_bytes=max_bytes, max_batch_bytes=max_batch)
+    w.add(pa.RecordBatch.from_pydict({"key": keys, "value": values, "headers": headers}))
+    written = w.finish()
+    assert written.records == n
+    assert len(written.objects) >= 3 * n * 1000 // max_bytes // 4
+    lone = 0
+    for key, size, _chunks in written.objects:
+        data = store.get(key)
+        biggest = 0
+        for chunk in SegmentReader(data).chunks:
+            at = chunk.position
+            for pos, end, _rel, count in iter_batches(data[at : at + chunk.length]):
+                assert end - pos <= max_batch or count == 1, (end - pos, count)
+                lone += end - pos > max_batch
+                biggest = max(biggest, end - pos)
+        assert size < max_bytes + biggest + 4096  # cut after the batch that filled it
+    assert lone == 1  # the 200 KiB row
+    commit_objects(store, coordinator, [written])
+    got = all_records(store, coordinator, "big", 3)
+    assert len(got) == n
+    for p in range(3):
+        rows = [i for i in range(n) if partition_for_key(keys[i], 3) == p]
+        mine = [r for r in got if r[0] == p]
+        assert [r[1] for r in mine] == list(range(len(rows)))
+        assert [(r[2], r[3]) for r in mine] == [(keys[i], values[i]) for i in rows]
+        assert [r[4] for r in mine] == [(("i", b"%d" % i),) if i % 2 else () for i in rows]
+
+
+def test_a_log_append_time_topic_gets_its_batches_stamped(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    """Batches built column-wise are stamped like the agent's: timestampType 1, every
+    record the object's append time (after the rows' own time)."""
+    coordinator.create_topic("lat", 2, {"message.timestamp.type": "LogAppendTime"})
+    w = task(store, coordinator, topic="lat", compression="lz4")
+    w.add(pa.RecordBatch.from_pydict({"key": [b"a", b"b", b"c"], "value": [b"1", b"2", b"3"]}))
+    commit_objects(store, coordinator, [w.finish()])
+    reader = LogReader(store, coordinator)
+    got = [r for p in range(2) for r in reader.read("lat", p, 0, max_bytes=1 << 20)]
+    assert len(got) == 3 and {r.timestamp_type for r in got} == {1}
+    assert len({r.timestamp_ms for r in got}) == 1
