@@ -54,7 +54,7 @@ from prometheus_client import CollectorRegistry
 from scramp import ScramException, ScramMechanism
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.asgi import RewriteJson, read_body, replay
 from coordinator.client import Coordinator
@@ -321,7 +321,9 @@ def templates(app: FastAPI) -> Iterator[tuple[str, str]]:
 
 
 class AclSnapshot:
-    """The coordinator's ACLs as one Authorizer, at most ``ACL_TTL_S`` old."""
+    """The coordinator's ACLs as one Authorizer, at most ``ACL_TTL_S`` old, and never
+    older than an ACL change this coordinator served (``forget``): a user who was just
+    granted a right through it is answered with that right."""
 
     def __init__(self, store: SecurityStore, super_users: frozenset[str]) -> None:
         self.store = store
@@ -339,6 +341,12 @@ class AclSnapshot:
                 )
                 self._at = at
             return self._authorizer
+
+    def forget(self) -> None:
+        """After an ACL change committed: the next decision reads the ACLs again (a load
+        in progress finishes first, under the lock, and is dropped)."""
+        with self._lock:
+            self._authorizer = None
 
 
 class AccessMiddleware:
@@ -401,7 +409,20 @@ class AccessMiddleware:
         except LakelogError as e:
             await _refuse(send, e)
             return
+        if rule.caller is Caller.ACL_ADMIN:
+            send = self._forgetting_acls(send)
         await self.app(scope, receive, send)
+
+    def _forgetting_acls(self, send: Send) -> Send:
+        """``send`` that drops the ACL snapshot before an ACL change's answer leaves (the
+        change has committed by then), so the caller's next request sees it."""
+
+        async def forget_then_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                await run_in_threadpool(self.acls.forget)
+            await send(message)
+
+        return forget_then_send
 
     async def _topic_filter(self, principal: str, host: str) -> Callable[[Any], Any]:
         """``GET /v1/topics`` for a user: the topics it may not DESCRIBE left out."""

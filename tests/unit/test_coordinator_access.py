@@ -171,3 +171,45 @@ def test_kafka_principal_mapping_rules(rules: str, dn: str, name: str | None) ->
 def test_bad_principal_mapping_rules_are_refused(rules: str) -> None:
     with pytest.raises(InvalidSecurityRequestError):
         PrincipalMapper(rules)
+
+
+def test_an_acl_granted_at_a_coordinator_is_answered_there_at_once(tmp_path: Path) -> None:
+    """Alice lists the topics she may see (none), the admin grants her READ on one through
+    the same coordinator, and her next listing shows it: the coordinator's ACL snapshot
+    (kept ``ACL_TTL_S``) is dropped on every ACL change it serves. Before, the grant was
+    invisible there for up to a second, and a fast client was answered without it."""
+    from coordinator.security_http import acl_to_json
+
+    with LocalCoordinator(f"sqlite:///{tmp_path}/m.db") as coord:
+        security = SqlSecurityStore(coord.db, CHEAP)
+        security.create_user("admin", "admin-password-1")
+        security.create_user("alice", "alice-password-1")
+        for name in ("open", "closed"):
+            coord.create_topic(name, 1)
+        grant = AclBinding(
+            "User:alice",
+            "*",
+            ResourceType.TOPIC,
+            "open",
+            PatternType.LITERAL,
+            Operation.READ,
+            Permission.ALLOW,
+        )
+        access = AccessSettings("basic", "s" * 32, "acl", frozenset({"User:admin"}))
+        app = create_app(coord, security=security, access=access)
+        with TestClient(app) as client:
+            alice = {"Authorization": _basic("alice", "alice-password-1")}
+            admin = {"Authorization": _basic("admin", "admin-password-1")}
+
+            def listed() -> list[str]:
+                r = client.get("/v1/topics", headers=alice)
+                assert r.status_code == 200, r.text
+                return [t["name"] for t in r.json()["topics"]]
+
+            before = listed()
+            r = client.post(
+                "/v1/security/acls/create", json={"acls": [acl_to_json(grant)]}, headers=admin
+            )
+            assert r.status_code == 204, r.text
+            after = listed()
+    assert (before, after) == ([], ["open"])
