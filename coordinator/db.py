@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from coordinator import clock
 from segments.errors import CoordinatorUnavailableError, MetadataError
 
 WriteMode = Literal["lock", "pool"]
@@ -788,7 +789,7 @@ def migrate(
                 dialect.sql(
                     "INSERT INTO schema_version (version, description, applied_at) VALUES (?, ?, ?)"
                 ),
-                (m.version, m.description, time.time()),
+                (m.version, m.description, clock.now()),
             )
             applied.append(m.version)
         conn.execute("COMMIT")

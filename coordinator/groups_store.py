@@ -88,12 +88,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from coordinator import clock
 from coordinator.db import MetadataDatabase, fetch_each
 from coordinator.groups import (
     ASSIGNORS,
@@ -653,7 +653,7 @@ class GroupStore:
         self,
         db: MetadataDatabase,
         *,
-        now: Callable[[], float] = time.time,
+        now: Callable[[], float] = clock.now,
         bounds_of: TopicBounds | None = None,
     ) -> None:
         """``bounds_of``: where partitions' offsets are when not in ``db`` (sharded

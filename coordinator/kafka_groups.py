@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from kio.index import load_entity_schema
 from kio.serial import entity_reader
 from kio.static.constants import EntityType
 
-from coordinator import assignors
+from coordinator import assignors, clock
 from coordinator.assignors import Assignment
 from coordinator.db import MetadataDatabase
 from coordinator.groups import CommittedOffset, ConsumerConfig, ConsumerState, GroupInfo
@@ -289,7 +288,7 @@ class KafkaGroupStore:
         now: the clock (epoch seconds) of sessions and rebalance timeouts.
     """
 
-    def __init__(self, db: MetadataDatabase, *, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, db: MetadataDatabase, *, now: Callable[[], float] = clock.now) -> None:
         self._db = db
         self._q = db.dialect.sql
         self._now = now

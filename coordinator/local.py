@@ -4,11 +4,11 @@ or PostgreSQL metadata store."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
+from coordinator import clock
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.db import MetadataDatabase, WriteMode, open_database
 from coordinator.groups import (
@@ -56,7 +56,7 @@ class LocalCoordinator:
         write_mode: WriteMode = "lock",
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
         timeout_s: float | None = None,
-        now: Callable[[], float] = time.time,
+        now: Callable[[], float] = clock.now,
         shards: Sequence[str] = (),
     ) -> None:
         """Open (creating and migrating if needed) the database at ``db_url``.

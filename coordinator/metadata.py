@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
+from coordinator import clock
 from coordinator.client import ChunkCommit
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
 from coordinator.group_commit import GroupCommitStats, GroupCommitter, PendingCommit
@@ -609,7 +609,7 @@ class MetadataStore:
                 raise TopicExistsError(f"Topic '{name}' already exists.")
             if validate_only:
                 return info
-            conn.execute(self._q(_INSERT_TOPIC), (info.topic_id, name, partitions, time.time()))
+            conn.execute(self._q(_INSERT_TOPIC), (info.topic_id, name, partitions, clock.now()))
             self._new_partitions(conn, info.topic_id, range(partitions))
             conn.executemany(
                 self._q(_UPSERT_CONFIG), [(info.topic_id, k, v) for k, v in overrides.items()]
@@ -879,7 +879,7 @@ class MetadataStore:
             key was committed before: ``_resolve_unwritten`` answers them.
         """
         q = self._q
-        now = time.time()
+        now = clock.now()
         unwritten: list[PendingCommit] = []
         answers: list[tuple[PendingCommit, list[int]]] = []
         entries: list[tuple[Any, ...]] = []
@@ -967,7 +967,7 @@ class MetadataStore:
     def _purge_request_keys(self) -> None:
         """Delete expired idempotency keys, at most every REQUEST_KEY_PURGE_S seconds
         (in its own transaction: never holding a commit's locks longer)."""
-        now = time.time()
+        now = clock.now()
         if now < self._next_key_purge:
             return
         self._next_key_purge = now + REQUEST_KEY_PURGE_S
@@ -1092,7 +1092,7 @@ class MetadataStore:
             "lengths": [c.length for _, c in chunks],
             "min_ts": [c.min_timestamp_ms for _, c in chunks],
             "max_ts": [c.max_timestamp_ms for _, c in chunks],
-            "now": time.time(),
+            "now": clock.now(),
         }
         with db.autocommit() as conn:
             # Big batches are planned at each run: a prepared (generic) plan cannot see the
@@ -1300,7 +1300,7 @@ class MetadataStore:
             raise ValueError("lease_id must be a non-empty string")
         if not 0 < ttl_s <= MAX_LEASE_S:
             raise ValueError(f"ttl_s must be in (0, {MAX_LEASE_S:.0f}], not {ttl_s}")
-        now = time.time()
+        now = clock.now()
         wanted = list(dict.fromkeys(keys))
         trusted = int(principal is None)
         owner = principal or ""
@@ -1346,7 +1346,7 @@ class MetadataStore:
     def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` are uploads under a live write lease (not orphans)."""
         with self._db.read() as conn:
-            return self._keys_in(conn, _PENDING_IN, list(dict.fromkeys(keys)), (time.time(),))
+            return self._keys_in(conn, _PENDING_IN, list(dict.fromkeys(keys)), (clock.now(),))
 
     def _keys_in(
         self, conn: Any, template: str, keys: list[str], before: tuple[Any, ...]
@@ -1379,7 +1379,7 @@ class MetadataStore:
         target = delete_records_target(topic, partition, offset, log_start, high_watermark)
         if target is None:
             return log_start
-        moved = Catalog(self._db).advance_log_start(topic_id, partition, target, time.time())
+        moved = Catalog(self._db).advance_log_start(topic_id, partition, target, clock.now())
         if moved is None:  # someone moved it further meanwhile
             return self.offsets(topic, partition).log_start
         return moved
@@ -1402,7 +1402,7 @@ class MetadataStore:
                 if epoch + 1 < _MAX_EPOCH:
                     conn.execute(self._q(_BUMP_EPOCH), (epoch + 1, producer_id))
                     return producer_id, epoch + 1
-            row = conn.execute(self._q(_NEW_PRODUCER), (time.time(),)).fetchone()
+            row = conn.execute(self._q(_NEW_PRODUCER), (clock.now(),)).fetchone()
         return int(row[0]), 0
 
     def producer_state(
@@ -1427,7 +1427,7 @@ class MetadataStore:
         heartbeat, kept for good). ``kafka_host``/``kafka_port``: its Kafka listener."""
         if not isinstance(agent_id, str) or not agent_id:
             raise ValueError("agent_id must be a non-empty string")
-        now = time.time()
+        now = clock.now()
         with self._db.write() as conn:
             row = conn.execute(
                 self._q(_TOUCH_AGENT), (host, port, now, kafka_host, kafka_port, agent_id)
@@ -1441,5 +1441,5 @@ class MetadataStore:
     def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
         """Agents heard from within ``max_age_s``, by broker id."""
         with self._db.read() as conn:
-            rows = conn.execute(self._q(_LIVE_AGENTS), (time.time() - max_age_s,)).fetchall()
+            rows = conn.execute(self._q(_LIVE_AGENTS), (clock.now() - max_age_s,)).fetchall()
         return [AgentInfo(*row) for row in rows]

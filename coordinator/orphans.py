@@ -7,8 +7,7 @@ collection (a later janitor) deletes it. This module only reports.
 
 from __future__ import annotations
 
-import time
-
+from coordinator import clock
 from coordinator.client import Coordinator
 from segments.store import ObjectInfo, ObjectStore
 
@@ -33,9 +32,9 @@ def find_orphans(
     ``grace_s`` far above that for anything that deletes.
 
     Args:
-        now: the clock, epoch seconds (tests pin it); default ``time.time()``.
+        now: the clock, epoch seconds (tests pin it); default ``clock.now()``.
     """
-    cutoff = (time.time() if now is None else now) - grace_s
+    cutoff = (clock.now() if now is None else now) - grace_s
     orphans: list[ObjectInfo] = []
     batch: list[ObjectInfo] = []
 

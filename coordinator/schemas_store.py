@@ -19,10 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from collections.abc import Sequence
 from typing import Any
 
+from coordinator import clock
 from coordinator.db import MetadataDatabase
 from coordinator.schemas import (
     COMPATIBILITY_LEVELS,
@@ -188,7 +188,7 @@ class SchemaRegistryStore:
         check_subject(subject)
         refs = tuple(references)
         fp = fingerprint(schema_type, schema, refs)
-        now = time.time()
+        now = clock.now()
         with self._db.write() as conn:
             rows = self._versions(conn, subject)
             row = conn.execute(self._q(_SCHEMA_BY_FINGERPRINT), (fp,)).fetchone()

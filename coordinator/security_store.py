@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from coordinator import clock
 from coordinator.db import MetadataDatabase
 from coordinator.security import (
     AclBinding,
@@ -190,7 +190,7 @@ class SqlSecurityStore:
         check_name(name)
         digest = self._hasher.hash(check_password(password))
         scram = scram_credentials(password)
-        now = time.time()
+        now = clock.now()
         with self._db.write() as conn:
             row = conn.execute(
                 self._sql(
@@ -292,7 +292,7 @@ class SqlSecurityStore:
         key_id = API_KEY_PREFIX + "".join(secrets.choice(_KEY_ALPHABET) for _ in range(16))
         secret = secrets.token_urlsafe(32)
         digest = self._hasher.hash(secret)
-        now = time.time()
+        now = clock.now()
         with self._db.write() as conn:
             if conn.execute(self._sql("SELECT 1 FROM users WHERE name = ?"), (owner,)).fetchone():
                 conn.execute(

@@ -56,6 +56,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from coordinator import clock
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.db import POSTGRESQL, MetadataDatabase, open_database
 from coordinator.group_commit import GroupCommitStats
@@ -397,7 +398,7 @@ def _identify(catalog: MetadataDatabase, db: MetadataDatabase, cluster_id: str) 
     with catalog.write() as conn:
         known = conn.execute(cq("SELECT 1 FROM shards WHERE shard_id = ?"), (shard_id,))
         if fresh:
-            conn.execute(cq(_ADD_SHARD), (shard_id, time.time()))
+            conn.execute(cq(_ADD_SHARD), (shard_id, clock.now()))
         elif known.fetchone() is None:
             raise ShardConfigError(
                 f"shard database {db.location} is shard {shard_id}, which the catalog "
@@ -523,7 +524,7 @@ class ShardedStore:
         """Create partition rows in ``shard`` (idempotent), with their topics' stand-ins."""
 
         def ensure(conn: Any) -> None:
-            now = time.time()
+            now = clock.now()
             topics = sorted({t for t, _ in parts})
             conn.executemany(shard.q(_ENSURE_TOPIC), [(t, f"#{t.hex()}", now) for t in topics])
             conn.executemany(shard.q(_ENSURE_PARTITION), sorted(parts))
@@ -874,7 +875,7 @@ class ShardedStore:
         if target is None:
             return log_start
         moved = shard.call(
-            lambda: Catalog(shard.db).advance_log_start(topic_id, partition, target, time.time())
+            lambda: Catalog(shard.db).advance_log_start(topic_id, partition, target, clock.now())
         )
         if moved is None:
             return self._bounds(topic_id, partition, shard)[0]
@@ -1093,7 +1094,7 @@ class ShardedCatalog:
         if not shard.call(lambda: Catalog(shard.db).forget_object(object_id)):
             return False
         others = [s for s in self._store.shards if s.shard_id != shard_id]
-        return self._claim_all(others, key, time.time())
+        return self._claim_all(others, key, clock.now())
 
     def claim_orphan(self, key: str, now: float) -> bool:
         """``Catalog.claim_orphan`` in every shard: True only if every shard took the

@@ -46,7 +46,6 @@ import hashlib
 import hmac
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -57,6 +56,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 
+from coordinator.clock import now as coordinator_now
 from coordinator.db import MetadataDatabase
 from coordinator.iceberg.schema import NAMESPACE
 from coordinator.security import ANONYMOUS, AclFilter, Authorizer, Operation, ResourceType
@@ -144,7 +144,7 @@ class CatalogSecurity:
     db: MetadataDatabase
     acl: bool
     super_users: frozenset[str] = frozenset()
-    clock: Callable[[], float] = time.time
+    clock: Callable[[], float] = coordinator_now
     _key: bytes | None = None
     _verified: dict[bytes, tuple[str, float]] = field(default_factory=dict)
     _authorizer: tuple[Authorizer, float] | None = None

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +60,7 @@ from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortOrder
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 
+from coordinator import clock
 from coordinator.iceberg.changes import Pending, TableFile
 from coordinator.iceberg.fileio import StoreFileIO
 from coordinator.iceberg.schema import (
@@ -155,7 +155,7 @@ class TopicTables:
         self,
         catalog: Catalog | ShardedCatalog,
         store: ObjectStore,
-        now: Callable[[], float] = time.time,
+        now: Callable[[], float] = clock.now,
     ) -> None:
         self.catalog = catalog
         self.store = store

@@ -18,11 +18,11 @@ still unreferenced (the foreign key from ``index_entries`` would refuse it anywa
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coordinator import clock
 from coordinator.db import MetadataDatabase
 from coordinator.iceberg.changes import NOT_HELD, TableFiles, record_changes
 from coordinator.topic_configs import topic_defaults
@@ -350,7 +350,7 @@ class Catalog:
         """Make an object's row a tombstone before the object is deleted; False if it is
         referenced (or a tombstone already). A commit of the key fails from now on."""
         with self._db.write() as conn:
-            row = conn.execute(self._q(_FORGET), (time.time(), object_id)).fetchone()
+            row = conn.execute(self._q(_FORGET), (clock.now(), object_id)).fetchone()
         return row is not None
 
     def claim_orphan(self, key: str, now: float) -> bool:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from coordinator import clock
 from coordinator.janitors.catalog import Catalog
 from segments.store import ObjectStore
 
@@ -105,7 +105,7 @@ class JanitorContext:
     catalog: Catalog | ShardedCatalog
     metadata: MetadataStore | ShardedStore
     store: ObjectStore
-    now: Callable[[], float] = time.time
+    now: Callable[[], float] = clock.now
     #: Raises (LeaseLostError) when the run must stop; called between units of work.
     check: Callable[[], None] = _no_check
     progress: Progress | None = None

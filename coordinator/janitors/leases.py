@@ -21,12 +21,12 @@ within the lease TTL (NTP does that); the TTL defaults to a minute.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
 
+from coordinator import clock
 from coordinator.db import MetadataDatabase
 
 _ACQUIRE = (
@@ -133,7 +133,7 @@ class LeaseStore:
     """
 
     def __init__(
-        self, db: MetadataDatabase, *, ttl_s: float = 60.0, now: Callable[[], float] = time.time
+        self, db: MetadataDatabase, *, ttl_s: float = 60.0, now: Callable[[], float] = clock.now
     ) -> None:
         if ttl_s <= 0:
             raise ValueError(f"lease ttl_s must be > 0, not {ttl_s}")

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from coordinator import clock
 from coordinator.janitors.context import (
     JANITORS,
     JanitorConfig,
@@ -224,7 +224,7 @@ class JanitorRunner:
             lease.check()
 
         ctx = JanitorContext(
-            self.catalog, self._coordinator.store, self._store, time.time, check, progress
+            self.catalog, self._coordinator.store, self._store, clock.now, check, progress
         )
         run_id = self.leases.start_run(lease)
         report = JanitorReport(name)
@@ -242,7 +242,7 @@ class JanitorRunner:
             log.exception("janitor %s failed", name)
         finally:
             self.leases.finish_run(run_id, outcome, report.as_dict())
-            self.leases.release(lease, time.time() + config.interval_s(name))
+            self.leases.release(lease, clock.now() + config.interval_s(name))
         if self.metrics is not None:
             self.metrics.observe(report, outcome)
         # An idle run is routine (every minute or so, per janitor): INFO only for work done.
@@ -254,7 +254,7 @@ class JanitorRunner:
         if self.metrics is None:
             return
         try:
-            now = time.time()
+            now = clock.now()
             for info in self.leases.leases():
                 if info.last_finished_at is not None:
                     self.metrics.lag.labels(info.name).set(now - info.last_finished_at)
