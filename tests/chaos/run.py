@@ -46,6 +46,7 @@ import httpx
 import orjson
 
 from tests.chaos.checker import check
+from tests.chaos.faults import Faults
 from tests.chaos.history import History, read_history
 from tests.integration.topology import ADMIN, ADMIN_PASSWORD, S3_ENV, Topology, start_topology
 from tests.procs import start_moto
@@ -114,6 +115,8 @@ class Run:
         self.churn_lock = threading.Lock()
         #: topic -> the ids its incarnations were created with (``create_topic``).
         self.topic_ids: dict[str, set[str]] = {}
+        #: The PostgreSQL, clock and janitor faults (``tests.chaos.faults``).
+        self.faults = Faults(topo, hist, self.stop, params.profile)
 
     def rng(self, name: str) -> random.Random:
         return random.Random(f"{self.params.seed}:{name}")
@@ -956,10 +959,13 @@ class Run:
                     "kill_coordinator",
                     "pause_agent",
                     "pause_coordinator",
+                    *self.faults.kinds(),
                 ]
             )
             try:
-                if kind == "s3":
+                if kind in self.faults.kinds():
+                    self.faults.inject(proc, kind, rng, self.churn_lock)
+                elif kind == "s3":
                     rule = rng.choice(
                         [
                             {"action": "status", "status": 503, "rate": 0.2},
@@ -1012,6 +1018,7 @@ class Run:
     def quiesce(self) -> None:
         assert self.topo.proxy is not None
         self.topo.proxy.clear()
+        self.faults.undo()
         self.topo.ensure_running()
         time.sleep(8)  # agents flush, janitors run a round (intervals of 2-4 s)
 
