@@ -21,7 +21,9 @@ expiry). Within the bound below nothing goes wrong; D shifts a few deadlines by 
   in the chaos run (D < ~6 s);
 - garbage collection: an object stamped unreferenced by one coordinator and deleted by
   another waits GC grace minus D, so GC grace must exceed the longest read or flush in
-  flight plus D (30 s and a few seconds in the chaos run); write leases likewise;
+  flight plus D (30 s and a few seconds in the chaos run); write leases likewise, and
+  orphans, whose age is the object store's modification time (the store's clock, so
+  there D is this coordinator's offset from the store);
 - consumer sessions and REST fetch leases: a member stamped by one and expired by the
   other loses D of its session timeout: a spurious rebalance when D approaches it (the
   chaos consumers' 6 s: D < 3 s keeps them stable), never a duplicate (positions are
