@@ -114,6 +114,8 @@ class Run:
         self.churn_lock = threading.Lock()
         #: topic -> the ids its incarnations were created with (``create_topic``).
         self.topic_ids: dict[str, set[str]] = {}
+        #: A group stream's connection -> the last cursor it recorded (``group_stream``).
+        self._stream_cursor: dict[str, str | None] = {}
 
     def rng(self, name: str) -> random.Random:
         return random.Random(f"{self.params.seed}:{name}")
@@ -699,6 +701,149 @@ class Run:
                 with contextlib.suppress(Exception):
                     consumer.close()
 
+    # -- group streams --------------------------------------------------------------------
+
+    def group_stream(self, proc: str) -> None:
+        """A reader of ``stable``'s group stream (NDJSON) in its own group (``g-<proc>``,
+        no members): each connection (a ``stream_open``, then its records as
+        ``stream_poll``s) ends after a while and the next resumes, with the last cursor
+        it recorded (exactly once from there) or without one (from the group's committed
+        offsets, read first as ``group_offsets``: at least once)."""
+        rng = self.rng(proc)
+        group = f"g-{proc}"
+        cursor: str | None = None
+        while not self.stop.is_set():
+            name = f"{proc}-{uuid.uuid4().hex[:6]}"
+            use = cursor if cursor is not None and rng.random() < 0.6 else None
+            if use is None:
+                self.group_offsets(proc, group)
+            try:
+                # No record on this connection: the last cursor is still the one before.
+                cursor = self._stream_connection(proc, group, name, use, rng) or cursor
+            except (httpx.HTTPError, ValueError) as e:
+                # Its server side may outlive it (a paused agent) and commit late.
+                self.hist.info(proc, "stream_error", consumer=name, error=repr(e)[:300])
+                cursor = self._stream_cursor.pop(name, None) or cursor
+                self.stop.wait(0.5)
+
+    def group_offsets(self, proc: str, group: str) -> None:
+        """The group's committed offsets on ``stable`` once they stay put (a stream that
+        ended commits what it delivered as it goes: wait for that)."""
+        url = f"{self.v3}/consumer-groups/{group}/lags"
+        last: dict[str, int] | None = None
+        op = self.hist.invoke(proc, "group_offsets", group=group, topic="stable")
+        try:
+            with self.client() as c:
+                for _ in range(10):
+                    r = c.get(url)
+                    if r.status_code == 404:  # nothing committed yet
+                        offsets: dict[str, int] | None = {}
+                    elif r.status_code != 200:
+                        offsets = None
+                    else:
+                        offsets = {
+                            str(x["partition_id"]): x["current_offset"]
+                            for x in r.json()["data"]
+                            if x["topic_name"] == "stable"
+                        }
+                    if offsets is not None and offsets == last:
+                        self.hist.complete(
+                            op, proc, "group_offsets", "ok", group=group, offsets=offsets
+                        )
+                        return
+                    last = offsets
+                    if self.stop.wait(0.7):
+                        break
+        except httpx.HTTPError as e:
+            self.hist.complete(op, proc, "group_offsets", "info", error=repr(e)[:300])
+            return
+        self.hist.complete(op, proc, "group_offsets", "info", error="offsets kept moving")
+
+    def _stream_connection(
+        self, proc: str, group: str, name: str, cursor: str | None, rng: random.Random
+    ) -> str | None:
+        """One connection of the group stream, from ``cursor`` (None: the committed
+        offsets); the last cursor recorded (None: no record). Records are recorded in
+        ``stream_poll``s of a few, each with the cursor after its last record; the
+        connection ends after ``wanted`` records or a few seconds of nothing new."""
+        params: dict[str, Any] = {"topics": "stable", "keepalive_ms": 300}
+        if cursor is not None:
+            params["cursor"] = cursor
+        op = self.hist.invoke(
+            proc,
+            "stream_open",
+            consumer=name,
+            group=group,
+            topic="stable",
+            cursor=_decode_cursor(cursor) if cursor is not None else None,
+        )
+        wanted = rng.randint(20, 600)
+        idle_max = rng.randint(3, 20)  # keepalives in a row before it hangs up
+        got = idle = 0
+        batch: list[list[Any]] = []
+        last: str | None = None
+
+        def flush() -> None:
+            nonlocal batch
+            if batch:
+                p_op = self.hist.invoke(proc, "stream_poll", consumer=name)
+                self.hist.complete(
+                    p_op,
+                    proc,
+                    "stream_poll",
+                    "ok",
+                    consumer=name,
+                    topic="stable",
+                    records=batch,
+                    cursor=_decode_cursor(last) if last else None,
+                )
+                batch = []
+                self._stream_cursor[name] = last
+
+        with (
+            self.client(timeout=15) as c,
+            c.stream(
+                "GET",
+                f"{self.v3}/consumer-groups/{group}/records",
+                params=params,
+                headers={"Accept": "application/x-ndjson"},
+            ) as r,
+        ):
+            if r.status_code != 200:
+                r.read()
+                self.hist.complete(
+                    op, proc, "stream_open", _outcome(r.status_code), error=r.text[:300]
+                )
+                self.stop.wait(0.5)
+                return None
+            self.hist.complete(op, proc, "stream_open", "ok", consumer=name, group=group)
+            try:
+                for line in r.iter_lines():
+                    if not line:
+                        continue
+                    doc = orjson.loads(line)
+                    if doc.get("keepalive"):
+                        flush()
+                        idle += 1
+                        if idle >= idle_max or self.stop.is_set():
+                            break
+                        continue
+                    if "cursor" not in doc:  # the error that ends the stream
+                        self.hist.info(proc, "stream_end", consumer=name, error=doc)
+                        break
+                    idle = 0
+                    batch.append([doc["partition"], doc["offset"], unb64(doc["value"])])
+                    last = doc["cursor"]
+                    got += 1
+                    if len(batch) >= 50:
+                        flush()
+                    if got >= wanted or self.stop.is_set():
+                        break
+            finally:
+                flush()
+        self._stream_cursor.pop(name, None)
+        return last
+
     # -- targeted probes ------------------------------------------------------------------
 
     def reincarnation_loop(self, proc: str) -> None:
@@ -1223,6 +1368,13 @@ class IdempotentState:
     n: int = 0
 
 
+def _decode_cursor(cursor: str) -> dict[str, int]:
+    """A group stream's cursor as {partition: next offset} of ``stable`` (the stream's
+    encoding: URL-safe base64 of JSON ``{"partition:topic": offset}``)."""
+    doc = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    return {k.split(":", 1)[0]: v for k, v in doc.items() if k.split(":", 1)[1] == "stable"}
+
+
 def _outcome(status: int) -> str:
     """A 4xx refused before anything happened; a 5xx (or 408/429) may or may not have."""
     return "fail" if status < 500 and status not in (408, 429) else "info"
@@ -1307,6 +1459,7 @@ def run(params: Params) -> dict[str, Any]:
             threading.Thread(target=r.v2_consumer, args=("v2-consumer-1",)),
             threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-1",)),
             threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-2",)),
+            threading.Thread(target=r.group_stream, args=("group-stream-1",)),
             threading.Thread(target=r.admin_loop),
             threading.Thread(target=r.nemesis),
         ]
