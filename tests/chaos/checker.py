@@ -85,6 +85,8 @@ class Send:
     status: str = "pending"  # ok, info, fail, pending (no completion: a crashed client)
     pos: tuple[int, int] | None = None
     incarnation: str | None = None
+    #: Acknowledged in this partition, at an offset not told (a Spark write).
+    partition: int | None = None
 
 
 @dataclass
@@ -262,13 +264,16 @@ class _Checker:
             done = completions.get(op_id)
             keys = inv.get("keys") or [None] * len(inv["values"])
             results = (done or {}).get("results") or [None] * len(inv["values"])
+            placed = inv.get("partitions") if (done or {}).get("placed") else None
             for i, value in enumerate(inv["values"]):
                 s = Send(op_id, inv["topic"], inv["mode"], keys[i], inv["t"])
                 if done is not None:
                     s.t1 = done["t"]
                     s.status = done["type"]
                     if done["type"] == "ok":
-                        if results[i] is None:
+                        if results[i] is None and placed:
+                            s.partition = placed[i]
+                        elif results[i] is None:
                             s.status = "info"
                         else:
                             s.pos = (results[i][0], results[i][1])
@@ -323,6 +328,18 @@ class _Checker:
                 offset=o,
                 value=value,
                 acked_at=list(s.pos),
+                op=s.op,
+                mode=s.mode,
+            )
+        elif s.partition is not None and s.partition != p:
+            self.report.anomaly(
+                "wrong_offset",
+                where=where,
+                topic=topic,
+                partition=p,
+                offset=o,
+                value=value,
+                acked_in_partition=s.partition,
                 op=s.op,
                 mode=s.mode,
             )
@@ -408,6 +425,8 @@ class _Checker:
         }
         rec = self.report.records
         for value, s in self.sends.items():
+            if s.status == "ok" and s.pos is None and s.partition is not None:
+                self._check_placed(value, s)
             if s.status != "ok" or s.pos is None:
                 continue
             if s.incarnation is None:
@@ -442,6 +461,36 @@ class _Checker:
                     high_watermark=part.high_watermark,
                     found_there=final_at.get((s.incarnation, p, o)),
                 )
+
+    def _check_placed(self, value: str, s: Send) -> None:
+        """An acknowledged record whose partition alone is known (a Spark write): found
+        in that partition of its incarnation, unless the log start moved (it may have
+        been below it) or compaction may have removed it."""
+        rec = self.report.records
+        if s.incarnation is None:
+            rec["acked_unattributed"] += 1
+            return
+        part = self.finals.get((s.incarnation, s.partition or 0))
+        loc = self.located.get(value)
+        if part is None:
+            rec["acked_in_deleted_topics"] += 1
+        elif loc is not None and loc[1:3] == (s.incarnation, s.partition):
+            rec["acked_found"] += 1
+        elif part.log_start > 0 or part.compacted:
+            rec["acked_unplaced_unverified"] += 1
+        else:
+            self.report.anomaly(
+                "lost",
+                topic=s.topic,
+                topic_id=s.incarnation,
+                partition=s.partition,
+                offset=None,
+                value=value,
+                op=s.op,
+                mode=s.mode,
+                log_start=part.log_start,
+                high_watermark=part.high_watermark,
+            )
 
     def _against_final(
         self, where: str, topic: str, p: int, records: list[tuple[int, str]]

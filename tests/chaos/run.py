@@ -75,6 +75,12 @@ TOPICS: dict[str, tuple[int, dict[str, str]]] = {
     "churn": (2, {}),
     "reborn": (1, {}),
 }
+#: Runs this long or longer have a Spark client (``Run.spark_loop``): a JVM is no part of
+#: the short in-suite run.
+SPARK_MIN_MINUTES = 5.0
+#: Seconds between two Spark jobs (drawn between these), and the longest wait for one.
+SPARK_EVERY_S = (45.0, 100.0)
+SPARK_JOB_TIMEOUT_S = 180.0
 #: The consumer groups of the run (their committed offsets are read at the end).
 GROUPS = ("g-kafka", "g-v2-consumer-1")
 
@@ -844,6 +850,150 @@ class Run:
         self._stream_cursor.pop(name, None)
         return last
 
+    # -- Spark --------------------------------------------------------------------------
+
+    def spark_loop(self, proc: str) -> None:
+        """Spark batch jobs now and then (runs of ``SPARK_MIN_MINUTES`` or more): one
+        ``tests.chaos.spark_client`` process (a local SparkSession) that every
+        ``SPARK_EVERY_S`` either appends a few hundred rows to ``stable`` through the
+        Spark writer (a ``produce`` of mode ``spark``: each row's partition is chosen,
+        its offset is not told) or reads ``stable`` whole (a ``read`` per partition)."""
+        import queue
+        import subprocess
+        import sys
+
+        rng = self.rng(proc)
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        log = (self.params.out / "spark.log").open("ab")
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.spark_client"],
+            cwd=root,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+        def pump() -> None:
+            assert child.stdout is not None
+            for line in child.stdout:
+                answers.put(orjson.loads(line))
+            answers.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+        def answer(timeout: float) -> dict[str, Any] | None:
+            deadline = time.monotonic() + timeout
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(queue.Empty):
+                    return answers.get(timeout=1)
+            return None
+
+        ids = itertools.count(1)
+
+        def ask(cmd: dict[str, Any]) -> dict[str, Any] | None:
+            """The answer to ``cmd`` (None: none in time); a late answer to an earlier
+            command is dropped."""
+            assert child.stdin is not None
+            cmd_id = next(ids)
+            try:
+                child.stdin.write(orjson.dumps({**cmd, "id": cmd_id}) + b"\n")
+                child.stdin.flush()
+            except OSError:
+                return None
+            deadline = time.monotonic() + SPARK_JOB_TIMEOUT_S
+            while (got := answer(deadline - time.monotonic())) is not None:
+                if got.get("id") == cmd_id:
+                    return got
+            return None
+
+        n = 0
+        try:
+            if answer(120) is None:
+                self.errors.append(f"{proc}: the Spark process did not start (spark.log)")
+                return
+            self.stop.wait(rng.uniform(5, 20))
+            while not self.stop.is_set():
+                n += 1
+                options = {
+                    "coordinator": rng.choice(self.topo.coordinators).url,
+                    "user": "admin",
+                    "password": ADMIN_PASSWORD,
+                }
+                if rng.random() < 0.5:
+                    self._spark_write(proc, ask, options, rng, n)
+                else:
+                    self._spark_read(proc, ask, options)
+                if child.poll() is not None:
+                    self.errors.append(f"{proc}: the Spark process died (spark.log)")
+                    return
+                self.stop.wait(rng.uniform(*SPARK_EVERY_S))
+        finally:
+            with contextlib.suppress(OSError):
+                assert child.stdin is not None
+                child.stdin.close()
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            log.close()
+
+    def _spark_write(
+        self,
+        proc: str,
+        ask: Callable[[dict[str, Any]], dict[str, Any] | None],
+        options: dict[str, str],
+        rng: random.Random,
+        n: int,
+    ) -> None:
+        topic = "stable"
+        size = rng.randint(100, 500)
+        values = [f"{topic}|{proc}|{n}|{i}" for i in range(size)]
+        parts = [rng.randrange(TOPICS[topic][0]) for _ in range(size)]
+        op = self.hist.invoke(
+            proc, "produce", topic=topic, mode="spark", values=values, keys=values, partitions=parts
+        )
+        got = ask(
+            {
+                "op": "write",
+                "options": {**options, "topic": topic},
+                "rows": [[p, v, v] for p, v in zip(parts, values, strict=True)],
+            }
+        )
+        if got is not None and got.get("ok"):
+            # Acknowledged, each row in its partition; the writer tells no offsets.
+            self.hist.complete(op, proc, "produce", "ok", results=None, placed=True)
+        else:
+            error = (got or {}).get("error", "no answer")
+            self.hist.complete(op, proc, "produce", "info", error=error)
+
+    def _spark_read(
+        self,
+        proc: str,
+        ask: Callable[[dict[str, Any]], dict[str, Any] | None],
+        options: dict[str, str],
+    ) -> None:
+        """``stable`` read whole by one Spark job: one ``read`` op per partition (all
+        invoked before the job, completed after it)."""
+        topic = "stable"
+        ops = {
+            p: self.hist.invoke(proc, "read", topic=topic, partition=p, offset=None, spark=True)
+            for p in range(TOPICS[topic][0])
+        }
+        got = ask({"op": "read", "options": {**options, "subscribe": topic}})
+        if got is None or not got.get("ok"):
+            error = (got or {}).get("error", "no answer")
+            for op in ops.values():
+                self.hist.complete(op, proc, "read", "info", error=error)
+            return
+        rows = sorted(got["rows"])
+        for p, op in ops.items():
+            records = [[o, v] for q, o, v in rows if q == p]
+            self.hist.complete(op, proc, "read", "ok", records=records, high_watermark=None)
+
     # -- targeted probes ------------------------------------------------------------------
 
     def reincarnation_loop(self, proc: str) -> None:
@@ -1461,6 +1611,11 @@ def run(params: Params) -> dict[str, Any]:
             threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-2",)),
             threading.Thread(target=r.group_stream, args=("group-stream-1",)),
             threading.Thread(target=r.admin_loop),
+            *(
+                [threading.Thread(target=r.spark_loop, args=("spark-1",))]
+                if params.minutes >= SPARK_MIN_MINUTES
+                else []
+            ),
             threading.Thread(target=r.nemesis),
         ]
         for w in workers:

@@ -629,3 +629,33 @@ def test_group_stream_committed_offsets_never_go_back_but_by_a_cursor() -> None:
     # Read committed offsets alone: 3, then 2.
     read_back = _stream_history([first], offsets=[(0, {"0": 3}), (0, {"0": 2})])
     assert kinds(read_back) == {"commit_backward"}
+
+
+def _spark_history(final: list[tuple[int, str]], log_start: int = 0) -> H:
+    """A Spark write acknowledged (rows w0 to partition 0, w1 to partition 1: offsets
+    not told), then the final logs of both partitions (``final`` is partition 0's)."""
+    h = H()
+    h.op("create_topic", "ok", {"topic": "s", "partitions": 2}, topic_id="S1")
+    h.op(
+        "produce",
+        "ok",
+        {"topic": "s", "mode": "spark", "values": ["w0", "w1"], "partitions": [0, 1]},
+        results=None,
+        placed=True,
+    )
+    h.final("s", "S1", final, log_start=log_start, hw=log_start + len(final))
+    h.final("s", "S1", [(0, "w1")], p=1)
+    return h
+
+
+def test_a_spark_write_is_found_in_its_partitions() -> None:
+    ok = _spark_history([(0, "w0")])
+    assert kinds(ok) == set()
+    assert check(ok.events).records["acked_found"] == 2
+    assert kinds(_spark_history([])) == {"lost"}
+    # Below a log start that moved: it may have been removed.
+    assert kinds(_spark_history([], log_start=3)) == set()
+    h = _spark_history([])
+    h.events[-1]["records"].append([1, None, "w0"])  # stored in partition 1
+    h.events[-1]["high_watermark"] = 2
+    assert kinds(h) == {"lost", "wrong_offset"}
