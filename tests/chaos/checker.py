@@ -180,7 +180,10 @@ class _Checker:
                     self.report.anomaly("retry_answer_differs", op=e["op_id"], proc=e["proc"])
         for op_id, inv in invokes.items():
             done = completions.get(op_id)
-            self.report.ops[inv["op"]][done["type"] if done else "pending"] += 1
+            # Spark's jobs apart: ``produce:spark``, ``read:spark``.
+            spark = inv.get("mode") == "spark" or inv.get("spark")
+            op = f"{inv['op']}:spark" if spark else inv["op"]
+            self.report.ops[op][done["type"] if done else "pending"] += 1
         self._incarnations(invokes, completions)
         self._sends(invokes, completions)
         self._finals()

@@ -10,6 +10,10 @@ schedule of operations (timing, and so interleavings, still vary). Then it stops
 faults, restarts what is down, waits for the janitors, reads every partition whole
 (``final_read``) and the groups' committed offsets, and checks the history.
 
+Clients: REST and Kafka producers, v3 readers, a v2 consumer instance, Kafka group
+members, a group stream (``Run.group_stream``) and, in runs of ``SPARK_MIN_MINUTES`` or
+more, a Spark process (``Run.spark_loop``, ``tests.chaos.spark_client``).
+
 Topics: ``stable`` (3 partitions; the consumers read it), ``retained``
 (``retention.ms`` of seconds, changed at random), ``compacted``
 (``cleanup.policy=compact``, keys from a small set), ``churn`` (deleted and created
@@ -79,7 +83,7 @@ TOPICS: dict[str, tuple[int, dict[str, str]]] = {
 #: the short in-suite run.
 SPARK_MIN_MINUTES = 5.0
 #: Seconds between two Spark jobs (drawn between these), and the longest wait for one.
-SPARK_EVERY_S = (45.0, 100.0)
+SPARK_EVERY_S = (30.0, 75.0)
 SPARK_JOB_TIMEOUT_S = 180.0
 #: The consumer groups of the run (their committed offsets are read at the end).
 GROUPS = ("g-kafka", "g-v2-consumer-1")
@@ -855,7 +859,7 @@ class Run:
     def spark_loop(self, proc: str) -> None:
         """Spark batch jobs now and then (runs of ``SPARK_MIN_MINUTES`` or more): one
         ``tests.chaos.spark_client`` process (a local SparkSession) that every
-        ``SPARK_EVERY_S`` either appends a few hundred rows to ``stable`` through the
+        ``SPARK_EVERY_S`` in turn appends a few hundred rows to ``stable`` through the
         Spark writer (a ``produce`` of mode ``spark``: each row's partition is chosen,
         its offset is not told) or reads ``stable`` whole (a ``read`` per partition)."""
         import queue
@@ -922,7 +926,7 @@ class Run:
                     "user": "admin",
                     "password": ADMIN_PASSWORD,
                 }
-                if rng.random() < 0.5:
+                if n % 2:  # a write, then a read that finds it
                     self._spark_write(proc, ask, options, rng, n)
                 else:
                     self._spark_read(proc, ask, options)
