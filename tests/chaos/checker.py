@@ -48,6 +48,11 @@ Anomalies (``kind``):
   epoch older than one of its batches acknowledged there before (a fenced producer
   wrote); ``out_of_sequence_write``: one acknowledged whose sequence neither starts its
   epoch (0) nor follows a batch of that epoch that may have been stored.
+- ``stream_duplicate`` / ``stream_skip``: a group stream resumed with a cursor that
+  delivered a partition from before the cursor's offset, or from past it over records
+  the log holds (exactly once from a cursor); ``commit_backward``: a group stream's
+  committed offsets (read, or where a connection without a cursor started) below what
+  was seen before, with no cursor taking them back meanwhile.
 - ``commit_past_hw``: a committed offset beyond the final high watermark;
   ``committed_unknown``: the group's final committed offset is none that was ever
   committed.
@@ -80,6 +85,8 @@ class Send:
     status: str = "pending"  # ok, info, fail, pending (no completion: a crashed client)
     pos: tuple[int, int] | None = None
     incarnation: str | None = None
+    #: Acknowledged in this partition, at an offset not told (a Spark write).
+    partition: int | None = None
 
 
 @dataclass
@@ -173,7 +180,10 @@ class _Checker:
                     self.report.anomaly("retry_answer_differs", op=e["op_id"], proc=e["proc"])
         for op_id, inv in invokes.items():
             done = completions.get(op_id)
-            self.report.ops[inv["op"]][done["type"] if done else "pending"] += 1
+            # Spark's jobs apart: ``produce:spark``, ``read:spark``.
+            spark = inv.get("mode") == "spark" or inv.get("spark")
+            op = f"{inv['op']}:spark" if spark else inv["op"]
+            self.report.ops[op][done["type"] if done else "pending"] += 1
         self._incarnations(invokes, completions)
         self._sends(invokes, completions)
         self._finals()
@@ -185,6 +195,7 @@ class _Checker:
                 self._check_read(inv, done)
         self._check_polls(completions)
         self._check_commits(invokes, completions)
+        self._check_streams(invokes, completions)
         self._check_producers(invokes, completions)
         for e in self.events:
             if e["type"] == "info" and e["op"] == "storage":
@@ -256,13 +267,16 @@ class _Checker:
             done = completions.get(op_id)
             keys = inv.get("keys") or [None] * len(inv["values"])
             results = (done or {}).get("results") or [None] * len(inv["values"])
+            placed = inv.get("partitions") if (done or {}).get("placed") else None
             for i, value in enumerate(inv["values"]):
                 s = Send(op_id, inv["topic"], inv["mode"], keys[i], inv["t"])
                 if done is not None:
                     s.t1 = done["t"]
                     s.status = done["type"]
                     if done["type"] == "ok":
-                        if results[i] is None:
+                        if results[i] is None and placed:
+                            s.partition = placed[i]
+                        elif results[i] is None:
                             s.status = "info"
                         else:
                             s.pos = (results[i][0], results[i][1])
@@ -317,6 +331,18 @@ class _Checker:
                 offset=o,
                 value=value,
                 acked_at=list(s.pos),
+                op=s.op,
+                mode=s.mode,
+            )
+        elif s.partition is not None and s.partition != p:
+            self.report.anomaly(
+                "wrong_offset",
+                where=where,
+                topic=topic,
+                partition=p,
+                offset=o,
+                value=value,
+                acked_in_partition=s.partition,
                 op=s.op,
                 mode=s.mode,
             )
@@ -402,6 +428,8 @@ class _Checker:
         }
         rec = self.report.records
         for value, s in self.sends.items():
+            if s.status == "ok" and s.pos is None and s.partition is not None:
+                self._check_placed(value, s)
             if s.status != "ok" or s.pos is None:
                 continue
             if s.incarnation is None:
@@ -436,6 +464,36 @@ class _Checker:
                     high_watermark=part.high_watermark,
                     found_there=final_at.get((s.incarnation, p, o)),
                 )
+
+    def _check_placed(self, value: str, s: Send) -> None:
+        """An acknowledged record whose partition alone is known (a Spark write): found
+        in that partition of its incarnation, unless the log start moved (it may have
+        been below it) or compaction may have removed it."""
+        rec = self.report.records
+        if s.incarnation is None:
+            rec["acked_unattributed"] += 1
+            return
+        part = self.finals.get((s.incarnation, s.partition or 0))
+        loc = self.located.get(value)
+        if part is None:
+            rec["acked_in_deleted_topics"] += 1
+        elif loc is not None and loc[1:3] == (s.incarnation, s.partition):
+            rec["acked_found"] += 1
+        elif part.log_start > 0 or part.compacted:
+            rec["acked_unplaced_unverified"] += 1
+        else:
+            self.report.anomaly(
+                "lost",
+                topic=s.topic,
+                topic_id=s.incarnation,
+                partition=s.partition,
+                offset=None,
+                value=value,
+                op=s.op,
+                mode=s.mode,
+                log_start=part.log_start,
+                high_watermark=part.high_watermark,
+            )
 
     def _against_final(
         self, where: str, topic: str, p: int, records: list[tuple[int, str]]
@@ -528,13 +586,13 @@ class _Checker:
             if e["op"] == "assign":
                 last[e["consumer"]] = {}
                 continue
-            if e["op"] != "poll":
+            if e["op"] not in ("poll", "stream_poll"):
                 continue
             c, topic = e["consumer"], e["topic"]
             where = f"poll op {e['id']} by {c}"
             by_p: dict[int, list[tuple[int, str]]] = defaultdict(list)
             for p, o, v in e["records"]:
-                self.report.records["polled"] += 1
+                self.report.records["polled" if e["op"] == "poll" else "streamed"] += 1
                 self._check_value(where, topic, p, o, v)
                 self._check_located(where, topic, p, o, v)
                 by_p[p].append((o, v))
@@ -569,6 +627,101 @@ class _Checker:
                 last[c][(topic, p)] = (o, tid)
             for p, recs in by_p.items():
                 self._against_final(where, topic, p, recs)
+
+    def _check_streams(
+        self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
+    ) -> None:
+        """Group streams (``stream_open``, ``stream_poll``, ``group_offsets``): a
+        connection opened with a cursor delivers each partition from exactly the cursor's
+        offset (``stream_duplicate``: before it; ``stream_skip``: past records the log
+        holds), and the group's committed offsets (read, or where a connection without a
+        cursor started) never go below what was seen before, except where a cursor took a
+        partition back (``commit_backward``). A connection that ended in an error may
+        live on at the server (a paused agent) and commit late: no floor is kept across
+        one. Within a connection, ``_check_polls`` checks each ``stream_poll``."""
+        opens: dict[str, dict[str, Any]] = {}  # connection -> its stream_open invoke
+        firsts: dict[str, dict[int, tuple[int, str]]] = defaultdict(dict)
+        for op_id, inv in invokes.items():
+            done = completions.get(op_id)
+            if inv["op"] == "stream_open" and done is not None and done["type"] == "ok":
+                opens[inv["consumer"]] = inv
+        for e in sorted(completions.values(), key=lambda e: e["t"]):
+            if e["op"] == "stream_poll" and e["type"] == "ok":
+                for p, o, v in e["records"]:
+                    firsts[e["consumer"]].setdefault(p, (o, v))
+        for conn, inv in opens.items():
+            for p_s, at in (inv.get("cursor") or {}).items():
+                first = firsts[conn].get(int(p_s))
+                if first is None:
+                    continue
+                o, v = first
+                where = f"stream {conn} op {inv['id']}"
+                if o < at:
+                    self.report.anomaly(
+                        "stream_duplicate",
+                        where=where,
+                        group=inv["group"],
+                        topic=inv["topic"],
+                        partition=int(p_s),
+                        offset=o,
+                        cursor=at,
+                    )
+                    continue
+                tid = self.located[v][1] if v in self.located else None
+                part = self.finals.get((tid, int(p_s))) if tid else None
+                skipped = [x for x, _, _ in part.records if at <= x < o] if part else []
+                if skipped:
+                    self.report.anomaly(
+                        "stream_skip",
+                        where=where,
+                        group=inv["group"],
+                        topic=inv["topic"],
+                        partition=int(p_s),
+                        offset=o,
+                        cursor=at,
+                        skipped=skipped[:20],
+                    )
+        # The committed offsets' floor per (group, partition), in history order.
+        floor: dict[tuple[str, int], tuple[int, str]] = {}
+        group_of = {conn: inv["group"] for conn, inv in opens.items()}
+        seen: list[tuple[float, str, dict[int, int], str, bool]] = []
+        for op_id, inv in invokes.items():
+            done = completions.get(op_id)
+            if inv["op"] == "group_offsets" and done is not None and done["type"] == "ok":
+                offs = {int(p): o for p, o in done["offsets"].items()}
+                seen.append((done["t"], inv["group"], offs, f"group_offsets op {op_id}", False))
+            elif inv["op"] == "stream_open" and inv["consumer"] in opens:
+                if inv.get("cursor") is not None:
+                    at = {int(p): o for p, o in inv["cursor"].items()}
+                    seen.append((inv["t"], inv["group"], at, f"cursor op {op_id}", True))
+                else:
+                    starts = {p: o for p, (o, _) in firsts[inv["consumer"]].items()}
+                    seen.append((inv["t"], inv["group"], starts, f"stream_open op {op_id}", False))
+        for e in self.events:
+            if e["op"] == "stream_error" and e.get("consumer") in group_of:
+                seen.append((e["t"], group_of[e["consumer"]], {}, "error", True))
+        for _t, group, offs, where, lowers in sorted(seen, key=lambda x: x[0]):
+            if where == "error":
+                for k in [k for k in floor if k[0] == group]:
+                    del floor[k]
+                continue
+            for p, o in offs.items():
+                k = (group, p)
+                if lowers:
+                    if k in floor and o < floor[k][0]:
+                        floor[k] = (o, where)
+                    continue
+                if k in floor and o < floor[k][0]:
+                    self.report.anomaly(
+                        "commit_backward",
+                        where=where,
+                        group=group,
+                        partition=p,
+                        offset=o,
+                        floor=floor[k][0],
+                        floor_seen=floor[k][1],
+                    )
+                floor[k] = (o, where)
 
     def _check_producers(
         self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]

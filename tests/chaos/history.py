@@ -33,6 +33,13 @@ Operations (fields beyond the common ones):
   ``{topic, records: [[partition, offset, value], ...]}``; ``assign`` ok ``{consumer,
   topic, partitions}`` (a new assignment: positions may go back to the committed ones).
 - ``commit`` invoke ``{consumer, group, topic, offsets: {partition: offset}}``.
+- ``stream_open`` (a group stream's connection, ``consumer`` naming it) invoke
+  ``{consumer, group, topic, cursor: {partition: next offset} | null}`` (null: from the
+  committed offsets); ``stream_poll`` ok ``{consumer, topic, records: [[partition,
+  offset, value], ...], cursor}``: records it delivered, ``cursor`` the one after the
+  last; ``group_offsets`` invoke ``{group, topic}``, ok ``{offsets: {partition:
+  offset}}`` (the group's committed offsets, read twice alike); ``stream_error`` (a
+  lone ``info``) ``{consumer, error}``: the connection broke.
 - ``final_read`` ok ``{topic, topic_id, partition, log_start, high_watermark,
   records: [[offset, key, value], ...], compacted}``: the whole log after quiescence.
 - ``final_committed`` ok ``{group, topic, topic_id, offsets: {partition: offset}}``.

@@ -10,6 +10,10 @@ schedule of operations (timing, and so interleavings, still vary). Then it stops
 faults, restarts what is down, waits for the janitors, reads every partition whole
 (``final_read``) and the groups' committed offsets, and checks the history.
 
+Clients: REST and Kafka producers, v3 readers, a v2 consumer instance, Kafka group
+members, a group stream (``Run.group_stream``) and, in runs of ``SPARK_MIN_MINUTES`` or
+more, a Spark process (``Run.spark_loop``, ``tests.chaos.spark_client``).
+
 Topics: ``stable`` (3 partitions; the consumers read it), ``retained``
 (``retention.ms`` of seconds, changed at random), ``compacted``
 (``cleanup.policy=compact``, keys from a small set), ``churn`` (deleted and created
@@ -76,6 +80,12 @@ TOPICS: dict[str, tuple[int, dict[str, str]]] = {
     "churn": (2, {}),
     "reborn": (1, {}),
 }
+#: Runs this long or longer have a Spark client (``Run.spark_loop``): a JVM is no part of
+#: the short in-suite run.
+SPARK_MIN_MINUTES = 5.0
+#: Seconds between two Spark jobs (drawn between these), and the longest wait for one.
+SPARK_EVERY_S = (30.0, 75.0)
+SPARK_JOB_TIMEOUT_S = 180.0
 #: The consumer groups of the run (their committed offsets are read at the end).
 GROUPS = ("g-kafka", "g-v2-consumer-1")
 
@@ -117,6 +127,8 @@ class Run:
         self.topic_ids: dict[str, set[str]] = {}
         #: The PostgreSQL, clock and janitor faults (``tests.chaos.faults``).
         self.faults = Faults(topo, hist, self.stop, params.profile)
+        #: A group stream's connection -> the last cursor it recorded (``group_stream``).
+        self._stream_cursor: dict[str, str | None] = {}
 
     def rng(self, name: str) -> random.Random:
         return random.Random(f"{self.params.seed}:{name}")
@@ -702,6 +714,293 @@ class Run:
                 with contextlib.suppress(Exception):
                     consumer.close()
 
+    # -- group streams --------------------------------------------------------------------
+
+    def group_stream(self, proc: str) -> None:
+        """A reader of ``stable``'s group stream (NDJSON) in its own group (``g-<proc>``,
+        no members): each connection (a ``stream_open``, then its records as
+        ``stream_poll``s) ends after a while and the next resumes, with the last cursor
+        it recorded (exactly once from there) or without one (from the group's committed
+        offsets, read first as ``group_offsets``: at least once)."""
+        rng = self.rng(proc)
+        group = f"g-{proc}"
+        cursor: str | None = None
+        while not self.stop.is_set():
+            name = f"{proc}-{uuid.uuid4().hex[:6]}"
+            use = cursor if cursor is not None and rng.random() < 0.6 else None
+            if use is None:
+                self.group_offsets(proc, group)
+            try:
+                # No record on this connection: the last cursor is still the one before.
+                cursor = self._stream_connection(proc, group, name, use, rng) or cursor
+            except (httpx.HTTPError, ValueError) as e:
+                # Its server side may outlive it (a paused agent) and commit late.
+                self.hist.info(proc, "stream_error", consumer=name, error=repr(e)[:300])
+                cursor = self._stream_cursor.pop(name, None) or cursor
+                self.stop.wait(0.5)
+
+    def group_offsets(self, proc: str, group: str) -> None:
+        """The group's committed offsets on ``stable`` once they stay put (a stream that
+        ended commits what it delivered as it goes: wait for that)."""
+        url = f"{self.v3}/consumer-groups/{group}/lags"
+        last: dict[str, int] | None = None
+        op = self.hist.invoke(proc, "group_offsets", group=group, topic="stable")
+        try:
+            with self.client() as c:
+                for _ in range(10):
+                    r = c.get(url)
+                    if r.status_code == 404:  # nothing committed yet
+                        offsets: dict[str, int] | None = {}
+                    elif r.status_code != 200:
+                        offsets = None
+                    else:
+                        offsets = {
+                            str(x["partition_id"]): x["current_offset"]
+                            for x in r.json()["data"]
+                            if x["topic_name"] == "stable"
+                        }
+                    if offsets is not None and offsets == last:
+                        self.hist.complete(
+                            op, proc, "group_offsets", "ok", group=group, offsets=offsets
+                        )
+                        return
+                    last = offsets
+                    if self.stop.wait(0.7):
+                        break
+        except httpx.HTTPError as e:
+            self.hist.complete(op, proc, "group_offsets", "info", error=repr(e)[:300])
+            return
+        self.hist.complete(op, proc, "group_offsets", "info", error="offsets kept moving")
+
+    def _stream_connection(
+        self, proc: str, group: str, name: str, cursor: str | None, rng: random.Random
+    ) -> str | None:
+        """One connection of the group stream, from ``cursor`` (None: the committed
+        offsets); the last cursor recorded (None: no record). Records are recorded in
+        ``stream_poll``s of a few, each with the cursor after its last record; the
+        connection ends after ``wanted`` records or a few seconds of nothing new."""
+        params: dict[str, Any] = {"topics": "stable", "keepalive_ms": 300}
+        if cursor is not None:
+            params["cursor"] = cursor
+        op = self.hist.invoke(
+            proc,
+            "stream_open",
+            consumer=name,
+            group=group,
+            topic="stable",
+            cursor=_decode_cursor(cursor) if cursor is not None else None,
+        )
+        wanted = rng.randint(20, 600)
+        idle_max = rng.randint(3, 20)  # keepalives in a row before it hangs up
+        got = idle = 0
+        batch: list[list[Any]] = []
+        last: str | None = None
+
+        def flush() -> None:
+            nonlocal batch
+            if batch:
+                p_op = self.hist.invoke(proc, "stream_poll", consumer=name)
+                self.hist.complete(
+                    p_op,
+                    proc,
+                    "stream_poll",
+                    "ok",
+                    consumer=name,
+                    topic="stable",
+                    records=batch,
+                    cursor=_decode_cursor(last) if last else None,
+                )
+                batch = []
+                self._stream_cursor[name] = last
+
+        with (
+            self.client(timeout=15) as c,
+            c.stream(
+                "GET",
+                f"{self.v3}/consumer-groups/{group}/records",
+                params=params,
+                headers={"Accept": "application/x-ndjson"},
+            ) as r,
+        ):
+            if r.status_code != 200:
+                r.read()
+                self.hist.complete(
+                    op, proc, "stream_open", _outcome(r.status_code), error=r.text[:300]
+                )
+                self.stop.wait(0.5)
+                return None
+            self.hist.complete(op, proc, "stream_open", "ok", consumer=name, group=group)
+            try:
+                for line in r.iter_lines():
+                    if not line:
+                        continue
+                    doc = orjson.loads(line)
+                    if doc.get("keepalive"):
+                        flush()
+                        idle += 1
+                        if idle >= idle_max or self.stop.is_set():
+                            break
+                        continue
+                    if "cursor" not in doc:  # the error that ends the stream
+                        self.hist.info(proc, "stream_end", consumer=name, error=doc)
+                        break
+                    idle = 0
+                    batch.append([doc["partition"], doc["offset"], unb64(doc["value"])])
+                    last = doc["cursor"]
+                    got += 1
+                    if len(batch) >= 50:
+                        flush()
+                    if got >= wanted or self.stop.is_set():
+                        break
+            finally:
+                flush()
+        self._stream_cursor.pop(name, None)
+        return last
+
+    # -- Spark --------------------------------------------------------------------------
+
+    def spark_loop(self, proc: str) -> None:
+        """Spark batch jobs now and then (runs of ``SPARK_MIN_MINUTES`` or more): one
+        ``tests.chaos.spark_client`` process (a local SparkSession) that every
+        ``SPARK_EVERY_S`` in turn appends a few hundred rows to ``stable`` through the
+        Spark writer (a ``produce`` of mode ``spark``: each row's partition is chosen,
+        its offset is not told) or reads ``stable`` whole (a ``read`` per partition)."""
+        import queue
+        import subprocess
+        import sys
+
+        rng = self.rng(proc)
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        log = (self.params.out / "spark.log").open("ab")
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.spark_client"],
+            cwd=root,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+        def pump() -> None:
+            assert child.stdout is not None
+            for line in child.stdout:
+                answers.put(orjson.loads(line))
+            answers.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+        def answer(timeout: float) -> dict[str, Any] | None:
+            deadline = time.monotonic() + timeout
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(queue.Empty):
+                    return answers.get(timeout=1)
+            return None
+
+        ids = itertools.count(1)
+
+        def ask(cmd: dict[str, Any]) -> dict[str, Any] | None:
+            """The answer to ``cmd`` (None: none in time); a late answer to an earlier
+            command is dropped."""
+            assert child.stdin is not None
+            cmd_id = next(ids)
+            try:
+                child.stdin.write(orjson.dumps({**cmd, "id": cmd_id}) + b"\n")
+                child.stdin.flush()
+            except OSError:
+                return None
+            deadline = time.monotonic() + SPARK_JOB_TIMEOUT_S
+            while (got := answer(deadline - time.monotonic())) is not None:
+                if got.get("id") == cmd_id:
+                    return got
+            return None
+
+        n = 0
+        try:
+            if answer(120) is None:
+                self.errors.append(f"{proc}: the Spark process did not start (spark.log)")
+                return
+            self.stop.wait(rng.uniform(5, 20))
+            while not self.stop.is_set():
+                n += 1
+                options = {
+                    "coordinator": rng.choice(self.topo.coordinators).url,
+                    "user": "admin",
+                    "password": ADMIN_PASSWORD,
+                }
+                if n % 2:  # a write, then a read that finds it
+                    self._spark_write(proc, ask, options, rng, n)
+                else:
+                    self._spark_read(proc, ask, options)
+                if child.poll() is not None:
+                    self.errors.append(f"{proc}: the Spark process died (spark.log)")
+                    return
+                self.stop.wait(rng.uniform(*SPARK_EVERY_S))
+        finally:
+            with contextlib.suppress(OSError):
+                assert child.stdin is not None
+                child.stdin.close()
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            log.close()
+
+    def _spark_write(
+        self,
+        proc: str,
+        ask: Callable[[dict[str, Any]], dict[str, Any] | None],
+        options: dict[str, str],
+        rng: random.Random,
+        n: int,
+    ) -> None:
+        topic = "stable"
+        size = rng.randint(100, 500)
+        values = [f"{topic}|{proc}|{n}|{i}" for i in range(size)]
+        parts = [rng.randrange(TOPICS[topic][0]) for _ in range(size)]
+        op = self.hist.invoke(
+            proc, "produce", topic=topic, mode="spark", values=values, keys=values, partitions=parts
+        )
+        got = ask(
+            {
+                "op": "write",
+                "options": {**options, "topic": topic},
+                "rows": [[p, v, v] for p, v in zip(parts, values, strict=True)],
+            }
+        )
+        if got is not None and got.get("ok"):
+            # Acknowledged, each row in its partition; the writer tells no offsets.
+            self.hist.complete(op, proc, "produce", "ok", results=None, placed=True)
+        else:
+            error = (got or {}).get("error", "no answer")
+            self.hist.complete(op, proc, "produce", "info", error=error)
+
+    def _spark_read(
+        self,
+        proc: str,
+        ask: Callable[[dict[str, Any]], dict[str, Any] | None],
+        options: dict[str, str],
+    ) -> None:
+        """``stable`` read whole by one Spark job: one ``read`` op per partition (all
+        invoked before the job, completed after it)."""
+        topic = "stable"
+        ops = {
+            p: self.hist.invoke(proc, "read", topic=topic, partition=p, offset=None, spark=True)
+            for p in range(TOPICS[topic][0])
+        }
+        got = ask({"op": "read", "options": {**options, "subscribe": topic}})
+        if got is None or not got.get("ok"):
+            error = (got or {}).get("error", "no answer")
+            for op in ops.values():
+                self.hist.complete(op, proc, "read", "info", error=error)
+            return
+        rows = sorted(got["rows"])
+        for p, op in ops.items():
+            records = [[o, v] for q, o, v in rows if q == p]
+            self.hist.complete(op, proc, "read", "ok", records=records, high_watermark=None)
+
     # -- targeted probes ------------------------------------------------------------------
 
     def reincarnation_loop(self, proc: str) -> None:
@@ -1230,6 +1529,13 @@ class IdempotentState:
     n: int = 0
 
 
+def _decode_cursor(cursor: str) -> dict[str, int]:
+    """A group stream's cursor as {partition: next offset} of ``stable`` (the stream's
+    encoding: URL-safe base64 of JSON ``{"partition:topic": offset}``)."""
+    doc = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    return {k.split(":", 1)[0]: v for k, v in doc.items() if k.split(":", 1)[1] == "stable"}
+
+
 def _outcome(status: int) -> str:
     """A 4xx refused before anything happened; a 5xx (or 408/429) may or may not have."""
     return "fail" if status < 500 and status not in (408, 429) else "info"
@@ -1314,7 +1620,13 @@ def run(params: Params) -> dict[str, Any]:
             threading.Thread(target=r.v2_consumer, args=("v2-consumer-1",)),
             threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-1",)),
             threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-2",)),
+            threading.Thread(target=r.group_stream, args=("group-stream-1",)),
             threading.Thread(target=r.admin_loop),
+            *(
+                [threading.Thread(target=r.spark_loop, args=("spark-1",))]
+                if params.minutes >= SPARK_MIN_MINUTES
+                else []
+            ),
             threading.Thread(target=r.nemesis),
         ]
         for w in workers:

@@ -573,3 +573,89 @@ def test_an_anomaly_comes_with_the_part_of_the_history_that_shows_it() -> None:
     assert read in ids and 50 in ids
     assert any(e.get("values") == ["a1"] for e in shown)
     assert not any(e.get("topic") == "b" or e.get("values") == ["b1"] for e in shown), shown
+
+
+def _stream_history(
+    connections: list[tuple[dict[str, int] | None, list[list[Any]]]],
+    offsets: list[tuple[int, dict[str, int]]] | None = None,
+) -> H:
+    """``s`` holds s0..s9 on partition 0; each connection of group ``g-s`` (opened with
+    a cursor or none) delivers its records; ``offsets``: (after which connection, the
+    group's committed offsets read)."""
+    h = H()
+    h.create("s", "S1")
+    h.produce("s", [f"s{i}" for i in range(10)], [[0, i] for i in range(10)])
+    for n, (cursor, records) in enumerate(connections):
+        conn = f"c{n}"
+        h.op(
+            "stream_open", "ok", {"consumer": conn, "group": "g-s", "topic": "s", "cursor": cursor}
+        )
+        h.op("stream_poll", "ok", {"consumer": conn}, consumer=conn, topic="s", records=records)
+        for after, offs in offsets or []:
+            if after == n:
+                h.op("group_offsets", "ok", {"group": "g-s", "topic": "s"}, offsets=offs)
+    h.final("s", "S1", [(i, f"s{i}") for i in range(10)])
+    return h
+
+
+def test_group_stream_resumed_with_a_cursor_delivers_from_it_exactly() -> None:
+    first = (None, [[0, 0, "s0"], [0, 1, "s1"], [0, 2, "s2"]])
+    assert kinds(_stream_history([first, ({"0": 3}, [[0, 3, "s3"], [0, 4, "s4"]])])) == set()
+    skipped = ({"0": 3}, [[0, 5, "s5"]])
+    assert kinds(_stream_history([first, skipped])) == {"stream_skip"}
+    again = ({"0": 3}, [[0, 2, "s2"], [0, 3, "s3"]])
+    assert kinds(_stream_history([first, again])) == {"stream_duplicate"}
+    # Within a connection the poll checks apply (a stream is a consumer).
+    gap = (None, [[0, 0, "s0"], [0, 2, "s2"]])
+    assert kinds(_stream_history([gap])) == {"poll_skip"}
+    phantom = (None, [[0, 0, "nobody-sent-it"]])
+    assert "phantom" in kinds(_stream_history([phantom]))
+
+
+def test_group_stream_committed_offsets_never_go_back_but_by_a_cursor() -> None:
+    first = (None, [[0, 0, "s0"], [0, 1, "s1"], [0, 2, "s2"]])
+    # Committed 3 after the first; the next connection without a cursor starts there.
+    ok = _stream_history([first, (None, [[0, 3, "s3"]])], offsets=[(0, {"0": 3})])
+    assert kinds(ok) == set()
+    # It started at 1: the committed offset went back from 3.
+    back = _stream_history([first, (None, [[0, 1, "s1"]])], offsets=[(0, {"0": 3})])
+    assert kinds(back) == {"commit_backward"}
+    # A cursor at 1 takes it back (the stream commits what it delivers from there).
+    by_cursor = _stream_history(
+        [first, ({"0": 1}, [[0, 1, "s1"]]), (None, [[0, 2, "s2"]])],
+        offsets=[(0, {"0": 3}), (1, {"0": 2})],
+    )
+    assert kinds(by_cursor) == set()
+    # Read committed offsets alone: 3, then 2.
+    read_back = _stream_history([first], offsets=[(0, {"0": 3}), (0, {"0": 2})])
+    assert kinds(read_back) == {"commit_backward"}
+
+
+def _spark_history(final: list[tuple[int, str]], log_start: int = 0) -> H:
+    """A Spark write acknowledged (rows w0 to partition 0, w1 to partition 1: offsets
+    not told), then the final logs of both partitions (``final`` is partition 0's)."""
+    h = H()
+    h.op("create_topic", "ok", {"topic": "s", "partitions": 2}, topic_id="S1")
+    h.op(
+        "produce",
+        "ok",
+        {"topic": "s", "mode": "spark", "values": ["w0", "w1"], "partitions": [0, 1]},
+        results=None,
+        placed=True,
+    )
+    h.final("s", "S1", final, log_start=log_start, hw=log_start + len(final))
+    h.final("s", "S1", [(0, "w1")], p=1)
+    return h
+
+
+def test_a_spark_write_is_found_in_its_partitions() -> None:
+    ok = _spark_history([(0, "w0")])
+    assert kinds(ok) == set()
+    assert check(ok.events).records["acked_found"] == 2
+    assert kinds(_spark_history([])) == {"lost"}
+    # Below a log start that moved: it may have been removed.
+    assert kinds(_spark_history([], log_start=3)) == set()
+    h = _spark_history([])
+    h.events[-1]["records"].append([1, None, "w0"])  # stored in partition 1
+    h.events[-1]["high_watermark"] = 2
+    assert kinds(h) == {"lost", "wrong_offset"}
