@@ -964,7 +964,7 @@ def purge_topic(shard: Shard, topic_id: bytes) -> None:
 
 class ShardedCatalog:
     """The janitors' ``Catalog`` over a catalog and its shards: per partition in its
-    shard; objects in every shard (see ``forget_object``)."""
+    shard; objects in every shard (see ``forget_objects``)."""
 
     def __init__(self, store: ShardedStore) -> None:
         self._store = store
@@ -1080,37 +1080,51 @@ class ShardedCatalog:
     def pending_deletion(self) -> int:
         return sum(s.call(s.catalog().pending_deletion) for s in self._store.shards)
 
-    def forget_object(self, token: Any) -> bool:
-        """Make one shard's row of an object a tombstone; True only when every shard has
-        a tombstone for the key and none a committed row (then the object may be
-        deleted: no shard can commit it any more). Asks every shard.
+    def forget_objects(self, tokens: Sequence[Any]) -> set[Any]:
+        """Make each object's row in its shard a tombstone; returns the tokens whose
+        objects may be deleted now: every shard has a tombstone for the key and none a
+        committed row (no shard can commit it any more). Asks every shard.
 
         Raises:
-            CoordinatorUnavailableError: a shard did not answer (the object stays; if
-                its last row went, the orphan listing finds it once all shards answer).
+            CoordinatorUnavailableError: a shard did not answer (the objects stay; if
+                their last rows went, the orphan listing finds them once all shards
+                answer).
         """
-        shard_id, object_id, key = token
-        shard = self._store._by_id[shard_id]
-        if not shard.call(lambda: Catalog(shard.db).forget_object(object_id)):
-            return False
-        others = [s for s in self._store.shards if s.shard_id != shard_id]
-        return self._claim_all(others, key, clock.now())
+        by_shard: dict[str, list[Any]] = {}
+        for token in tokens:
+            by_shard.setdefault(token[0], []).append(token)
+        gone: set[Any] = set()
+        now = clock.now()
+        for shard_id, mine in by_shard.items():
+            shard = self._store._by_id[shard_id]
+            catalog = Catalog(shard.db)
+            ids = [object_id for _, object_id, _ in mine]
+            forgotten = shard.call(functools.partial(catalog.forget_objects, ids))
+            keys = [key for _, object_id, key in mine if object_id in forgotten]
+            others = [s for s in self._store.shards if s.shard_id != shard_id]
+            claimed = self._claim_all(others, keys, now)
+            gone.update(t for t in mine if t[2] in claimed and t[1] in forgotten)
+        return gone
 
-    def claim_orphan(self, key: str, now: float) -> bool:
-        """``Catalog.claim_orphan`` in every shard: True only if every shard took the
-        tombstone (any shard may be asked to commit the key)."""
-        return self._claim_all(self._store.shards, key, now)
+    def claim_orphans(self, keys: Sequence[str], now: float) -> set[str]:
+        """``Catalog.claim_orphans`` in every shard: the keys every shard took a
+        tombstone for (any shard may be asked to commit a key)."""
+        return self._claim_all(self._store.shards, keys, now)
 
     @staticmethod
-    def _claim_all(shards: Sequence[Shard], key: str, now: float) -> bool:
+    def _claim_all(shards: Sequence[Shard], keys: Sequence[str], now: float) -> set[str]:
+        left = set(keys)
         claimed: list[Shard] = []
         for s in shards:
-            if not s.call(functools.partial(Catalog(s.db).claim_orphan, key, now)):
-                for c in claimed:  # committed there: no orphan; undo the tombstones
-                    c.call(functools.partial(Catalog(c.db).unclaim_orphan, key, now))
-                return False
+            if not left:
+                break
+            took = s.call(functools.partial(Catalog(s.db).claim_orphans, sorted(left), now))
+            refused = sorted(left - took)
+            for c in claimed if refused else ():  # committed there: no orphans; undo
+                c.call(functools.partial(Catalog(c.db).unclaim_orphans, refused, now))
+            left &= took
             claimed.append(s)
-        return True
+        return left
 
     def purge_tombstones(self, deleted_before: float) -> int:
         return sum(

@@ -19,7 +19,7 @@ Every botocore/boto3 exception is translated here, at the boundary, into
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal, NoReturn
 
 import boto3
@@ -45,6 +45,7 @@ from segments.store import ObjectInfo, ObjectStore, check_key, check_range
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
 # Error codes S3 (and S3-compatible stores) use for "try again later".
 _TRANSIENT_CODES = frozenset(
@@ -59,6 +60,8 @@ _TRANSIENT_CODES = frozenset(
         "ConditionalRequestConflict",  # a racing conditional write is in flight: retry
     }
 )
+#: Keys per DeleteObjects request (S3's limit).
+_DELETE_BATCH = 1000
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 # Failures of the connection or of the response body: retriable by nature.
@@ -210,6 +213,28 @@ class S3Store(ObjectStore):
             self._client.delete_object(Bucket=self.bucket, Key=full)
         except (ClientError, BotoCoreError) as e:
             self._raise("delete", key, e)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """DeleteObjects, up to 1,000 keys a request. S3 answers 200 with a list of the
+        keys it could not delete: any such key raises StorageError (the caller keeps its
+        record of the object, as for a failed ``delete``)."""
+        for i in range(0, len(keys), _DELETE_BATCH):
+            part: list[ObjectIdentifierTypeDef] = [
+                {"Key": self._full(k)} for k in keys[i : i + _DELETE_BATCH]
+            ]
+            try:
+                answer = self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": part, "Quiet": True}
+                )
+            except (ClientError, BotoCoreError) as e:
+                self._raise("delete", part[0]["Key"], e)
+            failed = answer.get("Errors", [])
+            if failed:
+                first = failed[0]
+                raise StorageError(
+                    f"delete {first.get('Key')!r} in {self.url}: {first.get('Code')} "
+                    f"{first.get('Message', '')} ({len(failed)} of {len(part)} keys failed)"
+                )
 
     def close(self) -> None:
         self._client.close()

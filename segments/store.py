@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 
@@ -55,6 +55,12 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object; deleting a missing key is not an error."""
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Remove every object of ``keys`` (missing ones are no error). One call per
+        key here; stores with a batch delete (S3's DeleteObjects) override it."""
+        for key in keys:
+            self.delete(key)
 
     def close(self) -> None:  # noqa: B027  (optional hook, most stores hold nothing)
         """Release clients and connections."""

@@ -75,8 +75,8 @@ _DUE = (
 _PENDING = "SELECT COUNT(*) FROM objects WHERE unreferenced_at IS NOT NULL AND deleted_at IS NULL"
 # The row stays as a tombstone: a late commit of the key conflicts with it and fails.
 _FORGET = (
-    "UPDATE objects SET deleted_at = ? "
-    f"WHERE object_id = ? AND deleted_at IS NULL AND {_UNREFERENCED} RETURNING object_id"
+    "UPDATE objects SET deleted_at = ? WHERE object_id IN ({marks}) AND deleted_at IS NULL "
+    f"AND {_UNREFERENCED} RETURNING object_id"
 )
 # An orphan's tombstone, unless the key is committed meanwhile (a row without deleted_at):
 # the same unique key a commit inserts, so commit and collection cannot both win. A
@@ -92,6 +92,8 @@ _UNCLAIM = (
     "DELETE FROM objects WHERE object_key = ? AND deleted_at = ? "
     f"AND {_UNREFERENCED} RETURNING object_id"
 )
+#: Keys or ids per ``IN (...)`` list (SQLite allows 32,766 parameters; PostgreSQL 65,535).
+_IN_LIST = 500
 _DELETED_IN = (
     "SELECT object_key FROM objects WHERE deleted_at IS NOT NULL AND object_key IN ({marks})"
 )
@@ -346,32 +348,46 @@ class Catalog:
         with self._db.read() as conn:
             return int(conn.execute(self._q(_PENDING)).fetchone()[0])
 
-    def forget_object(self, object_id: int) -> bool:
-        """Make an object's row a tombstone before the object is deleted; False if it is
-        referenced (or a tombstone already). A commit of the key fails from now on."""
+    def forget_objects(self, object_ids: Sequence[int]) -> set[int]:
+        """Make objects' rows tombstones before the objects are deleted, in one
+        transaction; returns the ids that became one (not those referenced again, or
+        tombstones already). A commit of their keys fails from now on."""
+        forgotten: set[int] = set()
+        now = clock.now()
         with self._db.write() as conn:
-            row = conn.execute(self._q(_FORGET), (clock.now(), object_id)).fetchone()
-        return row is not None
+            for i in range(0, len(object_ids), _IN_LIST):
+                part = list(object_ids[i : i + _IN_LIST])
+                sql = self._q(_FORGET.format(marks=", ".join("?" * len(part))))
+                forgotten.update(int(r[0]) for r in conn.execute(sql, (now, *part)))
+        return forgotten
 
-    def claim_orphan(self, key: str, now: float) -> bool:
-        """Write an orphan's tombstone before deleting it; False if the key is committed
-        (then it is no orphan: leave it). Decided by the unique object key, in the same
-        way a commit is: of a commit and this claim, exactly one wins."""
+    def claim_orphans(self, keys: Sequence[str], now: float) -> set[str]:
+        """Write orphans' tombstones before deleting them, in one transaction; returns
+        the keys claimed (not those committed: they are no orphans, leave them).
+        Decided by the unique object key, in the same way a commit is: of a commit and
+        this claim, exactly one wins."""
+        sql = self._q(_CLAIM_ORPHAN)
         with self._db.write(exclusive=False) as conn:
-            return conn.execute(self._q(_CLAIM_ORPHAN), (key, now, now, now)).fetchone() is not None
+            return {
+                key
+                for key in dict.fromkeys(keys)
+                if conn.execute(sql, (key, now, now, now)).fetchone() is not None
+            }
 
-    def unclaim_orphan(self, key: str, now: float) -> None:
-        """Undo ``claim_orphan(key, now)`` (another shard refused its claim)."""
+    def unclaim_orphans(self, keys: Sequence[str], now: float) -> None:
+        """Undo ``claim_orphans(keys, now)`` (another shard refused their claim)."""
+        sql = self._q(_UNCLAIM)
         with self._db.write(exclusive=False) as conn:
-            conn.execute(self._q(_UNCLAIM), (key, now))
+            for key in keys:
+                conn.execute(sql, (key, now))
 
     def deleted_keys(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` have a tombstone (garbage collection took them)."""
         wanted = list(dict.fromkeys(keys))
         found: set[str] = set()
         with self._db.read() as conn:
-            for i in range(0, len(wanted), 500):
-                batch = wanted[i : i + 500]
+            for i in range(0, len(wanted), _IN_LIST):
+                batch = wanted[i : i + _IN_LIST]
                 sql = self._q(_DELETED_IN.format(marks=", ".join("?" * len(batch))))
                 found.update(str(k) for (k,) in conn.execute(sql, batch))
         return found

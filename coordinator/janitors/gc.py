@@ -39,6 +39,9 @@ PREFIXES = ("segments/", "tiered/")
 #: How long a tombstone outlives its object: a commit of the key later than this (a
 #: writer stalled for a day with its lease lapsed) is no longer refused by it.
 TOMBSTONE_KEEP_S = 24 * 3600.0
+#: Objects per database transaction and per store delete request (S3's DeleteObjects
+#: takes 1,000): a pass costs two round trips per batch, not per object.
+BATCH = 500
 
 
 def run_gc(ctx: JanitorContext, grace_s: float) -> JanitorReport:
@@ -58,24 +61,28 @@ def run_gc(ctx: JanitorContext, grace_s: float) -> JanitorReport:
     ]
     total = len(due) + len(orphans)
     done = 0
-    for object_id, key in due:
+    for i in range(0, len(due), BATCH):
         ctx.check()
-        # Row first, conditionally: if this process dies before the delete, the object
-        # is an orphan that the listing finds; it never outlives its row the other way.
-        # Sharded: True only once no shard has a row for the key (every shard asked).
-        if ctx.catalog.forget_object(object_id):
-            ctx.store.delete(key)
-            report.objects_deleted += 1
-        done += 1
-        ctx.report_progress(done, total, key)
-    for orphan in orphans:
+        part = due[i : i + BATCH]
+        # Rows first, conditionally: if this process dies before the deletes, the
+        # objects are orphans that the listing finds; none outlives its row the other
+        # way. Sharded: only those no shard has a row for any more (every shard asked).
+        forgotten = ctx.catalog.forget_objects([token for token, _ in part])
+        keys = [key for token, key in part if token in forgotten]
+        ctx.store.delete_many(keys)
+        report.objects_deleted += len(keys)
+        done += len(part)
+        ctx.report_progress(done, total, part[-1][1])
+    for i in range(0, len(orphans), BATCH):
         ctx.check()
-        # Tombstone first: a commit of the key that landed since the listing wins here
-        # (the object is no orphan), one that comes later fails.
-        if ctx.catalog.claim_orphan(orphan.key, now):
-            ctx.store.delete(orphan.key)
-            report.orphans_deleted += 1
-        done += 1
-        ctx.report_progress(done, total, orphan.key)
+        part_keys = [o.key for o in orphans[i : i + BATCH]]
+        # Tombstones first: a commit of a key that landed since the listing wins here
+        # (that object is no orphan), one that comes later fails.
+        claimed = ctx.catalog.claim_orphans(part_keys, now)
+        keys = [key for key in part_keys if key in claimed]
+        ctx.store.delete_many(keys)
+        report.orphans_deleted += len(keys)
+        done += len(part_keys)
+        ctx.report_progress(done, total, part_keys[-1])
     report.seconds = time.perf_counter() - started
     return report

@@ -494,7 +494,7 @@ def test_gc_and_commits_agree_in_every_shard(new_db: NewDb, tmp_path: Path) -> N
         janitors = coord.janitor_catalog()
         late = "segments/a/late.seg"
         coord.commit(late, [chunk(t.topic_id, second)])
-        assert not janitors.claim_orphan(late, time.time())
+        assert janitors.claim_orphans([late], time.time()) == set()
         url0 = shard_urls_of(coord, urls)[s.shards[0].shard_id]
         assert sql_rows(url0, "SELECT object_key FROM objects WHERE object_key = ?", (late,)) == []
         assert coord.commit(late, [chunk(t.topic_id, first)]) == [1]

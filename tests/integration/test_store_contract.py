@@ -136,6 +136,27 @@ def test_delete(store: ObjectStore) -> None:
     assert store.get("d/2") == b"two"
 
 
+def test_delete_many_crosses_the_batch_limit(store: ObjectStore) -> None:
+    """1,001 keys (S3's DeleteObjects takes 1,000 a request), most of them missing (no
+    error): those that exist, in both requests, are gone; the key beside them stays."""
+    every = [f"m/{i:05d}" for i in range(1_001)]
+    written = [every[0], every[499], every[999], every[1_000]]
+    for k in written:
+        store.put(k, b"x")
+    store.put("m-keep", b"kept")
+    sizes: list[int] = []  # S3: keys per DeleteObjects request (moto takes more than S3)
+    if isinstance(store, S3Store):
+        store._client.meta.events.register(
+            "before-parameter-build.s3.DeleteObjects",
+            lambda params, **_: sizes.append(len(params["Delete"]["Objects"])),
+        )
+    store.delete_many(every)
+    assert sizes == ([1_000, 1] if isinstance(store, S3Store) else [])
+    assert keys(store, "m/") == []
+    assert store.get("m-keep") == b"kept"
+    store.delete_many([])
+
+
 def test_overwrite_without_condition(store: ObjectStore) -> None:
     store.put("o", b"old value, longer")
     store.put("o", b"new")
@@ -281,6 +302,23 @@ class _FakeS3Handler(BaseHTTPRequestHandler):
 
     do_GET = do_PUT = do_HEAD = do_DELETE = _answer
 
+    def do_POST(self) -> None:
+        """DeleteObjects: 200 with every key refused (what S3 answers for keys a
+        policy denies)."""
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with self.server.lock:
+            self.server.requests += 1
+        body = (
+            b"<?xml version='1.0' encoding='UTF-8'?><DeleteResult>"
+            b"<Error><Key>a</Key><Code>AccessDenied</Code><Message>no</Message></Error>"
+            b"</DeleteResult>"
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, format: str, *args: object) -> None:
         pass
 
@@ -344,5 +382,18 @@ def test_s3_access_denied_is_not_retried(fake_s3: _FakeS3) -> None:
         assert type(info.value) is StorageError
         assert "AccessDenied" in str(info.value)
         assert fake_s3.requests == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("fake_s3", [(500, "InternalError", 0)], indirect=True)
+def test_s3_delete_many_raises_for_keys_s3_refused(fake_s3: _FakeS3) -> None:
+    """DeleteObjects answers 200 with per-key errors: StorageError names the first key and
+    the count, so garbage collection keeps its record of objects still there."""
+    store = _fake_store(fake_s3, max_attempts=1)
+    try:
+        with pytest.raises(StorageError) as info:
+            store.delete_many(["a", "b"])
+        assert "AccessDenied" in str(info.value) and "1 of 2 keys failed" in str(info.value)
     finally:
         store.close()

@@ -64,8 +64,10 @@ def test_commit_and_orphan_claim_race_has_exactly_one_winner(
 
     def claim_all() -> None:
         start.wait()
-        for key in keys:
-            claimed[key] = catalog.claim_orphan(key, time.time())
+        for i in range(0, len(keys), 3):  # a few keys a transaction, as GC claims them
+            part = keys[i : i + 3]
+            took = catalog.claim_orphans(part, time.time())
+            claimed.update((k, k in took) for k in part)
 
     threads = [threading.Thread(target=commit_all), threading.Thread(target=claim_all)]
     for t in threads:
@@ -97,14 +99,14 @@ def test_a_collected_committed_object_cannot_be_committed_again(coord: LocalCoor
     catalog = Catalog(coord.db)
     catalog.mark_unreferenced(time.time())
     [(object_id, due_key)] = catalog.due_for_deletion(time.time() + 1)
-    assert due_key == key and catalog.forget_object(object_id)
+    assert due_key == key and catalog.forget_objects([object_id]) == {object_id}
     assert catalog.due_for_deletion(time.time() + 1) == []
     assert coord.committed_object_keys([key]) == set()
     with pytest.raises(ObjectDeletedError):
         coord.commit(key, [_chunk(topic_id, 5)])
     assert coord.offsets("collected", 0).high_watermark == 5
     # A tombstone is claimed again (a run that died between its tombstone and its delete).
-    assert catalog.claim_orphan(key, time.time())
+    assert catalog.claim_orphans([key], time.time()) == {key}
     assert catalog.purge_tombstones(time.time() + 1) == 1
 
 
@@ -122,7 +124,7 @@ def test_leases_keep_pending_keys_until_they_expire(coord: LocalCoordinator) -> 
     with pytest.raises(ValueError):
         coord.keep_pending("job-c", [], 0)
     # A key collected already is reported to its writer.
-    assert catalog.claim_orphan("k9", time.time())
+    assert catalog.claim_orphans(["k9"], time.time()) == {"k9"}
     assert coord.keep_pending("job-d", ["k9"], 60) == {"k9"}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -322,6 +322,34 @@ class CountingStore(ObjectStore):
     def delete(self, key: str) -> None:
         self.calls.append(("delete", key))
         self.inner.delete(key)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.calls.append(("delete_many", str(len(keys))))
+        self.inner.delete_many(keys)
+
+
+def test_gc_deletes_in_batches_of_objects_and_orphans(h: Harness) -> None:
+    """1,100 unreferenced objects (a deleted topic's) and 600 orphans, more than one batch
+    (``gc.BATCH``) of each: every one goes, in one store request per batch and no single
+    deletes."""
+    h.coordinator.create_topic("many", 1)
+    for i in range(1_100):
+        h.produce("many", 0, records(1, int(h.clock() * 1000), tag=f"{i}."))
+    committed = {k for k in h.store.key_set() if k.startswith("segments/")}
+    h.coordinator.delete_topic("many")
+    orphans = {f"segments/orphan/{i:04d}.seg" for i in range(600)}
+    for key in orphans:
+        h.store.put(key, b"x")
+    first = run_gc(h.ctx(), 60.0)  # stamps the topic's objects unreferenced: grace starts
+    assert first.objects_deleted == first.orphans_deleted == 0
+    h.clock.advance(61)
+    counting = CountingStore(h.store)
+    ctx = JanitorContext(h.catalog, h.coordinator.store, counting, h.clock)
+    report = run_gc(ctx, 60.0)
+    assert report.objects_deleted == 1_100 and report.orphans_deleted == 600
+    assert not ((committed | orphans) & h.store.key_set())
+    deletes = [(op, n) for op, n in counting.calls if op.startswith("delete")]
+    assert deletes == [("delete_many", n) for n in ("500", "500", "100", "500", "100")]
 
 
 def test_tiering_reads_each_source_object_with_one_get(h: Harness) -> None:
