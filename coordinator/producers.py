@@ -7,8 +7,11 @@ batches (first sequence, last sequence, base offset). A batch is
 - a **duplicate** when its sequences equal a remembered batch's: it is answered with
   that batch's offset and stored no second time, whichever agent the retry reached;
 - **appended** when it follows the last one (sequence + 1, wrapping at 2**31), or opens
-  a new epoch at sequence 0, or is the producer's first batch on the partition at
-  sequence 0;
+  a new epoch at sequence 0, or is the first batch the partition knows of the producer,
+  at any sequence: Kafka's rule since KIP-360 for a producer whose state the partition
+  does not hold (a topic deleted and created again under the same name, state expired).
+  A client keeps counting where it stood; refusing it would be fatal to librdkafka's
+  idempotent producer;
 - **fenced** (INVALID_PRODUCER_EPOCH) when its epoch is older than the partition's;
 - **out of order** (OUT_OF_ORDER_SEQUENCE_NUMBER) otherwise.
 
@@ -81,9 +84,7 @@ def judge(state: ProducerPartitionState | None, batch: ProducerBatch) -> tuple[V
     if _BROKEN_FENCING:
         return Verdict.APPEND, None
     if state is None:
-        if batch.base_sequence == 0:
-            return Verdict.APPEND, None
-        return Verdict.OUT_OF_ORDER, None
+        return Verdict.APPEND, None
     if batch.epoch < state.epoch:
         return Verdict.FENCED, None
     if batch.epoch > state.epoch:

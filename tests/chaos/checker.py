@@ -47,7 +47,8 @@ Anomalies (``kind``):
 - ``zombie_write``: an idempotent producer's batch acknowledged on a partition at an
   epoch older than one of its batches acknowledged there before (a fenced producer
   wrote); ``out_of_sequence_write``: one acknowledged whose sequence neither starts its
-  epoch (0) nor follows a batch of that epoch that may have been stored.
+  epoch (0) nor follows a batch of that epoch that may have been stored, on a partition
+  that held the producer's state (a batch of it acknowledged there before).
 - ``stream_duplicate`` / ``stream_skip``: a group stream resumed with a cursor that
   delivered a partition from before the cursor's offset, or from past it over records
   the log holds (exactly once from a cursor); ``commit_backward``: a group stream's
@@ -773,9 +774,17 @@ class _Checker:
                         fenced_by=newer[0].op,
                         newer_epoch=newer[0].epoch,
                     )
-                follows = b.sequence == 0 or any(
-                    x.epoch == b.epoch and x.sequence + x.count == b.sequence and x.t0 < b.t1
-                    for x in bs
+                # A partition with no state of the producer takes any sequence (Kafka's
+                # rule: a topic created again); it surely held state once a batch of
+                # the producer was acknowledged there before this one began.
+                held = any(x.status == "ok" and x.t1 < b.t0 for x in bs)
+                follows = (
+                    not held
+                    or b.sequence == 0
+                    or any(
+                        x.epoch == b.epoch and x.sequence + x.count == b.sequence and x.t0 < b.t1
+                        for x in bs
+                    )
                 )
                 if not follows:
                     self.report.anomaly(

@@ -132,3 +132,49 @@ def test_a_retry_through_another_agent_is_stored_once(
     assert watermarks(kafka_cluster, topic) == (0, 10)
     txn = kafka_call(a, replace(init, transactional_id="tx"))
     assert txn.error_code == ErrorCode.unsupported_version
+
+
+def test_an_idempotent_producer_goes_on_when_its_topic_is_created_again(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """A topic deleted and created again under its name while librdkafka's idempotent
+    producer writes to it: the new incarnation holds no state of that producer, which
+    keeps counting where it stood. As in Kafka (KIP-360: no state, any sequence) its
+    next batches are stored, at the new topic's first offsets; an
+    OUT_OF_ORDER_SEQUENCE_NUMBER there is fatal to the producer (what the chaos run
+    showed on the recreated ``churn`` topic)."""
+    topic = unique_topic("again")
+    create_topic(kafka_cluster, topic, 1)
+    p = Producer(
+        {
+            "bootstrap.servers": ",".join(kafka_cluster.kafka),
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 60_000,
+        }
+    )
+    errors: list[Any] = []
+    acked: list[tuple[bytes, int]] = []
+
+    def report(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            acked.append((msg.value(), msg.offset()))
+
+    for i in range(40):
+        p.produce(topic, value=b"first-%d" % i, partition=0, on_delivery=report)
+    assert p.flush(60) == 0 and errors == []
+    r = httpx.delete(
+        f"{kafka_cluster.agents[0]}/v3/clusters/{kafka_cluster.cluster_id}/topics/{topic}"
+    )
+    assert r.status_code == 204, r.text
+    create_topic(kafka_cluster, topic, 1)
+    for i in range(40):
+        p.produce(topic, value=b"second-%d" % i, partition=0, on_delivery=report)
+        p.poll(0)
+    assert p.flush(90) == 0
+    assert errors == []
+    assert acked[40:] == [(b"second-%d" % i, i) for i in range(40)]
+    got = consume_all(kafka_cluster.kafka[1], topic, 1, 40)
+    assert [(m.value(), m.offset()) for m in got] == acked[40:]

@@ -237,6 +237,23 @@ def test_out_of_sequence_write() -> None:
     assert (a["sequence"], a["before"]) == (5, [2]), a
 
 
+def test_a_recreated_topic_takes_a_producer_at_any_sequence() -> None:
+    """The topic created again holds no state of the producer, which goes on counting
+    (sequence 2 on A2): Kafka's rule, no anomaly; the next batch must follow it."""
+    h = H()
+    h.create("a", "A1")
+    idem(h, ["i1", "i2"], 0, 0, 0)
+    h.op("delete_topic", "ok", {"topic": "a"})
+    h.create("a", "A2")
+    idem(h, ["n1"], 0, 2, 0)
+    idem(h, ["n2"], 0, 3, 1)
+    h.final("a", "A2", [(0, "n1"), (1, "n2")])
+    assert kinds(h) == set()
+    idem(h, ["g1"], 0, 9, 2)
+    h.final("a", "A2", [(0, "n1"), (1, "n2"), (2, "g1")])
+    assert kinds(h) == {"out_of_sequence_write"}
+
+
 def test_a_refused_batch_makes_no_sequence_follow() -> None:
     """A batch refused outright stored nothing: the next at its end is out of sequence."""
     h = H()
