@@ -15,7 +15,10 @@ jsonschema, protobuf), with ``next_offset`` to ask from next and the partition's
 At the high watermark it long-polls up to ``timeout_ms`` (capped by
 ``consumer_max_wait_ms``), woken by commits as the v2 consumer's fetch is
 (``service.notify``). An offset below the log start or beyond the high watermark is
-400 40002 naming both; an unknown topic 404 40403, partition 404 40402. A binary answer
+400 40002 naming both; an unknown topic 404 40403, partition 404 40402. One read serves
+one log: the topic's incarnation its first offsets came from (their topic id); a topic
+deleted while it reads, or deleted and created again under its name, ends it with 404
+40403, never with the records of one incarnation and the offsets of another. A binary answer
 over 1 MiB streams (its records rendered a slice at a time), so the agent does not hold
 the whole body.
 """
@@ -30,8 +33,8 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Response
 from starlette.responses import StreamingResponse
 
-from segments.errors import MalformedRequestError, OffsetOutOfRangeError
-from segments.types import ConsumedRecord, TopicPartition
+from segments.errors import MalformedRequestError, OffsetOutOfRangeError, TopicNotFoundError
+from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
 from service.consumer_sessions import FetchBudget
 from service.executors import Kind, call, run
 from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
@@ -105,11 +108,27 @@ async def read_partition_records(
     budget = state.consumers.budget
     grant = await budget.acquire(limit, FETCH_MIN_GRANT, deadline - time.monotonic())
     records: list[ConsumedRecord] = []
+
+    async def bounds() -> PartitionOffsets:
+        """The partition's offsets now, of the incarnation the read began in."""
+        now = await call(state.coordinator.offsets, topic_name, partition_id)
+        if now.topic_id != offsets.topic_id:
+            raise TopicNotFoundError(
+                f"Topic {topic_name} was deleted while it was read (a topic created since "
+                "under its name is another log)."
+            )
+        return now
+
     try:
         with state.notifier.watch({key: (topic_name, start)}) as waiter:
             while grant:
                 records, _, _ = await run(
-                    Kind.READ, read_round_robin, state.reader, {tp: start}, grant
+                    Kind.READ,
+                    read_round_robin,
+                    state.reader,
+                    {tp: start},
+                    grant,
+                    bounds={tp: await bounds()},
                 )
                 remaining = deadline - time.monotonic()
                 if records or remaining <= 0:
@@ -117,7 +136,7 @@ async def read_partition_records(
                 await state.notifier.wait(waiter, remaining)
         if records:
             state.consume_metrics.consumed_records.inc(len(records))
-        latest = await call(state.coordinator.offsets, topic_name, partition_id)
+        latest = await bounds()
         tail = {
             "next_offset": records[-1].offset + 1 if records else start,
             "log_start_offset": latest.log_start,

@@ -126,3 +126,39 @@ def test_a_keyed_request_retried_after_partitions_were_added_gets_its_offsets(
     assert [r["error_code"] for r in first[0]] == [200] * 6, first
     assert [o["error_code"] for o in first[1]["offsets"]] == [None] * 6, first
     assert again == first
+
+
+def test_a_v3_read_during_which_its_topic_is_made_again_is_refused(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A v3 read by offset whose topic is deleted and created again while it reads (the
+    chaos run's ``past_hw``, seed 41): the records came from the first topic, the offsets
+    asked after them from the second; the answer was both (records at 0-2, high watermark
+    0). Now it is 404 40403, and the next read serves the new, empty topic."""
+    import service.v3.consume as consume
+
+    real = consume.read_round_robin
+    recreated: list[bool] = []
+
+    def read_then_recreate(reader: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(reader, *args, **kwargs)
+        if not recreated:
+            recreated.append(True)
+            reader.coordinator.delete_topic("mid")
+            reader.coordinator.create_topic("mid", 1)
+        return out
+
+    monkeypatch.setattr(consume, "read_round_robin", read_then_recreate)
+
+    async def body(st: Any, c: httpx.AsyncClient) -> list[Any]:
+        st.coordinator.create_topic("mid", 1)
+        v2 = {"records": [{"value": base64.b64encode(b"r%d" % i).decode()} for i in range(3)]}
+        r = await c.post("/topics/mid", json=v2, headers={"Content-Type": V2})
+        assert r.status_code == 200, r.text
+        url = f"/v3/clusters/{st.cluster_id}/topics/mid/partitions/0/records"
+        return [(await c.get(url)).json() for _ in range(2)]
+
+    during, after = _with_agent(tmp_path, body)
+    assert during["error_code"] == 40403, during
+    assert "deleted while it was read" in during["message"]
+    assert (after["records"], after["high_watermark"]) == ([], 0)
