@@ -60,6 +60,16 @@ _IN_BATCH = 500
 
 #: The SQL condition, on ``objects``, that no table file row holds the object.
 NOT_HELD = "NOT EXISTS (SELECT 1 FROM table_files f WHERE f.object_id = objects.object_id)"
+#: ... and that nothing references it: no index entry, no table file row.
+UNREFERENCED = (
+    "NOT EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = objects.object_id) "
+    f"AND {NOT_HELD}"
+)
+#: An object released (its last reference gone) stamped with the time: GC's grace starts.
+MARK_UNREFERENCED = (
+    "UPDATE objects SET unreferenced_at = ? "
+    f"WHERE object_id = ? AND unreferenced_at IS NULL AND {UNREFERENCED}"
+)
 #: The statements that drop a deleted topic's rows (one parameter: the topic id).
 PURGE_TABLE_FILES = (
     "DELETE FROM table_files WHERE topic_id = ?",
@@ -145,9 +155,14 @@ class TableFiles:
             TableFile(int(p), str(k), int(s)) for p, k, s in rows
         ]
 
-    def release(self, topic_id: bytes, through: int) -> int:
+    def release(self, topic_id: bytes, through: int, now: float) -> int:
         """Drop the rows of objects removed by change ``through`` or earlier (no retained
-        snapshot names them); garbage collection may then take the objects. Returns how
-        many rows went."""
+        snapshot names them); garbage collection may then take the objects, a grace
+        period after ``now`` (their ``unreferenced_at``, unless an index entry still
+        names them). Returns how many rows went."""
         with self._db.write() as conn:
-            return len(conn.execute(self._q(_RELEASE), (topic_id, through)).fetchall())
+            released = sorted(
+                {int(r[0]) for r in conn.execute(self._q(_RELEASE), (topic_id, through))}
+            )
+            conn.executemany(self._q(MARK_UNREFERENCED), [(now, oid) for oid in released])
+        return len(released)

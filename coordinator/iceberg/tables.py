@@ -474,7 +474,7 @@ class TopicTables:
             if through <= 0:
                 continue
             try:
-                report.files_released += files.release(topic_id, through)
+                report.files_released += files.release(topic_id, through, self.now())
             except CoordinatorUnavailableError as e:
                 log.warning("table files of %s in %s not released yet: %s", table.name(), key, e)
 

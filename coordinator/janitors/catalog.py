@@ -24,7 +24,12 @@ from typing import Any
 
 from coordinator import clock
 from coordinator.db import MetadataDatabase
-from coordinator.iceberg.changes import NOT_HELD, TableFiles, record_changes
+from coordinator.iceberg.changes import (
+    MARK_UNREFERENCED,
+    UNREFERENCED,
+    TableFiles,
+    record_changes,
+)
 from coordinator.topic_configs import topic_defaults
 from segments.errors import IndexHoleError
 from segments.types import ChunkRef
@@ -56,16 +61,8 @@ _INSERT_ROW = (
     "position, length, min_ts, max_ts, kind) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?, 'parquet')"
 )
 # Neither an index entry nor a topic table's retained snapshots (``table_files``) name it.
-_UNREFERENCED = (
-    "NOT EXISTS (SELECT 1 FROM index_entries e WHERE e.object_id = objects.object_id) "
-    f"AND {NOT_HELD}"
-)
-_MARK_ONE = (
-    "UPDATE objects SET unreferenced_at = ? "
-    f"WHERE object_id = ? AND unreferenced_at IS NULL AND {_UNREFERENCED}"
-)
 _MARK_ALL = (
-    f"UPDATE objects SET unreferenced_at = ? WHERE unreferenced_at IS NULL AND {_UNREFERENCED} "
+    f"UPDATE objects SET unreferenced_at = ? WHERE unreferenced_at IS NULL AND {UNREFERENCED} "
     "RETURNING object_id"
 )
 _DUE = (
@@ -76,7 +73,7 @@ _PENDING = "SELECT COUNT(*) FROM objects WHERE unreferenced_at IS NOT NULL AND d
 # The row stays as a tombstone: a late commit of the key conflicts with it and fails.
 _FORGET = (
     "UPDATE objects SET deleted_at = ? WHERE object_id IN ({marks}) AND deleted_at IS NULL "
-    f"AND {_UNREFERENCED} RETURNING object_id"
+    f"AND {UNREFERENCED} RETURNING object_id"
 )
 # An orphan's tombstone, unless the key is committed meanwhile (a row without deleted_at):
 # the same unique key a commit inserts, so commit and collection cannot both win. A
@@ -90,7 +87,7 @@ _CLAIM_ORPHAN = (
 # Only a tombstone no index entry can name (one this run just made).
 _UNCLAIM = (
     "DELETE FROM objects WHERE object_key = ? AND deleted_at = ? "
-    f"AND {_UNREFERENCED} RETURNING object_id"
+    f"AND {UNREFERENCED} RETURNING object_id"
 )
 #: Keys or ids per ``IN (...)`` list (SQLite allows 32,766 parameters; PostgreSQL 65,535).
 _IN_LIST = 500
@@ -304,7 +301,7 @@ class Catalog:
         return True
 
     def _mark(self, conn: Any, object_ids: set[int], now: float) -> None:
-        conn.executemany(self._q(_MARK_ONE), [(now, oid) for oid in sorted(object_ids)])
+        conn.executemany(self._q(MARK_UNREFERENCED), [(now, oid) for oid in sorted(object_ids)])
 
     def advance_log_start(
         self, topic_id: bytes, partition: int, log_start: int, now: float
