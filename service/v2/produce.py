@@ -84,6 +84,7 @@ from service.request_keys import (
     release,
 )
 from service.state import AgentState, get_state
+from service.web import ShortcutRoute
 
 router = APIRouter(tags=["v2 produce"])
 
@@ -117,6 +118,21 @@ async def produce_to_partition(
 ) -> Response:
     """Every record goes to ``partition``; a record's own ``partition`` field is ignored."""
     return await _produce(request, state, topic, partition)
+
+
+async def _produce_shortcut(request: Request) -> Response:
+    """Both routes above as ``service.web.ShortcutRoute`` endpoints (``SHORTCUTS``)."""
+    params = request.path_params
+    state: AgentState = request.app.state.agent
+    return await _produce(request, state, params["topic"], params.get("partition"))
+
+
+#: The produce routes without FastAPI's per-request work, served ahead of those above
+#: (which describe them in the OpenAPI, and answer a partition that is not digits).
+SHORTCUTS = (
+    ShortcutRoute("/topics/{topic}", _produce_shortcut),
+    ShortcutRoute("/topics/{topic}/partitions/{partition:int}", _produce_shortcut),
+)
 
 
 async def _produce(
