@@ -521,4 +521,7 @@ def create_app(
         security_routes.router,
     ):
         app.include_router(router)
+    # Ahead of them all: the produce routes without FastAPI's per-request dependency
+    # solving (service.web.ShortcutRoute).
+    app.router.routes[:0] = [*v2_produce.SHORTCUTS, *v3_records.SHORTCUTS]
     return app

@@ -104,6 +104,45 @@ def record_size(record: Record) -> int:
     return size
 
 
+@dataclass(frozen=True, slots=True)
+class Grouped:
+    """One request's records grouped per partition, as ``Batcher.append_grouped`` takes
+    them: ``groups[p]`` the records of partition ``p`` in request order, ``partitions``
+    each record's partition in request order, ``size`` the sum of their ``record_size``."""
+
+    groups: dict[int, list[Record]]
+    partitions: list[int]
+    size: int
+
+
+def group_records(records: Iterable[tuple[int, Record]]) -> Grouped:
+    """``(partition, record)`` pairs as a ``Grouped``."""
+    groups: dict[int, list[Record]] = {}
+    parts: list[int] = []
+    size = 0
+    for partition, record in records:
+        size += record_size(record)
+        group = groups.get(partition)
+        if group is None:
+            group = groups[partition] = []
+        group.append(record)
+        parts.append(partition)
+    return Grouped(groups, parts, size)
+
+
+def _in_order(parts: list[int], firsts: dict[int, int]) -> list[int]:
+    """Each record's offset given its partition (``parts``, in request order) and the
+    offset of the first record of each partition's group."""
+    following = dict(firsts)
+    out: list[int] = []
+    append = out.append
+    for p in parts:
+        offset = following[p]
+        append(offset)
+        following[p] = offset + 1
+    return out
+
+
 class PartlyCommittedError(CoordinatorUnavailableError):
     """Some partitions of a request committed and others did not (sharded metadata, a
     shard down): ``offsets[i]`` is item i's offset (a record for ``append``, a batch for
@@ -389,17 +428,30 @@ class Batcher:
         """
         if not records:
             return Offsets()
-        size = 0
-        # Group per partition, remembering each record's slot within its group.
-        groups: dict[int, list[Record]] = {}
-        slots: list[tuple[int, int]] = []
-        for partition, record in records:
-            size += record_size(record)
-            group = groups.get(partition)
-            if group is None:
-                group = groups[partition] = []
-            slots.append((partition, len(group)))
-            group.append(record)
+        return await self.append_grouped(
+            topic_id,
+            group_records(records),
+            request_key,
+            producer,
+            log_append_time=log_append_time,
+        )
+
+    async def append_grouped(
+        self,
+        topic_id: bytes,
+        grouped: Grouped,
+        request_key: RequestKey | None = None,
+        producer: RestProducer | None = None,
+        *,
+        log_append_time: bool = False,
+    ) -> Offsets:
+        """``append`` of records already grouped per partition (``Grouped``: a REST
+        route builds it in the pass that places its records, so no per-record pairs or
+        slots are built here). As ``append``: returns each record's offset, in the
+        order of ``grouped.partitions``; raises the same errors."""
+        groups, parts, size = grouped.groups, grouped.partitions, grouped.size
+        if not parts:
+            return Offsets()
         await self._reserve(size)
         # No await from here to the end of the appends: the request lands in one buffer.
         buf = self._current
@@ -417,7 +469,6 @@ class Batcher:
                 "Internal error while buffering the records; none was stored "
                 "(not retriable: see the agent's log)."
             ) from exc
-        starts = {p: first[(topic_id, p)] for p in groups}
         future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
         buf.waiters.append(future)
         buf.keys_of[future] = ((topic_id, p) for p in groups)
@@ -433,13 +484,16 @@ class Batcher:
         try:
             bases = await asyncio.shield(future)
         except _PartlyDone as partly:
-            keys = [(topic_id, p) for p, _ in slots]
-            raise partly.answer(keys, [starts[p] + i for p, i in slots]) from None
-        self.metrics.produced_records.inc(len(records))
-        self.metrics.produced_bytes.inc(size - RECORD_OVERHEAD * len(records))
-        return Offsets.of(
-            (bases[(topic_id, p)] + starts[p] + i for p, i in slots), bases.append_time_ms
+            relative = _in_order(parts, {p: first[(topic_id, p)] for p in groups})
+            keys = [(topic_id, p) for p in parts]
+            raise partly.answer(keys, relative) from None
+        self.metrics.produced_records.inc(len(parts))
+        self.metrics.produced_bytes.inc(size - RECORD_OVERHEAD * len(parts))
+        out = Offsets(
+            _in_order(parts, {p: bases[(topic_id, p)] + first[(topic_id, p)] for p in groups})
         )
+        out.append_time_ms = bases.append_time_ms
+        return out
 
     async def append_batches(self, batches: Sequence[RawBatch]) -> Offsets:
         """Buffer producers' RecordBatches (Kafka Produce) as they are; wait for their flush.

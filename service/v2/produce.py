@@ -43,8 +43,10 @@ import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
 from coordinator.topic_configs import (
-    check_record_key,
+    BATCH_OVERHEAD,
     check_record_size,
+    compacted,
+    keyless_refused,
     log_append_time,
     record_limit,
 )
@@ -56,7 +58,7 @@ from segments.errors import (
 )
 from segments.types import Headers, Record, TopicInfo
 from service.acl import rights
-from service.batcher import PartlyCommittedError
+from service.batcher import RECORD_OVERHEAD, Grouped, PartlyCommittedError, record_size
 from service.errors import kafka_error_code
 from service.executors import Kind, run_if
 from service.formats import (
@@ -82,6 +84,7 @@ from service.request_keys import (
     release,
 )
 from service.state import AgentState, get_state
+from service.web import ShortcutRoute
 
 router = APIRouter(tags=["v2 produce"])
 
@@ -92,8 +95,6 @@ _BODY_FIELDS = frozenset(
 
 # A parsed record before partitioning: key, value, explicit partition, headers.
 _Parsed = tuple[bytes | None, bytes | None, int | None, Headers]
-# A record and its partition, as the batcher takes them.
-_Entry = tuple[int, Record]
 
 
 @router.post("/topics/{topic}", summary="Produce records to a topic")
@@ -117,6 +118,21 @@ async def produce_to_partition(
 ) -> Response:
     """Every record goes to ``partition``; a record's own ``partition`` field is ignored."""
     return await _produce(request, state, topic, partition)
+
+
+async def _produce_shortcut(request: Request) -> Response:
+    """Both routes above as ``service.web.ShortcutRoute`` endpoints (``SHORTCUTS``)."""
+    params = request.path_params
+    state: AgentState = request.app.state.agent
+    return await _produce(request, state, params["topic"], params.get("partition"))
+
+
+#: The produce routes without FastAPI's per-request work, served ahead of those above
+#: (which describe them in the OpenAPI, and answer a partition that is not digits).
+SHORTCUTS = (
+    ShortcutRoute("/topics/{topic}", _produce_shortcut),
+    ShortcutRoute("/topics/{topic}/partitions/{partition:int}", _produce_shortcut),
+)
 
 
 async def _produce(
@@ -144,34 +160,40 @@ async def _produce(
     ticket, stored = (None, None) if keyed is None else await admit(state, topic.topic_id, keyed)
     topic = placed_on(topic, stored)  # a retry: over the partitions its records first were
     try:
-        entries = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition, keyed)
+        grouped = await run_if(offload, Kind.CPU, _place, parsed, topic, url_partition, keyed)
+        parts = grouped.partitions
         state.metrics.produce_requests.labels(api="v2").inc()
         try:
-            # A retry of a stored request: its first offsets (and the partitions it
-            # did not store yet, if it was partly committed over metadata shards).
-            assigned = await append_keyed(
-                state,
-                topic.topic_id,
-                entries,
-                keyed,
-                stored,
-                partitions=topic.partitions,
-                log_append_time=log_append_time(topic),
-            )
+            if keyed is None:
+                assigned: list[int] = await state.batcher.append_grouped(
+                    topic.topic_id, grouped, log_append_time=log_append_time(topic)
+                )
+            else:
+                # A retry of a stored request: its first offsets (and the partitions it
+                # did not store yet, if it was partly committed over metadata shards).
+                assigned = await append_keyed(
+                    state,
+                    topic.topic_id,
+                    _entries(grouped),
+                    keyed,
+                    stored,
+                    partitions=topic.partitions,
+                    log_append_time=log_append_time(topic),
+                )
         except PartlyCommittedError as exc:  # some partitions' shard failed: say which
             offsets = [
                 _failed(error)
                 if error is not None
                 else {"partition": p, "offset": off, "error_code": None, "error": None}
-                for (p, _), off, error in zip(entries, exc.offsets, exc.errors, strict=True)
+                for p, off, error in zip(parts, exc.offsets, exc.errors, strict=True)
             ]
             answer = _answer(offsets, key_schema_id, value_schema_id)
         except LakelogError as exc:
             state.topics.forget_if_gone(topic, exc)
-            answer = _answer([_failed(exc)] * len(entries), key_schema_id, value_schema_id)
+            answer = _answer([_failed(exc)] * len(parts), key_schema_id, value_schema_id)
         else:
             answer = await run_if(
-                offload, Kind.CPU, _acked, entries, assigned, key_schema_id, value_schema_id
+                offload, Kind.CPU, _acked, parts, assigned, key_schema_id, value_schema_id
             )
     finally:
         release(state, ticket)
@@ -189,16 +211,27 @@ def _failed(exc: LakelogError) -> dict[str, Any]:
 
 
 def _acked(
-    entries: list[_Entry],
+    parts: list[int],
     assigned: list[int],
     key_schema_id: int | None,
     value_schema_id: int | None,
 ) -> bytes:
     offsets = [
         {"partition": p, "offset": off, "error_code": None, "error": None}
-        for (p, _), off in zip(entries, assigned, strict=True)
+        for p, off in zip(parts, assigned, strict=True)
     ]
     return _answer(offsets, key_schema_id, value_schema_id)
+
+
+def _entries(grouped: Grouped) -> list[tuple[int, Record]]:
+    """A grouped request's ``(partition, record)`` pairs, in request order (keyed
+    requests: ``append_keyed`` splits them by what a retry finds stored)."""
+    following = dict.fromkeys(grouped.groups, 0)
+    out = []
+    for p in grouped.partitions:
+        out.append((p, grouped.groups[p][following[p]]))
+        following[p] += 1
+    return out
 
 
 def _answer(
@@ -214,24 +247,37 @@ def _place(
     topic: TopicInfo,
     url_partition: int | None,
     keyed: KeyedProduce | None = None,
-) -> list[_Entry]:
-    """Records with their partitions: the URL's, the record's own, by key, else sticky
-    (for a request with an Idempotency-Key: the partition of that key, at its time).
+) -> Grouped:
+    """Records with their partitions, grouped for the batcher in this one pass: the
+    URL's partition, the record's own, by key, else sticky (for a request with an
+    Idempotency-Key: the partition of that key, at its time).
 
-    Raises:
+    Raises (for the first record in error, in request order):
         PartitionNotFoundError: a record's explicit partition is outside the topic.
         RecordTooLargeError: a record over the topic's ``max.message.bytes`` (or
             ``lakelog.max.decompressed.bytes``, when lower).
         InvalidRecordError: a record without a key for a compacted topic.
     """
     partitions = topic.partitions
-    limit = record_limit(topic)
+    limit, limit_name = record_limit(topic)
+    # check_record_size's count for a record without headers, as one comparison.
+    plain_limit = limit - BATCH_OVERHEAD
+    keyless_refused_here = compacted(topic)
     now_ms = int(time.time() * 1000) if keyed is None else keyed.now_ms
     sticky = -1 if keyed is None else keyed.sticky_partition(partitions)
-    entries: list[_Entry] = []
+    groups: dict[int, list[Record]] = {}
+    parts: list[int] = []
+    size = 0
     for key, value, explicit, rec_headers in parsed:
         record = Record(key, value, now_ms, rec_headers)
-        check_record_size(record, *limit)
+        if rec_headers:
+            check_record_size(record, limit, limit_name)
+            size += record_size(record)
+        else:
+            n = (0 if key is None else len(key)) + (0 if value is None else len(value))
+            if n > plain_limit:
+                check_record_size(record, limit, limit_name)  # raises, with its message
+            size += n + RECORD_OVERHEAD
         if url_partition is not None:
             partition = url_partition
         elif explicit is not None:
@@ -246,9 +292,14 @@ def _place(
             if sticky < 0:
                 sticky = DEFAULT_PARTITIONER.sticky_partition(topic.name, partitions)
             partition = sticky
-        check_record_key(record, topic, partition)  # a compacted topic takes keyed ones only
-        entries.append((partition, record))
-    return entries
+        if key is None and keyless_refused_here:  # a compacted topic takes keyed ones only
+            raise keyless_refused(topic, partition)
+        group = groups.get(partition)
+        if group is None:
+            group = groups[partition] = []
+        group.append(record)
+        parts.append(partition)
+    return Grouped(groups, parts, size)
 
 
 class _BinaryRecord(msgspec.Struct, forbid_unknown_fields=True):

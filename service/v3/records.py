@@ -94,6 +94,7 @@ from service.request_keys import (
     stored_offsets,
 )
 from service.state import AgentState, get_state
+from service.web import ShortcutRoute
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["v3 records"])
@@ -119,6 +120,27 @@ _QUOTE, _BACKSLASH = 0x22, 0x5C
 _OPEN = frozenset(b"{[")
 
 
+def _bracketed(depth: int) -> bytes:
+    """A regex of one bracketed value nested at most ``depth`` deep, strings skipped
+    whole: the tokenizer's rules (a string as ``_TOKENS`` reads it, any closing bracket
+    closes any opening one), possessive so a failed match never backtracks."""
+    # A string whose first quote is not after a backslash ends there: one run over
+    # single-byte negation, 6x faster in ``re`` than a class (base64 text is most of a
+    # binary record); else the escape-aware form.
+    string = rb'"[^"]*+(?<!\\)"|"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+    flat = rb'[^"{}\[\]]++|' + string
+    value = rb"[{\[](?:" + flat + rb")*+[}\]]"
+    for _ in range(depth - 1):
+        value = rb"[{\[](?:" + flat + rb"|" + value + rb")*+[}\]]"
+    return value
+
+
+#: Whitespace (as ``bytes.strip`` has it), then one complete value nested at most 8 deep:
+#: a run of whole values is cut out of the data by C, one match per value, instead of a
+#: Python step per string and bracket (``ObjectSplitter.feed``).
+_WHOLE = re.compile(rb"[ \t\n\r\x0b\x0c]*+(" + _bracketed(8) + rb")", re.DOTALL)
+
+
 class SplitError(Exception):
     """A run of the body that is not a JSON object (reported as one failed record)."""
 
@@ -135,9 +157,13 @@ class ObjectSplitter:
     not) between chunks and looks at every byte once, so a value sent in many small
     chunks costs the same as one sent whole (re-scanning a partial string from its
     start at every chunk made a 4 MiB value in 16 KiB chunks cost seconds of CPU on
-    the event loop). Only brackets and strings are tokenized; the values themselves
-    are parsed by orjson once complete. Anything between values other than
-    whitespace comes back as a :class:`SplitError` item.
+    the event loop). Between values, each whole value in the data is cut out by one
+    match of ``_WHOLE`` (C, no Python step per string or bracket: 4-5x less CPU for
+    1 KiB records); where that does not match (a value cut off by the end of the
+    data, garbage, nesting past 8) brackets and strings are tokenized until the value
+    ends, so a byte is looked at at most twice. The values themselves are parsed once
+    complete. Anything between values other than whitespace comes back as a
+    :class:`SplitError` item.
 
     A streaming JSON parser (ijson's yajl2_c backend) was not used: it builds Python
     objects rather than handing back each value's bytes, stops at the first syntax
@@ -176,36 +202,57 @@ class ObjectSplitter:
                 if depth == 0:  # a top-level string is garbage
                     _garbage(buf, start, pos, out)
                     start = pos
-        for match in _TOKENS.finditer(buf, pos, end):
-            at, pos = match.span()
-            char = buf[at]
-            if char == _QUOTE:
-                if pos == len(buf) and _cut_off(buf, at, pos):
-                    # Resume inside the string next time (its start is scanned once
-                    # more, then every byte only once: never from the start again).
-                    in_string, pos = True, at + 1
-                    break
-                if depth == 0:
-                    _garbage(buf, start, pos, out)
-                    start = pos
-            elif char in _OPEN:
-                if depth == 0:
+        while True:
+            if depth == 0 and not in_string:
+                # Whole values at once (the common body: one object per record, back to
+                # back), one C match each; the tokens below take over at anything else (a
+                # value cut off by the end of the data, garbage, deeper nesting) until
+                # a value ends, then whole values again.
+                whole = _WHOLE.match(buf, pos, end)
+                while whole is not None:
+                    at, pos = whole.span(1)
                     _garbage(buf, start, at, out)
-                    start = at
-                depth += 1
-            elif depth == 0:  # a stray closing bracket
-                _garbage(buf, start, pos, out)
-                start = pos
-            else:
-                depth -= 1
-                if depth == 0:
-                    if pos - start > self.max_value_bytes:
+                    if pos - at > self.max_value_bytes:
                         out.append(self._too_large())
                         return out
-                    out.append(bytes(memoryview(buf)[start:pos]))  # one copy
+                    out.append(bytes(memoryview(buf)[at:pos]))  # one copy
                     start = pos
-        else:
-            pos = end
+                    whole = _WHOLE.match(buf, pos, end)
+            value_ended = False
+            for match in _TOKENS.finditer(buf, pos, end):
+                at, pos = match.span()
+                char = buf[at]
+                if char == _QUOTE:
+                    if pos == len(buf) and _cut_off(buf, at, pos):
+                        # Resume inside the string next time (its start is scanned once
+                        # more, then every byte only once: never from the start again).
+                        in_string, pos = True, at + 1
+                        break
+                    if depth == 0:
+                        _garbage(buf, start, pos, out)
+                        start = pos
+                elif char in _OPEN:
+                    if depth == 0:
+                        _garbage(buf, start, at, out)
+                        start = at
+                    depth += 1
+                elif depth == 0:  # a stray closing bracket
+                    _garbage(buf, start, pos, out)
+                    start = pos
+                else:
+                    depth -= 1
+                    if depth == 0:
+                        if pos - start > self.max_value_bytes:
+                            out.append(self._too_large())
+                            return out
+                        out.append(bytes(memoryview(buf)[start:pos]))  # one copy
+                        start = pos
+                        value_ended = True
+                        break
+            else:
+                pos = end
+            if not value_ended:
+                break
         # Keep only the unconsumed tail: the open value, or text after the last one.
         if start:
             del buf[:start]
@@ -565,6 +612,22 @@ async def produce_records(
     return _DuplexStreamingResponse(
         stream.reports(first, None if ended else chunks), media_type="application/json"
     )
+
+
+async def _produce_records_shortcut(request: Request) -> Response:
+    """``produce_records`` as a ``service.web.ShortcutRoute`` endpoint (``SHORTCUTS``)."""
+    params = request.path_params
+    state: AgentState = request.app.state.agent
+    return await produce_records(params["cluster_id"], params["topic_name"], request, None, state)
+
+
+#: The produce route without FastAPI's per-request work, served ahead of it (which
+#: describes it in the OpenAPI).
+SHORTCUTS = (
+    ShortcutRoute(
+        "/v3/clusters/{cluster_id}/topics/{topic_name}/records", _produce_records_shortcut
+    ),
+)
 
 
 async def _produce_keyed(request: Request, state: AgentState, topic: TopicInfo) -> Response:

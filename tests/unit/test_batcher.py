@@ -26,7 +26,13 @@ from segments.errors import (
 from segments.memory import MemoryStore
 from segments.segment import SegmentBuilder
 from segments.types import ConsumedRecord, Record, TopicInfo
-from service.batcher import Batcher, BatcherConfig, PartlyCommittedError, RawBatch
+from service.batcher import (
+    Batcher,
+    BatcherConfig,
+    PartlyCommittedError,
+    RawBatch,
+    group_records,
+)
 from service.metrics import Metrics
 
 
@@ -645,3 +651,28 @@ def test_a_refused_idempotent_batch_fails_only_its_request_and_the_rest_keep_ord
         (3, b"B2"),
     ]
     assert [r.value for r in reader.read("dup", 1, 0)] == [b"C"]
+
+
+def test_grouped_append_answers_offsets_in_request_order(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """``append_grouped`` (a REST route's records, grouped as they were placed): records
+    of interleaved partitions get their offsets in request order, after what another
+    request appended to the same partitions, and read back as sent."""
+    topic = coordinator.create_topic("g", 3)
+    first = [(1, rec(b"a")), (1, rec(b"b"))]
+    placed = [(2, rec(b"x0")), (1, rec(b"y0")), (2, rec(b"x1")), (0, rec(b"z0")), (1, rec(b"y1"))]
+
+    async def body(b: Batcher) -> list[int]:
+        before = asyncio.ensure_future(b.append(topic.topic_id, first))
+        await asyncio.sleep(0)  # buffered first: its records come first in partition 1
+        offsets = await b.append_grouped(topic.topic_id, group_records(placed))
+        assert await before == [0, 1]
+        return list(offsets)
+
+    offsets, metrics = run(store, coordinator, BatcherConfig(linger_ms=20), body)
+    assert offsets == [0, 2, 1, 0, 3]
+    reader = LogReader(store, coordinator)
+    for (partition, record), offset in zip(placed, offsets, strict=True):
+        assert reader.read("g", partition, offset, max_bytes=1)[0].value == record.value
+    assert metric(metrics, "lakelog_produced_records_total") == len(first) + len(placed)

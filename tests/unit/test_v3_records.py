@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import orjson
 import pytest
@@ -216,3 +218,36 @@ def test_the_fast_path_takes_common_records() -> None:
     )
     assert records._parse_fast(text, 1000) is not None
     assert _outcome(text, fast=True) == _outcome(text, fast=False)
+
+
+_scanner_bytes = st.lists(
+    st.sampled_from(
+        [b"{", b"}", b"[", b"]", b'"', b"\\", b"a", b" ", b"\n", b'{"a":"b"}', b"\\\\"]
+    ),
+    max_size=30,
+).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(_records.map(lambda rs: b"".join(orjson.dumps(r) for r in rs)), _scanner_bytes),
+    st.lists(st.integers(min_value=0), max_size=8),
+    st.sampled_from([1 << 20, 12]),
+)
+@example(b'{"a":"\\\\"}{"b":"\\"}"}', [], 1 << 20)  # a string ending in an escaped backslash
+@example(b'a {"a":"b"}', [1], 1 << 20)  # garbage left by one chunk, a value next
+@example(b"x{}" + b"[" * 9 + b"]" * 9 + b"{}", [2], 1 << 20)  # garbage, nesting past 8
+def test_whole_value_matches_answer_as_the_tokens_alone(
+    body: bytes, cuts: list[int], limit: int
+) -> None:
+    """The splitter cuts whole values with one regex match each (``_WHOLE``) and falls
+    back to its tokens; with the regex never matching (tokens alone) every body, cut
+    anywhere, gives the same items: values, garbage errors and the too-large end."""
+
+    def kinds(items: list[Item]) -> list[object]:
+        return [i if isinstance(i, bytes) else (type(i).__name__, str(i)) for i in items]
+
+    fast = kinds(split(body, cuts, limit))
+    with mock.patch.object(records, "_WHOLE", re.compile(rb"(?!)()")):
+        slow = kinds(split(body, cuts, limit))
+    assert fast == slow
