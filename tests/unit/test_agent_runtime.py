@@ -55,5 +55,11 @@ def test_produce_routes_are_matched_first(tmp_path: Path) -> None:
 
     paths = list(walk(app.routes))
     api = [p for p in paths if p.startswith(("/topics", "/v3/"))]
-    assert api[:2] == ["/topics/{topic}", "/topics/{topic}/partitions/{partition}"]
-    assert api[2] == "/v3/clusters/{cluster_id}/topics/{topic_name}/records"
+    # The produce shortcuts (service.web.ShortcutRoute), then their FastAPI routes.
+    assert api[:3] == [
+        "/topics/{topic}",
+        "/topics/{topic}/partitions/{partition:int}",
+        "/v3/clusters/{cluster_id}/topics/{topic_name}/records",
+    ]
+    assert api[3:5] == ["/topics/{topic}", "/topics/{topic}/partitions/{partition}"]
+    assert api[5] == "/v3/clusters/{cluster_id}/topics/{topic_name}/records"
