@@ -918,7 +918,9 @@ class Run:
 
         n = 0
         try:
-            if answer(120) is None:
+            # A JVM's start on a loaded machine (two runs side by side) took over 120 s;
+            # a process that dies answers None at once (``pump``).
+            if answer(600) is None:
                 self.errors.append(f"{proc}: the Spark process did not start (spark.log)")
                 return
             self.stop.wait(rng.uniform(5, 20))
