@@ -219,6 +219,9 @@ class Client:
     name = ""
     codecs: tuple[str, ...] = CODECS
     protocol = "classic"
+    #: What the client reported of its last group (joins, rebalances, failed commits), if
+    #: it reports anything: shown when a test fails.
+    events: list[Any] = []
 
     def produce(self, t: Target, topic: str, codec: str, count: int, tag: str) -> None:
         raise NotImplementedError
@@ -746,6 +749,7 @@ class Node(Client):
         worker.start()
         ready()
         worker.join(WAIT_S * 2)
+        self.events = box.get("events", [])
         return [(v, p, o) for v, p, o, _ in box["records"]]
 
     def describe_configs(self, t, topic, broker):  # type: ignore[no-untyped-def]
@@ -870,7 +874,7 @@ def test_group_of_two_reads_everything_once_commits_and_restarts_reading_nothing
         sent.update(produce_plain(target, topic, 200, "first"))
 
     got = client.consume(target, topic, group, 2, 200, produce_first)
-    assert sorted(v for v, _, _ in got) == sorted(sent), target.logs()[-3000:]
+    assert sorted(v for v, _, _ in got) == sorted(sent), f"{client.events}\n{target.logs()[-3000:]}"
     assert len({(p, o) for _, p, o in got}) == len(got) == 200  # exactly once
     deadline = time.monotonic() + WAIT_S
     lags = target.lags(group)
