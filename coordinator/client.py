@@ -1,7 +1,7 @@
 """The one interface agents (and tests, and Spark) use to talk to a coordinator.
 
 Two implementations: ``coordinator.local.LocalCoordinator`` (in-process, over a
-metadata store) and ``coordinator.http_client.HttpCoordinator`` (over the
+metadata store) and ``coordinator.http.client.HttpCoordinator`` (over the
 coordinator's HTTP API). Both raise the same ``segments.errors`` classes. The
 interface is synchronous and thread-safe; async callers run it in a thread.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from coordinator.producers import ProducerBatch, ProducerPartitionState, RequestKey, StoredKey
+from coordinator.log.producers import ProducerBatch, ProducerPartitionState, RequestKey, StoredKey
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 
@@ -28,7 +28,7 @@ class ChunkCommit:
     min_timestamp_ms: int
     max_timestamp_ms: int
     #: Idempotent producers' batches in this chunk, in chunk order: their sequences
-    #: are checked inside the commit (``coordinator.producers``).
+    #: are checked inside the commit (``coordinator.log.producers``).
     producer_batches: tuple[ProducerBatch, ...] = ()
     #: REST idempotency keys of requests with records in this chunk: stored by the
     #: commit with their offsets, refused at commit if already stored (live).

@@ -341,7 +341,7 @@ MIGRATIONS: tuple[Migration, ...] = (
                 created_at {double} NOT NULL
             )""",
             # batches: JSON [[first sequence, last sequence, base offset], ...], the last
-            # five, oldest first (coordinator.producers).
+            # five, oldest first (coordinator.log.producers).
             """CREATE TABLE producer_state (
                 producer_id {bigint} NOT NULL,
                 topic_id {blob} NOT NULL,
@@ -408,7 +408,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "cluster-wide dynamic broker configs (the defaults topic configs inherit)",
         (
             # Kafka's broker config names (log.retention.ms, ...), values as the client sent
-            # them (trimmed); coordinator.topic_configs maps them to topic configs.
+            # them (trimmed); coordinator.log.topic_configs maps them to topic configs.
             """CREATE TABLE cluster_configs (
                 name TEXT NOT NULL PRIMARY KEY,
                 value TEXT NOT NULL
@@ -419,7 +419,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         10,
         "REST idempotency keys: each key's request digest and offsets, until it expires",
         (
-            # Written by the commit that stores the request's records (coordinator.producers).
+            # Written by the commit that stores the request's records (coordinator.log.producers).
             # parts: JSON [[partition, first offset, record count], ...].
             """CREATE TABLE idempotency_keys (
                 topic_id {blob} NOT NULL,
@@ -454,7 +454,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         12,
-        "security: users, API keys, ACLs (coordinator.security_store)",
+        "security: users, API keys, ACLs (coordinator.security.store)",
         (
             # password_hash: argon2id in PHC string form (salt and parameters inside).
             """CREATE TABLE users (
@@ -578,7 +578,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE kafka_groups ADD COLUMN group_type TEXT NOT NULL DEFAULT 'classic'",
             "ALTER TABLE kafka_groups ADD COLUMN assignment_epoch INTEGER NOT NULL DEFAULT 0",
             "ALTER TABLE kafka_groups ADD COLUMN topology TEXT NOT NULL DEFAULT ''",
-            # A consumer-protocol member's state as JSON (coordinator.kafka_groups
+            # A consumer-protocol member's state as JSON (coordinator.groups.kafka
             # ConsumerMember): epoch, subscription, assignor, assigned, revoking and
             # target partitions; '' for a classic member.
             "ALTER TABLE kafka_members ADD COLUMN consumer TEXT NOT NULL DEFAULT ''",

@@ -11,7 +11,15 @@ from typing import Any, Literal
 from coordinator import clock
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.db import MetadataDatabase, WriteMode, open_database
-from coordinator.groups import (
+from coordinator.groups.kafka import (
+    HeartbeatResult,
+    JoinResult,
+    KafkaGroup,
+    KafkaGroupCoordinator,
+    KafkaGroupStore,
+    kafka_group_info,
+)
+from coordinator.groups.model import (
     CommittedOffset,
     ConsumerConfig,
     ConsumerHeartbeat,
@@ -21,20 +29,18 @@ from coordinator.groups import (
     GroupInfo,
     GroupTopicLag,
 )
-from coordinator.groups_store import GroupStore
+from coordinator.groups.store import GroupStore
 from coordinator.janitors.catalog import Catalog
-from coordinator.kafka_groups import (
-    HeartbeatResult,
-    JoinResult,
-    KafkaGroup,
-    KafkaGroupCoordinator,
-    KafkaGroupStore,
-    kafka_group_info,
+from coordinator.log.producers import ProducerPartitionState, StoredKey
+from coordinator.log.store import MetadataStore
+from coordinator.schemas.model import (
+    LATEST,
+    SchemaReference,
+    SchemaStore,
+    StoredSchema,
+    SubjectVersion,
 )
-from coordinator.metadata import MetadataStore
-from coordinator.producers import ProducerPartitionState, StoredKey
-from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
-from coordinator.schemas_store import SchemaRegistryStore
+from coordinator.schemas.store import SchemaRegistryStore
 from coordinator.shards import ShardedCatalog, ShardedStore, check_unsharded, open_shards
 from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
 from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition

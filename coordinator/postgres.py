@@ -3,7 +3,7 @@
 Same schema, migrations and SQL as SQLite (see ``coordinator.db``); what
 differs is how writers are serialised:
 
-- A commit, or a group of concurrent ones (``coordinator.group_commit``), is ONE
+- A commit, or a group of concurrent ones (``coordinator.log.group_commit``), is ONE
   statement outside any explicit transaction (``autocommit()``; a statement is its
   own transaction, one round trip in all) under READ COMMITTED. (Commits carrying
   idempotent producers' batches run a few statements in one transaction, with the

@@ -39,7 +39,7 @@ from pydantic_settings import (
 )
 
 from coordinator.janitors.context import DEFAULT_INTERVALS_S, JANITORS, JanitorConfig
-from coordinator.security_settings import CoordinatorSecuritySettings
+from coordinator.security.settings import CoordinatorSecuritySettings
 
 #: The environment variable naming the config file (``--config`` wins).
 CONFIG_ENV = "LAKELOG_CONFIG"

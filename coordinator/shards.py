@@ -33,7 +33,7 @@ use stay empty.
   calls that need it fail at once (``CoordinatorUnavailableError``) instead of
   waiting for its pool, and a background probe marks it up again when it answers.
   Partitions of other shards are untouched: commits go on, and consumers already
-  positioned keep reading them (``coordinator.groups_store`` keeps the positions on a
+  positioned keep reading them (``coordinator.groups.store`` keeps the positions on a
   down shard's partitions; ``service.v2.consumers.read_round_robin`` skips them).
   ``offsets_many`` raises rather than leave such partitions out (callers would take
   them for deleted).
@@ -59,10 +59,11 @@ from typing import Any, TypeVar
 from coordinator import clock
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.db import POSTGRESQL, MetadataDatabase, open_database
-from coordinator.group_commit import GroupCommitStats
 from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
 from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
-from coordinator.metadata import (
+from coordinator.log.group_commit import GroupCommitStats
+from coordinator.log.producers import ProducerPartitionState, StoredKey
+from coordinator.log.store import (
     LOCK_TOPIC_PARTITIONS_PG,
     MetadataStore,
     check_chunks,
@@ -72,8 +73,7 @@ from coordinator.metadata import (
     lookup_entries,
     lookup_timestamp_entry,
 )
-from coordinator.producers import ProducerPartitionState, StoredKey
-from coordinator.topic_configs import topic_defaults
+from coordinator.log.topic_configs import topic_defaults
 from segments.errors import (
     CoordinatorUnavailableError,
     InternalError,
@@ -917,7 +917,7 @@ class ShardedStore:
         A shard that is down is left out, so keyed requests go on while it is: what it
         stored cannot be stored twice anyway (a commit refuses a key live in its shard),
         and the parts it holds are found by a retry once it is back (a partly stored
-        request is completed then: ``service.request_keys.append_keyed``).
+        request is completed then: ``service.produce.request_keys.append_keyed``).
         """
         found: list[StoredKey] = []
         for shard in self.shards:

@@ -18,7 +18,7 @@ from typing import NamedTuple, TypeVar
 from ulid import ULID
 
 from coordinator.client import ChunkCommit, Coordinator
-from coordinator.producers import ProducerBatch, RequestKey
+from coordinator.log.producers import ProducerBatch, RequestKey
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import (
     CorruptSegmentError,

@@ -270,7 +270,7 @@ class SecurityDisabledError(MetadataError):
 
 
 class SecurityError(MetadataError):
-    """Authentication and authorization (``coordinator.security``)."""
+    """Authentication and authorization (``coordinator.security.model``)."""
 
 
 class AuthenticationError(SecurityError):

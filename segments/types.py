@@ -105,7 +105,7 @@ class PartitionOffsets:
 class TopicInfo:
     """A topic as the coordinator stores it. ``configs`` holds only the overrides;
     ``defaults`` the cluster-wide broker configs it inherits, keyed by topic config name
-    (``coordinator.topic_configs.effective_configs`` combines the two)."""
+    (``coordinator.log.topic_configs.effective_configs`` combines the two)."""
 
     name: str
     topic_id: bytes

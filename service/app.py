@@ -26,30 +26,32 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from coordinator.client import Coordinator
-from coordinator.groups import GroupCoordinator
+from coordinator.groups.model import GroupCoordinator
 from coordinator.janitors.context import JanitorConfig
-from coordinator.schemas import SchemaStore
-from coordinator.security import parse_super_users
+from coordinator.schemas.model import SchemaStore
+from coordinator.security.model import parse_super_users
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectStore, open_store
-from service import errors, security, security_routes
+from service import errors
 from service import executors as executors_module
-from service.batcher import Batcher
-from service.consume_metrics import ConsumeMetrics
-from service.consumer_sessions import ConsumerSessions
+from service.consume.metrics import ConsumeMetrics
+from service.consume.notify import Notifier
+from service.consume.sessions import ConsumerSessions
 from service.coordinator_api import start_coordinator_api
 from service.executors import ExecutorCollector, Executors, Kind
 from service.kafka.server import KafkaServer
 from service.metrics import Metrics
-from service.notify import Notifier
-from service.quotas import QuotaMiddleware
+from service.produce.batcher import Batcher
+from service.produce.topic_cache import TopicCache
 from service.read_cache import CachingLogReader, IndexCache, RangeCache
 from service.registry import routes as registry_routes
 from service.registry.core import RegistryMetrics, SchemaRegistry
+from service.security import install as security
+from service.security import routes as security_routes
+from service.security.quotas import QuotaMiddleware
 from service.settings import Settings, get_settings
 from service.state import AgentState, get_state
-from service.topic_cache import TopicCache
 from service.v2 import consumers as v2_consumers
 from service.v2 import metadata as v2_metadata
 from service.v2 import produce as v2_produce
@@ -78,8 +80,8 @@ def build_coordinator(settings: Settings) -> Coordinator:
     """The coordinator client the settings ask for."""
     urls = settings.coordinator_urls()
     if urls:
-        from coordinator.http_client import HttpCoordinator
-        from coordinator.security_http import secret_headers
+        from coordinator.http.client import HttpCoordinator
+        from coordinator.security.http import secret_headers
 
         return HttpCoordinator(
             urls,
@@ -106,7 +108,7 @@ def as_group_coordinator(coordinator: Coordinator) -> GroupCoordinator:
 def register_coordinator_metrics(metrics: Metrics, coordinator: Coordinator) -> None:
     """``lakelog serve``: the in-process coordinator's consumer-group lag on this /metrics
     (a coordinator process exports it on its own)."""
-    from coordinator.group_metrics import GroupLagCollector
+    from coordinator.groups.metrics import GroupLagCollector
     from coordinator.local import LocalCoordinator
 
     if isinstance(coordinator, LocalCoordinator):

@@ -38,7 +38,7 @@ from coordinator.settings import (
     LakelogSettings,
     load,
 )
-from service.security_cli import acls_app, api_keys_app, users_app
+from service.security.cli import acls_app, api_keys_app, users_app
 from service.settings import Settings, settings_table
 
 if TYPE_CHECKING:
@@ -474,7 +474,7 @@ def coordinator_cmd(
     config: ConfigOpt = None,
 ) -> None:
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
-    from coordinator.server import run
+    from coordinator.http.server import run
 
     settings = _load(
         CoordinatorSettings,
@@ -587,7 +587,7 @@ def _run_remote(name: str, settings: JanitorCommandSettings, topic: str | None) 
 
     import orjson
 
-    from coordinator.security_http import secret_headers
+    from coordinator.security.http import secret_headers
 
     body: dict[str, Any] = {"topic": topic}
     for key in ("tier_age_s", "tier_untiered_bytes", "gc_grace_s"):

@@ -3,9 +3,9 @@
 ``lakelog serve`` keeps its coordinator in-process, but Spark jobs
 (``option("coordinator", "http://127.0.0.1:8083")``), ``lakelog janitor --coordinator``
 and more agents (``lakelog agent --coordinator``) reach a coordinator over HTTP. So serve
-also answers ``coordinator.server.create_process_app`` over that same in-process
+also answers ``coordinator.http.server.create_process_app`` over that same in-process
 coordinator, on ``coordinator_port`` of the agent's host, in the agent's event loop: the
-same routes with the same access rules (``coordinator.access``: users by their credentials
+same routes with the same access rules (``coordinator.security.access``: users by their credentials
 and ACLs, other agents by ``coordinator_secret``) as a coordinator process.
 """
 
@@ -77,12 +77,12 @@ async def start_coordinator_api(
     """Serve the coordinator API until ``stack`` closes; its base URL, or None when off.
 
     Off when ``coordinator_port`` is 0. With authentication on it applies serve's own
-    access rules (``coordinator.access``): users (Spark jobs) by their credentials and
+    access rules (``coordinator.security.access``): users (Spark jobs) by their credentials and
     ACLs, management by a principal's own credential, and other agents by
     ``coordinator_secret`` when it is set; without it, no other agent can join (the
     route rules are given a random secret nobody else knows).
     """
-    from coordinator.server import create_process_app
+    from coordinator.http.server import create_process_app
 
     port = settings.coordinator_port
     if not port:

@@ -43,7 +43,7 @@ class ErrorCode(IntEnum):
     UNSUPPORTED_MEDIA_TYPE = 415
     UNPROCESSABLE_ENTITY = 422
     CONFLICT = 409
-    #: A client over its quota (service.quotas), with Retry-After.
+    #: A client over its quota (service.security.quotas), with Retry-After.
     TOO_MANY_REQUESTS = 429
     INTERNAL_SERVER_ERROR = 500
     #: The one exception to "first three digits are the status": sent with HTTP 422.

@@ -4,7 +4,7 @@ uvicorn closes a keep-alive connection that sends nothing for ``timeout_keep_ali
 but once a request's first byte has arrived it waits for the rest of its head for ever:
 a client sending a header byte now and then (slowloris) holds a connection, and its
 memory, as long as it likes. The protocol served here (uvicorn's httptools one, or the
-h11 one that hands client certificates over, ``service.mtls``) closes a connection
+h11 one that hands client certificates over, ``service.security.mtls``) closes a connection
 whose request head is not complete ``http_header_timeout_s`` after the connection
 opened or its previous response ended. A request being served is never cut: the
 timer only closes a connection with no request in progress.
@@ -18,7 +18,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.mtls import uvicorn_tls
+from service.security.mtls import uvicorn_tls
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def with_header_timeout(base: type[Any], timeout_s: float) -> type[Any]:
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """uvicorn's keyword arguments for the agent: TLS (``service.mtls``) and the protocol
+    """uvicorn's keyword arguments for the agent: TLS (``service.security.mtls``) and the protocol
     class with the header timeout."""
     options = uvicorn_tls(settings)
     base = options.get("http", HttpToolsProtocol)

@@ -46,7 +46,7 @@ from index.log import LogReader, PartitionWant, WriteResult
 from segments.errors import CorruptSegmentError, LakelogError, StorageUnavailableError
 from segments.store import ObjectStore
 from segments.types import ChunkRef
-from service.consume_metrics import ConsumeMetrics
+from service.consume.metrics import ConsumeMetrics
 
 log = logging.getLogger(__name__)
 

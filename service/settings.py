@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
-from coordinator.security_settings import AgentSecuritySettings
+from coordinator.security.settings import AgentSecuritySettings
 from coordinator.settings import (
     CLUSTER_ID_RE as CLUSTER_ID_RE,
 )

@@ -7,21 +7,21 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from coordinator.client import Coordinator
-from coordinator.groups import GroupCoordinator
+from coordinator.groups.model import GroupCoordinator
 from index.log import LogWriter
 from segments.store import ObjectStore
-from service.batcher import Batcher
-from service.consume_metrics import ConsumeMetrics
-from service.consumer_sessions import ConsumerSessions
+from service.consume.metrics import ConsumeMetrics
+from service.consume.notify import Notifier
+from service.consume.sessions import ConsumerSessions
 from service.executors import Executors
-from service.idempotence import ProducerGate
 from service.metrics import Metrics
-from service.notify import Notifier
-from service.quotas import Quotas
+from service.produce.batcher import Batcher
+from service.produce.idempotence import ProducerGate
+from service.produce.topic_cache import TopicCache
 from service.read_cache import CachingLogReader
 from service.registry.core import SchemaRegistry
+from service.security.quotas import Quotas
 from service.settings import Settings
-from service.topic_cache import TopicCache
 
 
 @dataclass
@@ -56,7 +56,7 @@ class AgentState:
     kafka_address: tuple[str, int] | None = None
     #: Idempotent produce's pre-check, shared by the Kafka and REST doors.
     gate: ProducerGate = field(init=False)
-    #: Client quotas (``service.quotas``), shared by the REST and Kafka doors.
+    #: Client quotas (``service.security.quotas``), shared by the REST and Kafka doors.
     quotas: Quotas = field(init=False)
 
     def __post_init__(self) -> None:

@@ -30,14 +30,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from coordinator.client import Coordinator
-from coordinator.security import Check, Operation, ResourceType
+from coordinator.security.model import Check, Operation, ResourceType
 from segments.errors import AuthenticationError, AuthorizationError
 from spark.options import Connection
 
 if TYPE_CHECKING:
     # The HTTP module (FastAPI) only where the job reaches a coordinator: Spark starts a
     # planner process for every query.
-    from coordinator.security_http import Authorized
+    from coordinator.security.http import Authorized
 
 __all__ = ["TopicAccess", "topic_access"]
 
@@ -144,8 +144,8 @@ def topic_access(conn: Connection, coordinator: Coordinator) -> TopicAccess | No
     """
     if conn.coordinator is None:
         return None
-    from coordinator.http_client import HttpCoordinator
-    from coordinator.security_http import HttpSecurityStore
+    from coordinator.http.client import HttpCoordinator
+    from coordinator.security.http import HttpSecurityStore
 
     assert isinstance(coordinator, HttpCoordinator)
     security = HttpSecurityStore(coordinator)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from coordinator.client import Coordinator
-from coordinator.security import basic
+from coordinator.security.model import basic
 from segments.store import ObjectStore, open_store
 from segments.types import StoreLocation
 from spark.options import Connection
@@ -33,7 +33,7 @@ def open_coordinator(conn: Connection) -> Coordinator:
         ValueError: ``db`` names a SQLite file that does not exist.
     """
     if conn.coordinator is not None:
-        from coordinator.http_client import HttpCoordinator
+        from coordinator.http.client import HttpCoordinator
 
         # The job is its user at the coordinator (never the agents' shared secret).
         auth = {}

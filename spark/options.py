@@ -11,7 +11,7 @@ an override of what the coordinator says). ``user`` and ``password`` (a user's p
 or an API key id and secret) are the job's credential with ``coordinator``: the job
 reaches the coordinator as that user (HTTP Basic; never with the agents' shared secret),
 and the coordinator decides by its ACLs what the job may read and write
-(``spark.access``, ``coordinator.access``). They are not sent to an ``http://``
+(``spark.access``, ``coordinator.security.access``). They are not sent to an ``http://``
 coordinator on another host unless ``coordinator.allowPlaintext`` is ``true``.
 ``trace`` names a file that planning and every task append one JSON line to (objects
 opened, row groups read): instrumentation. lakelog's own: ``asOfTimestamp`` (epoch ms) or
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from coordinator.security import plaintext_remote
+from coordinator.security.model import plaintext_remote
 
 __all__ = [
     "EARLIEST",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from coordinator.client import Coordinator
-from coordinator.topic_configs import max_decompressed_bytes
+from coordinator.log.topic_configs import max_decompressed_bytes
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
 from segments.store import ObjectStore

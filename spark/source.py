@@ -63,7 +63,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from coordinator.client import Coordinator
-from coordinator.security import Operation
+from coordinator.security.model import Operation
 from segments.types import PartitionOffsets, StoreLocation, TopicInfo
 from spark.access import TopicAccess, topic_access
 from spark.connect import get_store, open_coordinator, opened, resolve_store

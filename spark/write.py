@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.client import Coordinator
-from coordinator.topic_configs import (
+from coordinator.log.topic_configs import (
     BATCH_OVERHEAD,
     compacted,
     keyless_refused,

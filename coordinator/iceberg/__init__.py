@@ -13,7 +13,7 @@ Modules:
 - ``rest``: the Iceberg REST catalog (read-only) under ``/iceberg``, with lakelog's
   authentication and ACLs.
 
-May import: ``segments``, ``coordinator.db``, ``coordinator.security*``, ``coordinator.
+May import: ``segments``, ``coordinator.db``, ``coordinator.security.model*``, ``coordinator.
 janitors.catalog`` and ``context`` (the janitors' view of the index), pyiceberg, pyarrow,
 FastAPI. Imported by the janitors (hooks and the ``table`` janitor), the coordinator's
 HTTP app and the agent's app of ``lakelog serve`` (the REST catalog), and ``spark``

@@ -59,8 +59,8 @@ from fastapi.exceptions import RequestValidationError
 from coordinator.clock import now as coordinator_now
 from coordinator.db import MetadataDatabase
 from coordinator.iceberg.schema import NAMESPACE
-from coordinator.security import ANONYMOUS, AclFilter, Authorizer, Operation, ResourceType
-from coordinator.security_store import SecurityStore
+from coordinator.security.model import ANONYMOUS, AclFilter, Authorizer, Operation, ResourceType
+from coordinator.security.store import SecurityStore
 from segments.errors import (
     AuthenticationError,
     CoordinatorUnavailableError,

@@ -72,7 +72,7 @@ from coordinator.iceberg.schema import (
     table_prefix,
     table_properties,
 )
-from coordinator.topic_configs import effective_configs
+from coordinator.log.topic_configs import effective_configs
 from segments.errors import (
     CommitConflictError,
     CoordinatorUnavailableError,
@@ -194,7 +194,7 @@ class TopicTables:
 
     def configs(self, topic_id: bytes) -> dict[str, str]:
         """The topic's effective configs (its overrides over the cluster-wide defaults)."""
-        from coordinator.topic_configs import topic_defaults
+        from coordinator.log.topic_configs import topic_defaults
 
         with self._db.read() as conn:
             defaults = topic_defaults(dict(conn.execute(self._q(_CLUSTER_CONFIGS)).fetchall()))

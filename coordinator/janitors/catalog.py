@@ -30,7 +30,7 @@ from coordinator.iceberg.changes import (
     TableFiles,
     record_changes,
 )
-from coordinator.topic_configs import topic_defaults
+from coordinator.log.topic_configs import topic_defaults
 from segments.errors import IndexHoleError
 from segments.types import ChunkRef
 

@@ -11,7 +11,7 @@ from coordinator.janitors.catalog import Catalog
 from segments.store import ObjectStore
 
 if TYPE_CHECKING:
-    from coordinator.metadata import MetadataStore
+    from coordinator.log.store import MetadataStore
     from coordinator.shards import ShardedCatalog, ShardedStore
 from segments.tier import DEFAULT_ROW_GROUP_BYTES
 

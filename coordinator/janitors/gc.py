@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 
 from coordinator.janitors.context import JanitorContext, JanitorReport
-from coordinator.orphans import find_orphans
+from coordinator.janitors.orphans import find_orphans
 
 #: Where objects live; anything else in the bucket is not ours to delete.
 PREFIXES = ("segments/", "tiered/")

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from coordinator.janitors.catalog import IndexRow
 from coordinator.janitors.context import JanitorContext, JanitorReport
-from coordinator.topic_configs import effective_configs
+from coordinator.log.topic_configs import effective_configs
 
 
 def new_log_start(

@@ -69,7 +69,7 @@ from ulid import ULID
 
 from coordinator.janitors.catalog import IndexRow, NewRow, PartitionState
 from coordinator.janitors.context import JanitorConfig, JanitorContext, JanitorReport, MiB
-from coordinator.topic_configs import effective_configs
+from coordinator.log.topic_configs import effective_configs
 from segments.compression import DECOMPRESSED_CONFIG
 from segments.errors import CorruptSegmentError
 from segments.segment import decode_chunk

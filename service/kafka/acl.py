@@ -4,7 +4,7 @@ One table, :data:`RULES`, says for every API key the listener serves which opera
 its handler checks on each resource type the request names: topics, groups,
 transactional ids, the cluster. The dispatcher (``service.kafka.server``) hands every
 handler an :class:`Access`: the connection's principal (SASL or mTLS) and address, the
-agent's ACL snapshot (``service.acl.AclCache``: the same bounded staleness and super
+agent's ACL snapshot (``service.security.acl.AclCache``: the same bounded staleness and super
 users as the REST door) and the API's rule. A handler asks it about each resource its
 request names and answers Kafka's code for those denied, serving the others, as
 Kafka's broker does (``KafkaApis``):
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from coordinator.security import ANONYMOUS, Authorizer, Operation, ResourceType
-from service.acl import CLUSTER_NAME
+from coordinator.security.model import ANONYMOUS, Authorizer, Operation, ResourceType
+from service.security.acl import CLUSTER_NAME
 
 Op = Operation
 TOPIC_DENIED = ErrorCode.topic_authorization_failed

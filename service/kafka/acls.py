@@ -1,7 +1,7 @@
 """Kafka's ACL APIs: CreateAcls, DescribeAcls, DeleteAcls (versions 1-3).
 
 They keep the coordinator's ACLs, the ones REST v3 ``/acls`` and ``lakelog acls``
-manage (``coordinator.security_store``), and drop this agent's ACL cache at once after
+manage (``coordinator.security.store``), and drop this agent's ACL cache at once after
 a change. Who may call them is ``service.kafka.acl``'s business (ALTER on the cluster
 to create and delete, DESCRIBE to describe). Without an authorizer (authorization off)
 Kafka answers SECURITY_DISABLED, and so do these.
@@ -17,15 +17,15 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from coordinator.security import AclBinding, AclFilter
-from coordinator.security_store import SecurityStore
+from coordinator.security.model import AclBinding, AclFilter
+from coordinator.security.store import SecurityStore
 from segments.errors import InvalidSecurityRequestError, LakelogError
 from service.executors import call
 from service.kafka.acl import CLUSTER_DENIED, Access
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, nested
 from service.kafka.handlers import KafkaContext, response_cls
-from service.security import acting_for
+from service.security.install import acting_for
 
 #: Kafka's wire codes (org.apache.kafka.common.resource / acl): code -> our name.
 RESOURCE_TYPES = {1: "ANY", 2: "TOPIC", 3: "GROUP", 4: "CLUSTER", 5: "TRANSACTIONAL_ID"}

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from coordinator.topic_configs import (
+from coordinator.log.topic_configs import (
     BROKER_CONFIG_DEFS,
     CONFIG_DEFS,
     SOURCE_BROKER_DEFAULT,
@@ -217,7 +217,7 @@ async def create_partitions(ctx: KafkaContext, req: Request, access: Access) -> 
 
 async def describe_configs_api(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Configs of topics and brokers as REST v3 shows them (one source of truth,
-    ``coordinator.topic_configs``): a topic's override, else the cluster-wide broker
+    ``coordinator.log.topic_configs``): a topic's override, else the cluster-wide broker
     config it inherits (DYNAMIC_DEFAULT_BROKER_CONFIG), else Kafka's default.
 
     A broker resource named by a live broker id shows every broker config (they are

@@ -1,4 +1,4 @@
-"""Kafka consumer-group APIs over the coordinator's group state (``coordinator.kafka_groups``).
+"""Kafka consumer-group APIs over the coordinator's group state (``coordinator.groups.kafka``).
 
 Every agent is a group coordinator (FindCoordinator answers with the agent asked):
 the group lives in the coordinator, so a member may reach any agent with any call.
@@ -17,9 +17,8 @@ from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
 
-from coordinator.assignors import Assignment
-from coordinator.groups import CommittedOffset
-from coordinator.kafka_groups import (
+from coordinator.groups.assignors import Assignment
+from coordinator.groups.kafka import (
     CLASSIC,
     CONSUMER,
     HeartbeatResult,
@@ -28,6 +27,7 @@ from coordinator.kafka_groups import (
     KafkaGroupCoordinator,
     group_assignor,
 )
+from coordinator.groups.model import CommittedOffset
 from segments.errors import LakelogError
 from segments.types import TopicInfo, TopicPartition
 from service.executors import call

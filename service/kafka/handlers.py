@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from coordinator.producers import ProducerBatch
-from coordinator.topic_configs import (
+from coordinator.log.producers import ProducerBatch
+from coordinator.log.topic_configs import (
     compacted,
     keyless_refused,
     log_append_time,
@@ -47,18 +47,18 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import ChunkRef, ConsumedRecord, PartitionOffsets, TopicInfo, TopicPartition
-from service.batcher import PartlyCommittedError, RawBatch
 from service.executors import Kind, call, run
-from service.idempotence import Admission, ProducerGate, Ticket
 from service.kafka.acl import CLUSTER_DENIED, TOPIC_DENIED, TRANSACTIONAL_ID_DENIED, Access
 from service.kafka.errors import code_for
 from service.kafka.framing import Request, build, millis, nested
-from service.quotas import FETCH, PRODUCE
+from service.produce.batcher import PartlyCommittedError, RawBatch
+from service.produce.idempotence import Admission, ProducerGate, Ticket
+from service.security.quotas import FETCH, PRODUCE
 from service.state import AgentState
 from service.v3.common import broker_max_age_s
 
 if TYPE_CHECKING:
-    from service.acl import AclCache
+    from service.security.acl import AclCache
 
 #: How long the live-broker list behind Metadata answers is reused.
 BROKERS_TTL_S = 1.0
@@ -655,7 +655,7 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
 
     Stored batches go out as they are, base offsets patched; tiered rows are encoded
     as batches. At least one batch is returned when the first non-empty partition's
-    first batch is over the limits (KIP-74). Commits wake the wait (``service.notify``).
+    first batch is over the limits (KIP-74). Commits wake the wait (``service.consume.notify``).
     """
     body = req.body
     st = ctx.state

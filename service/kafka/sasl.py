@@ -2,8 +2,8 @@
 
 Mechanisms, as Kafka configures them: PLAIN (``authzid NUL user NUL password``; a user
 and password or an API key id and secret, checked as REST's Basic credentials are, with
-the same cache, throttle and metrics: ``service.auth.Authenticator``), OAUTHBEARER (RFC
-7628; a JWT checked as REST's bearer tokens, ``service.oauth``), SCRAM-SHA-256 and
+the same cache, throttle and metrics: ``service.security.auth.Authenticator``), OAUTHBEARER (RFC
+7628; a JWT checked as REST's bearer tokens, ``service.security.oauth``), SCRAM-SHA-256 and
 SCRAM-SHA-512 (RFC 5802 through ``scramp``, against the verifiers the coordinator keeps
 per user; a user made before SCRAM was kept needs its password set again).
 
@@ -29,25 +29,25 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i64Timedelta
 from scramp import ScramException, ScramMechanism
 
-from coordinator.access import scram_proof
-from coordinator.logins import login_keys
-from coordinator.security import (
+from coordinator.security.access import scram_proof
+from coordinator.security.logins import login_keys
+from coordinator.security.model import (
     PrincipalMapper,
     basic,
     check_name,
     distinguished_name,
     user_principal,
 )
-from coordinator.security_store import SCRAM_MECHANISMS, SecurityStore
+from coordinator.security.store import SCRAM_MECHANISMS, SecurityStore
 from segments.errors import (
     AuthenticationError,
     InvalidSecurityRequestError,
     LakelogError,
     LoginThrottledError,
 )
-from service.auth import Authenticator
 from service.executors import call
 from service.kafka.errors import code_for
+from service.security.auth import Authenticator
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class SaslSession:
         self.expires_at: float | None = None  # time.monotonic() the login ends at
         self.failed = False  # an authentication failed: close after its answer
         #: The client's own credential, for the coordinator to check when this connection
-        #: changes ACLs through an agent of coordinator processes (``coordinator.access``):
+        #: changes ACLs through an agent of coordinator processes (``coordinator.security.access``):
         #: a PLAIN password, or the messages of a SCRAM login. Never logged.
         self.credential: str | None = None
         self._done = False  # SASL succeeded

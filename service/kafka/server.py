@@ -22,10 +22,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from coordinator.security import ANONYMOUS
+from coordinator.security.model import ANONYMOUS
 from segments.errors import InvalidSecurityRequestError, LakelogError
-from service.acl import AclCache
-from service.auth import Authenticator
 from service.kafka import acls, admin, groups
 from service.kafka import handlers as h
 from service.kafka.acl import AUTHENTICATED, RULES, Access
@@ -47,6 +45,8 @@ from service.kafka.sasl import (
     SessionExpiredError,
     certificate_principal,
 )
+from service.security.acl import AclCache
+from service.security.auth import Authenticator
 from service.state import AgentState
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ stored, else the check runs again (``SchemaConflictError``).
 Caches, so that a produce costs no store call after the first:
 
 - ``by_id``: schema id -> (stored schema, parsed schema). Ids never change
-  meaning (``coordinator.schemas``), so entries never go stale; a bounded LRU.
+  meaning (``coordinator.schemas.model``), so entries never go stale; a bounded LRU.
 - ``by_text``: (subject, type, text, references) -> schema id, for REST
   produce's ``key_schema``/``value_schema``: once registered (or found), the same
   text in the same subject is the same id. A later delete of that version does
@@ -30,7 +30,13 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
-from coordinator.schemas import LATEST, SchemaReference, SchemaStore, StoredSchema, SubjectVersion
+from coordinator.schemas.model import (
+    LATEST,
+    SchemaReference,
+    SchemaStore,
+    StoredSchema,
+    SubjectVersion,
+)
 from segments.errors import (
     IncompatibleSchemaError,
     InvalidSchemaError,

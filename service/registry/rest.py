@@ -25,7 +25,7 @@ Every schema lookup goes through ``SchemaRegistry``'s caches: after the first
 request with a given schema, producing costs no call to the coordinator.
 
 With authorization on, a produce uses the registry with its principal's rights on the
-registry's own routes (``service.acl``), through :class:`ProduceSchemas`: naming a
+registry's own routes (``service.security.acl``), through :class:`ProduceSchemas`: naming a
 schema (by id, subject version or text) needs DESCRIBE on the cluster, as reading the
 registry does, whether the subject exists or not (so a producer cannot probe which
 subjects exist); a schema text not yet registered under its subject is registered only
@@ -41,8 +41,8 @@ from typing import Any, Final
 
 import orjson
 
-from coordinator.schemas import LATEST, StoredSchema, SubjectVersion
-from coordinator.security import Operation, ResourceType
+from coordinator.schemas.model import LATEST, StoredSchema, SubjectVersion
+from coordinator.security.model import Operation, ResourceType
 from segments.errors import (
     AuthorizationError,
     KeySchemaMissingError,
@@ -54,10 +54,10 @@ from segments.errors import (
     ValueSchemaMissingError,
 )
 from segments.types import ConsumedRecord
-from service.acl import CLUSTER_NAME, Rights
 from service.registry.core import SchemaRegistry
 from service.registry.schemas import ParsedSchema
 from service.registry.wire import SchemaFramingError, frame, unframe
+from service.security.acl import CLUSTER_NAME, Rights
 
 #: Embedded format (v2 content type, consumer format) -> registry schema type.
 SCHEMA_TYPE_OF_FORMAT: Final = {"avro": "AVRO", "jsonschema": "JSON", "protobuf": "PROTOBUF"}

@@ -21,14 +21,14 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
-from coordinator.schemas import (
+from coordinator.schemas.model import (
     LATEST,
     SCHEMA_TYPES,
     SchemaReference,
     StoredSchema,
     SubjectVersion,
 )
-from coordinator.schemas_store import check_level, check_subject
+from coordinator.schemas.store import check_level, check_subject
 from segments.errors import (
     InvalidSchemaError,
     InvalidVersionError,

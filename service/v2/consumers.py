@@ -27,7 +27,7 @@ position through the agent's caching reader, round-robin record by record so no
 partition starves the others; the fetch stops before the record that would
 pass ``max_bytes`` (but returns at least one) and never moves a position past a
 record not returned; it long-polls up to ``timeout`` for a wake-up
-(``service.notify``) when there is nothing, or less than ``fetch.min.bytes``.
+(``service.consume.notify``) when there is nothing, or less than ``fetch.min.bytes``.
 Before answering it confirms that no seek or rebalance moved the positions it
 read from (else it reads again from the new ones); the new positions are stored
 only once the answer was written to a client still connected
@@ -35,7 +35,7 @@ only once the answer was written to a client still connected
 With auto-commit, a fetch first commits the positions: what earlier fetches
 delivered (Kafka's at-least-once auto-commit).
 
-Each agent heartbeats the instances it served (``service.consumer_sessions``),
+Each agent heartbeats the instances it served (``service.consume.sessions``),
 so a client may take minutes over a batch and still commit; a member leaves
 its group when its client has not fetched for ``max.poll.interval.ms`` (300 s)
 or when no agent heartbeated it for ``session.timeout.ms``.
@@ -60,7 +60,7 @@ from urllib.parse import quote
 import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from coordinator.groups import (
+from coordinator.groups.model import (
     ASSIGNORS,
     FORMATS,
     ISOLATION_LEVELS,
@@ -70,7 +70,7 @@ from coordinator.groups import (
     ConsumerState,
     FetchLease,
 )
-from coordinator.security import Operation, ResourceType
+from coordinator.security.model import Operation, ResourceType
 from segments.errors import (
     AuthorizationError,
     ConsumerFormatMismatchError,
@@ -86,16 +86,16 @@ from segments.errors import (
     UnsupportedMediaTypeError,
 )
 from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
-from service.acl import Rights, rights
-from service.auth import principal_of
+from service.consume.notify import PartitionKey
 from service.delivery import DeliveryResponse, DisconnectWatch
 from service.errors import V2_CONTENT_TYPE
 from service.executors import Kind, run
-from service.formats import json_fragment
-from service.notify import PartitionKey
+from service.produce.formats import json_fragment
 from service.read_cache import CachingLogReader
 from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
 from service.registry.rest import render_records as render_schema_records
+from service.security.acl import Rights, rights
+from service.security.auth import principal_of
 from service.state import AgentState, get_state
 from service.v3.common import base_url, call
 
@@ -465,7 +465,7 @@ async def subscribe(
 ) -> Response:
     """204. Topics and a pattern together, or a subscription while partitions are
     assigned by hand: 409 40903. Topics need not exist yet (assigned once created);
-    a pattern is a Java regex (``coordinator.patterns``: unsupported constructs 422)."""
+    a pattern is a Java regex (``coordinator.groups.patterns``: unsupported constructs 422)."""
     doc = await json_body(request) or {}
     topics = doc.get("topics")
     pattern = doc.get("topic_pattern")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from coordinator.topic_configs import effective_configs
+from coordinator.log.topic_configs import effective_configs
 from segments.errors import PartitionNotFoundError
 from segments.types import TopicInfo
 from service.errors import V2_CONTENT_TYPE

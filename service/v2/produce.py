@@ -11,7 +11,7 @@ json-format keys and values are stored as the exact text sent (``v2_json_spans``
 Everything about a request is checked before any record is buffered, so a refused
 request stores nothing:
 
-- Content-Type picks the embedded format (``service.formats.v2_format``): binary,
+- Content-Type picks the embedded format (``service.produce.formats.v2_format``): binary,
   json, or a schema format (avro, jsonschema, protobuf: keys and values are encoded
   with the registry's schemas by ``service.registry.rest.encode_v2``, which has their
   error codes); anything else -> 415.
@@ -42,7 +42,7 @@ import msgspec
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 
-from coordinator.topic_configs import (
+from coordinator.log.topic_configs import (
     BATCH_OVERHEAD,
     check_record_size,
     compacted,
@@ -57,11 +57,10 @@ from segments.errors import (
     UnprocessableRequestError,
 )
 from segments.types import Headers, Record, TopicInfo
-from service.acl import rights
-from service.batcher import RECORD_OVERHEAD, Grouped, PartlyCommittedError, record_size
 from service.errors import kafka_error_code
 from service.executors import Kind, run_if
-from service.formats import (
+from service.produce.batcher import RECORD_OVERHEAD, Grouped, PartlyCommittedError, record_size
+from service.produce.formats import (
     BINARY,
     SCHEMA_FORMATS,
     V2_CONTENT_TYPE,
@@ -72,9 +71,8 @@ from service.formats import (
     v2_format,
     v2_json_spans,
 )
-from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
-from service.registry.rest import ProduceSchemas, encode_v2
-from service.request_keys import (
+from service.produce.partitioner import DEFAULT_PARTITIONER, partition_for_key
+from service.produce.request_keys import (
     KeyedProduce,
     KeyHeader,
     admit,
@@ -83,6 +81,8 @@ from service.request_keys import (
     placed_on,
     release,
 )
+from service.registry.rest import ProduceSchemas, encode_v2
+from service.security.acl import rights
 from service.state import AgentState, get_state
 from service.web import ShortcutRoute
 

@@ -1,9 +1,9 @@
 """v3 ACLs: list, create (one or a batch) and delete by filter (REST-API.md section 3.8).
 
-With ``authorization = acl`` they manage the coordinator's ACLs (``coordinator.security``);
+With ``authorization = acl`` they manage the coordinator's ACLs (``coordinator.security.model``);
 without an authorizer Kafka refuses every ACL request with a SecurityDisabledException,
 which kafka-rest answers with 400 40002, and so do these. Who may call them is the
-ACL middleware's business (``service.acl``: DESCRIBE or ALTER on the cluster).
+ACL middleware's business (``service.security.acl``: DESCRIBE or ALTER on the cluster).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Body, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from coordinator.security import AclBinding, AclFilter
-from coordinator.security_http import acl_from_json, acl_to_json
-from coordinator.security_store import SecurityStore
+from coordinator.security.http import acl_from_json, acl_to_json
+from coordinator.security.model import AclBinding, AclFilter
+from coordinator.security.store import SecurityStore
 from segments.errors import InvalidSecurityRequestError
 from service.executors import call
-from service.security import require_authorizer
+from service.security.install import require_authorizer
 from service.v3.common import Links, cluster_links
 
 router = APIRouter(tags=["v3 acls"])

@@ -5,7 +5,7 @@ replicas a broker is shown to lead, see ``leader_for``). Every link a v3 answer
 carries leads to a route that exists.
 
 Broker configs are cluster-wide: the coordinator keeps them (``cluster_configs``) and
-every topic without an override inherits them (``coordinator.topic_configs``).
+every topic without an override inherits them (``coordinator.log.topic_configs``).
 
 - ``.../broker-configs`` (KafkaClusterConfig): the dynamic cluster-wide configs set,
   get/set/reset one, ``:alter`` several; an unknown name or bad value is 400 40002.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
-from coordinator.topic_configs import BROKER_CONFIG_DEFS, ConfigEntry, describe_broker_configs
+from coordinator.log.topic_configs import BROKER_CONFIG_DEFS, ConfigEntry, describe_broker_configs
 from segments.errors import BrokerNotFoundError, ConfigNotFoundError, InvalidConfigError
 from segments.types import AgentInfo
 from service.state import AgentState, get_state

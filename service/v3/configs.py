@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, StrictBool
 
-from coordinator.topic_configs import CONFIG_DEFS, ConfigEntry, describe_configs
+from coordinator.log.topic_configs import CONFIG_DEFS, ConfigEntry, describe_configs
 from segments.errors import ConfigNotFoundError, InvalidConfigError, MalformedRequestError
 from segments.types import TopicInfo
 from service.state import AgentState, get_state

@@ -14,7 +14,7 @@ jsonschema, protobuf), with ``next_offset`` to ask from next and the partition's
 
 At the high watermark it long-polls up to ``timeout_ms`` (capped by
 ``consumer_max_wait_ms``), woken by commits as the v2 consumer's fetch is
-(``service.notify``). An offset below the log start or beyond the high watermark is
+(``service.consume.notify``). An offset below the log start or beyond the high watermark is
 400 40002 naming both; an unknown topic 404 40403, partition 404 40402. One read serves
 one log: the topic's incarnation its first offsets came from (their topic id); a topic
 deleted while it reads, or deleted and created again under its name, ends it with 404
@@ -35,7 +35,7 @@ from starlette.responses import StreamingResponse
 
 from segments.errors import MalformedRequestError, OffsetOutOfRangeError, TopicNotFoundError
 from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
-from service.consumer_sessions import FetchBudget
+from service.consume.sessions import FetchBudget
 from service.executors import Kind, call, run
 from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
 from service.registry.rest import render_records as render_schema_records

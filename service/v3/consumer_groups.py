@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Depends, Request
 
-from coordinator.groups import ConsumerState, GroupInfo
-from coordinator.security import Operation, ResourceType
+from coordinator.groups.model import ConsumerState, GroupInfo
+from coordinator.security.model import Operation, ResourceType
 from segments.errors import ConsumerNotFoundError, LakelogError, PartitionNotFoundError
 from segments.types import TopicPartition
-from service.acl import Rights, rights
+from service.security.acl import Rights, rights
 from service.state import AgentState, get_state
 from service.v3.common import JSON, Links, call, cluster_links, related
 

@@ -5,13 +5,13 @@ The v3 spec has no way to move or delete a group's offsets (kafka-rest issues #1
 these two routes, which follow the v3 conventions (cluster check, error bodies):
 
 - ``POST .../consumer-groups/{group}/offsets:reset``: plan, and unless ``validate_only``
-  apply, a reset of committed offsets (``coordinator.offset_reset`` has the rules).
+  apply, a reset of committed offsets (``coordinator.groups.offset_reset`` has the rules).
   Groups of any door (REST instances, Kafka members) are refused while they have
   members, with Kafka's message (409 40903), in a dry run too, as Kafka's tool does.
 - ``DELETE .../consumer-groups/{group}``: delete a group without members and its
   offsets (204; 404 unknown; 409 40903 not empty).
 
-A reset needs READ on the group (``service.acl``) and on each topic it moves (Kafka's
+A reset needs READ on the group (``service.security.acl``) and on each topic it moves (Kafka's
 OffsetCommit), in a dry run too: a topic named without it is 403 40301, and nothing
 moves; ``all_topics`` leaves out the topics the caller may not DESCRIBE (as Kafka's
 listings do) and refuses those it may DESCRIBE but not READ.
@@ -28,9 +28,9 @@ import asyncio
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, Field, StrictBool
 
-from coordinator.groups import CommittedOffset, GroupInfo
-from coordinator.offset_reset import NEEDS_VALUE, PlannedReset, ResetStrategy, plan_reset
-from coordinator.security import Operation, ResourceType
+from coordinator.groups.model import CommittedOffset, GroupInfo
+from coordinator.groups.offset_reset import NEEDS_VALUE, PlannedReset, ResetStrategy, plan_reset
+from coordinator.security.model import Operation, ResourceType
 from segments.errors import (
     GroupNotFoundError,
     MalformedRequestError,
@@ -39,8 +39,8 @@ from segments.errors import (
     UnprocessableRequestError,
 )
 from segments.types import TopicPartition
-from service.acl import Rights, rights
 from service.executors import Kind
+from service.security.acl import Rights, rights
 from service.state import AgentState, get_state
 from service.v3.common import JSON, Links, call, cluster_links
 from service.v3.consumer_groups import GROUP

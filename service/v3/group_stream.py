@@ -34,7 +34,7 @@ stream is not a member: two streams of one group both read everything (a group s
 is one reader that can resume, not a balanced group).
 
 With authorization on, READ on the group and on each topic is checked when the stream
-opens (``service.acl``) and again before every round it sends, with the agent's ACL
+opens (``service.security.acl``) and again before every round it sends, with the agent's ACL
 copy: a READ revoked while the stream is open ends it within the agents' staleness bound.
 
 An error once the stream has begun (a topic deleted while streaming, a damaged index, a
@@ -57,8 +57,8 @@ import orjson
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from starlette.responses import StreamingResponse
 
-from coordinator.groups import CommittedOffset
-from coordinator.security import Operation, ResourceType
+from coordinator.groups.model import CommittedOffset
+from coordinator.security.model import Operation, ResourceType
 from segments.errors import (
     LakelogError,
     MalformedRequestError,
@@ -66,11 +66,11 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
-from service.acl import Rights, rights
+from service.consume.notify import Waiter
 from service.delivery import DeliveryStream, DisconnectWatch
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run
-from service.notify import Waiter
+from service.security.acl import Rights, rights
 from service.state import AgentState, get_state
 from service.v2.consumers import read_round_robin
 from service.v3.consume import check_format, render

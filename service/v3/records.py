@@ -24,7 +24,7 @@ exact text sent; record groups of ``offload_parse_bytes`` or more are parsed on 
 every v3 route (``service.web``; kafka-rest skips that check on produce).
 
 Idempotent produce (issue 16): a request with an ``Idempotency-Key`` header is read
-whole and produced as one request (``service.request_keys``); a records:batch body may
+whole and produced as one request (``service.produce.request_keys``); a records:batch body may
 carry an idempotent ``producer`` (id, epoch, a sequence per partition), judged by the
 agent's ``ProducerGate`` and the commit as a Kafka producer's batches; ``POST
 .../producers`` hands out producer ids.
@@ -49,8 +49,8 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from coordinator.producers import ProducerBatch, StoredKey
-from coordinator.topic_configs import (
+from coordinator.log.producers import ProducerBatch, StoredKey
+from coordinator.log.topic_configs import (
     check_record_key,
     check_record_size,
     log_append_time,
@@ -69,20 +69,18 @@ from segments.errors import (
     UnsupportedFormatError,
 )
 from segments.types import Headers, Record, TopicInfo
-from service.acl import Rights, rights
-from service.batcher import Offsets, PartlyCommittedError, RestProducer
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run_if
-from service.formats import (
+from service.produce.batcher import Offsets, PartlyCommittedError, RestProducer
+from service.produce.formats import (
     check_v3_content_type,
     decode_base64,
     read_body,
     v3_json_span,
 )
-from service.idempotence import Admission
-from service.partitioner import DEFAULT_PARTITIONER, partition_for_key
-from service.registry.rest import ProduceSchemas, prepare_v3, wants_schema
-from service.request_keys import (
+from service.produce.idempotence import Admission
+from service.produce.partitioner import DEFAULT_PARTITIONER, partition_for_key
+from service.produce.request_keys import (
     HEADER,
     KeyedProduce,
     KeyHeader,
@@ -93,6 +91,8 @@ from service.request_keys import (
     release,
     stored_offsets,
 )
+from service.registry.rest import ProduceSchemas, prepare_v3, wants_schema
+from service.security.acl import Rights, rights
 from service.state import AgentState, get_state
 from service.web import ShortcutRoute
 
@@ -632,7 +632,7 @@ SHORTCUTS = (
 
 async def _produce_keyed(request: Request, state: AgentState, topic: TopicInfo) -> Response:
     """A v3 produce with an Idempotency-Key: the body read whole, produced as one group
-    (``service.request_keys``), the reports answered at once in the stream's format."""
+    (``service.produce.request_keys``), the reports answered at once in the stream's format."""
     limit = state.settings.max_request_bytes
     # The whole stream is one keyed request: its size is bounded by the limit of one record
     # times the batch entries allowed (a stream without a key has no bound at all).
@@ -716,7 +716,7 @@ class _Producer:
     ) -> list[dict[str, Any]]:
         """Produce a group of records with one batcher call: each one's delivery report
         (``error_code`` 200 with its offset, or its error), in order. With ``keyed``,
-        the group is one idempotent request (``service.request_keys``)."""
+        the group is one idempotent request (``service.produce.request_keys``)."""
         now_ms, sticky = int(time.time() * 1000), [-1]
         ticket = stored = None
         if keyed is not None:
@@ -963,7 +963,7 @@ class _Sequence(msgspec.Struct):
 
 class _BatchProducer(msgspec.Struct):
     """An idempotent producer's id, epoch and, per partition, the sequence of its first
-    record in this batch (lakelog's; Kafka's rules, ``coordinator.producers``)."""
+    record in this batch (lakelog's; Kafka's rules, ``coordinator.log.producers``)."""
 
     producer_id: int
     producer_epoch: int

@@ -36,7 +36,7 @@ import boto3
 import httpx
 import pytest
 
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
 from coordinator.local import LocalCoordinator
 from index.log import LogReader
 from segments.store import open_store

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.http_client import HttpCoordinator
-from coordinator.topic_configs import CONFIG_DEFS, effective_configs
+from coordinator.http.client import HttpCoordinator
+from coordinator.log.topic_configs import CONFIG_DEFS, effective_configs
 from index.log import LogWriter
 from segments.segment import SegmentBuilder
 from segments.store import open_store
@@ -723,7 +723,7 @@ def test_topic_cache_get_or_create(cluster: Cluster, unique_topic: Callable[[str
     import asyncio
 
     from segments.errors import TopicNotFoundError
-    from service.topic_cache import TopicCache
+    from service.produce.topic_cache import TopicCache
 
     coordinator = HttpCoordinator(cluster.coordinator_url)
     try:

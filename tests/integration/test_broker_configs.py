@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.topic_configs import BROKER_CONFIG_DEFS
+from coordinator.log.topic_configs import BROKER_CONFIG_DEFS
 from tests.integration.conftest import Cluster, ClusterFactory, create_topic
 
 pytestmark = pytest.mark.integration

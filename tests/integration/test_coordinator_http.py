@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from coordinator.client import ChunkCommit, Coordinator
-from coordinator.http_client import HttpCoordinator, topic_path
+from coordinator.http.client import HttpCoordinator, topic_path
+from coordinator.http.server import create_app, status_for
 from coordinator.local import LocalCoordinator
-from coordinator.server import create_app, status_for
 from segments.errors import (
     ERRORS_BY_NAME,
     CommitConflictError,

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.http_client import HttpCoordinator
-from coordinator.orphans import find_orphans
+from coordinator.http.client import HttpCoordinator
+from coordinator.janitors.orphans import find_orphans
 from segments.errors import CoordinatorUnavailableError, TopicExistsError
 from segments.store import open_store
 from segments.types import ChunkRef

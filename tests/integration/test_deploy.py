@@ -51,7 +51,7 @@ import typer
 import yaml  # type: ignore[import-untyped]
 from pydantic import ValidationError
 
-from coordinator.security import check_password, placeholder
+from coordinator.security.model import check_password, placeholder
 from coordinator.settings import CoordinatorSettings, LakelogSettings, load, process_settings
 from segments.errors import InvalidSecurityRequestError
 from service.cli import app as cli_app

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
 from coordinator.local import LocalCoordinator
 from segments.errors import PartitionNotFoundError
 from tests.conftest import backend_of, new_db_url

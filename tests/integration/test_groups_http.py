@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.groups import CommittedOffset, ConsumerConfig, ConsumerHeartbeat
-from coordinator.http_client import HttpCoordinator
+from coordinator.groups.model import CommittedOffset, ConsumerConfig, ConsumerHeartbeat
+from coordinator.http.client import HttpCoordinator
 from coordinator.local import LocalCoordinator
 from segments.errors import (
     ConsumerExistsError,

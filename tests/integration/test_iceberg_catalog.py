@@ -358,7 +358,7 @@ def test_coordinator_catalog_on_s3_and_snapshot_reads_after_retention(on_s3: OnS
     """Through the coordinator's catalog on S3: tier, then retention drops the oldest
     object; the current snapshot lacks its rows, the previous snapshot still reads them
     while retained, and after expiry loading that snapshot fails cleanly."""
-    from coordinator.http_client import HttpCoordinator
+    from coordinator.http.client import HttpCoordinator
     from index.log import LogWriter
     from segments.segment import SegmentBuilder
     from segments.store import open_store

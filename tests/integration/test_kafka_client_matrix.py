@@ -852,7 +852,7 @@ def test_produce_idempotent_in_every_codec_with_headers(target: Target, producer
 
 #: Every client's group runs on the two-agent cluster (its members on different agents);
 #: on ``lakelog serve``, confluent-kafka's two group protocols. The group code is the same
-#: (``coordinator.kafka_groups``) on both targets, and each of these runs takes 10-30 s.
+#: (``coordinator.groups.kafka``) on both targets, and each of these runs takes 10-30 s.
 GROUP_CASES = [pytest.param("cluster", c, id=f"cluster-{c.name}") for c in CLIENTS] + [
     pytest.param("serve", c, id=f"serve-{c.name}") for c in CLIENTS if isinstance(c, Confluent)
 ]

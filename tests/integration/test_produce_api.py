@@ -20,12 +20,12 @@ import httpx
 import orjson
 import pytest
 
-from coordinator.http_client import HttpCoordinator
-from coordinator.topic_configs import BATCH_OVERHEAD
+from coordinator.http.client import HttpCoordinator
+from coordinator.log.topic_configs import BATCH_OVERHEAD
 from index.log import LogReader
 from segments.store import open_store
 from segments.types import ConsumedRecord
-from service.partitioner import partition_for_key
+from service.produce.partitioner import partition_for_key
 from tests.integration.conftest import Cluster
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
 from tests.conftest import sql_rows
 from tests.integration.conftest import Cluster, start_cluster
 from tests.integration.test_consumer_api import Consumer, produce, unb64

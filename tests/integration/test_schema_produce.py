@@ -26,7 +26,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, Proto
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
 from index.log import LogReader
 from segments.store import open_store
 from segments.types import ConsumedRecord

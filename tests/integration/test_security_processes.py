@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from coordinator.db import open_database
-from coordinator.http_client import HttpCoordinator
-from coordinator.security_store import SqlSecurityStore
+from coordinator.http.client import HttpCoordinator
+from coordinator.security.store import SqlSecurityStore
 from segments.errors import AuthenticationError
 from tests.procs import Proc, free_port, lakelog_cmd, wait_http
 

@@ -37,8 +37,8 @@ from confluent_kafka.admin import (
 from confluent_kafka.error import KafkaException
 
 from coordinator.client import ChunkCommit
-from coordinator.http_client import HttpCoordinator
-from coordinator.security_http import secret_headers
+from coordinator.http.client import HttpCoordinator
+from coordinator.security.http import secret_headers
 from segments.errors import AuthenticationError, AuthorizationError
 from tests.integration.test_security_processes import run_cli
 from tests.procs import Proc, free_port, lakelog_cmd, wait_http

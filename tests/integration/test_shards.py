@@ -26,7 +26,7 @@ import pytest
 from confluent_kafka import Producer as KafkaProducer
 
 from coordinator.client import ChunkCommit
-from coordinator.groups import ConsumerConfig
+from coordinator.groups.model import ConsumerConfig
 from coordinator.janitors.context import JanitorContext
 from coordinator.janitors.gc import run_gc
 from coordinator.janitors.retention import run_retention
@@ -327,7 +327,7 @@ def test_delete_topic_clears_every_shard_and_groups_see_shard_offsets(new_db: Ne
         t = coord.create_topic("gone", 4)
         coord.commit("segments/g/1.seg", [chunk(t.topic_id, p, count=5) for p in range(4)])
         # Committed offsets (catalog) against high watermarks (shards): the lag.
-        from coordinator.groups import CommittedOffset
+        from coordinator.groups.model import CommittedOffset
 
         coord.alter_group_offsets(
             "g1", {TopicPartition("gone", p): CommittedOffset(p, "") for p in range(4)}

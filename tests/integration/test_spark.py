@@ -30,7 +30,7 @@ import orjson
 import pytest
 
 from coordinator.client import Coordinator
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
 from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import JanitorConfig, JanitorContext
 from coordinator.janitors.runner import run_janitor

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
 from index.log import LogWriter
 from segments.segment import SegmentBuilder
 from segments.store import open_store

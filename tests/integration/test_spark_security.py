@@ -1,7 +1,7 @@
 """Spark against a coordinator with authentication and ACLs on (one coordinator process
 for the module): jobs reach it as the user of the ``user``/``password`` options (never
 with the agents' shared secret), whose every topic the coordinator decides (``POST
-/v1/security/authorize``, and each route the job calls, ``coordinator.access``) before
+/v1/security/authorize``, and each route the job calls, ``coordinator.security.access``) before
 anything is read or committed."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.http_client import HttpCoordinator
-from coordinator.security import AclBinding, Check, Operation, ResourceType, basic
-from coordinator.security_http import HttpSecurityStore, secret_headers
+from coordinator.http.client import HttpCoordinator
+from coordinator.security.http import HttpSecurityStore, secret_headers
+from coordinator.security.model import AclBinding, Check, Operation, ResourceType, basic
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
 from spark.options import parse_options, parse_write_options
 from tests.integration.test_security_processes import run_cli

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 import pytest
 
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
 from segments.partitioning import partition_for_key
 from segments.segment import SegmentReader
 from segments.store import open_store

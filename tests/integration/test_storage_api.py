@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from coordinator.client import ChunkCommit
+from coordinator.janitors.orphans import find_orphans
 from coordinator.local import LocalCoordinator
-from coordinator.orphans import find_orphans
 from index.log import SEGMENT_PREFIX, LogReader, LogWriter
 from segments.errors import CorruptSegmentError, StorageUnavailableError
 from segments.segment import SegmentBuilder

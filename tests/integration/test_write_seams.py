@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
 from index.log import LogReader, LogWriter, UploadedSegment
 from segments.errors import ObjectDeletedError
 from segments.segment import SegmentBuilder

@@ -634,8 +634,8 @@ def check_log(topo: Topology, topic: str, partitions: int, load: ProduceLoad) ->
     every acked id is at its acked (partition, offset); no id is in the log twice;
     nothing is in the log that was not sent; no two acks share an offset.
     """
-    from coordinator.http_client import HttpCoordinator
-    from coordinator.security_http import secret_headers
+    from coordinator.http.client import HttpCoordinator
+    from coordinator.security.http import secret_headers
     from index.log import LogReader
     from segments.store import open_store
 

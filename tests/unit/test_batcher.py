@@ -26,14 +26,14 @@ from segments.errors import (
 from segments.memory import MemoryStore
 from segments.segment import SegmentBuilder
 from segments.types import ConsumedRecord, Record, TopicInfo
-from service.batcher import (
+from service.metrics import Metrics
+from service.produce.batcher import (
     Batcher,
     BatcherConfig,
     PartlyCommittedError,
     RawBatch,
     group_records,
 )
-from service.metrics import Metrics
 
 
 class FlakyStore(MemoryStore):
@@ -211,7 +211,7 @@ def test_failed_put_fails_exactly_that_flush(
         assert outcome.retriable is retriable
         assert "disk on fire" not in outcome.message  # internals stay in the log
     assert second == [0, 0]
-    tracebacks = [r for r in caplog.records if r.exc_info and r.name == "service.batcher"]
+    tracebacks = [r for r in caplog.records if r.exc_info and r.name == "service.produce.batcher"]
     assert bool(tracebacks) is not retriable
     reader = LogReader(store, coordinator)
     assert [r.value for r in reader.read("t", 0, 0)] == [b"d"]
@@ -594,7 +594,7 @@ def test_a_refused_request_key_fails_only_its_own_request(
     agent's gate looked (modelled by sending the key twice; only the commit checks it)
     and another client's plain request. Only the keyed request fails: the commit refuses
     the object, and the batcher commits the other requests again without it."""
-    from coordinator.producers import RequestKey
+    from coordinator.log.producers import RequestKey
 
     topic = coordinator.create_topic("refused", 2)
     now = int(time.time() * 1000)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from coordinator.local import LocalCoordinator
-from coordinator.topic_configs import effective_configs
+from coordinator.log.topic_configs import effective_configs
 from segments.errors import InvalidConfigError
 
 

@@ -543,9 +543,9 @@ def test_an_object_due_before_a_finished_gc_pass_began_is_a_leak() -> None:
 
 #: Each deliberately broken build: (LAKELOG_CHAOS_BREAK name, module, flag).
 BREAKS = [
-    ("dedupe", "service.request_keys", "_BROKEN_DEDUPE"),
+    ("dedupe", "service.produce.request_keys", "_BROKEN_DEDUPE"),
     ("stale_cache", "service.read_cache", "_BROKEN_STALE_CACHE"),
-    ("no_fencing", "coordinator.producers", "_BROKEN_FENCING"),
+    ("no_fencing", "coordinator.log.producers", "_BROKEN_FENCING"),
 ]
 
 

@@ -1,6 +1,6 @@
 """The consumer group protocol (KIP-848): the server-side assignors and reconciliation
-(``coordinator.assignors``, pure) and the group state in the coordinator
-(``coordinator.kafka_groups`` through LocalCoordinator, on SQLite and PostgreSQL, with a
+(``coordinator.groups.assignors``, pure) and the group state in the coordinator
+(``coordinator.groups.kafka`` through LocalCoordinator, on SQLite and PostgreSQL, with a
 fake clock for sessions and rebalance timeouts).
 
 The Kafka wire side (real clients: librdkafka and @platformatic/kafka with
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator import assignors
-from coordinator.assignors import Assignment, Subscriber, partitions_of, range_, uniform
-from coordinator.groups import CommittedOffset, ConsumerConfig
-from coordinator.kafka_groups import HeartbeatResult
+from coordinator.groups import assignors
+from coordinator.groups.assignors import Assignment, Subscriber, partitions_of, range_, uniform
+from coordinator.groups.kafka import HeartbeatResult
+from coordinator.groups.model import CommittedOffset, ConsumerConfig
 from coordinator.local import LocalCoordinator
 from segments.errors import (
     ConsumerNotFoundError,

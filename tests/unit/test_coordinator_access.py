@@ -1,4 +1,4 @@
-"""The coordinator's route rules (``coordinator.access``) against its app's routes, and the
+"""The coordinator's route rules (``coordinator.security.access``) against its app's routes, and the
 SCRAM proof an agent forwards, checked without a network."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import pytest
 from scramp import ScramClient, ScramMechanism
 from starlette.testclient import TestClient
 
-from coordinator.access import (
+from coordinator.http.server import create_app
+from coordinator.local import LocalCoordinator
+from coordinator.security.access import (
     AGENT_ONLY,
     RULES,
     Caller,
@@ -20,8 +22,7 @@ from coordinator.access import (
     templates,
     verify_scram,
 )
-from coordinator.local import LocalCoordinator
-from coordinator.security import (
+from coordinator.security.model import (
     AclBinding,
     Operation,
     PatternType,
@@ -29,9 +30,8 @@ from coordinator.security import (
     PrincipalMapper,
     ResourceType,
 )
-from coordinator.security_settings import AccessSettings
-from coordinator.security_store import SqlSecurityStore
-from coordinator.server import create_app
+from coordinator.security.settings import AccessSettings
+from coordinator.security.store import SqlSecurityStore
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
 from segments.store import open_store
 from tests.unit.test_security_store import CHEAP
@@ -178,7 +178,7 @@ def test_an_acl_granted_at_a_coordinator_is_answered_there_at_once(tmp_path: Pat
     the same coordinator, and her next listing shows it: the coordinator's ACL snapshot
     (kept ``ACL_TTL_S``) is dropped on every ACL change it serves. Before, the grant was
     invisible there for up to a second, and a fast client was answered without it."""
-    from coordinator.security_http import acl_to_json
+    from coordinator.security.http import acl_to_json
 
     with LocalCoordinator(f"sqlite:///{tmp_path}/m.db") as coord:
         security = SqlSecurityStore(coord.db, CHEAP)

@@ -18,8 +18,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from coordinator.http.server import create_process_app
 from coordinator.local import LocalCoordinator
-from coordinator.server import create_process_app
 from segments.memory import MemoryStore
 from service.app import create_app
 from service.settings import Settings

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.consumer_sessions import ConsumerSessions, FetchBudget
+from service.consume.sessions import ConsumerSessions, FetchBudget
 from service.delivery import SLICE_BYTES, DeliveryResponse, DisconnectWatch
 
 

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from coordinator.client import ChunkCommit
-from coordinator.groups import CommittedOffset, ConsumerConfig
+from coordinator.groups.model import CommittedOffset, ConsumerConfig
 from coordinator.local import LocalCoordinator
 from segments.errors import (
     ConsumerStateError,

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.group_commit import GroupCommitter, PendingCommit
 from coordinator.local import LocalCoordinator
+from coordinator.log.group_commit import GroupCommitter, PendingCommit
 from segments.errors import (
     CommitConflictError,
     CoordinatorUnavailableError,

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from coordinator import groups_store
-from coordinator.groups import CommittedOffset, ConsumerConfig, ConsumerHeartbeat, FetchLease
+from coordinator.groups import store as groups_store
+from coordinator.groups.model import CommittedOffset, ConsumerConfig, ConsumerHeartbeat, FetchLease
+from coordinator.groups.patterns import check_java_pattern, compile_topic_pattern, match_topics
 from coordinator.local import LocalCoordinator
-from coordinator.patterns import check_java_pattern, compile_topic_pattern, match_topics
 from segments.errors import ConsumerNotFoundError, InvalidTopicPatternError, StaleGenerationError
 from segments.types import PartitionOffsets
 from segments.types import TopicPartition as TP

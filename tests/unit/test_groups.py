@@ -1,4 +1,4 @@
-"""Consumer groups in the coordinator (coordinator.groups_store) through LocalCoordinator.
+"""Consumer groups in the coordinator (coordinator.groups.store) through LocalCoordinator.
 
 Every store test runs on SQLite and on PostgreSQL (the ``db_url`` fixture). A fake
 clock is injected (``LocalCoordinator(now=...)``) so session and instance expiry are
@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.client import ChunkCommit
-from coordinator.groups import CommittedOffset, ConsumerConfig, ConsumerState, GroupInfo
-from coordinator.groups_store import assign_range, assign_roundrobin
+from coordinator.groups.model import CommittedOffset, ConsumerConfig, ConsumerState, GroupInfo
+from coordinator.groups.store import assign_range, assign_roundrobin
 from coordinator.local import LocalCoordinator
 from segments.errors import (
     ConsumerExistsError,

@@ -13,7 +13,7 @@ import pytest
 from coordinator.janitors.retention import run_retention
 from coordinator.janitors.tiering import run_compaction, run_tiering
 from coordinator.local import LocalCoordinator
-from coordinator.metadata import _LOOKUP
+from coordinator.log.store import _LOOKUP
 from segments.types import Record
 from tests.conftest import backend_of
 from tests.unit.janitor_helpers import Harness

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.security import AclBinding, Authorizer, Operation, ResourceType
+from coordinator.security.model import AclBinding, Authorizer, Operation, ResourceType
 from service.kafka.acl import RULES, Access, Rule
 from service.kafka.sasl import SASL_VERSIONS
 from service.kafka.server import HANDLERS, SUPPORTED

@@ -1,4 +1,4 @@
-"""The cache of verified logins (``coordinator.logins.Logins``): how long a deleted
+"""The cache of verified logins (``coordinator.security.logins.Logins``): how long a deleted
 user's or API key's credential keeps working in a process that verified it, on the
 fake clock, against the real security store (SQLite and PostgreSQL)."""
 
@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from coordinator.access import LOGIN_CACHE_TTL_S
 from coordinator.local import LocalCoordinator
-from coordinator.logins import AuthMetrics, Logins
-from coordinator.security_settings import AgentSecuritySettings
-from coordinator.security_store import SqlSecurityStore
+from coordinator.security.access import LOGIN_CACHE_TTL_S
+from coordinator.security.logins import AuthMetrics, Logins
+from coordinator.security.settings import AgentSecuritySettings
+from coordinator.security.store import SqlSecurityStore
 from segments.errors import AuthenticationError
 from tests.unit.test_security_store import CHEAP
 

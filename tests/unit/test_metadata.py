@@ -28,7 +28,7 @@ from coordinator.db import (
     parse_sqlite_url,
 )
 from coordinator.local import LocalCoordinator
-from coordinator.metadata import MetadataStore
+from coordinator.log.store import MetadataStore
 from coordinator.postgres import PgConnection
 from segments.errors import (
     CommitConflictError,

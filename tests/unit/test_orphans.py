@@ -6,9 +6,9 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-from coordinator import orphans
 from coordinator.client import Coordinator
-from coordinator.orphans import find_orphans
+from coordinator.janitors import orphans
+from coordinator.janitors.orphans import find_orphans
 from segments.memory import MemoryStore
 
 

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from service.partitioner import Partitioner, murmur2, partition_for_key, to_positive
+from service.produce.partitioner import Partitioner, murmur2, partition_for_key, to_positive
 
 # The Java client's own test vectors: apache/kafka
 # clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java, testMurmur2()

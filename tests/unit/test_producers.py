@@ -11,9 +11,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from coordinator.client import ChunkCommit
-from coordinator.http_client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator
+from coordinator.http.server import create_app
 from coordinator.local import LocalCoordinator
-from coordinator.producers import (
+from coordinator.log.producers import (
     ProducerBatch,
     ProducerPartitionState,
     RequestKey,
@@ -23,7 +24,6 @@ from coordinator.producers import (
     judge_key,
     remember,
 )
-from coordinator.server import create_app
 from segments.errors import ProducerConflictError, ProducerFencedError
 
 
@@ -188,7 +188,7 @@ def test_a_request_key_keeps_the_partition_count_its_records_were_placed_with(
 ) -> None:
     """The count the agent placed a keyed request with goes through the commit (and the
     coordinator's HTTP API) to the stored key, so a retry after partitions were added
-    can be placed the same way (``service.request_keys.placed_on``)."""
+    can be placed the same way (``service.produce.request_keys.placed_on``)."""
     t = int(time.time() * 1000)
     tid = coordinator.create_topic("placed", 3).topic_id
     key = RequestKey("order-1", "digest-a", 0, 2, t, t + 5000, 3)

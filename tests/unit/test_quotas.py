@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.quotas import FETCH, PRODUCE, REQUESTS, Quotas, kinds_of
+from service.security.quotas import FETCH, PRODUCE, REQUESTS, Quotas, kinds_of
 from service.settings import Settings
 
 

@@ -19,7 +19,7 @@ from segments.errors import CorruptSegmentError, StorageUnavailableError, TopicN
 from segments.segment import SegmentBuilder
 from segments.store import open_store
 from segments.types import ChunkInfo, ChunkRef, Record
-from service.consume_metrics import ConsumeMetrics
+from service.consume.metrics import ConsumeMetrics
 from service.read_cache import CachingLogReader, IndexCache, RangeCache, plan_spans
 
 

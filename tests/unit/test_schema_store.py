@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from coordinator.local import LocalCoordinator
-from coordinator.schemas import LATEST, SchemaReference, SchemaStore
+from coordinator.schemas.model import LATEST, SchemaReference, SchemaStore
 from segments.errors import (
     InvalidCompatibilityLevelError,
     InvalidSchemaError,

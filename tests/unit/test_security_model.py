@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.security import (
+from coordinator.security.model import (
     AclBinding,
     AclFilter,
     Authorizer,

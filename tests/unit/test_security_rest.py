@@ -19,10 +19,10 @@ from argon2 import PasswordHasher
 from fastapi.testclient import TestClient
 
 from coordinator.local import LocalCoordinator
-from coordinator.security import AclBinding
-from coordinator.security_store import SqlSecurityStore
-from service.acl import missing_rules
+from coordinator.security.model import AclBinding
+from coordinator.security.store import SqlSecurityStore
 from service.app import create_app
+from service.security.acl import missing_rules
 from service.settings import Settings
 from service.web import _leaf_routes
 

@@ -8,9 +8,9 @@ import pytest
 from argon2 import PasswordHasher
 
 from coordinator.local import LocalCoordinator
-from coordinator.security import AclBinding, AclFilter
-from coordinator.security_settings import AccessSettings
-from coordinator.security_store import SqlSecurityStore
+from coordinator.security.model import AclBinding, AclFilter
+from coordinator.security.settings import AccessSettings
+from coordinator.security.store import SqlSecurityStore
 from segments.errors import (
     AuthenticationError,
     InvalidSecurityRequestError,
@@ -134,8 +134,8 @@ def test_agent_acl_copy_is_never_older_than_its_bound(store: SqlSecurityStore) -
     (never later), and at once after invalidate() (a change through this agent)."""
     import asyncio
 
-    from coordinator.security import Operation, ResourceType
-    from service.acl import AclCache
+    from coordinator.security.model import Operation, ResourceType
+    from service.security.acl import AclCache
 
     now = [100.0]
     cache = AclCache(store, frozenset(), ttl_s=5.0, clock=lambda: now[0])
@@ -164,10 +164,10 @@ def test_the_authorize_route_decides_as_the_coordinator_is_configured(
     credential is refused in either mode, a missing one only with ACLs on."""
     from starlette.testclient import TestClient
 
-    from coordinator.http_client import HttpCoordinator
-    from coordinator.security import ANONYMOUS, Check, Operation, ResourceType
-    from coordinator.security_http import HttpSecurityStore
-    from coordinator.server import create_app
+    from coordinator.http.client import HttpCoordinator
+    from coordinator.http.server import create_app
+    from coordinator.security.http import HttpSecurityStore
+    from coordinator.security.model import ANONYMOUS, Check, Operation, ResourceType
 
     def read(topic: str) -> Check:
         return Check(Operation.READ, ResourceType.TOPIC, topic)

@@ -211,9 +211,9 @@ def test_readme_table_is_the_generated_one() -> None:
 def test_readme_security_tables_are_the_generated_ones() -> None:
     """README "Security"'s tables of what each REST route, Kafka API and coordinator route
     needs are exactly ``lakelog acls rules``' output: built from the rule tables the doors
-    decide with (``service.acl.RULES``, ``service.kafka.acl.RULES``,
-    ``coordinator.access.RULES``), so they cannot drift."""
-    from service.security_cli import rules_tables
+    decide with (``service.security.acl.RULES``, ``service.kafka.acl.RULES``,
+    ``coordinator.security.access.RULES``), so they cannot drift."""
+    from service.security.cli import rules_tables
 
     readme = (ROOT / "README.md").read_text()
     found = re.search(

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from coordinator.security import Check, Operation
-from coordinator.security_http import Authorized
+from coordinator.security.http import Authorized
+from coordinator.security.model import Check, Operation
 from segments.errors import AuthenticationError, AuthorizationError
 from spark.access import TopicAccess
 

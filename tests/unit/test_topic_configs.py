@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.topic_configs import (
+from coordinator.log.topic_configs import (
     BROKER_CONFIG_DEFS,
     BROKER_SYNONYMS,
     CONFIG_DEFS,

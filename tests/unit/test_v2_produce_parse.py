@@ -17,7 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from segments.errors import LakelogError
-from service.formats import BINARY
+from service.produce.formats import BINARY
 from service.v2.produce import _parse_binary, _parse_body, _parse_checked
 
 

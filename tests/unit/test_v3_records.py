@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from coordinator.topic_configs import record_limit
+from coordinator.log.topic_configs import record_limit
 from segments.errors import LakelogError, RequestTooLargeError
 from segments.types import TopicInfo
 from service.app import create_app
