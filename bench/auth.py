@@ -35,12 +35,12 @@ from kio.serial import entity_reader, entity_writer
 from prometheus_client import CollectorRegistry
 
 from coordinator.local import LocalCoordinator
-from coordinator.logins import AuthMetrics
-from coordinator.security import AclBinding, Authorizer, Operation, ResourceType
-from coordinator.security_store import SqlSecurityStore, password_hasher, scram_credentials
+from coordinator.security.logins import AuthMetrics
+from coordinator.security.model import AclBinding, Authorizer, Operation, ResourceType
+from coordinator.security.store import SqlSecurityStore, password_hasher, scram_credentials
 from service.app import create_app
-from service.auth import Authenticator
 from service.kafka.framing import build, nested, request_class
+from service.security.auth import Authenticator
 from service.settings import Settings
 
 

@@ -223,7 +223,7 @@ def _http_cases(tmp: Path, scale: float) -> None:
 
     import httpx
 
-    from coordinator.http_client import HttpCoordinator
+    from coordinator.http.client import HttpCoordinator
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import Any
 
-from coordinator.assignors import Assignment, partitions_of
+from coordinator.groups.assignors import Assignment, partitions_of
 from coordinator.local import LocalCoordinator
 
 SIZES = ((2, 10), (10, 1000), (50, 1000), (10, 10_000))

@@ -158,20 +158,7 @@ def main() -> None:
     if args.no_spark:
         return
 
-    progress("starting Spark local[2]")
-    from pyspark.sql import SparkSession
-
-    import spark as lakelog_spark
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    lakelog_spark.register(session)
+    session = spark_scan.start_spark()
 
     def native() -> None:
         assert spark_agg(session.read.parquet(*paths)) == (total, payload)

@@ -148,6 +148,29 @@ class Tansu:
         self.proc.stop()
 
 
+def raw_gets(endpoint: str, prefix: str) -> tuple[int, int, dict[int, float]]:
+    """(objects, bytes, {threads: MB/s}) of whole-object GETs of the case's segments."""
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    keys, total = [], 0
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=BUCKET, Prefix=f"{prefix}/segments/"
+    ):
+        for o in page.get("Contents", []):
+            keys.append(o["Key"])
+            total += o["Size"]
+
+    def get(key: str) -> int:
+        return len(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+    rates = {}
+    for threads in (1, 4):
+        started = time.monotonic()
+        with ThreadPoolExecutor(threads) as pool:
+            read = sum(pool.map(get, keys))
+        rates[threads] = read / 1e6 / (time.monotonic() - started)
+    return len(keys), total, rates
+
+
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -334,27 +357,12 @@ def section_consume(tmp: Path, endpoint: str, moto: Proc, args: argparse.Namespa
             load_avg=load_avg(),
         )
 
-        s3 = boto3.client("s3", endpoint_url=endpoint)
-        keys, total = [], 0
-        for page in s3.get_paginator("list_objects_v2").paginate(
-            Bucket=BUCKET, Prefix=f"{prefix}/segments/"
-        ):
-            for o in page.get("Contents", []):
-                keys.append(o["Key"])
-                total += o["Size"]
-
-        def get(key: str) -> int:
-            return len(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
-
-        for threads in (1, 4):
-            started = time.monotonic()
-            with ThreadPoolExecutor(threads) as pool:
-                read = sum(pool.map(get, keys))
-            raw = read / 1e6 / (time.monotonic() - started)
+        objects, total, rates = raw_gets(endpoint, prefix)
+        for threads, raw in rates.items():
             emit(
                 bench="raw_get",
                 threads=threads,
-                objects=len(keys),
+                objects=objects,
                 mb=round(total / 1e6, 1),
                 mb_per_s=round(raw, 1),
                 catchup_ratio=round(mbps / raw, 2),

@@ -38,7 +38,6 @@ import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import boto3  # noqa: E402
-from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic  # noqa: E402
+from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic, raw_gets  # noqa: E402
 from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
 
 from tests.procs import start_moto  # noqa: E402
@@ -165,29 +164,6 @@ def catch_up(agent: Lakelog, topic: str, partitions: int, expected: int) -> dict
         "cpu_cores": cores,
         "load_avg": load_avg(),
     }
-
-
-def raw_gets(endpoint: str, prefix: str) -> tuple[int, int, dict[int, float]]:
-    """(objects, bytes, {threads: MB/s}) of whole-object GETs of the case's segments."""
-    s3 = boto3.client("s3", endpoint_url=endpoint)
-    keys, total = [], 0
-    for page in s3.get_paginator("list_objects_v2").paginate(
-        Bucket=BUCKET, Prefix=f"{prefix}/segments/"
-    ):
-        for o in page.get("Contents", []):
-            keys.append(o["Key"])
-            total += o["Size"]
-
-    def get(key: str) -> int:
-        return len(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
-
-    rates = {}
-    for threads in (1, 4):
-        started = time.monotonic()
-        with ThreadPoolExecutor(threads) as pool:
-            read = sum(pool.map(get, keys))
-        rates[threads] = read / 1e6 / (time.monotonic() - started)
-    return len(keys), total, rates
 
 
 class Profiled:

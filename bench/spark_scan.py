@@ -209,6 +209,26 @@ def rest_produce(tmp: Path, records: int) -> float:
         proc.stop()
 
 
+def start_spark() -> Any:
+    """A local[2] SparkSession (2 GiB driver) with the lakelog source registered (this
+    checkout's: an editable install is not listed)."""
+    progress("starting Spark local[2]")
+    from pyspark.sql import SparkSession
+
+    import spark as lakelog_spark
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    lakelog_spark.register(session)
+    return session
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--records", type=int, default=2_000_000, help="records per topic")
@@ -246,21 +266,9 @@ def main() -> None:
     pyarrow_s = best_of(args.repeat, direct)
     emit("pyarrow_direct", total, payload, pyarrow_s)
 
-    progress("starting Spark local[2]")
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import spark as lakelog_spark
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    lakelog_spark.register(session)  # this checkout: an editable install is not listed
+    session = start_spark()
     options = {"db": db, "store": store.url}
 
     def lakelog(topic: str, **extra: str) -> Any:

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from spark_scan import rest_produce  # noqa: E402
+from spark_scan import rest_produce, start_spark  # noqa: E402
 
 from coordinator.local import LocalCoordinator  # noqa: E402
 from index.log import LogWriter  # noqa: E402
@@ -129,11 +129,8 @@ def main() -> None:
     emit("task_writer", n, task_writer(tmp, coord, n, headers=False))
     emit("task_writer_headers", n, task_writer(tmp, coord, n, headers=True))
 
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
-
-    import spark as lakelog_spark
 
     class CountMessage(WriterCommitMessage):
         def __init__(self, rows: int) -> None:
@@ -151,16 +148,7 @@ def main() -> None:
         def writer(self, schema: Any, overwrite: bool) -> CountWriter:
             return CountWriter()
 
-    progress("starting Spark local[2]")
-    session = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    lakelog_spark.register(session)
+    session = start_spark()
     session.dataSource.register(CountSource)
     options = {"db": db, "store": store_url}
     rows = (
