@@ -146,29 +146,58 @@ async function platformatic () {
       for (const what of ['consumer:group:join', 'consumer:group:leave', 'consumer:group:rebalance', 'consumer:rejoin', 'consumer:heartbeat:error', 'error']) {
         consumer.on(what, note(what))
       }
-      const stream = await consumer.consume({ topics: [args.topic], mode: 'committed', fallbackMode: 'earliest', autocommit: 100 })
+      // @platformatic/kafka 1.35 hands over what a fetch sent before a rebalance returns
+      // after it, partitions the member no longer owns included, and its autocommit then
+      // commits their offsets: the new owner, starting from that commit, skips records
+      // nobody delivered (or, without the commit, a second member reads them). The Java
+      // client drops such records. So does this harness (and says so), and it commits
+      // itself, every 100 ms, the records it kept.
+      const stream = await consumer.consume({ topics: [args.topic], mode: 'committed', fallbackMode: 'earliest', autocommit: false })
+      const kept = new Map() // partition -> the last record kept, not yet committed
+      const owns = (topic, partition) => {
+        const owned = (consumer.assignments || []).find(a => a.topic === topic)
+        return owned !== undefined && owned.partitions.includes(partition)
+      }
       stream.on('data', (message) => {
-        // @platformatic/kafka 1.35 hands over what a fetch sent before a rebalance returns
-        // after it, partitions it no longer owns included: a second reader of those
-        // records. The Java client drops such records; so does this harness (and says so).
-        const owned = (consumer.assignments || []).find(a => a.topic === message.topic)
-        if (!owned || !owned.partitions.includes(message.partition)) {
+        if (!owns(message.topic, message.partition)) {
           note('dropped:not-assigned')(message.partition, Number(message.offset))
           return
         }
         const h = message.headers.get('h')
         records.push([message.value, message.partition, Number(message.offset), h === undefined ? null : String(h)])
+        kept.set(message.partition, message)
       })
-      stream.on('autocommit', (error) => { if (error) note('autocommit:error')(error) })
       stream.on('error', note('stream:error'))
-      members.push({ consumer, stream })
+      let committing = Promise.resolve()
+      const commit = () => {
+        committing = committing.then(async () => {
+          const batch = [...kept.values()]
+          kept.clear()
+          for (const message of batch) {
+            try {
+              await message.commit()
+            } catch (e) {
+              note('commit:error')(message.partition, Number(message.offset), e)
+              // Tried again only while the partition is still this member's.
+              if (!kept.has(message.partition) && owns(message.topic, message.partition)) kept.set(message.partition, message)
+            }
+          }
+        })
+        return committing
+      }
+      const timer = setInterval(commit, 100)
+      members.push({ consumer, stream, commit, timer })
     }
     const end = Date.now() + args.timeoutMs
     while (records.length < args.expected && Date.now() < end) await deadline(100)
     await deadline(args.settleMs || 500)
-    // Every member stops fetching before any leaves: a member that left hands its
-    // partitions to the others, which would read them again from the group's last commit.
-    for (const { stream } of members) await stream.close()
+    // Every member stops fetching and commits before any leaves: a member that left hands
+    // its partitions to the others, which would read them again from the last commit.
+    for (const { stream, commit, timer } of members) {
+      clearInterval(timer)
+      await stream.close()
+      await commit()
+    }
     for (const { consumer } of members) await consumer.close(true)
     return { records, events }
   }
