@@ -40,6 +40,15 @@ def describe(cluster: Cluster, group: str) -> dict[str, Any]:
     return out
 
 
+def wait_left(cluster: Cluster, group: str) -> None:
+    """Until the group has no member: librdkafka's close() sends LeaveGroup without
+    waiting for its answer, so the coordinator may not have removed the member yet."""
+    deadline = time.monotonic() + 30
+    while describe(cluster, group)["members"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not describe(cluster, group)["members"]
+
+
 def committed(cluster: Cluster, group: str) -> dict[int, int]:
     return {o["partition"]: o["current_offset"] for o in describe(cluster, group)["offsets"]}
 
@@ -280,6 +289,7 @@ def test_groups_of_kafka_clients(
                   "8", "--execute", code=1)  # fmt: skip
     assert "is inactive, but the current state is Stable." in out
     consumer.close()
+    wait_left(cluster, group)
 
     lakelog(cluster, "groups", "reset-offsets", group, "--topic", topic, "--to-offset", "8",
             "--execute")  # fmt: skip
@@ -293,6 +303,7 @@ def test_groups_of_kafka_clients(
             first = m.offset()
     again.close()
     assert first == 8
+    wait_left(cluster, group)
     out = lakelog(cluster, "groups", "delete", group)
     assert "was successful" in out
     assert group not in lakelog(cluster, "groups", "list").split()
