@@ -223,7 +223,7 @@ def _http_cases(tmp: Path, scale: float) -> None:
 
     import httpx
 
-    from coordinator.http.client import HttpCoordinator
+    from coordinator.http.client import http_coordinator
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -256,7 +256,7 @@ def _http_cases(tmp: Path, scale: float) -> None:
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("coordinator process did not start")
             time.sleep(0.05)
-        with HttpCoordinator(url, timeout=30) as coordinator:
+        with http_coordinator(url, timeout=30) as coordinator:
             for chunks, commits in {1: 2000, 10: 1500, 100: 300}.items():
                 for writers in (1, 8):
                     n = max(int(commits * scale), 8)

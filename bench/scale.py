@@ -61,7 +61,7 @@ import httpx  # noqa: E402
 import psycopg  # noqa: E402
 
 from coordinator.client import ChunkCommit  # noqa: E402
-from coordinator.http.client import HttpCoordinator  # noqa: E402
+from coordinator.http.client import HttpCoordinator, http_coordinator  # noqa: E402
 from segments.types import TopicInfo  # noqa: E402
 from tests.integration.topology import Topology, start_topology  # noqa: E402
 from tests.procs import Proc, start_coordinator, start_moto  # noqa: E402
@@ -281,7 +281,7 @@ def section_commit(tmp: Path, pg_url: str, args: argparse.Namespace) -> None:
                 procs.append(proc)
                 urls.append(url)
             # Each client prefers a different coordinator (and fails over to the other).
-            clients = [HttpCoordinator([urls[i], urls[1 - i]], timeout=30) for i in range(2)]
+            clients = [http_coordinator([urls[i], urls[1 - i]], timeout=30) for i in range(2)]
             spread = Spread(clients)
             for writers in (1, 8):
                 log(f"commit: {backend}, 2 coordinators, {writers} writers, {args.commits}")

@@ -80,10 +80,10 @@ def build_coordinator(settings: Settings) -> Coordinator:
     """The coordinator client the settings ask for."""
     urls = settings.coordinator_urls()
     if urls:
-        from coordinator.http.client import HttpCoordinator
+        from coordinator.http.client import http_coordinator
         from coordinator.security.http import secret_headers
 
-        return HttpCoordinator(
+        return http_coordinator(
             urls,
             headers=secret_headers(settings.shared_secret()),
             verify=settings.coordinator_verify(),

@@ -144,10 +144,10 @@ def topic_access(conn: Connection, coordinator: Coordinator) -> TopicAccess | No
     """
     if conn.coordinator is None:
         return None
-    from coordinator.http.client import HttpCoordinator
+    from coordinator.http.client import is_http_coordinator
     from coordinator.security.http import HttpSecurityStore
 
-    assert isinstance(coordinator, HttpCoordinator)
+    assert is_http_coordinator(coordinator)
     security = HttpSecurityStore(coordinator)
     user, password = conn.user, conn.password
     access = TopicAccess(lambda checks: security.authorize(user, password, checks), user)

@@ -2,7 +2,7 @@
 
 The planner (Spark's driver side) opens the coordinator the options name and resolves
 the store location once: the ``store`` option if given, else what the coordinator
-says at ``/v1/store`` (URL, endpoint, region; credentials come from the standard AWS
+says (``store_location``: URL, endpoint, region; credentials come from the standard AWS
 chain of whichever process reads). The resolved :class:`StoreLocation` travels to the
 executors inside each task, so executors never ask for it again.
 
@@ -33,13 +33,13 @@ def open_coordinator(conn: Connection) -> Coordinator:
         ValueError: ``db`` names a SQLite file that does not exist.
     """
     if conn.coordinator is not None:
-        from coordinator.http.client import HttpCoordinator
+        from coordinator.http.client import http_coordinator
 
         # The job is its user at the coordinator (never the agents' shared secret).
         auth = {}
         if conn.user is not None and conn.password is not None:
             auth = {"authorization": basic(conn.user, conn.password)}
-        return HttpCoordinator(
+        return http_coordinator(
             [u.strip() for u in conn.coordinator.split(",") if u.strip()],
             headers=auth,
             verify=ssl.create_default_context(cafile=conn.coordinator_cafile)
@@ -71,7 +71,7 @@ def opened(conn: Connection) -> Iterator[Coordinator]:
 
 
 def resolve_store(conn: Connection, coordinator: Coordinator) -> StoreLocation:
-    """Where the objects are: the ``store`` option, else the coordinator's ``/v1/store``.
+    """Where the objects are: the ``store`` option, else the coordinator's ``store_location``.
 
     ``store.endpoint`` and ``store.region`` override the coordinator's (an executor may
     reach the bucket at another address than the coordinator does).

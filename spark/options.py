@@ -88,7 +88,7 @@ _WRITE = {"topic", "compression", "maxbytesperobject"}
 class Connection:
     """Where the log is: exactly one of ``coordinator``/``db``; ``store`` and its S3 settings.
 
-    ``store`` None: ask the coordinator (``/v1/store``); ``store_endpoint`` and
+    ``store`` None: ask the coordinator (``store_location``); ``store_endpoint`` and
     ``store_region`` then override what it says.
     """
 

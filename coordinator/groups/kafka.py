@@ -1011,7 +1011,21 @@ def _choose_protocol(members: list[Member]) -> str:
 class KafkaGroupCoordinator(Protocol):
     """The Kafka-group side of a coordinator client (LocalCoordinator, HttpCoordinator)."""
 
-    def kafka_join(self, group: str, member_id: str, **options: Any) -> JoinResult:
+    def kafka_join(
+        self,
+        group: str,
+        member_id: str,
+        *,
+        client_id: str = "",
+        client_host: str = "",
+        instance_id: str | None = None,
+        session_timeout_ms: int = 10_000,
+        rebalance_timeout_ms: int = 300_000,
+        protocol_type: str = "consumer",
+        protocols: Sequence[tuple[str, bytes]] = (),
+        require_member_id: bool = True,
+        poll: bool = False,
+    ) -> JoinResult:
         """``KafkaGroupStore.join``."""
         ...
 
@@ -1047,7 +1061,21 @@ class KafkaGroupCoordinator(Protocol):
     def kafka_describe(self, group: str) -> KafkaGroup | None: ...
 
     def kafka_consumer_heartbeat(
-        self, group: str, member_id: str, member_epoch: int, **options: Any
+        self,
+        group: str,
+        member_id: str,
+        member_epoch: int,
+        *,
+        instance_id: str | None = None,
+        rack_id: str | None = None,
+        rebalance_timeout_ms: int = -1,
+        subscribed_topic_names: Sequence[str] | None = None,
+        subscribed_topic_regex: str | None = None,
+        server_assignor: str | None = None,
+        owned: Assignment | None = None,
+        client_id: str = "",
+        client_host: str = "",
+        session_timeout_ms: int = 45_000,
     ) -> HeartbeatResult:
         """``KafkaGroupStore.consumer_heartbeat``."""
         ...

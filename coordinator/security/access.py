@@ -44,10 +44,12 @@ import hmac
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import msgspec
 import orjson
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -56,8 +58,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from coordinator.api import OPERATIONS, PREFIX
 from coordinator.client import Coordinator
-from coordinator.http.asgi import RewriteJson, read_body, replay
+from coordinator.http.asgi import read_body, replay
 from coordinator.security.logins import AuthMetrics, Logins
 from coordinator.security.model import (
     AclFilter,
@@ -77,11 +80,15 @@ from segments.errors import (
     LakelogError,
     LoginThrottledError,
 )
+from segments.types import TopicInfo
 
 #: Where an agent forwards its client's own credential (management routes only).
 PRINCIPAL_HEADER = "x-lakelog-principal"
 #: The ASGI scope key holding the principal of a user's request (not an agent's).
 USER_SCOPE = "lakelog.user"
+#: The ASGI scope key holding what a user's answer passes through before it is sent (a
+#: topic list without the topics the user may not DESCRIBE).
+RESULT_FILTER = "lakelog.result_filter"
 #: Paths that authenticate and authorize their own callers (users, not agents), in their
 #: own error shape: the Iceberg REST catalog (``coordinator.iceberg.rest``).
 SELF_GUARDED = ("/iceberg/",)
@@ -107,19 +114,19 @@ class Caller(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """What a user's checks see: the path and query parameters, the JSON body (None
-    unless the rule reads it), and the coordinator (to name a topic by its id)."""
+    """What a user's checks see: the operation's arguments (decoded; None unless the rule
+    reads them, or when they do not decode: the route then answers the malformed
+    request itself), and the coordinator (to name a topic by its id)."""
 
-    params: dict[str, Any]
-    query: dict[str, str]
-    body: Any
+    args: Any
     coordinator: Coordinator
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
     """A route's callers; for users, what each request needs (``checks``, run in a
-    thread) and whether the answer is a topic list to filter by DESCRIBE."""
+    thread, given the arguments when ``body``) and whether the answer is a topic list
+    to filter by DESCRIBE."""
 
     caller: Caller
     checks: Callable[[Request], list[Check]] = field(default=lambda r: [])
@@ -129,45 +136,51 @@ class Rule:
     needs: str = ""
 
 
-def _topic(op: Operation) -> Rule:
-    return Rule(
-        Caller.USER,
-        lambda r: [Check(op, ResourceType.TOPIC, str(r.params["name"]))],
-        needs=f"{op} on the topic",
-    )
+def _topic(op: Operation, argument: str = "topic") -> Rule:
+    """``op`` on the topic the operation's ``argument`` names."""
+
+    def checks(r: Request) -> list[Check]:
+        name = getattr(r.args, argument, None)
+        return [Check(op, ResourceType.TOPIC, name)] if isinstance(name, str) else []
+
+    return Rule(Caller.USER, checks, body=True, needs=f"{op} on the topic")
+
+
+def _topic_name(r: Request, topic_id: object) -> str | None:
+    """The name of the topic of ``topic_id`` now; None for a bad or unknown id (the
+    operation answers it itself, naming nothing)."""
+    if not isinstance(topic_id, bytes):
+        return None
+    try:
+        return r.coordinator.get_topic_by_id(topic_id).name
+    except LakelogError:
+        return None
 
 
 def _topic_by_id(r: Request) -> list[Check]:
-    try:
-        name = r.coordinator.get_topic_by_id(bytes.fromhex(str(r.params["topic_id"]))).name
-    except (ValueError, LakelogError):
-        return []  # the route answers a bad or unknown id itself (naming nothing)
-    return [Check(Op.DESCRIBE, ResourceType.TOPIC, name)]
+    name = _topic_name(r, getattr(r.args, "topic_id", None))
+    return [] if name is None else [Check(Op.DESCRIBE, ResourceType.TOPIC, name)]
 
 
-def _body_partitions(r: Request) -> list[Check]:
-    parts = r.body.get("partitions") if isinstance(r.body, dict) else None
-    names = {
-        p["topic"] for p in parts or () if isinstance(p, dict) and isinstance(p.get("topic"), str)
-    }
+def _partitions(r: Request) -> list[Check]:
+    names = {tp.topic for tp in getattr(r.args, "partitions", None) or ()}
     return [Check(Op.DESCRIBE, ResourceType.TOPIC, n) for n in sorted(names)]
 
 
 def _commit(r: Request) -> list[Check]:
     """WRITE on the topic of every chunk (named by id)."""
-    chunks = r.body.get("chunks") if isinstance(r.body, dict) else None
-    ids = {str(c.get("topic_id")) for c in chunks or () if isinstance(c, dict)}
-    names = set()
-    for hex_id in sorted(ids):
-        try:
-            names.add(r.coordinator.get_topic_by_id(bytes.fromhex(hex_id)).name)
-        except (ValueError, LakelogError):
-            continue  # the commit itself fails on it
+    ids = {c.topic_id for c in getattr(r.args, "chunks", None) or ()}
+    names = {n for n in (_topic_name(r, i) for i in ids) if n is not None}
     return [Check(Op.WRITE, ResourceType.TOPIC, n) for n in sorted(names)]
 
 
+def _v2(operation: str) -> tuple[str, str]:
+    if operation not in OPERATIONS:
+        raise KeyError(f"no operation {operation}")
+    return "POST", OPERATIONS[operation].path
+
+
 USER = Rule(Caller.USER, needs="authentication")
-_T = "/v1/topics/{name:path}"
 _S = "/v1/security"
 
 #: (method, path template) -> its callers, for every route that is not an agent's only.
@@ -177,29 +190,25 @@ RULES: dict[tuple[str, str], Rule] = {
         Caller.ANYONE, needs="with `protect_metrics`, DESCRIBE on the cluster (agents too)"
     ),
     # -- what a Spark job uses ----------------------------------------------------------
-    ("GET", "/v1/cluster"): USER,
-    ("GET", "/v1/store"): USER,
-    ("GET", "/v1/topics"): Rule(
+    _v2("cluster_id"): USER,
+    _v2("store_location"): USER,
+    _v2("list_topics"): Rule(
         Caller.USER, topic_listing=True, needs="authentication; lists what it may DESCRIBE"
     ),
-    ("GET", _T): _topic(Op.DESCRIBE),
-    ("GET", "/v1/topic-ids/{topic_id}"): Rule(
-        Caller.USER, _topic_by_id, needs="DESCRIBE on the topic"
+    _v2("get_topic"): _topic(Op.DESCRIBE, "name"),
+    _v2("get_topic_by_id"): Rule(
+        Caller.USER, _topic_by_id, body=True, needs="DESCRIBE on the topic"
     ),
-    ("GET", _T + "/partitions/{partition}/offsets"): _topic(Op.DESCRIBE),
-    ("POST", "/v1/offsets"): Rule(
-        Caller.USER, _body_partitions, body=True, needs="DESCRIBE on each topic"
-    ),
-    ("GET", _T + "/partitions/{partition}/lookup"): _topic(Op.READ),
-    ("GET", _T + "/partitions/{partition}/lookup-timestamp"): _topic(Op.READ),
-    ("POST", "/v1/commit"): Rule(
-        Caller.USER, _commit, body=True, needs="WRITE on each topic committed"
-    ),
-    ("POST", "/v1/objects/committed"): USER,
+    _v2("offsets"): _topic(Op.DESCRIBE),
+    _v2("offsets_many"): Rule(Caller.USER, _partitions, body=True, needs="DESCRIBE on each topic"),
+    _v2("lookup"): _topic(Op.READ),
+    _v2("lookup_timestamp"): _topic(Op.READ),
+    _v2("commit"): Rule(Caller.USER, _commit, body=True, needs="WRITE on each topic committed"),
+    _v2("committed_object_keys"): USER,
     # A Spark write's tasks register their uploads and keep the job's write lease alive;
     # the lease is the user's own (which keys others' leases hold is for agents only).
-    ("POST", "/v1/objects/pending"): Rule(Caller.USER, needs="its own write lease"),
-    ("POST", "/v1/objects/pending/release"): Rule(Caller.USER, needs="its own write lease"),
+    _v2("keep_pending"): Rule(Caller.USER, needs="its own write lease"),
+    _v2("release_pending"): Rule(Caller.USER, needs="its own write lease"),
     ("POST", _S + "/authorize"): USER,  # a Spark job's own rights
     # -- what agents do for their clients --------------------------------------------------
     ("GET", _S + "/settings"): Rule(Caller.AGENT),
@@ -385,7 +394,7 @@ class AccessMiddleware:
         if found is None:  # 404/405: the router answers, naming nothing that exists
             await self.app(scope, receive, send)
             return
-        template, params = found
+        template, _ = found
         rule = rule_for(scope["method"], template, protect_metrics=self.settings.protect_metrics)
         if rule.caller is Caller.ANYONE:
             await self.app(scope, receive, send)
@@ -402,10 +411,9 @@ class AccessMiddleware:
                 raise AuthorizationError("this route serves agents only")
             elif rule.caller is Caller.USER and not agent:
                 scope[USER_SCOPE] = principal
-                receive = await self._check_user(rule, scope, receive, params, principal, address)
+                receive = await self._check_user(rule, scope, receive, template, principal, address)
                 if rule.topic_listing and self.settings.authorization == "acl":
-                    keep = await self._topic_filter(principal or "", address)
-                    send = RewriteJson(send, keep)
+                    scope[RESULT_FILTER] = await self._topic_filter(principal or "", address)
         except LakelogError as e:
             await _refuse(send, e)
             return
@@ -425,16 +433,15 @@ class AccessMiddleware:
         return forget_then_send
 
     async def _topic_filter(self, principal: str, host: str) -> Callable[[Any], Any]:
-        """``GET /v1/topics`` for a user: the topics it may not DESCRIBE left out."""
+        """``list_topics`` for a user: the topics it may not DESCRIBE left out."""
         authorizer = await run_in_threadpool(self.acls.authorizer)
 
-        def keep(doc: Any) -> Any:
-            doc["topics"] = [
+        def keep(topics: list[TopicInfo]) -> list[TopicInfo]:
+            return [
                 t
-                for t in doc["topics"]
-                if authorizer.authorize(principal, host, Op.DESCRIBE, ResourceType.TOPIC, t["name"])
+                for t in topics
+                if authorizer.authorize(principal, host, Op.DESCRIBE, ResourceType.TOPIC, t.name)
             ]
-            return doc
 
         return keep
 
@@ -488,7 +495,7 @@ class AccessMiddleware:
         rule: Rule,
         scope: Scope,
         receive: Receive,
-        params: dict[str, Any],
+        template: str,
         principal: str | None,
         address: str,
     ) -> Receive:
@@ -496,20 +503,14 @@ class AccessMiddleware:
         ``receive`` to serve it with (the body read again if it was read here)."""
         if self.settings.authorization != "acl" or principal is None:
             return receive
-        body: Any = None
-        if rule.body:
+        args: Any = None
+        operation = OPERATIONS.get(template.removeprefix(PREFIX))
+        if rule.body and operation is not None:
             raw = await read_body(receive)
             receive = replay(raw)
-            try:
-                body = orjson.loads(raw) if raw else None
-            except orjson.JSONDecodeError:
-                body = None  # the route answers the malformed body itself
-        query = dict(
-            p.split("=", 1) if "=" in p else (p, "")
-            for p in scope.get("query_string", b"").decode("latin-1").split("&")
-            if p
-        )
-        request = Request(params, query, body, self.coordinator)
+            with suppress(msgspec.DecodeError):
+                args = operation.decode(raw)
+        request = Request(args, self.coordinator)
 
         def decide() -> list[Check]:
             authorizer = self.acls.authorizer()

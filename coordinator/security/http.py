@@ -320,13 +320,13 @@ class HttpSecurityStore:
 
     def settings(self) -> dict[str, Any]:
         """The coordinator's security settings (``GET /v1/security/settings``)."""
-        data: dict[str, Any] = self._coordinator._request(
+        data: dict[str, Any] = self._coordinator.request(
             "GET", "/v1/security/settings", idempotent=True
         )
         return data
 
     def _post(self, path: str, body: Any, *, idempotent: bool) -> Any:
-        return self._coordinator._request(  # the one transport, kept private there
+        return self._coordinator.request(  # the one transport, kept private there
             "POST",
             "/v1/security/" + path,
             body=body,
@@ -345,7 +345,7 @@ class HttpSecurityStore:
         self._post("users/delete", {"name": name}, idempotent=False)
 
     def list_users(self) -> list[UserInfo]:
-        data = self._coordinator._request(
+        data = self._coordinator.request(
             "GET", "/v1/security/users", idempotent=True, headers=self._headers
         )
         return [user_from_json(u) for u in data["users"]]

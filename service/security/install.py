@@ -39,10 +39,10 @@ def security_store(coordinator: Coordinator) -> SecurityStore:
 
     if isinstance(coordinator, LocalCoordinator):
         return SqlSecurityStore(coordinator.db)
-    from coordinator.http.client import HttpCoordinator
+    from coordinator.http.client import is_http_coordinator
     from coordinator.security.http import HttpSecurityStore
 
-    if isinstance(coordinator, HttpCoordinator):
+    if is_http_coordinator(coordinator):
         return HttpSecurityStore(coordinator)
     raise TypeError(f"no security store behind {coordinator!r}")
 

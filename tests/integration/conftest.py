@@ -36,7 +36,7 @@ import boto3
 import httpx
 import pytest
 
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.local import LocalCoordinator
 from index.log import LogReader
 from segments.store import open_store
@@ -257,7 +257,7 @@ def read_partition(
     cluster: Cluster, topic: str, partition: int, max_bytes: int = 1 << 20
 ) -> list[ConsumedRecord]:
     """Every record of a partition, straight from the coordinator and the bucket."""
-    coordinator = HttpCoordinator(cluster.coordinator_url)
+    coordinator = http_coordinator(cluster.coordinator_url)
     store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
     try:
         reader = LogReader(store, coordinator)
@@ -334,7 +334,7 @@ def served(
 @pytest.fixture
 def remote(served: tuple[str, str]) -> Iterator[HttpCoordinator]:
     """An HttpCoordinator on the served process."""
-    with HttpCoordinator(served[0]) as c:
+    with http_coordinator(served[0]) as c:
         yield c
 
 

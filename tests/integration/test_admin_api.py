@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from coordinator.log.topic_configs import CONFIG_DEFS, effective_configs
 from index.log import LogWriter
 from segments.segment import SegmentBuilder
@@ -110,7 +110,7 @@ def config_body(base: str, cid: str, topic: str, name: str, value: str, override
 
 def write_records(cluster: Cluster, topic: str, partition: int, count: int) -> list[int]:
     """Commit ``count`` records straight through the storage API (not the produce routes)."""
-    coordinator = HttpCoordinator(cluster.coordinator_url)
+    coordinator = http_coordinator(cluster.coordinator_url)
     store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
     try:
         info = coordinator.get_topic(topic)
@@ -725,7 +725,7 @@ def test_topic_cache_get_or_create(cluster: Cluster, unique_topic: Callable[[str
     from segments.errors import TopicNotFoundError
     from service.produce.topic_cache import TopicCache
 
-    coordinator = HttpCoordinator(cluster.coordinator_url)
+    coordinator = http_coordinator(cluster.coordinator_url)
     try:
         off = TopicCache(coordinator, ttl_s=60, auto_create=False)
         on = TopicCache(coordinator, ttl_s=60, auto_create=True, default_partitions=3)

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import BACKENDS, new_db_url
+from tests.coordinator_calls import op_path
 from tests.integration.conftest import Cluster, ClusterFactory, start_cluster
 from tests.integration.test_consumer_api import (
     BINARY,
@@ -284,9 +285,9 @@ def test_lag_of_thousands_of_partitions_costs_a_few_coordinator_calls(
     assert len(lags) == n
     assert (summary["total_lag"], summary["max_lag"]) == (4, 4)
     assert summary["max_lag_partition_id"] == n - 1
-    assert calls["/v1/topics/{name:path}/partitions/{partition}/offsets"] == 0
-    assert calls["/v1/offsets"] <= 4  # one per view (and the fetch poller, if any)
-    assert calls["/v1/groups/describe"] == 2
+    assert calls[op_path("offsets")] == 0
+    assert 2 <= calls[op_path("offsets_many")] <= 4  # one per view (and the fetch poller)
+    assert calls[op_path("describe_group")] == 2
 
 
 # -- memory bounds -------------------------------------------------------------------------

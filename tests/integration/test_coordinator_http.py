@@ -1,10 +1,11 @@
-"""The coordinator's HTTP API: exact statuses and bodies (TestClient over a real
-LocalCoordinator), and every Protocol method through HttpCoordinator against a real
-coordinator process, compared with LocalCoordinator on the same database. Everything
-runs on SQLite and on PostgreSQL."""
+"""The coordinator's HTTP API: exact statuses and bodies of its operations (``POST
+/v2/<name>``, MessagePack; TestClient over a real LocalCoordinator), and every Protocol
+method through the HTTP client against a real coordinator process, compared with
+LocalCoordinator on the same database. Everything runs on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -12,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
+from coordinator.api import MEDIA_TYPE
 from coordinator.client import ChunkCommit, Coordinator
-from coordinator.http.client import HttpCoordinator, topic_path
+from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.http.server import create_app, status_for
 from coordinator.local import LocalCoordinator
 from segments.errors import (
@@ -32,6 +35,7 @@ from segments.errors import (
 )
 from segments.store import open_store
 from segments.types import StoreLocation
+from tests.coordinator_calls import answer, call
 from tests.procs import start_coordinator
 from tests.unit.test_schema_store import SCENARIOS as SCHEMA_SCENARIOS
 
@@ -76,195 +80,232 @@ def _err(exc: LakelogError) -> dict[str, Any]:
     return {"error": type(exc).__name__, "message": exc.message, "retriable": exc.retriable}
 
 
-def _expect(call: Callable[[], object]) -> LakelogError:
+def _expect(attempt: Callable[[], object]) -> LakelogError:
     with pytest.raises(LakelogError) as info:
-        call()
+        attempt()
     return info.value
 
 
-def test_topic_routes_statuses_and_bodies(api: TestClient, local: LocalCoordinator) -> None:
-    r = api.post("/v1/topics", json={"name": "orders", "partitions": 3, "validate_only": True})
-    assert r.status_code == 200
-    assert r.json()["name"] == "orders"
-    assert api.get("/v1/topics").json() == {"topics": []}  # validate_only created nothing
+def _ok(resp: httpx.Response) -> Any:
+    """The decoded result of a successful call: every success is a 200 in MessagePack."""
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == MEDIA_TYPE
+    return answer(resp)
 
-    r = api.post("/v1/topics", json={"name": "orders", "partitions": 3, "configs": {}})
-    assert r.status_code == 201
+
+def _malformed(resp: httpx.Response) -> dict[str, Any]:
+    assert resp.status_code == 422, resp.content
+    body: dict[str, Any] = resp.json()
+    assert (body["error"], body["retriable"]) == ("MalformedRequestError", False)
+    return body
+
+
+def test_topic_operations_statuses_and_answers(api: TestClient, local: LocalCoordinator) -> None:
+    args = {"name": "orders", "partitions": 3, "validate_only": True}
+    assert _ok(call(api, "create_topic", args))["name"] == "orders"
+    assert _ok(call(api, "list_topics")) == []  # validate_only created nothing
+
+    created = _ok(call(api, "create_topic", {"name": "orders", "partitions": 3, "configs": {}}))
     t = local.get_topic("orders")
     body = {
         "name": "orders",
-        "topic_id": t.topic_id.hex(),
+        "topic_id": t.topic_id,  # bytes as bytes, not hex
         "partitions": 3,
         "configs": {},
         "defaults": {},
     }
-    assert r.json() == body
-    assert api.get("/v1/topics/orders").json() == body
-    assert api.get(f"/v1/topic-ids/{t.topic_id.hex()}").json() == body
-    assert api.get("/v1/topics").json() == {"topics": [body]}
+    assert created == body
+    assert _ok(call(api, "get_topic", {"name": "orders"})) == body
+    assert _ok(call(api, "get_topic_by_id", {"topic_id": t.topic_id})) == body
+    assert _ok(call(api, "list_topics")) == [body]
 
-    r = api.post("/v1/topics/orders/partitions", json={"partitions": 5})
-    assert (r.status_code, r.json()["partitions"]) == (200, 5)
+    grown = _ok(call(api, "add_partitions", {"name": "orders", "partitions": 5}))
+    assert grown["partitions"] == 5
+    assert local.get_topic("orders").partitions == 5
 
-    r = api.delete("/v1/topics/orders")
-    assert (r.status_code, r.content) == (204, b"")
-    assert api.get("/v1/topics").json() == {"topics": []}
+    assert _ok(call(api, "delete_topic", {"name": "orders"})) is None
+    assert _ok(call(api, "list_topics")) == []
+    assert local.list_topics() == []
 
 
 @pytest.mark.parametrize(
-    ("method", "path", "body", "status", "call"),
+    ("name", "args", "status", "call_local"),
     [
-        ("GET", "/v1/topics/nope", None, 404, lambda c: c.get_topic("nope")),
-        ("DELETE", "/v1/topics/nope", None, 404, lambda c: c.delete_topic("nope")),
+        ("get_topic", {"name": "nope"}, 404, lambda c: c.get_topic("nope")),
+        ("delete_topic", {"name": "nope"}, 404, lambda c: c.delete_topic("nope")),
+        ("offsets", {"topic": "nope", "partition": 0}, 404, lambda c: c.offsets("nope", 0)),
         (
-            "GET",
-            "/v1/topics/nope/partitions/0/offsets",
-            None,
-            404,
-            lambda c: c.offsets("nope", 0),
-        ),
-        (
-            "POST",
-            "/v1/topics",
+            "create_topic",
             {"name": "a b", "partitions": 1},
             400,
             lambda c: c.create_topic("a b", 1),
         ),
+        ("create_topic", {"name": "ok", "partitions": 0}, 400, lambda c: c.create_topic("ok", 0)),
         (
-            "POST",
-            "/v1/topics",
-            {"name": "ok", "partitions": 0},
-            400,
-            lambda c: c.create_topic("ok", 0),
-        ),
-        (
-            "POST",
-            "/v1/topics",
+            "create_topic",
             {"name": "ok", "partitions": 1, "configs": {"no.such.config": "1"}},
             400,
             lambda c: c.create_topic("ok", 1, {"no.such.config": "1"}),
         ),
         (
-            "GET",
-            "/v1/topic-ids/" + "00" * 16,
-            None,
+            "get_topic_by_id",
+            {"topic_id": bytes(16)},
             404,
             lambda c: c.get_topic_by_id(bytes(16)),
         ),
+        # Names that were path segments once reach the coordinator as they are (no
+        # URL decoding, no path normalisation) and get its error for that very name.
+        ("get_topic", {"name": "a/b"}, 404, lambda c: c.get_topic("a/b")),
+        ("get_topic", {"name": ".."}, 404, lambda c: c.get_topic("..")),
+        ("get_topic", {"name": "."}, 404, lambda c: c.get_topic(".")),
+        ("get_topic", {"name": "a%2Fb"}, 404, lambda c: c.get_topic("a%2Fb")),
+        ("delete_topic", {"name": "../x"}, 404, lambda c: c.delete_topic("../x")),
+        ("create_topic", {"name": "a/b", "partitions": 1}, 400, lambda c: c.create_topic("a/b", 1)),
+        ("create_topic", {"name": "..", "partitions": 1}, 400, lambda c: c.create_topic("..", 1)),
+        ("create_topic", {"name": ".", "partitions": 1}, 400, lambda c: c.create_topic(".", 1)),
     ],
 )
 def test_errors_have_exact_status_and_body(
     api: TestClient,
     local: LocalCoordinator,
-    method: str,
-    path: str,
-    body: Any,
+    name: str,
+    args: dict[str, Any],
     status: int,
-    call: Callable[[Coordinator], object],
+    call_local: Callable[[Coordinator], object],
 ) -> None:
-    expected = _expect(lambda: call(local))
-    r = api.request(method, path, json=body)
+    expected = _expect(lambda: call_local(local))
+    r = call(api, name, args)
     assert r.status_code == status
     assert r.json() == _err(expected)
+    assert local.list_topics() == []  # nothing was created on the way
 
 
-def test_commit_route_statuses_and_bodies(api: TestClient, local: LocalCoordinator) -> None:
+def test_odd_topic_names_round_trip(api: TestClient, local: LocalCoordinator) -> None:
+    """Names that are legal topics but odd in a URL path ("...", dots, dashes, the
+    longest name) are sent in the body: each is created, found by name and by id, read
+    and deleted as itself, raw and through the client (replaces the old check that the
+    client's path helper kept such names in one path segment)."""
+    names = ["...", "a..b", ".a", "-_.", "v2", "a" * 249]
+    client = http_coordinator("http://testserver", client=api)
+    for n in names:
+        created = _ok(call(api, "create_topic", {"name": n, "partitions": 1}))
+        assert created["name"] == n
+        assert local.get_topic(n).topic_id == created["topic_id"]
+        assert _ok(call(api, "get_topic", {"name": n})) == created
+        assert _ok(call(api, "get_topic_by_id", {"topic_id": created["topic_id"]}))["name"] == n
+        assert _ok(call(api, "offsets", {"topic": n, "partition": 0}))["high_watermark"] == 0
+        assert client.get_topic(n) == local.get_topic(n)
+    assert sorted(t["name"] for t in _ok(call(api, "list_topics"))) == sorted(names)
+    for n in names:
+        assert _ok(call(api, "delete_topic", {"name": n})) is None
+        with pytest.raises(TopicNotFoundError) as gone:
+            local.get_topic(n)
+        r = call(api, "get_topic", {"name": n})
+        assert (r.status_code, r.json()) == (404, _err(gone.value))
+
+
+def _wire_chunk(topic_id: bytes | str, **changes: Any) -> dict[str, Any]:
+    chunk = {
+        "topic_id": topic_id,
+        "partition": 1,
+        "position": 0,
+        "length": 10,
+        "record_count": 4,
+        "min_timestamp_ms": 5,
+        "max_timestamp_ms": 9,
+    }
+    return {**chunk, **changes}
+
+
+def test_commit_statuses_and_answers(api: TestClient, local: LocalCoordinator) -> None:
     t = local.create_topic("log", 2)
-    chunks = [
-        {
-            "topic_id": t.topic_id.hex(),
-            "partition": 1,
-            "position": 0,
-            "length": 10,
-            "record_count": 4,
-            "min_timestamp_ms": 5,
-            "max_timestamp_ms": 9,
-        }
-    ]
-    r = api.post("/v1/commit", json={"object_key": "segments/aa/1.seg", "chunks": chunks})
-    assert (r.status_code, r.json()) == (200, {"base_offsets": [0]})
+    chunks = [_wire_chunk(t.topic_id)]
+    args = {"object_key": "segments/aa/1.seg", "chunks": chunks}
+    assert _ok(call(api, "commit", args)) == [0]
     # The same key and chunks again: the same offsets, nothing assigned twice.
-    r = api.post("/v1/commit", json={"object_key": "segments/aa/1.seg", "chunks": chunks})
-    assert (r.status_code, r.json()) == (200, {"base_offsets": [0]})
-    assert api.get("/v1/topics/log/partitions/1/offsets").json() == {
+    assert _ok(call(api, "commit", args)) == [0]
+    assert _ok(call(api, "offsets", {"topic": "log", "partition": 1})) == {
         "log_start": 0,
         "high_watermark": 4,
-        "topic_id": t.topic_id.hex(),
+        "topic_id": t.topic_id,
     }
 
-    other = [{**chunks[0], "record_count": 5}]
-    r = api.post("/v1/commit", json={"object_key": "segments/aa/1.seg", "chunks": other})
-    assert r.status_code == 409
-    assert r.json()["error"] == "CommitConflictError"
+    other = [_wire_chunk(t.topic_id, record_count=5)]
+    r = call(api, "commit", {"object_key": "segments/aa/1.seg", "chunks": other})
+    assert (r.status_code, r.json()["error"]) == (409, "CommitConflictError")
 
-    bad_partition = [{**chunks[0], "partition": 7}]
-    r = api.post("/v1/commit", json={"object_key": "segments/aa/2.seg", "chunks": bad_partition})
-    assert r.status_code == 404
-    assert r.json()["error"] == "PartitionNotFoundError"
+    bad_partition = [_wire_chunk(t.topic_id, partition=7)]
+    r = call(api, "commit", {"object_key": "segments/aa/2.seg", "chunks": bad_partition})
+    assert (r.status_code, r.json()["error"]) == (404, "PartitionNotFoundError")
 
-    for bad in (b"{not json", b'{"object_key": "k"}', b'{"object_key": 3, "chunks": []}'):
-        r = api.post("/v1/commit", content=bad)
-        assert r.status_code == 422
-        assert r.json()["error"] == "MalformedRequestError"
-        assert r.json()["retriable"] is False
-    r = api.post(
-        "/v1/commit", json={"object_key": "k", "chunks": [{**chunks[0], "partition": "1"}]}
-    )
-    assert (r.status_code, r.json()["error"]) == (422, "MalformedRequestError")
-    # None of the rejected commits moved the high watermark.
+    key = "segments/aa/3.seg"
+    # What a /v1 client sent: the arguments as JSON (topic id in hex), not MessagePack.
+    v1_body = json.dumps({"object_key": key, "chunks": [_wire_chunk(t.topic_id.hex())]})
+    malformed: list[dict[str, Any] | bytes] = [
+        b"{not json",
+        v1_body.encode(),
+        b"",
+        b"\xc1",  # never a MessagePack byte
+        {"object_key": key},  # chunks missing
+        {"object_key": 3, "chunks": chunks},
+        {"object_key": "", "chunks": chunks},
+        {"object_key": key, "chunks": []},
+        {"object_key": key, "chunks": [_wire_chunk(t.topic_id, record_count=-1)]},
+        {"object_key": key, "chunks": chunks, "extra": 1},
+        {"object_key": key, "chunks": [_wire_chunk(t.topic_id, partition="1")]},
+        {"object_key": key, "chunks": [_wire_chunk(t.topic_id, partition=True)]},
+        {"object_key": key, "chunks": [_wire_chunk(t.topic_id.hex())]},  # hex is not bytes
+        {"object_key": key, "chunks": [{k: v for k, v in chunks[0].items() if k != "length"}]},
+        msgspec.msgpack.encode([key, chunks]),  # positional: not a map of the arguments
+    ]
+    for bad in malformed:
+        _malformed(call(api, "commit", bad))
+    # None of the rejected commits stored anything or moved the high watermark.
     assert local.offsets("log", 1).high_watermark == 4
+    assert local.committed_object_keys([key, "segments/aa/2.seg"]) == set()
 
 
-def test_lookup_routes(api: TestClient, local: LocalCoordinator) -> None:
+def test_lookup_operations(api: TestClient, local: LocalCoordinator) -> None:
     t = local.create_topic("lk", 1)
     local.commit("segments/aa/1.seg", [_chunk(t.topic_id, 0, 3, ts=100)])
     local.commit("segments/aa/2.seg", [_chunk(t.topic_id, 0, 2, ts=200)])
-    r = api.get("/v1/topics/lk/partitions/0/lookup", params={"offset": 3, "max_chunks": 5})
-    assert r.status_code == 200
-    assert r.json() == {
-        "chunks": [
-            {
-                "object_key": "segments/aa/2.seg",
-                "position": 0,
-                "length": 100,
-                "base_offset": 3,
-                "record_count": 2,
-                "min_timestamp_ms": 200,
-                "max_timestamp_ms": 210,
-                "kind": "segment",
-            }
-        ]
-    }
-    r = api.get("/v1/topics/lk/partitions/0/lookup-timestamp", params={"ts": 10_000})
-    assert (r.status_code, r.json()) == (200, {"chunk": None})
-    r = api.get("/v1/topics/lk/partitions/0/lookup")  # offset is required
-    assert (r.status_code, r.json()["error"]) == (422, "MalformedRequestError")
+    args = {"topic": "lk", "partition": 0, "offset": 3, "max_chunks": 5}
+    assert _ok(call(api, "lookup", args)) == [
+        {
+            "object_key": "segments/aa/2.seg",
+            "position": 0,
+            "length": 100,
+            "base_offset": 3,
+            "record_count": 2,
+            "min_timestamp_ms": 200,
+            "max_timestamp_ms": 210,
+            "kind": "segment",
+        }
+    ]
+    args = {"topic": "lk", "partition": 0, "timestamp_ms": 150}
+    assert _ok(call(api, "lookup_timestamp", args))["object_key"] == "segments/aa/2.seg"
+    args = {"topic": "lk", "partition": 0, "timestamp_ms": 10_000}
+    assert _ok(call(api, "lookup_timestamp", args)) is None
+    _malformed(call(api, "lookup", {"topic": "lk", "partition": 0}))  # offset is required
 
 
 def test_health_and_metrics(api: TestClient, local: LocalCoordinator) -> None:
     assert (api.get("/health").status_code, api.get("/health").json()) == (200, {"status": "ok"})
     t = local.create_topic("m", 1)
     for i in range(3):
-        payload = {
+        args = {
             "object_key": f"segments/m/{i}.seg",
-            "chunks": [
-                {
-                    "topic_id": t.topic_id.hex(),
-                    "partition": 0,
-                    "position": 0,
-                    "length": 1,
-                    "record_count": 2,
-                    "min_timestamp_ms": 0,
-                    "max_timestamp_ms": 0,
-                }
-            ],
+            "chunks": [_wire_chunk(t.topic_id, partition=0, length=1, record_count=2)],
         }
-        assert api.post("/v1/commit", json=payload).status_code == 200
+        _ok(call(api, "commit", args))
+    _malformed(call(api, "commit", {"object_key": "segments/m/x.seg"}))
     text = api.get("/metrics").text
     assert 'lakelog_coordinator_commits_total{outcome="ok"} 3.0' in text
+    assert 'lakelog_coordinator_commits_total{outcome="MalformedRequestError"} 1.0' in text
     assert "lakelog_coordinator_committed_chunks_total 3.0" in text
     assert "lakelog_coordinator_committed_records_total 6.0" in text
-    assert "lakelog_coordinator_commit_seconds_count 3.0" in text
+    assert "lakelog_coordinator_commit_seconds_count 4.0" in text
+    assert 'lakelog_coordinator_requests_total{method="POST",route="/v2/commit"} 4.0' in text
 
 
 def test_two_apps_have_separate_registries(local: LocalCoordinator) -> None:
@@ -295,7 +336,8 @@ def test_every_protocol_method_round_trips(
     cluster = remote.cluster_id()
     assert cluster == served_db.cluster_id()
     assert len(cluster) == 22
-    assert httpx.get(f"{served[0]}/v1/cluster").json() == {"cluster_id": cluster}
+    with httpx.Client(base_url=served[0]) as h:
+        assert _ok(call(h, "cluster_id")) == cluster
 
     planned = remote.create_topic(name, 2, {"retention.ms": "60000"}, validate_only=True)
     assert (planned.name, planned.partitions) == (name, 2)
@@ -390,17 +432,19 @@ def _bad_config_setup(c: Coordinator) -> Callable[[Coordinator], object]:
 
 
 def _fixed(
-    call: Callable[[Coordinator], object],
+    act: Callable[[Coordinator], object],
 ) -> Callable[[Coordinator], Callable[[Coordinator], object]]:
-    return lambda _c: call
+    return lambda _c: act
 
 
 @pytest.mark.parametrize(
     ("setup", "cls"),
     [
         (_fixed(lambda c: c.get_topic("no-such-topic")), TopicNotFoundError),
-        (_fixed(lambda c: c.get_topic("a/b")), None),
-        (_fixed(lambda c: c.get_topic("..")), None),
+        (_fixed(lambda c: c.get_topic("a/b")), TopicNotFoundError),
+        (_fixed(lambda c: c.get_topic("..")), TopicNotFoundError),
+        (_fixed(lambda c: c.get_topic("a%2Fb")), TopicNotFoundError),
+        (_fixed(lambda c: c.delete_topic("../x")), TopicNotFoundError),
         (_fixed(lambda c: c.delete_topic("no-such-topic")), TopicNotFoundError),
         (_fixed(lambda c: c.get_topic_by_id(b"\x01" * 16)), TopicNotFoundError),
         (_fixed(lambda c: c.offsets("no-such-topic", 0)), TopicNotFoundError),
@@ -408,6 +452,7 @@ def _fixed(
         (_fixed(lambda c: c.create_topic("bad name!", 1)), InvalidTopicNameError),
         (_fixed(lambda c: c.create_topic("..", 1)), InvalidTopicNameError),
         (_fixed(lambda c: c.create_topic("a/b", 1)), InvalidTopicNameError),
+        (_fixed(lambda c: c.create_topic(".", 1)), InvalidTopicNameError),
         (_fixed(lambda c: c.create_topic(_name(), 0)), InvalidPartitionsError),
         (_fixed(lambda c: c.create_topic(_name(), 1, {"no.such": "x"})), InvalidConfigError),
         (_exists_setup, TopicExistsError),
@@ -421,18 +466,15 @@ def test_errors_map_back_to_the_same_class_and_message(
     remote: HttpCoordinator,
     served_db: LocalCoordinator,
     setup: Callable[[Coordinator], Callable[[Coordinator], object]],
-    cls: type[LakelogError] | None,
+    cls: type[LakelogError],
 ) -> None:
-    """The error raised through HTTP is the one LocalCoordinator raises, unchanged.
-
-    ``cls`` None: whatever LocalCoordinator raises for a name that cannot be a
-    path segment ("a/b", ".."), HTTP must raise the same.
-    """
-    call = setup(remote)
-    expected = _expect(lambda: call(served_db))
-    got = _expect(lambda: call(remote))
-    if cls is not None:
-        assert type(expected) is cls
+    """The error raised through HTTP is the one LocalCoordinator raises, unchanged,
+    also for names that cannot be URL path segments ("a/b", "..", "a%2Fb"): they reach
+    the coordinator as they are and its message names them as they are."""
+    act = setup(remote)
+    expected = _expect(lambda: act(served_db))
+    got = _expect(lambda: act(remote))
+    assert type(expected) is cls
     assert type(got) is type(expected)
     assert (got.message, got.retriable) == (expected.message, expected.retriable)
 
@@ -440,38 +482,37 @@ def test_errors_map_back_to_the_same_class_and_message(
 def test_store_route_tells_readers_where_the_objects_are(
     local: LocalCoordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GET /v1/store: URL, endpoint and region for Spark jobs, nulls without a store, and
-    a relative file:// store made absolute (a Spark executor runs elsewhere)."""
+    """store_location: URL, endpoint and region for Spark jobs, None without a store, and
+    a relative file:// store made absolute (a Spark executor runs elsewhere); without a
+    store, find_orphans is refused."""
     with TestClient(create_app(local)) as client:
-        assert client.get("/v1/store").json() == {"url": None, "endpoint": None, "region": None}
-        assert HttpCoordinator("http://testserver", client=client).store_location() is None
+        assert _ok(call(client, "store_location")) is None
+        assert http_coordinator("http://testserver", client=client).store_location() is None
+        body = _malformed(call(client, "find_orphans", {"grace_s": 0.0}))
+        assert body["message"] == "this coordinator has no object store"
     told = StoreLocation("s3://bucket/lakelog", "http://127.0.0.1:9000", "eu-west-1")
     with TestClient(create_app(local, None, told)) as client:
-        r = client.get("/v1/store")
-        assert r.status_code == 200
-        assert r.json() == {
+        assert _ok(call(client, "store_location")) == {
             "url": "s3://bucket/lakelog",
             "endpoint": "http://127.0.0.1:9000",
             "region": "eu-west-1",
         }
-        assert HttpCoordinator("http://testserver", client=client).store_location() == told
+        assert http_coordinator("http://testserver", client=client).store_location() == told
     monkeypatch.chdir(tmp_path)
     store = open_store("file://./data")
-    with TestClient(create_app(local, store)) as client:
-        assert client.get("/v1/store").json()["url"] == f"file://{tmp_path}/data"
-
-
-def test_topic_path_keeps_odd_names_in_one_segment() -> None:
-    assert topic_path("orders") == "/v1/topics/orders"
-    assert topic_path("a/b") == "/v1/topics/a%2Fb"
-    assert topic_path("..") == "/v1/topics/%2E%2E"
+    try:
+        with TestClient(create_app(local, store)) as client:
+            assert _ok(call(client, "store_location"))["url"] == f"file://{tmp_path}/data"
+            assert _ok(call(client, "find_orphans", {"grace_s": 0.0})) == []
+    finally:
+        store.close()
 
 
 def test_a_killed_server_raises_unavailable(tmp_path: Path, db_url: str) -> None:
     """After the process is gone, a call raises CoordinatorUnavailableError, not httpx errors."""
     proc, url = start_coordinator(tmp_path, db_url)
     try:
-        with HttpCoordinator(url, timeout=2.0) as c:
+        with http_coordinator(url, timeout=2.0) as c:
             assert c.list_topics() == []
             proc.kill()
             with pytest.raises(CoordinatorUnavailableError) as info:
@@ -492,26 +533,23 @@ def test_schema_store_over_http(remote: HttpCoordinator, scenario: object) -> No
     scenario(remote)
 
 
-def test_schema_routes_statuses(api: TestClient) -> None:
-    r = api.post("/v1/schemas/versions", json={"subject": "nope"})
+def test_schema_operations_statuses(api: TestClient, local: LocalCoordinator) -> None:
+    r = call(api, "subject_versions", {"subject": "nope"})
     assert r.status_code == 404
     assert r.json() == {
         "error": "SubjectNotFoundError",
         "message": "Subject 'nope' not found.",
         "retriable": False,
     }
-    r = api.post("/v1/schemas/register", json={"subject": "s", "schema_type": "AVRO"})
-    assert (r.status_code, r.json()["error"]) == (422, "MalformedRequestError")
-    r = api.post(
-        "/v1/schemas/register",
-        json={"subject": "s", "schema_type": "AVRO", "schema": '"int"', "references": []},
-    )
-    assert r.status_code == 200
-    assert r.json()["schema"] == {
-        "schema_id": 1,
-        "schema_type": "AVRO",
-        "schema": '"int"',
-        "references": [],
+    _malformed(call(api, "register_schema", {"subject": "s", "schema_type": "AVRO"}))
+    assert local.list_subjects() == []  # the malformed registration stored nothing
+    args = {"subject": "s", "schema_type": "AVRO", "schema": '"int"', "references": []}
+    assert _ok(call(api, "register_schema", args)) == {
+        "subject": "s",
+        "version": 1,
+        "schema": {"schema_id": 1, "schema_type": "AVRO", "schema": '"int"', "references": []},
+        "deleted": False,
     }
-    r = api.post("/v1/schemas/config/set", json={"subject": "s", "level": "nah"})
+    r = call(api, "set_compatibility", {"subject": "s", "level": "nah"})
     assert (r.status_code, r.json()["error"]) == (422, "InvalidCompatibilityLevelError")
+    assert local.get_compatibility("s") is None

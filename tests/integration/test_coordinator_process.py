@@ -19,12 +19,13 @@ import httpx
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.janitors.orphans import find_orphans
-from segments.errors import CoordinatorUnavailableError, TopicExistsError
+from segments.errors import CoordinatorUnavailableError, MalformedRequestError, TopicExistsError
 from segments.store import open_store
 from segments.types import ChunkRef
 from tests.conftest import BACKENDS, new_db_url
+from tests.coordinator_calls import answer, call, op_path
 from tests.procs import Proc, free_port, start_coordinator
 
 pytestmark = pytest.mark.integration
@@ -77,7 +78,7 @@ def _writer(url: str, topic_id_hex: str, writer: str, n: int, seed: int) -> Writ
     rng = random.Random(seed)
     topic_id = bytes.fromhex(topic_id_hex)
     out: WriterLog = []
-    with HttpCoordinator(url, timeout=30.0) as c:
+    with http_coordinator(url, timeout=30.0) as c:
         for i in range(n):
             parts = rng.sample(range(PARTITIONS), rng.randint(1, 3))
             plan = [(p, rng.randint(1, 4)) for p in parts]
@@ -103,7 +104,7 @@ def test_concurrent_commits_over_http_keep_offsets_contiguous(
     _, url, db_url = coord
     more = [start_coordinator(tmp_path, db_url) for _ in range(2)]
     urls = [url] + [u for _, u in more]
-    with HttpCoordinator(url) as c:
+    with http_coordinator(url) as c:
         topic = c.create_topic("race", PARTITIONS)
     tid = topic.topic_id.hex()
     spawn = multiprocessing.get_context("spawn")
@@ -139,7 +140,7 @@ def test_concurrent_commits_over_http_keep_offsets_contiguous(
                 assert base > last_base.get(p, -1)
                 last_base[p] = base
 
-    with HttpCoordinator(url) as c:
+    with http_coordinator(url) as c:
         seen = 0
         for p in range(PARTITIONS):
             refs = _all_refs(c, "race", p)
@@ -162,7 +163,7 @@ def test_sigkill_and_restart_keeps_all_state(tmp_path: Path, db_url: str) -> Non
     on from the old high watermark."""
     port = free_port()
     proc, url = start_coordinator(tmp_path, db_url, port=port)
-    with HttpCoordinator(url, timeout=5.0) as c:
+    with http_coordinator(url, timeout=5.0) as c:
         cluster = c.cluster_id()
         a = c.create_topic("alpha", 3, {"retention.ms": "3600000"})
         b = c.create_topic("beta", 1)
@@ -181,7 +182,7 @@ def test_sigkill_and_restart_keeps_all_state(tmp_path: Path, db_url: str) -> Non
 
     proc2, url2 = start_coordinator(tmp_path, db_url, port=port)
     try:
-        with HttpCoordinator(url2, timeout=5.0) as c:
+        with http_coordinator(url2, timeout=5.0) as c:
             assert c.cluster_id() == cluster
             assert c.list_topics() == before_topics
             assert c.get_topic("alpha").configs == {"retention.ms": "3600000"}
@@ -211,7 +212,7 @@ def test_sigkill_and_restart_keeps_all_state(tmp_path: Path, db_url: str) -> Non
 
 def test_dead_url_raises_unavailable() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    with HttpCoordinator(dead, timeout=2.0) as c:
+    with http_coordinator(dead, timeout=2.0) as c:
         with pytest.raises(CoordinatorUnavailableError) as info:
             c.list_topics()
         assert info.value.retriable is True
@@ -225,7 +226,7 @@ def test_dead_url_raises_unavailable() -> None:
 def test_fails_over_to_the_next_url(shared: str) -> None:
     url = shared
     dead = f"http://127.0.0.1:{free_port()}"
-    with HttpCoordinator([dead, url], timeout=2.0) as c:
+    with http_coordinator([dead, url], timeout=2.0) as c:
         t = c.create_topic("fo", 1)
         assert c.commit("segments/f/1.seg", [ChunkCommit(t.topic_id, 0, 0, 1, 3, 0, 0)]) == [0]
         assert c.offsets("fo", 0).high_watermark == 3
@@ -244,7 +245,7 @@ class _DropFirstCommitReply(httpx.HTTPTransport):
         path = request.url.path
         with self._lock:
             drop = request.method == "POST" and (
-                (path == "/v1/commit" and self.dropped == 0) or path == "/v1/topics"
+                (path == op_path("commit") and self.dropped == 0) or path == op_path("create_topic")
             )
             if drop:
                 self.dropped += 1
@@ -260,10 +261,10 @@ def test_commit_whose_reply_was_lost_is_retried_without_double_assigning(shared:
     re-sends it, and idempotency by object key gives the same offsets once. A topic
     creation whose reply was lost is NOT re-sent: it surfaces as unavailable."""
     url = shared
-    with HttpCoordinator(url) as plain:
+    with http_coordinator(url) as plain:
         t = plain.create_topic("lost", 1)
     transport = _DropFirstCommitReply()
-    with httpx.Client(transport=transport) as raw, HttpCoordinator(url, client=raw) as c:
+    with httpx.Client(transport=transport) as raw, http_coordinator(url, client=raw) as c:
         chunk = ChunkCommit(t.topic_id, 0, 0, 10, 4, 0, 0)
         assert c.commit("segments/l/1.seg", [chunk]) == [0]
         assert transport.dropped == 1
@@ -295,7 +296,7 @@ def test_health_and_metrics_answer(shared: str) -> None:
     n0 = _metric(before, ok, missing=0.0)
     s0 = _metric(before, "lakelog_coordinator_commit_seconds_count")
     c0 = _metric(before, "lakelog_coordinator_committed_chunks_total")
-    with HttpCoordinator(url) as c:
+    with http_coordinator(url) as c:
         t = c.create_topic("met", 2)
         for i in range(5):
             c.commit(f"segments/m/{i}.seg", [ChunkCommit(t.topic_id, i % 2, 0, 1, 10, 0, 0)])
@@ -320,7 +321,7 @@ def test_crash_between_put_and_commit_leaves_no_record_and_an_orphan(
     proc, url = start_coordinator(tmp_path, db_url, store_url=s3_url, store_endpoint=moto_endpoint)
     store = open_store(s3_url, endpoint_url=moto_endpoint)
     try:
-        with HttpCoordinator(url) as c:
+        with http_coordinator(url) as c:
             t = c.create_topic("inv3", 1)
             committed_key = f"segments/a1/{uuid.uuid4().hex}.seg"
             crashed_key = f"segments/b2/{uuid.uuid4().hex}.seg"
@@ -340,14 +341,19 @@ def test_crash_between_put_and_commit_leaves_no_record_and_an_orphan(
             assert [o.key for o in find_orphans(store, c, grace_s=0)] == [crashed_key]
             assert c.find_orphans(grace_s=3600) == []
             assert find_orphans(store, c, grace_s=3600) == []
-            r = httpx.get(f"{url}/v1/orphans", params={"grace_s": 0})
-            assert r.status_code == 200
-            assert [o["key"] for o in r.json()["orphans"]] == [crashed_key]
-            assert r.json()["orphans"][0]["size"] == len(b"crashed-segment-bytes")
+            r = call(httpx, "find_orphans", {"grace_s": 0}, base=url)
+            assert r.status_code == 200, r.text
+            assert [o["key"] for o in answer(r)] == [crashed_key]
+            assert answer(r)[0]["size"] == len(b"crashed-segment-bytes")
     finally:
         store.close()
         proc.stop()
 
 
-def test_orphans_route_absent_without_a_store(shared: str) -> None:
-    assert httpx.get(f"{shared}/v1/orphans", params={"grace_s": 0}).status_code == 404
+def test_find_orphans_is_refused_without_a_store(shared: str) -> None:
+    r = call(httpx, "find_orphans", {"grace_s": 0}, base=shared)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "MalformedRequestError"
+    assert "no object store" in r.json()["message"]
+    with http_coordinator(shared) as c, pytest.raises(MalformedRequestError):
+        c.find_orphans(grace_s=0)

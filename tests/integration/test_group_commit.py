@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from coordinator.local import LocalCoordinator
 from segments.errors import PartitionNotFoundError
 from tests.conftest import backend_of, new_db_url
@@ -52,7 +52,7 @@ def http_writers(
     errors: list[str] = []
     poison_errors: list[str] = []
     lock = threading.Lock()
-    with HttpCoordinator(url, timeout=60) as coord:
+    with http_coordinator(url, timeout=60) as coord:
 
         def writer(t: int) -> None:
             try:

@@ -1,7 +1,8 @@
 """Consumer groups over the coordinator's HTTP API: a real coordinator process
-(``lakelog coordinator``), driven through HttpCoordinator and compared with a
-LocalCoordinator on the same database file; raw requests for exact statuses and
-bodies; two clients in two threads racing on one group."""
+(``lakelog coordinator``), driven through the HTTP client and compared with a
+LocalCoordinator on the same database file; raw calls (``POST /v2/<name>``,
+MessagePack) for exact statuses and bodies; two clients in two threads racing on one
+group."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from coordinator.client import ChunkCommit
 from coordinator.groups.model import CommittedOffset, ConsumerConfig, ConsumerHeartbeat
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.local import LocalCoordinator
 from segments.errors import (
     ConsumerExistsError,
@@ -31,6 +32,7 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import TopicPartition as TP
+from tests.coordinator_calls import answer, call
 
 pytestmark = pytest.mark.integration
 
@@ -140,9 +142,9 @@ def test_errors_come_back_as_the_same_classes(remote: HttpCoordinator) -> None:
             lambda: remote.commit_offsets(group, "a", {TP("x", 0): CommittedOffset(1)}),
         ),
     ]
-    for cls, call in cases:
+    for cls, attempt in cases:
         with pytest.raises(cls):
-            call()
+            attempt()
     state = remote.subscribe(group, "a", [topic])
     remote.create_consumer(group, "b", ConsumerConfig())
     remote.subscribe(group, "b", [topic])
@@ -155,13 +157,25 @@ def test_errors_come_back_as_the_same_classes(remote: HttpCoordinator) -> None:
     assert remote.committed_offsets(group, [TP(topic, 0)]) == {}
 
 
-def test_exact_statuses_and_bodies(served: tuple[str, str]) -> None:
+def _ok(resp: httpx.Response) -> Any:
+    """The decoded result of a successful call: every success is a 200."""
+    assert resp.status_code == 200, resp.text
+    return answer(resp)
+
+
+def _error(resp: httpx.Response) -> tuple[int, Any]:
+    """(status, error class name) of a refused call; (200, the result) of one that was not."""
+    if resp.status_code == 200:
+        return 200, answer(resp)
+    return resp.status_code, resp.json()["error"]
+
+
+def test_exact_statuses_and_bodies(served: tuple[str, str], served_db: LocalCoordinator) -> None:
     url = served[0]
     group = uniq("g")
     with httpx.Client(base_url=url) as h:
-        r = h.post("/v1/consumers/create", json={"group": group, "name": "a"})
-        assert r.status_code == 201
-        assert r.json()["config"] == {
+        created = _ok(call(h, "create_consumer", {"group": group, "name": "a", "config": {}}))
+        assert created["config"] == {
             "format": "binary",
             "auto_offset_reset": "latest",
             "auto_commit": True,
@@ -175,8 +189,8 @@ def test_exact_statuses_and_bodies(served: tuple[str, str]) -> None:
             "isolation_level": "read_uncommitted",
             "owner": "",
         }
-        assert r.json()["generation"] == 1
-        r = h.post("/v1/consumers/create", json={"group": group, "name": "a"})
+        assert (created["group"], created["name"], created["generation"]) == (group, "a", 1)
+        r = call(h, "create_consumer", {"group": group, "name": "a", "config": {}})
         assert r.status_code == 409
         assert r.json() == {
             "error": "ConsumerExistsError",
@@ -185,41 +199,78 @@ def test_exact_statuses_and_bodies(served: tuple[str, str]) -> None:
             ),
             "retriable": False,
         }
-        r = h.post("/v1/consumers/get", json={"group": group, "name": "zz"})
+        r = call(h, "consumer", {"group": group, "name": "zz"})
         assert r.status_code == 404
         assert r.json() == {
             "error": "ConsumerNotFoundError",
             "message": f"Consumer instance 'zz' not found in group '{group}'.",
             "retriable": False,
         }
-        r = h.post(
-            "/v1/consumers/subscribe",
-            json={"group": group, "name": "a", "topics": [], "pattern": None},
-        )
-        assert r.status_code == 409
-        assert r.json()["error"] == "ConsumerStateError"
-        r = h.post(
-            "/v1/consumers/seek", json={"group": group, "name": "a", "positions": [{"topic": "t"}]}
-        )
-        assert r.status_code == 422
-        assert r.json()["error"] == "MalformedRequestError"
-        r = h.post(
-            "/v1/consumers/create", json={"group": group, "name": "c", "config": {"nope": 1}}
-        )
-        assert (r.status_code, r.json()["error"]) == (422, "MalformedRequestError")
-        r = h.post(
-            "/v1/consumers/create", json={"group": group, "name": "c", "config": {"format": "xml"}}
-        )
-        assert (r.status_code, r.json()["error"]) == (400, "InvalidConsumerConfigError")
-        r = h.post(
-            "/v1/consumers/advance",
-            json={"group": group, "name": "a", "generation": 0, "positions": []},
-        )
-        assert (r.status_code, r.json()["error"]) == (409, "StaleGenerationError")
-        r = h.post("/v1/groups/describe", json={"group": uniq("none")})
-        assert (r.status_code, r.json()["error"]) == (404, "GroupNotFoundError")
-        r = h.post("/v1/consumers/delete", json={"group": group, "name": "a"})
-        assert (r.status_code, r.content) == (204, b"")
+        r = call(h, "subscribe", {"group": group, "name": "a", "topics": [], "pattern": None})
+        assert _error(r) == (409, "ConsumerStateError")
+        r = call(h, "seek", {"group": group, "name": "a", "positions": [{"topic": "t"}]})
+        assert _error(r) == (422, "MalformedRequestError")
+        assert r.json()["retriable"] is False
+        r = call(h, "create_consumer", {"group": group, "name": "c"})  # config is required
+        assert _error(r) == (422, "MalformedRequestError")
+        r = call(h, "create_consumer", {"group": group, "name": "c", "config": {"format": 1}})
+        assert _error(r) == (422, "MalformedRequestError")
+        r = call(h, "create_consumer", {"group": group, "name": "c", "config": {"format": "xml"}})
+        assert _error(r) == (400, "InvalidConsumerConfigError")
+        # None of the refused creations made a consumer.
+        with pytest.raises(ConsumerNotFoundError):
+            served_db.consumer(group, "c", touch=False)
+        r = call(h, "advance", {"group": group, "name": "a", "generation": 0, "positions": {}})
+        assert _error(r) == (409, "StaleGenerationError")
+        r = call(h, "describe_group", {"group": uniq("none")})
+        assert _error(r) == (404, "GroupNotFoundError")
+        assert _ok(call(h, "delete_consumer", {"group": group, "name": "a"})) is None
+        with pytest.raises(ConsumerNotFoundError):
+            served_db.consumer(group, "a", touch=False)
+
+
+def test_unknown_arguments_are_refused(
+    served: tuple[str, str], served_db: LocalCoordinator
+) -> None:
+    """An argument the operation does not have (a typo, a newer agent's) is a malformed
+    request, not silently dropped: 422, and no consumer made. (Fields inside a value,
+    such as the config's, are the value type's: msgspec ignores those it does not know,
+    as ``coordinator.api`` says.)"""
+    group = uniq("g")
+    with httpx.Client(base_url=served[0]) as h:
+        body = {"group": group, "name": "c", "config": {}, "nope": 1}
+        r = call(h, "create_consumer", body)
+    assert _error(r) == (422, "MalformedRequestError")
+    with pytest.raises(ConsumerNotFoundError):
+        served_db.consumer(group, "c", touch=False)
+
+
+def test_odd_group_and_consumer_names_reach_the_coordinator(
+    served: tuple[str, str], served_db: LocalCoordinator
+) -> None:
+    """Group and consumer names that were path-like ("a/b", "..") travel in the body as
+    they are: refused or served by the coordinator itself, for that very name."""
+    with httpx.Client(base_url=served[0]) as h:
+        r = call(h, "describe_group", {"group": "../x"})
+        assert r.status_code == 404
+        with pytest.raises(GroupNotFoundError) as missing:
+            served_db.describe_group("../x")
+        assert r.json()["message"] == missing.value.message
+        for group, name in ((uniq("g"), "a/b"), (uniq("g") + "/..", "a")):
+            r = call(h, "create_consumer", {"group": group, "name": name, "config": {}})
+            assert r.status_code == 400
+            with pytest.raises(InvalidConsumerConfigError) as refused:
+                served_db.create_consumer(group, name, ConsumerConfig())
+            assert r.json()["message"] == refused.value.message
+            assert group not in served_db.list_groups()
+        group = f"..{uniq('g')}.."
+        created = _ok(call(h, "create_consumer", {"group": group, "name": "..", "config": {}}))
+        assert (created["group"], created["name"]) == (group, "..")
+        assert served_db.consumer(group, "..", touch=False).group == group
+        assert _ok(call(h, "describe_group", {"group": group}))["group"] == group
+        assert _ok(call(h, "delete_consumer", {"group": group, "name": ".."})) is None
+        with pytest.raises(ConsumerNotFoundError):
+            served_db.consumer(group, "..", touch=False)
 
 
 def test_session_expiry_over_http(remote: HttpCoordinator) -> None:
@@ -249,7 +300,7 @@ def test_two_clients_in_threads_keep_one_consistent_group(served: tuple[str, str
     """
     url = served[0]
     topic, group = uniq("t"), uniq("g")
-    with HttpCoordinator(url) as setup:
+    with http_coordinator(url) as setup:
         setup.create_topic(topic, 6)
         for p in range(6):
             produce(setup, topic, p, 100)
@@ -260,7 +311,7 @@ def test_two_clients_in_threads_keep_one_consistent_group(served: tuple[str, str
 
     def worker(prefix: str) -> None:
         try:
-            with HttpCoordinator(url) as c:
+            with http_coordinator(url) as c:
                 seen_gen = 0
                 for round_ in range(6):
                     name = f"{prefix}{round_}"
@@ -303,7 +354,7 @@ def test_two_clients_in_threads_keep_one_consistent_group(served: tuple[str, str
 
 
 def test_consumer_protocol_over_http_matches_the_database(
-    remote: HttpCoordinator, served_db: LocalCoordinator
+    remote: HttpCoordinator, served_db: LocalCoordinator, served: tuple[str, str]
 ) -> None:
     """KIP-848 heartbeats, describe, commits at a member epoch and their errors through
     the coordinator's HTTP API: the same answers and state as in the database."""
@@ -358,8 +409,10 @@ def test_consumer_protocol_over_http_matches_the_database(
     with pytest.raises(FencedMemberEpochError):
         remote.kafka_consumer_heartbeat(group, member, joined.member_epoch + 7)
     assert remote.kafka_consumer_heartbeat(group, member, -1).member_epoch == -1
-    r = httpx.post(
-        f"{remote.urls[0]}/v1/kafka-groups/consumer-heartbeat",
-        json={"group": group, "member_id": member, "member_epoch": 0, "nonsense": 1},
-    )
+    before = served_db.kafka_describe(group)
+    args = {"group": group, "member_id": member, "member_epoch": 0, "nonsense": 1}
+    with httpx.Client(base_url=served[0]) as h:
+        r = call(h, "kafka_consumer_heartbeat", args)
     assert r.status_code == 422 and "nonsense" in r.text, r.text
+    assert r.json()["error"] == "MalformedRequestError"
+    assert served_db.kafka_describe(group) == before  # the member did not join again

@@ -358,13 +358,13 @@ def test_coordinator_catalog_on_s3_and_snapshot_reads_after_retention(on_s3: OnS
     """Through the coordinator's catalog on S3: tier, then retention drops the oldest
     object; the current snapshot lacks its rows, the previous snapshot still reads them
     while retained, and after expiry loading that snapshot fails cleanly."""
-    from coordinator.http.client import HttpCoordinator
+    from coordinator.http.client import http_coordinator
     from index.log import LogWriter
     from segments.segment import SegmentBuilder
     from segments.store import open_store
     from segments.types import Record
 
-    coord = HttpCoordinator([on_s3.coordinator])
+    coord = http_coordinator([on_s3.coordinator])
     store = open_store(on_s3.store, endpoint_url=on_s3.endpoint, region="us-east-1")
     try:
         coord.create_topic("events", 1, {"retention.ms": "86400000"})

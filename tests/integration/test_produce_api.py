@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from coordinator.log.topic_configs import BATCH_OVERHEAD
 from index.log import LogReader
 from segments.store import open_store
@@ -47,7 +47,7 @@ def cluster(lakelog_cluster: Cluster) -> Cluster:
 @pytest.fixture(scope="module")
 def reader(cluster: Cluster) -> Iterator[LogReader]:
     """The storage API, straight to the coordinator and the bucket (no agent involved)."""
-    coordinator = HttpCoordinator(cluster.coordinator_url)
+    coordinator = http_coordinator(cluster.coordinator_url)
     store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
     try:
         yield LogReader(store, coordinator)

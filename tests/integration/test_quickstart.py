@@ -28,6 +28,7 @@ from typing import IO, Any
 import httpx
 import pytest
 
+from tests.coordinator_calls import answer, call
 from tests.procs import Proc, free_port, lakelog_cmd, wait_http
 
 pytestmark = pytest.mark.integration
@@ -314,7 +315,7 @@ def test_serve_answers_the_coordinator_api_spark_and_other_processes_use(tmp_pat
     proc, base = serve(tmp_path, cwd, "--coordinator-port", str(port))
     agent: Proc | None = None
     try:
-        store = httpx.get(f"{coordinator}/v1/store").json()
+        store = answer(call(httpx, "store_location", base=coordinator))
         assert store == {"url": f"file://{cwd / 'data'}", "endpoint": None, "region": None}
         agent_port = free_port()
         agent = Proc(
@@ -381,22 +382,26 @@ def test_serve_coordinator_api_keeps_the_coordinators_security(tmp_path: Path) -
     acl = ("--authentication", "basic", "--authorization", "acl", "--super-users", "User:admin")
     proc, _ = serve(tmp_path, cwd, *acl, "--coordinator-port", str(port))
     try:
-        assert httpx.get(f"{coordinator}/v1/store").status_code == 401
-        assert httpx.get(f"{coordinator}/v1/store", auth=("admin", "admin-password")).is_success
-        lookup = f"{coordinator}/v1/topics/orders/partitions/0/lookup?offset=0"
-        assert httpx.get(lookup, auth=("bob", "bob-password")).status_code == 403
+        assert call(httpx, "store_location", base=coordinator).status_code == 401
+        with httpx.Client(base_url=coordinator, auth=("admin", "admin-password")) as admin:
+            assert call(admin, "store_location").status_code == 200
+        lookup = {"topic": "orders", "partition": 0, "offset": 0}
+        with httpx.Client(base_url=coordinator, auth=("bob", "bob-password")) as bob:
+            assert call(bob, "lookup", lookup).status_code == 403
         for bearer in (SECRET, "x" * 43):
             headers = {"Authorization": f"Bearer {bearer}"}
-            assert httpx.get(f"{coordinator}/v1/store", headers=headers).status_code == 401
+            r = call(httpx, "store_location", base=coordinator, headers=headers)
+            assert r.status_code == 401
     finally:
         proc.stop()
 
     secret = {"LAKELOG_COORDINATOR_SECRET": SECRET}
     proc, _ = serve(tmp_path, cwd, *acl, "--coordinator-port", str(port), env=secret)
     try:
-        assert httpx.get(f"{coordinator}/v1/store").status_code == 401
+        assert call(httpx, "store_location", base=coordinator).status_code == 401
         bearer = {"Authorization": f"Bearer {SECRET}"}
-        assert httpx.get(f"{coordinator}/v1/store", headers=bearer).status_code == 200
+        r = call(httpx, "store_location", base=coordinator, headers=bearer)
+        assert r.status_code == 200, r.text
         check = {"operation": "READ", "resource_type": "TOPIC", "resource_name": "orders"}
         for user, password, allowed in (
             ("bob", "bob-password", False),

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from tests.conftest import sql_rows
 from tests.integration.conftest import Cluster, start_cluster
 from tests.integration.test_consumer_api import Consumer, produce, unb64
@@ -181,7 +181,7 @@ def _one_chunk_cut_at_five(cluster: Cluster, topic: str) -> None:
     for i in range(10):
         p.produce(topic, value=b"v%d" % i, partition=0, timestamp=1000 + i)
     assert p.flush(30) == 0
-    with HttpCoordinator(cluster.coordinator_url) as coordinator:
+    with http_coordinator(cluster.coordinator_url) as coordinator:
         refs = coordinator.lookup(topic, 0, 0)
         assert [(r.base_offset, r.record_count) for r in refs] == [(0, 10)]
     admin = AdminClient({"bootstrap.servers": cluster.kafka[0]})
@@ -236,7 +236,7 @@ def _holed(cluster: Cluster, topic: str, where: str) -> None:
     create(cluster, topic)
     for i in range(3):
         produce(cluster.agents[0], topic, [b"r%d-%d" % (i, j) for j in range(5)], partition=0)
-    with HttpCoordinator(cluster.coordinator_url) as coordinator:
+    with http_coordinator(cluster.coordinator_url) as coordinator:
         topic_id = coordinator.get_topic(topic).topic_id
         assert [r.base_offset for r in coordinator.lookup(topic, 0, 0)] == [0, 5, 10]
     base = {"middle": 5, "end": 10}[where]

@@ -217,8 +217,9 @@ def proxied(
             p.stop()
 
 
-#: A 200 whose body is not the coordinator's JSON (a misbehaving proxy or LB): the
-#: coordinator client fails on it with a TypeError, an exception that is not ours.
+#: A 200 whose body is not the coordinator's MessagePack (a misbehaving proxy or LB): the
+#: coordinator client fails on it with a msgspec ValidationError or DecodeError, an
+#: exception that is not ours.
 GARBAGE_200 = {"action": "status", "status": 200, "code": "NotJson"}
 
 
@@ -241,7 +242,8 @@ def produce_with_retries(url: str, body: bytes, content_type: str) -> list[httpx
 def test_a_poisoned_flush_is_not_retriable_and_stores_nothing_twice(
     proxied: tuple[Cluster, FaultProxy],
 ) -> None:
-    """The commit is applied but its answer is unreadable (a TypeError in the agent).
+    """The commit is applied but its answer is unreadable (a msgspec ValidationError in
+    the agent, not a LakelogError).
 
     Before, the flush answered 50003 (retriable): the client retried and the records
     were stored twice. Expected: v2 answers 50002 and v3 a 500 report (not retriable)
@@ -254,7 +256,7 @@ def test_a_poisoned_flush_is_not_retriable_and_stores_nothing_twice(
     agent = cluster.agents[0]
 
     proxy.set_rules(
-        {**GARBAGE_200, "method": "POST", "path": "^/v1/commit$", "when": "after", "times": 1}
+        {**GARBAGE_200, "method": "POST", "path": "^/v2/commit$", "when": "after", "times": 1}
     )
     v2 = orjson.dumps({"records": [{"value": b64(b"v2-once")}]})
     answers = produce_with_retries(f"{agent}/topics/{topic}", v2, BINARY)
@@ -263,7 +265,7 @@ def test_a_poisoned_flush_is_not_retriable_and_stores_nothing_twice(
     assert (entry["error_code"], entry["offset"]) == (50002, None), entry
 
     proxy.set_rules(
-        {**GARBAGE_200, "method": "POST", "path": "^/v1/commit$", "when": "after", "times": 1}
+        {**GARBAGE_200, "method": "POST", "path": "^/v2/commit$", "when": "after", "times": 1}
     )
     v3 = orjson.dumps({"value": {"type": "STRING", "data": "v3-once"}})
     url = f"{agent}/v3/clusters/{cluster.cluster_id}/topics/{topic}/records"
@@ -277,13 +279,13 @@ def test_a_poisoned_flush_is_not_retriable_and_stores_nothing_twice(
     assert values == [b"v2-once", b"v3-once"]  # committed before the garbage answer, once
     logs = cluster.logs()
     assert "flush of 1 records failed unexpectedly" in logs
-    assert "Traceback" in logs and "TypeError" in logs
+    assert "Traceback" in logs and "msgspec.ValidationError" in logs
 
 
 def test_the_heartbeat_outlives_an_answer_it_cannot_read(
     proxied: tuple[Cluster, FaultProxy],
 ) -> None:
-    """Two heartbeat answers are unreadable (a TypeError in a heartbeat task).
+    """Two heartbeat answers are unreadable (a msgspec DecodeError in a heartbeat task).
 
     Before, the task died silently on the first and the agents dropped out of the
     broker list ~10 s later. Expected: the failures are counted and logged, and both
@@ -291,7 +293,7 @@ def test_the_heartbeat_outlives_an_answer_it_cannot_read(
     """
     cluster, proxy = proxied
     ids = {own_broker_id(cluster, i) for i in range(2)}
-    rule = {**GARBAGE_200, "method": "POST", "path": "^/v1/agents/heartbeat$", "times": 2}
+    rule = {**GARBAGE_200, "method": "POST", "path": "^/v2/heartbeat_agent$", "times": 2}
     proxy.set_rules(rule)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and proxy.stats()["rules"][0]["fired"] < 2:

@@ -16,9 +16,10 @@ import httpx
 import pytest
 
 from coordinator.db import open_database
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from coordinator.security.store import SqlSecurityStore
 from segments.errors import AuthenticationError
+from tests.coordinator_calls import call
 from tests.procs import Proc, free_port, lakelog_cmd, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,19 +157,18 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
 
 
 def test_coordinator_refuses_callers_without_the_secret(secured: Secured) -> None:
-    r = httpx.get(f"{secured.coordinator_url}/v1/topics")
+    with httpx.Client(base_url=secured.coordinator_url) as client:
+        r = call(client, "list_topics")
+        wrong = call(client, "list_topics", headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401
     assert r.json()["error"] == "AuthenticationError"
     assert r.headers["www-authenticate"].startswith("Basic")  # users may, with their own
-    wrong = httpx.get(
-        f"{secured.coordinator_url}/v1/topics", headers={"Authorization": "Bearer nope"}
-    )
     assert wrong.status_code == 401
     # Probes and scrapes stay open; they show no data.
     assert httpx.get(f"{secured.coordinator_url}/health").status_code == 200
-    with HttpCoordinator(secured.coordinator_url) as no_secret, pytest.raises(AuthenticationError):
+    with http_coordinator(secured.coordinator_url) as no_secret, pytest.raises(AuthenticationError):
         no_secret.list_topics()
-    with HttpCoordinator(
+    with http_coordinator(
         secured.coordinator_url, headers={"authorization": f"Bearer {SECRET}"}
     ) as ok:
         assert isinstance(ok.list_topics(), list)

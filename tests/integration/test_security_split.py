@@ -37,9 +37,10 @@ from confluent_kafka.admin import (
 from confluent_kafka.error import KafkaException
 
 from coordinator.client import ChunkCommit
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from coordinator.security.http import secret_headers
 from segments.errors import AuthenticationError, AuthorizationError
+from tests.coordinator_calls import answer, call
 from tests.integration.test_security_processes import run_cli
 from tests.procs import Proc, free_port, lakelog_cmd, wait_http
 
@@ -212,7 +213,9 @@ def test_the_shared_secret_manages_nothing(split: Split) -> None:
         wrong = {"x-lakelog-principal": basic("admin", "not-the-password")}
         refused(agent.post(MANAGEMENT[0][1], json=MANAGEMENT[0][2], headers=wrong), 401)
         # What agents do still works with the secret alone.
-        assert agent.get("/v1/topics").status_code == 200
+        listed = call(agent, "list_topics")
+        assert listed.status_code == 200, listed.text
+        assert {t["name"] for t in answer(listed)} >= {"open", "closed"}
         assert agent.post("/v1/security/acls/describe", json={"filters": [{}]}).status_code == 200
     with split.as_user("admin") as admin:
         users = admin.get("/v1/security/users")
@@ -301,14 +304,14 @@ def test_a_user_at_the_coordinator_gets_only_its_acls(split: Split) -> None:
     only what she may DESCRIBE, a lookup needs READ, a commit WRITE, and an agent's route
     (heartbeats, groups, the ACLs) is refused; a wrong password is 401."""
     headers = {"authorization": basic("alice", PASSWORDS["alice"])}
-    with HttpCoordinator(split.coordinator, headers=headers) as alice:
+    with http_coordinator(split.coordinator, headers=headers) as alice:
         assert [t.name for t in alice.list_topics()] == ["open"]
         assert alice.lookup("open", 0, 0) == []
         with pytest.raises(AuthorizationError):
             alice.lookup("closed", 0, 0)
         with pytest.raises(AuthorizationError):
             alice.get_topic("closed")
-        closed = HttpCoordinator(split.coordinator, headers=secret_headers(SECRET))
+        closed = http_coordinator(split.coordinator, headers=secret_headers(SECRET))
         with closed:
             topic_id = closed.get_topic("closed").topic_id
         chunk = ChunkCommit(topic_id, 0, 0, 10, 1, 0, 0)
@@ -320,9 +323,9 @@ def test_a_user_at_the_coordinator_gets_only_its_acls(split: Split) -> None:
             alice.list_groups()
     with split.as_user("alice") as user:
         refused(user.post("/v1/security/acls/describe", json={"filters": [{}]}))
-        refused(user.post("/v1/consumers/create", json={"group": "g", "name": "x"}))
+        refused(call(user, "create_consumer", {"group": "g", "name": "x", "config": {}}))
     with (
-        HttpCoordinator(
+        http_coordinator(
             split.coordinator, headers={"authorization": basic("alice", "wrong-password")}
         ) as wrong,
         pytest.raises(AuthenticationError),

@@ -30,7 +30,7 @@ import orjson
 import pytest
 
 from coordinator.client import Coordinator
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import JanitorConfig, JanitorContext
 from coordinator.janitors.runner import run_janitor
@@ -71,7 +71,7 @@ def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     if request.param == "s3":
         cluster: Cluster = request.getfixturevalue("lakelog_cluster")
         store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
-        coordinator = HttpCoordinator(cluster.coordinator_url)
+        coordinator = http_coordinator(cluster.coordinator_url)
         # Only the coordinator: it tells where the bucket is (URL and endpoint).
         options = {"coordinator": cluster.coordinator_url}
         yield Env("s3", store, coordinator, cluster.tmp / "meta.db", options, cluster.agents)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from index.log import LogWriter
 from segments.segment import SegmentBuilder
 from segments.store import open_store
@@ -155,7 +155,7 @@ def test_a_start_at_a_timestamp_counts_only_records_from_log_start(
     than asked)."""
     cluster = lakelog_cluster
     topic = _topic(cluster, "ts-spark")
-    with HttpCoordinator(cluster.coordinator_url) as coordinator:
+    with http_coordinator(cluster.coordinator_url) as coordinator:
         store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
         writer = LogWriter(store, coordinator)
         topic_id = coordinator.get_topic(topic).topic_id
@@ -185,7 +185,7 @@ def test_spark_reads_fail_on_a_hole_instead_of_spinning(
     topic = _topic(cluster, "hole-spark")
     for i in range(3):
         produce(cluster, topic, _values(5, f"r{i}"), 0)
-    with HttpCoordinator(cluster.coordinator_url) as coordinator:
+    with http_coordinator(cluster.coordinator_url) as coordinator:
         topic_id = coordinator.get_topic(topic).topic_id
     sql_rows(
         f"sqlite:///{cluster.tmp / 'meta.db'}",

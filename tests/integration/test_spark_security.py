@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.security.http import HttpSecurityStore, secret_headers
 from coordinator.security.model import AclBinding, Check, Operation, ResourceType, basic
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
@@ -46,7 +46,7 @@ class Secured:
 
     def admin(self) -> HttpCoordinator:
         """The coordinator as the super user admin (a user: no shared secret)."""
-        return HttpCoordinator(
+        return http_coordinator(
             self.url, headers={"authorization": basic("admin", PASSWORDS["admin"])}
         )
 
@@ -109,7 +109,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory, spark: Any) -> Iterator[Se
                     security.create_user(name, password)
             key = security.create_api_key("alice", "spark")
             security.create_acls(ACLS)
-        with HttpCoordinator(url, headers=secret_headers(SECRET)) as agent:  # an agent's job
+        with http_coordinator(url, headers=secret_headers(SECRET)) as agent:  # an agent's job
             for topic in TOPICS:
                 agent.create_topic(topic, 1)
         secured = Secured(url, (key.key.key_id, key.secret))
@@ -297,7 +297,7 @@ def test_the_authorize_route_decides_with_the_coordinators_acls(secured: Secured
         with pytest.raises(AuthenticationError, match="Authentication failed"):
             security.authorize("alice", "wrong-password", checks)
         with pytest.raises(InvalidSecurityRequestError, match="invalid operation"):
-            c._request(
+            c.request(
                 "POST",
                 "/v1/security/authorize",
                 body={
@@ -311,7 +311,7 @@ def test_the_authorize_route_decides_with_the_coordinators_acls(secured: Secured
             )
     # Without any credential the route is closed, as every other.
     with (
-        HttpCoordinator(secured.url) as anyone,
+        http_coordinator(secured.url) as anyone,
         pytest.raises(AuthenticationError, match="HTTP Basic"),
     ):
         HttpSecurityStore(anyone).authorize("alice", PASSWORDS["alice"], checks)

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 import pytest
 
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from segments.partitioning import partition_for_key
 from segments.segment import SegmentReader
 from segments.store import open_store
@@ -524,7 +524,7 @@ def test_a_killed_write_task_leaves_nothing_visible_twice(
     got = rest_view(lakelog_cluster.agents, topic, 2, 2000)
     assert sorted(r[4] for r in got) == [b"v%06d" % i + PAD for i in range(2000)]
     new = {o.key for o in store.list("segments/")} - before
-    with HttpCoordinator(lakelog_cluster.coordinator_url) as coordinator:
+    with http_coordinator(lakelog_cluster.coordinator_url) as coordinator:
         committed = coordinator.committed_object_keys(sorted(new))
     assert new - committed, "the killed attempt uploaded nothing: the test did not kill mid-write"
 
@@ -579,5 +579,5 @@ def test_writes_that_cannot_be_done_say_why(
     for writer, target, message in cases:
         with pytest.raises(Exception, match=message):
             writer.format("lakelog").option("coordinator", url).option("topic", target).save()
-    with HttpCoordinator(url) as coordinator:
+    with http_coordinator(url) as coordinator:
         assert coordinator.offsets(topic, 0).high_watermark == 0

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 from confluent_kafka import Producer
 from kafka import KafkaProducer
 
+from tests.coordinator_calls import call
 from tests.integration.test_security_processes import run_cli
 from tests.procs import Proc, free_port, lakelog_cmd
 
@@ -171,7 +172,8 @@ def test_rest_and_coordinator_over_https_only(tls_cluster: TlsCluster) -> None:
             httpx.get(url.replace("https://", "http://") + "/health", timeout=3)
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health", timeout=3, verify=True)
-    assert httpx.get(f"{tls_cluster.coordinator}/v1/topics", verify=verify).status_code == 401
+    with httpx.Client(base_url=tls_cluster.coordinator, verify=verify) as coordinator:
+        assert call(coordinator, "list_topics").status_code == 401
 
 
 def test_kafka_sasl_ssl_clients(tls_cluster: TlsCluster) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from coordinator.client import ChunkCommit
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from index.log import LogReader, LogWriter, UploadedSegment
 from segments.errors import ObjectDeletedError
 from segments.segment import SegmentBuilder
@@ -37,7 +37,7 @@ class GcCluster:
         self.url = url
         self.store_url = store_url
         self.store: ObjectStore = open_store(store_url)
-        self.coordinator = HttpCoordinator(url)
+        self.coordinator = http_coordinator(url)
 
     def topic(self, partitions: int) -> tuple[str, bytes]:
         name = f"gc-{uuid.uuid4().hex[:10]}"

@@ -634,13 +634,15 @@ def check_log(topo: Topology, topic: str, partitions: int, load: ProduceLoad) ->
     every acked id is at its acked (partition, offset); no id is in the log twice;
     nothing is in the log that was not sent; no two acks share an offset.
     """
-    from coordinator.http.client import HttpCoordinator
+    from coordinator.http.client import http_coordinator
     from coordinator.security.http import secret_headers
     from index.log import LogReader
     from segments.store import open_store
 
     assert load.duplicate_offsets == [], f"two acks for one offset: {load.duplicate_offsets[:5]}"
-    coordinator = HttpCoordinator(topo.coordinator_urls, headers=secret_headers(COORDINATOR_SECRET))
+    coordinator = http_coordinator(
+        topo.coordinator_urls, headers=secret_headers(COORDINATOR_SECRET)
+    )
     store = open_store(topo.store_url, endpoint_url=topo.moto_endpoint)
     try:
         reader = LogReader(store, coordinator)

@@ -34,6 +34,7 @@ from coordinator.security.settings import AccessSettings
 from coordinator.security.store import SqlSecurityStore
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
 from segments.store import open_store
+from tests.coordinator_calls import answer, call
 from tests.unit.test_security_store import CHEAP
 
 
@@ -92,32 +93,34 @@ def test_a_write_lease_is_its_users_own(tmp_path: Path) -> None:
             mallory = _basic("mallory", "mallory-password-1")
             agent = f"Bearer {secret}"
 
-            def post(path: str, body: dict[str, Any], who: str) -> tuple[int, Any]:
-                r = client.post(path, json=body, headers={"Authorization": who})
-                return r.status_code, r.json()
+            def post(name: str, args: dict[str, Any], who: str) -> tuple[int, Any]:
+                r = call(client, name, args, headers={"Authorization": who})
+                return r.status_code, answer(r)
 
-            pending = "/v1/objects/pending"
             lease = {"lease_id": "job-a", "keys": [key], "ttl_s": 600}
-            assert post(pending, lease, alice) == (200, {"deleted": []})
+            assert post("keep_pending", lease, alice) == (200, [])
             refused = [
-                post(pending + "/release", {"lease_id": "job-a"}, mallory),
-                post(pending, {**lease, "keys": [], "ttl_s": 0.001}, mallory),
-                post(pending, {**lease, "lease_id": "job-m"}, mallory),
-                post(pending + "/live", {"keys": [key]}, mallory),
+                post("release_pending", {"lease_id": "job-a"}, mallory),
+                post("keep_pending", {**lease, "keys": [], "ttl_s": 0.001}, mallory),
+                post("keep_pending", {**lease, "lease_id": "job-m"}, mallory),
+                post("pending_object_keys", {"keys": [key]}, mallory),
             ]
-            live = post(pending + "/live", {"keys": [key]}, agent)
+            live = post("pending_object_keys", {"keys": [key]}, agent)
             # Her own lease, for her own upload, is hers to keep and release.
             own = {"lease_id": "job-m", "keys": ["segments/cd/01JMINE.seg"], "ttl_s": 60}
-            mine = [post(pending, own, mallory), post(pending + "/release", own, mallory)]
-            released = post(pending + "/release", {"lease_id": "job-a"}, alice)
-            after = post(pending + "/live", {"keys": [key]}, agent)
+            mine = [
+                post("keep_pending", own, mallory),
+                post("release_pending", {"lease_id": "job-m"}, mallory),
+            ]
+            released = post("release_pending", {"lease_id": "job-a"}, alice)
+            after = post("pending_object_keys", {"keys": [key]}, agent)
     assert [status for status, _ in refused] == [403] * 4, refused
     assert all(body["error"] == "AuthorizationError" for _, body in refused)
     assert "another principal" in refused[0][1]["message"]
-    assert live == (200, {"pending": [key]})
-    assert mine == [(200, {"deleted": []}), (200, {})]
-    assert released == (200, {})
-    assert after == (200, {"pending": []})
+    assert live == (200, [key])
+    assert mine == [(200, []), (200, None)]
+    assert released == (200, None)
+    assert after == (200, [])
 
 
 def test_a_forwarded_scram_login_is_checked_against_the_users_verifier(tmp_path: Path) -> None:
@@ -202,9 +205,9 @@ def test_an_acl_granted_at_a_coordinator_is_answered_there_at_once(tmp_path: Pat
             admin = {"Authorization": _basic("admin", "admin-password-1")}
 
             def listed() -> list[str]:
-                r = client.get("/v1/topics", headers=alice)
+                r = call(client, "list_topics", {}, headers=alice)
                 assert r.status_code == 200, r.text
-                return [t["name"] for t in r.json()["topics"]]
+                return [t["name"] for t in answer(r)]
 
             before = listed()
             r = client.post(

@@ -11,7 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from coordinator.client import ChunkCommit
-from coordinator.http.client import HttpCoordinator
+from coordinator.http.client import http_coordinator
 from coordinator.http.server import create_app
 from coordinator.local import LocalCoordinator
 from coordinator.log.producers import (
@@ -57,7 +57,7 @@ def coordinator(request: pytest.FixtureRequest, db_url: str) -> Iterator[object]
         yield local
     else:
         with TestClient(create_app(local)) as client:
-            yield HttpCoordinator("http://testserver", client=client)
+            yield http_coordinator("http://testserver", client=client)
     local.close()
 
 

@@ -164,7 +164,7 @@ def test_the_authorize_route_decides_as_the_coordinator_is_configured(
     credential is refused in either mode, a missing one only with ACLs on."""
     from starlette.testclient import TestClient
 
-    from coordinator.http.client import HttpCoordinator
+    from coordinator.http.client import http_coordinator
     from coordinator.http.server import create_app
     from coordinator.security.http import HttpSecurityStore
     from coordinator.security.model import ANONYMOUS, Check, Operation, ResourceType
@@ -187,7 +187,7 @@ def test_the_authorize_route_decides_as_the_coordinator_is_configured(
         )
         access = AccessSettings(authorization=authorization, super_users=frozenset({"User:root"}))
         app = create_app(coord, security=store, access=access)
-        with TestClient(app) as client, HttpCoordinator("http://testserver", client=client) as c:
+        with TestClient(app) as client, http_coordinator("http://testserver", client=client) as c:
             security = HttpSecurityStore(c)
             alice = security.authorize("alice", "alice-password", checks)
             root = security.authorize("root", "root-password", checks)
