@@ -34,7 +34,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import msgspec
 
@@ -218,3 +218,25 @@ def _operations() -> dict[str, Operation]:
 
 #: Every operation by name.
 OPERATIONS: dict[str, Operation] = _operations()
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_S = TypeVar("_S")
+
+
+def forward(
+    attribute: str, method: Callable[Concatenate[_S, _P], _R]
+) -> Callable[Concatenate[Any, _P], _R]:
+    """A method that hands its call to the object in ``attribute`` of its instance, to
+    that object's ``method`` (by name): an implementation's operation served by the store
+    that owns it, typed as that store's method (``coordinator.local``)."""
+    name = method.__name__
+
+    def call(self: Any, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        result: _R = getattr(getattr(self, attribute), name)(*args, **kwargs)
+        return result
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = method.__doc__
+    return call

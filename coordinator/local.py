@@ -6,15 +6,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 from coordinator import clock
-from coordinator.client import ChunkCommit, Coordinator
+from coordinator.api import forward
+from coordinator.client import Coordinator
 from coordinator.db import MetadataDatabase, WriteMode, open_database
 from coordinator.groups.kafka import (
-    HeartbeatResult,
-    JoinResult,
-    KafkaGroup,
     KafkaGroupCoordinator,
     KafkaGroupStore,
     kafka_group_info,
@@ -22,28 +20,21 @@ from coordinator.groups.kafka import (
 from coordinator.groups.model import (
     CommittedOffset,
     ConsumerConfig,
-    ConsumerHeartbeat,
     ConsumerState,
-    FetchLease,
     GroupCoordinator,
     GroupInfo,
     GroupTopicLag,
 )
 from coordinator.groups.store import GroupStore
 from coordinator.janitors.catalog import Catalog
-from coordinator.log.producers import ProducerPartitionState, StoredKey
 from coordinator.log.store import MetadataStore
 from coordinator.schemas.model import (
-    LATEST,
-    SchemaReference,
     SchemaStore,
-    StoredSchema,
-    SubjectVersion,
 )
 from coordinator.schemas.store import SchemaRegistryStore
 from coordinator.shards import ShardedCatalog, ShardedStore, check_unsharded, open_shards
 from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
+from segments.types import TopicPartition
 
 
 class LocalCoordinator:
@@ -159,128 +150,61 @@ class LocalCoordinator:
     ) -> None:
         self.close()
 
-    def cluster_id(self) -> str:
-        return self._store.cluster_id()
+    # -- the operations: each served by the store that owns it ------------------
+    # (``forward``: the store's method, typed as it; the protocols' docstrings say what
+    # each does.)
 
-    # -- topics ---------------------------------------------------------------
-    def create_topic(
-        self,
-        name: str,
-        partitions: int,
-        configs: Mapping[str, str] | None = None,
-        *,
-        validate_only: bool = False,
-    ) -> TopicInfo:
-        return self._store.create_topic(name, partitions, configs, validate_only=validate_only)
+    cluster_id = forward("_store", MetadataStore.cluster_id)
+    create_topic = forward("_store", MetadataStore.create_topic)
+    get_topic = forward("_store", MetadataStore.get_topic)
+    get_topic_by_id = forward("_store", MetadataStore.get_topic_by_id)
+    list_topics = forward("_store", MetadataStore.list_topics)
+    delete_topic = forward("_store", MetadataStore.delete_topic)
+    add_partitions = forward("_store", MetadataStore.add_partitions)
+    alter_configs = forward("_store", MetadataStore.alter_configs)
+    broker_configs = forward("_store", MetadataStore.broker_configs)
+    alter_broker_configs = forward("_store", MetadataStore.alter_broker_configs)
+    commit = forward("_store", MetadataStore.commit)
+    offsets = forward("_store", MetadataStore.offsets)
+    offsets_many = forward("_store", MetadataStore.offsets_many)
+    lookup = forward("_store", MetadataStore.lookup)
+    lookup_timestamp = forward("_store", MetadataStore.lookup_timestamp)
+    committed_object_keys = forward("_store", MetadataStore.committed_object_keys)
+    keep_pending = forward("_store", MetadataStore.keep_pending)
+    release_pending = forward("_store", MetadataStore.release_pending)
+    pending_object_keys = forward("_store", MetadataStore.pending_object_keys)
+    delete_records = forward("_store", MetadataStore.delete_records)
+    init_producer_id = forward("_store", MetadataStore.init_producer_id)
+    producer_state = forward("_store", MetadataStore.producer_state)
+    request_key = forward("_store", MetadataStore.request_key)
+    heartbeat_agent = forward("_store", MetadataStore.heartbeat_agent)
+    list_agents = forward("_store", MetadataStore.list_agents)
 
-    def get_topic(self, name: str) -> TopicInfo:
-        return self._store.get_topic(name)
+    # -- consumer groups: both doors' stores, one group id used by one door at a time --
 
-    def get_topic_by_id(self, topic_id: bytes) -> TopicInfo:
-        return self._store.get_topic_by_id(topic_id)
+    delete_consumer = forward("_groups", GroupStore.delete_consumer)
+    consumer = forward("_groups", GroupStore.consumer)
+    subscribe = forward("_groups", GroupStore.subscribe)
+    unsubscribe = forward("_groups", GroupStore.unsubscribe)
+    assign = forward("_groups", GroupStore.assign)
+    seek = forward("_groups", GroupStore.seek)
+    advance = forward("_groups", GroupStore.advance)
+    begin_fetch = forward("_groups", GroupStore.begin_fetch)
+    confirm_fetch = forward("_groups", GroupStore.confirm_fetch)
+    end_fetch = forward("_groups", GroupStore.end_fetch)
+    heartbeat_consumers = forward("_groups", GroupStore.heartbeat_consumers)
+    commit_offsets = forward("_groups", GroupStore.commit_offsets)
+    committed_offsets = forward("_groups", GroupStore.committed_offsets)
 
-    def list_topics(self) -> list[TopicInfo]:
-        return self._store.list_topics()
+    kafka_join = forward("_kafka_groups", KafkaGroupStore.join)
+    kafka_sync = forward("_kafka_groups", KafkaGroupStore.sync)
+    kafka_heartbeat = forward("_kafka_groups", KafkaGroupStore.heartbeat)
+    kafka_leave = forward("_kafka_groups", KafkaGroupStore.leave)
+    kafka_commit_offsets = forward("_kafka_groups", KafkaGroupStore.commit_offsets)
+    kafka_committed = forward("_kafka_groups", KafkaGroupStore.committed)
+    kafka_describe = forward("_kafka_groups", KafkaGroupStore.describe)
+    kafka_consumer_heartbeat = forward("_kafka_groups", KafkaGroupStore.consumer_heartbeat)
 
-    def delete_topic(self, name: str, *, topic_id: bytes | None = None) -> None:
-        self._store.delete_topic(name, topic_id=topic_id)
-
-    def add_partitions(self, name: str, partitions: int) -> TopicInfo:
-        return self._store.add_partitions(name, partitions)
-
-    def alter_configs(
-        self,
-        name: str,
-        set_configs: Mapping[str, str] | None = None,
-        delete_configs: Sequence[str] = (),
-        *,
-        validate_only: bool = False,
-    ) -> TopicInfo:
-        return self._store.alter_configs(
-            name, set_configs, delete_configs, validate_only=validate_only
-        )
-
-    def broker_configs(self) -> dict[str, str]:
-        return self._store.broker_configs()
-
-    def alter_broker_configs(
-        self,
-        set_configs: Mapping[str, str] | None = None,
-        delete_configs: Sequence[str] = (),
-        *,
-        validate_only: bool = False,
-    ) -> dict[str, str]:
-        return self._store.alter_broker_configs(
-            set_configs, delete_configs, validate_only=validate_only
-        )
-
-    # -- the log --------------------------------------------------------------
-    def commit(self, object_key: str, chunks: Sequence[ChunkCommit]) -> list[int]:
-        return self._store.commit(object_key, chunks)
-
-    def offsets(self, topic: str, partition: int) -> PartitionOffsets:
-        return self._store.offsets(topic, partition)
-
-    def offsets_many(
-        self, partitions: Sequence[TopicPartition]
-    ) -> dict[TopicPartition, PartitionOffsets]:
-        return self._store.offsets_many(partitions)
-
-    def lookup(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        max_chunks: int = 16,
-        *,
-        topic_id: bytes | None = None,
-    ) -> list[ChunkRef]:
-        return self._store.lookup(topic, partition, offset, max_chunks, topic_id=topic_id)
-
-    def lookup_timestamp(
-        self, topic: str, partition: int, timestamp_ms: int, from_offset: int = 0
-    ) -> ChunkRef | None:
-        return self._store.lookup_timestamp(topic, partition, timestamp_ms, from_offset)
-
-    def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
-        return self._store.committed_object_keys(keys)
-
-    def keep_pending(
-        self, lease_id: str, keys: Sequence[str], ttl_s: float, *, principal: str | None = None
-    ) -> set[str]:
-        return self._store.keep_pending(lease_id, keys, ttl_s, principal=principal)
-
-    def release_pending(self, lease_id: str, *, principal: str | None = None) -> None:
-        self._store.release_pending(lease_id, principal=principal)
-
-    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
-        return self._store.pending_object_keys(keys)
-
-    def delete_records(self, topic: str, partition: int, offset: int) -> int:
-        return self._store.delete_records(topic, partition, offset)
-
-    # -- idempotent producers -------------------------------------------------
-    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
-        return self._store.init_producer_id(producer_id, epoch)
-
-    def producer_state(
-        self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
-    ) -> dict[tuple[bytes, int], ProducerPartitionState]:
-        return self._store.producer_state(producer_id, partitions)
-
-    def request_key(self, topic_id: bytes, key: str, now_ms: int) -> StoredKey | None:
-        return self._store.request_key(topic_id, key, now_ms)
-
-    # -- agents ---------------------------------------------------------------
-    def heartbeat_agent(
-        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
-    ) -> int:
-        return self._store.heartbeat_agent(agent_id, host, port, kafka_host, kafka_port)
-
-    def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
-        return self._store.list_agents(max_age_s)
-
-    # -- consumer groups ------------------------------------------------------
     def create_consumer(self, group: str, name: str, config: ConsumerConfig) -> ConsumerState:
         if self._kafka_groups.has_members(group):
             raise GroupProtocolConflictError(
@@ -288,63 +212,6 @@ class LocalCoordinator:
                 "one door at a time."
             )
         return self._groups.create_consumer(group, name, config)
-
-    def delete_consumer(self, group: str, name: str) -> None:
-        self._groups.delete_consumer(group, name)
-
-    def consumer(self, group: str, name: str, *, touch: bool = True) -> ConsumerState:
-        return self._groups.consumer(group, name, touch=touch)
-
-    def subscribe(
-        self, group: str, name: str, topics: Sequence[str] = (), pattern: str | None = None
-    ) -> ConsumerState:
-        return self._groups.subscribe(group, name, topics, pattern)
-
-    def unsubscribe(self, group: str, name: str) -> None:
-        self._groups.unsubscribe(group, name)
-
-    def assign(self, group: str, name: str, partitions: Sequence[TopicPartition]) -> ConsumerState:
-        return self._groups.assign(group, name, partitions)
-
-    def seek(self, group: str, name: str, positions: Mapping[TopicPartition, int]) -> None:
-        self._groups.seek(group, name, positions)
-
-    def advance(
-        self, group: str, name: str, generation: int, positions: Mapping[TopicPartition, int]
-    ) -> ConsumerState:
-        return self._groups.advance(group, name, generation, positions)
-
-    def begin_fetch(self, group: str, name: str, token: str, lease_ms: int) -> FetchLease:
-        return self._groups.begin_fetch(group, name, token, lease_ms)
-
-    def confirm_fetch(
-        self, group: str, name: str, token: str, start: Mapping[TopicPartition, int], lease_ms: int
-    ) -> FetchLease:
-        return self._groups.confirm_fetch(group, name, token, start, lease_ms)
-
-    def end_fetch(
-        self, group: str, name: str, token: str, positions: Mapping[TopicPartition, int] | None
-    ) -> None:
-        self._groups.end_fetch(group, name, token, positions)
-
-    def heartbeat_consumers(
-        self, members: Sequence[ConsumerHeartbeat], lease_ms: int
-    ) -> list[tuple[str, str]]:
-        return self._groups.heartbeat_consumers(members, lease_ms)
-
-    def commit_offsets(
-        self,
-        group: str,
-        name: str,
-        offsets: Mapping[TopicPartition, CommittedOffset],
-        generation: int | None = None,
-    ) -> None:
-        self._groups.commit_offsets(group, name, offsets, generation)
-
-    def committed_offsets(
-        self, group: str, partitions: Sequence[TopicPartition]
-    ) -> dict[TopicPartition, CommittedOffset]:
-        return self._groups.committed_offsets(group, partitions)
 
     def list_groups(self) -> list[str]:
         """REST groups and Kafka groups (one model: both doors' groups in one list)."""
@@ -387,54 +254,6 @@ class LocalCoordinator:
     def group_lag(self) -> list[GroupTopicLag]:
         return self._groups.lag_by_topic()
 
-    # -- Kafka consumer groups ------------------------------------------------
-    def kafka_join(self, group: str, member_id: str, **options: Any) -> JoinResult:
-        return self._kafka_groups.join(group, member_id, **options)
-
-    def kafka_sync(
-        self,
-        group: str,
-        member_id: str,
-        generation: int,
-        assignments: Mapping[str, bytes] | None = None,
-    ) -> bytes | None:
-        return self._kafka_groups.sync(group, member_id, generation, assignments)
-
-    def kafka_heartbeat(self, group: str, member_id: str, generation: int) -> None:
-        self._kafka_groups.heartbeat(group, member_id, generation)
-
-    def kafka_leave(self, group: str, member_ids: Sequence[str]) -> list[str | None]:
-        return self._kafka_groups.leave(group, member_ids)
-
-    def kafka_commit_offsets(
-        self,
-        group: str,
-        member_id: str,
-        generation: int,
-        offsets: Mapping[TopicPartition, CommittedOffset],
-    ) -> None:
-        self._kafka_groups.commit_offsets(group, member_id, generation, offsets)
-
-    def kafka_committed(
-        self,
-        group: str,
-        partitions: Sequence[TopicPartition] | None = None,
-        *,
-        member_id: str = "",
-        member_epoch: int = -1,
-    ) -> dict[TopicPartition, CommittedOffset]:
-        return self._kafka_groups.committed(
-            group, partitions, member_id=member_id, member_epoch=member_epoch
-        )
-
-    def kafka_describe(self, group: str) -> KafkaGroup | None:
-        return self._kafka_groups.describe(group)
-
-    def kafka_consumer_heartbeat(
-        self, group: str, member_id: str, member_epoch: int, **options: Any
-    ) -> HeartbeatResult:
-        return self._kafka_groups.consumer_heartbeat(group, member_id, member_epoch, **options)
-
     def kafka_delete_group(self, group: str) -> None:
         if self._groups_have_instances(group):
             raise NonEmptyGroupError(f"Consumer group '{group}' has REST consumer instances.")
@@ -447,66 +266,20 @@ class LocalCoordinator:
             return False
 
     # -- schema registry ------------------------------------------------------
-    def register_schema(
-        self,
-        subject: str,
-        schema_type: str,
-        schema: str,
-        references: Sequence[SchemaReference] = (),
-        *,
-        expected_versions: Sequence[int] | None = None,
-    ) -> SubjectVersion:
-        return self._schemas.register_schema(
-            subject, schema_type, schema, references, expected_versions=expected_versions
-        )
 
-    def get_schema(self, schema_id: int) -> StoredSchema:
-        return self._schemas.get_schema(schema_id)
-
-    def schema_versions(self, schema_id: int, *, deleted: bool = False) -> list[tuple[str, int]]:
-        return self._schemas.schema_versions(schema_id, deleted=deleted)
-
-    def list_subjects(self, *, deleted: bool = False) -> list[str]:
-        return self._schemas.list_subjects(deleted=deleted)
-
-    def subject_versions(self, subject: str, *, deleted: bool = False) -> list[int]:
-        return self._schemas.subject_versions(subject, deleted=deleted)
-
-    def get_subject_version(
-        self, subject: str, version: int = LATEST, *, deleted: bool = False
-    ) -> SubjectVersion:
-        return self._schemas.get_subject_version(subject, version, deleted=deleted)
-
-    def find_schema(
-        self,
-        subject: str,
-        schema_type: str,
-        schema: str,
-        references: Sequence[SchemaReference] = (),
-        *,
-        deleted: bool = False,
-    ) -> SubjectVersion:
-        return self._schemas.find_schema(subject, schema_type, schema, references, deleted=deleted)
-
-    def delete_subject(self, subject: str, *, permanent: bool = False) -> list[int]:
-        return self._schemas.delete_subject(subject, permanent=permanent)
-
-    def delete_subject_version(
-        self, subject: str, version: int = LATEST, *, permanent: bool = False
-    ) -> int:
-        return self._schemas.delete_subject_version(subject, version, permanent=permanent)
-
-    def referenced_by(self, subject: str, version: int) -> list[int]:
-        return self._schemas.referenced_by(subject, version)
-
-    def get_compatibility(self, subject: str | None = None) -> str | None:
-        return self._schemas.get_compatibility(subject)
-
-    def set_compatibility(self, level: str, subject: str | None = None) -> str:
-        return self._schemas.set_compatibility(level, subject)
-
-    def delete_compatibility(self, subject: str | None = None) -> str:
-        return self._schemas.delete_compatibility(subject)
+    register_schema = forward("_schemas", SchemaRegistryStore.register_schema)
+    get_schema = forward("_schemas", SchemaRegistryStore.get_schema)
+    schema_versions = forward("_schemas", SchemaRegistryStore.schema_versions)
+    list_subjects = forward("_schemas", SchemaRegistryStore.list_subjects)
+    subject_versions = forward("_schemas", SchemaRegistryStore.subject_versions)
+    get_subject_version = forward("_schemas", SchemaRegistryStore.get_subject_version)
+    find_schema = forward("_schemas", SchemaRegistryStore.find_schema)
+    delete_subject = forward("_schemas", SchemaRegistryStore.delete_subject)
+    delete_subject_version = forward("_schemas", SchemaRegistryStore.delete_subject_version)
+    referenced_by = forward("_schemas", SchemaRegistryStore.referenced_by)
+    get_compatibility = forward("_schemas", SchemaRegistryStore.get_compatibility)
+    set_compatibility = forward("_schemas", SchemaRegistryStore.set_compatibility)
+    delete_compatibility = forward("_schemas", SchemaRegistryStore.delete_compatibility)
 
 
 def _conforms(c: LocalCoordinator) -> Coordinator:

@@ -594,9 +594,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8083)
-    p.add_argument(
-        "--store", default=None, help="object store URL (for find_orphans, janitors)"
-    )
+    p.add_argument("--store", default=None, help="object store URL (for find_orphans, janitors)")
     p.add_argument("--store-endpoint", default=None, help="S3 endpoint (MinIO, moto)")
     p.add_argument("--store-region", default=None, help="S3 region")
     p.add_argument("--cluster-id", default=None, help="cluster id for a new database")
