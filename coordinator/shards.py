@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coordinator import clock
+from coordinator.api import forward
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.db import POSTGRESQL, MetadataDatabase, open_database
 from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
@@ -83,7 +84,7 @@ from segments.errors import (
     PartitionNotFoundError,
     TopicNotFoundError,
 )
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
+from segments.types import ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -474,8 +475,9 @@ class ShardedStore:
             s.health.closed = True
             s.db.close()
 
-    def cluster_id(self) -> str:
-        return self._catalog.cluster_id()
+    # Operations the catalog alone serves are forwarded to it (``coordinator.api.forward``);
+    # those of partitions are routed to the partitions' shards below.
+    cluster_id = forward("_catalog", MetadataStore.cluster_id)
 
     # -- routing ----------------------------------------------------------------
     def shard_of(self, topic_id: bytes, partition: int, conn: Any = None) -> Shard:
@@ -583,14 +585,11 @@ class ShardedStore:
             self._place(info.topic_id, range(info.partitions))
         return info
 
-    def get_topic(self, name: str) -> TopicInfo:
-        return self._catalog.get_topic(name)
+    get_topic = forward("_catalog", MetadataStore.get_topic)
 
-    def get_topic_by_id(self, topic_id: bytes) -> TopicInfo:
-        return self._catalog.get_topic_by_id(topic_id)
+    get_topic_by_id = forward("_catalog", MetadataStore.get_topic_by_id)
 
-    def list_topics(self) -> list[TopicInfo]:
-        return self._catalog.list_topics()
+    list_topics = forward("_catalog", MetadataStore.list_topics)
 
     def delete_topic(self, name: str, *, topic_id: bytes | None = None) -> None:
         if topic_id is None:
@@ -611,31 +610,11 @@ class ShardedStore:
         self._place(info.topic_id, range(before, info.partitions))
         return info
 
-    def alter_configs(
-        self,
-        name: str,
-        set_configs: Mapping[str, str] | None = None,
-        delete_configs: Sequence[str] = (),
-        *,
-        validate_only: bool = False,
-    ) -> TopicInfo:
-        return self._catalog.alter_configs(
-            name, set_configs, delete_configs, validate_only=validate_only
-        )
+    alter_configs = forward("_catalog", MetadataStore.alter_configs)
 
-    def broker_configs(self) -> dict[str, str]:
-        return self._catalog.broker_configs()
+    broker_configs = forward("_catalog", MetadataStore.broker_configs)
 
-    def alter_broker_configs(
-        self,
-        set_configs: Mapping[str, str] | None = None,
-        delete_configs: Sequence[str] = (),
-        *,
-        validate_only: bool = False,
-    ) -> dict[str, str]:
-        return self._catalog.alter_broker_configs(
-            set_configs, delete_configs, validate_only=validate_only
-        )
+    alter_broker_configs = forward("_catalog", MetadataStore.alter_broker_configs)
 
     # -- the log ----------------------------------------------------------------
     def commit(
@@ -862,11 +841,9 @@ class ShardedStore:
                 log.warning("keep_pending: shard %s did not say what was deleted", shard.shard_id)
         return deleted
 
-    def release_pending(self, lease_id: str, *, principal: str | None = None) -> None:
-        self._catalog.release_pending(lease_id, principal=principal)
+    release_pending = forward("_catalog", MetadataStore.release_pending)
 
-    def pending_object_keys(self, keys: Sequence[str]) -> set[str]:
-        return self._catalog.pending_object_keys(keys)
+    pending_object_keys = forward("_catalog", MetadataStore.pending_object_keys)
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         topic_id, shard = self._resolve(topic, partition)
@@ -882,8 +859,7 @@ class ShardedStore:
         return moved
 
     # -- idempotent producers ---------------------------------------------------
-    def init_producer_id(self, producer_id: int = -1, epoch: int = -1) -> tuple[int, int]:
-        return self._catalog.init_producer_id(producer_id, epoch)
+    init_producer_id = forward("_catalog", MetadataStore.init_producer_id)
 
     def producer_state(
         self, producer_id: int, partitions: Sequence[tuple[bytes, int]]
@@ -935,13 +911,9 @@ class ShardedStore:
         return StoredKey(found[0].digest, min(k.created_ms for k in found), parts, partitions)
 
     # -- agents (the catalog) ---------------------------------------------------
-    def heartbeat_agent(
-        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
-    ) -> int:
-        return self._catalog.heartbeat_agent(agent_id, host, port, kafka_host, kafka_port)
+    heartbeat_agent = forward("_catalog", MetadataStore.heartbeat_agent)
 
-    def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
-        return self._catalog.list_agents(max_age_s)
+    list_agents = forward("_catalog", MetadataStore.list_agents)
 
     def assignments(self) -> dict[tuple[bytes, int], str]:
         """Every partition's shard id, from the catalog."""
