@@ -282,6 +282,8 @@ _DELETED_IN = (
 )
 #: The longest a write lease may be asked for at once (a typo must not pin garbage).
 MAX_LEASE_S = 24 * 3600.0
+#: The longest write lease id (a Spark job names its lease; the old /v1 API bounded it too).
+MAX_LEASE_ID = 200
 _OFFSETS_OF_TOPICS = (
     "SELECT t.name, p.partition, p.log_start_offset, p.high_watermark, t.topic_id "
     "FROM topics t JOIN partitions p ON p.topic_id = t.topic_id WHERE t.name IN ({marks})"
@@ -1292,12 +1294,13 @@ class MetadataStore:
             their commit would fail (``ObjectDeletedError``), so the writer may stop early.
 
         Raises:
-            ValueError: an empty lease id, or ``ttl_s`` not in (0, MAX_LEASE_S].
+            ValueError: a lease id empty or longer than MAX_LEASE_ID, or ``ttl_s`` not in
+                (0, MAX_LEASE_S].
             AuthorizationError: the lease, or a key's current lease, is another
                 principal's (nothing is changed).
         """
-        if not isinstance(lease_id, str) or not lease_id:
-            raise ValueError("lease_id must be a non-empty string")
+        if not isinstance(lease_id, str) or not 0 < len(lease_id) <= MAX_LEASE_ID:
+            raise ValueError(f"lease_id must be a string of 1 to {MAX_LEASE_ID} characters")
         if not 0 < ttl_s <= MAX_LEASE_S:
             raise ValueError(f"ttl_s must be in (0, {MAX_LEASE_S:.0f}], not {ttl_s}")
         now = clock.now()

@@ -12,7 +12,9 @@ Three kinds of callers, told apart by what they present:
   commit names, DESCRIBE to see a topic (the topic list shows only those); no other
   route. A write lease (a Spark write's pending uploads) belongs to the user that took
   it: the route gets the user's principal (:func:`user_of`) and another user's lease,
-  or a key pending under it, is refused with 403.
+  or a key pending under it, is refused with 403; taking or keeping one needs WRITE on
+  some topic. A super user's calls are trusted as an agent's: any lease is theirs to
+  release.
 - **management** (users, API keys; creating and deleting ACLs) needs a principal's own
   credential, verified here: a super user's for users and API keys, ALTER on the
   cluster (Kafka's CreateAcls/DeleteAcls; a super user's with authorization ``none``)
@@ -132,6 +134,9 @@ class Rule:
     checks: Callable[[Request], list[Check]] = field(default=lambda r: [])
     body: bool = False
     topic_listing: bool = False
+    #: An operation the user must be allowed on at least one resource of the type
+    #: (``Authorizer.authorize_any``), whatever the request names.
+    on_any: tuple[Operation, ResourceType] | None = None
     #: What a user needs, in words (README's table, :func:`rules_table`).
     needs: str = ""
 
@@ -207,7 +212,13 @@ RULES: dict[tuple[str, str], Rule] = {
     _v2("committed_object_keys"): USER,
     # A Spark write's tasks register their uploads and keep the job's write lease alive;
     # the lease is the user's own (which keys others' leases hold is for agents only).
-    _v2("keep_pending"): Rule(Caller.USER, needs="its own write lease"),
+    # Keeping uploads from garbage collection is for users who may write somewhere: a
+    # user who may write nothing has no uploads to keep (and would only pin garbage).
+    _v2("keep_pending"): Rule(
+        Caller.USER,
+        on_any=(Op.WRITE, ResourceType.TOPIC),
+        needs="WRITE on some topic; its own write lease",
+    ),
     _v2("release_pending"): Rule(Caller.USER, needs="its own write lease"),
     ("POST", _S + "/authorize"): USER,  # a Spark job's own rights
     # -- what agents do for their clients --------------------------------------------------
@@ -410,7 +421,9 @@ class AccessMiddleware:
             elif rule.caller is Caller.AGENT and not agent:
                 raise AuthorizationError("this route serves agents only")
             elif rule.caller is Caller.USER and not agent:
-                scope[USER_SCOPE] = principal
+                if not await run_in_threadpool(self._is_super_user, principal):
+                    # A super user's calls are trusted as an agent's (any write lease).
+                    scope[USER_SCOPE] = principal
                 receive = await self._check_user(rule, scope, receive, template, principal, address)
                 if rule.topic_listing and self.settings.authorization == "acl":
                     scope[RESULT_FILTER] = await self._topic_filter(principal or "", address)
@@ -444,6 +457,9 @@ class AccessMiddleware:
             ]
 
         return keep
+
+    def _is_super_user(self, principal: str | None) -> bool:
+        return principal is not None and self.acls.authorizer().is_super_user(principal)
 
     async def _caller(self, authorization: str, address: str) -> tuple[bool, str | None]:
         """(whether the caller is an agent, the user's principal otherwise)."""
@@ -514,6 +530,10 @@ class AccessMiddleware:
 
         def decide() -> list[Check]:
             authorizer = self.acls.authorizer()
+            if rule.on_any is not None and not authorizer.authorize_any(
+                principal, address, *rule.on_any
+            ):
+                return [Check(rule.on_any[0], rule.on_any[1], "(any)")]
             return [
                 c
                 for c in rule.checks(request)

@@ -62,27 +62,32 @@ def _basic(user: str, password: str) -> str:
 
 def test_a_write_lease_is_its_users_own(tmp_path: Path) -> None:
     """Alice (WRITE on a topic, as a Spark write) takes a write lease for an upload;
-    Mallory (no ACL at all, but a valid login) can neither release it, renew or shorten
-    it, move its key under her own lease, nor ask which keys are pending: each is 403
-    and the upload stays pending (garbage collection leaves it alone). Before, any
-    user could release it, and GC could then delete an object about to be committed."""
+    Mallory (WRITE on another topic) can neither release it, renew or shorten it, move
+    its key under her own lease, nor ask which keys are pending: each is 403 and the
+    upload stays pending (garbage collection leaves it alone). Before, any user could
+    release it, and GC could then delete an object about to be committed. Eve (a valid
+    login, no ACL) may write nothing, so she may not pin keys from garbage collection
+    either; the super user may release anyone's lease."""
     secret = "s" * 32
     with LocalCoordinator(f"sqlite:///{tmp_path}/m.db") as coord:
         security = SqlSecurityStore(coord.db, CHEAP)
         security.create_user("alice", "alice-password-1")
         security.create_user("mallory", "mallory-password-1")
+        security.create_user("eve", "eve-password-1")
+        security.create_user("admin", "admin-password-1")
         coord.create_topic("w", 1)
         security.create_acls(
             [
                 AclBinding(
-                    "User:alice",
+                    f"User:{user}",
                     "*",
                     ResourceType.TOPIC,
-                    "w",
+                    topic,
                     PatternType.LITERAL,
                     Operation.WRITE,
                     Permission.ALLOW,
                 )
+                for user, topic in (("alice", "w"), ("mallory", "m"))
             ]
         )
         access = AccessSettings("basic", secret, "acl", frozenset({"User:admin"}))
@@ -91,6 +96,8 @@ def test_a_write_lease_is_its_users_own(tmp_path: Path) -> None:
         with TestClient(app) as client:
             alice = _basic("alice", "alice-password-1")
             mallory = _basic("mallory", "mallory-password-1")
+            eve = _basic("eve", "eve-password-1")
+            admin = _basic("admin", "admin-password-1")
             agent = f"Bearer {secret}"
 
             def post(name: str, args: dict[str, Any], who: str) -> tuple[int, Any]:
@@ -112,15 +119,25 @@ def test_a_write_lease_is_its_users_own(tmp_path: Path) -> None:
                 post("keep_pending", own, mallory),
                 post("release_pending", {"lease_id": "job-m"}, mallory),
             ]
-            released = post("release_pending", {"lease_id": "job-a"}, alice)
+            pinned = post("keep_pending", {**own, "lease_id": "job-e"}, eve)
+            pinned_live = post("pending_object_keys", {"keys": own["keys"]}, agent)
+            released = post("release_pending", {"lease_id": "job-a"}, admin)
             after = post("pending_object_keys", {"keys": [key]}, agent)
+            again = {"lease_id": "job-b", "keys": [key], "ttl_s": 600}
+            own_release = [
+                post("keep_pending", again, alice),
+                post("release_pending", {"lease_id": "job-b"}, alice),
+            ]
     assert [status for status, _ in refused] == [403] * 4, refused
     assert all(body["error"] == "AuthorizationError" for _, body in refused)
     assert "another principal" in refused[0][1]["message"]
     assert live == (200, [key])
     assert mine == [(200, []), (200, None)]
+    assert pinned[0] == 403 and pinned[1]["error"] == "AuthorizationError", pinned
+    assert "WRITE" in pinned[1]["message"] and pinned_live == (200, [])
     assert released == (200, None)
     assert after == (200, [])
+    assert own_release == [(200, []), (200, None)]
 
 
 def test_a_forwarded_scram_login_is_checked_against_the_users_verifier(tmp_path: Path) -> None:
