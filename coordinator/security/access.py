@@ -431,19 +431,10 @@ class AccessMiddleware:
             await _refuse(send, e)
             return
         if rule.caller is Caller.ACL_ADMIN:
-            send = self._forgetting_acls(send)
+            send = _forgetting(send, self.acls.forget)
+        elif rule.caller is Caller.SUPER_USER:
+            send = _forgetting(send, self.logins.forget)
         await self.app(scope, receive, send)
-
-    def _forgetting_acls(self, send: Send) -> Send:
-        """``send`` that drops the ACL snapshot before an ACL change's answer leaves (the
-        change has committed by then), so the caller's next request sees it."""
-
-        async def forget_then_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                await run_in_threadpool(self.acls.forget)
-            await send(message)
-
-        return forget_then_send
 
     async def _topic_filter(self, principal: str, host: str) -> Callable[[Any], Any]:
         """``list_topics`` for a user: the topics it may not DESCRIBE left out."""
@@ -548,6 +539,20 @@ class AccessMiddleware:
             op = denied[0].operation.value
             raise AuthorizationError(f"{principal} is not authorized to {op} {names}")
         return receive
+
+
+def _forgetting(send: Send, forget: Callable[[], None]) -> Send:
+    """``send`` that calls ``forget`` before a management call's answer leaves (its change
+    has committed by then), so the caller's next request sees the change here: an ACL
+    change (the ACL snapshot), a password changed, a user or API key deleted (the cached
+    logins; other coordinators stop trusting them within ``LOGIN_CACHE_TTL_S``)."""
+
+    async def forget_then_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            await run_in_threadpool(forget)
+        await send(message)
+
+    return forget_then_send
 
 
 async def _refuse(send: Send, e: LakelogError) -> None:

@@ -233,3 +233,37 @@ def test_an_acl_granted_at_a_coordinator_is_answered_there_at_once(tmp_path: Pat
             assert r.status_code == 204, r.text
             after = listed()
     assert (before, after) == ([], ["open"])
+
+
+def test_a_user_deleted_at_a_coordinator_is_refused_there_at_once(tmp_path: Path) -> None:
+    """Alice's login is cached (``LOGIN_CACHE_TTL_S``); the admin deletes her through the
+    same coordinator, and her next call is 401, as it is after a password change: the
+    coordinator drops its cached logins on every user or API key change it serves.
+    Before, she went on for up to five seconds there."""
+    with LocalCoordinator(f"sqlite:///{tmp_path}/m.db") as coord:
+        security = SqlSecurityStore(coord.db, CHEAP)
+        security.create_user("admin", "admin-password-1")
+        for user in ("alice", "bob"):
+            security.create_user(user, f"{user}-password-1")
+        access = AccessSettings("basic", "s" * 32, "none", frozenset({"User:admin"}))
+        app = create_app(coord, security=security, access=access)
+        with TestClient(app) as client:
+            admin = {"Authorization": _basic("admin", "admin-password-1")}
+
+            def status(user: str, password: str) -> int:
+                who = {"Authorization": _basic(user, password)}
+                return call(client, "cluster_id", {}, headers=who).status_code
+
+            before = [status("alice", "alice-password-1"), status("bob", "bob-password-1")]
+            changes = [
+                client.post("/v1/security/users/delete", json={"name": "alice"}, headers=admin),
+                client.post(
+                    "/v1/security/users/password",
+                    json={"name": "bob", "password": "bob-password-2"},
+                    headers=admin,
+                ),
+            ]
+            after = [status("alice", "alice-password-1"), status("bob", "bob-password-1")]
+            new_password = status("bob", "bob-password-2")
+    assert [r.status_code for r in changes] == [204, 204], [r.text for r in changes]
+    assert (before, after, new_password) == ([200, 200], [401, 401], 200)
