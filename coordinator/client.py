@@ -35,6 +35,17 @@ class ChunkCommit:
     request_keys: tuple[RequestKey, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class IndexWant:
+    """One partition's read about to start, for ``lookup_many``: its entries from
+    ``offset`` on, of topic id ``topic_id`` only (None: whichever topic the name names)."""
+
+    topic: str
+    partition: int
+    offset: int
+    topic_id: bytes | None = None
+
+
 class Coordinator(Protocol):
     def cluster_id(self) -> str:
         """The cluster's stable id: 22 characters of URL-safe base64, as Kafka's."""
@@ -138,6 +149,16 @@ class Coordinator(Protocol):
         when the name now belongs to another topic (deleted and created again).
         IndexHoleError when the entries do not follow each other up to the high
         watermark (the index is damaged)."""
+        ...
+
+    def lookup_many(
+        self, wants: Sequence[IndexWant], max_chunks: int = 16
+    ) -> dict[int, list[ChunkRef]]:
+        """``lookup`` of many partitions in one call (a Fetch of many partitions about to
+        read): each want's entries, keyed by its place in ``wants``. A want whose lookup
+        fails (an unknown or recreated topic, an index hole) is left out, for its own
+        ``lookup`` to report; so is one with nothing to read. ValueError if ``max_chunks``
+        < 1."""
         ...
 
     def lookup_timestamp(

@@ -168,6 +168,7 @@ class LocalCoordinator:
     offsets = forward("_store", MetadataStore.offsets)
     offsets_many = forward("_store", MetadataStore.offsets_many)
     lookup = forward("_store", MetadataStore.lookup)
+    lookup_many = forward("_store", MetadataStore.lookup_many)
     lookup_timestamp = forward("_store", MetadataStore.lookup_timestamp)
     committed_object_keys = forward("_store", MetadataStore.committed_object_keys)
     keep_pending = forward("_store", MetadataStore.keep_pending)

@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 
 from coordinator import clock
 from coordinator.api import forward
-from coordinator.client import ChunkCommit, Coordinator
+from coordinator.client import ChunkCommit, Coordinator, IndexWant
 from coordinator.db import POSTGRESQL, MetadataDatabase, open_database
 from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
 from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
@@ -792,6 +792,23 @@ class ShardedStore:
             self._ensure(shard, [(topic_id, partition)])
             return []
         return refs
+
+    def lookup_many(
+        self, wants: Sequence[IndexWant], max_chunks: int = 16
+    ) -> dict[int, list[ChunkRef]]:
+        """``lookup`` of each want, each in its shard's snapshot (one read per want: a
+        shard that is down leaves its wants out, for their own lookups to report)."""
+        if max_chunks < 1:
+            raise ValueError(f"max_chunks must be >= 1, not {max_chunks}")
+        out: dict[int, list[ChunkRef]] = {}
+        for i, w in enumerate(wants):
+            try:
+                refs = self.lookup(w.topic, w.partition, w.offset, max_chunks, topic_id=w.topic_id)
+            except LakelogError:
+                continue
+            if refs:
+                out[i] = refs
+        return out
 
     def lookup_timestamp(
         self, topic: str, partition: int, timestamp_ms: int, from_offset: int = 0

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, IndexWant
 from index.log import LogReader, PartitionWant, WriteResult
 from segments.errors import CorruptSegmentError, LakelogError, StorageUnavailableError
 from segments.store import ObjectStore
@@ -562,6 +562,7 @@ class CachingLogReader(LogReader):
         agent. A partition whose lookup fails is left to its read, which meets the error
         and reports it.
         """
+        self._lookup_uncached(wants)
         history = self.cache.history_capacity
         limit = min(max_bytes, history // 2)  # the entries the reads use
         first_cap = history * 3 // 4  # with the first entries the reads open
@@ -610,6 +611,33 @@ class CachingLogReader(LogReader):
         self.fetch_many(now)
         if ahead:
             self.fetch_many(ahead, wait_for=False)
+
+    def _lookup_uncached(self, wants: Sequence[PartitionWant]) -> None:
+        """Look up, in one call to the coordinator, the first page of index entries of
+        every want the index cache does not hold, and cache them: the reads (and the
+        planning above) then find them there, instead of one lookup each. Wants the
+        coordinator leaves out (an error, nothing to read) are left to their reads."""
+        if self.index.ttl_s <= 0 or self.index.max_entries <= 0:
+            return
+        missing: list[tuple[bytes, IndexWant]] = []
+        for want in wants:
+            bounds = want.bounds
+            at = max(want.offset, bounds.log_start)
+            wanted = bounds.topic_id and at < bounds.high_watermark
+            if wanted and not self.index.get(bounds.topic_id, want.partition, at, max_chunks=1):
+                index_want = IndexWant(want.topic, want.partition, at, bounds.topic_id)
+                missing.append((bounds.topic_id, index_want))
+        if len(missing) < 2:
+            return  # one lookup either way
+        try:
+            found = self.coordinator.lookup_many([w for _, w in missing])
+        except LakelogError:
+            return  # each read looks its partition up itself and meets the error
+        if self.metrics is not None:
+            self.metrics.index_misses.inc(len(missing))
+        for i, refs in found.items():
+            topic_id, index_want = missing[i]
+            self.index.put(topic_id, index_want.partition, refs)
 
     def fetch_many(self, refs: Sequence[ChunkRef], *, wait_for: bool = True) -> int:
         """Put the chunks of ``refs`` in the cache with as few ranged GETs as will do.

@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
 from coordinator import clock
-from coordinator.client import ChunkCommit
+from coordinator.client import ChunkCommit, IndexWant
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
 from coordinator.iceberg.changes import PURGE_TABLE_FILES
 from coordinator.log.group_commit import GroupCommitStats, GroupCommitter, PendingCommit
@@ -58,6 +58,7 @@ from segments.errors import (
     IndexHoleError,
     InvalidConfigError,
     InvalidPartitionsError,
+    LakelogError,
     MetadataError,
     ObjectDeletedError,
     OffsetOutOfRangeError,
@@ -1246,6 +1247,29 @@ class MetadataStore:
             check_topic_id(topic, topic_id, bytes(found))
             where = (found, partition, log_start, high_watermark)
             return lookup_entries(conn, self._q, where, offset, max_chunks)
+
+    def lookup_many(
+        self, wants: Sequence[IndexWant], max_chunks: int = 16
+    ) -> dict[int, list[ChunkRef]]:
+        """``lookup`` of each want, in one snapshot; those that fail or find nothing are
+        left out (``Coordinator.lookup_many``)."""
+        if max_chunks < 1:
+            raise ValueError(f"max_chunks must be >= 1, not {max_chunks}")
+        out: dict[int, list[ChunkRef]] = {}
+        with self._db.read() as conn:
+            for i, want in enumerate(wants):
+                try:
+                    found, log_start, high_watermark = self._partition_state(
+                        conn, want.topic, want.partition
+                    )
+                    check_topic_id(want.topic, want.topic_id, bytes(found))
+                    where = (found, want.partition, log_start, high_watermark)
+                    refs = lookup_entries(conn, self._q, where, want.offset, max_chunks)
+                except LakelogError:
+                    continue
+                if refs:
+                    out[i] = refs
+        return out
 
     def lookup_timestamp(
         self, topic: str, partition: int, timestamp_ms: int, from_offset: int = 0

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer as KafkaProducer
 
-from coordinator.client import ChunkCommit
+from coordinator.client import ChunkCommit, IndexWant
 from coordinator.groups.model import ConsumerConfig
 from coordinator.janitors.context import JanitorContext
 from coordinator.janitors.gc import run_gc
@@ -226,6 +226,9 @@ def test_partitions_spread_over_shards_and_commits_split_by_shard(new_db: NewDb)
             refs = coord.lookup("spread", p, 0)
             assert [r.object_key for r in refs] == ["segments/a/1.seg", "segments/a/2.seg"]
             assert [r.base_offset for r in refs] == [0, p + 1]
+        # Many partitions' lookups in one call, each shard's from its own database.
+        wants = [IndexWant("spread", p, 1) for p in range(N)] + [IndexWant("spread", N, 0)]
+        assert coord.lookup_many(wants) == {p: coord.lookup("spread", p, 1) for p in range(N)}
         many = coord.offsets_many([TopicPartition("spread", p) for p in range(N + 1)])
         assert {tp.partition: o.high_watermark for tp, o in many.items()} == {
             p: 2 * (p + 1) for p in range(N)
@@ -595,6 +598,9 @@ def test_one_shard_down_pauses_only_its_partitions(new_db: NewDb) -> None:
                 coord.commit("segments/d/x.seg", [chunk(t.topic_id, lost[0])])
             with pytest.raises(CoordinatorUnavailableError):
                 coord.lookup("down", lost[0], 0)
+            # The down shard's partitions are left out, for their own lookups to report.
+            found = coord.lookup_many([IndexWant("down", p, 0) for p in range(9)])
+            assert sorted(found) == kept
             assert coord.offsets("down", kept[0]).high_watermark == 12
             with pytest.raises(CoordinatorUnavailableError):  # never "not there"
                 coord.offsets_many([TopicPartition("down", p) for p in range(9)])

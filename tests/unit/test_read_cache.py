@@ -7,14 +7,16 @@ import functools
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from coordinator.client import IndexWant
 from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import JanitorConfig, JanitorContext
 from coordinator.janitors.tiering import run_tiering
 from coordinator.local import LocalCoordinator
-from index.log import LogWriter, WriteResult
+from index.log import LogWriter, PartitionWant, WriteResult
 from segments.errors import CorruptSegmentError, StorageUnavailableError, TopicNotFoundError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
@@ -529,3 +531,94 @@ def test_read_ahead_by_runs_is_bounded_per_agent() -> None:
     assert reader.fetch_many(refs[5:], wait_for=False) == 3
     assert reader.wait_read_ahead(10)
     reader.close()
+
+
+# -- many partitions' lookups in one call (issue 29) ------------------------------------
+
+
+class _CountingCoordinator:
+    """A coordinator whose lookups are counted (the rest passes through)."""
+
+    def __init__(self, inner: LocalCoordinator) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def lookup(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("lookup")
+        return self.inner.lookup(*args, **kwargs)
+
+    def lookup_many(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("lookup_many")
+        return self.inner.lookup_many(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_fetch_of_many_partitions_looks_them_up_in_one_call(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    """A Fetch of 300 partitions about to read (``prefetch_partitions``) asks the
+    coordinator once for all their index entries, not once per partition; the reads then
+    find them in the index cache and return every record. A partition of a recreated
+    topic (its reader holds the old id) is left out of the answer, and its own read
+    still ends with TopicNotFoundError. Before, 301 lookups: one HTTP call each."""
+    writer, local, store = log_parts
+    info = local.create_topic("wide", 300)
+    builder = SegmentBuilder()
+    for p in range(300):
+        builder.append(info.topic_id, p, [Record(None, f"v{p}".encode(), 1_000)])
+    writer.write(builder)
+    old = local.create_topic("gone", 1)
+    _write(writer, old.topic_id, 2, 0)
+    gone_bounds = local.offsets("gone", 0)
+    local.delete_topic("gone")
+    local.create_topic("gone", 1)
+    coordinator = _CountingCoordinator(local)
+    reader = CachingLogReader(
+        store,  # type: ignore[arg-type]
+        coordinator,  # type: ignore[arg-type]
+        RangeCache(1 << 24, 1 << 24),
+        IndexCache(10_000, 60),
+    )
+    wants = [PartitionWant("wide", p, 0, local.offsets("wide", p), 1 << 16) for p in range(300)] + [
+        PartitionWant("gone", 0, 0, gone_bounds, 1 << 16)
+    ]
+    reader.prefetch_partitions(wants, 1 << 24)
+    # One call for all; then one lookup of its own for the partition left out (the
+    # planning meets its error there and leaves it to the read).
+    assert coordinator.calls == ["lookup_many", "lookup"]
+    values = [
+        [r.value for r in reader.records("wide", w.partition, 0, bounds=w.bounds)]
+        for w in wants[:300]
+    ]
+    assert values == [[f"v{p}".encode()] for p in range(300)]
+    assert coordinator.calls == ["lookup_many", "lookup"]  # the reads found them cached
+    with pytest.raises(TopicNotFoundError):
+        list(reader.records("gone", 0, 0, bounds=gone_bounds))
+    reader.close()
+
+
+def test_lookup_many_answers_each_want_as_lookup_does(
+    log_parts: tuple[LogWriter, LocalCoordinator, object],
+) -> None:
+    writer, coordinator, _ = log_parts
+    info = coordinator.create_topic("many", 2)
+    for i in range(20):
+        _write(writer, info.topic_id, 1, i)
+    wants = [
+        IndexWant("many", 0, 3, info.topic_id),
+        IndexWant("many", 1, 0),  # nothing written: left out
+        IndexWant("many", 0, 0, b"\x00" * 16),  # another topic's id: left out
+        IndexWant("nope", 0, 0),  # unknown: left out
+        IndexWant("many", 7, 0),  # no such partition: left out
+        IndexWant("many", 0, 18),
+    ]
+    found = coordinator.lookup_many(wants, max_chunks=4)
+    assert found == {
+        0: coordinator.lookup("many", 0, 3, 4),
+        5: coordinator.lookup("many", 0, 18, 4),
+    }
+    assert [r.base_offset for r in found[0]] == [3, 4, 5, 6]
+    with pytest.raises(ValueError, match="max_chunks"):
+        coordinator.lookup_many(wants, max_chunks=0)
