@@ -139,7 +139,10 @@ class Operation:
     def call(self, target: Any, body: bytes, principal: str | None) -> Any:
         """Decode ``body`` and call the operation on ``target``. Raises
         msgspec.ValidationError / msgspec.DecodeError for a malformed body."""
-        args = self.decode(body)
+        return self.invoke(target, self.decode(body), principal)
+
+    def invoke(self, target: Any, args: Any, principal: str | None) -> Any:
+        """Call the operation on ``target`` with decoded ``args`` (``decode``)."""
         positional = [getattr(args, n) for n in self.positional]
         keywords = {n: getattr(args, n) for n in self.keywords}
         if self.takes_principal:

@@ -287,9 +287,14 @@ def _operation_route(
     async def route(request: Request) -> Response:
         body = await request.body()
         principal = user_of(request.scope)
+
+        def run() -> tuple[Any, Any]:
+            args = op.decode(body)
+            return args, op.invoke(served, args, principal)
+
         start = time.perf_counter()
         try:
-            result = await run_in_threadpool(op.call, served, body, principal)
+            args, result = await run_in_threadpool(run)
         except (msgspec.DecodeError, ValueError) as e:
             if instrumented:
                 metrics.commits.labels("MalformedRequestError").inc()
@@ -302,7 +307,7 @@ def _operation_route(
             if instrumented:
                 metrics.commit_seconds.observe(time.perf_counter() - start)
         if instrumented:
-            chunks = op.decode(body).chunks
+            chunks = args.chunks
             metrics.commits.labels("ok").inc()
             metrics.chunks.inc(len(chunks))
             metrics.records.inc(sum(c.record_count for c in chunks))
