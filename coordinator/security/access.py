@@ -137,6 +137,9 @@ class Rule:
     #: An operation the user must be allowed on at least one resource of the type
     #: (``Authorizer.authorize_any``), whatever the request names.
     on_any: tuple[Operation, ResourceType] | None = None
+    #: Whether a call changes who may log in (a password changed, a user or an API key
+    #: deleted or rotated): the coordinator's cached logins are dropped after it.
+    changes_logins: bool = False
     #: What a user needs, in words (README's table, :func:`rules_table`).
     needs: str = ""
 
@@ -229,12 +232,12 @@ RULES: dict[tuple[str, str], Rule] = {
     # -- management: a principal's own credential ------------------------------------------
     ("GET", _S + "/users"): Rule(Caller.SUPER_USER),
     ("POST", _S + "/users/create"): Rule(Caller.SUPER_USER),
-    ("POST", _S + "/users/password"): Rule(Caller.SUPER_USER),
-    ("POST", _S + "/users/delete"): Rule(Caller.SUPER_USER),
+    ("POST", _S + "/users/password"): Rule(Caller.SUPER_USER, changes_logins=True),
+    ("POST", _S + "/users/delete"): Rule(Caller.SUPER_USER, changes_logins=True),
     ("POST", _S + "/api-keys/list"): Rule(Caller.SUPER_USER),
     ("POST", _S + "/api-keys/create"): Rule(Caller.SUPER_USER),
-    ("POST", _S + "/api-keys/rotate"): Rule(Caller.SUPER_USER),
-    ("POST", _S + "/api-keys/delete"): Rule(Caller.SUPER_USER),
+    ("POST", _S + "/api-keys/rotate"): Rule(Caller.SUPER_USER, changes_logins=True),
+    ("POST", _S + "/api-keys/delete"): Rule(Caller.SUPER_USER, changes_logins=True),
     ("POST", _S + "/acls/create"): Rule(Caller.ACL_ADMIN),
     ("POST", _S + "/acls/delete"): Rule(Caller.ACL_ADMIN),
 }
@@ -432,7 +435,7 @@ class AccessMiddleware:
             return
         if rule.caller is Caller.ACL_ADMIN:
             send = _forgetting(send, self.acls.forget)
-        elif rule.caller is Caller.SUPER_USER:
+        elif rule.changes_logins:
             send = _forgetting(send, self.logins.forget)
         await self.app(scope, receive, send)
 
