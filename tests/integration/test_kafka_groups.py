@@ -23,6 +23,7 @@ from kio.serial import entity_reader, entity_writer
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_consumer_api import Consumer as RestConsumer
+from tests.integration.test_groups_cli import wait_left
 from tests.integration.test_kafka_clients import _read_frame, create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -189,6 +190,7 @@ def test_commits_survive_restarts_and_are_one_model_with_rest(
     assert first == 40
     again.commit(offsets=[TopicPartition(topic, 0, 70)], asynchronous=False)
     again.close()
+    wait_left(kafka_cluster, group)  # close() does not wait for LeaveGroup's answer
 
     rest = RestConsumer.create(kafka_cluster.agents, group)
     rest.subscribe(topic)
