@@ -38,8 +38,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -709,6 +709,27 @@ def open_database(
     )
 
 
+#: Values per ``IN (...)`` list (SQLite allows 32,766 parameters; PostgreSQL 65,535).
+IN_BATCH = 500
+
+
+def rows_in(
+    conn: Any,
+    q: Callable[[str], str],
+    template: str,
+    values: Sequence[Any],
+    before: Sequence[Any] = (),
+) -> Iterator[Any]:
+    """The rows of ``template`` run once per ``IN_BATCH`` of ``values``: its ``{marks}``
+    becomes the batch's placeholders, bound after the parameters ``before``.
+    ``q`` turns the SQL into the connection's dialect."""
+    for i in range(0, len(values), IN_BATCH):
+        batch = list(values[i : i + IN_BATCH])
+        yield from conn.execute(
+            q(template.format(marks=", ".join("?" * len(batch)))), [*before, *batch]
+        )
+
+
 def fetch_each(conn: Any, sql: str, params: Sequence[Sequence[Any]]) -> list[Any]:
     """Run ``sql`` once per parameter row, in order, on a connection of either database.
 
@@ -910,12 +931,8 @@ class Database:
         Raises:
             CoordinatorUnavailableError: SQLite failed (I/O error, locked past the timeout).
         """
-        conn = self._take(self._readers)
-        try:
-            with _transaction(conn, self.dialect.begin_read):
-                yield conn
-        finally:
-            self._give_back(self._readers, conn)
+        with self._pooled(self._readers, self.dialect.begin_read) as conn:
+            yield conn
 
     @contextmanager
     def write(self, *, exclusive: bool = True) -> Iterator[sqlite3.Connection]:
@@ -930,21 +947,21 @@ class Database:
             CoordinatorUnavailableError: another process held the write lock past the
                 busy timeout, or SQLite failed.
         """
-        if self.write_mode == "lock":
-            with self._write_lock:
-                conn = self._take(self._writers)
-                try:
-                    with _transaction(conn, self.dialect.begin_write):
-                        yield conn
-                finally:
-                    self._give_back(self._writers, conn)
-        else:
-            conn = self._take(self._writers)
-            try:
-                with _transaction(conn, self.dialect.begin_write):
-                    yield conn
-            finally:
-                self._give_back(self._writers, conn)
+        lock: AbstractContextManager[Any] = (
+            self._write_lock if self.write_mode == "lock" else nullcontext()
+        )
+        with lock, self._pooled(self._writers, self.dialect.begin_write) as conn:
+            yield conn
+
+    @contextmanager
+    def _pooled(self, pool: list[sqlite3.Connection], begin: str) -> Iterator[sqlite3.Connection]:
+        """A connection taken from ``pool`` for one transaction, given back after."""
+        conn = self._take(pool)
+        try:
+            with _transaction(conn, begin):
+                yield conn
+        finally:
+            self._give_back(pool, conn)
 
     def close(self) -> None:
         """Close every connection; later calls raise RuntimeError. Idempotent."""

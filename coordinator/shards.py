@@ -59,7 +59,7 @@ from typing import Any, TypeVar
 from coordinator import clock
 from coordinator.api import forward
 from coordinator.client import ChunkCommit, Coordinator, IndexWant
-from coordinator.db import POSTGRESQL, MetadataDatabase, open_database
+from coordinator.db import POSTGRESQL, MetadataDatabase, open_database, rows_in
 from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
 from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
 from coordinator.log.group_commit import GroupCommitStats
@@ -92,7 +92,6 @@ T = TypeVar("T")
 
 #: Seconds between probes of a shard marked down.
 PROBE_INTERVAL_S = 0.5
-_IN_BATCH = 500
 
 _META_GET = "SELECT value FROM meta WHERE key = ?"
 _META_PUT = "INSERT INTO meta (key, value) VALUES (?, ?)"
@@ -730,13 +729,8 @@ class ShardedStore:
         return out
 
     def _topic_ids(self, names: Sequence[str]) -> dict[str, bytes]:
-        out: dict[str, bytes] = {}
         with self._db.read() as conn:
-            for i in range(0, len(names), _IN_BATCH):
-                batch = list(names[i : i + _IN_BATCH])
-                sql = self._q(_TOPICS_BY_NAMES.format(marks=", ".join("?" * len(batch))))
-                out.update((str(n), bytes(t)) for n, t in conn.execute(sql, batch))
-        return out
+            return {str(n): bytes(t) for n, t in rows_in(conn, self._q, _TOPICS_BY_NAMES, names)}
 
     def topic_bounds(self, conn: Any, topic: str) -> dict[int, tuple[int, int]]:
         """(log-start, high watermark) of each partition of ``topic``, for the consumer
@@ -831,12 +825,7 @@ class ShardedStore:
         for shard in self.shards:
 
             def read(conn: Any, shard: Shard = shard) -> set[str]:
-                got: set[str] = set()
-                for i in range(0, len(wanted), _IN_BATCH):
-                    batch = wanted[i : i + _IN_BATCH]
-                    sql = shard.q(_OBJECTS_IN.format(marks=", ".join("?" * len(batch))))
-                    got.update(str(k) for (k,) in conn.execute(sql, batch))
-                return got
+                return {str(k) for (k,) in rows_in(conn, shard.q, _OBJECTS_IN, wanted)}
 
             found |= shard.read(read)
         return found

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.db import MetadataDatabase
+from coordinator.db import MetadataDatabase, rows_in
 
 _NEXT_CHANGE = (
     "INSERT INTO table_log (topic_id, last_change) VALUES (?, 1) "
@@ -56,7 +56,6 @@ _RELEASE = (
     "DELETE FROM table_files WHERE topic_id = ? AND removed_change IS NOT NULL "
     "AND removed_change <= ? RETURNING object_id"
 )
-_IN_BATCH = 500
 
 #: The SQL condition, on ``objects``, that no table file row holds the object.
 NOT_HELD = "NOT EXISTS (SELECT 1 FROM table_files f WHERE f.object_id = objects.object_id)"
@@ -88,12 +87,7 @@ def record_changes(
     """Record, in the caller's transaction, tier objects added to and removed from the
     topic's table (``removed`` may name any objects: those the table does not hold are
     left out). Returns the change number taken, or None when nothing changed."""
-    candidates = sorted(set(removed))
-    held: list[int] = []
-    for i in range(0, len(candidates), _IN_BATCH):
-        batch = candidates[i : i + _IN_BATCH]
-        sql = q(_HELD.format(marks=", ".join("?" * len(batch))))
-        held.extend(int(r[0]) for r in conn.execute(sql, batch).fetchall())
+    held = [int(r[0]) for r in rows_in(conn, q, _HELD, sorted(set(removed)))]
     if not added and not held:
         return None
     change = int(conn.execute(q(_NEXT_CHANGE), (topic_id,)).fetchone()[0])

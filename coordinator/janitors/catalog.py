@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator import clock
-from coordinator.db import MetadataDatabase
+from coordinator.db import MetadataDatabase, rows_in
 from coordinator.iceberg.changes import (
     MARK_UNREFERENCED,
     UNREFERENCED,
@@ -89,8 +89,6 @@ _UNCLAIM = (
     "DELETE FROM objects WHERE object_key = ? AND deleted_at = ? "
     f"AND {UNREFERENCED} RETURNING object_id"
 )
-#: Keys or ids per ``IN (...)`` list (SQLite allows 32,766 parameters; PostgreSQL 65,535).
-_IN_LIST = 500
 _DELETED_IN = (
     "SELECT object_key FROM objects WHERE deleted_at IS NOT NULL AND object_key IN ({marks})"
 )
@@ -349,14 +347,8 @@ class Catalog:
         """Make objects' rows tombstones before the objects are deleted, in one
         transaction; returns the ids that became one (not those referenced again, or
         tombstones already). A commit of their keys fails from now on."""
-        forgotten: set[int] = set()
-        now = clock.now()
         with self._db.write() as conn:
-            for i in range(0, len(object_ids), _IN_LIST):
-                part = list(object_ids[i : i + _IN_LIST])
-                sql = self._q(_FORGET.format(marks=", ".join("?" * len(part))))
-                forgotten.update(int(r[0]) for r in conn.execute(sql, (now, *part)))
-        return forgotten
+            return {int(r[0]) for r in rows_in(conn, self._q, _FORGET, object_ids, (clock.now(),))}
 
     def claim_orphans(self, keys: Sequence[str], now: float) -> set[str]:
         """Write orphans' tombstones before deleting them, in one transaction; returns
@@ -381,13 +373,8 @@ class Catalog:
     def deleted_keys(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` have a tombstone (garbage collection took them)."""
         wanted = list(dict.fromkeys(keys))
-        found: set[str] = set()
         with self._db.read() as conn:
-            for i in range(0, len(wanted), _IN_LIST):
-                batch = wanted[i : i + _IN_LIST]
-                sql = self._q(_DELETED_IN.format(marks=", ".join("?" * len(batch))))
-                found.update(str(k) for (k,) in conn.execute(sql, batch))
-        return found
+            return {str(k) for (k,) in rows_in(conn, self._q, _DELETED_IN, wanted)}
 
     def purge_tombstones(self, deleted_before: float) -> int:
         """Drop tombstones older than ``deleted_before``; returns how many."""

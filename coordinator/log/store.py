@@ -30,7 +30,7 @@ from typing import Any, Protocol, cast
 
 from coordinator import clock
 from coordinator.client import ChunkCommit, IndexWant
-from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each
+from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each, rows_in
 from coordinator.iceberg.changes import PURGE_TABLE_FILES
 from coordinator.log.group_commit import GroupCommitStats, GroupCommitter, PendingCommit
 from coordinator.log.producers import (
@@ -73,9 +73,6 @@ from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, Top
 #: Partitions one topic may have. Kafka has no hard limit; this one keeps a typo
 #: (1e9 partitions) from filling the database.
 MAX_PARTITIONS = 100_000
-
-# Rows per "IN (...)" list: well under SQLite's default limit of 32,766 parameters.
-_IN_BATCH = 500
 
 _SELECT_TOPIC = "SELECT topic_id, name, partition_count FROM topics"
 _TOPIC_BY_NAME = _SELECT_TOPIC + " WHERE name = ?"
@@ -1210,15 +1207,11 @@ class MetadataStore:
         names = sorted({tp.topic for tp in wanted})
         out: dict[TopicPartition, PartitionOffsets] = {}
         with self._db.read() as conn:
-            for i in range(0, len(names), _IN_BATCH):
-                batch = names[i : i + _IN_BATCH]
-                sql = self._q(_OFFSETS_OF_TOPICS.format(marks=", ".join("?" * len(batch))))
-                for name, partition, log_start, high_watermark, topic_id in conn.execute(
-                    sql, batch
-                ):
-                    tp = TopicPartition(name, partition)
-                    if tp in wanted:
-                        out[tp] = PartitionOffsets(log_start, high_watermark, bytes(topic_id))
+            rows = rows_in(conn, self._q, _OFFSETS_OF_TOPICS, names)
+            for name, partition, log_start, high_watermark, topic_id in rows:
+                tp = TopicPartition(name, partition)
+                if tp in wanted:
+                    out[tp] = PartitionOffsets(log_start, high_watermark, bytes(topic_id))
         return out
 
     def lookup(
@@ -1291,14 +1284,8 @@ class MetadataStore:
 
     def committed_object_keys(self, keys: Sequence[str]) -> set[str]:
         """Which of ``keys`` are committed objects (for orphan detection)."""
-        wanted = list(dict.fromkeys(keys))
-        found: set[str] = set()
         with self._db.read() as conn:
-            for i in range(0, len(wanted), _IN_BATCH):
-                batch = wanted[i : i + _IN_BATCH]
-                sql = self._q(_OBJECTS_IN.format(marks=", ".join("?" * len(batch))))
-                found.update(key for (key,) in conn.execute(sql, batch))
-        return found
+            return self._keys_in(conn, _OBJECTS_IN, list(dict.fromkeys(keys)), ())
 
     # -- pending uploads ------------------------------------------------------
     def keep_pending(
@@ -1378,12 +1365,7 @@ class MetadataStore:
     def _keys_in(
         self, conn: Any, template: str, keys: list[str], before: tuple[Any, ...]
     ) -> set[str]:
-        found: set[str] = set()
-        for i in range(0, len(keys), _IN_BATCH):
-            batch = keys[i : i + _IN_BATCH]
-            sql = self._q(template.format(marks=", ".join("?" * len(batch))))
-            found.update(str(k) for (k,) in conn.execute(sql, [*before, *batch]))
-        return found
+        return {str(k) for (k,) in rows_in(conn, self._q, template, keys, before)}
 
     def delete_records(self, topic: str, partition: int, offset: int) -> int:
         """Kafka's DeleteRecords: move log-start up to ``offset`` (-1: the high watermark).
