@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -179,11 +180,13 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
         f.result(120)
 
 
-def produce_load(bootstrap: str, topic: str, duration: float, inflight: int) -> dict[str, Any]:
-    """Keyed 1 KiB records for ``duration`` s, at most ``inflight`` unacknowledged."""
+def kafka_producer(bootstrap: str, queued: int, **extra: Any) -> Any:
+    """A confluent-kafka Producer as the benchmarks drive it (acks=all, linger 50 ms,
+    batch.num.messages 1000, no compression or idempotence), room for ``queued`` records
+    (at least 100,000); ``extra``: more settings."""
     from confluent_kafka import Producer
 
-    producer = Producer(
+    return Producer(
         {
             "bootstrap.servers": bootstrap,
             "acks": "all",
@@ -193,11 +196,37 @@ def produce_load(bootstrap: str, topic: str, duration: float, inflight: int) -> 
             "compression.type": "none",
             "enable.idempotence": False,
             "partitioner": "murmur2_random",
-            "queue.buffering.max.messages": max(100_000, 2 * inflight),
+            "queue.buffering.max.messages": max(100_000, queued),
             "queue.buffering.max.kbytes": 1 << 21,
-            "log.connection.close": False,
+            **extra,
         }
     )
+
+
+def spy_samples(
+    raw: Path, frame: Callable[[str], str] = str
+) -> tuple[int, dict[str, int], dict[str, int]]:
+    """py-spy's ``--format raw`` output as (samples, own, total): samples per frame, with
+    ``frame`` naming each ``name (file:line)`` frame; frames without a file are left out."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [frame(f) for f in stack.split(";")[1:] if " (" in f]
+        if not frames:
+            continue
+        n = int(count)
+        samples += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            total[f] = total.get(f, 0) + n
+    return samples, own, total
+
+
+def produce_load(bootstrap: str, topic: str, duration: float, inflight: int) -> dict[str, Any]:
+    """Keyed 1 KiB records for ``duration`` s, at most ``inflight`` unacknowledged."""
+    producer = kafka_producer(bootstrap, 2 * inflight, **{"log.connection.close": False})
     latencies: list[float] = []
     errors = 0
     outstanding = 0
@@ -446,20 +475,9 @@ def section_profile(tmp: Path, endpoint: str, args: argparse.Namespace) -> None:
         )
         produce_load(agent.bootstrap, "profile", args.duration, args.inflight)
         sampler.wait(120)
-        own: dict[str, int] = {}
-        total: dict[str, int] = {}
-        samples = 0
-        for line in out.read_text().splitlines():
-            stack, _, count = line.rpartition(" ")
-            frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0] + ")"
-                      for f in stack.split(";")[1:] if " (" in f]  # fmt: skip
-            if not frames:
-                continue
-            n = int(count)
-            samples += n
-            own[frames[-1]] = own.get(frames[-1], 0) + n
-            for f in set(frames):
-                total[f] = total.get(f, 0) + n
+        samples, own, total = spy_samples(
+            out, lambda f: f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0] + ")"
+        )
         top_own = sorted(own.items(), key=lambda kv: -kv[1])[:15]
         interesting = [kv for kv in total.items() if "lakelog" in kv[0] or "/work/" in kv[0]
                        or any(p in kv[0] for p in ("service/", "segments/", "index/",

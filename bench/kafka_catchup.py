@@ -46,7 +46,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import boto3  # noqa: E402
-from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic, raw_gets  # noqa: E402
+from kafka import (  # noqa: E402
+    BUCKET,
+    RECORD_BYTES,
+    Lakelog,
+    create_topic,
+    kafka_producer,
+    raw_gets,
+    spy_samples,
+)
 from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
 
 from tests.procs import start_moto  # noqa: E402
@@ -58,22 +66,7 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 def produce_exactly(bootstrap: str, topic: str, count: int) -> float:
     """``count`` keyed 1 KiB records, all acknowledged; returns seconds taken."""
-    from confluent_kafka import Producer
-
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "linger.ms": 50,
-            "batch.num.messages": 1000,
-            "batch.size": 4 << 20,
-            "compression.type": "none",
-            "enable.idempotence": False,
-            "partitioner": "murmur2_random",
-            "queue.buffering.max.messages": max(100_000, count),
-            "queue.buffering.max.kbytes": 1 << 21,
-        }
-    )
+    producer = kafka_producer(bootstrap, count)
     errors = 0
 
     def on_delivery(err: Any, msg: Any) -> None:
@@ -196,19 +189,7 @@ class Profiled:
             return
         self.sampler.send_signal(signal.SIGINT)  # py-spy writes what it has and ends
         self.sampler.wait(60)
-        own: dict[str, int] = {}
-        total: dict[str, int] = {}
-        samples = 0
-        for line in self.out.read_text().splitlines():
-            stack, _, count = line.rpartition(" ")
-            frames = [f for f in stack.split(";")[1:] if " (" in f]
-            if not frames:
-                continue
-            n = int(count)
-            samples += n
-            own[frames[-1]] = own.get(frames[-1], 0) + n
-            for f in set(frames):
-                total[f] = total.get(f, 0) + n
+        samples, own, total = spy_samples(self.out)
         if not samples:
             return
         ours = [kv for kv in total.items() if any(
