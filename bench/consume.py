@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -40,10 +39,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import boto3  # noqa: E402
 import httpx  # noqa: E402
 import orjson  # noqa: E402
+from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
 
 from tests.procs import Proc, free_port, start_moto, wait_http  # noqa: E402
 
@@ -51,59 +52,12 @@ RECORD_BYTES = 1024
 RECORDS_PER_REQUEST = 100
 PRODUCERS = 4
 PARTITIONS = 8
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BINARY = "application/vnd.kafka.binary.v2+json"
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far, from /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-class CpuMeter:
-    """CPU cores used by named processes (and this one) between start() and stop()."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self._t0 = time.monotonic()
-        self._c0 = self._sample()
-
-    def _sample(self) -> dict[str, float]:
-        out = {name: proc_cpu(pid) for name, pid in self.pids.items()}
-        out["bench_client"] = time.process_time()
-        return out
-
-    def stop(self) -> dict[str, float]:
-        wall = time.monotonic() - self._t0
-        now = self._sample()
-        return {k: round((now[k] - self._c0[k]) / wall, 2) for k in now}
-
-
-def metric(base: str, name: str) -> float:
-    """Sum of a metric's samples on the agent's /metrics."""
-    total = 0.0
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 class Agent:
@@ -187,7 +141,7 @@ def bench_tail(agent: Agent, moto_pid: int, topic: str, duration: float) -> int:
     """Produce and consume at once on the writing agent; returns records produced."""
     consumer = Consumer(agent.base, topic, "earliest")
     consumer.fetch(0, 1 << 20)  # joined, nothing there yet
-    gets0 = metric(agent.base, "lakelog_store_gets_total")
+    gets0 = metric_sum(agent.base, "lakelog_store_gets_total")
     stop = threading.Event()
     produced: list[int] = []
     threads = [
@@ -195,6 +149,7 @@ def bench_tail(agent: Agent, moto_pid: int, topic: str, duration: float) -> int:
         for _ in range(PRODUCERS)
     ]
     cpu = CpuMeter({"agent": agent.pid, "moto": moto_pid})
+    cpu.start()
     started = time.monotonic()
     for t in threads:
         t.start()
@@ -216,7 +171,7 @@ def bench_tail(agent: Agent, moto_pid: int, topic: str, duration: float) -> int:
             break
         records += n
         size += b
-    gets = metric(agent.base, "lakelog_store_gets_total") - gets0
+    gets = metric_sum(agent.base, "lakelog_store_gets_total") - gets0
     mb = size / 1e6
     emit(
         bench="consume_tail",
@@ -229,7 +184,7 @@ def bench_tail(agent: Agent, moto_pid: int, topic: str, duration: float) -> int:
         drain_s=round(time.monotonic() - drain_started, 2),
         store_gets=int(gets),
         gets_per_mb=round(gets / mb, 3) if mb else None,
-        load=[round(x, 2) for x in os.getloadavg()],
+        load=load_avg(),
         cpu_cores=cores,
     )
     return total
@@ -239,10 +194,11 @@ def bench_catchup(agent: Agent, moto_pid: int, topic: str, expected: int) -> flo
     """Restart the agent (cold caches) and read the whole history; returns MB/s."""
     agent.stop()
     agent.start()
-    gets0 = metric(agent.base, "lakelog_store_gets_total")
-    get_bytes0 = metric(agent.base, "lakelog_store_get_bytes_total")
+    gets0 = metric_sum(agent.base, "lakelog_store_gets_total")
+    get_bytes0 = metric_sum(agent.base, "lakelog_store_get_bytes_total")
     consumer = Consumer(agent.base, topic, "earliest")
     cpu = CpuMeter({"agent": agent.pid, "moto": moto_pid})
+    cpu.start()
     started = time.monotonic()
     records = size = 0
     while records < expected:
@@ -260,11 +216,11 @@ def bench_catchup(agent: Agent, moto_pid: int, topic: str, expected: int) -> flo
         seconds=round(elapsed, 2),
         records_per_s=round(records / elapsed),
         mb_per_s=round(mbps, 1),
-        store_gets=int(metric(agent.base, "lakelog_store_gets_total") - gets0),
+        store_gets=int(metric_sum(agent.base, "lakelog_store_gets_total") - gets0),
         store_get_mb=round(
-            (metric(agent.base, "lakelog_store_get_bytes_total") - get_bytes0) / 1e6, 1
+            (metric_sum(agent.base, "lakelog_store_get_bytes_total") - get_bytes0) / 1e6, 1
         ),
-        load=[round(x, 2) for x in os.getloadavg()],
+        load=load_avg(),
         cpu_cores=cpu.stop(),
     )
     return mbps

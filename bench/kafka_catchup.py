@@ -46,15 +46,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import boto3  # noqa: E402
-from kafka import (  # noqa: E402
-    BUCKET,
-    RECORD_BYTES,
-    Lakelog,
-    create_topic,
-    kafka_producer,
-    raw_gets,
-    spy_samples,
-)
+import kafka  # noqa: E402
+from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic, raw_gets  # noqa: E402
 from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
 
 from tests.procs import start_moto  # noqa: E402
@@ -66,7 +59,7 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 def produce_exactly(bootstrap: str, topic: str, count: int) -> float:
     """``count`` keyed 1 KiB records, all acknowledged; returns seconds taken."""
-    producer = kafka_producer(bootstrap, count)
+    producer = kafka.kafka_producer(bootstrap, count)
     errors = 0
 
     def on_delivery(err: Any, msg: Any) -> None:
@@ -189,7 +182,7 @@ class Profiled:
             return
         self.sampler.send_signal(signal.SIGINT)  # py-spy writes what it has and ends
         self.sampler.wait(60)
-        samples, own, total = spy_samples(self.out)
+        samples, own, total = kafka.spy_samples(self.out)
         if not samples:
             return
         ours = [kv for kv in total.items() if any(
@@ -217,8 +210,17 @@ def run_case(tmp: Path, endpoint: str, partitions: int, args: argparse.Namespace
     topic = "catchup"
     profile_dir = Path(args.profile).resolve() if args.profile else None
     spy = py_spy() if profile_dir else None
-    writer = Lakelog(tmp, endpoint, prefix)
     rows: dict[str, Any] = {}
+
+    def timed(case: str, agent: Lakelog) -> None:
+        """One catch-up through ``agent`` (sampled with py-spy under --profile)."""
+        p = Profiled(spy, profile_dir, f"{case}-{partitions}")
+        p.start(agent)
+        rows[case] = catch_up(agent, topic, partitions, args.records)
+        p.stop()
+        emit(bench="kafka_catchup", case=case, partitions=partitions, **rows[case])
+
+    writer = Lakelog(tmp, endpoint, prefix)
     try:
         create_topic(writer.bootstrap, topic, partitions)
         log(f"{partitions} partitions: producing {args.records} records")
@@ -232,22 +234,14 @@ def run_case(tmp: Path, endpoint: str, partitions: int, args: argparse.Namespace
             load_avg=load_avg(),
         )
         log(f"{partitions} partitions: warm catch-up through the writing agent")
-        p = Profiled(spy, profile_dir, f"warm-{partitions}")
-        p.start(writer)
-        rows["warm"] = catch_up(writer, topic, partitions, args.records)
-        p.stop()
-        emit(bench="kafka_catchup", case="warm", partitions=partitions, **rows["warm"])
+        timed("warm", writer)
     finally:
         writer.stop()
     reader = Lakelog(tmp, endpoint, prefix)
     try:
         wait_alone(reader)
         log(f"{partitions} partitions: cold catch-up through a fresh agent")
-        p = Profiled(spy, profile_dir, f"cold-{partitions}")
-        p.start(reader)
-        rows["cold"] = catch_up(reader, topic, partitions, args.records)
-        p.stop()
-        emit(bench="kafka_catchup", case="cold", partitions=partitions, **rows["cold"])
+        timed("cold", reader)
     finally:
         reader.stop()
     objects, total, rates = raw_gets(endpoint, prefix)
