@@ -125,6 +125,18 @@ class Consumer:
         records = orjson.loads(r.content)
         return len(records), sum(len(rec["value"]) * 3 // 4 for rec in records)
 
+    def fetch_all(self, wanted: int) -> tuple[int, int]:
+        """Fetches of up to 8 MiB (1 s each at most) until ``wanted`` records came or
+        one came back empty; (records, value bytes) read."""
+        records = size = 0
+        while records < wanted:
+            n, b = self.fetch(1000, 8 << 20)
+            if n == 0:
+                break
+            records += n
+            size += b
+        return records, size
+
 
 def producer(base: str, topic: str, stop: threading.Event, counts: list[int]) -> None:
     value = base64.b64encode(os.urandom(RECORD_BYTES)).decode()
@@ -165,12 +177,8 @@ def bench_tail(agent: Agent, moto_pid: int, topic: str, duration: float) -> int:
     cores = cpu.stop()
     total = sum(produced)
     drain_started = time.monotonic()
-    while records < total:
-        n, b = consumer.fetch(1000, 8 << 20)
-        if n == 0:
-            break
-        records += n
-        size += b
+    n, b = consumer.fetch_all(total - records)
+    records, size = records + n, size + b
     gets = metric_sum(agent.base, "lakelog_store_gets_total") - gets0
     mb = size / 1e6
     emit(
@@ -200,13 +208,7 @@ def bench_catchup(agent: Agent, moto_pid: int, topic: str, expected: int) -> flo
     cpu = CpuMeter({"agent": agent.pid, "moto": moto_pid})
     cpu.start()
     started = time.monotonic()
-    records = size = 0
-    while records < expected:
-        n, b = consumer.fetch(1000, 8 << 20)
-        if n == 0:
-            break
-        records += n
-        size += b
+    records, size = consumer.fetch_all(expected)
     elapsed = time.monotonic() - started
     mbps = size / 1e6 / elapsed
     emit(

@@ -14,7 +14,6 @@ objects/s, the database. Progress on stderr.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -53,9 +52,6 @@ def main() -> None:
     ap.add_argument("--objects", type=int, default=2000)
     ap.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
     args = ap.parse_args()
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        os.environ.setdefault(k, "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     moto, endpoint = start_moto()
     tmp = Path(tempfile.mkdtemp(prefix="bench-gc-"))
     db_url, drop = database(args.db, tmp)

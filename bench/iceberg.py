@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,15 +37,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import spark_scan  # noqa: E402
-from spark_scan import best_of, produce, progress, spark_agg  # noqa: E402
+from spark_scan import best_of, embedded, produce, progress, spark_agg  # noqa: E402
 
 from coordinator.iceberg.rest import CatalogService, create_catalog_app  # noqa: E402
 from coordinator.iceberg.tables import TopicTables  # noqa: E402
 from coordinator.janitors.catalog import Catalog  # noqa: E402
 from coordinator.janitors.context import JanitorConfig, JanitorContext  # noqa: E402
 from coordinator.janitors.tiering import run_tiering  # noqa: E402
-from coordinator.local import LocalCoordinator  # noqa: E402
-from segments.store import open_store  # noqa: E402
 from tests.procs import free_port  # noqa: E402
 
 
@@ -85,12 +82,7 @@ def main() -> None:
     ap.add_argument("--loads", type=int, default=200)
     ap.add_argument("--no-spark", action="store_true")
     args = ap.parse_args()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    tmp = Path(tempfile.mkdtemp(prefix="lakelog-iceberg-bench-"))
-    db = f"sqlite:///{tmp / 'meta.db'}"
-    coord = LocalCoordinator(db)
-    store = open_store(f"file://{tmp / 'data'}")
+    tmp, db, coord, store = embedded("lakelog-iceberg-bench-")
     progress(f"writing {args.records:,} records under {tmp}")
     payload = produce(store, coord, "t", args.records)
     total = args.records // 4 * 4

@@ -117,6 +117,23 @@ def spark_agg(df: Any) -> tuple[int, int]:
     return int(row.n), int(row.b or 0)
 
 
+def generated_columns() -> list[Any]:
+    """The key and value columns the JVM makes from ``id``: ``key-<id % 1000>`` and 200
+    bytes (three SHA-512s and 8 bytes of a SHA-256)."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.concat(F.lit("key-"), (F.col("id") % 1000).cast("string")).alias("key"),
+        F.concat(
+            *(
+                F.unhex(F.sha2(F.concat(F.lit(str(s)), F.col("id").cast("string")), 512))
+                for s in range(3)
+            ),
+            F.substring(F.unhex(F.sha2(F.col("id").cast("string"), 256)), 1, 8),
+        ).alias("value"),
+    ]
+
+
 def best_of(repeat: int, run: Any) -> float:
     """The best wall time of ``repeat`` calls of ``run()`` (the machine is shared)."""
     best = float("inf")
@@ -229,18 +246,23 @@ def start_spark() -> Any:
     return session
 
 
+def embedded(prefix: str) -> tuple[Path, str, LocalCoordinator, ObjectStore]:
+    """Spark's environment, and a coordinator and store (SQLite + file://) in a new
+    directory named ``prefix...``: (directory, database URL, coordinator, store)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    db = f"sqlite:///{tmp / 'meta.db'}"
+    return tmp, db, LocalCoordinator(db), open_store(f"file://{tmp / 'data'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--records", type=int, default=2_000_000, help="records per topic")
     ap.add_argument("--write-records", type=int, default=1_000_000, help="records written")
     ap.add_argument("--repeat", type=int, default=2, help="best of this many runs")
     args = ap.parse_args()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    tmp = Path(tempfile.mkdtemp(prefix="lakelog-spark-bench-"))
-    db = f"sqlite:///{tmp / 'meta.db'}"
-    coord = LocalCoordinator(db)
-    store = open_store(f"file://{tmp / 'data'}")
+    tmp, db, coord, store = embedded("lakelog-spark-bench-")
     total = args.records // PARTITIONS * PARTITIONS
     progress(f"writing {total:,} records twice under {tmp}")
     payload = produce(store, coord, "tiered", total)
@@ -265,8 +287,6 @@ def main() -> None:
 
     pyarrow_s = best_of(args.repeat, direct)
     emit("pyarrow_direct", total, payload, pyarrow_s)
-
-    from pyspark.sql import functions as F
 
     session = start_spark()
     options = {"db": db, "store": store.url}
@@ -348,16 +368,7 @@ def main() -> None:
     n = args.write_records // PARTITIONS * PARTITIONS
     coord.create_topic("written", PARTITIONS)
     # 200 bytes per value as above (3 x SHA-512 + 8), keys as above: made in the JVM.
-    rows = session.range(0, n, 1, 4).select(
-        F.concat(F.lit("key-"), (F.col("id") % 1000).cast("string")).alias("key"),
-        F.concat(
-            *(
-                F.unhex(F.sha2(F.concat(F.lit(str(s)), F.col("id").cast("string")), 512))
-                for s in range(3)
-            ),
-            F.substring(F.unhex(F.sha2(F.col("id").cast("string"), 256)), 1, 8),
-        ).alias("value"),
-    )
+    rows = session.range(0, n, 1, 4).select(*generated_columns())
     rows.write.format("noop").mode("overwrite").save()  # warm-up: the rows themselves
     started = time.perf_counter()
     rows.write.format("lakelog").options(**options, topic="written").mode("append").save()

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from spark_scan import rest_produce, start_spark  # noqa: E402
+import spark_scan  # noqa: E402
+from spark_scan import best_of, generated_columns, progress, rest_produce, start_spark  # noqa: E402
 
 from coordinator.local import LocalCoordinator  # noqa: E402
 from index.log import LogWriter  # noqa: E402
@@ -51,10 +51,6 @@ from spark.write import TaskWriter  # noqa: E402
 PARTITIONS = 4
 VALUE_BYTES = 200
 KEY_BYTES = 7  # "key-" + up to 3 digits: 6.9 on average, counted as 7
-
-
-def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def emit(case: str, rows: int, seconds: float, **extra: Any) -> None:
@@ -70,15 +66,6 @@ def emit(case: str, rows: int, seconds: float, **extra: Any) -> None:
     }
     print(orjson.dumps(figures).decode(), flush=True)
     progress(f"{case}: {seconds:.3f} s")
-
-
-def best_of(repeat: int, run: Any) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def arrow_batches(rows: int, headers: bool) -> Iterator[pa.RecordBatch]:
@@ -119,12 +106,7 @@ def main() -> None:
     ap.add_argument("--no-rest", action="store_true")
     args = ap.parse_args()
     n = args.rows // PARTITIONS * PARTITIONS
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    tmp = Path(tempfile.mkdtemp(prefix="lakelog-spark-write-"))
-    db = f"sqlite:///{tmp / 'meta.db'}"
-    coord = LocalCoordinator(db)
-    store_url = f"file://{tmp / 'data'}"
+    tmp, db, coord, store = spark_scan.embedded("lakelog-spark-write-")
 
     emit("task_writer", n, task_writer(tmp, coord, n, headers=False))
     emit("task_writer_headers", n, task_writer(tmp, coord, n, headers=True))
@@ -150,22 +132,8 @@ def main() -> None:
 
     session = start_spark()
     session.dataSource.register(CountSource)
-    options = {"db": db, "store": store_url}
-    rows = (
-        session.range(0, n, 1, 4)
-        .select(
-            F.col("id"),
-            F.concat(F.lit("key-"), (F.col("id") % 1000).cast("string")).alias("key"),
-            F.concat(
-                *(
-                    F.unhex(F.sha2(F.concat(F.lit(str(s)), F.col("id").cast("string")), 512))
-                    for s in range(3)
-                ),
-                F.substring(F.unhex(F.sha2(F.col("id").cast("string"), 256)), 1, 8),
-            ).alias("value"),
-        )
-        .cache()
-    )
+    options = {"db": db, "store": store.url}
+    rows = session.range(0, n, 1, 4).select(F.col("id"), *generated_columns()).cache()
     assert rows.count() == n
     plain = rows.select("key", "value")
     with_headers = rows.select(

@@ -73,6 +73,11 @@ def note(message: str) -> None:
 
 
 def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    """A moto S3 server on a free port: (process, endpoint), with test AWS credentials in
+    the environment unless some are set."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(k, "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -157,9 +162,6 @@ def main() -> None:
     ap.add_argument("--value-bytes", type=int, default=1024)
     ap.add_argument("--segment-compression", default="none")
     a = ap.parse_args()
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        os.environ.setdefault(k, "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     moto, endpoint = start_moto()
     tmp = Path(tempfile.mkdtemp(prefix="bench-tiering-"))
     try:
