@@ -299,12 +299,20 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
             principal, Operation.DESCRIBE, topic, where
         )
 
+    async def namespace_of(
+        request: Request, prefix: str | None, namespace: str
+    ) -> tuple[CatalogService, str]:
+        """The service and caller of a request naming ``namespace``; 404 for another prefix
+        (before authenticating the caller) or namespace (after)."""
+        check_prefix(prefix)
+        found = await caller(request)
+        check_namespace(namespace)
+        return found
+
     async def table_of(
         request: Request, prefix: str | None, namespace: str, table: str, op: Operation
     ) -> tuple[CatalogService, str, bytes]:
-        check_prefix(prefix)
-        svc, principal = await caller(request)
-        check_namespace(namespace)
+        svc, principal = await namespace_of(request, prefix, namespace)
         missing = CatalogError(404, "NoSuchTableException", f"Table does not exist: {table}")
         if not visible(svc, principal, table, host(request)):
             raise missing
@@ -392,9 +400,7 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
         async def load_namespace(
             request: Request, namespace: str, prefix: str | None = None
         ) -> Response:
-            check_prefix(prefix)
-            await caller(request)
-            check_namespace(namespace)
+            await namespace_of(request, prefix, namespace)
             return _json(
                 {
                     "namespace": [NAMESPACE],
@@ -406,9 +412,7 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
         async def namespace_exists(
             request: Request, namespace: str, prefix: str | None = None
         ) -> Response:
-            check_prefix(prefix)
-            await caller(request)
-            check_namespace(namespace)
+            await namespace_of(request, prefix, namespace)
             return Response(status_code=204)
 
         @app.get(f"{base}/namespaces/{{namespace}}/tables")
@@ -419,9 +423,7 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
             pageToken: str | None = None,
             pageSize: int | None = None,
         ) -> Response:
-            check_prefix(prefix)
-            svc, principal = await caller(request)
-            check_namespace(namespace)
+            svc, principal = await namespace_of(request, prefix, namespace)
             check_page_size(pageSize)
             topics = await run_in_threadpool(svc.tables.topics)
             where = host(request)
@@ -443,9 +445,7 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
             pageToken: str | None = None,
             pageSize: int | None = None,
         ) -> Response:
-            check_prefix(prefix)
-            await caller(request)
-            check_namespace(namespace)
+            await namespace_of(request, prefix, namespace)
             check_page_size(pageSize)
             return _json({"identifiers": []})
 
@@ -514,9 +514,7 @@ def create_catalog_app(service: Callable[[], CatalogService | None]) -> FastAPI:
         async def load_view(
             request: Request, namespace: str, view: str, prefix: str | None = None
         ) -> Response:
-            check_prefix(prefix)
-            await caller(request)
-            check_namespace(namespace)
+            await namespace_of(request, prefix, namespace)
             raise CatalogError(404, "NoSuchViewException", f"View does not exist: {view}")
 
         @app.head(f"{base}/namespaces/{{namespace}}/views/{{view}}")
