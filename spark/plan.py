@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING
 
 from coordinator.client import Coordinator
 from coordinator.log.topic_configs import max_decompressed_bytes
+from index.walk import seek_timestamp, walk
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
-from segments.errors import PartitionNotFoundError, TopicNotFoundError
+from segments.errors import OffsetOutOfRangeError, PartitionNotFoundError, TopicNotFoundError
 from segments.store import ObjectStore
 from segments.types import ChunkRef, TopicInfo
 from spark.options import EARLIEST, LATEST, ReadOptions
@@ -196,22 +197,15 @@ def _offset_for_timestamp(
     ts: int,
     log_start: int,
 ) -> int | None:
-    """The first offset at or after ``log_start`` whose record timestamp is >= ts, or None.
-
-    Reads one index entry, or two when the first straddles log-start and its records
-    recent enough all lie below it.
-    """
+    """The first offset at or after ``log_start`` whose record timestamp is >= ts, or None
+    (``index.walk.seek_timestamp``)."""
     from spark.scan import first_offset_at_or_after
 
-    start = log_start
-    while True:
-        ref = coordinator.lookup_timestamp(topic, partition, ts, start)
-        if ref is None:
-            return None
-        found = first_offset_at_or_after(store, topic, partition, ref, ts, start)
-        if found is not None or ref.base_offset >= start:
-            return found
-        start = ref.end_offset
+    return seek_timestamp(
+        lambda start: coordinator.lookup_timestamp(topic, partition, ts, start),
+        lambda ref, start: first_offset_at_or_after(store, topic, partition, ref, ts, start),
+        log_start,
+    )
 
 
 def start_at_timestamp(
@@ -303,31 +297,27 @@ def _slices(
     topic_id: bytes | None = None,
 ) -> Iterator[Slice]:
     """Disjoint slices covering [start, end) from the index (of ``topic_id`` only, if
-    given), pruned by timestamp bounds."""
-    cursor = start
-    while cursor < end:
-        try:
-            refs = coordinator.lookup(topic, partition, cursor, _LOOKUP_PAGE, topic_id=topic_id)
-        except TopicNotFoundError:
-            raise ValueError(
-                f"{topic}-{partition}: the topic was deleted (or deleted and created again) "
-                "while planning; run the read again"
-            ) from None
-        if not refs or refs[0].base_offset > cursor:
-            raise ValueError(
-                f"{topic}-{partition}: the index no longer holds offset {cursor} (of "
-                f"{start}-{end - 1}): records were deleted while planning; run the read again"
-            )
-        for ref in refs:
-            lo, hi = max(ref.base_offset, cursor), min(ref.end_offset, end)
-            if lo >= hi:
-                continue
-            cursor = hi
+    given), pruned by timestamp bounds.
+
+    Raises:
+        ValueError: the topic or records of the range were deleted while planning.
+    """
+
+    def page(at: int) -> list[ChunkRef]:
+        return coordinator.lookup(topic, partition, at, _LOOKUP_PAGE, topic_id=topic_id)
+
+    where = f"{topic}-{partition}"
+    try:
+        for ref, lo, hi in walk(page, start, end, follow_log_start=False, where=where):
             if bounds.ts_overlaps(ref.min_timestamp_ms, ref.max_timestamp_ms):
                 yield _slice(topic, partition, ref, lo, hi, max_decompressed)
-            if cursor >= end:
-                return
-        cursor = max(cursor, refs[-1].end_offset)
+    except TopicNotFoundError:
+        raise ValueError(
+            f"{where}: the topic was deleted (or deleted and created again) while planning; "
+            "run the read again"
+        ) from None
+    except OffsetOutOfRangeError as e:
+        raise ValueError(f"{e}: records were deleted while planning; run the read again") from None
 
 
 def _slice(
