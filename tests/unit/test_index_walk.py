@@ -12,12 +12,12 @@ import pytest
 
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
+from index.plan import Bounds, _slices
 from index.walk import Span, seek_timestamp, walk
 from segments.errors import CorruptSegmentError, IndexHoleError, OffsetOutOfRangeError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
 from segments.types import ChunkRef, Record
-from spark.plan import Bounds, _slices
 
 
 def entry(base: int, count: int, key: str = "o", ts: tuple[int, int] = (0, 0)) -> ChunkRef:
