@@ -27,6 +27,7 @@ threads (``asyncio.to_thread``), so coalescing works across tasks and threads al
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from coordinator.client import Coordinator, IndexWant
 from index.cache import IndexCache
 from index.log import LogReader, PartitionWant, WriteResult
+from index.walk import walk
 from segments.errors import CorruptSegmentError, LakelogError, StorageUnavailableError
 from segments.store import ObjectStore
 from segments.types import ChunkRef
@@ -488,34 +490,32 @@ class CachingLogReader(LogReader):
             budget = min(want.budget, limit - planned)
             mine = 0
             more = budget  # read-ahead: as much again
-            done = False
             # Page after page of index entries (the read looks them up the same way, from
             # the index cache then), until the partition's budgets or its high watermark.
-            while not done and at < bounds.high_watermark:
-                try:
-                    found = self.lookup(want.topic, want.partition, at, bounds.topic_id)
-                except LakelogError:
-                    break
-                if not found or found[-1].end_offset <= at:
-                    break  # the read meets the same and reports it
-                for ref in found:
-                    if ref.base_offset >= bounds.high_watermark:
-                        done = True
-                    elif mine < max(budget, 1):  # the first entry always: the read opens it
-                        done = total >= first_cap
-                        if not done:
-                            now.append(ref)
-                            mine += ref.length
-                            total += ref.length
+            # A lookup that fails, or a hole, ends the planning: the read meets the same
+            # and reports it.
+            with contextlib.suppress(LakelogError):
+                for ref, _, _ in walk(
+                    functools.partial(
+                        self.lookup, want.topic, want.partition, topic_id=bounds.topic_id
+                    ),
+                    at,
+                    bounds.high_watermark,
+                    follow_log_start=True,
+                    where=f"partition {want.partition} of topic '{want.topic}'",
+                ):
+                    if mine < max(budget, 1):  # the first entry always: the read opens it
+                        if total >= first_cap:
+                            break
+                        now.append(ref)
+                        mine += ref.length
+                        total += ref.length
                     elif more > 0 and total < ahead_cap:
                         ahead.append(ref)
                         more -= ref.length
                         total += ref.length
                     else:
-                        done = True
-                    if done:
                         break
-                at = found[-1].end_offset
             planned += max(0, min(mine, budget))
         self.fetch_many(now)
         if ahead:
