@@ -95,6 +95,31 @@ class Slice:
         if self.cost < 0:
             object.__setattr__(self, "cost", self.length)
 
+    @classmethod
+    def of(
+        cls,
+        topic: str,
+        partition: int,
+        ref: ChunkRef,
+        lo: int,
+        hi: int,
+        max_decompressed: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    ) -> Slice:
+        """Offsets [lo, hi) of the index entry ``ref``."""
+        return cls(
+            topic,
+            partition,
+            ref.kind,
+            ref.object_key,
+            ref.position,
+            ref.length,
+            ref.base_offset,
+            ref.record_count,
+            lo,
+            hi,
+            max_decompressed=max_decompressed,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ScanTask:
@@ -131,7 +156,7 @@ def _slices(
     try:
         for ref, lo, hi in walk(page, start, end, follow_log_start=False, where=where):
             if bounds.ts_overlaps(ref.min_timestamp_ms, ref.max_timestamp_ms):
-                yield _slice(topic, partition, ref, lo, hi, max_decompressed)
+                yield Slice.of(topic, partition, ref, lo, hi, max_decompressed)
     except TopicNotFoundError:
         raise ValueError(
             f"{where}: the topic was deleted (or deleted and created again) while planning; "
@@ -139,24 +164,6 @@ def _slices(
         ) from None
     except OffsetOutOfRangeError as e:
         raise ValueError(f"{e}: records were deleted while planning; run the read again") from None
-
-
-def _slice(
-    topic: str, partition: int, ref: ChunkRef, lo: int, hi: int, max_decompressed: int
-) -> Slice:
-    return Slice(
-        topic,
-        partition,
-        ref.kind,
-        ref.object_key,
-        ref.position,
-        ref.length,
-        ref.base_offset,
-        ref.record_count,
-        lo,
-        hi,
-        max_decompressed=max_decompressed,
-    )
 
 
 #: (first offset, last offset, compressed bytes) of each row group of a tier object.

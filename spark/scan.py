@@ -312,18 +312,7 @@ def first_offset_at_or_after(
 ) -> int | None:
     """In one index entry, the first offset at or after ``from_offset`` (log-start) whose
     timestamp is >= ts (None: none is)."""
-    s = Slice(
-        topic,
-        partition,
-        ref.kind,
-        ref.object_key,
-        ref.position,
-        ref.length,
-        ref.base_offset,
-        ref.record_count,
-        max(ref.base_offset, from_offset),
-        ref.end_offset,
-    )
+    s = Slice.of(topic, partition, ref, max(ref.base_offset, from_offset), ref.end_offset)
     bounds = Bounds(min_ts=ts)
     for batch in read_task(store, ScanTask((s,)), ("offset",), bounds):
         if batch.num_rows:
