@@ -30,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.produce import emit, load_avg, log
 from coordinator.http.client import http_coordinator
+from index.cache import IndexCache
 from index.log import LogWriter, PartitionWant
 from segments.segment import SegmentBuilder
 from segments.store import open_store
 from segments.types import Record, TopicPartition
-from service.read_cache import CachingLogReader, IndexCache, RangeCache
+from service.read_cache import CachingLogReader, RangeCache
 from tests.procs import start_coordinator
 
 

@@ -19,10 +19,10 @@ from ulid import ULID
 
 from coordinator.client import ChunkCommit, Coordinator
 from coordinator.log.producers import ProducerBatch, RequestKey
+from index.walk import seek_timestamp, walk
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import (
     CorruptSegmentError,
-    IndexHoleError,
     LakelogError,
     ObjectDeletedError,
     ObjectNotFoundError,
@@ -395,23 +395,22 @@ class LogReader:
         """
         if bounds is None:
             bounds = self.coordinator.offsets(topic, partition)
-        end = bounds.high_watermark
-        next_offset = max(offset, bounds.log_start)
+        end, topic_id = bounds.high_watermark, bounds.topic_id
+
+        def page(at: int) -> list[ChunkRef]:
+            refs = self.lookup(topic, partition, at, topic_id)
+            if refs:
+                self.prefetch(refs[1:], read_ahead_bytes - refs[0].length)
+            return refs
+
+        where = f"partition {partition} of topic '{topic}'"
+        at = max(offset, bounds.log_start)
         retried = False
-        while next_offset < end:
-            refs = self.lookup(topic, partition, next_offset, bounds.topic_id)
-            if not refs:
-                return  # log-start passed the high watermark meanwhile (DeleteRecords)
-            # Log-start may have moved past next_offset meanwhile (retention): skip up to it.
-            next_offset = max(next_offset, refs[0].base_offset)
-            before = next_offset
-            self.prefetch(refs[1:], read_ahead_bytes - refs[0].length)
-            for ref in refs:
-                if ref.base_offset >= end:
-                    return
-                if ref.end_offset > end and ref.kind == "parquet":
+        while True:
+            for ref, lo, hi in walk(page, at, end, follow_log_start=True, where=where):
+                if ref.end_offset > hi and ref.kind == "parquet":
                     # Tiered past our high watermark: the rows after it are not ours to serve.
-                    ref = replace(ref, record_count=end - ref.base_offset)
+                    ref = replace(ref, record_count=hi - ref.base_offset)
                 try:
                     data = self.fetch_chunk(ref)
                 except ObjectNotFoundError:
@@ -419,18 +418,13 @@ class LogReader:
                     if retried:
                         raise
                     retried = True
-                    self.forget(bounds.topic_id, partition)
+                    self.forget(topic_id, partition)
                     break
                 retried = False
-                yield ref, data, next_offset
-                next_offset = max(next_offset, ref.end_offset)
+                yield ref, data, lo
+                at = hi
             else:
-                if next_offset <= before:
-                    # Entries that end where the reader stands: asking again would spin.
-                    raise IndexHoleError(
-                        f"The index of partition {partition} of topic '{topic}' holds no "
-                        f"entry past offset {next_offset}, below its high watermark {end}."
-                    )
+                return
 
     def records(
         self,
@@ -478,27 +472,15 @@ class LogReader:
     ) -> ConsumedRecord | None:
         """The first record at or after log-start whose timestamp is >= ``timestamp_ms``,
         or None (Kafka's ListOffsets by timestamp)."""
-        start = self.coordinator.offsets(topic, partition).log_start
-        while True:
-            ref = self.coordinator.lookup_timestamp(topic, partition, timestamp_ms, start)
-            if ref is None:
-                return None
+
+        def first_at(ref: ChunkRef, start: int) -> ConsumedRecord | None:
             records = decode_entry(
-                ref,
-                self.fetch_chunk(ref),
-                topic,
-                partition,
-                max(start, ref.base_offset),
-                self.decompressed_limit(topic),
+                ref, self.fetch_chunk(ref), topic, partition, start, self.decompressed_limit(topic)
             )
-            for rec in records:
-                if rec.timestamp_ms >= timestamp_ms:
-                    return rec
-            if ref.base_offset >= start:
-                # The index's max timestamp comes from these very records: corruption.
-                raise CorruptSegmentError(
-                    f"{ref.object_key}: no record at or after {timestamp_ms} in a chunk whose "
-                    f"max timestamp is {ref.max_timestamp_ms}"
-                )
-            # The entry straddles log-start and its recent records lie below it.
-            start = ref.end_offset
+            return next((r for r in records if r.timestamp_ms >= timestamp_ms), None)
+
+        return seek_timestamp(
+            lambda start: self.coordinator.lookup_timestamp(topic, partition, timestamp_ms, start),
+            first_at,
+            self.coordinator.offsets(topic, partition).log_start,
+        )

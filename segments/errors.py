@@ -92,6 +92,8 @@ Every layer raises these; only the web layer knows HTTP, through one table in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class LakelogError(Exception):
     """Base of every error lakelog raises on purpose."""
@@ -488,92 +490,12 @@ class SchemaConflictError(SchemaRegistryError):
     retriable = True
 
 
-#: Name -> class, so the coordinator's HTTP client can re-raise what the server raised.
-ERRORS_BY_NAME: dict[str, type[LakelogError]] = {
-    cls.__name__: cls
-    for cls in (
-        LakelogError,
-        StorageError,
-        ObjectNotFoundError,
-        PreconditionFailedError,
-        StorageUnavailableError,
-        CorruptSegmentError,
-        MetadataError,
-        TopicNotFoundError,
-        PartitionNotFoundError,
-        TopicExistsError,
-        InvalidTopicNameError,
-        InvalidPartitionsError,
-        InvalidConfigError,
-        CommitConflictError,
-        ObjectDeletedError,
-        CoordinatorUnavailableError,
-        PartialCommitError,
-        ClusterNotFoundError,
-        ConfigNotFoundError,
-        BrokerNotFoundError,
-        ReassignmentNotFoundError,
-        ConsumerNotFoundError,
-        ConsumerExistsError,
-        GroupNotFoundError,
-        ConsumerStateError,
-        StaleGenerationError,
-        FencedMemberEpochError,
-        StaleMemberEpochError,
-        UnreleasedInstanceIdError,
-        InvalidConsumerConfigError,
-        UnsupportedAssignorError,
-        InvalidTopicPatternError,
-        NoOffsetError,
-        JanitorBusyError,
-        SecurityDisabledError,
-        SecurityError,
-        AuthenticationError,
-        AuthorizationError,
-        LoginThrottledError,
-        PrincipalNotFoundError,
-        PrincipalExistsError,
-        InvalidSecurityRequestError,
-        OffsetOutOfRangeError,
-        IndexHoleError,
-        ProducerFencedError,
-        ProducerConflictError,
-        GroupProtocolConflictError,
-        RebalanceInProgressError,
-        NonEmptyGroupError,
-        BufferFullError,
-        InternalError,
-        RequestError,
-        MalformedRequestError,
-        UnsupportedMediaTypeError,
-        NotAcceptableError,
-        ConsumerFormatMismatchError,
-        RequestTooLargeError,
-        RecordTooLargeError,
-        CorruptRecordError,
-        InvalidRecordError,
-        UnprocessableRequestError,
-        InvalidBatchError,
-        IdempotencyKeyMismatchError,
-        UnsupportedFormatError,
-        KeySchemaMissingError,
-        ValueSchemaMissingError,
-        RecordSchemaError,
-        SchemaRegistryError,
-        SubjectNotFoundError,
-        VersionNotFoundError,
-        SchemaNotFoundError,
-        SubjectSoftDeletedError,
-        SubjectNotSoftDeletedError,
-        VersionSoftDeletedError,
-        VersionNotSoftDeletedError,
-        SubjectConfigNotFoundError,
-        IncompatibleSchemaError,
-        InvalidSchemaError,
-        InvalidVersionError,
-        InvalidCompatibilityLevelError,
-        InvalidSubjectError,
-        ReferenceExistsError,
-        SchemaConflictError,
-    )
-}
+def _tree(cls: type[LakelogError]) -> Iterator[type[LakelogError]]:
+    yield cls
+    for sub in cls.__subclasses__():
+        yield from _tree(sub)
+
+
+#: Name -> class of every error above, so the coordinator's HTTP client can re-raise what
+#: the server raised (taken from the tree, so that no class is left out of it).
+ERRORS_BY_NAME: dict[str, type[LakelogError]] = {cls.__name__: cls for cls in _tree(LakelogError)}

@@ -87,7 +87,7 @@ import io
 import itertools
 import json
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from segments.errors import CorruptSegmentError
+from segments.store import ObjectStore
 from segments.types import ConsumedRecord, Headers, Record
 
 __all__ = [
@@ -407,24 +408,38 @@ def _tail_crc(data: memoryview | bytes, covered_from: int, crc_at: int) -> int:
     return zlib.crc32(data[crc_at + 8 : end], crc)
 
 
-def _find_integrity(data: memoryview | bytes) -> tuple[int, int, int]:
-    """(covered_from, position of the CRC digits, stored CRC) from the footer's marker.
+class _Short(Exception):
+    """The footer, or the bytes its CRC covers, begin before the tail at hand: at ``start``."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+
+
+def _find_integrity(data: memoryview | bytes, at: int = 0, size: int = -1) -> tuple[int, int, int]:
+    """(covered_from, position of the CRC digits, stored CRC) from the footer's marker,
+    positions in the object.
+
+    ``data``: the object, or its tail from ``at`` (``size`` the object's; the object's
+    first bytes are then not checked).
 
     Raises:
         CorruptSegmentError: no Parquet trailer, no marker or more than one, a bad value.
+        _Short: the tail is too short: the footer or what the CRC covers begins before it.
     """
-    size = len(data)
-    if size < 12 or bytes(data[:4]) != b"PAR1" or bytes(data[-4:]) != b"PAR1":
+    size = at + len(data) if size < 0 else size
+    if size < 12 or bytes(data[-4:]) != b"PAR1" or (at == 0 and bytes(data[:4]) != b"PAR1"):
         raise _corrupt("not a Parquet object (magic)")
     footer_len = int.from_bytes(data[-8:-4], "little")
     footer_start = size - 8 - footer_len
     if footer_start < 4:
         raise _corrupt(f"footer length {footer_len} does not fit in {size} bytes")
-    footer = bytes(data[footer_start : size - 8])
-    at = footer.find(_INTEGRITY_PREFIX)
-    if at < 0 or footer.find(_INTEGRITY_PREFIX, at + 1) >= 0:
+    if footer_start < at:
+        raise _Short(footer_start)
+    footer = bytes(data[footer_start - at : size - 8 - at])
+    marker = footer.find(_INTEGRITY_PREFIX)
+    if marker < 0 or footer.find(_INTEGRITY_PREFIX, marker + 1) >= 0:
         raise _corrupt("no single integrity marker in the footer")
-    value_at = at + len(_INTEGRITY_PREFIX)
+    value_at = marker + len(_INTEGRITY_PREFIX)
     value = footer[value_at : value_at + 29]  # 20 digits, ":", 8 hex digits
     try:
         if len(value) != 29 or value[20:21] != b":":
@@ -435,6 +450,8 @@ def _find_integrity(data: memoryview | bytes) -> tuple[int, int, int]:
         raise _corrupt(f"bad integrity marker {value!r}") from exc
     if not 4 <= covered_from <= footer_start:
         raise _corrupt(f"integrity marker covers from {covered_from}")
+    if covered_from < at:
+        raise _Short(covered_from)
     return covered_from, footer_start + value_at + 21, crc
 
 
@@ -446,6 +463,149 @@ def _seal(sink: io.BytesIO) -> bytes:
     sink.seek(crc_at)
     sink.write(b"%08x" % crc)
     return sink.getvalue()
+
+
+# --- read by ranged GETs ---------------------------------------------------------------
+
+#: The first ranged GET of a tier object: its tail, usually footer and page index.
+TAIL_BYTES = 64 << 10
+
+
+class _RangedFile(io.RawIOBase):
+    """A read-only file over one object: ranged GETs, with the tail already in memory."""
+
+    def __init__(
+        self, store: ObjectStore, key: str, size: int, tail: bytes, counted: Callable[[int], None]
+    ) -> None:
+        super().__init__()
+        self._store, self._key, self._size = store, key, size
+        self._tail, self._tail_at = tail, size - len(tail)
+        self._pos = 0
+        self._counted = counted
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        want = min(len(view), self._size - self._pos)
+        if want <= 0:
+            return 0
+        if self._pos >= self._tail_at:
+            at = self._pos - self._tail_at
+            data = self._tail[at : at + want]
+        else:
+            data = self._store.get_range(self._key, self._pos, want)
+            self._counted(len(data))
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+def _checked_tail(store: ObjectStore, key: str, size: int, counted: Callable[[int], None]) -> bytes:
+    """The object's tail from where its CRC coverage starts, the CRC verified: what
+    ``TierReader`` checks of a whole object, with one ranged GET (two when the footer is
+    bigger than ``TAIL_BYTES``)."""
+
+    def fetch(start: int) -> bytes:
+        data = store.get_range(key, start, size - start)
+        counted(len(data))
+        if len(data) != size - start:
+            raise _corrupt(f"{key} is shorter than the index says ({size})")
+        return data
+
+    at = max(0, size - TAIL_BYTES)
+    tail = fetch(at)
+    while True:
+        try:
+            covered_from, crc_at, crc = _find_integrity(tail, at, size)
+            break
+        except _Short as short:
+            at, tail = short.start, fetch(short.start)
+        except CorruptSegmentError as exc:
+            raise CorruptSegmentError(f"{exc} ({key})") from None
+    if _tail_crc(tail, covered_from - at, crc_at - at) != crc:
+        raise _corrupt(f"footer CRC mismatch ({key})")
+    return tail
+
+
+def open_tier(
+    store: ObjectStore,
+    key: str,
+    size: int,
+    topic: str,
+    partition: int,
+    counted: Callable[[int], None] = lambda n: None,
+) -> pq.ParquetFile:
+    """A tier object read by ranged GETs, as readers that want only some of its row groups
+    (and columns) open it: its tail first, the footer's CRC checked before pyarrow parses
+    it (pyarrow aborts the process on some corrupt footers), then its schema and its
+    topic-partition. Row groups are fetched when read. ``counted(n)``: told of each GET.
+
+    Raises:
+        CorruptSegmentError: the footer fails its checks; another schema or topic-partition.
+        pa.ArrowException, OSError: pyarrow refuses the footer.
+        ObjectNotFoundError: the object is gone.
+    """
+    tail = _checked_tail(store, key, size, counted)
+    source = _RangedFile(store, key, size, tail, counted)
+    pf = pq.ParquetFile(source, pre_buffer=True, page_checksum_verification=True)
+    kv = {k.decode(): v.decode() for k, v in (pf.metadata.metadata or {}).items()}
+    if not pf.schema_arrow.equals(TIER_SCHEMA, check_metadata=False):
+        raise CorruptSegmentError(f"{key}: not the tier schema")
+    if kv.get(_MD_TOPIC) != topic or kv.get(_MD_PARTITION) != str(partition):
+        raise CorruptSegmentError(
+            f"{key}: holds {kv.get(_MD_TOPIC)}-{kv.get(_MD_PARTITION)}, the index says "
+            f"{topic}-{partition}"
+        )
+    return pf
+
+
+def group_stat(group: Any, column: int) -> tuple[int, int]:
+    """The (min, max) statistics of an int column of a row group's metadata.
+
+    Raises:
+        CorruptSegmentError: the row group has none.
+    """
+    stats = group.column(column).statistics
+    if stats is None or not stats.has_min_max:
+        raise CorruptSegmentError(f"row group without statistics on column {column}")
+    return int(stats.min_raw), int(stats.max_raw)
+
+
+def tier_row_groups(
+    store: ObjectStore, key: str, size: int, topic: str, partition: int
+) -> list[tuple[int, int, int]]:
+    """(first offset, last offset, compressed bytes) of every row group of a tier object,
+    from one ranged GET of its tail: what a planner cuts a big tier object into pieces by.
+
+    Raises:
+        CorruptSegmentError: the footer fails its checks.
+        ObjectNotFoundError: the object is gone.
+    """
+    offset_col = TIER_SCHEMA.names.index("offset")
+    try:
+        md = open_tier(store, key, size, topic, partition).metadata
+        out = []
+        for i in range(md.num_row_groups):
+            group = md.row_group(i)
+            first, last = group_stat(group, offset_col)
+            nbytes = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+            out.append((first, last, nbytes))
+        return out
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptSegmentError(f"tier object {key}: {exc}") from exc
 
 
 # --- decode ------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from coordinator.groups.model import GroupCoordinator
 from coordinator.janitors.context import JanitorConfig
 from coordinator.schemas.model import SchemaStore
 from coordinator.security.model import parse_super_users
+from index.cache import IndexCache
 from index.log import LogWriter
 from segments.errors import CoordinatorUnavailableError, LakelogError
 from segments.store import ObjectStore, open_store
@@ -44,7 +45,7 @@ from service.kafka.server import KafkaServer
 from service.metrics import Metrics
 from service.produce.batcher import Batcher
 from service.produce.topic_cache import TopicCache
-from service.read_cache import CachingLogReader, IndexCache, RangeCache
+from service.read_cache import CachingLogReader, RangeCache
 from service.registry import routes as registry_routes
 from service.registry.core import RegistryMetrics, SchemaRegistry
 from service.security import install as security

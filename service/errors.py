@@ -120,6 +120,7 @@ ERROR_TABLE: dict[type[e.LakelogError], ErrorSpec] = {
     e.PreconditionFailedError: ErrorSpec(ErrorCode.KAFKA_ERROR),
     e.StorageUnavailableError: ErrorSpec(ErrorCode.KAFKA_RETRIABLE_ERROR),
     e.CorruptSegmentError: ErrorSpec(ErrorCode.KAFKA_ERROR),
+    e.BatchTooLargeError: ErrorSpec(ErrorCode.KAFKA_ERROR),
     # -- metadata -------------------------------------------------------------
     e.MetadataError: ErrorSpec(ErrorCode.KAFKA_ERROR),
     e.TopicNotFoundError: ErrorSpec(

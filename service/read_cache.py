@@ -1,4 +1,4 @@
-"""The agent's read cache: object byte ranges, index entries, and a reader that uses both.
+"""The agent's read cache: object byte ranges, and a reader over them and the index cache.
 
 - ``RangeCache``: a bounded LRU of object byte ranges with two budgets, each
   entry counted with its bookkeeping (``ENTRY_OVERHEAD``: key, dict slot, bytes
@@ -8,14 +8,11 @@
   the *history* budget holds ranges fetched from the store. A lagging reader
   churns only the history budget, never the hot tail. Concurrent fetches of one
   range are coalesced: one GET, the other readers wait for it.
-- ``IndexCache``: ChunkRef lists from ``coordinator.lookup``, keyed by topic id (a
-  topic deleted and created again is another log). A committed index entry never
-  changes, so it is cached (bounded, and only for ``ttl_s`` because tiering and
-  retention swap or drop entries); "nothing past the high watermark" is never
-  cached, so new data is seen at once. Every read starts from the partition's
+- ``index.cache.IndexCache`` (there, beside the walk over the index that every reader
+  shares): ChunkRef lists keyed by topic id. Every read starts from the partition's
   offsets as the coordinator says now (its topic id, log-start and high watermark,
-  ``LogReader.entries``): a hit serves only entries of that topic, below that
-  high watermark.
+  ``LogReader.entries``): a hit serves only entries of that topic, below that high
+  watermark.
 - ``CachingLogReader``: a ``LogReader`` over both, with read-ahead of the next
   chunks in parallel when catching up on history. Read-ahead is best effort and
   bounded: at most ``4 x read_ahead`` chunks queued or in flight per agent (each
@@ -30,7 +27,7 @@ threads (``asyncio.to_thread``), so coalescing works across tasks and threads al
 
 from __future__ import annotations
 
-import bisect
+import contextlib
 import functools
 import logging
 import os
@@ -42,7 +39,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from coordinator.client import Coordinator, IndexWant
+from index.cache import IndexCache
 from index.log import LogReader, PartitionWant, WriteResult
+from index.walk import walk
 from segments.errors import CorruptSegmentError, LakelogError, StorageUnavailableError
 from segments.store import ObjectStore
 from segments.types import ChunkRef
@@ -337,99 +336,11 @@ def span_bytes(span: list[RangeKey]) -> int:
     return max(p + n for _, p, n in span) - span[0][1]
 
 
-class _PartitionIndex:
-    """Known index entries of one partition, sorted by base offset."""
-
-    __slots__ = ("bases", "created", "refs")
-
-    def __init__(self) -> None:
-        self.bases: list[int] = []
-        self.refs: list[ChunkRef] = []
-        self.created = time.monotonic()
-
-
 #: A deliberately broken build for the chaos checker to catch (tests/chaos):
 #: ``LAKELOG_CHAOS_BREAK=stale_cache`` keys the agent's index cache by topic name, not id,
 #: so a topic deleted and created again is served its old incarnation's chunks. Read
 #: once, from the environment only: no setting, never for production.
 _BROKEN_STALE_CACHE = "stale_cache" in os.environ.get("LAKELOG_CHAOS_BREAK", "").split(",")
-
-
-class IndexCache:
-    """Committed index entries per partition, keyed by topic id, bounded in entries and age.
-
-    Keyed by the topic's id, never its name: a topic deleted and created again is another
-    log, whose entries are never mixed with the old one's.
-
-    Args:
-        max_entries: at most this many ChunkRefs in total (least recently used
-            partitions are dropped first).
-        ttl_s: a partition's entries are forgotten this long after the first was
-            cached, so tiering and retention (which swap or drop entries) show
-            through; 0 disables the cache.
-    """
-
-    def __init__(self, max_entries: int, ttl_s: float) -> None:
-        self.max_entries = max_entries
-        self.ttl_s = ttl_s
-        self._lock = threading.Lock()
-        self._parts: OrderedDict[tuple[bytes, int], _PartitionIndex] = OrderedDict()
-        self._count = 0
-
-    def get(
-        self, topic_id: bytes, partition: int, offset: int, max_chunks: int = 16
-    ) -> list[ChunkRef]:
-        """Cached entries from the one holding ``offset`` on (contiguous), else []."""
-        key = (topic_id, partition)
-        with self._lock:
-            part = self._parts.get(key)
-            if part is None:
-                return []
-            if time.monotonic() - part.created > self.ttl_s:
-                self._drop(key)
-                return []
-            self._parts.move_to_end(key)
-            i = bisect.bisect_right(part.bases, offset) - 1
-            if i < 0 or not part.refs[i].base_offset <= offset < part.refs[i].end_offset:
-                return []
-            chain = [part.refs[i]]
-            for ref in part.refs[i + 1 :]:
-                if ref.base_offset != chain[-1].end_offset or len(chain) >= max_chunks:
-                    break
-                chain.append(ref)
-            return chain
-
-    def put(self, topic_id: bytes, partition: int, refs: list[ChunkRef]) -> None:
-        """Remember committed entries (an empty list, "nothing yet", is never cached)."""
-        if not refs or self.max_entries <= 0 or self.ttl_s <= 0:
-            return
-        with self._lock:
-            key = (topic_id, partition)
-            part = self._parts.get(key)
-            if part is None:
-                part = self._parts[key] = _PartitionIndex()
-            self._parts.move_to_end(key)
-            for ref in refs:
-                i = bisect.bisect_left(part.bases, ref.base_offset)
-                if i < len(part.bases) and part.bases[i] == ref.base_offset:
-                    continue
-                part.bases.insert(i, ref.base_offset)
-                part.refs.insert(i, ref)
-                self._count += 1
-            while self._count > self.max_entries and self._parts:
-                self._drop(next(iter(self._parts)))
-
-    def invalidate(self, topic_id: bytes, partition: int) -> None:
-        with self._lock:
-            self._drop((topic_id, partition))
-
-    def _drop(self, key: tuple[bytes, int]) -> None:
-        part = self._parts.pop(key, None)
-        if part is not None:
-            self._count -= len(part.refs)
-
-    def __len__(self) -> int:
-        return self._count
 
 
 class CachingLogReader(LogReader):
@@ -579,34 +490,32 @@ class CachingLogReader(LogReader):
             budget = min(want.budget, limit - planned)
             mine = 0
             more = budget  # read-ahead: as much again
-            done = False
             # Page after page of index entries (the read looks them up the same way, from
             # the index cache then), until the partition's budgets or its high watermark.
-            while not done and at < bounds.high_watermark:
-                try:
-                    found = self.lookup(want.topic, want.partition, at, bounds.topic_id)
-                except LakelogError:
-                    break
-                if not found or found[-1].end_offset <= at:
-                    break  # the read meets the same and reports it
-                for ref in found:
-                    if ref.base_offset >= bounds.high_watermark:
-                        done = True
-                    elif mine < max(budget, 1):  # the first entry always: the read opens it
-                        done = total >= first_cap
-                        if not done:
-                            now.append(ref)
-                            mine += ref.length
-                            total += ref.length
+            # A lookup that fails, or a hole, ends the planning: the read meets the same
+            # and reports it.
+            with contextlib.suppress(LakelogError):
+                for ref, _, _ in walk(
+                    functools.partial(
+                        self.lookup, want.topic, want.partition, topic_id=bounds.topic_id
+                    ),
+                    at,
+                    bounds.high_watermark,
+                    follow_log_start=True,
+                    where=f"partition {want.partition} of topic '{want.topic}'",
+                ):
+                    if mine < max(budget, 1):  # the first entry always: the read opens it
+                        if total >= first_cap:
+                            break
+                        now.append(ref)
+                        mine += ref.length
+                        total += ref.length
                     elif more > 0 and total < ahead_cap:
                         ahead.append(ref)
                         more -= ref.length
                         total += ref.length
                     else:
-                        done = True
-                    if done:
                         break
-                at = found[-1].end_offset
             planned += max(0, min(mine, budget))
         self.fetch_many(now)
         if ahead:

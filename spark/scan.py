@@ -2,11 +2,11 @@
 
 Segment chunks: the chunks of one object that lie close together are fetched with one
 ranged GET, decoded with :func:`segments.segment.decode_chunk` and turned into columns.
-Parquet tier objects are read with ranged GETs through pyarrow: the tail first (its CRC
-is checked before pyarrow parses the footer, as :class:`segments.tier.TierReader` does),
-then only the row groups that overlap the slice and pass the timestamp bounds, and only
-the columns asked for. Rows outside the slice's offsets or the timestamp bounds are
-dropped, so a task never returns a record past the planning snapshot.
+Parquet tier objects are opened with :func:`segments.tier.open_tier` (ranged GETs: the
+tail first, its CRC checked before pyarrow parses the footer), then only the row groups
+that overlap the slice and pass the timestamp bounds are read, and only the columns asked
+for. Rows outside the slice's offsets or the timestamp bounds are dropped, so a task
+never returns a record past the planning snapshot.
 
 Batches carry the Spark Arrow schema of the requested columns (every field nullable,
 timestamps in microseconds, UTC), which is what Spark's Python data source checks.
@@ -16,9 +16,7 @@ No pyspark here.
 
 from __future__ import annotations
 
-import io
 import os
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +24,13 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from index.plan import Bounds, ScanTask, Slice
 from segments.errors import CorruptSegmentError, ObjectNotFoundError
 from segments.segment import decode_chunk
 from segments.store import ObjectStore
-from segments.tier import TIER_SCHEMA
+from segments.tier import TIER_SCHEMA, group_stat, open_tier
 from segments.types import ChunkRef
-from spark.plan import Bounds, ScanTask, Slice
 
 __all__ = [
     "COLUMNS",
@@ -41,7 +38,6 @@ __all__ = [
     "ScanStats",
     "first_offset_at_or_after",
     "read_task",
-    "tier_row_groups",
 ]
 
 _HEADER_TYPE = pa.list_(
@@ -66,9 +62,6 @@ COLUMNS = tuple(SPARK_ARROW_SCHEMA.names)
 # Chunks of one object closer than this are fetched with one GET (the gap is read and
 # thrown away: cheaper than another request on S3).
 _COALESCE_GAP = 1 << 20
-# The first ranged GET of a Parquet object: its tail, usually footer and page index.
-_TAIL_BYTES = 64 << 10
-_INTEGRITY_PREFIX = b"lklcrc1:"
 
 
 @dataclass(slots=True)
@@ -81,6 +74,10 @@ class ScanStats:
     row_groups_read: int = 0
     row_groups_skipped: int = 0
     records: int = 0
+
+    def count_get(self, nbytes: int) -> None:
+        self.gets += 1
+        self.bytes_read += nbytes
 
     def as_json(self) -> dict[str, int]:
         return {
@@ -116,8 +113,7 @@ def _segment_batch(
     start = group[0].position
     end = max(s.position + s.length for s in group)
     data = store.get_range(group[0].object_key, start, end - start)
-    stats.gets += 1
-    stats.bytes_read += len(data)
+    stats.count_get(len(data))
     if len(data) != end - start:
         raise CorruptSegmentError(
             f"{group[0].object_key}: {len(data)} bytes at {start}, the index says {end - start}"
@@ -184,160 +180,8 @@ def _schema(columns: Sequence[str]) -> pa.Schema:
 # --- Parquet tier objects ----------------------------------------------------------------
 
 
-class _RangedFile(io.RawIOBase):
-    """A read-only file over one object: ranged GETs, with the tail already in memory."""
-
-    def __init__(
-        self, store: ObjectStore, key: str, size: int, tail: bytes, stats: ScanStats
-    ) -> None:
-        super().__init__()
-        self._store, self._key, self._size = store, key, size
-        self._tail, self._tail_at = tail, size - len(tail)
-        self._pos = 0
-        self._stats = stats
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        want = min(len(view), self._size - self._pos)
-        if want <= 0:
-            return 0
-        if self._pos >= self._tail_at:
-            at = self._pos - self._tail_at
-            data = self._tail[at : at + want]
-        else:
-            data = self._store.get_range(self._key, self._pos, want)
-            self._stats.gets += 1
-            self._stats.bytes_read += len(data)
-        view[: len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-
-def _checked_tail(store: ObjectStore, key: str, size: int, stats: ScanStats) -> bytes:
-    """The object's tail from the first row group's end on, its lakelog CRC verified.
-
-    pyarrow aborts the process on some corrupt footers, so nothing reaches it unchecked
-    (the marker's format is documented in ``segments.tier``).
-
-    Raises:
-        CorruptSegmentError: no Parquet trailer, no single marker, a CRC mismatch.
-    """
-
-    def fetch(start: int) -> bytes:
-        data = store.get_range(key, start, size - start)
-        stats.gets += 1
-        stats.bytes_read += len(data)
-        if len(data) != size - start:
-            raise CorruptSegmentError(f"{key}: object is shorter than the index says ({size})")
-        return data
-
-    if size < 12:
-        raise CorruptSegmentError(f"tier object {key}: {size} bytes is no Parquet object")
-    tail_at = max(0, size - _TAIL_BYTES)
-    tail = fetch(tail_at)
-    if tail[-4:] != b"PAR1":
-        raise CorruptSegmentError(f"tier object {key}: not a Parquet object (magic)")
-    footer_len = int.from_bytes(tail[-8:-4], "little")
-    footer_at = size - 8 - footer_len
-    if footer_at < 4:
-        raise CorruptSegmentError(f"tier object {key}: footer length {footer_len} does not fit")
-    if footer_at < tail_at:
-        tail_at, tail = footer_at, fetch(footer_at)
-    footer = tail[footer_at - tail_at : -8]
-    at = footer.find(_INTEGRITY_PREFIX)
-    if at < 0 or footer.find(_INTEGRITY_PREFIX, at + 1) >= 0:
-        raise CorruptSegmentError(f"tier object {key}: no single integrity marker in the footer")
-    value = footer[at + len(_INTEGRITY_PREFIX) : at + len(_INTEGRITY_PREFIX) + 29]
-    try:
-        if len(value) != 29 or value[20:21] != b":":
-            raise ValueError(value)
-        covered_from, crc = int(value[:20]), int(value[21:], 16)
-    except ValueError:
-        raise CorruptSegmentError(f"tier object {key}: bad integrity marker {value!r}") from None
-    if not 4 <= covered_from <= footer_at:
-        raise CorruptSegmentError(f"tier object {key}: marker covers from {covered_from}")
-    if covered_from < tail_at:
-        tail_at, tail = covered_from, fetch(covered_from)
-    crc_at = footer_at - tail_at + at + len(_INTEGRITY_PREFIX) + 21
-    start = covered_from - tail_at
-    actual = zlib.crc32(tail[start:crc_at])
-    actual = zlib.crc32(b"00000000", actual)
-    actual = zlib.crc32(tail[crc_at + 8 : len(tail) - 4], actual)
-    if actual != crc:
-        raise CorruptSegmentError(f"tier object {key}: footer CRC mismatch")
-    return tail
-
-
-def _stat(group: Any, column: int) -> tuple[int, int]:
-    stats = group.column(column).statistics
-    if stats is None or not stats.has_min_max:
-        raise CorruptSegmentError(f"row group without statistics on column {column}")
-    lo, hi = stats.min_raw, stats.max_raw
-    return int(lo), int(hi)
-
-
 _OFFSET_COL = TIER_SCHEMA.names.index("offset")
 _TS_COL = TIER_SCHEMA.names.index("timestamp")
-
-
-def _open_tier(store: ObjectStore, s: Slice, stats: ScanStats) -> pq.ParquetFile:
-    """The slice's tier object, its footer checked (CRC, schema, topic-partition).
-
-    Only the tail is fetched here; row groups are fetched when read.
-
-    Raises:
-        CorruptSegmentError: see :func:`_checked_tail`; another schema or topic-partition.
-        pa.ArrowException, OSError: pyarrow refuses the footer.
-    """
-    tail = _checked_tail(store, s.object_key, s.length, stats)
-    source = _RangedFile(store, s.object_key, s.length, tail, stats)
-    pf = pq.ParquetFile(source, pre_buffer=True, page_checksum_verification=True)
-    kv = {k.decode(): v.decode() for k, v in (pf.metadata.metadata or {}).items()}
-    if not pf.schema_arrow.equals(TIER_SCHEMA, check_metadata=False):
-        raise CorruptSegmentError(f"{s.object_key}: not the tier schema")
-    if kv.get("lakelog.topic") != s.topic or kv.get("lakelog.partition") != str(s.partition):
-        raise CorruptSegmentError(
-            f"{s.object_key}: holds {kv.get('lakelog.topic')}-{kv.get('lakelog.partition')}"
-            f", the index says {s.topic}-{s.partition}"
-        )
-    return pf
-
-
-def tier_row_groups(store: ObjectStore, s: Slice) -> list[tuple[int, int, int]]:
-    """(first offset, last offset, compressed bytes) of every row group of a tier object.
-
-    What the planner cuts a big tier object into task-sized pieces with: one ranged GET
-    of the object's tail.
-
-    Raises:
-        CorruptSegmentError: the footer fails its checks.
-        ObjectNotFoundError: the object is gone.
-    """
-    try:
-        md = _open_tier(store, s, ScanStats()).metadata
-        out = []
-        for i in range(md.num_row_groups):
-            group = md.row_group(i)
-            first, last = _stat(group, _OFFSET_COL)
-            size = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
-            out.append((first, last, size))
-        return out
-    except (pa.ArrowException, OSError) as exc:
-        raise CorruptSegmentError(f"tier object {s.object_key}: {exc}") from exc
 
 
 def _parquet_batches(
@@ -349,15 +193,15 @@ def _parquet_batches(
 ) -> Iterator[pa.RecordBatch]:
     """One Parquet slice: tail, then the row groups that may hold wanted rows."""
     try:
-        pf = _open_tier(store, s, stats)
+        pf = open_tier(store, s.object_key, s.length, s.topic, s.partition, stats.count_get)
         md = pf.metadata
         wanted: list[int] = []
         for i in range(md.num_row_groups):
             group = md.row_group(i)
-            first, last = _stat(group, _OFFSET_COL)
+            first, last = group_stat(group, _OFFSET_COL)
             if not s.rg_lo <= first < s.rg_hi or last < s.lo or first >= s.hi:
                 continue
-            ts_lo, ts_hi = _stat(group, _TS_COL)
+            ts_lo, ts_hi = group_stat(group, _TS_COL)
             if not bounds.ts_overlaps(ts_lo, ts_hi):
                 continue
             wanted.append(i)
@@ -468,18 +312,7 @@ def first_offset_at_or_after(
 ) -> int | None:
     """In one index entry, the first offset at or after ``from_offset`` (log-start) whose
     timestamp is >= ts (None: none is)."""
-    s = Slice(
-        topic,
-        partition,
-        ref.kind,
-        ref.object_key,
-        ref.position,
-        ref.length,
-        ref.base_offset,
-        ref.record_count,
-        max(ref.base_offset, from_offset),
-        ref.end_offset,
-    )
+    s = Slice.of(topic, partition, ref, max(ref.base_offset, from_offset), ref.end_offset)
     bounds = Bounds(min_ts=ts)
     for batch in read_task(store, ScanTask((s,)), ("offset",), bounds):
         if batch.num_rows:

@@ -12,7 +12,7 @@ Usage (no registration: Spark finds the installed top-level module ``pyspark_lak
 Reads plan in Spark's Python planner process: the options are parsed (errors surface
 as the query's analysis error), filters are pushed down when Spark offers them, the
 coordinator gives the snapshot and says where the objects are, and the snapshot is cut
-into input partitions (``spark.plan``). Each Spark task then reads its objects with
+into input partitions (``spark.plan``, ``index.plan``). Each Spark task then reads its objects with
 boto3/pyarrow and yields Arrow record batches (``spark.scan``). A stream does the same
 per micro-batch between offsets kept in Spark's checkpoint (``spark.stream``). Writes
 upload segment objects from the tasks and commit them from the driver
@@ -64,11 +64,12 @@ from pyspark.sql.types import StructType
 
 from coordinator.client import Coordinator
 from coordinator.security.model import Operation
+from index.plan import Bounds, ScanTask, plan_tasks
 from segments.types import PartitionOffsets, StoreLocation, TopicInfo
 from spark.access import TopicAccess, topic_access
 from spark.connect import get_store, open_coordinator, opened, resolve_store
 from spark.options import ReadOptions, parse_options, parse_write_options
-from spark.plan import Bounds, ScanTask, plan_read, plan_tasks
+from spark.plan import plan_read
 from spark.stream import (
     current_offsets,
     from_json,

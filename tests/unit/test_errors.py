@@ -51,6 +51,19 @@ def test_40403_means_consumer_instance_too() -> None:
 # -- the table ----------------------------------------------------------------------
 
 
+def test_the_table_by_name_holds_every_class_of_the_tree() -> None:
+    """The coordinator's client re-raises errors by name: a class missing from the table
+    came back as a bare LakelogError (BatchTooLargeError did, until the table was taken
+    from the tree)."""
+    defined = {
+        name: cls
+        for name, cls in vars(e).items()
+        if isinstance(cls, type) and issubclass(cls, e.LakelogError)
+    }
+    assert e.ERRORS_BY_NAME == defined
+    assert e.ERRORS_BY_NAME["BatchTooLargeError"] is e.BatchTooLargeError
+
+
 def test_every_error_class_has_an_entry() -> None:
     missing = [n for n, cls in e.ERRORS_BY_NAME.items() if cls not in ERROR_TABLE]
     assert missing == []

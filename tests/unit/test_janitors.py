@@ -21,11 +21,12 @@ from coordinator.janitors.tiering import (
     run_compaction,
     run_tiering,
 )
+from index.cache import IndexCache
 from segments.errors import BatchTooLargeError, CorruptSegmentError, IndexHoleError
 from segments.segment import SegmentBuilder
 from segments.store import ObjectInfo, ObjectStore
 from segments.types import Record
-from service.read_cache import CachingLogReader, IndexCache, RangeCache
+from service.read_cache import CachingLogReader, RangeCache
 from tests.unit.janitor_helpers import Harness, records
 
 

@@ -115,8 +115,8 @@ def test_decode_chunk_reads_producer_batches_like_our_own() -> None:
 def test_spark_scan_reads_producer_batches_of_every_codec_and_size() -> None:
     """spark/scan.py decodes chunks holding producers' batches (each codec, one of 3 MiB,
     past our own 1 MiB batch size) beside REST records, at the right offsets."""
+    from index.plan import ScanTask, Slice
     from segments.store import open_store
-    from spark.plan import ScanTask, Slice
     from spark.scan import read_task
 
     seg = SegmentBuilder()

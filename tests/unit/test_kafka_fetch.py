@@ -12,13 +12,14 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from coordinator.local import LocalCoordinator
+from index.cache import IndexCache
 from index.log import LogReader, LogWriter
 from segments.errors import StorageUnavailableError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
 from segments.types import Record
 from service.kafka.handlers import _read_partitions
-from service.read_cache import CachingLogReader, IndexCache, RangeCache
+from service.read_cache import CachingLogReader, RangeCache
 
 
 def batch_offsets(records: bytes) -> list[tuple[int, int]]:

@@ -16,13 +16,14 @@ from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import JanitorConfig, JanitorContext
 from coordinator.janitors.tiering import run_tiering
 from coordinator.local import LocalCoordinator
+from index.cache import IndexCache
 from index.log import LogWriter, PartitionWant, WriteResult
 from segments.errors import CorruptSegmentError, StorageUnavailableError, TopicNotFoundError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
 from segments.types import ChunkInfo, ChunkRef, Record
 from service.consume.metrics import ConsumeMetrics
-from service.read_cache import CachingLogReader, IndexCache, RangeCache, plan_spans
+from service.read_cache import CachingLogReader, RangeCache, plan_spans
 
 
 def key(i: int) -> tuple[str, int, int]:

@@ -13,11 +13,11 @@ import pytest
 
 from coordinator.local import LocalCoordinator
 from index.log import LogWriter
+from index.plan import Bounds, plan_tasks
 from segments.errors import BatchTooLargeError, RecordTooLargeError
 from segments.localfs import FileStore
 from segments.segment import SegmentBuilder
 from segments.types import Record
-from spark.plan import Bounds, plan_tasks
 from spark.scan import read_task
 from spark.write import TaskWriter
 

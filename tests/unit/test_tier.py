@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from segments import tier
 from segments.errors import CorruptSegmentError
+from segments.memory import MemoryStore
 from segments.tier import (
     TIER_SCHEMA,
     TierReader,
@@ -527,3 +528,62 @@ def test_delete_horizons_round_trip_and_default_to_unseen() -> None:
     assert [stamped.delete_horizon(o) for o in (3, 5, 9, 12)] == [70_000, 70_000, 90_000, 90_000]
     with pytest.raises(ValueError, match="rise by offset"):
         encode_tier("t", 0, pairs, delete_horizons=[(9, 1), (3, 2)])
+
+
+# --- read by ranged GETs (open_tier, tier_row_groups) ------------------------------------
+
+
+def ranged(blob: bytes, size: int | None = None) -> tuple[MemoryStore, list[int]]:
+    """A store holding ``blob`` as "t", and the sizes of the GETs made of it."""
+    store, gets = MemoryStore(), []
+    store.put("t", blob)
+    get_range = store.get_range
+
+    def counted(key: str, start: int, length: int) -> bytes:
+        data = get_range(key, start, length)
+        gets.append(len(data))
+        return data
+
+    store.get_range = counted  # type: ignore[method-assign]
+    return store, gets
+
+
+def test_a_footer_bigger_than_the_first_get_is_read_again_from_its_start() -> None:
+    """600 row groups: the footer is past TAIL_BYTES, so the first GET (the last 64 KiB)
+    does not hold it; open_tier reads again from the footer's start, then from where the
+    CRC's coverage starts (the page index before the footer), checks the CRC and sees the
+    same row groups as TierReader over the whole object."""
+    blob = encode_tier(TOPIC, PARTITION, sample(1_200), row_group_rows=2)
+    footer = int.from_bytes(blob[-8:-4], "little")
+    assert footer > tier.TAIL_BYTES
+    store, gets = ranged(blob)
+    groups = tier.tier_row_groups(store, "t", len(blob), TOPIC, PARTITION)
+    assert gets[0] == tier.TAIL_BYTES and gets[1] > footer
+    assert len(gets) == 3 and gets[2] > gets[1]
+    whole = TierReader(blob).row_groups
+    assert [(g[0], g[1]) for g in groups] == [(g.first_offset, g.last_offset) for g in whole]
+    assert [g[2] for g in groups] == [g.compressed_bytes for g in whole]
+
+
+def test_every_bit_flip_in_the_tail_is_refused_by_the_ranged_open() -> None:
+    """Each byte of the footer and trailer flipped in turn: open_tier raises
+    CorruptSegmentError (never a crash, never a footer parsed unchecked)."""
+    md = pq.read_metadata(io.BytesIO(SMALL))
+    footer_at = len(SMALL) - 8 - md.serialized_size
+    for index in range(footer_at, len(SMALL)):
+        store, _ = ranged(flip(SMALL, index, 1 << (index % 8)))
+        with pytest.raises(CorruptSegmentError):
+            tier.tier_row_groups(store, "t", len(SMALL), TOPIC, PARTITION)
+
+
+@pytest.mark.parametrize("cut", [1, 8, 100, len(SMALL) - 4])
+def test_an_object_shorter_than_its_index_entry_is_refused_by_the_ranged_open(cut: int) -> None:
+    store, _ = ranged(SMALL[:-cut])
+    with pytest.raises(CorruptSegmentError, match="shorter than the index says"):
+        tier.open_tier(store, "t", len(SMALL), TOPIC, PARTITION)
+
+
+def test_the_ranged_open_refuses_another_partitions_object() -> None:
+    store, _ = ranged(SMALL)
+    with pytest.raises(CorruptSegmentError, match=f"holds {TOPIC}-{PARTITION}, the index says"):
+        tier.open_tier(store, "t", len(SMALL), TOPIC, PARTITION + 1)
