@@ -60,7 +60,7 @@ def test_the_table_by_name_holds_every_class_of_the_tree() -> None:
         for name, cls in vars(e).items()
         if isinstance(cls, type) and issubclass(cls, e.LakelogError)
     }
-    assert e.ERRORS_BY_NAME == defined
+    assert defined == e.ERRORS_BY_NAME
     assert e.ERRORS_BY_NAME["BatchTooLargeError"] is e.BatchTooLargeError
 
 
