@@ -7,4 +7,9 @@
 - ``handlers``: one async function per API, calling the same domain objects the REST
   routes call (batcher, caching reader, notifier, topic cache, coordinator);
 - ``server``: the asyncio listener; it only moves bytes and calls the two above.
+
+May import the agent's domain objects (``service.produce``, ``service.consume``,
+``service.read_cache``, ``service.state``, ``service.security``), ``index``,
+``coordinator`` and ``segments``; of the REST routes, only ``service.v3.common`` (the
+brokers both doors show).
 """
