@@ -18,5 +18,5 @@ objects, whole or by ranged GETs); the agent's byte cache is ``service.read_cach
 May import ``segments`` (formats, object stores, errors, types) and the coordinator's
 protocol and value modules (``coordinator.client``, ``coordinator.log.producers``,
 ``coordinator.log.topic_configs``); never ``service`` or ``spark``, which import it
-(``tests/unit/test_index_walk.py`` checks).
+(``tests/unit/test_layers.py`` checks).
 """

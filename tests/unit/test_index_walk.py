@@ -4,9 +4,6 @@ serves them, and the ways a broken index could serve them."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -161,15 +158,3 @@ def test_the_reader_walks_a_real_index_across_lookup_pages(tmp_path: Path) -> No
     finally:
         coordinator.close()
 
-
-def test_index_imports_neither_the_agent_nor_spark() -> None:
-    """``index`` is what the agent's doors and Spark both use: it may not import either
-    (index/__init__.py says what it may import)."""
-    probe = (
-        "import json, sys; import index.log, index.walk, index.cache, index.plan; "
-        "print(json.dumps(sorted(sys.modules)))"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    loaded = json.loads(out.stdout)
-    assert "index.plan" in loaded
-    assert [m for m in loaded if m.split(".")[0] in ("service", "spark", "pyspark")] == []
