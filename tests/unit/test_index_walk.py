@@ -157,4 +157,3 @@ def test_the_reader_walks_a_real_index_across_lookup_pages(tmp_path: Path) -> No
         assert reader.offset_for_timestamp("t", 0, 5_000) is None
     finally:
         coordinator.close()
-
