@@ -160,7 +160,7 @@ def _serve_database() -> str:
     from service.cli import _ensure_local_dirs, _load
     from service.settings import Settings
 
-    db = _load(Settings, "serve", None).db
+    db = _load(Settings, "serve", {}).db
     _ensure_local_dirs(db, None)
     return db
 
