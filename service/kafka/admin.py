@@ -41,7 +41,7 @@ from service.kafka.framing import Request, build, nested
 from service.kafka.handlers import (
     LEADER_EPOCH,
     KafkaContext,
-    leader_for,
+    partition_entries,
     resolve_topic,
     response_cls,
     topic_fields,
@@ -471,24 +471,10 @@ async def describe_topic_partitions(ctx: KafkaContext, req: Request, access: Acc
         if left <= 0:
             next_cursor = build(cursor_cls, topic_name=name, partition_index=first)
             break
-        parts: list[Any] = []
+        parts: tuple[Any, ...] = ()
         if info is not None:
             end = min(info.partitions, first + left)
-            parts = [
-                build(
-                    part_cls,
-                    error_code=0,
-                    partition_index=p,
-                    leader_id=(leader := leader_for(brokers, info.name, p)),
-                    leader_epoch=LEADER_EPOCH,
-                    replica_nodes=(leader,),
-                    isr_nodes=(leader,),
-                    eligible_leader_replicas=(),
-                    last_known_elr=(),
-                    offline_replicas=(),
-                )
-                for p in range(first, end)
-            ]
+            parts = partition_entries(part_cls, brokers, info.name, range(first, end))
             left -= len(parts)
             if end < info.partitions:
                 next_cursor = build(cursor_cls, topic_name=name, partition_index=end)
@@ -498,7 +484,7 @@ async def describe_topic_partitions(ctx: KafkaContext, req: Request, access: Acc
                 error_code=error,
                 **topic_fields(name, info),
                 is_internal=False,
-                partitions=tuple(parts),
+                partitions=parts,
                 topic_authorized_operations=-(2**31),
             )
         )
