@@ -758,19 +758,7 @@ def _object(ctx: _Ctx, original: Node, update: Node) -> None:
             else:
                 with ctx.at(name):
                     _compare(ctx, was_s, now_s)
-    with ctx.at("additionalProperties"):
-        if o["permits_extra"] != u["permits_extra"]:
-            ctx.add(
-                "ADDITIONAL_PROPERTIES_ADDED"
-                if u["permits_extra"]
-                else "ADDITIONAL_PROPERTIES_REMOVED"
-            )
-        elif o["extra_schema"] is None and u["extra_schema"] is not None:
-            ctx.add("ADDITIONAL_PROPERTIES_NARROWED")
-        elif u["extra_schema"] is None and o["extra_schema"] is not None:
-            ctx.add("ADDITIONAL_PROPERTIES_EXTENDED")
-        else:
-            _compare(ctx, o["extra_schema"], u["extra_schema"])
+    _additional(ctx, "additionalProperties", "ADDITIONAL_PROPERTIES", o, u)
     _unevaluated(ctx, "unevaluatedProperties", "UNEVALUATED_PROPERTIES", o_uneval, u_uneval)
     _bound(ctx, "maxProperties", "MAX_PROPERTIES", o["maxProperties"], u["maxProperties"])
     _bound(ctx, "minProperties", "MIN_PROPERTIES", o["minProperties"], u["minProperties"])
@@ -787,14 +775,7 @@ def _property(
             return
         covering = _partial(u, u_uneval, name)
         if covering is not None:
-            sub = ctx.sub()
-            _compare(sub, old, covering)
-            ctx.diffs += sub.diffs
-            ctx.add(
-                "PROPERTY_REMOVED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-                if sub.compatible()
-                else "PROPERTY_REMOVED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-            )
+            _covered(ctx, "PROPERTY_REMOVED", old, covering)
         elif old is not None and _deref(old).kind == "false":
             ctx.add("PROPERTY_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL")
         else:
@@ -817,14 +798,7 @@ def _property(
             return
         covering = _partial(o, o_uneval, name)
         if covering is not None:
-            sub = ctx.sub()
-            _compare(sub, covering, new)
-            ctx.diffs += sub.diffs
-            ctx.add(
-                "PROPERTY_ADDED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-                if sub.compatible()
-                else "PROPERTY_ADDED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-            )
+            _covered(ctx, "PROPERTY_ADDED", covering, new)
         if required:
             ctx.add(
                 "REQUIRED_PROPERTY_WITH_DEFAULT_ADDED_TO_UNOPEN_CONTENT_MODEL"
@@ -835,6 +809,29 @@ def _property(
             ctx.add("OPTIONAL_PROPERTY_ADDED_TO_UNOPEN_CONTENT_MODEL")
         return
     _compare(ctx, old, new)
+
+
+def _additional(ctx: _Ctx, keyword: str, label: str, o: dict[str, Any], u: dict[str, Any]) -> None:
+    """additionalProperties or additionalItems: allowed or not, then their schema."""
+    with ctx.at(keyword):
+        if o["permits_extra"] != u["permits_extra"]:
+            ctx.add(f"{label}_ADDED" if u["permits_extra"] else f"{label}_REMOVED")
+        elif o["extra_schema"] is None and u["extra_schema"] is not None:
+            ctx.add(f"{label}_NARROWED")
+        elif u["extra_schema"] is None and o["extra_schema"] is not None:
+            ctx.add(f"{label}_EXTENDED")
+        else:
+            _compare(ctx, o["extra_schema"], u["extra_schema"])
+
+
+def _covered(ctx: _Ctx, change: str, old: Node, new: Node) -> None:
+    """A property or item added or removed (``change``) where a partially open content
+    model's schema stands for it: the differences between the two, and whether it covers."""
+    sub = ctx.sub()
+    _compare(sub, old, new)
+    ctx.diffs += sub.diffs
+    covered = "IS_COVERED" if sub.compatible() else "NOT_COVERED"
+    ctx.add(f"{change}_{covered}_BY_PARTIALLY_OPEN_CONTENT_MODEL")
 
 
 def _unevaluated(ctx: _Ctx, name: str, label: str, old: Node | None, new: Node | None) -> None:
@@ -873,15 +870,7 @@ def _array(ctx: _Ctx, original: Node, update: Node) -> None:
                 _item_removed(ctx, olds[i], u, u_uneval)
             else:
                 _item_added(ctx, news[i], o, o_uneval)
-    with ctx.at("additionalItems"):
-        if o["permits_extra"] != u["permits_extra"]:
-            ctx.add("ADDITIONAL_ITEMS_REMOVED" if o["permits_extra"] else "ADDITIONAL_ITEMS_ADDED")
-        elif o["extra_schema"] is None and u["extra_schema"] is not None:
-            ctx.add("ADDITIONAL_ITEMS_NARROWED")
-        elif u["extra_schema"] is None and o["extra_schema"] is not None:
-            ctx.add("ADDITIONAL_ITEMS_EXTENDED")
-        else:
-            _compare(ctx, o["extra_schema"], u["extra_schema"])
+    _additional(ctx, "additionalItems", "ADDITIONAL_ITEMS", o, u)
     _unevaluated(ctx, "unevaluatedItems", "UNEVALUATED_ITEMS", o_uneval, u_uneval)
     _bound(ctx, "maxItems", "MAX_ITEMS", o["maxItems"], u["maxItems"])
     _bound(ctx, "minItems", "MIN_ITEMS", o["minItems"], u["minItems"])
@@ -904,14 +893,7 @@ def _item_removed(ctx: _Ctx, old: Node, u: dict[str, Any], u_uneval: Node | None
         return
     covering = _partial(u, u_uneval, None)
     if covering is not None:
-        sub = ctx.sub()
-        _compare(sub, old, covering)
-        ctx.diffs += sub.diffs
-        ctx.add(
-            "ITEM_REMOVED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-            if sub.compatible()
-            else "ITEM_REMOVED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-        )
+        _covered(ctx, "ITEM_REMOVED", old, covering)
     elif _deref(old).kind == "false":
         ctx.add("ITEM_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL")
     else:
@@ -930,14 +912,7 @@ def _item_added(ctx: _Ctx, new: Node, o: dict[str, Any], o_uneval: Node | None) 
     if covering is None:
         ctx.add("ITEM_ADDED_TO_CLOSED_CONTENT_MODEL")
         return
-    sub = ctx.sub()
-    _compare(sub, covering, new)
-    ctx.diffs += sub.diffs
-    ctx.add(
-        "ITEM_ADDED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-        if sub.compatible()
-        else "ITEM_ADDED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-    )
+    _covered(ctx, "ITEM_ADDED", covering, new)
 
 
 _DIFFERS: dict[str, Callable[[_Ctx, Node, Node], None]] = {
