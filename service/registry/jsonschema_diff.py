@@ -31,8 +31,7 @@ with a ``default``. Arrays' tuple items follow the same rules.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -41,6 +40,8 @@ import orjson
 from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT7, DRAFT202012
+
+from service.registry.diffs import Change, PathDiffs
 
 # -- the model ----------------------------------------------------------------------------
 
@@ -366,34 +367,19 @@ COMPATIBLE = frozenset(
     }
 )  # fmt: skip
 
-Change = tuple[str, str]  # (type, path)
 
-
-class _Ctx:
+class _Ctx(PathDiffs):
     """Differences found under a path; memo and cycle state are shared by sub-contexts."""
+
+    compatible_kinds = COMPATIBLE
 
     def __init__(self, shared: _Shared, path: tuple[str, ...] = ()) -> None:
         self.shared = shared
         self.path = list(path)
-        self.diffs: list[Change] = []
+        self.diffs = []
 
     def sub(self) -> _Ctx:
         return _Ctx(self.shared, tuple(self.path))
-
-    def add(self, kind: str, attribute: str | None = None) -> None:
-        parts = [*self.path, attribute] if attribute else self.path
-        self.diffs.append((kind, "#/" + "/".join(parts)))
-
-    @contextmanager
-    def at(self, part: str) -> Iterator[None]:
-        self.path.append(part)
-        try:
-            yield
-        finally:
-            self.path.pop()
-
-    def compatible(self) -> bool:
-        return all(kind in COMPATIBLE for kind, _ in self.diffs)
 
 
 @dataclass
