@@ -464,37 +464,35 @@ def _same_kind(a: Node, b: Node) -> bool:
     return a.kind == b.kind
 
 
+def _absorbed(ctx: _Ctx, original: Node, update: Node) -> bool:
+    """Whether ``update`` is a compatible change of ``original`` (then its changes are
+    ``ctx``'s); an incompatible one leaves ``ctx`` as it was."""
+    sub = ctx.sub()
+    _compare(sub, original, update)
+    if sub.compatible():
+        ctx.diffs += sub.diffs
+    return sub.compatible()
+
+
 def _compare_types(ctx: _Ctx, original: Node, update: Node) -> None:
     if original.kind != "combined" and update.kind == "combined":
         if len(update.subschemas) == 1:
-            sub = ctx.sub()
-            _compare(sub, original, update.subschemas[0])
-            if sub.compatible():
-                ctx.diffs += sub.diffs
+            if _absorbed(ctx, original, update.subschemas[0]):
                 return
-        elif update.criterion in ("anyOf", "oneOf"):
-            for alternative in update.subschemas:
-                sub = ctx.sub()
-                _compare(sub, original, alternative)
-                if sub.compatible():
-                    ctx.diffs += sub.diffs
-                    ctx.add("SUM_TYPE_EXTENDED")
-                    return
+        elif update.criterion in ("anyOf", "oneOf") and any(
+            _absorbed(ctx, original, alternative) for alternative in update.subschemas
+        ):
+            ctx.add("SUM_TYPE_EXTENDED")
+            return
     elif original.kind == "combined" and update.kind != "combined":
         if len(original.subschemas) == 1:
-            sub = ctx.sub()
-            _compare(sub, original.subschemas[0], update)
-            if sub.compatible():
-                ctx.diffs += sub.diffs
+            if _absorbed(ctx, original.subschemas[0], update):
                 return
-        elif original.criterion == "allOf":
-            for part in original.subschemas:
-                sub = ctx.sub()
-                _compare(sub, part, update)
-                if sub.compatible():
-                    ctx.diffs += sub.diffs
-                    ctx.add("PRODUCT_TYPE_NARROWED")
-                    return
+        elif original.criterion == "allOf" and any(
+            _absorbed(ctx, part, update) for part in original.subschemas
+        ):
+            ctx.add("PRODUCT_TYPE_NARROWED")
+            return
 
     if not _same_kind(original, update):
         if original.kind == "false" or _is_empty(update):
