@@ -20,7 +20,7 @@ from coordinator.security.store import SecurityStore
 from segments.errors import InvalidSecurityRequestError
 from service.executors import call
 from service.security.install import require_authorizer
-from service.v3.common import Links, cluster_links
+from service.v3.common import Links, LinksDep
 
 router = APIRouter(tags=["v3 acls"])
 
@@ -62,7 +62,7 @@ def _invalidate(request: Request) -> None:
 @router.get(_ACLS)
 async def list_acls(
     request: Request,
-    links: Links = Depends(cluster_links),
+    links: LinksDep,
     store: SecurityStore = Depends(require_authorizer),
 ) -> JSONResponse:
     """The ACLs matching the query (every parameter optional; ANY or absent: any)."""
@@ -80,8 +80,8 @@ async def list_acls(
 @router.post(_ACLS, status_code=201)
 async def create_acl(
     request: Request,
+    links: LinksDep,
     body: Any = Body(),
-    links: Links = Depends(cluster_links),
     store: SecurityStore = Depends(require_authorizer),
 ) -> Response:
     """One ACL (CreateAclRequestData): 201, no body."""
@@ -93,8 +93,8 @@ async def create_acl(
 @router.post(_ACLS + ":batch", status_code=201)
 async def create_acls(
     request: Request,
+    links: LinksDep,
     body: Any = Body(),
-    links: Links = Depends(cluster_links),
     store: SecurityStore = Depends(require_authorizer),
 ) -> Response:
     """``{"data": [CreateAclRequestData]}``: all or none. 201, no body."""
@@ -109,7 +109,7 @@ async def create_acls(
 @router.delete(_ACLS)
 async def delete_acls(
     request: Request,
-    links: Links = Depends(cluster_links),
+    links: LinksDep,
     store: SecurityStore = Depends(require_authorizer),
 ) -> JSONResponse:
     """Delete what the filter matches (resource_type, pattern_type, operation and
