@@ -99,10 +99,7 @@ _Parsed = tuple[bytes | None, bytes | None, int | None, Headers]
 
 @router.post("/topics/{topic}", summary="Produce records to a topic")
 async def produce_to_topic(
-    topic: str,
-    request: Request,
-    state: StateDep,
-    idempotency_key: KeyHeader = None,
+    topic: str, request: Request, state: StateDep, idempotency_key: KeyHeader = None
 ) -> Response:
     """Records go to their ``partition``, else by key hash, else spread over partitions."""
     return await _produce(request, state, topic, None)
@@ -110,11 +107,7 @@ async def produce_to_topic(
 
 @router.post("/topics/{topic}/partitions/{partition}", summary="Produce records to a partition")
 async def produce_to_partition(
-    topic: str,
-    partition: int,
-    request: Request,
-    state: StateDep,
-    idempotency_key: KeyHeader = None,
+    topic: str, partition: int, request: Request, state: StateDep, idempotency_key: KeyHeader = None
 ) -> Response:
     """Every record goes to ``partition``; a record's own ``partition`` field is ignored."""
     return await _produce(request, state, topic, partition)

@@ -114,12 +114,7 @@ async def list_broker_configs(broker_id: int, links: LinksDep, state: StateDep) 
 
 
 @router.get("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs/{name}")
-async def get_broker_config(
-    broker_id: int,
-    name: str,
-    links: LinksDep,
-    state: StateDep,
-) -> JSON:
+async def get_broker_config(broker_id: int, name: str, links: LinksDep, state: StateDep) -> JSON:
     """KafkaBrokerConfig; 404 for a name that is not a broker config."""
     await _live_broker(state, broker_id)
     if name not in BROKER_CONFIG_DEFS:
@@ -139,11 +134,7 @@ def _per_broker_refused() -> InvalidConfigError:
 
 @router.put("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs/{name}", status_code=204)
 async def update_broker_config(
-    broker_id: int,
-    name: str,
-    body: UpdateConfigRequest,
-    links: LinksDep,
-    state: StateDep,
+    broker_id: int, name: str, body: UpdateConfigRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
     await _live_broker(state, broker_id)
@@ -152,10 +143,7 @@ async def update_broker_config(
 
 @router.delete("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs/{name}", status_code=204)
 async def reset_broker_config(
-    broker_id: int,
-    name: str,
-    links: LinksDep,
-    state: StateDep,
+    broker_id: int, name: str, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
     await _live_broker(state, broker_id)
@@ -164,10 +152,7 @@ async def reset_broker_config(
 
 @router.post("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs:alter", status_code=204)
 async def alter_broker_configs(
-    broker_id: int,
-    body: AlterConfigBatchRequest,
-    links: LinksDep,
-    state: StateDep,
+    broker_id: int, body: AlterConfigBatchRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
     await _live_broker(state, broker_id)
@@ -216,9 +201,7 @@ async def list_cluster_configs(links: LinksDep, state: StateDep) -> JSON:
 
 @router.post("/v3/clusters/{cluster_id}/broker-configs:alter", status_code=204)
 async def alter_cluster_configs(
-    body: AlterConfigBatchRequest,
-    links: LinksDep,
-    state: StateDep,
+    body: AlterConfigBatchRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set and reset several in one step: 204 (also with ``validate_only``); any bad
     entry fails the batch (400 40002)."""
@@ -241,10 +224,7 @@ async def get_cluster_config(name: str, links: LinksDep, state: StateDep) -> JSO
 
 @router.put("/v3/clusters/{cluster_id}/broker-configs/{name}", status_code=204)
 async def update_cluster_config(
-    name: str,
-    body: UpdateConfigRequest,
-    links: LinksDep,
-    state: StateDep,
+    name: str, body: UpdateConfigRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set it cluster-wide: 204 (a null value resets it). 400 40002 for a bad name/value."""
     if body.value is None:

@@ -125,12 +125,7 @@ async def list_topic_configs(topic_name: str, links: LinksDep, state: StateDep) 
 
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}")
-async def get_topic_config(
-    topic_name: str,
-    name: str,
-    links: LinksDep,
-    state: StateDep,
-) -> JSON:
+async def get_topic_config(topic_name: str, name: str, links: LinksDep, state: StateDep) -> JSON:
     """KafkaTopicConfig. Unknown config name: 404."""
     info = await call(state.coordinator.get_topic, topic_name)
     if name not in CONFIG_DEFS:
@@ -141,11 +136,7 @@ async def get_topic_config(
 
 @router.put("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}", status_code=204)
 async def update_topic_config(
-    topic_name: str,
-    name: str,
-    body: UpdateConfigRequest,
-    links: LinksDep,
-    state: StateDep,
+    topic_name: str, name: str, body: UpdateConfigRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set an override: 204. A null value resets it. Bad value: 400 40002."""
     await _require_config(state, links, topic_name, name)
@@ -159,10 +150,7 @@ async def update_topic_config(
 
 @router.delete("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}", status_code=204)
 async def reset_topic_config(
-    topic_name: str,
-    name: str,
-    links: LinksDep,
-    state: StateDep,
+    topic_name: str, name: str, links: LinksDep, state: StateDep
 ) -> Response:
     """Drop an override so the default applies again: 204."""
     await _require_config(state, links, topic_name, name)
@@ -173,10 +161,7 @@ async def reset_topic_config(
 
 @router.post("/v3/clusters/{cluster_id}/topics/{topic_name}/configs:alter", status_code=204)
 async def alter_topic_configs(
-    topic_name: str,
-    body: AlterConfigBatchRequest,
-    links: LinksDep,
-    state: StateDep,
+    topic_name: str, body: AlterConfigBatchRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set and reset several configs in one step: 204 (also with ``validate_only``).
 

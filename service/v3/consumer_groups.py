@@ -202,10 +202,7 @@ async def list_groups(links: LinksDep, state: StateDep) -> JSON:
 
 @router.get(GROUP)
 async def get_group(
-    consumer_group_id: str,
-    request: Request,
-    links: LinksDep,
-    state: StateDep,
+    consumer_group_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerGroup."""
     return group_data(links, await _describe(state, request, consumer_group_id), state.broker_id)
@@ -213,10 +210,7 @@ async def get_group(
 
 @router.get(GROUP + "/consumers")
 async def list_consumers(
-    consumer_group_id: str,
-    request: Request,
-    links: LinksDep,
-    state: StateDep,
+    consumer_group_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerList."""
     info = await _describe(state, request, consumer_group_id)
@@ -226,11 +220,7 @@ async def list_consumers(
 
 @router.get(GROUP + "/consumers/{consumer_id}")
 async def get_consumer(
-    consumer_group_id: str,
-    consumer_id: str,
-    request: Request,
-    links: LinksDep,
-    state: StateDep,
+    consumer_group_id: str, consumer_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumer."""
     info = await _describe(state, request, consumer_group_id)
@@ -239,11 +229,7 @@ async def get_consumer(
 
 @router.get(GROUP + "/consumers/{consumer_id}/assignments")
 async def list_assignments(
-    consumer_group_id: str,
-    consumer_id: str,
-    request: Request,
-    links: LinksDep,
-    state: StateDep,
+    consumer_group_id: str, consumer_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerAssignmentList."""
     info = await _describe(state, request, consumer_group_id)
@@ -276,10 +262,7 @@ async def get_assignment(
 
 @router.get(GROUP + "/lag-summary")
 async def get_lag_summary(
-    consumer_group_id: str,
-    request: Request,
-    links: LinksDep,
-    state: StateDep,
+    consumer_group_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerGroupLagSummary: the largest lag and the sum over partitions."""
     info = await _describe(state, request, consumer_group_id)
@@ -309,10 +292,7 @@ async def get_lag_summary(
 
 @router.get(GROUP + "/lags")
 async def list_lags(
-    consumer_group_id: str,
-    request: Request,
-    links: LinksDep,
-    state: StateDep,
+    consumer_group_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerLagList, by topic and partition."""
     info = await _describe(state, request, consumer_group_id)

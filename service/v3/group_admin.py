@@ -199,11 +199,7 @@ async def reset_offsets(
 
 
 @router.delete(GROUP, status_code=204, summary="Delete a consumer group (lakelog)")
-async def delete_group(
-    consumer_group_id: str,
-    links: LinksDep,
-    state: StateDep,
-) -> Response:
+async def delete_group(consumer_group_id: str, links: LinksDep, state: StateDep) -> Response:
     """204; 404 for an unknown group; 409 40903 while it has members."""
     await call(state.groups.delete_group, consumer_group_id)
     return Response(status_code=204)

@@ -109,10 +109,7 @@ async def list_partitions(topic_name: str, links: LinksDep, state: StateDep) -> 
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}")
 async def get_partition(
-    topic_name: str,
-    partition_id: int,
-    links: LinksDep,
-    state: StateDep,
+    topic_name: str, partition_id: int, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaPartition. Unknown partition: 404 40402."""
     leader = await _partition_leader(state, topic_name, partition_id)
@@ -152,10 +149,7 @@ async def get_partition_offsets(
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/replicas")
 async def list_replicas(
-    topic_name: str,
-    partition_id: int,
-    links: LinksDep,
-    state: StateDep,
+    topic_name: str, partition_id: int, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaReplicaList: the partition's one replica."""
     leader = await _partition_leader(state, topic_name, partition_id)
@@ -169,11 +163,7 @@ async def list_replicas(
     "/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/replicas/{broker_id}"
 )
 async def get_replica(
-    topic_name: str,
-    partition_id: int,
-    broker_id: int,
-    links: LinksDep,
-    state: StateDep,
+    topic_name: str, partition_id: int, broker_id: int, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaReplica, if ``broker_id`` is the partition's leader; else 404."""
     leader = await _partition_leader(state, topic_name, partition_id)
@@ -187,10 +177,7 @@ async def get_replica(
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/reassignment")
 async def get_reassignment(
-    topic_name: str,
-    partition_id: int,
-    links: LinksDep,
-    state: StateDep,
+    topic_name: str, partition_id: int, links: LinksDep, state: StateDep
 ) -> JSON:
     """A partition's ongoing reassignment: there never is one, so 404 (as kafka-rest
     answers for a partition that is not being reassigned); unknown partition: 40402."""

@@ -69,11 +69,7 @@ async def list_topics(links: LinksDep, state: StateDep) -> JSON:
 
 
 @router.post("/v3/clusters/{cluster_id}/topics", status_code=201)
-async def create_topic(
-    body: CreateTopicRequest,
-    links: LinksDep,
-    state: StateDep,
-) -> JSONResponse:
+async def create_topic(body: CreateTopicRequest, links: LinksDep, state: StateDep) -> JSONResponse:
     """Create a topic: 201 with ``Location``, or 200 and nothing created with ``validate_only``.
 
     ``replication_factor`` (1 or more, or -1 for the default) is accepted, and the
@@ -123,10 +119,7 @@ async def get_topic(
 
 @router.patch("/v3/clusters/{cluster_id}/topics/{topic_name}")
 async def update_partition_count(
-    topic_name: str,
-    body: UpdatePartitionCountRequest,
-    links: LinksDep,
-    state: StateDep,
+    topic_name: str, body: UpdatePartitionCountRequest, links: LinksDep, state: StateDep
 ) -> JSON:
     """Grow a topic to ``partitions_count`` partitions; the same or fewer is 400 40002."""
     current = await call(state.coordinator.get_topic, topic_name)
