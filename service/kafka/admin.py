@@ -44,6 +44,7 @@ from service.kafka.handlers import (
     partition_entries,
     resolve_topic,
     response_cls,
+    topic_entry,
     topic_fields,
     topic_key,
 )
@@ -478,16 +479,7 @@ async def describe_topic_partitions(ctx: KafkaContext, req: Request, access: Acc
             left -= len(parts)
             if end < info.partitions:
                 next_cursor = build(cursor_cls, topic_name=name, partition_index=end)
-        out.append(
-            build(
-                topic_cls,
-                error_code=error,
-                **topic_fields(name, info),
-                is_internal=False,
-                partitions=parts,
-                topic_authorized_operations=-(2**31),
-            )
-        )
+        out.append(topic_entry(topic_cls, name, info, error, parts))
         if next_cursor is not None:
             break
     return build(resp, throttle_time=0, topics=tuple(out), next_cursor=next_cursor)

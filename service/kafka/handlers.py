@@ -283,6 +283,23 @@ def topic_fields(key: TopicKey, info: TopicInfo | None = None) -> dict[str, Any]
     return {"name": t.name, "topic": t.name, "topic_id": t.topic_id}
 
 
+def topic_entry(
+    topic_cls: type, key: TopicKey, info: TopicInfo | None, error: int, parts: tuple[Any, ...]
+) -> Any:
+    """Metadata's and DescribeTopicPartitions' entry of one topic and its ``parts``."""
+    fields = topic_fields(key, info)
+    if info is None and isinstance(key, uuid.UUID):
+        fields["name"] = None  # Kafka names no topic for an unknown id
+    return build(
+        topic_cls,
+        error_code=error,
+        **fields,
+        is_internal=False,
+        partitions=parts,
+        topic_authorized_operations=-(2**31),
+    )
+
+
 # -- Metadata ----------------------------------------------------------------------------
 
 
@@ -333,19 +350,7 @@ async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
         parts = ()
         if info is not None:
             parts = partition_entries(part_cls, brokers, info.name, range(info.partitions))
-        fields = topic_fields(key, info)
-        if info is None and isinstance(key, uuid.UUID):
-            fields["name"] = None  # Kafka names no topic for an unknown id
-        out.append(
-            build(
-                topic_cls,
-                error_code=error,
-                **fields,
-                is_internal=False,
-                partitions=parts,
-                topic_authorized_operations=-(2**31),
-            )
-        )
+        out.append(topic_entry(topic_cls, key, info, error, parts))
     broker_cls = nested(resp, "MetadataResponseBroker")
     return build(
         resp,
