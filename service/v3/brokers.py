@@ -18,6 +18,8 @@ every topic without an override inherits them (``coordinator.log.topic_configs``
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from fastapi import APIRouter, Response
 
 from coordinator.log.topic_configs import BROKER_CONFIG_DEFS, ConfigEntry, describe_broker_configs
@@ -125,8 +127,10 @@ async def get_broker_config(broker_id: int, name: str, links: LinksDep, state: S
     return broker_config_data(links, broker_id, entry)
 
 
-def _per_broker_refused() -> InvalidConfigError:
-    return InvalidConfigError(
+async def _refuse_per_broker(state: AgentState, broker_id: int) -> NoReturn:
+    """404 for an unknown broker, else 400 40002: per-broker overrides are not supported."""
+    await _live_broker(state, broker_id)
+    raise InvalidConfigError(
         "Per-broker config overrides are not supported: every agent serves every partition, "
         "so broker configs are cluster-wide. Set them with /broker-configs."
     )
@@ -137,8 +141,7 @@ async def update_broker_config(
     broker_id: int, name: str, body: UpdateConfigRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
-    await _live_broker(state, broker_id)
-    raise _per_broker_refused()
+    await _refuse_per_broker(state, broker_id)
 
 
 @router.delete("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs/{name}", status_code=204)
@@ -146,8 +149,7 @@ async def reset_broker_config(
     broker_id: int, name: str, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
-    await _live_broker(state, broker_id)
-    raise _per_broker_refused()
+    await _refuse_per_broker(state, broker_id)
 
 
 @router.post("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs:alter", status_code=204)
@@ -155,8 +157,7 @@ async def alter_broker_configs(
     broker_id: int, body: AlterConfigBatchRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
-    await _live_broker(state, broker_id)
-    raise _per_broker_refused()
+    await _refuse_per_broker(state, broker_id)
 
 
 # -- cluster-wide broker configs -------------------------------------------------------
