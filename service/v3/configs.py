@@ -106,6 +106,19 @@ async def _require_config(state: AgentState, links: Links, topic: str, name: str
         raise _not_found(links, topic, name)
 
 
+async def _set_topic_config(
+    state: AgentState, links: Links, topic: str, name: str, value: str | None
+) -> Response:
+    """Set ``name``'s override on ``topic``, or drop it (``value`` None): 204."""
+    await _require_config(state, links, topic, name)
+    if value is None:
+        await call(state.coordinator.alter_configs, topic, None, [name])
+    else:
+        await call(state.coordinator.alter_configs, topic, {name: value})
+    state.topics.invalidate(topic)
+    return Response(status_code=204)
+
+
 # "-" must come before "{topic_name}": "-" is also a legal topic name.
 @router.get("/v3/clusters/{cluster_id}/topics/-/configs")
 async def list_all_topic_configs(links: LinksDep, state: StateDep) -> JSON:
@@ -139,13 +152,7 @@ async def update_topic_config(
     topic_name: str, name: str, body: UpdateConfigRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set an override: 204. A null value resets it. Bad value: 400 40002."""
-    await _require_config(state, links, topic_name, name)
-    if body.value is None:
-        await call(state.coordinator.alter_configs, topic_name, None, [name])
-    else:
-        await call(state.coordinator.alter_configs, topic_name, {name: body.value})
-    state.topics.invalidate(topic_name)
-    return Response(status_code=204)
+    return await _set_topic_config(state, links, topic_name, name, body.value)
 
 
 @router.delete("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}", status_code=204)
@@ -153,10 +160,7 @@ async def reset_topic_config(
     topic_name: str, name: str, links: LinksDep, state: StateDep
 ) -> Response:
     """Drop an override so the default applies again: 204."""
-    await _require_config(state, links, topic_name, name)
-    await call(state.coordinator.alter_configs, topic_name, None, [name])
-    state.topics.invalidate(topic_name)
-    return Response(status_code=204)
+    return await _set_topic_config(state, links, topic_name, name, None)
 
 
 @router.post("/v3/clusters/{cluster_id}/topics/{topic_name}/configs:alter", status_code=204)
