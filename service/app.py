@@ -22,7 +22,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from coordinator.client import Coordinator
@@ -52,7 +52,7 @@ from service.security import install as security
 from service.security import routes as security_routes
 from service.security.quotas import QuotaMiddleware
 from service.settings import Settings, get_settings
-from service.state import AgentState, get_state
+from service.state import AgentState, StateDep
 from service.v2 import consumers as v2_consumers
 from service.v2 import metadata as v2_metadata
 from service.v2 import produce as v2_produce
@@ -433,7 +433,7 @@ def lazy_catalog(
     )
 
 
-async def health(state: AgentState = Depends(get_state)) -> JSONResponse:
+async def health(state: StateDep) -> JSONResponse:
     """200 while the coordinator answers, else 503."""
     try:
         agents = await call(state.coordinator.list_agents, broker_max_age_s(state))
@@ -449,7 +449,7 @@ async def health(state: AgentState = Depends(get_state)) -> JSONResponse:
     return JSONResponse(body)
 
 
-async def metrics(state: AgentState = Depends(get_state)) -> Response:
+async def metrics(state: StateDep) -> Response:
     """Prometheus text format of this agent's metrics."""
     body, content_type = state.metrics.render()
     return Response(body, media_type=content_type)

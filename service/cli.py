@@ -220,11 +220,15 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(cls: type[S], process: str, config: Path | None, **flags: Any) -> S:
-    """``process``'s settings from flags, LAKELOG_* variables, the config file; exits 2 if
-    any is invalid."""
+def _load(cls: type[S], process: str, flags: dict[str, Any]) -> S:
+    """``process``'s settings from a command's flags (its ``locals()``: each option is the
+    setting of the same name; ``config`` is the file), LAKELOG_* variables and the config
+    file; exits 2 if any is invalid."""
+    given = {k: v for k, v in flags.items() if k in cls.model_fields and v != []}
+    if given.get("janitor_interval"):  # --janitor-interval tier=30 (repeatable)
+        given["janitor_interval"] = _pairs(given["janitor_interval"], "janitor interval")
     try:
-        return load(cls, process, config, **flags)
+        return load(cls, process, flags.get("config"), **given)
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
@@ -240,11 +244,6 @@ def _check_security(settings: CoordinatorSettings | Settings) -> None:
     problems = settings.security_problems()
     if problems:
         _fail(f"invalid settings: {'; '.join(problems)}", code=2)
-
-
-def _intervals(items: list[str] | None) -> dict[str, str] | None:
-    """``--janitor-interval tier=30`` (repeatable) as the setting's mapping."""
-    return _pairs(items, "janitor interval") if items else None
 
 
 def _setup_logging(log_level: str) -> None:
@@ -332,41 +331,7 @@ def serve(
     The janitors (tiering, retention, compaction, garbage collection) run in it on their
     schedules (``--janitors all``, the default), as ``lakelog coordinator --janitors all``.
     """
-    settings = _load(
-        Settings,
-        "serve",
-        config,
-        coordinator="",
-        host=host,
-        port=port,
-        db=db,
-        db_shards=db_shards or None,
-        store=store,
-        store_endpoint=store_endpoint,
-        store_region=store_region,
-        cluster_id=cluster_id,
-        advertised_url=advertised_url,
-        auto_create_topics=auto_create_topics,
-        default_partitions=default_partitions,
-        linger_ms=linger_ms,
-        flush_bytes=flush_bytes,
-        compression=compression,
-        kafka_port=kafka_port,
-        kafka_advertised=kafka_advertised,
-        log_level=log_level,
-        access_log=access_log,
-        janitors=janitors,
-        janitor_interval=_intervals(janitor_interval),
-        tier_age_s=tier_age_s,
-        tier_untiered_bytes=tier_untiered_bytes,
-        gc_grace_s=gc_grace_s,
-        lease_ttl_s=lease_ttl_s,
-        authentication=authentication,
-        authorization=authorization,
-        super_users=super_users,
-        allow_unauthenticated=allow_unauthenticated,
-        coordinator_port=coordinator_port,
-    )
+    settings = _load(Settings, "serve", {**locals(), "coordinator": ""})
     _check_security(settings)
     if settings.workers > 1:
         # Each worker would hold its own in-process coordinator on the one SQLite file:
@@ -414,33 +379,7 @@ def agent(
     config: ConfigOpt = None,
 ) -> None:
     """A stateless agent serving the REST API against coordinator process(es)."""
-    settings = _load(
-        Settings,
-        "agent",
-        config,
-        coordinator=coordinator,
-        host=host,
-        port=port,
-        store=store,
-        store_endpoint=store_endpoint,
-        store_region=store_region,
-        advertised_url=advertised_url,
-        agent_id=agent_id,
-        auto_create_topics=auto_create_topics,
-        default_partitions=default_partitions,
-        linger_ms=linger_ms,
-        flush_bytes=flush_bytes,
-        compression=compression,
-        kafka_port=kafka_port,
-        kafka_advertised=kafka_advertised,
-        log_level=log_level,
-        access_log=access_log,
-        authentication=authentication,
-        authorization=authorization,
-        super_users=super_users,
-        workers=workers,
-        allow_unauthenticated=allow_unauthenticated,
-    )
+    settings = _load(Settings, "agent", locals())
     _check_security(settings)
     if not settings.coordinator_urls():
         _fail("lakelog agent needs --coordinator URL (or LAKELOG_COORDINATOR); see lakelog serve")
@@ -476,30 +415,7 @@ def coordinator_cmd(
     """The coordinator process: orders commits, keeps topics, offsets and agents."""
     from coordinator.http.server import run
 
-    settings = _load(
-        CoordinatorSettings,
-        "coordinator",
-        config,
-        db=db,
-        db_shards=db_shards or None,
-        host=host,
-        port=port,
-        store=store,
-        store_endpoint=store_endpoint,
-        store_region=store_region,
-        cluster_id=cluster_id,
-        log_level=log_level,
-        janitors=janitors,
-        janitor_interval=_intervals(janitor_interval),
-        tier_age_s=tier_age_s,
-        tier_untiered_bytes=tier_untiered_bytes,
-        gc_grace_s=gc_grace_s,
-        lease_ttl_s=lease_ttl_s,
-        authentication=authentication,
-        authorization=authorization,
-        super_users=super_users,
-        allow_unauthenticated=allow_unauthenticated,
-    )
+    settings = _load(CoordinatorSettings, "coordinator", locals())
     _setup_logging(settings.log_level)
     _check_security(settings)
     try:
@@ -656,22 +572,7 @@ def _janitor_shortcut(name: str) -> None:
 
         if topic is not None and name == "gc":
             _fail("gc works on the whole store; --topic does not apply", code=2)
-        settings = _load(
-            JanitorCommandSettings,
-            "janitor",
-            config,
-            coordinator=coordinator,
-            db=db,
-            db_shards=db_shards or None,
-            store=store,
-            store_endpoint=store_endpoint,
-            store_region=store_region,
-            tier_age_s=tier_age_s,
-            tier_untiered_bytes=tier_untiered_bytes,
-            gc_grace_s=gc_grace_s,
-            lease_ttl_s=lease_ttl_s,
-            log_level=log_level,
-        )
+        settings = _load(JanitorCommandSettings, "janitor", locals())
         _setup_logging(settings.log_level)
         if settings.coordinator_urls():
             report = _run_remote(name, settings, topic)

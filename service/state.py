@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from coordinator.client import Coordinator
 from coordinator.groups.model import GroupCoordinator
@@ -71,3 +72,7 @@ async def get_state(request: Request) -> AgentState:
     thread pool, a thread hop (and a GIL hand-over) on every request."""
     state: AgentState = request.app.state.agent
     return state
+
+
+#: A route parameter ``state: StateDep`` is the running agent's state.
+StateDep = Annotated[AgentState, Depends(get_state)]

@@ -41,9 +41,10 @@ from service.kafka.framing import Request, build, nested
 from service.kafka.handlers import (
     LEADER_EPOCH,
     KafkaContext,
-    leader_for,
+    partition_entries,
     resolve_topic,
     response_cls,
+    topic_entry,
     topic_fields,
     topic_key,
 )
@@ -251,26 +252,42 @@ async def describe_configs_api(ctx: KafkaContext, req: Request, access: Access) 
             documentation=d.doc if with_docs else None,
         )
 
-    results = []
-    for r in body.resources:
-        code, message, configs = ErrorCode.none, None, ()
+    async def answer(r: Any) -> tuple[Any, ...]:
         names = r.configuration_keys
+        if r.resource_type == TOPIC:
+            info = await call(ctx.state.coordinator.get_topic, r.resource_name)
+            entries = describe_configs(info.configs, names, info.defaults)
+            return tuple(row(e, CONFIG_DEFS[e.name]) for e in entries)
+        dynamic = await call(ctx.state.coordinator.broker_configs)
+        if r.resource_name != "":
+            await _check_broker(ctx, r.resource_name)
+        elif names is None:  # the cluster default: only what is set
+            names = sorted(dynamic)
+        entries = describe_broker_configs(dynamic, names)
+        return tuple(row(e, BROKER_CONFIG_DEFS[e.name]) for e in entries)
+
+    results = await _config_results(access, body.resources, result_cls, answer)
+    return build(resp, throttle_time=0, results=results)
+
+
+async def _config_results(
+    access: Access,
+    resources: Any,
+    result_cls: type,
+    answer: Callable[[Any], Awaitable[tuple[Any, ...]]],
+) -> tuple[Any, ...]:
+    """DescribeConfigs' and AlterConfigs' result of each resource: a topic's or broker's
+    ``answer`` (its configs; AlterConfigs' results have none), else why not: no right to
+    it, its LakelogError, or a resource type neither."""
+    results = []
+    for r in resources:
+        code, message, configs = ErrorCode.none, None, ()
         denied = _config_denied(access, r)
         try:
             if denied is not None:
                 code = denied
-            elif r.resource_type == TOPIC:
-                info = await call(ctx.state.coordinator.get_topic, r.resource_name)
-                entries = describe_configs(info.configs, names, info.defaults)
-                configs = tuple(row(e, CONFIG_DEFS[e.name]) for e in entries)
-            elif r.resource_type == BROKER:
-                dynamic = await call(ctx.state.coordinator.broker_configs)
-                if r.resource_name != "":
-                    await _check_broker(ctx, r.resource_name)
-                elif names is None:  # the cluster default: only what is set
-                    names = sorted(dynamic)
-                entries = describe_broker_configs(dynamic, names)
-                configs = tuple(row(e, BROKER_CONFIG_DEFS[e.name]) for e in entries)
+            elif r.resource_type in (TOPIC, BROKER):
+                configs = await answer(r)
             else:
                 code = ErrorCode.invalid_request
                 message = f"Resource type {r.resource_type} is not supported."
@@ -286,7 +303,7 @@ async def describe_configs_api(ctx: KafkaContext, req: Request, access: Access) 
                 configs=configs,
             )
         )
-    return build(resp, throttle_time=0, results=tuple(results))
+    return tuple(results)
 
 
 async def _check_broker(ctx: KafkaContext, name: str) -> None:
@@ -357,60 +374,44 @@ async def _alter(ctx: KafkaContext, req: Request, access: Access, apply: Apply) 
     result_cls = nested(resp, "AlterConfigsResourceResponse")
     validate_only = req.body.validate_only
     coordinator = ctx.state.coordinator
-    results = []
-    for r in req.body.resources:
-        code, message = ErrorCode.none, None
-        denied = _config_denied(access, r)
-        try:
-            if denied is not None:
-                code = denied
-            elif r.resource_type == TOPIC:
-                info = await call(coordinator.get_topic, r.resource_name)
-                current = {**info.defaults, **info.configs}
-                sets, deletes = await apply(r, current)
-                # Only overrides are reset: a name inherited, not set, has none to drop.
-                deletes = [n for n in deletes if n in info.configs or n not in current]
-                await call(
-                    coordinator.alter_configs,
-                    r.resource_name,
-                    sets,
-                    deletes,
-                    validate_only=validate_only,
-                )
-                ctx.state.topics.invalidate(r.resource_name)
-            elif r.resource_type == BROKER and r.resource_name == "":
-                current = await call(coordinator.broker_configs)
-                sets, deletes = await apply(r, current)
-                await call(
-                    coordinator.alter_broker_configs,
-                    sets,
-                    deletes,
-                    validate_only=validate_only,
-                )
-                if not validate_only:
-                    ctx.state.topics.invalidate_all()  # topics carry what they inherit
-            elif r.resource_type == BROKER:
-                await _check_broker(ctx, r.resource_name)
-                raise InvalidConfigError(
-                    "Per-broker config overrides are not supported: every agent serves "
-                    "every partition, so broker configs are cluster-wide. Alter the "
-                    'default broker resource ("", kafka-configs --entity-default).'
-                )
-            else:
-                code = ErrorCode.invalid_request
-                message = f"Resource type {r.resource_type} is not supported."
-        except LakelogError as e:
-            code, message = _error(e)
-        results.append(
-            build(
-                result_cls,
-                error_code=code,
-                error_message=message,
-                resource_type=r.resource_type,
-                resource_name=r.resource_name,
+
+    async def answer(r: Any) -> tuple[Any, ...]:
+        if r.resource_type == TOPIC:
+            info = await call(coordinator.get_topic, r.resource_name)
+            current = {**info.defaults, **info.configs}
+            sets, deletes = await apply(r, current)
+            # Only overrides are reset: a name inherited, not set, has none to drop.
+            deletes = [n for n in deletes if n in info.configs or n not in current]
+            await call(
+                coordinator.alter_configs,
+                r.resource_name,
+                sets,
+                deletes,
+                validate_only=validate_only,
             )
-        )
-    return build(resp, throttle_time=0, responses=tuple(results))
+            ctx.state.topics.invalidate(r.resource_name)
+        elif r.resource_name == "":
+            current = await call(coordinator.broker_configs)
+            sets, deletes = await apply(r, current)
+            await call(
+                coordinator.alter_broker_configs,
+                sets,
+                deletes,
+                validate_only=validate_only,
+            )
+            if not validate_only:
+                ctx.state.topics.invalidate_all()  # topics carry what they inherit
+        else:
+            await _check_broker(ctx, r.resource_name)
+            raise InvalidConfigError(
+                "Per-broker config overrides are not supported: every agent serves "
+                "every partition, so broker configs are cluster-wide. Alter the "
+                'default broker resource ("", kafka-configs --entity-default).'
+            )
+        return ()
+
+    results = await _config_results(access, req.body.resources, result_cls, answer)
+    return build(resp, throttle_time=0, responses=results)
 
 
 async def describe_cluster(ctx: KafkaContext, req: Request, access: Access) -> Any:
@@ -471,37 +472,14 @@ async def describe_topic_partitions(ctx: KafkaContext, req: Request, access: Acc
         if left <= 0:
             next_cursor = build(cursor_cls, topic_name=name, partition_index=first)
             break
-        parts: list[Any] = []
+        parts: tuple[Any, ...] = ()
         if info is not None:
             end = min(info.partitions, first + left)
-            parts = [
-                build(
-                    part_cls,
-                    error_code=0,
-                    partition_index=p,
-                    leader_id=(leader := leader_for(brokers, info.name, p)),
-                    leader_epoch=LEADER_EPOCH,
-                    replica_nodes=(leader,),
-                    isr_nodes=(leader,),
-                    eligible_leader_replicas=(),
-                    last_known_elr=(),
-                    offline_replicas=(),
-                )
-                for p in range(first, end)
-            ]
+            parts = partition_entries(part_cls, brokers, info.name, range(first, end))
             left -= len(parts)
             if end < info.partitions:
                 next_cursor = build(cursor_cls, topic_name=name, partition_index=end)
-        out.append(
-            build(
-                topic_cls,
-                error_code=error,
-                **topic_fields(name, info),
-                is_internal=False,
-                partitions=tuple(parts),
-                topic_authorized_operations=-(2**31),
-            )
-        )
+        out.append(topic_entry(topic_cls, name, info, error, parts))
         if next_cursor is not None:
             break
     return build(resp, throttle_time=0, topics=tuple(out), next_cursor=next_cursor)

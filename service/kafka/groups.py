@@ -53,6 +53,19 @@ def _groups(ctx: KafkaContext) -> KafkaGroupCoordinator:
     return cast(KafkaGroupCoordinator, ctx.state.coordinator)
 
 
+async def _describe(
+    ctx: KafkaContext, access: Access, group_id: str
+) -> tuple[KafkaGroup | None, ErrorCode, str | None]:
+    """DescribeGroups' and ConsumerGroupDescribe's look at one group: the group (None: no
+    such group) and ErrorCode.none, else None, the error code and its message."""
+    if not access.group(group_id):
+        return None, GROUP_DENIED, None
+    try:
+        return await call(_groups(ctx).kafka_describe, group_id), ErrorCode.none, None
+    except LakelogError as e:
+        return None, code_for(e), e.message
+
+
 async def find_coordinator(ctx: KafkaContext, req: Request, access: Access) -> Any:
     body = req.body
     resp = response_cls(type(body))
@@ -459,13 +472,16 @@ async def describe_groups(ctx: KafkaContext, req: Request, access: Access) -> An
     resp = response_cls(type(body))
     group_cls, member_cls = nested(resp, "DescribedGroup"), nested(resp, "DescribedGroupMember")
 
-    def failed(group_id: str, code: ErrorCode) -> Any:
+    def failed(
+        group_id: str, code: ErrorCode, message: str | None = None, state: str = "", ptype: str = ""
+    ) -> Any:
         return build(
             group_cls,
             error_code=code,
+            error_message=message,
             group_id=group_id,
-            group_state="",
-            protocol_type="",
+            group_state=state,
+            protocol_type=ptype,
             protocol_data="",
             members=(),
             authorized_operations=-(2**31),
@@ -473,45 +489,21 @@ async def describe_groups(ctx: KafkaContext, req: Request, access: Access) -> An
 
     out = []
     for group_id in body.groups:
-        if not access.group(group_id):
-            out.append(failed(group_id, GROUP_DENIED))
-            continue
-        try:
-            g = await call(_groups(ctx).kafka_describe, group_id)
-        except LakelogError as e:
-            out.append(failed(group_id, code_for(e)))
+        g, code, _ = await _describe(ctx, access, group_id)
+        if code != ErrorCode.none:
+            out.append(failed(group_id, code))
             continue
         if g is not None and g.group_type == CONSUMER and g.members:
             # Kafka 4.x: DescribeGroups is for classic groups (v6 says why); the consumer
             # protocol's are described by ConsumerGroupDescribe.
-            out.append(
-                build(
-                    group_cls,
-                    error_code=ErrorCode.group_id_not_found,
-                    error_message=f"Group {group_id} is not a classic group.",
-                    group_id=group_id,
-                    group_state="Dead",
-                    protocol_type="",
-                    protocol_data="",
-                    members=(),
-                    authorized_operations=-(2**31),
-                )
-            )
+            message = f"Group {group_id} is not a classic group."
+            out.append(failed(group_id, ErrorCode.group_id_not_found, message, "Dead"))
             continue
-        if g is None or not g.members:
-            state = "Dead" if g is None else g.state
-            out.append(
-                build(
-                    group_cls,
-                    error_code=0,
-                    group_id=group_id,
-                    group_state=state,
-                    protocol_type="" if g is None else g.protocol_type,
-                    protocol_data="",
-                    members=(),
-                    authorized_operations=-(2**31),
-                )
-            )
+        if g is None:
+            out.append(failed(group_id, ErrorCode.none, state="Dead"))
+            continue
+        if not g.members:
+            out.append(failed(group_id, ErrorCode.none, state=g.state, ptype=g.protocol_type))
             continue
         members = tuple(
             build(
@@ -711,13 +703,9 @@ async def consumer_group_describe(ctx: KafkaContext, req: Request, access: Acces
 
     out = []
     for group_id in body.group_ids:
-        if not access.group(group_id):
-            out.append(failed(group_id, GROUP_DENIED))
-            continue
-        try:
-            g = await call(_groups(ctx).kafka_describe, group_id)
-        except LakelogError as e:
-            out.append(failed(group_id, code_for(e), e.message))
+        g, code, message = await _describe(ctx, access, group_id)
+        if code != ErrorCode.none:
+            out.append(failed(group_id, code, message))
             continue
         if g is None:
             out.append(

@@ -154,6 +154,28 @@ def leader_for(brokers: list[Broker], topic: str, partition: int) -> int:
     return max(brokers, key=lambda b: zlib.crc32(key + b.node_id.to_bytes(4, "big"))).node_id
 
 
+def partition_entries(
+    part_cls: type, brokers: list[Broker], topic: str, partitions: range
+) -> tuple[Any, ...]:
+    """Metadata's and DescribeTopicPartitions' entries of ``partitions``: each led by
+    ``leader_for``, its only replica and in-sync replica."""
+    return tuple(
+        build(
+            part_cls,
+            error_code=0,
+            partition_index=p,
+            leader_id=(leader := leader_for(brokers, topic, p)),
+            leader_epoch=LEADER_EPOCH,
+            replica_nodes=(leader,),
+            isr_nodes=(leader,),
+            eligible_leader_replicas=(),
+            last_known_elr=(),
+            offline_replicas=(),
+        )
+        for p in partitions
+    )
+
+
 # -- ApiVersions -------------------------------------------------------------------------
 
 
@@ -261,6 +283,23 @@ def topic_fields(key: TopicKey, info: TopicInfo | None = None) -> dict[str, Any]
     return {"name": t.name, "topic": t.name, "topic_id": t.topic_id}
 
 
+def topic_entry(
+    topic_cls: type, key: TopicKey, info: TopicInfo | None, error: int, parts: tuple[Any, ...]
+) -> Any:
+    """Metadata's and DescribeTopicPartitions' entry of one topic and its ``parts``."""
+    fields = topic_fields(key, info)
+    if info is None and isinstance(key, uuid.UUID):
+        fields["name"] = None  # Kafka names no topic for an unknown id
+    return build(
+        topic_cls,
+        error_code=error,
+        **fields,
+        is_internal=False,
+        partitions=parts,
+        topic_authorized_operations=-(2**31),
+    )
+
+
 # -- Metadata ----------------------------------------------------------------------------
 
 
@@ -310,32 +349,8 @@ async def metadata(ctx: KafkaContext, req: Request, access: Access) -> Any:
     for key, info, error in topics:
         parts = ()
         if info is not None:
-            parts = tuple(
-                build(
-                    part_cls,
-                    error_code=0,
-                    partition_index=p,
-                    leader_id=(leader := leader_for(brokers, info.name, p)),
-                    leader_epoch=LEADER_EPOCH,
-                    replica_nodes=(leader,),
-                    isr_nodes=(leader,),
-                    offline_replicas=(),
-                )
-                for p in range(info.partitions)
-            )
-        fields = topic_fields(key, info)
-        if info is None and isinstance(key, uuid.UUID):
-            fields["name"] = None  # Kafka names no topic for an unknown id
-        out.append(
-            build(
-                topic_cls,
-                error_code=error,
-                **fields,
-                is_internal=False,
-                partitions=parts,
-                topic_authorized_operations=-(2**31),
-            )
-        )
+            parts = partition_entries(part_cls, brokers, info.name, range(info.partitions))
+        out.append(topic_entry(topic_cls, key, info, error, parts))
     broker_cls = nested(resp, "MetadataResponseBroker")
     return build(
         resp,

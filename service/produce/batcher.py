@@ -452,13 +452,8 @@ class Batcher:
         groups, parts, size = grouped.groups, grouped.partitions, grouped.size
         if not parts:
             return Offsets()
-        await self._reserve(size)
-        # No await from here to the end of the appends: the request lands in one buffer.
-        buf = self._current
-        was_empty = buf.records == 0
-        if was_empty:
-            buf.created = time.monotonic()  # linger counts from the batch's first record
-        buf.size += size  # accounted before appending: whatever gets in is counted
+        # No await after _open to the end of the appends: the request lands in one buffer.
+        buf, was_empty = await self._open(size)
         place = _RecordsPlacement(topic_id, groups, request_key, producer, log_append_time)
         try:
             first = place(buf)
@@ -469,24 +464,15 @@ class Batcher:
                 "Internal error while buffering the records; none was stored "
                 "(not retriable: see the agent's log)."
             ) from exc
-        future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
-        buf.waiters.append(future)
-        buf.keys_of[future] = ((topic_id, p) for p in groups)
         refusable = request_key is not None or producer is not None
-        buf.entries.append(_Entry(future, place, first, refusable))
-        if buf.size >= self.config.flush_bytes:
-            self._seal()
-            self._wake.set()
-        elif was_empty:
-            self._wake.set()
-        self.metrics.buffer_bytes.set(self._used())
+        keys = ((topic_id, p) for p in groups)
+        future = self._queue(buf, was_empty, keys, place, first, refusable)
         # shield: a cancelled request (client gone) must not cancel the shared future.
         try:
             bases = await asyncio.shield(future)
         except _PartlyDone as partly:
             relative = _in_order(parts, {p: first[(topic_id, p)] for p in groups})
-            keys = [(topic_id, p) for p in parts]
-            raise partly.answer(keys, relative) from None
+            raise partly.answer([(topic_id, p) for p in parts], relative) from None
         self.metrics.produced_records.inc(len(parts))
         self.metrics.produced_bytes.inc(size - RECORD_OVERHEAD * len(parts))
         out = Offsets(
@@ -494,6 +480,40 @@ class Batcher:
         )
         out.append_time_ms = bases.append_time_ms
         return out
+
+    async def _open(self, size: int) -> tuple[_Buffer, bool]:
+        """Room for ``size`` bytes (``_reserve``), then the open buffer with them
+        accounted, and whether it was empty."""
+        await self._reserve(size)
+        buf = self._current
+        was_empty = buf.records == 0
+        if was_empty:
+            buf.created = time.monotonic()  # linger counts from the batch's first record
+        buf.size += size  # accounted before appending: whatever gets in is counted
+        return buf, was_empty
+
+    def _queue(
+        self,
+        buf: _Buffer,
+        was_empty: bool,
+        keys: Iterable[tuple[bytes, int]],
+        place: Callable[[_Buffer], dict[tuple[bytes, int], int]],
+        first: dict[tuple[bytes, int], int],
+        refusable: bool,
+    ) -> asyncio.Future[BaseOffsets]:
+        """The waiter of a request just appended to ``buf`` (as an ``_Entry``); seals a
+        full buffer, wakes the flusher for it or a first request."""
+        future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
+        buf.waiters.append(future)
+        buf.keys_of[future] = keys
+        buf.entries.append(_Entry(future, place, first, refusable))
+        if buf.size >= self.config.flush_bytes:
+            self._seal()
+            self._wake.set()
+        elif was_empty:
+            self._wake.set()
+        self.metrics.buffer_bytes.set(self._used())
+        return future
 
     async def append_batches(self, batches: Sequence[RawBatch]) -> Offsets:
         """Buffer producers' RecordBatches (Kafka Produce) as they are; wait for their flush.
@@ -511,30 +531,17 @@ class Batcher:
         if not batches:
             return Offsets()
         size = sum(len(b.data) for b in batches)
-        await self._reserve(size)
-        # No await from here to the end of the appends: the request lands in one buffer.
-        buf = self._current
-        was_empty = buf.records == 0
-        if was_empty:
-            buf.created = time.monotonic()
-        buf.size += size
+        # No await after _open to the end of the appends: the request lands in one buffer.
+        buf, was_empty = await self._open(size)
         placement = _BatchesPlacement(batches)
         placed = placement.append(buf)
         records = sum(b.record_count for b in batches)
-        future: asyncio.Future[BaseOffsets] = asyncio.get_running_loop().create_future()
-        buf.waiters.append(future)
-        buf.keys_of[future] = (key for key, _ in placed)
         first: dict[tuple[bytes, int], int] = {}
         for key, relative in placed:
             first.setdefault(key, relative)
         refusable = any(b.producer is not None for b in batches)
-        buf.entries.append(_Entry(future, placement, first, refusable))
-        if buf.size >= self.config.flush_bytes:
-            self._seal()
-            self._wake.set()
-        elif was_empty:
-            self._wake.set()
-        self.metrics.buffer_bytes.set(self._used())
+        keys = (key for key, _ in placed)
+        future = self._queue(buf, was_empty, keys, placement, first, refusable)
         try:
             bases = await asyncio.shield(future)
         except _PartlyDone as partly:

@@ -31,8 +31,7 @@ with a ``default``. Arrays' tuple items follow the same rules.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -41,6 +40,8 @@ import orjson
 from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT7, DRAFT202012
+
+from service.registry.diffs import Change, PathDiffs
 
 # -- the model ----------------------------------------------------------------------------
 
@@ -366,34 +367,19 @@ COMPATIBLE = frozenset(
     }
 )  # fmt: skip
 
-Change = tuple[str, str]  # (type, path)
 
-
-class _Ctx:
+class _Ctx(PathDiffs):
     """Differences found under a path; memo and cycle state are shared by sub-contexts."""
+
+    compatible_kinds = COMPATIBLE
 
     def __init__(self, shared: _Shared, path: tuple[str, ...] = ()) -> None:
         self.shared = shared
         self.path = list(path)
-        self.diffs: list[Change] = []
+        self.diffs = []
 
     def sub(self) -> _Ctx:
         return _Ctx(self.shared, tuple(self.path))
-
-    def add(self, kind: str, attribute: str | None = None) -> None:
-        parts = [*self.path, attribute] if attribute else self.path
-        self.diffs.append((kind, "#/" + "/".join(parts)))
-
-    @contextmanager
-    def at(self, part: str) -> Iterator[None]:
-        self.path.append(part)
-        try:
-            yield
-        finally:
-            self.path.pop()
-
-    def compatible(self) -> bool:
-        return all(kind in COMPATIBLE for kind, _ in self.diffs)
 
 
 @dataclass
@@ -478,37 +464,35 @@ def _same_kind(a: Node, b: Node) -> bool:
     return a.kind == b.kind
 
 
+def _absorbed(ctx: _Ctx, original: Node, update: Node) -> bool:
+    """Whether ``update`` is a compatible change of ``original`` (then its changes are
+    ``ctx``'s); an incompatible one leaves ``ctx`` as it was."""
+    sub = ctx.sub()
+    _compare(sub, original, update)
+    if sub.compatible():
+        ctx.diffs += sub.diffs
+    return sub.compatible()
+
+
 def _compare_types(ctx: _Ctx, original: Node, update: Node) -> None:
     if original.kind != "combined" and update.kind == "combined":
         if len(update.subschemas) == 1:
-            sub = ctx.sub()
-            _compare(sub, original, update.subschemas[0])
-            if sub.compatible():
-                ctx.diffs += sub.diffs
+            if _absorbed(ctx, original, update.subschemas[0]):
                 return
-        elif update.criterion in ("anyOf", "oneOf"):
-            for alternative in update.subschemas:
-                sub = ctx.sub()
-                _compare(sub, original, alternative)
-                if sub.compatible():
-                    ctx.diffs += sub.diffs
-                    ctx.add("SUM_TYPE_EXTENDED")
-                    return
+        elif update.criterion in ("anyOf", "oneOf") and any(
+            _absorbed(ctx, original, alternative) for alternative in update.subschemas
+        ):
+            ctx.add("SUM_TYPE_EXTENDED")
+            return
     elif original.kind == "combined" and update.kind != "combined":
         if len(original.subschemas) == 1:
-            sub = ctx.sub()
-            _compare(sub, original.subschemas[0], update)
-            if sub.compatible():
-                ctx.diffs += sub.diffs
+            if _absorbed(ctx, original.subschemas[0], update):
                 return
-        elif original.criterion == "allOf":
-            for part in original.subschemas:
-                sub = ctx.sub()
-                _compare(sub, part, update)
-                if sub.compatible():
-                    ctx.diffs += sub.diffs
-                    ctx.add("PRODUCT_TYPE_NARROWED")
-                    return
+        elif original.criterion == "allOf" and any(
+            _absorbed(ctx, part, update) for part in original.subschemas
+        ):
+            ctx.add("PRODUCT_TYPE_NARROWED")
+            return
 
     if not _same_kind(original, update):
         if original.kind == "false" or _is_empty(update):
@@ -758,19 +742,7 @@ def _object(ctx: _Ctx, original: Node, update: Node) -> None:
             else:
                 with ctx.at(name):
                     _compare(ctx, was_s, now_s)
-    with ctx.at("additionalProperties"):
-        if o["permits_extra"] != u["permits_extra"]:
-            ctx.add(
-                "ADDITIONAL_PROPERTIES_ADDED"
-                if u["permits_extra"]
-                else "ADDITIONAL_PROPERTIES_REMOVED"
-            )
-        elif o["extra_schema"] is None and u["extra_schema"] is not None:
-            ctx.add("ADDITIONAL_PROPERTIES_NARROWED")
-        elif u["extra_schema"] is None and o["extra_schema"] is not None:
-            ctx.add("ADDITIONAL_PROPERTIES_EXTENDED")
-        else:
-            _compare(ctx, o["extra_schema"], u["extra_schema"])
+    _additional(ctx, "additionalProperties", "ADDITIONAL_PROPERTIES", o, u)
     _unevaluated(ctx, "unevaluatedProperties", "UNEVALUATED_PROPERTIES", o_uneval, u_uneval)
     _bound(ctx, "maxProperties", "MAX_PROPERTIES", o["maxProperties"], u["maxProperties"])
     _bound(ctx, "minProperties", "MIN_PROPERTIES", o["minProperties"], u["minProperties"])
@@ -787,14 +759,7 @@ def _property(
             return
         covering = _partial(u, u_uneval, name)
         if covering is not None:
-            sub = ctx.sub()
-            _compare(sub, old, covering)
-            ctx.diffs += sub.diffs
-            ctx.add(
-                "PROPERTY_REMOVED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-                if sub.compatible()
-                else "PROPERTY_REMOVED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-            )
+            _covered(ctx, "PROPERTY_REMOVED", old, covering)
         elif old is not None and _deref(old).kind == "false":
             ctx.add("PROPERTY_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL")
         else:
@@ -817,14 +782,7 @@ def _property(
             return
         covering = _partial(o, o_uneval, name)
         if covering is not None:
-            sub = ctx.sub()
-            _compare(sub, covering, new)
-            ctx.diffs += sub.diffs
-            ctx.add(
-                "PROPERTY_ADDED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-                if sub.compatible()
-                else "PROPERTY_ADDED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-            )
+            _covered(ctx, "PROPERTY_ADDED", covering, new)
         if required:
             ctx.add(
                 "REQUIRED_PROPERTY_WITH_DEFAULT_ADDED_TO_UNOPEN_CONTENT_MODEL"
@@ -835,6 +793,29 @@ def _property(
             ctx.add("OPTIONAL_PROPERTY_ADDED_TO_UNOPEN_CONTENT_MODEL")
         return
     _compare(ctx, old, new)
+
+
+def _additional(ctx: _Ctx, keyword: str, label: str, o: dict[str, Any], u: dict[str, Any]) -> None:
+    """additionalProperties or additionalItems: allowed or not, then their schema."""
+    with ctx.at(keyword):
+        if o["permits_extra"] != u["permits_extra"]:
+            ctx.add(f"{label}_ADDED" if u["permits_extra"] else f"{label}_REMOVED")
+        elif o["extra_schema"] is None and u["extra_schema"] is not None:
+            ctx.add(f"{label}_NARROWED")
+        elif u["extra_schema"] is None and o["extra_schema"] is not None:
+            ctx.add(f"{label}_EXTENDED")
+        else:
+            _compare(ctx, o["extra_schema"], u["extra_schema"])
+
+
+def _covered(ctx: _Ctx, change: str, old: Node, new: Node) -> None:
+    """A property or item added or removed (``change``) where a partially open content
+    model's schema stands for it: the differences between the two, and whether it covers."""
+    sub = ctx.sub()
+    _compare(sub, old, new)
+    ctx.diffs += sub.diffs
+    covered = "IS_COVERED" if sub.compatible() else "NOT_COVERED"
+    ctx.add(f"{change}_{covered}_BY_PARTIALLY_OPEN_CONTENT_MODEL")
 
 
 def _unevaluated(ctx: _Ctx, name: str, label: str, old: Node | None, new: Node | None) -> None:
@@ -873,15 +854,7 @@ def _array(ctx: _Ctx, original: Node, update: Node) -> None:
                 _item_removed(ctx, olds[i], u, u_uneval)
             else:
                 _item_added(ctx, news[i], o, o_uneval)
-    with ctx.at("additionalItems"):
-        if o["permits_extra"] != u["permits_extra"]:
-            ctx.add("ADDITIONAL_ITEMS_REMOVED" if o["permits_extra"] else "ADDITIONAL_ITEMS_ADDED")
-        elif o["extra_schema"] is None and u["extra_schema"] is not None:
-            ctx.add("ADDITIONAL_ITEMS_NARROWED")
-        elif u["extra_schema"] is None and o["extra_schema"] is not None:
-            ctx.add("ADDITIONAL_ITEMS_EXTENDED")
-        else:
-            _compare(ctx, o["extra_schema"], u["extra_schema"])
+    _additional(ctx, "additionalItems", "ADDITIONAL_ITEMS", o, u)
     _unevaluated(ctx, "unevaluatedItems", "UNEVALUATED_ITEMS", o_uneval, u_uneval)
     _bound(ctx, "maxItems", "MAX_ITEMS", o["maxItems"], u["maxItems"])
     _bound(ctx, "minItems", "MIN_ITEMS", o["minItems"], u["minItems"])
@@ -904,14 +877,7 @@ def _item_removed(ctx: _Ctx, old: Node, u: dict[str, Any], u_uneval: Node | None
         return
     covering = _partial(u, u_uneval, None)
     if covering is not None:
-        sub = ctx.sub()
-        _compare(sub, old, covering)
-        ctx.diffs += sub.diffs
-        ctx.add(
-            "ITEM_REMOVED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-            if sub.compatible()
-            else "ITEM_REMOVED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-        )
+        _covered(ctx, "ITEM_REMOVED", old, covering)
     elif _deref(old).kind == "false":
         ctx.add("ITEM_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL")
     else:
@@ -930,14 +896,7 @@ def _item_added(ctx: _Ctx, new: Node, o: dict[str, Any], o_uneval: Node | None) 
     if covering is None:
         ctx.add("ITEM_ADDED_TO_CLOSED_CONTENT_MODEL")
         return
-    sub = ctx.sub()
-    _compare(sub, covering, new)
-    ctx.diffs += sub.diffs
-    ctx.add(
-        "ITEM_ADDED_IS_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-        if sub.compatible()
-        else "ITEM_ADDED_NOT_COVERED_BY_PARTIALLY_OPEN_CONTENT_MODEL"
-    )
+    _covered(ctx, "ITEM_ADDED", covering, new)
 
 
 _DIFFERS: dict[str, Callable[[_Ctx, Node, Node], None]] = {

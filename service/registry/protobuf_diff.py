@@ -27,13 +27,14 @@ update is backward compatible when every change is in :data:`COMPATIBLE`. The ru
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf.descriptor_pb2 import DescriptorProto, EnumDescriptorProto
 from google.protobuf.descriptor_pb2 import FieldDescriptorProto as _F
 from google.protobuf.descriptor_pb2 import FileDescriptorProto as FDP
+
+from service.registry.diffs import Change, PathDiffs
 
 COMPATIBLE = frozenset(
     {
@@ -103,11 +104,9 @@ def _types(file: FDP, imports: Sequence[FDP]) -> dict[str, _Type]:
     return out
 
 
-Change = tuple[str, str]
-
-
 @dataclass
-class _Ctx:
+class _Ctx(PathDiffs):
+    compatible_kinds = COMPATIBLE
     old_types: dict[str, _Type]
     new_types: dict[str, _Type]
     old_proto3: bool
@@ -121,20 +120,6 @@ class _Ctx:
             self.old_types, self.new_types, self.old_proto3, self.new_proto3,
             list(path), [], self.visiting,
         )  # fmt: skip
-
-    def add(self, kind: str) -> None:
-        self.diffs.append((kind, "#/" + "/".join(self.path)))
-
-    @contextmanager
-    def at(self, part: str) -> Iterator[None]:
-        self.path.append(part)
-        try:
-            yield
-        finally:
-            self.path.pop()
-
-    def compatible(self) -> bool:
-        return all(kind in COMPATIBLE for kind, _ in self.diffs)
 
 
 def compare(

@@ -16,7 +16,7 @@ flags (``deleted``, ``permanent``, ``verbose``, ...) accept ``true``/``True``/``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
@@ -39,7 +39,7 @@ from segments.errors import (
 from service.registry.core import SchemaRegistry
 from service.registry.errors import REGISTRY_CONTENT_TYPE
 from service.registry.protobuf_format import ProtobufSchema
-from service.state import AgentState, get_state
+from service.state import StateDep
 
 router = APIRouter(tags=["schema registry"])
 
@@ -54,8 +54,11 @@ _REQUEST_TYPES = frozenset(
 _MAX_VERSION = 2**31 - 1
 
 
-def _registry(state: AgentState = Depends(get_state)) -> SchemaRegistry:
+def _registry(state: StateDep) -> SchemaRegistry:
     return state.registry
+
+
+Registry = Annotated[SchemaRegistry, Depends(_registry)]
 
 
 def _answer(payload: Any) -> Response:
@@ -153,6 +156,18 @@ async def _version_json(
     return body
 
 
+async def _subject_version(
+    registry: SchemaRegistry, subject: str, version: str, request: Request
+) -> SubjectVersion:
+    """``subject``'s ``version`` (``deleted=true``: soft-deleted ones too)."""
+    return await registry.call(
+        registry.store.get_subject_version,
+        subject,
+        _version(version),
+        deleted=_flag(request, "deleted"),
+    )
+
+
 # -- schemas ---------------------------------------------------------------------------
 
 
@@ -162,27 +177,21 @@ async def schema_types() -> Response:
 
 
 @router.get("/schemas/ids/{schema_id}", summary="A schema by its global id")
-async def get_schema(
-    schema_id: int, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def get_schema(schema_id: int, request: Request, registry: Registry) -> Response:
     stored, _ = await registry.by_id(schema_id)
     fmt = request.query_params.get("format")
     return _answer(await _schema_json(registry, stored, fmt))
 
 
 @router.get("/schemas/ids/{schema_id}/schema", summary="A schema's text by its global id")
-async def get_schema_text(
-    schema_id: int, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def get_schema_text(schema_id: int, request: Request, registry: Registry) -> Response:
     stored, _ = await registry.by_id(schema_id)
     text = await _schema_text(registry, stored, request.query_params.get("format"))
     return Response(text, media_type=REGISTRY_CONTENT_TYPE)
 
 
 @router.get("/schemas/ids/{schema_id}/versions", summary="Subject versions holding a schema")
-async def get_schema_versions(
-    schema_id: int, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def get_schema_versions(schema_id: int, request: Request, registry: Registry) -> Response:
     uses = await registry.call(
         registry.store.schema_versions, schema_id, deleted=_flag(request, "deleted")
     )
@@ -190,9 +199,7 @@ async def get_schema_versions(
 
 
 @router.get("/schemas/ids/{schema_id}/subjects", summary="Subjects holding a schema")
-async def get_schema_subjects(
-    schema_id: int, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def get_schema_subjects(schema_id: int, request: Request, registry: Registry) -> Response:
     uses = await registry.call(
         registry.store.schema_versions, schema_id, deleted=_flag(request, "deleted")
     )
@@ -203,18 +210,14 @@ async def get_schema_subjects(
 
 
 @router.get("/subjects", summary="Subjects")
-async def list_subjects(
-    request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def list_subjects(request: Request, registry: Registry) -> Response:
     subjects = await registry.call(registry.store.list_subjects, deleted=_flag(request, "deleted"))
     prefix = request.query_params.get("subjectPrefix", "")
     return _answer([s for s in subjects if s.startswith(prefix)])
 
 
 @router.get("/subjects/{subject}/versions", summary="A subject's versions")
-async def list_versions(
-    subject: str, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def list_versions(subject: str, request: Request, registry: Registry) -> Response:
     versions = await registry.call(
         registry.store.subject_versions, subject, deleted=_flag(request, "deleted")
     )
@@ -222,9 +225,7 @@ async def list_versions(
 
 
 @router.post("/subjects/{subject}/versions", summary="Register a schema under a subject")
-async def register(
-    subject: str, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def register(subject: str, request: Request, registry: Registry) -> Response:
     """``{"id": N}``: the schema's global id (its existing one if it was registered before)."""
     check_subject(subject)
     schema_type, text, refs = await _schema_body(request)
@@ -233,28 +234,16 @@ async def register(
 
 
 @router.get("/subjects/{subject}/versions/{version}", summary="One version of a subject")
-async def get_version(
-    subject: str, version: str, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
-    sv = await registry.call(
-        registry.store.get_subject_version,
-        subject,
-        _version(version),
-        deleted=_flag(request, "deleted"),
-    )
+async def get_version(subject: str, version: str, request: Request, registry: Registry) -> Response:
+    sv = await _subject_version(registry, subject, version, request)
     return _answer(await _version_json(registry, sv, request.query_params.get("format")))
 
 
 @router.get("/subjects/{subject}/versions/{version}/schema", summary="A version's schema text")
 async def get_version_text(
-    subject: str, version: str, request: Request, registry: SchemaRegistry = Depends(_registry)
+    subject: str, version: str, request: Request, registry: Registry
 ) -> Response:
-    sv = await registry.call(
-        registry.store.get_subject_version,
-        subject,
-        _version(version),
-        deleted=_flag(request, "deleted"),
-    )
+    sv = await _subject_version(registry, subject, version, request)
     text = await _schema_text(registry, sv.schema, request.query_params.get("format"))
     return Response(text, media_type=REGISTRY_CONTENT_TYPE)
 
@@ -263,25 +252,19 @@ async def get_version_text(
     "/subjects/{subject}/versions/{version}/referencedby",
     summary="Ids of the schemas that reference a version",
 )
-async def referenced_by(
-    subject: str, version: str, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def referenced_by(subject: str, version: str, registry: Registry) -> Response:
     return _answer(await registry.call(registry.store.referenced_by, subject, _version(version)))
 
 
 @router.post("/subjects/{subject}", summary="Look a schema up under a subject")
-async def lookup(
-    subject: str, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def lookup(subject: str, request: Request, registry: Registry) -> Response:
     schema_type, text, refs = await _schema_body(request)
     sv = await registry.lookup(subject, schema_type, text, refs, deleted=_flag(request, "deleted"))
     return _answer(await _version_json(registry, sv, request.query_params.get("format")))
 
 
 @router.delete("/subjects/{subject}", summary="Delete a subject (soft, or permanent)")
-async def delete_subject(
-    subject: str, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def delete_subject(subject: str, request: Request, registry: Registry) -> Response:
     versions = await registry.call(
         registry.store.delete_subject, subject, permanent=_flag(request, "permanent")
     )
@@ -290,7 +273,7 @@ async def delete_subject(
 
 @router.delete("/subjects/{subject}/versions/{version}", summary="Delete one version")
 async def delete_version(
-    subject: str, version: str, request: Request, registry: SchemaRegistry = Depends(_registry)
+    subject: str, version: str, request: Request, registry: Registry
 ) -> Response:
     deleted = await registry.call(
         registry.store.delete_subject_version,
@@ -328,7 +311,7 @@ async def _compatibility(
     summary="Test a schema against one version",
 )
 async def test_compatibility(
-    subject: str, version: str, request: Request, registry: SchemaRegistry = Depends(_registry)
+    subject: str, version: str, request: Request, registry: Registry
 ) -> Response:
     return await _compatibility(subject, _version(version), request, registry)
 
@@ -337,41 +320,42 @@ async def test_compatibility(
     "/compatibility/subjects/{subject}/versions",
     summary="Test a schema against the versions the subject's level names",
 )
-async def test_compatibility_all(
-    subject: str, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def test_compatibility_all(subject: str, request: Request, registry: Registry) -> Response:
     return await _compatibility(subject, None, request, registry)
 
 
 # -- config and mode ---------------------------------------------------------------------
 
 
+async def _set_compatibility(
+    request: Request, registry: SchemaRegistry, subject: str | None
+) -> Response:
+    """Set the level of ``subject`` (None: the global one) from the body's
+    ``compatibility``."""
+    wanted = check_level((await _body(request)).get("compatibility"))
+    level = await registry.call(registry.store.set_compatibility, wanted, subject)
+    return _answer({"compatibility": level})
+
+
 @router.get("/config", summary="The global compatibility level")
-async def get_global_config(registry: SchemaRegistry = Depends(_registry)) -> Response:
+async def get_global_config(registry: Registry) -> Response:
     level = await registry.call(registry.store.get_compatibility, None)
     return _answer({"compatibilityLevel": level})
 
 
 @router.put("/config", summary="Set the global compatibility level")
-async def put_global_config(
-    request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
-    doc = await _body(request)
-    wanted = check_level(doc.get("compatibility"))
-    level = await registry.call(registry.store.set_compatibility, wanted, None)
-    return _answer({"compatibility": level})
+async def put_global_config(request: Request, registry: Registry) -> Response:
+    return await _set_compatibility(request, registry, None)
 
 
 @router.delete("/config", summary="Reset the global compatibility level")
-async def delete_global_config(registry: SchemaRegistry = Depends(_registry)) -> Response:
+async def delete_global_config(registry: Registry) -> Response:
     level = await registry.call(registry.store.delete_compatibility, None)
     return _answer({"compatibilityLevel": level})
 
 
 @router.get("/config/{subject}", summary="A subject's compatibility level")
-async def get_subject_config(
-    subject: str, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def get_subject_config(subject: str, request: Request, registry: Registry) -> Response:
     """40408 unless the subject has its own level, or ``defaultToGlobal=true``."""
     level = await registry.call(registry.store.get_compatibility, subject)
     if level is None:
@@ -384,19 +368,12 @@ async def get_subject_config(
 
 
 @router.put("/config/{subject}", summary="Set a subject's compatibility level")
-async def put_subject_config(
-    subject: str, request: Request, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
-    doc = await _body(request)
-    wanted = check_level(doc.get("compatibility"))
-    level = await registry.call(registry.store.set_compatibility, wanted, subject)
-    return _answer({"compatibility": level})
+async def put_subject_config(subject: str, request: Request, registry: Registry) -> Response:
+    return await _set_compatibility(request, registry, subject)
 
 
 @router.delete("/config/{subject}", summary="Drop a subject's compatibility level")
-async def delete_subject_config(
-    subject: str, registry: SchemaRegistry = Depends(_registry)
-) -> Response:
+async def delete_subject_config(subject: str, registry: Registry) -> Response:
     level = await registry.call(registry.store.delete_compatibility, subject)
     return _answer({"compatibilityLevel": level})
 

@@ -61,6 +61,8 @@ UrlOpt = Annotated[
         "else, when nothing answers there, lakelog serve's database here].",
     ),
 ]
+UserArg = Annotated[str, typer.Argument(help="User name.")]
+KeyIdArg = Annotated[str, typer.Argument(help="API key id.")]
 PasswordStdinOpt = Annotated[
     bool, typer.Option("--password-stdin", help="Read the password from standard input.")
 ]
@@ -160,7 +162,7 @@ def _serve_database() -> str:
     from service.cli import _ensure_local_dirs, _load
     from service.settings import Settings
 
-    db = _load(Settings, "serve", None).db
+    db = _load(Settings, "serve", {}).db
     _ensure_local_dirs(db, None)
     return db
 
@@ -243,10 +245,7 @@ def users_create(
 
 @users_app.command("set-password")
 def users_set_password(
-    name: Annotated[str, typer.Argument(help="User name.")],
-    password_stdin: PasswordStdinOpt = False,
-    db: DbOpt = None,
-    url: UrlOpt = None,
+    name: UserArg, password_stdin: PasswordStdinOpt = False, db: DbOpt = None, url: UrlOpt = None
 ) -> None:
     """Change a user's password (agents drop cached credentials within auth_cache_ttl_s)."""
     password = _read_password(password_stdin)
@@ -264,11 +263,7 @@ def users_list(db: DbOpt = None, url: UrlOpt = None) -> None:
 
 
 @users_app.command("delete")
-def users_delete(
-    name: Annotated[str, typer.Argument(help="User name.")],
-    db: DbOpt = None,
-    url: UrlOpt = None,
-) -> None:
+def users_delete(name: UserArg, db: DbOpt = None, url: UrlOpt = None) -> None:
     """Delete a user and its API keys (its ACLs stay, as Kafka's do)."""
     with _admin(db, url) as admin:
         admin.delete_user(name)
@@ -310,11 +305,7 @@ def api_keys_list(
 
 
 @api_keys_app.command("rotate")
-def api_keys_rotate(
-    key_id: Annotated[str, typer.Argument(help="API key id.")],
-    db: DbOpt = None,
-    url: UrlOpt = None,
-) -> None:
+def api_keys_rotate(key_id: KeyIdArg, db: DbOpt = None, url: UrlOpt = None) -> None:
     """A new secret for the key; the old one stops working."""
     with _admin(db, url) as admin:
         key = admin.rotate_api_key(key_id)
@@ -322,11 +313,7 @@ def api_keys_rotate(
 
 
 @api_keys_app.command("delete")
-def api_keys_delete(
-    key_id: Annotated[str, typer.Argument(help="API key id.")],
-    db: DbOpt = None,
-    url: UrlOpt = None,
-) -> None:
+def api_keys_delete(key_id: KeyIdArg, db: DbOpt = None, url: UrlOpt = None) -> None:
     """Delete an API key."""
     with _admin(db, url) as admin:
         admin.delete_api_key(key_id)

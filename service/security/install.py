@@ -17,8 +17,9 @@ itself: the agents' shared secret manages nothing.
 from __future__ import annotations
 
 import logging
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from prometheus_client import CollectorRegistry
 
 from coordinator.client import Coordinator
@@ -204,3 +205,8 @@ def require_authorizer(request: Request) -> SecurityStore:
     if request.method == "GET":  # describing ACLs is an agent's own business
         return store
     return acting_for(store, credential_of(request))
+
+
+#: Route parameters: the security store, for super users only / once authorization is on.
+SuperUserStore = Annotated[SecurityStore, Depends(require_super_user)]
+AuthorizerStore = Annotated[SecurityStore, Depends(require_authorizer)]

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Request, Response
+from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import JSONResponse
 
 from coordinator.security.http import key_to_json, user_to_json
-from coordinator.security.store import ApiKeySecret, SecurityStore
+from coordinator.security.store import ApiKeySecret
 from segments.errors import InvalidSecurityRequestError
 from service.executors import call
-from service.security.install import require_super_user
+from service.security.install import SuperUserStore
 
 router = APIRouter(tags=["security"])
 
@@ -43,25 +43,20 @@ def _forget(request: Request) -> None:
 
 
 @router.get("/security/users")
-async def list_users(store: SecurityStore = Depends(require_super_user)) -> JSONResponse:
+async def list_users(store: SuperUserStore) -> JSONResponse:
     users = await call(store.list_users)
     return JSONResponse({"users": [user_to_json(u) for u in users]})
 
 
 @router.post("/security/users", status_code=201)
-async def create_user(
-    body: Any = Body(), store: SecurityStore = Depends(require_super_user)
-) -> JSONResponse:
+async def create_user(store: SuperUserStore, body: Any = Body()) -> JSONResponse:
     user = await call(store.create_user, _text(body, "name"), _text(body, "password"))
     return JSONResponse(user_to_json(user), status_code=201)
 
 
 @router.put("/security/users/{name}/password", status_code=204)
 async def set_password(
-    name: str,
-    request: Request,
-    body: Any = Body(),
-    store: SecurityStore = Depends(require_super_user),
+    name: str, request: Request, store: SuperUserStore, body: Any = Body()
 ) -> Response:
     await call(store.set_password, name, _text(body, "password"))
     _forget(request)
@@ -69,18 +64,14 @@ async def set_password(
 
 
 @router.delete("/security/users/{name}", status_code=204)
-async def delete_user(
-    name: str, request: Request, store: SecurityStore = Depends(require_super_user)
-) -> Response:
+async def delete_user(name: str, request: Request, store: SuperUserStore) -> Response:
     await call(store.delete_user, name)
     _forget(request)
     return Response(status_code=204)
 
 
 @router.get("/security/api-keys")
-async def list_api_keys(
-    owner: str | None = None, store: SecurityStore = Depends(require_super_user)
-) -> JSONResponse:
+async def list_api_keys(store: SuperUserStore, owner: str | None = None) -> JSONResponse:
     keys = await call(store.list_api_keys, owner)
     return JSONResponse({"api_keys": [key_to_json(k) for k in keys]})
 
@@ -90,26 +81,20 @@ def _made(key: ApiKeySecret, status: int) -> JSONResponse:
 
 
 @router.post("/security/api-keys", status_code=201)
-async def create_api_key(
-    body: Any = Body(), store: SecurityStore = Depends(require_super_user)
-) -> JSONResponse:
+async def create_api_key(store: SuperUserStore, body: Any = Body()) -> JSONResponse:
     key = await call(store.create_api_key, _text(body, "owner"), _text(body, "description", ""))
     return _made(key, 201)
 
 
 @router.post("/security/api-keys/{key_id}/rotate")
-async def rotate_api_key(
-    key_id: str, request: Request, store: SecurityStore = Depends(require_super_user)
-) -> JSONResponse:
+async def rotate_api_key(key_id: str, request: Request, store: SuperUserStore) -> JSONResponse:
     key = await call(store.rotate_api_key, key_id)
     _forget(request)
     return _made(key, 200)
 
 
 @router.delete("/security/api-keys/{key_id}", status_code=204)
-async def delete_api_key(
-    key_id: str, request: Request, store: SecurityStore = Depends(require_super_user)
-) -> Response:
+async def delete_api_key(key_id: str, request: Request, store: SuperUserStore) -> Response:
     await call(store.delete_api_key, key_id)
     _forget(request)
     return Response(status_code=204)

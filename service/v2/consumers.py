@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import orjson
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from coordinator.groups.model import (
     ASSIGNORS,
@@ -96,7 +96,7 @@ from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
 from service.registry.rest import render_records as render_schema_records
 from service.security.acl import Rights, rights
 from service.security.auth import principal_of
-from service.state import AgentState, get_state
+from service.state import AgentState, StateDep
 from service.v3.common import base_url, call
 
 log = logging.getLogger(__name__)
@@ -423,9 +423,7 @@ def _isolation(value: object) -> str:
 
 
 @route("POST", "/consumers/{group}", summary="Create a consumer instance in a group")
-async def create_consumer(
-    group: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def create_consumer(group: str, request: Request, state: StateDep) -> Response:
     """200 ``{"instance_id", "base_uri"}``; 409 40902 for a name already in the group."""
     doc = await json_body(request) or {}
     name = _setting(doc, "name", "id")
@@ -446,9 +444,7 @@ async def create_consumer(
 
 
 @route("DELETE", INSTANCE, summary="Delete a consumer instance")
-async def delete_consumer(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def delete_consumer(group: str, instance: str, request: Request, state: StateDep) -> Response:
     await owned(state, request, group, instance, touch=False)
     await call(state.groups.delete_consumer, group, instance)
     state.consumers.changed(group, instance)
@@ -460,9 +456,7 @@ async def delete_consumer(
 
 
 @route("POST", INSTANCE + "/subscription", summary="Subscribe to topics or a pattern")
-async def subscribe(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def subscribe(group: str, instance: str, request: Request, state: StateDep) -> Response:
     """204. Topics and a pattern together, or a subscription while partitions are
     assigned by hand: 409 40903. Topics need not exist yet (assigned once created);
     a pattern is a Java regex (``coordinator.groups.patterns``: unsupported constructs 422)."""
@@ -495,7 +489,7 @@ async def subscribe(
 
 @route("GET", INSTANCE + "/subscription", summary="The subscribed topics")
 async def get_subscription(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
+    group: str, instance: str, request: Request, state: StateDep
 ) -> Response:
     st = await owned(state, request, group, instance)
     state.consumers.served(group, instance)
@@ -504,7 +498,7 @@ async def get_subscription(
 
 @route("DELETE", INSTANCE + "/subscription", summary="Unsubscribe")
 async def delete_subscription(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
+    group: str, instance: str, request: Request, state: StateDep
 ) -> Response:
     await owned(state, request, group, instance)
     await call(state.groups.unsubscribe, group, instance)
@@ -513,9 +507,7 @@ async def delete_subscription(
 
 
 @route("POST", INSTANCE + "/assignments", summary="Assign partitions by hand")
-async def assign(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def assign(group: str, instance: str, request: Request, state: StateDep) -> Response:
     """204; while subscribed 409 40903; unknown topic 40401, unknown partition 40402."""
     tps = parse_partitions(_require(await json_body(request), "partitions"))
     await owned(state, request, group, instance)
@@ -525,9 +517,7 @@ async def assign(
 
 
 @route("GET", INSTANCE + "/assignments", summary="The assigned partitions")
-async def get_assignments(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def get_assignments(group: str, instance: str, request: Request, state: StateDep) -> Response:
     st = await owned(state, request, group, instance)
     state.consumers.served(group, instance)
     return v2_json(
@@ -558,9 +548,7 @@ async def _check_seek(
 
 
 @route("POST", INSTANCE + "/positions", summary="Seek to offsets or timestamps")
-async def seek(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def seek(group: str, instance: str, request: Request, state: StateDep) -> Response:
     """``{"offsets": [...]}`` and/or ``{"timestamps": [...]}`` -> 204.
 
     A timestamp seeks to the first record at or after it, or to the end when
@@ -610,16 +598,12 @@ async def _seek_edge(
 
 
 @route("POST", INSTANCE + "/positions/beginning", summary="Seek to the log-start offset")
-async def seek_beginning(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def seek_beginning(group: str, instance: str, request: Request, state: StateDep) -> Response:
     return await _seek_edge(group, instance, request, state, end=False)
 
 
 @route("POST", INSTANCE + "/positions/end", summary="Seek to the high watermark")
-async def seek_end(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def seek_end(group: str, instance: str, request: Request, state: StateDep) -> Response:
     return await _seek_edge(group, instance, request, state, end=True)
 
 
@@ -627,9 +611,7 @@ async def seek_end(
 
 
 @route("POST", INSTANCE + "/offsets", summary="Commit offsets")
-async def commit_offsets(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def commit_offsets(group: str, instance: str, request: Request, state: StateDep) -> Response:
     """Explicit offsets store ``offset + 1`` (the body names the last consumed record);
     an empty body commits everything fetched so far. 200 ``[]``, as kafka-rest. READ on
     each topic committed (Kafka's OffsetCommit): else 403 40301, and nothing stored."""
@@ -657,9 +639,7 @@ async def commit_offsets(
 
 
 @route("GET", INSTANCE + "/offsets", summary="Committed offsets (GET with a JSON body)")
-async def get_offsets(
-    group: str, instance: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def get_offsets(group: str, instance: str, request: Request, state: StateDep) -> Response:
     """``{"offsets": [{"topic", "partition", "offset", "metadata"}]}`` for the partitions
     named in the body; partitions with no committed offset, and those of topics the
     principal may not DESCRIBE (Kafka's OffsetFetch), are left out. No body: 404 40402,
@@ -947,9 +927,9 @@ async def fetch_records(
     group: str,
     instance: str,
     request: Request,
+    state: StateDep,
     wait: int | None = Query(None, alias="timeout", description="Long-poll at most this many ms."),
     max_bytes: int | None = Query(None, description="Key+value bytes to return at most."),
-    state: AgentState = Depends(get_state),
 ) -> Response:
     """An array of records in the instance's format, possibly ``[]`` after ``timeout`` ms.
 

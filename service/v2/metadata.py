@@ -6,14 +6,14 @@ partition 404 40402, a non-integer partition 404 404 (no such route).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from coordinator.log.topic_configs import effective_configs
 from segments.errors import PartitionNotFoundError
 from segments.types import TopicInfo
 from service.errors import V2_CONTENT_TYPE
-from service.state import AgentState, get_state
+from service.state import AgentState, StateDep
 from service.v3.common import JSON, call, leader_for, live_agents
 
 
@@ -56,13 +56,13 @@ async def root_post() -> JSON:
 
 
 @router.get("/topics")
-async def list_topics(state: AgentState = Depends(get_state)) -> list[str]:
+async def list_topics(state: StateDep) -> list[str]:
     """Every topic name, sorted."""
     return sorted(t.name for t in await call(state.coordinator.list_topics))
 
 
 @router.get("/topics/{topic}")
-async def get_topic(topic: str, state: AgentState = Depends(get_state)) -> JSON:
+async def get_topic(topic: str, state: StateDep) -> JSON:
     """Name, the full effective config map, and the partitions with their leaders."""
     info = await call(state.coordinator.get_topic, topic)
     brokers = await _broker_ids(state)
@@ -77,7 +77,7 @@ async def get_topic(topic: str, state: AgentState = Depends(get_state)) -> JSON:
 
 
 @router.get("/topics/{topic}/partitions")
-async def list_partitions(topic: str, state: AgentState = Depends(get_state)) -> list[JSON]:
+async def list_partitions(topic: str, state: StateDep) -> list[JSON]:
     info = await call(state.coordinator.get_topic, topic)
     brokers = await _broker_ids(state)
     return [
@@ -86,7 +86,7 @@ async def list_partitions(topic: str, state: AgentState = Depends(get_state)) ->
 
 
 @router.get("/topics/{topic}/partitions/{partition}")
-async def get_partition(topic: str, partition: int, state: AgentState = Depends(get_state)) -> JSON:
+async def get_partition(topic: str, partition: int, state: StateDep) -> JSON:
     info = await call(state.coordinator.get_topic, topic)
     _check_partition(info, partition)
     return partition_json(
@@ -95,9 +95,7 @@ async def get_partition(topic: str, partition: int, state: AgentState = Depends(
 
 
 @router.get("/topics/{topic}/partitions/{partition}/offsets")
-async def get_partition_offsets(
-    topic: str, partition: int, state: AgentState = Depends(get_state)
-) -> JSON:
+async def get_partition_offsets(topic: str, partition: int, state: StateDep) -> JSON:
     """``{"beginning_offset": log-start, "end_offset": high watermark}``."""
     info = await call(state.coordinator.get_topic, topic)
     _check_partition(info, partition)
@@ -106,6 +104,6 @@ async def get_partition_offsets(
 
 
 @router.get("/brokers")
-async def list_brokers(state: AgentState = Depends(get_state)) -> JSON:
+async def list_brokers(state: StateDep) -> JSON:
     """``{"brokers": [ids]}``: one per live agent."""
     return {"brokers": await _broker_ids(state)}

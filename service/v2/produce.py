@@ -40,7 +40,7 @@ from typing import Any
 
 import msgspec
 import orjson
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from coordinator.log.topic_configs import (
     BATCH_OVERHEAD,
@@ -83,7 +83,7 @@ from service.produce.request_keys import (
 )
 from service.registry.rest import ProduceSchemas, encode_v2
 from service.security.acl import rights
-from service.state import AgentState, get_state
+from service.state import AgentState, StateDep
 from service.web import ShortcutRoute
 
 router = APIRouter(tags=["v2 produce"])
@@ -99,10 +99,7 @@ _Parsed = tuple[bytes | None, bytes | None, int | None, Headers]
 
 @router.post("/topics/{topic}", summary="Produce records to a topic")
 async def produce_to_topic(
-    topic: str,
-    request: Request,
-    idempotency_key: KeyHeader = None,
-    state: AgentState = Depends(get_state),
+    topic: str, request: Request, state: StateDep, idempotency_key: KeyHeader = None
 ) -> Response:
     """Records go to their ``partition``, else by key hash, else spread over partitions."""
     return await _produce(request, state, topic, None)
@@ -110,11 +107,7 @@ async def produce_to_topic(
 
 @router.post("/topics/{topic}/partitions/{partition}", summary="Produce records to a partition")
 async def produce_to_partition(
-    topic: str,
-    partition: int,
-    request: Request,
-    idempotency_key: KeyHeader = None,
-    state: AgentState = Depends(get_state),
+    topic: str, partition: int, request: Request, state: StateDep, idempotency_key: KeyHeader = None
 ) -> Response:
     """Every record goes to ``partition``; a record's own ``partition`` field is ignored."""
     return await _produce(request, state, topic, partition)

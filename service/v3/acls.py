@@ -11,16 +11,15 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Body, Depends, Request, Response
+from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import JSONResponse
 
 from coordinator.security.http import acl_from_json, acl_to_json
 from coordinator.security.model import AclBinding, AclFilter
-from coordinator.security.store import SecurityStore
 from segments.errors import InvalidSecurityRequestError
 from service.executors import call
-from service.security.install import require_authorizer
-from service.v3.common import Links, cluster_links
+from service.security.install import AuthorizerStore
+from service.v3.common import Links, LinksDep
 
 router = APIRouter(tags=["v3 acls"])
 
@@ -60,11 +59,7 @@ def _invalidate(request: Request) -> None:
 
 
 @router.get(_ACLS)
-async def list_acls(
-    request: Request,
-    links: Links = Depends(cluster_links),
-    store: SecurityStore = Depends(require_authorizer),
-) -> JSONResponse:
+async def list_acls(request: Request, links: LinksDep, store: AuthorizerStore) -> JSONResponse:
     """The ACLs matching the query (every parameter optional; ANY or absent: any)."""
     found = await call(store.describe_acls, [_filter(request)])
     self_url = links.cluster("/acls") + (f"?{request.url.query}" if request.url.query else "")
@@ -79,10 +74,7 @@ async def list_acls(
 
 @router.post(_ACLS, status_code=201)
 async def create_acl(
-    request: Request,
-    body: Any = Body(),
-    links: Links = Depends(cluster_links),
-    store: SecurityStore = Depends(require_authorizer),
+    request: Request, links: LinksDep, store: AuthorizerStore, body: Any = Body()
 ) -> Response:
     """One ACL (CreateAclRequestData): 201, no body."""
     await call(store.create_acls, [acl_from_json(body)])
@@ -92,10 +84,7 @@ async def create_acl(
 
 @router.post(_ACLS + ":batch", status_code=201)
 async def create_acls(
-    request: Request,
-    body: Any = Body(),
-    links: Links = Depends(cluster_links),
-    store: SecurityStore = Depends(require_authorizer),
+    request: Request, links: LinksDep, store: AuthorizerStore, body: Any = Body()
 ) -> Response:
     """``{"data": [CreateAclRequestData]}``: all or none. 201, no body."""
     items = body.get("data") if isinstance(body, dict) else None
@@ -107,11 +96,7 @@ async def create_acls(
 
 
 @router.delete(_ACLS)
-async def delete_acls(
-    request: Request,
-    links: Links = Depends(cluster_links),
-    store: SecurityStore = Depends(require_authorizer),
-) -> JSONResponse:
+async def delete_acls(request: Request, links: LinksDep, store: AuthorizerStore) -> JSONResponse:
     """Delete what the filter matches (resource_type, pattern_type, operation and
     permission required); 200 with the ACLs deleted."""
     f = _filter(request, required=("resource_type", "pattern_type", "operation", "permission"))

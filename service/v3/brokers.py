@@ -18,13 +18,15 @@ every topic without an override inherits them (``coordinator.log.topic_configs``
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from typing import NoReturn
+
+from fastapi import APIRouter, Response
 
 from coordinator.log.topic_configs import BROKER_CONFIG_DEFS, ConfigEntry, describe_broker_configs
 from segments.errors import BrokerNotFoundError, ConfigNotFoundError, InvalidConfigError
 from segments.types import AgentInfo
-from service.state import AgentState, get_state
-from service.v3.common import JSON, Links, call, cluster_links, leader_for, live_agents, related
+from service.state import AgentState, StateDep
+from service.v3.common import JSON, Links, LinksDep, call, leader_for, live_agents, related
 from service.v3.configs import (
     AlterConfigBatchRequest,
     UpdateConfigRequest,
@@ -54,9 +56,7 @@ def broker_data(links: Links, agent: AgentInfo) -> JSON:
 
 
 @router.get("/v3/clusters/{cluster_id}/brokers")
-async def list_brokers(
-    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_brokers(links: LinksDep, state: StateDep) -> JSON:
     """KafkaBrokerList: the agents heard from recently, by broker id."""
     data = [broker_data(links, a) for a in await live_agents(state)]
     return Links.collection("KafkaBrokerList", links.cluster("/brokers"), data)
@@ -72,9 +72,7 @@ async def _live_broker(state: AgentState, broker_id: int) -> tuple[AgentInfo, li
 
 
 @router.get("/v3/clusters/{cluster_id}/brokers/{broker_id}")
-async def get_broker(
-    broker_id: int, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def get_broker(broker_id: int, links: LinksDep, state: StateDep) -> JSON:
     """KafkaBroker. Raises BrokerNotFoundError (404) for an id no live agent has."""
     agent, _ = await _live_broker(state, broker_id)
     return broker_data(links, agent)
@@ -102,9 +100,7 @@ async def _broker_configs(links: Links, state: AgentState, broker_ids: list[int]
 
 # "-" must come before "{broker_id}" (which would answer 404 for it).
 @router.get("/v3/clusters/{cluster_id}/brokers/-/configs")
-async def list_all_broker_configs(
-    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_all_broker_configs(links: LinksDep, state: StateDep) -> JSON:
     """KafkaBrokerConfigList of every live broker, by broker id then name."""
     brokers = [a.broker_id for a in await live_agents(state)]
     data = await _broker_configs(links, state, brokers)
@@ -112,9 +108,7 @@ async def list_all_broker_configs(
 
 
 @router.get("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs")
-async def list_broker_configs(
-    broker_id: int, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_broker_configs(broker_id: int, links: LinksDep, state: StateDep) -> JSON:
     """KafkaBrokerConfigList: every broker config, with its value and source."""
     await _live_broker(state, broker_id)
     data = await _broker_configs(links, state, [broker_id])
@@ -122,12 +116,7 @@ async def list_broker_configs(
 
 
 @router.get("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs/{name}")
-async def get_broker_config(
-    broker_id: int,
-    name: str,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
-) -> JSON:
+async def get_broker_config(broker_id: int, name: str, links: LinksDep, state: StateDep) -> JSON:
     """KafkaBrokerConfig; 404 for a name that is not a broker config."""
     await _live_broker(state, broker_id)
     if name not in BROKER_CONFIG_DEFS:
@@ -138,8 +127,10 @@ async def get_broker_config(
     return broker_config_data(links, broker_id, entry)
 
 
-def _per_broker_refused() -> InvalidConfigError:
-    return InvalidConfigError(
+async def _refuse_per_broker(state: AgentState, broker_id: int) -> NoReturn:
+    """404 for an unknown broker, else 400 40002: per-broker overrides are not supported."""
+    await _live_broker(state, broker_id)
+    raise InvalidConfigError(
         "Per-broker config overrides are not supported: every agent serves every partition, "
         "so broker configs are cluster-wide. Set them with /broker-configs."
     )
@@ -147,39 +138,26 @@ def _per_broker_refused() -> InvalidConfigError:
 
 @router.put("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs/{name}", status_code=204)
 async def update_broker_config(
-    broker_id: int,
-    name: str,
-    body: UpdateConfigRequest,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    broker_id: int, name: str, body: UpdateConfigRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
-    await _live_broker(state, broker_id)
-    raise _per_broker_refused()
+    await _refuse_per_broker(state, broker_id)
 
 
 @router.delete("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs/{name}", status_code=204)
 async def reset_broker_config(
-    broker_id: int,
-    name: str,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    broker_id: int, name: str, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
-    await _live_broker(state, broker_id)
-    raise _per_broker_refused()
+    await _refuse_per_broker(state, broker_id)
 
 
 @router.post("/v3/clusters/{cluster_id}/brokers/{broker_id}/configs:alter", status_code=204)
 async def alter_broker_configs(
-    broker_id: int,
-    body: AlterConfigBatchRequest,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    broker_id: int, body: AlterConfigBatchRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """400 40002 (per-broker overrides are not supported); 404 for an unknown broker."""
-    await _live_broker(state, broker_id)
-    raise _per_broker_refused()
+    await _refuse_per_broker(state, broker_id)
 
 
 # -- cluster-wide broker configs -------------------------------------------------------
@@ -215,9 +193,7 @@ async def _alter_cluster_configs(
 
 
 @router.get("/v3/clusters/{cluster_id}/broker-configs")
-async def list_cluster_configs(
-    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_cluster_configs(links: LinksDep, state: StateDep) -> JSON:
     """KafkaClusterConfigList: the dynamic cluster-wide broker configs set, by name."""
     dynamic = await call(state.coordinator.broker_configs)
     data = [cluster_config_data(links, e) for e in describe_broker_configs(dynamic, dynamic)]
@@ -226,9 +202,7 @@ async def list_cluster_configs(
 
 @router.post("/v3/clusters/{cluster_id}/broker-configs:alter", status_code=204)
 async def alter_cluster_configs(
-    body: AlterConfigBatchRequest,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    body: AlterConfigBatchRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set and reset several in one step: 204 (also with ``validate_only``); any bad
     entry fails the batch (400 40002)."""
@@ -240,9 +214,7 @@ async def alter_cluster_configs(
 
 
 @router.get("/v3/clusters/{cluster_id}/broker-configs/{name}")
-async def get_cluster_config(
-    name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def get_cluster_config(name: str, links: LinksDep, state: StateDep) -> JSON:
     """KafkaClusterConfig; 404 unless set cluster-wide."""
     dynamic = await call(state.coordinator.broker_configs)
     if name not in dynamic:
@@ -253,10 +225,7 @@ async def get_cluster_config(
 
 @router.put("/v3/clusters/{cluster_id}/broker-configs/{name}", status_code=204)
 async def update_cluster_config(
-    name: str,
-    body: UpdateConfigRequest,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    name: str, body: UpdateConfigRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set it cluster-wide: 204 (a null value resets it). 400 40002 for a bad name/value."""
     if body.value is None:
@@ -267,18 +236,14 @@ async def update_cluster_config(
 
 
 @router.delete("/v3/clusters/{cluster_id}/broker-configs/{name}", status_code=204)
-async def reset_cluster_config(
-    name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> Response:
+async def reset_cluster_config(name: str, links: LinksDep, state: StateDep) -> Response:
     """Reset it to the default: 204 (also when it was not set); 400 40002 for a bad name."""
     await _alter_cluster_configs(state, {}, [name])
     return Response(status_code=204)
 
 
 @router.get("/v3/clusters/{cluster_id}/brokers/{broker_id}/partition-replicas")
-async def list_partition_replicas(
-    broker_id: int, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_partition_replicas(broker_id: int, links: LinksDep, state: StateDep) -> JSON:
     """KafkaReplicaList: the replicas on this broker (the partitions it is shown to lead)."""
     _, brokers = await _live_broker(state, broker_id)
     topics = sorted(await call(state.coordinator.list_topics), key=lambda t: t.name)

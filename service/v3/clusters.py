@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
-from service.state import AgentState, get_state
-from service.v3.common import JSON, Links, base_url, cluster_links, live_agents, related
+from service.state import AgentState, StateDep
+from service.v3.common import JSON, Links, LinksDep, base_url, live_agents, related
 
 router = APIRouter(tags=["v3 clusters"])
 
@@ -30,7 +30,7 @@ async def cluster_data(links: Links, state: AgentState) -> JSON:
 
 
 @router.get("/v3/clusters")
-async def list_clusters(request: Request, state: AgentState = Depends(get_state)) -> JSON:
+async def list_clusters(request: Request, state: StateDep) -> JSON:
     """KafkaClusterList: exactly this cluster."""
     links = Links(base_url(request, state), state.cluster_id)
     return Links.collection(
@@ -39,8 +39,6 @@ async def list_clusters(request: Request, state: AgentState = Depends(get_state)
 
 
 @router.get("/v3/clusters/{cluster_id}")
-async def get_cluster(
-    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def get_cluster(links: LinksDep, state: StateDep) -> JSON:
     """KafkaCluster."""
     return await cluster_data(links, state)

@@ -9,14 +9,14 @@ resources, ``metadata.resource_name`` (a CRN such as
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from segments.errors import ClusterNotFoundError
 from segments.types import AgentInfo
 from service.executors import call as call
-from service.state import AgentState, get_state
+from service.state import AgentState, StateDep
 
 JSON = dict[str, Any]
 
@@ -72,9 +72,7 @@ def base_url(request: Request, state: AgentState) -> str:
     return state.settings.advertised_url or str(request.base_url).rstrip("/")
 
 
-async def cluster_links(
-    cluster_id: str, request: Request, state: AgentState = Depends(get_state)
-) -> Links:
+async def cluster_links(cluster_id: str, request: Request, state: StateDep) -> Links:
     """Dependency of every ``/v3/clusters/{cluster_id}/...`` route: checks the id.
 
     Raises:
@@ -84,6 +82,9 @@ async def cluster_links(
         raise ClusterNotFoundError(f"Cluster {cluster_id} cannot be found.")
     return Links(base_url(request, state), cluster_id)
 
+
+#: A route parameter ``links: LinksDep`` is the checked cluster's links (``cluster_links``).
+LinksDep = Annotated[Links, Depends(cluster_links)]
 
 # -- brokers ---------------------------------------------------------------------
 

@@ -8,14 +8,14 @@ Kafka's default; ``synonyms`` lists every layer that has a value, the one in for
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, StrictBool
 
 from coordinator.log.topic_configs import CONFIG_DEFS, ConfigEntry, describe_configs
 from segments.errors import ConfigNotFoundError, InvalidConfigError, MalformedRequestError
 from segments.types import TopicInfo
-from service.state import AgentState, get_state
-from service.v3.common import JSON, Links, call, cluster_links
+from service.state import AgentState, StateDep
+from service.v3.common import JSON, Links, LinksDep, call
 
 router = APIRouter(tags=["v3 topic configs"])
 
@@ -106,11 +106,22 @@ async def _require_config(state: AgentState, links: Links, topic: str, name: str
         raise _not_found(links, topic, name)
 
 
+async def _set_topic_config(
+    state: AgentState, links: Links, topic: str, name: str, value: str | None
+) -> Response:
+    """Set ``name``'s override on ``topic``, or drop it (``value`` None): 204."""
+    await _require_config(state, links, topic, name)
+    if value is None:
+        await call(state.coordinator.alter_configs, topic, None, [name])
+    else:
+        await call(state.coordinator.alter_configs, topic, {name: value})
+    state.topics.invalidate(topic)
+    return Response(status_code=204)
+
+
 # "-" must come before "{topic_name}": "-" is also a legal topic name.
 @router.get("/v3/clusters/{cluster_id}/topics/-/configs")
-async def list_all_topic_configs(
-    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_all_topic_configs(links: LinksDep, state: StateDep) -> JSON:
     """KafkaTopicConfigList of every topic, by topic then config name."""
     topics = sorted(await call(state.coordinator.list_topics), key=lambda t: t.name)
     data = [c for t in topics for c in topic_configs(links, t)]
@@ -118,9 +129,7 @@ async def list_all_topic_configs(
 
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/configs")
-async def list_topic_configs(
-    topic_name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_topic_configs(topic_name: str, links: LinksDep, state: StateDep) -> JSON:
     """KafkaTopicConfigList: every config of the topic, defaults included."""
     info = await call(state.coordinator.get_topic, topic_name)
     return Links.collection(
@@ -129,12 +138,7 @@ async def list_topic_configs(
 
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}")
-async def get_topic_config(
-    topic_name: str,
-    name: str,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
-) -> JSON:
+async def get_topic_config(topic_name: str, name: str, links: LinksDep, state: StateDep) -> JSON:
     """KafkaTopicConfig. Unknown config name: 404."""
     info = await call(state.coordinator.get_topic, topic_name)
     if name not in CONFIG_DEFS:
@@ -145,42 +149,23 @@ async def get_topic_config(
 
 @router.put("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}", status_code=204)
 async def update_topic_config(
-    topic_name: str,
-    name: str,
-    body: UpdateConfigRequest,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    topic_name: str, name: str, body: UpdateConfigRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set an override: 204. A null value resets it. Bad value: 400 40002."""
-    await _require_config(state, links, topic_name, name)
-    if body.value is None:
-        await call(state.coordinator.alter_configs, topic_name, None, [name])
-    else:
-        await call(state.coordinator.alter_configs, topic_name, {name: body.value})
-    state.topics.invalidate(topic_name)
-    return Response(status_code=204)
+    return await _set_topic_config(state, links, topic_name, name, body.value)
 
 
 @router.delete("/v3/clusters/{cluster_id}/topics/{topic_name}/configs/{name}", status_code=204)
 async def reset_topic_config(
-    topic_name: str,
-    name: str,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    topic_name: str, name: str, links: LinksDep, state: StateDep
 ) -> Response:
     """Drop an override so the default applies again: 204."""
-    await _require_config(state, links, topic_name, name)
-    await call(state.coordinator.alter_configs, topic_name, None, [name])
-    state.topics.invalidate(topic_name)
-    return Response(status_code=204)
+    return await _set_topic_config(state, links, topic_name, name, None)
 
 
 @router.post("/v3/clusters/{cluster_id}/topics/{topic_name}/configs:alter", status_code=204)
 async def alter_topic_configs(
-    topic_name: str,
-    body: AlterConfigBatchRequest,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    topic_name: str, body: AlterConfigBatchRequest, links: LinksDep, state: StateDep
 ) -> Response:
     """Set and reset several configs in one step: 204 (also with ``validate_only``).
 

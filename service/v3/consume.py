@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Query, Response
 from starlette.responses import StreamingResponse
 
 from segments.errors import MalformedRequestError, OffsetOutOfRangeError, TopicNotFoundError
@@ -39,7 +39,7 @@ from service.consume.sessions import FetchBudget
 from service.executors import Kind, call, run
 from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
 from service.registry.rest import render_records as render_schema_records
-from service.state import AgentState, get_state
+from service.state import AgentState, StateDep
 from service.v2.consumers import (
     FETCH_MIN_GRANT,
     fetch_limit,
@@ -76,6 +76,7 @@ async def read_partition_records(
     cluster_id: str,
     topic_name: str,
     partition_id: int,
+    state: StateDep,
     offset: int | None = Query(default=None, description="First offset; default: log start."),
     max_bytes: int | None = Query(
         default=None,
@@ -86,7 +87,6 @@ async def read_partition_records(
         default=0, ge=0, description="Long-poll this long at the high watermark."
     ),
     format: str = Query(default="binary", description="binary, json, avro, jsonschema, protobuf"),
-    state: AgentState = Depends(get_state),
 ) -> Response:
     """Stateless read by offset; see the module docstring."""
     check_format(format)

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
 from coordinator.groups.model import ConsumerState, GroupInfo
 from coordinator.security.model import Operation, ResourceType
 from segments.errors import ConsumerNotFoundError, LakelogError, PartitionNotFoundError
 from segments.types import TopicPartition
 from service.security.acl import Rights, rights
-from service.state import AgentState, get_state
-from service.v3.common import JSON, Links, call, cluster_links, related
+from service.state import AgentState, StateDep
+from service.v3.common import JSON, Links, LinksDep, call, related
 
 router = APIRouter(tags=["v3 consumer groups"])
 
@@ -188,9 +188,7 @@ def _lags(state: AgentState, info: GroupInfo) -> list[Lag]:
 
 
 @router.get(GROUPS)
-async def list_groups(
-    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_groups(links: LinksDep, state: StateDep) -> JSON:
     """KafkaConsumerGroupList."""
     data = []
     for g in await call(state.groups.list_groups):
@@ -204,10 +202,7 @@ async def list_groups(
 
 @router.get(GROUP)
 async def get_group(
-    consumer_group_id: str,
-    request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    consumer_group_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerGroup."""
     return group_data(links, await _describe(state, request, consumer_group_id), state.broker_id)
@@ -215,10 +210,7 @@ async def get_group(
 
 @router.get(GROUP + "/consumers")
 async def list_consumers(
-    consumer_group_id: str,
-    request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    consumer_group_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerList."""
     info = await _describe(state, request, consumer_group_id)
@@ -228,11 +220,7 @@ async def list_consumers(
 
 @router.get(GROUP + "/consumers/{consumer_id}")
 async def get_consumer(
-    consumer_group_id: str,
-    consumer_id: str,
-    request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    consumer_group_id: str, consumer_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumer."""
     info = await _describe(state, request, consumer_group_id)
@@ -241,11 +229,7 @@ async def get_consumer(
 
 @router.get(GROUP + "/consumers/{consumer_id}/assignments")
 async def list_assignments(
-    consumer_group_id: str,
-    consumer_id: str,
-    request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    consumer_group_id: str, consumer_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerAssignmentList."""
     info = await _describe(state, request, consumer_group_id)
@@ -262,8 +246,8 @@ async def get_assignment(
     topic_name: str,
     partition_id: int,
     request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    links: LinksDep,
+    state: StateDep,
 ) -> JSON:
     """KafkaConsumerAssignment."""
     info = await _describe(state, request, consumer_group_id)
@@ -278,10 +262,7 @@ async def get_assignment(
 
 @router.get(GROUP + "/lag-summary")
 async def get_lag_summary(
-    consumer_group_id: str,
-    request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    consumer_group_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerGroupLagSummary: the largest lag and the sum over partitions."""
     info = await _describe(state, request, consumer_group_id)
@@ -311,10 +292,7 @@ async def get_lag_summary(
 
 @router.get(GROUP + "/lags")
 async def list_lags(
-    consumer_group_id: str,
-    request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    consumer_group_id: str, request: Request, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaConsumerLagList, by topic and partition."""
     info = await _describe(state, request, consumer_group_id)
@@ -328,8 +306,8 @@ async def get_lag(
     topic_name: str,
     partition_id: int,
     request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    links: LinksDep,
+    state: StateDep,
 ) -> JSON:
     """KafkaConsumerLag of one partition; 404 when the group has no offset for it."""
     info = await _describe(state, request, consumer_group_id)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, StrictBool
 
 from coordinator.groups.model import CommittedOffset, GroupInfo
@@ -41,8 +41,8 @@ from segments.errors import (
 from segments.types import TopicPartition
 from service.executors import Kind
 from service.security.acl import Rights, rights
-from service.state import AgentState, get_state
-from service.v3.common import JSON, Links, call, cluster_links
+from service.state import AgentState, StateDep
+from service.v3.common import JSON, Links, LinksDep, call
 from service.v3.consumer_groups import GROUP
 
 router = APIRouter(tags=["v3 consumer groups (lakelog)"])
@@ -163,8 +163,8 @@ async def reset_offsets(
     consumer_group_id: str,
     body: ResetOffsetsRequest,
     request: Request,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    links: LinksDep,
+    state: StateDep,
 ) -> JSON:
     """The plan (``current_offset`` -> ``new_offset`` per partition), applied unless
     ``validate_only``. Refused while the group has members (409 40903)."""
@@ -199,11 +199,7 @@ async def reset_offsets(
 
 
 @router.delete(GROUP, status_code=204, summary="Delete a consumer group (lakelog)")
-async def delete_group(
-    consumer_group_id: str,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
-) -> Response:
+async def delete_group(consumer_group_id: str, links: LinksDep, state: StateDep) -> Response:
     """204; 404 for an unknown group; 409 40903 while it has members."""
     await call(state.groups.delete_group, consumer_group_id)
     return Response(status_code=204)

@@ -54,7 +54,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.responses import StreamingResponse
 
 from coordinator.groups.model import CommittedOffset
@@ -71,7 +71,7 @@ from service.delivery import DeliveryStream, DisconnectWatch
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run
 from service.security.acl import Rights, rights
-from service.state import AgentState, get_state
+from service.state import AgentState, StateDep
 from service.v2.consumers import read_round_robin
 from service.v3.consume import check_format, render
 
@@ -143,6 +143,7 @@ async def stream_group_records(
     cluster_id: str,
     group_id: str,
     request: Request,
+    state: StateDep,
     topics: str = Query(description="Comma-separated topic names."),
     cursor: str | None = Query(default=None, description="The last cursor received."),
     auto_offset_reset: str = Query(default="earliest", pattern="^(earliest|latest)$"),
@@ -150,7 +151,6 @@ async def stream_group_records(
     keepalive_ms: int = Query(default=15000, ge=100, le=300000),
     commit_interval_ms: int = Query(default=1000, ge=0),
     last_event_id: str | None = Header(default=None),
-    state: AgentState = Depends(get_state),
 ) -> Response:
     """See the module docstring."""
     check_format(format)

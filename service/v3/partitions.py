@@ -7,7 +7,7 @@ Reassignments never happen, so their lists are empty.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
 from segments.errors import (
     BrokerNotFoundError,
@@ -16,8 +16,16 @@ from segments.errors import (
     ReassignmentNotFoundError,
 )
 from segments.types import TopicInfo
-from service.state import AgentState, get_state
-from service.v3.common import JSON, Links, call, cluster_links, leader_for, live_agents, related
+from service.state import AgentState, StateDep
+from service.v3.common import (
+    JSON,
+    Links,
+    LinksDep,
+    call,
+    leader_for,
+    live_agents,
+    related,
+)
 
 router = APIRouter(tags=["v3 partitions"])
 
@@ -73,16 +81,14 @@ async def _partition_leader(state: AgentState, topic_name: str, partition_id: in
 
 # Routes with "-" first: "-" is a legal topic name and would match "{topic_name}".
 @router.get("/v3/clusters/{cluster_id}/topics/-/partitions/-/reassignment")
-async def list_all_reassignments(links: Links = Depends(cluster_links)) -> JSON:
+async def list_all_reassignments(links: LinksDep) -> JSON:
     """KafkaReassignmentList: always empty."""
     url = links.cluster("/topics/-/partitions/-/reassignment")
     return Links.collection("KafkaReassignmentList", url, [])
 
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/-/reassignment")
-async def list_topic_reassignments(
-    topic_name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_topic_reassignments(topic_name: str, links: LinksDep, state: StateDep) -> JSON:
     """KafkaReassignmentList of one topic: always empty."""
     await call(state.coordinator.get_topic, topic_name)
     url = links.topic(topic_name, "/partitions/-/reassignment")
@@ -90,9 +96,7 @@ async def list_topic_reassignments(
 
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions")
-async def list_partitions(
-    topic_name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_partitions(topic_name: str, links: LinksDep, state: StateDep) -> JSON:
     """KafkaPartitionList, by partition id."""
     info = await call(state.coordinator.get_topic, topic_name)
     brokers = await _leaders(state)
@@ -105,10 +109,7 @@ async def list_partitions(
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}")
 async def get_partition(
-    topic_name: str,
-    partition_id: int,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    topic_name: str, partition_id: int, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaPartition. Unknown partition: 404 40402."""
     leader = await _partition_leader(state, topic_name, partition_id)
@@ -119,9 +120,9 @@ async def get_partition(
 async def get_partition_offsets(
     topic_name: str,
     partition_id: int,
+    links: LinksDep,
+    state: StateDep,
     offset_type: str = OFFSET_TYPE,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaPartitionWithOffsets: log-start (earliest) and high watermark (latest).
 
@@ -148,10 +149,7 @@ async def get_partition_offsets(
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/replicas")
 async def list_replicas(
-    topic_name: str,
-    partition_id: int,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    topic_name: str, partition_id: int, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaReplicaList: the partition's one replica."""
     leader = await _partition_leader(state, topic_name, partition_id)
@@ -165,11 +163,7 @@ async def list_replicas(
     "/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/replicas/{broker_id}"
 )
 async def get_replica(
-    topic_name: str,
-    partition_id: int,
-    broker_id: int,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    topic_name: str, partition_id: int, broker_id: int, links: LinksDep, state: StateDep
 ) -> JSON:
     """KafkaReplica, if ``broker_id`` is the partition's leader; else 404."""
     leader = await _partition_leader(state, topic_name, partition_id)
@@ -183,10 +177,7 @@ async def get_replica(
 
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}/partitions/{partition_id}/reassignment")
 async def get_reassignment(
-    topic_name: str,
-    partition_id: int,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    topic_name: str, partition_id: int, links: LinksDep, state: StateDep
 ) -> JSON:
     """A partition's ongoing reassignment: there never is one, so 404 (as kafka-rest
     answers for a partition that is not being reassigned); unknown partition: 40402."""

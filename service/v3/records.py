@@ -44,7 +44,7 @@ from typing import Any
 
 import msgspec
 import orjson
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -93,7 +93,7 @@ from service.produce.request_keys import (
 )
 from service.registry.rest import ProduceSchemas, prepare_v3, wants_schema
 from service.security.acl import Rights, rights
-from service.state import AgentState, get_state
+from service.state import AgentState, StateDep
 from service.web import ShortcutRoute
 
 log = logging.getLogger(__name__)
@@ -584,8 +584,8 @@ async def produce_records(
     cluster_id: str,
     topic_name: str,
     request: Request,
+    state: StateDep,
     idempotency_key: KeyHeader = None,
-    state: AgentState = Depends(get_state),
 ) -> Response:
     """One JSON object per record, concatenated; one delivery report per record, streamed."""
     check_v3_content_type(request.headers.get("content-type"))
@@ -618,7 +618,7 @@ async def _produce_records_shortcut(request: Request) -> Response:
     """``produce_records`` as a ``service.web.ShortcutRoute`` endpoint (``SHORTCUTS``)."""
     params = request.path_params
     state: AgentState = request.app.state.agent
-    return await produce_records(params["cluster_id"], params["topic_name"], request, None, state)
+    return await produce_records(params["cluster_id"], params["topic_name"], request, state, None)
 
 
 #: The produce route without FastAPI's per-request work, served ahead of it (which
@@ -867,9 +867,7 @@ class _Producer:
 
 
 @router.post("/v3/clusters/{cluster_id}/producers", summary="Get an idempotent producer id")
-async def init_producer(
-    cluster_id: str, request: Request, state: AgentState = Depends(get_state)
-) -> Response:
+async def init_producer(cluster_id: str, request: Request, state: StateDep) -> Response:
     """lakelog's: a new producer id at epoch 0 (an empty body), or ``{"producer_id",
     "producer_epoch"}`` at its current epoch for the next epoch (fencing older ones), as
     Kafka's InitProducerId. Use them in records:batch's ``producer``."""
@@ -1018,8 +1016,8 @@ async def produce_records_batch(
     cluster_id: str,
     topic_name: str,
     request: Request,
+    state: StateDep,
     idempotency_key: KeyHeader = None,
-    state: AgentState = Depends(get_state),
 ) -> Response:
     """``{"entries": [{"id": ..., <a record>}, ...]}`` -> 207 with ``successes`` and
     ``failures`` (each by id, in input order). All entries go to the batcher in one call.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -12,8 +12,8 @@ from segments.errors import (
     TopicExistsError,
 )
 from segments.types import TopicInfo
-from service.state import AgentState, get_state
-from service.v3.common import JSON, Links, call, cluster_links, related
+from service.state import StateDep
+from service.v3.common import JSON, Links, LinksDep, call, related
 
 router = APIRouter(tags=["v3 topics"])
 
@@ -61,9 +61,7 @@ def topic_data(links: Links, info: TopicInfo) -> JSON:
 
 
 @router.get("/v3/clusters/{cluster_id}/topics")
-async def list_topics(
-    links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> JSON:
+async def list_topics(links: LinksDep, state: StateDep) -> JSON:
     """KafkaTopicList, by name."""
     topics = sorted(await call(state.coordinator.list_topics), key=lambda t: t.name)
     data = [topic_data(links, t) for t in topics]
@@ -71,11 +69,7 @@ async def list_topics(
 
 
 @router.post("/v3/clusters/{cluster_id}/topics", status_code=201)
-async def create_topic(
-    body: CreateTopicRequest,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
-) -> JSONResponse:
+async def create_topic(body: CreateTopicRequest, links: LinksDep, state: StateDep) -> JSONResponse:
     """Create a topic: 201 with ``Location``, or 200 and nothing created with ``validate_only``.
 
     ``replication_factor`` (1 or more, or -1 for the default) is accepted, and the
@@ -114,9 +108,9 @@ async def create_topic(
 @router.get("/v3/clusters/{cluster_id}/topics/{topic_name}")
 async def get_topic(
     topic_name: str,
+    links: LinksDep,
+    state: StateDep,
     include_authorized_operations: bool | None = None,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
 ) -> JSON:
     """KafkaTopic. Unknown topic: 404 40403. ``include_authorized_operations`` is checked
     (a boolean) and otherwise ignored: with no authorizer there are no operations to list."""
@@ -125,10 +119,7 @@ async def get_topic(
 
 @router.patch("/v3/clusters/{cluster_id}/topics/{topic_name}")
 async def update_partition_count(
-    topic_name: str,
-    body: UpdatePartitionCountRequest,
-    links: Links = Depends(cluster_links),
-    state: AgentState = Depends(get_state),
+    topic_name: str, body: UpdatePartitionCountRequest, links: LinksDep, state: StateDep
 ) -> JSON:
     """Grow a topic to ``partitions_count`` partitions; the same or fewer is 400 40002."""
     current = await call(state.coordinator.get_topic, topic_name)
@@ -140,9 +131,7 @@ async def update_partition_count(
 
 
 @router.delete("/v3/clusters/{cluster_id}/topics/{topic_name}", status_code=204)
-async def delete_topic(
-    topic_name: str, links: Links = Depends(cluster_links), state: AgentState = Depends(get_state)
-) -> Response:
+async def delete_topic(topic_name: str, links: LinksDep, state: StateDep) -> Response:
     """Delete a topic: 204. Unknown topic: 404 40403."""
     await call(state.coordinator.delete_topic, topic_name)
     state.topics.invalidate(topic_name)
