@@ -1,5 +1,6 @@
-"""Fixtures shared by unit tests: consumer groups (test_groups, test_group_fetch), the
-janitors' harness (test_janitors, test_index_growth)."""
+"""Fixtures shared by unit tests: a coordinator on each backend (test_metadata,
+test_schema_store, test_gc_commit_race), consumer groups (test_groups, test_group_fetch),
+the janitors' harness (test_janitors, test_index_growth)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ class Clock:
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
+
+
+@pytest.fixture
+def coord(db_url: str) -> Iterator[LocalCoordinator]:
+    """A LocalCoordinator on an empty database of each backend, on the real clock."""
+    with LocalCoordinator(db_url) as coord:
+        yield coord
 
 
 @pytest.fixture
