@@ -24,6 +24,8 @@ logs are in ``cluster.tmp``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 import uuid
@@ -253,21 +255,27 @@ def create_topic(
     assert r.status_code == 201, r.text
 
 
+@contextlib.contextmanager
+def storage_reader(cluster: Cluster) -> Iterator[LogReader]:
+    """The storage API, straight to the coordinator and the bucket (no agent involved)."""
+    coordinator = http_coordinator(cluster.coordinator_url)
+    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
+    try:
+        yield LogReader(store, coordinator)
+    finally:
+        coordinator.close()
+        store.close()
+
+
 def read_partition(
     cluster: Cluster, topic: str, partition: int, max_bytes: int = 1 << 20
 ) -> list[ConsumedRecord]:
     """Every record of a partition, straight from the coordinator and the bucket."""
-    coordinator = http_coordinator(cluster.coordinator_url)
-    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
-    try:
-        reader = LogReader(store, coordinator)
+    with storage_reader(cluster) as reader:
         out: list[ConsumedRecord] = []
         while batch := reader.read(topic, partition, len(out), max_bytes=max_bytes):
             out.extend(batch)
         return out
-    finally:
-        coordinator.close()
-        store.close()
 
 
 def note_acked(
@@ -303,6 +311,19 @@ def assert_acked_stored(
             if p == partition:
                 assert offset < len(stored) and stored[offset].value == value
     assert len(stored_values) == len(set(stored_values)), "a record was stored twice"
+
+
+def delivery_reports(text: str) -> list[dict[str, Any]]:
+    """A v3 produce answer's concatenated JSON delivery reports, as a list."""
+    decoder, pos = json.JSONDecoder(), 0
+    out: list[dict[str, Any]] = []
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            return out
+        obj, pos = decoder.raw_decode(text, pos)
+        out.append(obj)
 
 
 def _unique(prefix: str = "t") -> str:

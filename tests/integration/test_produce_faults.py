@@ -7,12 +7,10 @@ can break it.
 from __future__ import annotations
 
 import base64
-import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import boto3
 import httpx
@@ -24,6 +22,7 @@ from tests.integration.conftest import (
     ClusterFactory,
     assert_acked_stored,
     create_topic,
+    delivery_reports,
     note_acked,
     read_partition,
     start_cluster,
@@ -37,18 +36,6 @@ LIMIT = 65536
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def reports(text: str) -> list[dict[str, Any]]:
-    decoder, pos = json.JSONDecoder(), 0
-    out: list[dict[str, Any]] = []
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos == len(text):
-            return out
-        obj, pos = decoder.raw_decode(text, pos)
-        out.append(obj)
 
 
 def test_sigkill_an_agent_during_produce_loses_no_acked_record(
@@ -178,7 +165,7 @@ def test_v3_object_over_the_limit(small_cluster: Cluster) -> None:
     assert (r.status_code, r.json()["error_code"]) == (413, 413)
     r = httpx.post(url, content=chunked(small, huge), headers={"Content-Type": "application/json"})
     assert r.status_code == 200
-    got = reports(r.text)
+    got = delivery_reports(r.text)
     assert [g["error_code"] for g in got] == [200, 413]
     assert got[1]["message"] == f"A record exceeds the request limit of {LIMIT} bytes."
     assert [s.value for s in read_partition(small_cluster, "big-v3", 0)] == [b"small"]
@@ -219,7 +206,7 @@ def test_failed_flush_answers_a_retriable_error_and_commits_nothing(
             headers={"Content-Type": "application/json"},
             timeout=30,
         )
-        (report,) = reports(r.text)
+        (report,) = delivery_reports(r.text)
         assert report["error_code"] == 50003
         assert report["message"].startswith("Flush failed: ")
     finally:
