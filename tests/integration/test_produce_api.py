@@ -24,7 +24,7 @@ from coordinator.log.topic_configs import BATCH_OVERHEAD
 from index.log import LogReader
 from segments.types import ConsumedRecord
 from service.produce.partitioner import partition_for_key
-from tests.integration.conftest import Cluster, delivery_reports, storage_reader
+from tests.integration.conftest import Cluster, delivery_reports
 
 pytestmark = pytest.mark.integration
 
@@ -40,13 +40,6 @@ def b64(data: bytes) -> str:
 @pytest.fixture(scope="module")
 def cluster(lakelog_cluster: Cluster) -> Cluster:
     return lakelog_cluster
-
-
-@pytest.fixture(scope="module")
-def reader(cluster: Cluster) -> Iterator[LogReader]:
-    """The storage API, straight to the coordinator and the bucket (no agent involved)."""
-    with storage_reader(cluster) as reader:
-        yield reader
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ can break it.
 
 from __future__ import annotations
 
-import base64
 import threading
 import time
 from collections.abc import Iterator
@@ -18,24 +17,19 @@ import orjson
 import pytest
 
 from tests.integration.conftest import (
+    AckLog,
     Cluster,
     ClusterFactory,
-    assert_acked_stored,
     create_topic,
     delivery_reports,
-    note_acked,
     read_partition,
     start_cluster,
 )
+from tests.integration.topology import BINARY, b64
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-BINARY = "application/vnd.kafka.binary.v2+json"
 LIMIT = 65536
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def test_sigkill_an_agent_during_produce_loses_no_acked_record(
@@ -55,9 +49,7 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
     create_topic(cluster, topic, 4)
     survivor, victim = cluster.agents
     stop = threading.Event()
-    lock = threading.Lock()
-    acked: dict[tuple[int, int], bytes] = {}
-    unacked: set[bytes] = set()
+    acks = AckLog()
     errors: dict[str, list[str]] = {survivor: [], victim: []}
 
     def producer(worker: int) -> None:
@@ -67,36 +59,20 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
             while not stop.is_set():
                 values = [f"w{worker}-n{n}-r{i}".encode() for i in range(20)]
                 n += 1
-                body = {"records": [{"key": b64(v[:5]), "value": b64(v)} for v in values]}
                 try:
-                    r = client.post(
-                        f"{agent}/topics/{topic}",
-                        content=orjson.dumps(body),
-                        headers={"Content-Type": BINARY},
-                    )
+                    acks.post(client, agent, topic, values, keyed=True)
                 except httpx.TransportError as e:
-                    with lock:
-                        unacked.update(values)
+                    with acks.lock:
                         errors[agent].append(type(e).__name__)
                     if agent == victim:
                         return
-                    continue
-                assert r.status_code == 200, r.text
-                with lock:
-                    note_acked(acked, values, r.json()["offsets"])
 
     threads = [threading.Thread(target=producer, args=(w,)) for w in range(16)]
     for t in threads:
         t.start()
     try:
         # Kill once acks flow (a loaded machine may need more than a second), within 30 s.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            time.sleep(0.25)
-            with lock:
-                acked_before_kill = len(acked)
-            if acked_before_kill >= 100:
-                break
+        acked_before_kill = acks.wait(100)
         cluster.agent_procs[1].kill()
         time.sleep(1.0)
     finally:
@@ -106,7 +82,7 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
     assert acked_before_kill > 0
     assert errors[survivor] == []
     assert errors[victim], "the killed agent's in-flight requests must fail on the client"
-    assert_acked_stored(cluster, topic, 4, acked, unacked)
+    acks.check(cluster, topic, 4)
 
 
 @pytest.fixture(scope="module")

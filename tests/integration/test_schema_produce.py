@@ -28,7 +28,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from index.log import LogReader
 from segments.types import ConsumedRecord
-from tests.integration.conftest import Cluster, storage_reader
+from tests.integration.conftest import Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -77,13 +77,6 @@ FORMATS = tuple(REST_VALUES)
 @pytest.fixture(scope="module")
 def cluster(lakelog_cluster: Cluster) -> Cluster:
     return lakelog_cluster
-
-
-@pytest.fixture(scope="module")
-def reader(cluster: Cluster) -> Iterator[LogReader]:
-    """The storage API, straight to the coordinator and the bucket (no agent involved)."""
-    with storage_reader(cluster) as reader:
-        yield reader
 
 
 @pytest.fixture
