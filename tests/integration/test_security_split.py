@@ -300,40 +300,36 @@ def test_a_user_at_the_coordinator_gets_only_its_acls(split: Split) -> None:
         wrong.list_topics()
 
 
-def test_an_agent_refuses_a_coordinator_with_other_security(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "coordinator_env, said",
+    [
+        ({}, ("security settings differ", "authentication")),
+        (
+            {**SECURITY, "LAKELOG_COORDINATOR_SECRET": SECRET, "LAKELOG_SUPER_USERS": "User:ops"},
+            ("super_users", "User:ops"),
+        ),
+    ],
+    ids=["authentication-off", "other-super-users"],
+)
+def test_an_agent_refuses_a_coordinator_with_other_security(
+    tmp_path: Path, coordinator_env: dict[str, str], said: tuple[str, str]
+) -> None:
     """A coordinator with authentication off (where an unauthenticated caller could make
     a super user), or with other authorization or super users: an agent with
     authentication and ACLs on refuses to start, saying which settings differ."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    open_coordinator = start(
-        tmp_path, "open-coordinator", coordinator_args(tmp_path, port), {}, url
+    coordinator = start(
+        tmp_path, "coordinator", coordinator_args(tmp_path, port), coordinator_env, url
     )
     try:
         env = {**SECURITY, "LAKELOG_COORDINATOR_SECRET": SECRET}
         result = run_cli(*agent_args(url, tmp_path, free_port()), env=env)
         assert result.returncode != 0
         out = result.stdout + result.stderr
-        assert "security settings differ" in out and "authentication" in out, out
+        assert said[0] in out and said[1] in out, out
     finally:
-        open_coordinator.stop()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**SECURITY, "LAKELOG_COORDINATOR_SECRET": SECRET}
-    other = start(
-        tmp_path,
-        "other-coordinator",
-        coordinator_args(tmp_path, port),
-        {**env, "LAKELOG_SUPER_USERS": "User:ops"},
-        url,
-    )
-    try:
-        result = run_cli(*agent_args(url, tmp_path, free_port()), env=env)
-        assert result.returncode != 0
-        out = result.stdout + result.stderr
-        assert "super_users" in out and "User:ops" in out, out
-    finally:
-        other.stop()
+        coordinator.stop()
 
 
 @pytest.mark.parametrize(
