@@ -12,6 +12,9 @@ from pathlib import Path
 
 import httpx
 
+#: The repo root, on the children's path so that they import this tree whatever their cwd.
+ROOT = Path(__file__).resolve().parents[1]
+
 #: The ports handed to the processes tests start lie below the kernel's ephemeral range
 #: (32768-60999 by default), where no outgoing connection takes one, in a range of their
 #: own per pytest-xdist worker. The port the kernel gives for port 0 is free only until
@@ -110,6 +113,70 @@ def lakelog_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "service.cli", *args]
 
 
+def run_cli(
+    *args: str,
+    stdin: str | None = "",
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``lakelog ARGS`` run to its exit (output captured as text), importing this tree.
+
+    ``stdin`` is its input (``None``: it inherits this process's); ``env`` adds to ours.
+    """
+    return subprocess.run(
+        lakelog_cmd(*args),
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        check=False,
+    )
+
+
+def create_user(db: str, user: str, password: str) -> None:
+    """``lakelog users create`` straight into the database ``db`` (before anything serves)."""
+    made = run_cli("users", "create", user, "--password-stdin", "--db", db, stdin=password + "\n")
+    assert made.returncode == 0, made.stderr
+
+
+def local_args(tmp: Path, port: int, kport: int = 0) -> list[str]:
+    """A server's arguments for a file store in ``tmp / "data"`` and HTTP on
+    127.0.0.1:``port`` (Kafka on ``kport``; 0: no Kafka listener)."""
+    return [
+        "--store",
+        f"file://{tmp / 'data'}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--kafka-port",
+        str(kport),
+    ]
+
+
+def agent_args(coordinator: str, tmp: Path, port: int, kport: int = 0) -> list[str]:
+    """``lakelog agent`` arguments: the coordinator at ``coordinator``, then ``local_args``."""
+    return ["agent", "--coordinator", coordinator, *local_args(tmp, port, kport)]
+
+
+def start_lakelog(
+    log: Path, args: Sequence[str], env: dict[str, str], health_url: str | None = None
+) -> Proc:
+    """``lakelog ARGS`` as a process importing this tree (``env`` adds to our environment),
+    its output in ``log``; returned once ``health_url`` answers, if given (else stopped)."""
+    proc = Proc(lakelog_cmd(*args), log, env={"PYTHONPATH": str(ROOT), **env})
+    if health_url is not None:
+        try:
+            wait_http(health_url, timeout=90, proc=proc.popen)
+        except BaseException:
+            proc.stop()
+            raise
+    return proc
+
+
 def start_moto(tmp: Path) -> tuple[Proc, str]:
     """A moto S3 server process on a free port; returns (proc, endpoint_url)."""
     port = free_port()
@@ -142,9 +209,7 @@ def start_coordinator(
         cmd += ["--store", store_url]
     if store_endpoint:
         cmd += ["--store-endpoint", store_endpoint]
-    # The repo root on the path, so the child imports this tree whatever its cwd.
-    root = str(Path(__file__).resolve().parents[1])
-    proc = Proc(cmd, tmp / f"coordinator-{port}.log", env={"PYTHONPATH": root})
+    proc = Proc(cmd, tmp / f"coordinator-{port}.log", env={"PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/health", proc=proc.popen)

@@ -593,17 +593,7 @@ class Run:
         base = f"{self.topo.url}/consumers/{group}/instances/{name}"
         parts = [{"topic": "stable", "partition": p} for p in range(3)]
         _expect(c.post(f"{base}/assignments", json={"partitions": parts}, headers=h), 204)
-        op = self.hist.invoke(proc, "assign", consumer=name)
-        self.hist.complete(
-            op,
-            proc,
-            "assign",
-            "ok",
-            consumer=name,
-            group=group,
-            topic="stable",
-            partitions=[0, 1, 2],
-        )
+        self._assigned(proc, name, group, [0, 1, 2])
         while not self.stop.is_set():
             if rng.random() < 0.03:
                 with contextlib.suppress(httpx.HTTPError):
@@ -642,6 +632,21 @@ class Run:
             )
             _expect(r, 200)
 
+    def _assigned(self, proc: str, consumer: str, group: str, partitions: list[int]) -> None:
+        """An ``assign`` in the history: ``consumer`` of ``group`` holds ``partitions`` of
+        ``stable``."""
+        op = self.hist.invoke(proc, "assign", consumer=consumer)
+        self.hist.complete(
+            op,
+            proc,
+            "assign",
+            "ok",
+            consumer=consumer,
+            group=group,
+            topic="stable",
+            partitions=partitions,
+        )
+
     def kafka_consumer(self, proc: str) -> None:
         """Members of one Kafka group on ``stable``; each now and then leaves (a rebalance)."""
         from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -663,17 +668,7 @@ class Run:
             )
 
             def on_assign(_c: Any, parts: list[Any], name: str = name) -> None:
-                op = self.hist.invoke(proc, "assign", consumer=name)
-                self.hist.complete(
-                    op,
-                    proc,
-                    "assign",
-                    "ok",
-                    consumer=name,
-                    group=group,
-                    topic="stable",
-                    partitions=[p.partition for p in parts],
-                )
+                self._assigned(proc, name, group, [p.partition for p in parts])
 
             consumer.subscribe(["stable"], on_assign=on_assign)
             try:

@@ -15,6 +15,8 @@ Fixtures:
   to kill agents (``cluster.agent_procs[i].kill()``) or to run agents with
   other settings (e.g. ``agent_env={"LAKELOG_LINGER_MS": "500"}``).
 - ``unique_topic``: a fresh topic name per call.
+- ``reader`` (module): the storage API (``LogReader``) over the shared cluster, straight
+  to its coordinator and bucket (no agent involved).
 - ``spark`` (session): one local SparkSession for every Spark test.
 
 A ``Cluster`` gives ``agents`` (base URLs), ``coordinator_url``, ``store_url``,
@@ -24,8 +26,12 @@ logs are in ``cluster.tmp``.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +40,7 @@ from typing import Any
 
 import boto3
 import httpx
+import orjson
 import pytest
 
 from coordinator.http.client import HttpCoordinator, http_coordinator
@@ -42,6 +49,7 @@ from index.log import LogReader
 from segments.store import open_store
 from segments.types import ConsumedRecord
 from tests.conftest import BACKENDS, new_db_url
+from tests.integration.topology import BINARY, b64
 from tests.procs import Proc, free_port, lakelog_cmd, start_coordinator, wait_http
 
 #: How long a process may take to answer /health: imports and migrations take a few seconds
@@ -253,21 +261,34 @@ def create_topic(
     assert r.status_code == 201, r.text
 
 
+@contextlib.contextmanager
+def storage_reader(cluster: Cluster) -> Iterator[LogReader]:
+    """The storage API, straight to the coordinator and the bucket (no agent involved)."""
+    coordinator = http_coordinator(cluster.coordinator_url)
+    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
+    try:
+        yield LogReader(store, coordinator)
+    finally:
+        coordinator.close()
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def reader(lakelog_cluster: Cluster) -> Iterator[LogReader]:
+    """``storage_reader`` of the shared cluster."""
+    with storage_reader(lakelog_cluster) as reader:
+        yield reader
+
+
 def read_partition(
     cluster: Cluster, topic: str, partition: int, max_bytes: int = 1 << 20
 ) -> list[ConsumedRecord]:
     """Every record of a partition, straight from the coordinator and the bucket."""
-    coordinator = http_coordinator(cluster.coordinator_url)
-    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
-    try:
-        reader = LogReader(store, coordinator)
+    with storage_reader(cluster) as reader:
         out: list[ConsumedRecord] = []
         while batch := reader.read(topic, partition, len(out), max_bytes=max_bytes):
             out.extend(batch)
         return out
-    finally:
-        coordinator.close()
-        store.close()
 
 
 def note_acked(
@@ -303,6 +324,66 @@ def assert_acked_stored(
             if p == partition:
                 assert offset < len(stored) and stored[offset].value == value
     assert len(stored_values) == len(set(stored_values)), "a record was stored twice"
+
+
+def delivery_reports(text: str) -> list[dict[str, Any]]:
+    """A v3 produce answer's concatenated JSON delivery reports, as a list."""
+    decoder, pos = json.JSONDecoder(), 0
+    out: list[dict[str, Any]] = []
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            return out
+        obj, pos = decoder.raw_decode(text, pos)
+        out.append(obj)
+
+
+@dataclass
+class AckLog:
+    """What producer threads were answered: each record acked at its (partition, offset),
+    or unacked (its request failed); ``check`` holds the log to it."""
+
+    acked: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    unacked: set[bytes] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def post(
+        self, client: httpx.Client, agent: str, topic: str, values: list[bytes], keyed: bool
+    ) -> None:
+        """Produce ``values`` as one v2 binary batch (keyed by their first 5 bytes if
+        ``keyed``), a 200 expected. On ``httpx.TransportError`` they are noted unacked and
+        it is raised again."""
+        records = [
+            {"key": b64(v[:5]), "value": b64(v)} if keyed else {"value": b64(v)} for v in values
+        ]
+        try:
+            r = client.post(
+                f"{agent}/topics/{topic}",
+                content=orjson.dumps({"records": records}),
+                headers={"Content-Type": BINARY},
+            )
+        except httpx.TransportError:
+            with self.lock:
+                self.unacked.update(values)
+            raise
+        assert r.status_code == 200, r.text
+        with self.lock:
+            note_acked(self.acked, values, r.json()["offsets"])
+
+    def wait(self, at_least: int, timeout: float = 30.0) -> int:
+        """How many records are acked, once ``at_least`` are or ``timeout`` has passed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            time.sleep(0.25)
+            with self.lock:
+                n = len(self.acked)
+            if n >= at_least or time.monotonic() >= deadline:
+                return n
+
+    def check(self, cluster: Cluster, topic: str, partitions: int) -> None:
+        """``assert_acked_stored`` of what was answered."""
+        assert_acked_stored(cluster, topic, partitions, self.acked, self.unacked)
 
 
 def _unique(prefix: str = "t") -> str:

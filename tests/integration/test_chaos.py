@@ -16,7 +16,6 @@ its targeted probes catch the deliberately broken builds ``stale_cache`` and
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -73,29 +72,14 @@ def coordinator_down(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topol
     """One agent whose one coordinator is killed (SIGKILL), not restarted."""
     import httpx
 
-    from tests.integration.topology import ADMIN, S3_ENV, start_topology
-    from tests.procs import start_moto
+    from tests.integration.topology import ADMIN, moto_topology
 
     tmp = tmp_path_factory.mktemp("coordinator-down")
-    for k, v in S3_ENV.items():
-        os.environ.setdefault(k, v)
-    moto, endpoint = start_moto(tmp)
-    topo = start_topology(
-        tmp / "topo",
-        endpoint,
-        f"sqlite:///{tmp / 'meta.db'}",
-        agents=1,
-        coordinators=1,
-        faults=False,
-    )
-    try:
+    with moto_topology(tmp, agents=1, coordinators=1, faults=False) as topo:
         agent = topo.agents[0].url
         assert httpx.get(f"{agent}/topics", auth=ADMIN, timeout=10).status_code == 200
         topo.coordinators[0].kill()
         yield topo
-    finally:
-        topo.stop()
-        moto.stop()
 
 
 def test_authentication_with_the_coordinator_down_is_a_retriable_error(

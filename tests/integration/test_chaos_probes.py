@@ -20,7 +20,6 @@ agents and the coordinator with its build (``LAKELOG_CHAOS_BREAK``), runs the pr
 from __future__ import annotations
 
 import itertools
-import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +29,7 @@ import pytest
 from tests.chaos.checker import Report, check
 from tests.chaos.history import History, read_history
 from tests.chaos.run import AGENT_ENV, IdempotentState, Params, Run
-from tests.integration.topology import S3_ENV, Topology, start_topology
-from tests.procs import start_moto
+from tests.integration.topology import Topology, moto_topology
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,29 +39,17 @@ PROBED = ("stable", "reborn")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
-    tmp = tmp_path_factory.mktemp("chaos-probes")
-    for k, v in S3_ENV.items():
-        os.environ.setdefault(k, v)
-    moto, endpoint = start_moto(tmp)
-    try:
-        topo = start_topology(
-            tmp / "topo",
-            endpoint,
-            f"sqlite:///{tmp / 'meta.db'}",
-            agents=2,
-            coordinators=1,
-            # Agents' metadata cached longer than the run's 1 s: an agent still answers a
-            # recreated topic's last id for a while after the create (what the workload
-            # must not record as the new incarnation's).
-            agent_env={**AGENT_ENV, "LAKELOG_METADATA_TTL_S": "3"},
-            faults=False,
-        )
-        try:
-            yield topo
-        finally:
-            topo.stop()
-    finally:
-        moto.stop()
+    with moto_topology(
+        tmp_path_factory.mktemp("chaos-probes"),
+        agents=2,
+        coordinators=1,
+        # Agents' metadata cached longer than the run's 1 s: an agent still answers a
+        # recreated topic's last id for a while after the create (what the workload
+        # must not record as the new incarnation's).
+        agent_env={**AGENT_ENV, "LAKELOG_METADATA_TTL_S": "3"},
+        faults=False,
+    ) as topo:
+        yield topo
 
 
 def with_build(topo: Topology, broken: str | None, always: bool = True) -> None:

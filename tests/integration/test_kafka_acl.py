@@ -108,6 +108,29 @@ def rest_acl(cluster: Cluster, method: str, **fields: str) -> httpx.Response:
     return httpx.request(method, cluster.acls_url(), params=fields, headers=basic())
 
 
+def allow(
+    cluster: Cluster,
+    principal: str,
+    resource_type: str,
+    resource_name: str,
+    operation: str,
+    pattern_type: str = "LITERAL",
+) -> None:
+    """Grant ``principal`` one ALLOW binding (any host) through the REST API (201)."""
+    r = rest_acl(
+        cluster,
+        "POST",
+        principal=principal,
+        host="*",
+        resource_type=resource_type,
+        resource_name=resource_name,
+        pattern_type=pattern_type,
+        operation=operation,
+        permission="ALLOW",
+    )
+    assert r.status_code == 201, r.text
+
+
 def end_offset(cluster: Cluster, topic: str) -> int:
     r = httpx.get(f"{cluster.rest}/topics/{topic}/partitions/0/offsets", headers=basic())
     return int(r.json()["end_offset"])
@@ -125,15 +148,20 @@ def produce(
     return reports[0]
 
 
-def topic_names(cluster: Cluster, user: str) -> set[str]:
-    """The topics kafka-python's admin client lists for ``user`` (Metadata of all topics)."""
-    admin = KafkaAdminClient(
+def kafka_python_admin(cluster: Cluster, user: str) -> KafkaAdminClient:
+    """kafka-python's admin client, logged in as ``user`` with SASL/PLAIN."""
+    return KafkaAdminClient(
         bootstrap_servers=cluster.bootstrap,
         security_protocol="SASL_PLAINTEXT",
         sasl_mechanism="PLAIN",
         sasl_plain_username=user,
         sasl_plain_password=ADMIN_PASSWORD if user == "admin" else PASSWORDS[user],
     )
+
+
+def topic_names(cluster: Cluster, user: str) -> set[str]:
+    """The topics kafka-python's admin client lists for ``user`` (Metadata of all topics)."""
+    admin = kafka_python_admin(cluster, user)
     try:
         return set(admin.list_topics())
     finally:
@@ -205,6 +233,48 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 # -- every API, raw, as a user without ACLs ------------------------------------------------
 
 
+def request_frame(body: Any, correlation: int, client_id: str, padding: int = 0) -> bytes:
+    """One request frame of ``body`` (a kio request), as a client sends it; ``padding``
+    zero bytes after the body (brokers ignore them)."""
+    cls = type(body)
+    out = io.BytesIO()
+    header_cls = cls.__header_schema__
+    entity_writer(header_cls)(
+        out,
+        header_cls(
+            request_api_key=cls.__api_key__,
+            request_api_version=cls.__version__,
+            correlation_id=correlation,
+            client_id=client_id,
+        ),
+    )
+    entity_writer(cls)(out, body)
+    out.write(b"\0" * padding)
+    return struct.pack(">i", out.tell()) + out.getvalue()
+
+
+def read_answer(sock: socket.socket, request_cls: type, correlation: int) -> Any:
+    """The next response frame on ``sock``, decoded as the answer to a ``request_cls``
+    request; asserts that it answers ``correlation``."""
+    size = struct.unpack(">i", read_exact(sock, 4))[0]
+    frame = read_exact(sock, size)
+    resp = load_response_from_request(request_cls)
+    header, used = entity_reader(resp.__header_schema__)(frame, 0)
+    assert header.correlation_id == correlation
+    answer, _ = entity_reader(resp)(frame, used)
+    return answer
+
+
+def read_exact(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(min(n - len(data), 1 << 20))
+        if not chunk:
+            raise ConnectionError("closed by the agent")
+        data += chunk
+    return bytes(data)
+
+
 class Raw:
     """A bare Kafka connection speaking kio's messages: SASL/PLAIN, then any request."""
 
@@ -222,37 +292,9 @@ class Raw:
     def call(self, api_key: int, version: int | None = None, **given: Any) -> Any:
         """Send one request (``version``: the highest served), return its decoded answer."""
         cls = request_class(api_key, HANDLERS[api_key][1] if version is None else version)
-        body = make(cls, **given)
         self.correlation += 1
-        out = io.BytesIO()
-        header_cls = cls.__header_schema__
-        entity_writer(header_cls)(
-            out,
-            header_cls(
-                request_api_key=cls.__api_key__,
-                request_api_version=cls.__version__,
-                correlation_id=self.correlation,
-                client_id="raw-acl",
-            ),
-        )
-        entity_writer(cls)(out, body)
-        self.sock.sendall(struct.pack(">i", out.tell()) + out.getvalue())
-        size = struct.unpack(">i", self._read(4))[0]
-        frame = self._read(size)
-        resp = load_response_from_request(cls)
-        header, used = entity_reader(resp.__header_schema__)(frame, 0)
-        assert header.correlation_id == self.correlation
-        answer, _ = entity_reader(resp)(frame, used)
-        return answer
-
-    def _read(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("closed by the agent")
-            data += chunk
-        return data
+        self.sock.sendall(request_frame(make(cls, **given), self.correlation, "raw-acl"))
+        return read_answer(self.sock, cls, self.correlation)
 
 
 def make(cls: type, **given: Any) -> Any:
@@ -811,18 +853,7 @@ def test_each_api_is_allowed_by_the_operation_kafka_names(cluster: Cluster) -> N
         ("CLUSTER", "kafka-cluster", "LITERAL", "ALTER"),  # Create/DeleteAcls (+ DescribeAcls)
     ]
     for rtype, name, pattern, op in acls:
-        r = rest_acl(
-            cluster,
-            "POST",
-            principal="User:erin",
-            host="*",
-            resource_type=rtype,
-            resource_name=name,
-            pattern_type=pattern,
-            operation=op,
-            permission="ALLOW",
-        )
-        assert r.status_code == 201, r.text
+        allow(cluster, "User:erin", rtype, name, op, pattern)
     r = httpx.post(
         f"{cluster.rest}/security/users",
         json={"name": "erin", "password": "erin-password-Hj2"},
@@ -963,18 +994,7 @@ def test_a_request_partly_allowed_serves_the_allowed_part(cluster: Cluster) -> N
 
 
 def test_listings_show_only_what_the_principal_may_describe(cluster: Cluster) -> None:
-    r = rest_acl(
-        cluster,
-        "POST",
-        principal="User:alice",
-        host="*",
-        resource_type="GROUP",
-        resource_name="alice-lg",
-        pattern_type="LITERAL",
-        operation="READ",
-        permission="ALLOW",
-    )
-    assert r.status_code == 201
+    allow(cluster, "User:alice", "GROUP", "alice-lg", "READ")
     admin = AdminClient(sasl(cluster, "admin"))
     c = Consumer({**sasl(cluster, "admin"), "group.id": "alice-lg", "enable.auto.commit": False})
     c.commit(offsets=[TopicPartition(T, 0, 1), TopicPartition("dw-open", 0, 1)], asynchronous=False)
@@ -1032,13 +1052,7 @@ def test_acl_apis_with_kafka_python_and_rest_see_the_same_acls(cluster: Cluster)
         permission_type=ACLPermissionType.ANY,
         resource_pattern=ResourcePatternFilter(KResourceType.ANY, None, ACLResourcePatternType.ANY),
     )
-    admin = KafkaAdminClient(
-        bootstrap_servers=cluster.bootstrap,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="PLAIN",
-        sasl_plain_username="admin",
-        sasl_plain_password=ADMIN_PASSWORD,
-    )
+    admin = kafka_python_admin(cluster, "admin")
     try:
         made = ACL(
             principal="User:carol",
@@ -1054,18 +1068,7 @@ def test_acl_apis_with_kafka_python_and_rest_see_the_same_acls(cluster: Cluster)
         assert [(a["resource_name"], a["pattern_type"]) for a in r.json()["data"]] == [
             ("carol-", "PREFIXED")
         ]
-        r = rest_acl(
-            cluster,
-            "POST",
-            principal="User:carol",
-            host="*",
-            resource_type="GROUP",
-            resource_name="carol-g",
-            pattern_type="LITERAL",
-            operation="READ",
-            permission="ALLOW",
-        )
-        assert r.status_code == 201
+        allow(cluster, "User:carol", "GROUP", "carol-g", "READ")
         found, _ = admin.describe_acls(mine)
         assert sorted(a.resource_pattern.resource_name for a in found) == ["carol-", "carol-g"]
         # MATCH: the bindings that apply to one name (here the prefix of carol-x)
@@ -1086,13 +1089,7 @@ def test_acl_apis_with_kafka_python_and_rest_see_the_same_acls(cluster: Cluster)
         assert rest_acl(cluster, "GET", principal="User:carol").json()["data"] == []
     finally:
         admin.close()
-    alice = KafkaAdminClient(
-        bootstrap_servers=cluster.bootstrap,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="PLAIN",
-        sasl_plain_username="alice",
-        sasl_plain_password=PASSWORDS["alice"],
-    )
+    alice = kafka_python_admin(cluster, "alice")
     try:
         failed = alice.create_acls([made])["failed"]
         assert failed == [ClusterAuthorizationFailedError]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import io
 import re
 import socket
 import struct
@@ -28,11 +27,9 @@ import httpx
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from confluent_kafka import Producer
-from kio.index import load_response_from_request
-from kio.serial import entity_reader, entity_writer
 
 from service.kafka.framing import request_class
-from tests.integration.test_kafka_acl import batch, make
+from tests.integration.test_kafka_acl import batch, make, read_answer, request_frame
 from tests.integration.test_security_processes import start_secured_serve
 from tests.procs import Proc
 
@@ -123,29 +120,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         rest = f"http://127.0.0.1:{port}"
         create_user(rest, "other", OTHER_PASSWORD)
-        cid = cluster_id(rest)
-        r = httpx.post(
-            f"{rest}/v3/clusters/{cid}/topics",
-            json={"topic_name": TOPIC, "partitions_count": 1},
-            headers=basic(),
-            timeout=TIMEOUT,
-        )
-        assert r.status_code == 201, r.text
         served = Served(rest, f"127.0.0.1:{kport}", db, proc)
+        create_topic(served, TOPIC)
         with Conn(served) as c:
             c.login()
             for _ in range(3):
-                answer = c.call(
-                    0,
-                    acks=-1,
-                    timeout=10000,
-                    topic_data=[
-                        {
-                            "name": TOPIC,
-                            "partition_data": [{"index": 0, "records": batch(b"v" * BATCH_VALUE)}],
-                        }
-                    ],
-                )
+                answer = c.produce((TOPIC, batch(b"v" * BATCH_VALUE)))
                 assert answer.responses[0].partition_responses[0].error_code == 0
         yield served
     finally:
@@ -181,21 +161,8 @@ class Conn:
         """One request frame; ``padding`` bytes after the body (brokers ignore them)."""
         cls = request_class(api_key, version)
         self.correlation += 1
-        out = io.BytesIO()
-        header_cls = cls.__header_schema__
-        entity_writer(header_cls)(
-            out,
-            header_cls(
-                request_api_key=api_key,
-                request_api_version=version,
-                correlation_id=self.correlation,
-                client_id="limits",
-            ),
-        )
-        entity_writer(cls)(out, make(cls, **given))
-        out.write(b"\0" * padding)
         self.sent.append((self.correlation, cls))
-        return struct.pack(">i", out.tell()) + out.getvalue()
+        return request_frame(make(cls, **given), self.correlation, "limits", padding)
 
     def send(self, api_key: int, version: int, padding: int = 0, **given: Any) -> None:
         self.sock.sendall(self.encode(api_key, version, padding, **given))
@@ -203,17 +170,19 @@ class Conn:
     def receive(self) -> Any:
         """The answer to the oldest request not yet answered."""
         correlation, cls = self.sent.pop(0)
-        size = struct.unpack(">i", self._read(4))[0]
-        frame = self._read(size)
-        resp = load_response_from_request(cls)
-        header, used = entity_reader(resp.__header_schema__)(frame, 0)
-        assert header.correlation_id == correlation
-        answer, _ = entity_reader(resp)(frame, used)
-        return answer
+        return read_answer(self.sock, cls, correlation)
 
     def call(self, api_key: int, version: int | None = None, **given: Any) -> Any:
         self.send(api_key, version if version is not None else _HIGHEST[api_key], **given)
         return self.receive()
+
+    def produce(self, *batches: tuple[str, bytes]) -> Any:
+        """One Produce (acks=all) of each (topic, records) to its partition 0: the answer."""
+        topic_data = [
+            {"name": topic, "partition_data": [{"index": 0, "records": records}]}
+            for topic, records in batches
+        ]
+        return self.call(0, acks=-1, timeout=10000, topic_data=topic_data)
 
     def closed_within(self, seconds: float) -> bool:
         """Whether the agent closes the connection within ``seconds`` (answers in between
@@ -229,15 +198,6 @@ class Conn:
         except ConnectionError:
             return True
         return False
-
-    def _read(self, n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = self.sock.recv(min(n - len(data), 1 << 20))
-            if not chunk:
-                raise ConnectionError("closed by the agent")
-            data += chunk
-        return bytes(data)
 
 
 _HIGHEST = {0: 9, 1: 12, 3: 12, 18: 3}
@@ -506,6 +466,19 @@ def bomb(size: int, codec: int) -> bytes:
     return bytes(b.build())
 
 
+def create_topic(served: Served, topic: str, configs: dict[str, str] | None = None) -> str:
+    """A one-partition topic with ``configs``, made by the super user; returns the cluster id."""
+    cid = cluster_id(served.rest)
+    body: dict[str, Any] = {"topic_name": topic, "partitions_count": 1}
+    if configs:
+        body["configs"] = [{"name": k, "value": v} for k, v in configs.items()]
+    r = httpx.post(
+        f"{served.rest}/v3/clusters/{cid}/topics", json=body, headers=basic(), timeout=TIMEOUT
+    )
+    assert r.status_code == 201, r.text
+    return cid
+
+
 def end_offset(served: Served, topic: str = TOPIC) -> int:
     r = httpx.get(
         f"{served.rest}/topics/{topic}/partitions/0/offsets", headers=basic(), timeout=TIMEOUT
@@ -525,18 +498,7 @@ def test_a_decompression_bomb_is_refused_and_nothing_stored(served: Served, code
     before = end_offset(served)
     with Conn(served) as c:
         c.login()
-        answer = c.call(
-            0,
-            acks=-1,
-            timeout=10000,
-            topic_data=[
-                {
-                    "name": TOPIC,
-                    "partition_data": [{"index": 0, "records": payload}],
-                },
-                {"name": "bomb-neighbour", "partition_data": [{"index": 0, "records": payload}]},
-            ],
-        )
+        answer = c.produce((TOPIC, payload), ("bomb-neighbour", payload))
         parts = {t.name: t.partition_responses[0] for t in answer.responses}
         assert parts[TOPIC].error_code == 10  # MESSAGE_TOO_LARGE
         assert "lakelog.max.decompressed.bytes" in (parts[TOPIC].error_message or "")
@@ -549,28 +511,10 @@ def test_a_stored_bomb_fails_its_reads_clearly(served: Served) -> None:
     config instead of inflating it; Kafka Fetch still serves it as stored (Kafka never
     decompresses); raising the bound again reads it."""
     topic = "stored-bomb"
-    cid = cluster_id(served.rest)
-    r = httpx.post(
-        f"{served.rest}/v3/clusters/{cid}/topics",
-        json={
-            "topic_name": topic,
-            "partitions_count": 1,
-            "configs": [{"name": "lakelog.max.decompressed.bytes", "value": str(64 * MiB)}],
-        },
-        headers=basic(),
-        timeout=TIMEOUT,
-    )
-    assert r.status_code == 201, r.text
+    cid = create_topic(served, topic, {"lakelog.max.decompressed.bytes": str(64 * MiB)})
     with Conn(served) as c:
         c.login()
-        answer = c.call(
-            0,
-            acks=-1,
-            timeout=10000,
-            topic_data=[
-                {"name": topic, "partition_data": [{"index": 0, "records": bomb(40 * MiB, 4)}]}
-            ],
-        )
+        answer = c.produce((topic, bomb(40 * MiB, 4)))
         assert answer.responses[0].partition_responses[0].error_code == 0
     config = (
         f"{served.rest}/v3/clusters/{cid}/topics/{topic}/configs/lakelog.max.decompressed.bytes"
@@ -610,21 +554,11 @@ def test_rest_records_over_a_lowered_bound_are_refused(served: Served) -> None:
     """REST writes uncompressed batches of its own: a record over the topic's
     lakelog.max.decompressed.bytes (set below max.message.bytes) gets 413, nothing stored."""
     topic = "rest-bound"
-    cid = cluster_id(served.rest)
-    r = httpx.post(
-        f"{served.rest}/v3/clusters/{cid}/topics",
-        json={
-            "topic_name": topic,
-            "partitions_count": 1,
-            "configs": [
-                {"name": "max.message.bytes", "value": str(8 * MiB)},
-                {"name": "lakelog.max.decompressed.bytes", "value": str(2 * MiB)},
-            ],
-        },
-        headers=basic(),
-        timeout=TIMEOUT,
+    create_topic(
+        served,
+        topic,
+        {"max.message.bytes": str(8 * MiB), "lakelog.max.decompressed.bytes": str(2 * MiB)},
     )
-    assert r.status_code == 201, r.text
     value = base64.b64encode(bytes(3 * MiB)).decode()
     r = httpx.post(
         f"{served.rest}/topics/{topic}",

@@ -137,15 +137,20 @@ def test_client_without_sasl_is_refused(listener: Listener) -> None:
         Consumer({"bootstrap.servers": listener.bootstrap, "group.id": "x"}).list_topics(timeout=3)
 
 
-@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
-def test_kafka_python_sasl(listener: Listener, mechanism: str) -> None:
-    conf: dict[str, Any] = {
+def python_client_sasl(listener: Listener, mechanism: str) -> dict[str, Any]:
+    """kafka-python's and aiokafka's settings (the same names) to log in as kuser."""
+    return {
         "bootstrap_servers": listener.bootstrap,
         "security_protocol": "SASL_PLAINTEXT",
         "sasl_mechanism": mechanism,
         "sasl_plain_username": "kuser",
         "sasl_plain_password": PASSWORD,
     }
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_kafka_python_sasl(listener: Listener, mechanism: str) -> None:
+    conf = python_client_sasl(listener, mechanism)
     p = KafkaProducer(**conf, enable_idempotence=False)
     meta = p.send(TOPIC, b"kp-" + mechanism.encode()).get(timeout=30)
     p.close()
@@ -173,13 +178,7 @@ def test_kafka_python_sasl(listener: Listener, mechanism: str) -> None:
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 def test_aiokafka_sasl(listener: Listener, mechanism: str) -> None:
-    conf: dict[str, Any] = {
-        "bootstrap_servers": listener.bootstrap,
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": mechanism,
-        "sasl_plain_username": "kuser",
-        "sasl_plain_password": PASSWORD,
-    }
+    conf = python_client_sasl(listener, mechanism)
 
     async def run() -> bytes:
         prod = AIOKafkaProducer(**conf)

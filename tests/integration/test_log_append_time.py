@@ -25,6 +25,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 OLD_MS = 1_000_000_000_000
 
 
+def produce_old_over_rest(cluster: Cluster, topic: str) -> dict[str, Any]:
+    """One v3 record "rest" to partition 0 through the second agent, with a CreateTime of
+    2001-09-09: its delivery report (a 200 asserted)."""
+    r = httpx.post(
+        f"{cluster.agents[1]}/v3/clusters/{cluster.cluster_id}/topics/{topic}/records",
+        json={
+            "partition_id": 0,
+            "timestamp": "2001-09-09T01:46:40Z",
+            "value": {"type": "BINARY", "data": base64.b64encode(b"rest").decode()},
+        },
+    )
+    assert r.status_code == 200 and r.json()["error_code"] == 200, r.text
+    report: dict[str, Any] = r.json()
+    return report
+
+
 def test_log_append_time_is_stamped_for_kafka_rest_and_spark(
     kafka_cluster: Cluster, unique_topic: Any, spark: Any
 ) -> None:
@@ -39,15 +55,7 @@ def test_log_append_time_is_stamped_for_kafka_rest_and_spark(
     for i in range(5):
         p.produce(topic, value=b"k%d" % i, partition=0, timestamp=OLD_MS)
     assert p.flush(30) == 0
-    r = httpx.post(
-        f"{kafka_cluster.agents[1]}/v3/clusters/{kafka_cluster.cluster_id}/topics/{topic}/records",
-        json={
-            "partition_id": 0,
-            "timestamp": "2001-09-09T01:46:40Z",
-            "value": {"type": "BINARY", "data": base64.b64encode(b"rest").decode()},
-        },
-    )
-    assert r.status_code == 200 and r.json()["error_code"] == 200, r.text
+    produce_old_over_rest(kafka_cluster, topic)
     after = int(time.time() * 1000) + 1
 
     got = consume_all(kafka_cluster.kafka[1], topic, 1, 6)
@@ -100,16 +108,8 @@ def test_the_produce_answers_carry_the_append_time(
         for i in range(3):
             p.produce(topic, value=b"v%d" % i, partition=0, timestamp=OLD_MS, on_delivery=delivered)
     assert p.flush(30) == 0
-    r = httpx.post(
-        f"{kafka_cluster.agents[1]}/v3/clusters/{kafka_cluster.cluster_id}/topics/{stamped}/records",
-        json={
-            "partition_id": 0,
-            "timestamp": "2001-09-09T01:46:40Z",
-            "value": {"type": "BINARY", "data": base64.b64encode(b"rest").decode()},
-        },
-    )
-    assert r.status_code == 200 and r.json()["error_code"] == 200, r.text
-    answered = r.json()["timestamp"]
+    report = produce_old_over_rest(kafka_cluster, stamped)
+    answered = report["timestamp"]
 
     got = consume_all(kafka_cluster.kafka[1], stamped, 1, 4)
     stored = {m.offset(): m.timestamp()[1] for m in got}

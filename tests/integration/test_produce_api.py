@@ -20,13 +20,11 @@ import httpx
 import orjson
 import pytest
 
-from coordinator.http.client import http_coordinator
 from coordinator.log.topic_configs import BATCH_OVERHEAD
 from index.log import LogReader
-from segments.store import open_store
 from segments.types import ConsumedRecord
 from service.produce.partitioner import partition_for_key
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, delivery_reports
 
 pytestmark = pytest.mark.integration
 
@@ -42,18 +40,6 @@ def b64(data: bytes) -> str:
 @pytest.fixture(scope="module")
 def cluster(lakelog_cluster: Cluster) -> Cluster:
     return lakelog_cluster
-
-
-@pytest.fixture(scope="module")
-def reader(cluster: Cluster) -> Iterator[LogReader]:
-    """The storage API, straight to the coordinator and the bucket (no agent involved)."""
-    coordinator = http_coordinator(cluster.coordinator_url)
-    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
-    try:
-        yield LogReader(store, coordinator)
-    finally:
-        coordinator.close()
-        store.close()
 
 
 @pytest.fixture
@@ -404,20 +390,6 @@ def v3_url(cluster: Cluster, topic: str, agent: int = 0, cluster_id: str | None 
     return f"{cluster.agents[agent]}/v3/clusters/{cid}/topics/{topic}/records"
 
 
-def reports(response: httpx.Response) -> list[dict[str, Any]]:
-    """Concatenated JSON delivery reports -> list."""
-    decoder = json.JSONDecoder()
-    text, pos = response.text, 0
-    out: list[dict[str, Any]] = []
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos == len(text):
-            return out
-        obj, pos = decoder.raw_decode(text, pos)
-        out.append(obj)
-
-
 def test_v3_single_record_with_everything(
     cluster: Cluster, reader: LogReader, create_topic: Callable[..., str]
 ) -> None:
@@ -438,7 +410,7 @@ def test_v3_single_record_with_everything(
     r = httpx.post(v3_url(cluster, topic), json=record)
     assert r.status_code == 200
     assert r.headers["content-type"] == "application/json"
-    assert reports(r) == [
+    assert delivery_reports(r.text) == [
         {
             "error_code": 200,
             "cluster_id": cluster.cluster_id,
@@ -479,7 +451,7 @@ def test_v3_concatenated_records_in_order_with_per_record_errors(
         headers={"Content-Type": "application/json"},
     )
     assert r.status_code == 200
-    got = reports(r)
+    got = delivery_reports(r.text)
     assert len(got) == 10
     assert got[0]["error_code"] == 200 and got[0]["offset"] == 0
     assert got[1] == {"error_code": 40402, "message": f"Partition 7 of topic '{topic}' not found."}
@@ -522,7 +494,7 @@ def test_v3_chunked_body_split_anywhere(
         v3_url(cluster, topic), content=chunks(), headers={"Content-Type": "application/json"}
     )
     assert r.status_code == 200
-    got = reports(r)
+    got = delivery_reports(r.text)
     assert [g["error_code"] for g in got] == [200] * 60
     assert [g["offset"] for g in got] == list(range(60))
     stored = read_all(reader, topic, 0)
@@ -603,7 +575,7 @@ def test_v3_record_over_max_message_bytes_is_a_per_record_413(
     r = httpx.post(
         v3_url(cluster, topic), content=body, headers={"Content-Type": "application/json"}
     )
-    got = reports(r)
+    got = delivery_reports(r.text)
     assert got[0]["error_code"] == 413
     assert "max.message.bytes (1000)" in got[0]["message"]
     assert got[1]["error_code"] == 200
@@ -641,7 +613,7 @@ def test_binary_records_at_the_size_limit_and_one_byte_over(
         content=v3(*fits) + v3(*over) + b"%%",
         headers={"Content-Type": "application/json"},
     )
-    got = reports(r)
+    got = delivery_reports(r.text)
     assert [g["error_code"] for g in got] == [200, 413, 400]
     assert "max.message.bytes (1000)" in got[1]["message"]
     assert [g.value for g in read_all(reader, topic, 0)] == [fits[1], fits[1]]

@@ -6,13 +6,10 @@ can break it.
 
 from __future__ import annotations
 
-import base64
-import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import boto3
 import httpx
@@ -20,35 +17,19 @@ import orjson
 import pytest
 
 from tests.integration.conftest import (
+    AckLog,
     Cluster,
     ClusterFactory,
-    assert_acked_stored,
     create_topic,
-    note_acked,
+    delivery_reports,
     read_partition,
     start_cluster,
 )
+from tests.integration.topology import BINARY, b64
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-BINARY = "application/vnd.kafka.binary.v2+json"
 LIMIT = 65536
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def reports(text: str) -> list[dict[str, Any]]:
-    decoder, pos = json.JSONDecoder(), 0
-    out: list[dict[str, Any]] = []
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos == len(text):
-            return out
-        obj, pos = decoder.raw_decode(text, pos)
-        out.append(obj)
 
 
 def test_sigkill_an_agent_during_produce_loses_no_acked_record(
@@ -68,9 +49,7 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
     create_topic(cluster, topic, 4)
     survivor, victim = cluster.agents
     stop = threading.Event()
-    lock = threading.Lock()
-    acked: dict[tuple[int, int], bytes] = {}
-    unacked: set[bytes] = set()
+    acks = AckLog()
     errors: dict[str, list[str]] = {survivor: [], victim: []}
 
     def producer(worker: int) -> None:
@@ -80,36 +59,20 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
             while not stop.is_set():
                 values = [f"w{worker}-n{n}-r{i}".encode() for i in range(20)]
                 n += 1
-                body = {"records": [{"key": b64(v[:5]), "value": b64(v)} for v in values]}
                 try:
-                    r = client.post(
-                        f"{agent}/topics/{topic}",
-                        content=orjson.dumps(body),
-                        headers={"Content-Type": BINARY},
-                    )
+                    acks.post(client, agent, topic, values, keyed=True)
                 except httpx.TransportError as e:
-                    with lock:
-                        unacked.update(values)
+                    with acks.lock:
                         errors[agent].append(type(e).__name__)
                     if agent == victim:
                         return
-                    continue
-                assert r.status_code == 200, r.text
-                with lock:
-                    note_acked(acked, values, r.json()["offsets"])
 
     threads = [threading.Thread(target=producer, args=(w,)) for w in range(16)]
     for t in threads:
         t.start()
     try:
         # Kill once acks flow (a loaded machine may need more than a second), within 30 s.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            time.sleep(0.25)
-            with lock:
-                acked_before_kill = len(acked)
-            if acked_before_kill >= 100:
-                break
+        acked_before_kill = acks.wait(100)
         cluster.agent_procs[1].kill()
         time.sleep(1.0)
     finally:
@@ -119,7 +82,7 @@ def test_sigkill_an_agent_during_produce_loses_no_acked_record(
     assert acked_before_kill > 0
     assert errors[survivor] == []
     assert errors[victim], "the killed agent's in-flight requests must fail on the client"
-    assert_acked_stored(cluster, topic, 4, acked, unacked)
+    acks.check(cluster, topic, 4)
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +141,7 @@ def test_v3_object_over_the_limit(small_cluster: Cluster) -> None:
     assert (r.status_code, r.json()["error_code"]) == (413, 413)
     r = httpx.post(url, content=chunked(small, huge), headers={"Content-Type": "application/json"})
     assert r.status_code == 200
-    got = reports(r.text)
+    got = delivery_reports(r.text)
     assert [g["error_code"] for g in got] == [200, 413]
     assert got[1]["message"] == f"A record exceeds the request limit of {LIMIT} bytes."
     assert [s.value for s in read_partition(small_cluster, "big-v3", 0)] == [b"small"]
@@ -219,7 +182,7 @@ def test_failed_flush_answers_a_retriable_error_and_commits_nothing(
             headers={"Content-Type": "application/json"},
             timeout=30,
         )
-        (report,) = reports(r.text)
+        (report,) = delivery_reports(r.text)
         assert report["error_code"] == 50003
         assert report["message"].startswith("Flush failed: ")
     finally:

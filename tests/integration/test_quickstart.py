@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from tests.coordinator_calls import answer, call
-from tests.procs import Proc, free_port, lakelog_cmd, wait_http
+from tests.procs import Proc, free_port, lakelog_cmd, run_cli, wait_http
 
 pytestmark = pytest.mark.integration
 
@@ -190,15 +190,7 @@ def lakelog(
     cwd: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``lakelog ARGS`` run in ``cwd``, as a newcomer types it."""
-    return subprocess.run(
-        lakelog_cmd(*args),
-        cwd=cwd,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-    )
+    return run_cli(*args, stdin=stdin, env=env, cwd=cwd)
 
 
 def test_version_is_the_projects(tmp_path: Path) -> None:

@@ -26,9 +26,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, Proto
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from coordinator.http.client import http_coordinator
 from index.log import LogReader
-from segments.store import open_store
 from segments.types import ConsumedRecord
 from tests.integration.conftest import Cluster
 
@@ -79,18 +77,6 @@ FORMATS = tuple(REST_VALUES)
 @pytest.fixture(scope="module")
 def cluster(lakelog_cluster: Cluster) -> Cluster:
     return lakelog_cluster
-
-
-@pytest.fixture(scope="module")
-def reader(cluster: Cluster) -> Iterator[LogReader]:
-    """The storage API, straight to the coordinator and the bucket."""
-    coordinator = http_coordinator(cluster.coordinator_url)
-    store = open_store(cluster.store_url, endpoint_url=cluster.store_endpoint)
-    try:
-        yield LogReader(store, coordinator)
-    finally:
-        coordinator.close()
-        store.close()
 
 
 @pytest.fixture

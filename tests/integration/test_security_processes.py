@@ -5,8 +5,6 @@ the database (``--db``) and over the agent's API (``--url``) as a super user."""
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,28 +18,24 @@ from coordinator.http.client import http_coordinator
 from coordinator.security.store import SqlSecurityStore
 from segments.errors import AuthenticationError
 from tests.coordinator_calls import call
-from tests.procs import Proc, free_port, lakelog_cmd, wait_http
+from tests.procs import (
+    ROOT,
+    Proc,
+    agent_args,
+    create_user,
+    free_port,
+    lakelog_cmd,
+    local_args,
+    run_cli,
+    start_lakelog,
+    wait_http,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "coordinator-shared-secret-7Qx-0123456789abcdef"
 ADMIN_PASSWORD = "admin-password-Zp4"
 ALICE_PASSWORD = "alice-password-Kw9"
 V2 = "application/vnd.kafka.v2+json"
 BINARY = "application/vnd.kafka.binary.v2+json"
-
-
-def run_cli(
-    *args: str, stdin: str = "", env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        lakelog_cmd(*args),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-        check=False,
-    )
 
 
 def start_secured_serve(
@@ -51,35 +45,23 @@ def start_secured_serve(
     database, where ``user`` is created first; ``env`` adds settings. Returns the process,
     its HTTP port and its Kafka port, once it answers."""
     db = f"sqlite:///{tmp / 'meta.db'}"
-    made = run_cli("users", "create", user, "--password-stdin", "--db", db, stdin=password + "\n")
-    assert made.returncode == 0, made.stderr
+    create_user(db, user, password)
     port, kport = free_port(), free_port()
-    proc = Proc(
-        lakelog_cmd(
+    proc = start_lakelog(
+        tmp / "serve.log",
+        [
             "serve",
             "--db",
             db,
-            "--store",
-            f"file://{tmp / 'data'}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--kafka-port",
-            str(kport),
+            *local_args(tmp, port, kport),
             "--authentication",
             "basic",
             "--log-level",
             "info",
-        ),
-        tmp / "serve.log",
-        env={"PYTHONPATH": str(ROOT), **env},
+        ],
+        env,
+        f"http://127.0.0.1:{port}/health",
     )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", timeout=90, proc=proc.popen)
-    except BaseException:
-        proc.stop()
-        raise
     return proc, port, kport
 
 
@@ -103,11 +85,7 @@ class Secured:
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     tmp = tmp_path_factory.mktemp("secured")
     db = f"sqlite:///{tmp / 'meta.db'}"
-    # The first super user, straight into the database (before anything serves).
-    made = run_cli(
-        "users", "create", "admin", "--password-stdin", "--db", db, stdin=ADMIN_PASSWORD + "\n"
-    )
-    assert made.returncode == 0, made.stderr
+    create_user(db, "admin", ADMIN_PASSWORD)  # the first super user
     env = {
         "PYTHONPATH": str(ROOT),
         "LAKELOG_COORDINATOR_SECRET": SECRET,
@@ -124,21 +102,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         env=env,
     )
     agent = Proc(
-        lakelog_cmd(
-            "agent",
-            "--coordinator",
-            coordinator_url,
-            "--store",
-            f"file://{tmp / 'data'}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(aport),
-            "--kafka-port",
-            "0",
-            "--log-level",
-            "info",
-        ),
+        lakelog_cmd(*agent_args(coordinator_url, tmp, aport), "--log-level", "info"),
         tmp / "agent.log",
         env={**env, "LAKELOG_AUTH_CACHE_TTL_S": "0.5"},
     )

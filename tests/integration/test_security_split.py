@@ -16,9 +16,7 @@ alice, bob), and what the coordinators' shared secret may and may not do.
 from __future__ import annotations
 
 import base64
-import os
 import secrets
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +39,8 @@ from coordinator.http.client import http_coordinator
 from coordinator.security.http import secret_headers
 from segments.errors import AuthenticationError, AuthorizationError
 from tests.coordinator_calls import answer, call
-from tests.integration.test_security_processes import run_cli
-from tests.procs import Proc, free_port, lakelog_cmd, wait_http
+from tests.procs import Proc, agent_args, create_user, free_port, run_cli, start_lakelog
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = secrets.token_hex(32)
 PASSWORDS = {
     "admin": "admin-password-Split1",
@@ -85,18 +81,8 @@ class Split:
 def start(
     tmp: Path, name: str, args: list[str], env: dict[str, str], url: str | None = None
 ) -> Proc:
-    proc = Proc(
-        lakelog_cmd(*args, "--log-level", "info"),
-        tmp / f"{name}.log",
-        env={"PYTHONPATH": str(ROOT), **env},
-    )
-    if url is not None:
-        try:
-            wait_http(f"{url}/health", timeout=90, proc=proc.popen)
-        except BaseException:
-            proc.stop()
-            raise
-    return proc
+    health = f"{url}/health" if url is not None else None
+    return start_lakelog(tmp / f"{name}.log", [*args, "--log-level", "info"], env, health)
 
 
 def coordinator_args(tmp: Path, port: int) -> list[str]:
@@ -104,30 +90,11 @@ def coordinator_args(tmp: Path, port: int) -> list[str]:
     return ["coordinator", "--db", db, "--store", f"file://{tmp / 'data'}", "--port", str(port)]
 
 
-def agent_args(coordinator: str, tmp: Path, port: int, kport: int = 0) -> list[str]:
-    return [
-        "agent",
-        "--coordinator",
-        coordinator,
-        "--store",
-        f"file://{tmp / 'data'}",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--kafka-port",
-        str(kport),
-    ]
-
-
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Split]:
     tmp = tmp_path_factory.mktemp("split")
     db = f"sqlite:///{tmp / 'meta.db'}"
-    made = run_cli(
-        "users", "create", "admin", "--password-stdin", "--db", db, stdin=PASSWORDS["admin"] + "\n"
-    )
-    assert made.returncode == 0, made.stderr
+    create_user(db, "admin", PASSWORDS["admin"])
     env = {**SECURITY, "LAKELOG_COORDINATOR_SECRET": SECRET}
     cport, aport, kport = free_port(), free_port(), free_port()
     coordinator_url, agent_url = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{aport}"
@@ -333,53 +300,36 @@ def test_a_user_at_the_coordinator_gets_only_its_acls(split: Split) -> None:
         wrong.list_topics()
 
 
-def exits(
-    args: list[str], env: dict[str, str], timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        lakelog_cmd(*args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        check=False,
-    )
-
-
-def test_an_agent_refuses_a_coordinator_with_other_security(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "coordinator_env, said",
+    [
+        ({}, ("security settings differ", "authentication")),
+        (
+            {**SECURITY, "LAKELOG_COORDINATOR_SECRET": SECRET, "LAKELOG_SUPER_USERS": "User:ops"},
+            ("super_users", "User:ops"),
+        ),
+    ],
+    ids=["authentication-off", "other-super-users"],
+)
+def test_an_agent_refuses_a_coordinator_with_other_security(
+    tmp_path: Path, coordinator_env: dict[str, str], said: tuple[str, str]
+) -> None:
     """A coordinator with authentication off (where an unauthenticated caller could make
     a super user), or with other authorization or super users: an agent with
     authentication and ACLs on refuses to start, saying which settings differ."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    open_coordinator = start(
-        tmp_path, "open-coordinator", coordinator_args(tmp_path, port), {}, url
+    coordinator = start(
+        tmp_path, "coordinator", coordinator_args(tmp_path, port), coordinator_env, url
     )
     try:
         env = {**SECURITY, "LAKELOG_COORDINATOR_SECRET": SECRET}
-        result = exits(agent_args(url, tmp_path, free_port()), env)
+        result = run_cli(*agent_args(url, tmp_path, free_port()), env=env)
         assert result.returncode != 0
         out = result.stdout + result.stderr
-        assert "security settings differ" in out and "authentication" in out, out
+        assert said[0] in out and said[1] in out, out
     finally:
-        open_coordinator.stop()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**SECURITY, "LAKELOG_COORDINATOR_SECRET": SECRET}
-    other = start(
-        tmp_path,
-        "other-coordinator",
-        coordinator_args(tmp_path, port),
-        {**env, "LAKELOG_SUPER_USERS": "User:ops"},
-        url,
-    )
-    try:
-        result = exits(agent_args(url, tmp_path, free_port()), env)
-        assert result.returncode != 0
-        out = result.stdout + result.stderr
-        assert "super_users" in out and "User:ops" in out, out
-    finally:
-        other.stop()
+        coordinator.stop()
 
 
 @pytest.mark.parametrize(
@@ -394,7 +344,7 @@ def test_short_or_example_secrets_are_refused_at_start(
         coordinator_args(tmp_path, free_port()),
         agent_args("http://127.0.0.1:9", tmp_path, free_port()),
     ):
-        result = exits(args, env)
+        result = run_cli(*args, env=env)
         assert result.returncode == 2, result.stderr
         assert why in result.stderr
         assert secret not in result.stderr
@@ -404,7 +354,7 @@ def test_an_agent_refuses_to_send_passwords_to_a_plaintext_remote_coordinator(
     tmp_path: Path,
 ) -> None:
     env = {**SECURITY, "LAKELOG_COORDINATOR_SECRET": SECRET}
-    result = exits(agent_args("http://10.255.0.1:8083", tmp_path, free_port()), env)
+    result = run_cli(*agent_args("http://10.255.0.1:8083", tmp_path, free_port()), env=env)
     assert result.returncode == 2
     assert "http:// to another host" in result.stderr
 
@@ -429,8 +379,8 @@ def test_bearer_tokens_need_https_keys_and_their_issuer_and_audience(
     """JWKS fetched in clear could be swapped on the way, and a token the same keys signed
     for another service must not be accepted here: refused at start unless relaxed."""
     args = ["serve", "--db", f"sqlite:///{tmp_path}/m.db", "--store", f"file://{tmp_path}/d"]
-    result = exits(
-        [*args, "--port", str(free_port())], {"LAKELOG_AUTHENTICATION": "basic", **oauth}
+    result = run_cli(
+        *args, "--port", str(free_port()), env={"LAKELOG_AUTHENTICATION": "basic", **oauth}
     )
     assert result.returncode == 2, result.stderr
     assert why in result.stderr

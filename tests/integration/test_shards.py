@@ -121,6 +121,13 @@ def sharded(coord: LocalCoordinator) -> ShardedStore:
     return coord.sharded
 
 
+def partitions_by_shard(coord: LocalCoordinator, topic_id: bytes, n: int) -> list[list[int]]:
+    """The topic's partitions (of its first ``n``) that each shard holds, in shard order."""
+    s = sharded(coord)
+    where = {p: s.shard_of(topic_id, p).shard_id for p in range(n)}
+    return [[p for p in range(n) if where[p] == shard.shard_id] for shard in s.shards]
+
+
 def shard_urls_of(coord: LocalCoordinator, urls: list[str]) -> dict[str, str]:
     """Shard id -> URL (read from each database's meta row)."""
     out = {}
@@ -416,10 +423,7 @@ def test_gc_keeps_an_object_any_shard_references(new_db: NewDb, tmp_path: Path) 
     store = open_store(f"file://{tmp_path}/store")
     with LocalCoordinator(catalog, shards=urls) as coord:
         t = coord.create_topic("gc", 8)
-        s = sharded(coord)
-        where = {p: s.shard_of(t.topic_id, p).shard_id for p in range(8)}
-        first = sorted(p for p in range(8) if where[p] == s.shards[0].shard_id)
-        second = sorted(p for p in range(8) if where[p] == s.shards[1].shard_id)
+        first, second = partitions_by_shard(coord, t.topic_id, 8)
         assert first and second
         key = "segments/gc/1.seg"
         store.put(key, b"x" * 100)
@@ -471,10 +475,7 @@ def test_gc_and_commits_agree_in_every_shard(new_db: NewDb, tmp_path: Path) -> N
     store = open_store(f"file://{tmp_path}/store")
     with LocalCoordinator(catalog, shards=urls) as coord:
         t = coord.create_topic("gc-agree", 8)
-        s = sharded(coord)
-        where = {p: s.shard_of(t.topic_id, p).shard_id for p in range(8)}
-        first = min(p for p in range(8) if where[p] == s.shards[0].shard_id)
-        second = min(p for p in range(8) if where[p] == s.shards[1].shard_id)
+        first, second = (min(ps) for ps in partitions_by_shard(coord, t.topic_id, 8))
         committed, orphan, pending = "segments/a/c.seg", "segments/a/o.seg", "segments/a/p.seg"
         for key in (committed, orphan, pending):
             store.put(key, b"x")
@@ -498,7 +499,7 @@ def test_gc_and_commits_agree_in_every_shard(new_db: NewDb, tmp_path: Path) -> N
         late = "segments/a/late.seg"
         coord.commit(late, [chunk(t.topic_id, second)])
         assert janitors.claim_orphans([late], time.time()) == set()
-        url0 = shard_urls_of(coord, urls)[s.shards[0].shard_id]
+        url0 = shard_urls_of(coord, urls)[sharded(coord).shards[0].shard_id]
         assert sql_rows(url0, "SELECT object_key FROM objects WHERE object_key = ?", (late,)) == []
         assert coord.commit(late, [chunk(t.topic_id, first)]) == [1]
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from spark.avro_values import with_avro_values
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import Cluster, create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,21 +36,9 @@ def _produce(agent: str, topic: str, fmt: str, schema: str, values: list[Any]) -
     assert r.status_code == 200, r.text
 
 
-def test_spark_decodes_avro_and_json_schema_values(spark: Any, lakelog_cluster: Cluster) -> None:
-    cluster = lakelog_cluster
-    agent = cluster.agents[0]
-    topic = f"spark-sr-{uuid.uuid4().hex[:8]}"
-    r = httpx.post(
-        f"{agent}/v3/clusters/{cluster.cluster_id}/topics",
-        json={"topic_name": topic, "partitions_count": 1},
-    )
-    assert r.status_code == 201
-    _produce(agent, topic, "avro", V1, [{"id": 1, "item": "apple"}, {"id": 2, "item": "pear"}])
-    _produce(
-        agent, topic, "avro", V2, [{"id": 3, "item": "fig", "qty": 5, "note": {"string": "x"}}]
-    )
-
-    df = (
+def _read(spark: Any, cluster: Cluster, topic: str) -> Any:
+    """A batch read of ``topic`` through the coordinator and the bucket."""
+    return (
         spark.read.format("lakelog")
         .option("coordinator", cluster.coordinator_url)
         .option("store", cluster.store_url)
@@ -58,6 +46,19 @@ def test_spark_decodes_avro_and_json_schema_values(spark: Any, lakelog_cluster: 
         .option("subscribe", topic)
         .load()
     )
+
+
+def test_spark_decodes_avro_and_json_schema_values(spark: Any, lakelog_cluster: Cluster) -> None:
+    cluster = lakelog_cluster
+    agent = cluster.agents[0]
+    topic = f"spark-sr-{uuid.uuid4().hex[:8]}"
+    create_topic(cluster, topic, 1)
+    _produce(agent, topic, "avro", V1, [{"id": 1, "item": "apple"}, {"id": 2, "item": "pear"}])
+    _produce(
+        agent, topic, "avro", V2, [{"id": 3, "item": "fig", "qty": 5, "note": {"string": "x"}}]
+    )
+
+    df = _read(spark, cluster, topic)
     decoded = with_avro_values(df, agent, subject=f"{topic}-value")
     rows = decoded.orderBy("offset").select("offset", "value_avro.*").collect()
     # v1's records read as the latest schema: the new fields take their defaults.
@@ -72,20 +73,11 @@ def test_spark_decodes_avro_and_json_schema_values(spark: Any, lakelog_cluster: 
     ]
 
     json_topic = f"spark-js-{uuid.uuid4().hex[:8]}"
-    httpx.post(
-        f"{agent}/v3/clusters/{cluster.cluster_id}/topics",
-        json={"topic_name": json_topic, "partitions_count": 1},
-    ).raise_for_status()
+    create_topic(cluster, json_topic, 1)
     schema = '{"type":"object","properties":{"id":{"type":"integer"},"item":{"type":"string"}}}'
     _produce(agent, json_topic, "jsonschema", schema, [{"id": 7, "item": "kiwi"}])
-    js = (
-        spark.read.format("lakelog")
-        .option("coordinator", cluster.coordinator_url)
-        .option("store", cluster.store_url)
-        .option("store.endpoint", cluster.store_endpoint)
-        .option("subscribe", json_topic)
-        .load()
-        .selectExpr("from_json(cast(substring(value, 6) as string), 'id long, item string') AS v")
+    js = _read(spark, cluster, json_topic).selectExpr(
+        "from_json(cast(substring(value, 6) as string), 'id long, item string') AS v"
     )
     assert [r.v.asDict() for r in js.collect()] == [{"id": 7, "item": "kiwi"}]
 
@@ -140,10 +132,7 @@ def test_spark_maps_every_logical_type_and_union_as_from_avro(
     cluster = lakelog_cluster
     agent = cluster.agents[0]
     topic = f"spark-lt-{uuid.uuid4().hex[:8]}"
-    httpx.post(
-        f"{agent}/v3/clusters/{cluster.cluster_id}/topics",
-        json={"topic_name": topic, "partitions_count": 1},
-    ).raise_for_status()
+    create_topic(cluster, topic, 1)
     base = {
         "d": 19000, "tm": 3_600_000, "tu": 7_200_000_000, "ts": 1_700_000_000_123,
         "tsu": 1_700_000_000_123_456, "lts": 1_700_000_000_123, "ltu": 1_700_000_000_123_456,
@@ -158,14 +147,7 @@ def test_spark_maps_every_logical_type_and_union_as_from_avro(
         {**base, "il": {"int": 1}, "fd": None, "multi": {"string": "s"}, "opt": None},
     ]  # fmt: skip
     _produce(agent, topic, "avro", json.dumps(LOGICAL), values)
-    df = (
-        spark.read.format("lakelog")
-        .option("coordinator", cluster.coordinator_url)
-        .option("store", cluster.store_url)
-        .option("store.endpoint", cluster.store_endpoint)
-        .option("subscribe", topic)
-        .load()
-    )
+    df = _read(spark, cluster, topic)
     decoded = with_avro_values(df, agent, subject=f"{topic}-value").orderBy("offset")
     types = {f.name: f.dataType.simpleString() for f in decoded.schema["value_avro"].dataType}
     assert types == {

@@ -20,10 +20,8 @@ from confluent_kafka import Producer
 from kafka import KafkaProducer
 
 from tests.coordinator_calls import call
-from tests.integration.test_security_processes import run_cli
-from tests.procs import Proc, free_port, lakelog_cmd
+from tests.procs import ROOT, Proc, agent_args, create_user, free_port, lakelog_cmd
 
-ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "tls-user-password-1"
 SECRET = "tls-shared-secret-9-0123456789abcdef0123"
 #: Kafka's ssl.principal.mapping.rules: service certificates (OU=ServiceUsers) become
@@ -99,10 +97,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
     cert.private_key_pem.write_to_path(str(key_file))
     cert_file.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
     db = f"sqlite:///{tmp / 'meta.db'}"
-    made = run_cli(
-        "users", "create", "tuser", "--password-stdin", "--db", db, stdin=PASSWORD + "\n"
-    )
-    assert made.returncode == 0, made.stderr
+    create_user(db, "tuser", PASSWORD)
     env = {
         "PYTHONPATH": str(ROOT),
         "LAKELOG_AUTHENTICATION": "basic",
@@ -117,19 +112,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsCluster
         lakelog_cmd("coordinator", "--db", db, "--port", str(cport)), tmp / "c.log", env=env
     )
     agent = Proc(
-        lakelog_cmd(
-            "agent",
-            "--coordinator",
-            f"https://127.0.0.1:{cport}",
-            "--store",
-            f"file://{tmp / 'data'}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(aport),
-            "--kafka-port",
-            str(kport),
-        ),
+        lakelog_cmd(*agent_args(f"https://127.0.0.1:{cport}", tmp, aport, kport)),
         tmp / "a.log",
         env={
             **env,

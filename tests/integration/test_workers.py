@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import signal
 import threading
@@ -10,19 +9,11 @@ import time
 from pathlib import Path
 
 import httpx
-import orjson
 import pytest
 
-from tests.integration.conftest import (
-    ClusterFactory,
-    assert_acked_stored,
-    create_topic,
-    note_acked,
-)
+from tests.integration.conftest import AckLog, ClusterFactory, create_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-BINARY = "application/vnd.kafka.binary.v2+json"
 
 
 def children(pid: int) -> set[int]:
@@ -75,9 +66,7 @@ def test_sigkill_of_one_worker_loses_no_acked_record(cluster_factory: ClusterFac
     workers = wait_children(supervisor, 2)
     assert len(workers) == 2
     stop = threading.Event()
-    lock = threading.Lock()
-    acked: dict[tuple[int, int], bytes] = {}
-    unacked: set[bytes] = set()
+    acks = AckLog()
     failures: list[str] = []
 
     def producer(worker: int) -> None:
@@ -85,39 +74,23 @@ def test_sigkill_of_one_worker_loses_no_acked_record(cluster_factory: ClusterFac
         while not stop.is_set():
             values = [f"w{worker}-n{n}-r{i}".encode() for i in range(10)]
             n += 1
-            body = {"records": [{"value": base64.b64encode(v).decode()} for v in values]}
             try:
                 with httpx.Client(timeout=20) as client:  # one connection per request
-                    r = client.post(
-                        f"{agent}/topics/{topic}",
-                        content=orjson.dumps(body),
-                        headers={"Content-Type": BINARY},
-                    )
+                    acks.post(client, agent, topic, values, keyed=False)
             except httpx.TransportError as e:
-                with lock:
-                    unacked.update(values)
+                with acks.lock:
                     failures.append(type(e).__name__)
-                continue
-            assert r.status_code == 200, r.text
-            with lock:
-                note_acked(acked, values, r.json()["offsets"])
 
     threads = [threading.Thread(target=producer, args=(w,)) for w in range(8)]
     for t in threads:
         t.start()
     victim = min(workers)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            time.sleep(0.25)
-            with lock:
-                before_kill = len(acked)
-            if before_kill >= 200:
-                break
+        before_kill = acks.wait(200)
         os.kill(victim, signal.SIGKILL)
         replaced = wait_children(supervisor, 2, besides=frozenset({victim}))
-        with lock:
-            at_kill = len(acked)
+        with acks.lock:
+            at_kill = len(acks.acked)
         time.sleep(1.5)  # both workers (the survivor and the new one) answer meanwhile
     finally:
         stop.set()
@@ -125,5 +98,5 @@ def test_sigkill_of_one_worker_loses_no_acked_record(cluster_factory: ClusterFac
             t.join(30)
     assert before_kill > 0
     assert victim not in replaced and len(replaced - workers) == 1, (workers, replaced)
-    assert len(acked) > at_kill, "the agent kept answering after the kill"
-    assert_acked_stored(cluster, topic, 4, acked, unacked)
+    assert len(acks.acked) > at_kill, "the agent kept answering after the kill"
+    acks.check(cluster, topic, 4)

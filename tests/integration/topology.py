@@ -36,11 +36,12 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import os
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ import httpx
 import orjson
 
 from tests.faultproxy import FaultProxy
-from tests.procs import Proc, free_port, lakelog_cmd, wait_http
+from tests.procs import Proc, free_port, lakelog_cmd, start_moto, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A process's start or restart, to its health answer: a Python process importing the
@@ -365,6 +366,23 @@ def start_topology(
         if proxy is not None:
             proxy.stop()
         raise
+
+
+@contextlib.contextmanager
+def moto_topology(tmp: Path, **kwargs: Any) -> Iterator[Topology]:
+    """``start_topology`` (``kwargs``: its keyword arguments) on a moto server of its own
+    and a SQLite database in ``tmp``; both stopped afterwards."""
+    for k, v in S3_ENV.items():  # moto's fake credentials, for this process's boto3
+        os.environ.setdefault(k, v)
+    moto, endpoint = start_moto(tmp)
+    try:
+        topo = start_topology(tmp / "topo", endpoint, f"sqlite:///{tmp / 'meta.db'}", **kwargs)
+        try:
+            yield topo
+        finally:
+            topo.stop()
+    finally:
+        moto.stop()
 
 
 #: Compose's create-admin, after its shell's pipe: the lakelog command it runs.

@@ -42,6 +42,14 @@ class H:
             )
         return op_id
 
+    def read(
+        self, topic: str, offset: int | None, records: list[list[Any]], hw: int, **done: Any
+    ) -> int:
+        """An ``ok`` read of partition 0 from ``offset``: ``records`` ([offset, value] each)
+        and the high watermark ``hw`` (``done``: more of the answer)."""
+        inv = {"topic": topic, "partition": 0, "offset": offset}
+        return self.op("read", "ok", inv, records=records, high_watermark=hw, **done)
+
     def create(self, topic: str, tid: str) -> None:
         self.op("create_topic", "ok", {"topic": topic, "partitions": 1}, topic_id=tid)
 
@@ -315,47 +323,23 @@ def test_reordering_in_the_final_log_and_in_a_read() -> None:
     h.final("a", "A1", [(1, "a2"), (0, "a1")])
     assert "offset_order" in kinds(h)
     h = valid()
-    h.op(
-        "read",
-        "ok",
-        {"topic": "a", "partition": 0, "offset": 0},
-        records=[[1, "a2"], [0, "a1"]],
-        high_watermark=2,
-    )
+    h.read("a", 0, [[1, "a2"], [0, "a1"]], hw=2)
     h.final("a", "A1", [(0, "a1"), (1, "a2")])
     assert kinds(h) == {"offset_order"}
     h = valid()  # the values swapped, the offsets in order
-    h.op(
-        "read",
-        "ok",
-        {"topic": "a", "partition": 0, "offset": 0},
-        records=[[0, "a2"], [1, "a1"]],
-        high_watermark=2,
-    )
+    h.read("a", 0, [[0, "a2"], [1, "a1"]], hw=2)
     h.final("a", "A1", [(0, "a1"), (1, "a2")])
     assert kinds(h) == {"wrong_offset", "inconsistent_read"}
 
 
 def test_read_past_the_high_watermark_and_inconsistent_read() -> None:
     h = valid()
-    h.op(
-        "read",
-        "ok",
-        {"topic": "a", "partition": 0, "offset": 0},
-        records=[[0, "a1"], [1, "a2"]],
-        high_watermark=1,
-    )
+    h.read("a", 0, [[0, "a1"], [1, "a2"]], hw=1)
     h.final("a", "A1", [(0, "a1"), (1, "a2")])
     assert kinds(h) == {"past_hw"}
     h = valid()
     h.produce("a", ["a4"], [[0, 2]])
-    h.op(
-        "read",
-        "ok",
-        {"topic": "a", "partition": 0, "offset": 1},
-        records=[[1, "a2"], [2, "a3"]],
-        high_watermark=3,
-    )  # a3 (unknown) read at 2
+    h.read("a", 1, [[1, "a2"], [2, "a3"]], hw=3)  # a3 (unknown) read at 2
     h.final("a", "A1", [(0, "a1"), (1, "a2"), (2, "a4")])
     assert kinds(h) == {"inconsistent_read"}
 
@@ -474,14 +458,7 @@ def test_a_read_of_a_new_incarnation_serving_the_old_ones_records() -> None:
     h = valid()
     h.op("delete_topic", "ok", {"topic": "a"})
     h.create("a", "A2")
-    h.op(
-        "read",
-        "ok",
-        {"topic": "a", "partition": 0, "offset": None},
-        records=[[0, "a1"], [1, "a2"]],
-        high_watermark=0,
-        log_start=0,
-    )
+    h.read("a", None, [[0, "a1"], [1, "a2"]], hw=0, log_start=0)
     h.final("a", "A2", [], hw=0)
     assert kinds(h) == {"wrong_incarnation", "past_hw"}
 
@@ -576,14 +553,7 @@ def test_an_anomaly_comes_with_the_part_of_the_history_that_shows_it() -> None:
     h.produce("b", ["b1"], [[0, 0]])
     h.produce("a", ["a1"], [[0, 0]])
     h.events.append({"id": 50, "t": h.t + 0.5, "proc": "nemesis", "type": "info", "op": "fault"})
-    read = h.op(
-        "read",
-        "ok",
-        {"topic": "a", "partition": 0, "offset": 0},
-        records=[[0, "a1"]],
-        high_watermark=0,
-        log_start=0,
-    )
+    read = h.read("a", 0, [[0, "a1"]], hw=0, log_start=0)
     (a,) = [x for x in check(h.events).anomalies if x["kind"] == "past_hw"]
     shown = excerpt(h.events, a)
     ids = {e["id"] for e in shown}

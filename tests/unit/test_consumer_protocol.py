@@ -10,7 +10,6 @@ The Kafka wire side (real clients: librdkafka and @platformatic/kafka with
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,7 +33,6 @@ from segments.errors import (
     UnsupportedAssignorError,
 )
 from segments.types import TopicPartition as TP
-from tests.conftest import BACKENDS, new_db_url
 from tests.unit.conftest import Clock
 
 T1, T2, T3 = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
@@ -148,27 +146,22 @@ def test_a_member_revokes_before_another_gets_its_partitions() -> None:
         held_elsewhere=lambda t, p: (t, p) in held,
     )
     assert (m1.epoch, m1.state, m1.assigned) == (2, assignors.UNRELEASED_PARTITIONS, {})
-    still = assignors.reconcile(
-        epoch=step.epoch,
-        state=step.state,
-        assigned=step.assigned,
-        revoking=step.revoking,
-        target={T1: (0, 1)},
-        target_epoch=2,
-        owned={T1: (0, 1, 2, 3)},  # has not revoked yet
-        held_elsewhere=lambda t, p: False,
-    )
-    assert still == step
-    released = assignors.reconcile(
-        epoch=step.epoch,
-        state=step.state,
-        assigned=step.assigned,
-        revoking=step.revoking,
-        target={T1: (0, 1)},
-        target_epoch=2,
-        owned={T1: (0, 1)},
-        held_elsewhere=lambda t, p: False,
-    )
+
+    def m0_heartbeat(owned: Assignment) -> assignors.Reconciled:
+        """m0's next step from ``step`` towards the same target, reporting ``owned``."""
+        return assignors.reconcile(
+            epoch=step.epoch,
+            state=step.state,
+            assigned=step.assigned,
+            revoking=step.revoking,
+            target={T1: (0, 1)},
+            target_epoch=2,
+            owned=owned,
+            held_elsewhere=lambda t, p: False,
+        )
+
+    assert m0_heartbeat({T1: (0, 1, 2, 3)}) == step  # has not revoked yet
+    released = m0_heartbeat({T1: (0, 1)})
     assert (released.epoch, released.state, released.assigned, released.revoking) == (
         2,
         assignors.STABLE,
@@ -189,17 +182,6 @@ def test_a_member_revokes_before_another_gets_its_partitions() -> None:
 
 
 # -- the group state in the coordinator ----------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def shared(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[LocalCoordinator, Clock]]:
-    clock = Clock()
-    db_url = new_db_url(request, request.param, tmp_path_factory.mktemp("consumer-groups"))
-    coord = LocalCoordinator(db_url, now=clock)
-    yield coord, clock
-    coord.close()
 
 
 class Member:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,6 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from tests.conftest import new_db_url, sql_rows
-
-
-@pytest.fixture
-def coord(db_url: str) -> Iterator[LocalCoordinator]:
-    c = LocalCoordinator(db_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _chunk(topic_id: bytes, count: int = 1) -> ChunkCommit:

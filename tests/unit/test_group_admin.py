@@ -7,7 +7,6 @@ group without instances, exactly on what they are given, all or nothing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,30 +27,18 @@ from segments.types import PartitionOffsets
 from segments.types import TopicPartition as TP
 from service.app import create_app
 from service.settings import Settings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.unit.conftest import Clock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def c(db_url: str, clock: Clock) -> Iterator[LocalCoordinator]:
-    coord = LocalCoordinator(db_url, now=clock)
-    coord.create_topic("t", 3)
+def c(c: LocalCoordinator) -> LocalCoordinator:
+    """The conftest's coordinator (on its clock) with topic "t": 3 partitions of 10, 11
+    and 12 records."""
+    c.create_topic("t", 3)
     for p in range(3):
-        topic_id = coord.get_topic("t").topic_id
-        coord.commit(f"obj-{uuid.uuid4().hex}", [ChunkCommit(topic_id, p, 0, 10, 10 + p, 1, 2)])
-    yield coord
-    coord.close()
+        topic_id = c.get_topic("t").topic_id
+        c.commit(f"obj-{uuid.uuid4().hex}", [ChunkCommit(topic_id, p, 0, 10, 10 + p, 1, 2)])
+    return c
 
 
 def committed(c: LocalCoordinator, group: str) -> dict[TP, int]:

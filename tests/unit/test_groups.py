@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,7 +33,7 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.types import TopicPartition as TP
-from tests.conftest import BACKENDS, new_db_url, sql_rows
+from tests.conftest import sql_rows
 from tests.unit.conftest import Clock
 
 SESSION_MS = 10_000
@@ -137,17 +136,6 @@ def test_assignors_own_every_subscribed_partition_exactly_once(
 
 
 # -- rebalancing through the store -----------------------------------------------
-
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def shared(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[LocalCoordinator, Clock]]:
-    clock = Clock()
-    db_url = new_db_url(request, request.param, tmp_path_factory.mktemp("groups"))
-    coord = LocalCoordinator(db_url, now=clock)
-    yield coord, clock
-    coord.close()
 
 
 @settings(

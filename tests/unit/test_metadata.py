@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,15 +60,6 @@ def chunk(
 def db_path(tmp_path: Path) -> Path:
     """A SQLite file, for the SQLite-only tests."""
     return tmp_path / "meta" / "coordinator.db"
-
-
-@pytest.fixture
-def coord(db_url: str) -> Iterator[LocalCoordinator]:
-    c = LocalCoordinator(db_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -30,15 +29,6 @@ from segments.errors import (
     VersionSoftDeletedError,
 )
 from tests.conftest import sql_rows
-
-
-@pytest.fixture
-def coord(db_url: str) -> Iterator[LocalCoordinator]:
-    c = LocalCoordinator(db_url)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def _subject(prefix: str = "s") -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from argon2 import PasswordHasher
@@ -89,6 +90,21 @@ class Route:
         return "{topic" in self.path or self.path == "/v3/clusters/{cluster_id}/topics"
 
 
+def basic_settings(
+    tmp: Path, users: Sequence[str], acls: Sequence[AclBinding] = (), **more: Any
+) -> Settings:
+    """An agent's settings with HTTP Basic on a new SQLite database in ``tmp`` that holds
+    ``users`` (each with ``PASSWORD``) and ``acls``; ``more`` settings besides."""
+    db = f"sqlite:///{tmp}/meta.db"
+    with LocalCoordinator(db) as coord:
+        store = SqlSecurityStore(coord.db, CHEAP)
+        for name in users:
+            store.create_user(name, PASSWORD)
+        if acls:
+            store.create_acls(acls)
+    return Settings(db=db, store=f"file://{tmp}/data", kafka_port=0, authentication="basic", **more)
+
+
 def all_routes(app: object) -> list[Route]:
     out = []
     for r in _leaf_routes(app.router.routes):  # type: ignore[attr-defined]
@@ -102,31 +118,23 @@ def all_routes(app: object) -> list[Route]:
 def served(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[TestClient, str, list[Route]]]:
-    tmp: Path = tmp_path_factory.mktemp("rest-acl")
-    db = f"sqlite:///{tmp}/meta.db"
-    with LocalCoordinator(db) as coord:
-        store = SqlSecurityStore(coord.db, CHEAP)
-        for name in ("admin", "nobody", "alice", "mallory", "pat"):
-            store.create_user(name, PASSWORD)
-        everything = [
-            AclBinding.of(p, "*", rtype, rname, "LITERAL", "ALL", "ALLOW")
-            for p in ("User:alice", "User:mallory")
-            for rtype, rname in (("TOPIC", "*"), ("GROUP", "*"), ("CLUSTER", "kafka-cluster"))
-        ]
-        denied = [
-            AclBinding.of("User:mallory", "*", rtype, rname, "LITERAL", "ALL", "DENY")
-            for rtype, rname in (("TOPIC", TOPIC), ("GROUP", GROUP), ("CLUSTER", "kafka-cluster"))
-        ]
-        prefixed = [
-            AclBinding.of("User:pat", "*", rtype, "sec-", "PREFIXED", "ALL", "ALLOW")
-            for rtype in ("TOPIC", "GROUP")
-        ] + [AclBinding.of("User:pat", "*", "CLUSTER", "kafka-cluster", "LITERAL", "ALL", "ALLOW")]
-        store.create_acls([*everything, *denied, *prefixed])
-    settings = Settings(
-        db=db,
-        store=f"file://{tmp}/data",
-        kafka_port=0,
-        authentication="basic",
+    everything = [
+        AclBinding.of(p, "*", rtype, rname, "LITERAL", "ALL", "ALLOW")
+        for p in ("User:alice", "User:mallory")
+        for rtype, rname in (("TOPIC", "*"), ("GROUP", "*"), ("CLUSTER", "kafka-cluster"))
+    ]
+    denied = [
+        AclBinding.of("User:mallory", "*", rtype, rname, "LITERAL", "ALL", "DENY")
+        for rtype, rname in (("TOPIC", TOPIC), ("GROUP", GROUP), ("CLUSTER", "kafka-cluster"))
+    ]
+    prefixed = [
+        AclBinding.of("User:pat", "*", rtype, "sec-", "PREFIXED", "ALL", "ALLOW")
+        for rtype in ("TOPIC", "GROUP")
+    ] + [AclBinding.of("User:pat", "*", "CLUSTER", "kafka-cluster", "LITERAL", "ALL", "ALLOW")]
+    settings = basic_settings(
+        tmp_path_factory.mktemp("rest-acl"),
+        ("admin", "nobody", "alice", "mallory", "pat"),
+        [*everything, *denied, *prefixed],
         authorization="acl",
         super_users="User:admin",
         auth_max_failures=1000,
@@ -255,17 +263,7 @@ def test_prefix_does_not_reach_other_names(served: tuple[TestClient, str, list[R
 def test_failed_logins_are_counted_and_throttled(tmp_path: Path) -> None:
     """Three failures for one name within the window: the fourth try (even with the right
     password) is 429 with Retry-After; the failures are on /metrics by reason only."""
-    db = f"sqlite:///{tmp_path}/meta.db"
-    with LocalCoordinator(db) as coord:
-        SqlSecurityStore(coord.db, CHEAP).create_user("carol", PASSWORD)
-    settings = Settings(
-        db=db,
-        store=f"file://{tmp_path}/data",
-        kafka_port=0,
-        authentication="basic",
-        auth_max_failures=3,
-        auth_failure_window_s=60,
-    )
+    settings = basic_settings(tmp_path, ["carol"], auth_max_failures=3, auth_failure_window_s=60)
     with TestClient(create_app(settings)) as client:
         assert client.get("/v3/clusters", headers=basic("carol")).status_code == 200
         for _ in range(3):
@@ -383,16 +381,9 @@ def test_quotas_charge_the_authenticated_user(tmp_path: Path) -> None:
     """With authentication on, the quota principal is the user: two users behind one
     address and one X-Client-Id have a bucket each, and an unauthenticated request is
     refused (401) before it is charged to anyone."""
-    db = f"sqlite:///{tmp_path}/meta.db"
-    with LocalCoordinator(db) as coord:
-        store = SqlSecurityStore(coord.db, CHEAP)
-        for name in ("quick", "patient", "vip"):
-            store.create_user(name, PASSWORD)
-    settings = Settings(
-        db=db,
-        store=f"file://{tmp_path}/data",
-        kafka_port=0,
-        authentication="basic",
+    settings = basic_settings(
+        tmp_path,
+        ("quick", "patient", "vip"),
         quota_requests_per_s=2,
         quota_overrides="User:vip=requests:0",  # 0: no quota for vip
     )
