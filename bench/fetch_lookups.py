@@ -29,12 +29,13 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.produce import emit, load_avg, log
+from coordinator.client import TopicPartition
 from coordinator.http.client import http_coordinator
 from index.cache import IndexCache
 from index.log import LogWriter, PartitionWant
 from segments.segment import SegmentBuilder
 from segments.store import open_store
-from segments.types import Record, TopicPartition
+from segments.types import Record
 from service.read_cache import CachingLogReader, RangeCache
 from tests.procs import start_coordinator
 

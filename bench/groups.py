@@ -24,9 +24,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from coordinator.client import ChunkCommit
+from coordinator.client import ChunkCommit, TopicPartition
 from coordinator.groups.model import CommittedOffset
-from segments.types import TopicPartition
 from service.app import create_app
 from service.settings import Settings
 

@@ -38,12 +38,11 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import msgspec
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, StoreLocation
 from coordinator.groups.kafka import KafkaGroupCoordinator
 from coordinator.groups.model import GroupCoordinator
 from coordinator.schemas.model import SchemaStore
 from segments.store import ObjectInfo
-from segments.types import StoreLocation
 
 #: The path prefix of every operation's route.
 PREFIX = "/v2/"

@@ -10,7 +10,7 @@ from typing import Literal
 
 from coordinator import clock
 from coordinator.api import forward
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, TopicPartition
 from coordinator.db import MetadataDatabase, WriteMode, open_database
 from coordinator.groups.kafka import (
     KafkaGroupCoordinator,
@@ -34,7 +34,6 @@ from coordinator.schemas.model import (
 from coordinator.schemas.store import SchemaRegistryStore
 from coordinator.shards import ShardedCatalog, ShardedStore, check_unsharded, open_shards
 from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
-from segments.types import TopicPartition
 
 
 class LocalCoordinator:

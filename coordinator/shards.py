@@ -58,7 +58,15 @@ from typing import Any, TypeVar
 
 from coordinator import clock
 from coordinator.api import forward
-from coordinator.client import ChunkCommit, Coordinator, IndexWant
+from coordinator.client import (
+    ChunkCommit,
+    ChunkRef,
+    Coordinator,
+    IndexWant,
+    PartitionOffsets,
+    TopicInfo,
+    TopicPartition,
+)
 from coordinator.db import POSTGRESQL, MetadataDatabase, open_database, rows_in
 from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
 from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
@@ -84,7 +92,6 @@ from segments.errors import (
     PartitionNotFoundError,
     TopicNotFoundError,
 )
-from segments.types import ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 log = logging.getLogger(__name__)
 

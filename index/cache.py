@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from segments.types import ChunkRef
+from coordinator.client import ChunkRef
 
 __all__ = ["IndexCache"]
 

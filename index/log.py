@@ -17,7 +17,7 @@ from typing import NamedTuple, TypeVar
 
 from ulid import ULID
 
-from coordinator.client import ChunkCommit, Coordinator
+from coordinator.client import ChunkCommit, ChunkRef, Coordinator, PartitionOffsets
 from coordinator.log.producers import ProducerBatch, RequestKey
 from index.walk import seek_timestamp, walk
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
@@ -33,7 +33,7 @@ from segments.errors import (
 from segments.segment import SegmentBuilder, iter_chunk
 from segments.store import ObjectStore
 from segments.tier import TierReader
-from segments.types import ChunkInfo, ChunkRef, ConsumedRecord, PartitionOffsets
+from segments.types import ChunkInfo, ConsumedRecord
 
 log = logging.getLogger(__name__)
 

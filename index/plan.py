@@ -25,14 +25,13 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from coordinator.client import Coordinator
+from coordinator.client import ChunkRef, Coordinator
 from coordinator.log.topic_configs import max_decompressed_bytes
 from index.walk import walk
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import OffsetOutOfRangeError, TopicNotFoundError
 from segments.store import ObjectStore
 from segments.tier import tier_row_groups
-from segments.types import ChunkRef
 
 __all__ = ["Bounds", "ScanTask", "Slice", "pack_slices", "plan_tasks"]
 

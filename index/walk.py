@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, TypeVar
 
+from coordinator.client import ChunkRef
 from segments.errors import CorruptSegmentError, IndexHoleError, OffsetOutOfRangeError
-from segments.types import ChunkRef
 
 __all__ = ["Span", "seek_timestamp", "walk"]
 

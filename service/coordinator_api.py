@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from coordinator.client import StoreLocation
 from segments.store import ObjectStore, absolute_store_url
-from segments.types import StoreLocation
 
 if TYPE_CHECKING:
     from coordinator.janitors.context import JanitorConfig

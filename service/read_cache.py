@@ -38,13 +38,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from coordinator.client import Coordinator, IndexWant
+from coordinator.client import ChunkRef, Coordinator, IndexWant
 from index.cache import IndexCache
 from index.log import LogReader, PartitionWant, WriteResult
 from index.walk import walk
 from segments.errors import CorruptSegmentError, LakelogError, StorageUnavailableError
 from segments.store import ObjectStore
-from segments.types import ChunkRef
 from service.consume.metrics import ConsumeMetrics
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, StoreLocation
 from coordinator.security.model import basic
 from segments.store import ObjectStore, open_store
-from segments.types import StoreLocation
 from spark.options import Connection
 
 __all__ = ["get_store", "open_coordinator", "opened", "resolve_store"]

@@ -27,9 +27,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator.client import StoreLocation
 from index.plan import Bounds, ScanTask, Slice, pack_slices
 from segments.store import absolute_store_url
-from segments.types import StoreLocation
 from spark.options import EARLIEST, LATEST, ReadOptions
 
 __all__ = ["by_partition", "latest_by_key", "plan_history", "table_catalog"]

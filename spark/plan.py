@@ -15,12 +15,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, TopicInfo
 from index.plan import Bounds, ScanTask, plan_tasks
 from index.walk import seek_timestamp
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
 from segments.store import ObjectStore
-from segments.types import TopicInfo
 from spark.options import EARLIEST, LATEST, ReadOptions
 
 if TYPE_CHECKING:

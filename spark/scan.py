@@ -25,12 +25,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator.client import ChunkRef
 from index.plan import Bounds, ScanTask, Slice
 from segments.errors import CorruptSegmentError, ObjectNotFoundError
 from segments.segment import decode_chunk
 from segments.store import ObjectStore
 from segments.tier import TIER_SCHEMA, group_stat, open_tier
-from segments.types import ChunkRef
 
 __all__ = [
     "COLUMNS",

@@ -62,10 +62,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, PartitionOffsets, StoreLocation, TopicInfo
 from coordinator.security.model import Operation
 from index.plan import Bounds, ScanTask, plan_tasks
-from segments.types import PartitionOffsets, StoreLocation, TopicInfo
 from spark.access import TopicAccess, topic_access
 from spark.connect import get_store, open_coordinator, opened, resolve_store
 from spark.options import ReadOptions, parse_options, parse_write_options

@@ -31,10 +31,9 @@ import math
 from collections.abc import Mapping, Set
 from typing import TYPE_CHECKING
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, PartitionOffsets
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
 from segments.store import ObjectStore
-from segments.types import PartitionOffsets
 from spark.options import EARLIEST, LATEST, ReadOptions
 from spark.plan import start_at_timestamp, subscribed_topics
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, TopicInfo
 from coordinator.log.topic_configs import (
     BATCH_OVERHEAD,
     compacted,
@@ -71,7 +71,7 @@ from segments.arrow_records import (
 )
 from segments.segment import COMPRESSIONS, SegmentBuilder
 from segments.store import ObjectStore
-from segments.types import ChunkInfo, TopicInfo
+from segments.types import ChunkInfo
 
 __all__ = [
     "LEASE_TTL_S",

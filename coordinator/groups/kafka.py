@@ -48,6 +48,7 @@ from kio.serial import entity_reader
 from kio.static.constants import EntityType
 
 from coordinator import clock
+from coordinator.client import TopicPartition
 from coordinator.db import MetadataDatabase
 from coordinator.groups import assignors
 from coordinator.groups.assignors import Assignment
@@ -67,7 +68,6 @@ from segments.errors import (
     UnreleasedInstanceIdError,
     UnsupportedAssignorError,
 )
-from segments.types import TopicPartition
 
 EMPTY = "Empty"
 PREPARING = "PreparingRebalance"

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from segments.types import TopicPartition
+from coordinator.client import TopicPartition
 
 FORMATS = ("binary", "json", "avro", "jsonschema", "protobuf")
 RESET_POLICIES = ("earliest", "latest", "none")

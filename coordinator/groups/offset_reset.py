@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from coordinator.client import PartitionOffsets, TopicPartition
 from segments.errors import NoOffsetError
-from segments.types import PartitionOffsets, TopicPartition
 
 
 class ResetStrategy(StrEnum):

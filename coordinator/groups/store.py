@@ -94,6 +94,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from coordinator import clock
+from coordinator.client import TopicPartition
 from coordinator.db import MetadataDatabase, fetch_each
 from coordinator.groups.model import (
     ASSIGNORS,
@@ -124,7 +125,6 @@ from segments.errors import (
     StaleGenerationError,
     TopicNotFoundError,
 )
-from segments.types import TopicPartition
 
 log = logging.getLogger(__name__)
 

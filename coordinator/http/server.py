@@ -53,6 +53,7 @@ from prometheus_client.exposition import generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.api import MEDIA_TYPE, OPERATIONS, Operation, ServedCoordinator
+from coordinator.client import StoreLocation
 from coordinator.groups.metrics import GroupLagCollector
 from coordinator.janitors.context import JanitorConfig
 from coordinator.janitors.leases import Lease
@@ -65,7 +66,6 @@ from coordinator.security.settings import AccessSettings
 from coordinator.security.store import SecurityStore, SqlSecurityStore
 from segments.errors import LakelogError, MalformedRequestError, PartialCommitError
 from segments.store import ObjectInfo, ObjectStore, absolute_store_url
-from segments.types import StoreLocation
 
 if TYPE_CHECKING:
     from coordinator.local import LocalCoordinator

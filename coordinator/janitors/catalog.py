@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator import clock
+from coordinator.client import ChunkRef
 from coordinator.db import MetadataDatabase, rows_in
 from coordinator.iceberg.changes import (
     MARK_UNREFERENCED,
@@ -32,7 +33,6 @@ from coordinator.iceberg.changes import (
 )
 from coordinator.log.topic_configs import topic_defaults
 from segments.errors import IndexHoleError
-from segments.types import ChunkRef
 
 _PARTITIONS = (
     "SELECT t.topic_id, t.name, p.partition, p.log_start_offset, p.high_watermark "

@@ -29,7 +29,15 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, cast
 
 from coordinator import clock
-from coordinator.client import ChunkCommit, IndexWant
+from coordinator.client import (
+    AgentInfo,
+    ChunkCommit,
+    ChunkRef,
+    IndexWant,
+    PartitionOffsets,
+    TopicInfo,
+    TopicPartition,
+)
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each, rows_in
 from coordinator.iceberg.changes import PURGE_TABLE_FILES
 from coordinator.log.group_commit import GroupCommitStats, GroupCommitter, PendingCommit
@@ -68,7 +76,6 @@ from segments.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from segments.types import AgentInfo, ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 
 #: Partitions one topic may have. Kafka has no hard limit; this one keeps a typo
 #: (1e9 partitions) from filling the database.

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from coordinator.client import TopicInfo
 from segments.compression import DECOMPRESSED_CONFIG, DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import (
     InvalidConfigError,
@@ -31,7 +32,7 @@ from segments.errors import (
     InvalidTopicNameError,
     RecordTooLargeError,
 )
-from segments.types import Record, TopicInfo
+from segments.types import Record
 
 #: Kafka's limit: 249, so that ``<topic>-<partition>`` directory names fit in 255 bytes.
 MAX_TOPIC_NAME_LENGTH = 249

@@ -61,7 +61,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.api import OPERATIONS, PREFIX
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, TopicInfo
 from coordinator.http.asgi import read_body, replay
 from coordinator.security.logins import AuthMetrics, Logins
 from coordinator.security.model import (
@@ -82,7 +82,6 @@ from segments.errors import (
     LakelogError,
     LoginThrottledError,
 )
-from segments.types import TopicInfo
 
 #: Where an agent forwards its client's own credential (management routes only).
 PRINCIPAL_HEADER = "x-lakelog-principal"

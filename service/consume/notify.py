@@ -23,9 +23,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from coordinator.client import PartitionOffsets, TopicPartition
 from index.log import WriteResult
 from segments.errors import LakelogError
-from segments.types import PartitionOffsets, TopicPartition
 from service.consume.metrics import ConsumeMetrics
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
+from coordinator.client import TopicInfo
 from coordinator.log.topic_configs import (
     BROKER_CONFIG_DEFS,
     CONFIG_DEFS,
@@ -33,7 +34,6 @@ from segments.errors import (
     LakelogError,
     TopicNotFoundError,
 )
-from segments.types import TopicInfo
 from service.executors import call
 from service.kafka.acl import CLUSTER_DENIED, TOPIC_DENIED, Access
 from service.kafka.errors import code_for

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from kio.schema.errors import ErrorCode
 
+from coordinator.client import TopicInfo, TopicPartition
 from coordinator.groups.assignors import Assignment
 from coordinator.groups.kafka import (
     CLASSIC,
@@ -29,7 +30,6 @@ from coordinator.groups.kafka import (
 )
 from coordinator.groups.model import CommittedOffset
 from segments.errors import LakelogError
-from segments.types import TopicInfo, TopicPartition
 from service.executors import call
 from service.kafka.acl import GROUP_DENIED, TOPIC_DENIED, TRANSACTIONAL_ID_DENIED, Access
 from service.kafka.errors import code_for

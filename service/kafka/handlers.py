@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from coordinator.client import ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
 from coordinator.log.producers import ProducerBatch
 from coordinator.log.topic_configs import (
     compacted,
@@ -46,7 +47,7 @@ from segments.errors import (
     PartitionNotFoundError,
     TopicNotFoundError,
 )
-from segments.types import ChunkRef, ConsumedRecord, PartitionOffsets, TopicInfo, TopicPartition
+from segments.types import ConsumedRecord
 from service.executors import Kind, call, run
 from service.kafka.acl import CLUSTER_DENIED, TOPIC_DENIED, TRANSACTIONAL_ID_DENIED, Access
 from service.kafka.errors import code_for

@@ -43,6 +43,7 @@ from typing import Annotated
 
 from fastapi import Header, Request
 
+from coordinator.client import TopicInfo
 from coordinator.log.producers import RequestKey, StoredKey
 from segments.errors import (
     BufferFullError,
@@ -52,7 +53,7 @@ from segments.errors import (
     MalformedRequestError,
 )
 from segments.partitioning import partition_for_key
-from segments.types import Record, TopicInfo
+from segments.types import Record
 from service.produce.idempotence import Admission, Ticket
 from service.state import AgentState
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import time
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, TopicInfo
 from coordinator.log.topic_configs import max_decompressed_bytes
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import TopicExistsError, TopicNotFoundError
-from segments.types import TopicInfo
 from service.executors import call
 
 

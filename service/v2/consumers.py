@@ -60,6 +60,7 @@ from urllib.parse import quote
 import orjson
 from fastapi import APIRouter, Query, Request, Response
 
+from coordinator.client import PartitionOffsets, TopicPartition
 from coordinator.groups.model import (
     ASSIGNORS,
     FORMATS,
@@ -85,7 +86,7 @@ from segments.errors import (
     UnprocessableRequestError,
     UnsupportedMediaTypeError,
 )
-from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
+from segments.types import ConsumedRecord
 from service.consume.notify import PartitionKey
 from service.delivery import DeliveryResponse, DisconnectWatch
 from service.errors import V2_CONTENT_TYPE

@@ -9,9 +9,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from coordinator.client import TopicInfo
 from coordinator.log.topic_configs import effective_configs
 from segments.errors import PartitionNotFoundError
-from segments.types import TopicInfo
 from service.errors import V2_CONTENT_TYPE
 from service.state import AgentState, StateDep
 from service.v3.common import JSON, call, leader_for, live_agents

@@ -42,6 +42,7 @@ import msgspec
 import orjson
 from fastapi import APIRouter, Request, Response
 
+from coordinator.client import TopicInfo
 from coordinator.log.topic_configs import (
     BATCH_OVERHEAD,
     check_record_size,
@@ -56,7 +57,7 @@ from segments.errors import (
     PartitionNotFoundError,
     UnprocessableRequestError,
 )
-from segments.types import Headers, Record, TopicInfo
+from segments.types import Headers, Record
 from service.errors import kafka_error_code
 from service.executors import Kind, run_if
 from service.produce.batcher import RECORD_OVERHEAD, Grouped, PartlyCommittedError, record_size

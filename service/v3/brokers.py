@@ -22,9 +22,9 @@ from typing import NoReturn
 
 from fastapi import APIRouter, Response
 
+from coordinator.client import AgentInfo
 from coordinator.log.topic_configs import BROKER_CONFIG_DEFS, ConfigEntry, describe_broker_configs
 from segments.errors import BrokerNotFoundError, ConfigNotFoundError, InvalidConfigError
-from segments.types import AgentInfo
 from service.state import AgentState, StateDep
 from service.v3.common import JSON, Links, LinksDep, call, leader_for, live_agents, related
 from service.v3.configs import (

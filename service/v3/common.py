@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from coordinator.client import AgentInfo
 from segments.errors import ClusterNotFoundError
-from segments.types import AgentInfo
 from service.executors import call as call
 from service.state import AgentState, StateDep
 

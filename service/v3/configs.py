@@ -11,9 +11,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, StrictBool
 
+from coordinator.client import TopicInfo
 from coordinator.log.topic_configs import CONFIG_DEFS, ConfigEntry, describe_configs
 from segments.errors import ConfigNotFoundError, InvalidConfigError, MalformedRequestError
-from segments.types import TopicInfo
 from service.state import AgentState, StateDep
 from service.v3.common import JSON, Links, LinksDep, call
 

@@ -33,8 +33,9 @@ import orjson
 from fastapi import APIRouter, Query, Response
 from starlette.responses import StreamingResponse
 
+from coordinator.client import PartitionOffsets, TopicPartition
 from segments.errors import MalformedRequestError, OffsetOutOfRangeError, TopicNotFoundError
-from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
+from segments.types import ConsumedRecord
 from service.consume.sessions import FetchBudget
 from service.executors import Kind, call, run
 from service.registry.rest import SCHEMA_TYPE_OF_FORMAT

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request
 
+from coordinator.client import TopicPartition
 from coordinator.groups.model import ConsumerState, GroupInfo
 from coordinator.security.model import Operation, ResourceType
 from segments.errors import ConsumerNotFoundError, LakelogError, PartitionNotFoundError
-from segments.types import TopicPartition
 from service.security.acl import Rights, rights
 from service.state import AgentState, StateDep
 from service.v3.common import JSON, Links, LinksDep, call, related

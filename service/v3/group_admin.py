@@ -28,6 +28,7 @@ import asyncio
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field, StrictBool
 
+from coordinator.client import TopicPartition
 from coordinator.groups.model import CommittedOffset, GroupInfo
 from coordinator.groups.offset_reset import NEEDS_VALUE, PlannedReset, ResetStrategy, plan_reset
 from coordinator.security.model import Operation, ResourceType
@@ -38,7 +39,6 @@ from segments.errors import (
     PartitionNotFoundError,
     UnprocessableRequestError,
 )
-from segments.types import TopicPartition
 from service.executors import Kind
 from service.security.acl import Rights, rights
 from service.state import AgentState, StateDep

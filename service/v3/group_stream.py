@@ -57,6 +57,7 @@ import orjson
 from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.responses import StreamingResponse
 
+from coordinator.client import PartitionOffsets, TopicPartition
 from coordinator.groups.model import CommittedOffset
 from coordinator.security.model import Operation, ResourceType
 from segments.errors import (
@@ -65,7 +66,7 @@ from segments.errors import (
     NonEmptyGroupError,
     TopicNotFoundError,
 )
-from segments.types import ConsumedRecord, PartitionOffsets, TopicPartition
+from segments.types import ConsumedRecord
 from service.consume.notify import Waiter
 from service.delivery import DeliveryStream, DisconnectWatch
 from service.errors import error_code_for, error_message_for

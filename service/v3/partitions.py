@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from coordinator.client import TopicInfo
 from segments.errors import (
     BrokerNotFoundError,
     MalformedRequestError,
     PartitionNotFoundError,
     ReassignmentNotFoundError,
 )
-from segments.types import TopicInfo
 from service.state import AgentState, StateDep
 from service.v3.common import (
     JSON,

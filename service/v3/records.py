@@ -49,6 +49,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from coordinator.client import TopicInfo
 from coordinator.log.producers import ProducerBatch, StoredKey
 from coordinator.log.topic_configs import (
     check_record_key,
@@ -68,7 +69,7 @@ from segments.errors import (
     UnprocessableRequestError,
     UnsupportedFormatError,
 )
-from segments.types import Headers, Record, TopicInfo
+from segments.types import Headers, Record
 from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run_if
 from service.produce.batcher import Offsets, PartlyCommittedError, RestProducer

@@ -6,12 +6,12 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from coordinator.client import TopicInfo
 from segments.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     TopicExistsError,
 )
-from segments.types import TopicInfo
 from service.state import StateDep
 from service.v3.common import JSON, Links, LinksDep, call, related
 

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from coordinator.api import MEDIA_TYPE
-from coordinator.client import ChunkCommit, Coordinator
+from coordinator.client import ChunkCommit, Coordinator, StoreLocation
 from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.http.server import create_app, status_for
 from coordinator.local import LocalCoordinator
@@ -34,7 +34,6 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.store import open_store
-from segments.types import StoreLocation
 from tests.coordinator_calls import answer, call
 from tests.procs import start_coordinator
 from tests.unit.test_schema_store import SCENARIOS as SCHEMA_SCENARIOS

@@ -18,12 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordinator.client import ChunkCommit
+from coordinator.client import ChunkCommit, ChunkRef
 from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.janitors.orphans import find_orphans
 from segments.errors import CoordinatorUnavailableError, MalformedRequestError, TopicExistsError
 from segments.store import open_store
-from segments.types import ChunkRef
 from tests.conftest import BACKENDS, new_db_url
 from tests.coordinator_calls import answer, call, op_path
 from tests.procs import Proc, free_port, start_coordinator

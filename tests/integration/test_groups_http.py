@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from coordinator.client import ChunkCommit
+from coordinator.client import TopicPartition as TP
 from coordinator.groups.model import CommittedOffset, ConsumerConfig, ConsumerHeartbeat
 from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.local import LocalCoordinator
@@ -31,7 +32,6 @@ from segments.errors import (
     StaleGenerationError,
     TopicNotFoundError,
 )
-from segments.types import TopicPartition as TP
 from tests.coordinator_calls import answer, call
 
 pytestmark = pytest.mark.integration

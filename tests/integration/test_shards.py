@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer as KafkaProducer
 
-from coordinator.client import ChunkCommit, IndexWant
+from coordinator.client import ChunkCommit, IndexWant, TopicInfo, TopicPartition
 from coordinator.groups.model import ConsumerConfig
 from coordinator.janitors.context import JanitorContext
 from coordinator.janitors.gc import run_gc
@@ -40,7 +40,6 @@ from segments.errors import (
     TopicNotFoundError,
 )
 from segments.store import open_store
-from segments.types import TopicInfo, TopicPartition
 from tests.conftest import PG_ADMIN_URL, sql_rows
 from tests.integration.conftest import Cluster, ClusterFactory
 from tests.integration.test_consumer_api import (

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.client import TopicInfo
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
 from segments.batches import encode_records
@@ -25,7 +26,7 @@ from segments.errors import (
 )
 from segments.memory import MemoryStore
 from segments.segment import SegmentBuilder
-from segments.types import ConsumedRecord, Record, TopicInfo
+from segments.types import ConsumedRecord, Record
 from service.metrics import Metrics
 from service.produce.batcher import (
     Batcher,

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coordinator.client import TopicPartition as TP
 from coordinator.groups import assignors
 from coordinator.groups.assignors import Assignment, Subscriber, partitions_of, range_, uniform
 from coordinator.groups.kafka import HeartbeatResult
@@ -32,7 +33,6 @@ from segments.errors import (
     UnreleasedInstanceIdError,
     UnsupportedAssignorError,
 )
-from segments.types import TopicPartition as TP
 from tests.unit.conftest import Clock
 
 T1, T2, T3 = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16

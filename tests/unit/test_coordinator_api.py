@@ -19,12 +19,11 @@ from coordinator.api import (
     RETRY_UNSAFE,
     _operation,
 )
-from coordinator.client import ChunkCommit
+from coordinator.client import ChunkCommit, TopicPartition
 from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.http.server import create_app
 from coordinator.local import LocalCoordinator
 from segments.errors import CoordinatorUnavailableError, MalformedRequestError
-from segments.types import TopicPartition
 from tests.coordinator_calls import answer, call
 
 with warnings.catch_warnings():

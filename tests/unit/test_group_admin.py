@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from coordinator.client import ChunkCommit
+from coordinator.client import ChunkCommit, PartitionOffsets
+from coordinator.client import TopicPartition as TP
 from coordinator.groups.model import CommittedOffset, ConsumerConfig
 from coordinator.local import LocalCoordinator
 from segments.errors import (
@@ -23,8 +24,6 @@ from segments.errors import (
     PartitionNotFoundError,
     TopicNotFoundError,
 )
-from segments.types import PartitionOffsets
-from segments.types import TopicPartition as TP
 from service.app import create_app
 from service.settings import Settings
 from tests.unit.conftest import Clock

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from coordinator.client import PartitionOffsets
+from coordinator.client import TopicPartition as TP
 from coordinator.groups import store as groups_store
 from coordinator.groups.model import CommittedOffset, ConsumerConfig, ConsumerHeartbeat, FetchLease
 from coordinator.groups.patterns import check_java_pattern, compile_topic_pattern, match_topics
 from coordinator.local import LocalCoordinator
 from segments.errors import ConsumerNotFoundError, InvalidTopicPatternError, StaleGenerationError
-from segments.types import PartitionOffsets
-from segments.types import TopicPartition as TP
 from tests.unit.conftest import Clock
 from tests.unit.test_groups import cfg, produce
 

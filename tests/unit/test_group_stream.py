@@ -11,9 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
+from coordinator.client import TopicPartition
 from segments.errors import MalformedRequestError
 from segments.segment import SegmentBuilder
-from segments.types import Record, TopicPartition
+from segments.types import Record
 from service.app import create_app
 from service.settings import Settings
 from service.v3.group_stream import NDJSON, SSE, decode_cursor, encode_cursor

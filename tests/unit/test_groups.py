@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coordinator.client import ChunkCommit
+from coordinator.client import TopicPartition as TP
 from coordinator.groups.model import CommittedOffset, ConsumerConfig, ConsumerState, GroupInfo
 from coordinator.groups.store import assign_range, assign_roundrobin
 from coordinator.local import LocalCoordinator
@@ -32,7 +33,6 @@ from segments.errors import (
     StaleGenerationError,
     TopicNotFoundError,
 )
-from segments.types import TopicPartition as TP
 from tests.conftest import sql_rows
 from tests.unit.conftest import Clock
 

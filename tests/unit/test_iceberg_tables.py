@@ -354,8 +354,9 @@ def test_history_plan_cuts_a_tier_object_bigger_than_a_task(h: Harness) -> None:
     several tasks (pieces of whole row groups) whose rows together are the table's."""
     import os as _os
 
+    from coordinator.client import StoreLocation
     from index.plan import Bounds
-    from segments.types import Record, StoreLocation
+    from segments.types import Record
     from spark.history import plan_history
     from spark.options import parse_options
     from spark.scan import read_task

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.client import ChunkRef
 from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
 from index.plan import Bounds, _slices
@@ -17,7 +18,7 @@ from index.walk import Span, seek_timestamp, walk
 from segments.errors import CorruptSegmentError, IndexHoleError, OffsetOutOfRangeError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
-from segments.types import ChunkRef, Record
+from segments.types import Record
 
 
 def entry(base: int, count: int, key: str = "o", ts: tuple[int, int] = (0, 0)) -> ChunkRef:

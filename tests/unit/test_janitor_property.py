@@ -23,6 +23,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from coordinator.client import ChunkRef
 from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import JanitorContext
 from coordinator.janitors.gc import run_gc
@@ -30,7 +31,7 @@ from coordinator.janitors.retention import run_retention
 from coordinator.janitors.tables import run_tables
 from coordinator.janitors.tiering import run_compaction, run_tiering
 from segments.errors import ObjectNotFoundError
-from segments.types import ChunkRef, Record
+from segments.types import Record
 from tests.unit.janitor_helpers import Harness
 
 GRACE_S = 30.0

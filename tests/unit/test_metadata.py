@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from coordinator.client import ChunkCommit
+from coordinator.client import ChunkCommit, ChunkRef, PartitionOffsets, TopicInfo
 from coordinator.db import (
     MIGRATIONS,
     POSTGRESQL,
@@ -40,7 +40,6 @@ from segments.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from segments.types import ChunkRef, PartitionOffsets, TopicInfo
 from tests.conftest import backend_of, new_db_url, sql_rows
 
 

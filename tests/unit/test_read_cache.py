@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.client import IndexWant
+from coordinator.client import ChunkRef, IndexWant
 from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import JanitorConfig, JanitorContext
 from coordinator.janitors.tiering import run_tiering
@@ -21,7 +21,7 @@ from index.log import LogWriter, PartitionWant, WriteResult
 from segments.errors import CorruptSegmentError, StorageUnavailableError, TopicNotFoundError
 from segments.segment import SegmentBuilder
 from segments.store import open_store
-from segments.types import ChunkInfo, ChunkRef, Record
+from segments.types import ChunkInfo, Record
 from service.consume.metrics import ConsumeMetrics
 from service.read_cache import CachingLogReader, RangeCache, plan_spans
 

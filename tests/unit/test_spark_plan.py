@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from coordinator.client import PartitionOffsets
 from coordinator.local import LocalCoordinator
 from index.log import LogWriter
 from segments.segment import SegmentBuilder
 from segments.store import open_store
-from segments.types import PartitionOffsets, Record
+from segments.types import Record
 from spark.options import parse_options
 from spark.plan import plan_read
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.client import ChunkCommit
+from coordinator.client import ChunkCommit, PartitionOffsets
 from coordinator.local import LocalCoordinator
 from index.log import LogWriter
 from segments.segment import SegmentBuilder
 from segments.store import open_store
-from segments.types import PartitionOffsets, Record
+from segments.types import Record
 from spark.options import ReadOptions, parse_options
 from spark.stream import (
     from_json,

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from coordinator.client import TopicInfo
 from coordinator.log.topic_configs import record_limit
 from segments.errors import LakelogError, RequestTooLargeError
-from segments.types import TopicInfo
 from service.app import create_app
 from service.settings import Settings
 from service.v3 import records
