@@ -48,6 +48,10 @@ ENV_PREFIX = "LAKELOG_"
 CLUSTER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{22}$")
 
 MiB = 1 << 20
+#: The coordinator API's default body limit: twice a commit of 10,000 partitions' chunks
+#: with 10 producer batches and 10 request keys each (~30 MiB); a gigabyte body from a
+#: caller must not take the coordinator's memory.
+COORDINATOR_MAX_REQUEST_BYTES = 64 * MiB
 
 COORDINATOR_URLS = (
     "Coordinator URL(s), comma-separated: an agent commits there; `lakelog janitor` asks it "
