@@ -294,11 +294,29 @@ class JanitorSchedule(JanitorTuning):
         return self.janitor_config(parse_janitors(self.janitors))
 
 
+class CoordinatorApiSettings(BaseModel):
+    """The coordinator API's limits, wherever it is served: ``lakelog coordinator``, and
+    ``lakelog serve`` on ``coordinator_port``."""
+
+    coordinator_max_request_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=COORDINATOR_MAX_REQUEST_BYTES,
+        description="Largest request body the coordinator API reads; bigger is answered 413 "
+        "RequestTooLargeError (before it is read when Content-Length says so). A commit "
+        "takes ~170 bytes a chunk, more with its producer batches and request keys: 10,000 "
+        "chunks with 10 of each are ~30 MiB.",
+    )
+
+
 # -- the coordinator and the janitor command -------------------------------------------
 
 
 class CoordinatorSettings(
-    LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule, CoordinatorSecuritySettings
+    LakelogSettings,
+    DatabaseSettings,
+    StoreSettings,
+    JanitorSchedule,
+    CoordinatorSecuritySettings,
+    CoordinatorApiSettings,
 ):
     """``lakelog coordinator``."""
 

@@ -698,3 +698,22 @@ def test_a_commit_of_10000_partitions_goes_through_under_the_default(
     ]
     assert len(commit.request(("segments/aa/2.seg", heavy), {})) < COORDINATOR_MAX_REQUEST_BYTES
 
+
+def test_a_coordinator_process_takes_its_limit_from_the_setting(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LAKELOG_COORDINATOR_MAX_REQUEST_BYTES`` reaches ``lakelog coordinator``: a
+    chunked body over it is 413 from uvicorn's server too, and the connection still
+    serves the next request."""
+    monkeypatch.setenv("LAKELOG_COORDINATOR_MAX_REQUEST_BYTES", "65536")
+    proc, url = start_coordinator(tmp_path, db_url)
+    try:
+        with httpx.Client(timeout=30) as client:
+            pieces = itertools.repeat(_PIECE, 64)  # 4 MiB, chunked
+            r = client.post(
+                f"{url}/v2/commit", content=pieces, headers={"content-type": MEDIA_TYPE}
+            )
+            assert (r.status_code, r.json()) == (413, _too_large(65536))
+            assert client.get(f"{url}/health").status_code == 200
+    finally:
+        proc.stop()
