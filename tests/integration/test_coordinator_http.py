@@ -702,12 +702,21 @@ def test_a_commit_of_10000_partitions_goes_through_under_the_default(
 def test_a_coordinator_process_takes_its_limit_from_the_setting(
     tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``LAKELOG_COORDINATOR_MAX_REQUEST_BYTES`` reaches ``lakelog coordinator``: a
-    chunked body over it is 413 from uvicorn's server too, and the connection still
-    serves the next request."""
+    """``LAKELOG_COORDINATOR_MAX_REQUEST_BYTES`` reaches ``lakelog coordinator``: under
+    uvicorn a chunked body over it is 413 and the connection serves the next request; a
+    commit over it (Content-Length, answered before the body is read) raises
+    RequestTooLargeError in the client after one request and commits nothing."""
     monkeypatch.setenv("LAKELOG_COORDINATOR_MAX_REQUEST_BYTES", "65536")
     proc, url = start_coordinator(tmp_path, db_url)
     try:
+        with http_coordinator(url) as remote:
+            t = remote.create_topic("capped", 1000)
+            chunks = [_chunk(t.topic_id, p, 3) for p in range(1000)]  # ~170 KB
+            with pytest.raises(RequestTooLargeError):
+                remote.commit("segments/aa/1.seg", chunks)
+            assert remote.offsets("capped", 0).high_watermark == 0
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'lakelog_coordinator_errors_total{error="RequestTooLargeError"} 1.0' in metrics
         with httpx.Client(timeout=30) as client:
             pieces = itertools.repeat(_PIECE, 64)  # 4 MiB, chunked
             r = client.post(
