@@ -48,6 +48,10 @@ ENV_PREFIX = "LAKELOG_"
 CLUSTER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{22}$")
 
 MiB = 1 << 20
+#: The coordinator API's default body limit: twice a commit of 10,000 partitions' chunks
+#: with 10 producer batches and 10 request keys each (~30 MiB); a gigabyte body from a
+#: caller must not take the coordinator's memory.
+COORDINATOR_MAX_REQUEST_BYTES = 64 * MiB
 
 COORDINATOR_URLS = (
     "Coordinator URL(s), comma-separated: an agent commits there; `lakelog janitor` asks it "
@@ -290,11 +294,29 @@ class JanitorSchedule(JanitorTuning):
         return self.janitor_config(parse_janitors(self.janitors))
 
 
+class CoordinatorApiSettings(BaseModel):
+    """The coordinator API's limits, wherever it is served: ``lakelog coordinator``, and
+    ``lakelog serve`` on ``coordinator_port``."""
+
+    coordinator_max_request_bytes: Annotated[int, Field(gt=0)] = Field(
+        default=COORDINATOR_MAX_REQUEST_BYTES,
+        description="Largest request body the coordinator API reads; bigger is answered 413 "
+        "RequestTooLargeError (before it is read when Content-Length says so). A commit "
+        "takes ~170 bytes a chunk, more with its producer batches and request keys: 10,000 "
+        "chunks with 10 of each are ~30 MiB.",
+    )
+
+
 # -- the coordinator and the janitor command -------------------------------------------
 
 
 class CoordinatorSettings(
-    LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule, CoordinatorSecuritySettings
+    LakelogSettings,
+    DatabaseSettings,
+    StoreSettings,
+    JanitorSchedule,
+    CoordinatorSecuritySettings,
+    CoordinatorApiSettings,
 ):
     """``lakelog coordinator``."""
 

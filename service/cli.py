@@ -437,6 +437,7 @@ def coordinator_cmd(
         access=settings.access(),
         tls=(settings.tls_cert_file, settings.tls_key_file) if settings.tls_cert_file else None,
         db_shards=settings.db_shards,
+        max_request_bytes=settings.coordinator_max_request_bytes,
     )
 
 

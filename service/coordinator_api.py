@@ -98,6 +98,7 @@ async def start_coordinator_api(
             absolute_store_url(settings.store), settings.store_endpoint, settings.store_region
         ),
         access,
+        settings.coordinator_max_request_bytes,
     )
     sock = _listen(settings.host, port)
     config = uvicorn.Config(

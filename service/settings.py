@@ -23,6 +23,7 @@ from coordinator.settings import (
 from coordinator.settings import (
     COORDINATOR_URLS,
     PROCESS_NAMES,
+    CoordinatorApiSettings,
     DatabaseSettings,
     JanitorSchedule,
     LakelogSettings,
@@ -71,7 +72,12 @@ def _new_agent_id() -> str:
 
 
 class Settings(
-    LakelogSettings, DatabaseSettings, StoreSettings, JanitorSchedule, AgentSecuritySettings
+    LakelogSettings,
+    DatabaseSettings,
+    StoreSettings,
+    JanitorSchedule,
+    AgentSecuritySettings,
+    CoordinatorApiSettings,
 ):
     """Everything an agent (and ``lakelog serve``) can be configured with."""
 
@@ -79,7 +85,13 @@ class Settings(
     #: Settings only ``serve`` uses (its in-process coordinator and janitors) / only
     #: ``agent`` uses.
     SERVE_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"db", "cluster_id", "coordinator_port", *JanitorSchedule.model_fields}
+        {
+            "db",
+            "cluster_id",
+            "coordinator_port",
+            *JanitorSchedule.model_fields,
+            *CoordinatorApiSettings.model_fields,
+        }
     )
     AGENT_ONLY: ClassVar[frozenset[str]] = frozenset({"coordinator", "workers"})
 

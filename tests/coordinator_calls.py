@@ -4,10 +4,13 @@ credentials, status codes."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import httpx
 import msgspec
+import orjson
 
 from coordinator.api import MEDIA_TYPE, OPERATIONS
 
@@ -40,3 +43,48 @@ def answer(resp: httpx.Response) -> Any:
     if resp.status_code == 200:
         return msgspec.msgpack.decode(resp.content)
     return resp.json()
+
+
+def raw_post(
+    app: Any,
+    path: str,
+    pieces: Iterable[bytes],
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> tuple[int, Any, int]:
+    """POST ``pieces`` to ``app`` straight over ASGI, one ``http.request`` message each
+    (a chunked body unless ``headers`` declare a Content-Length), pulling a piece only
+    when the app asks for more. Returns (status, the JSON answer, pieces pulled): what a
+    test needs to see that a body was cut off, not read whole."""
+    pending = iter(pieces)
+    pulled = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        piece = next(pending, None)
+        if piece is None:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        pulled += 1
+        return {"type": "http.request", "body": piece, "more_body": True}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    asyncio.run(app(scope, receive, send))
+    (start,) = [m for m in sent if m["type"] == "http.response.start"]
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], orjson.loads(body), pulled

@@ -18,6 +18,10 @@ Beside them::
 template (one per operation), so a test or an operator can see how many calls a view
 costs.
 
+A request body over ``max_request_bytes`` (``coordinator_max_request_bytes``; a gigabyte
+body must not take the memory of the process the whole cluster commits through) is a
+413 ``RequestTooLargeError`` (``_BodyLimit``), on every route.
+
 Every ``LakelogError`` is answered as JSON ``{"error": <class name>, "message",
 "retriable"}`` with the status from ``_STATUS_BY_ERROR``; a malformed request (a body
 that does not decode to the operation's arguments, or arguments the coordinator
@@ -50,7 +54,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.api import MEDIA_TYPE, OPERATIONS, Operation, ServedCoordinator
 from coordinator.client import StoreLocation
@@ -64,7 +68,13 @@ from coordinator.security.access import RESULT_FILTER, AccessMiddleware, user_of
 from coordinator.security.http import install_security_routes
 from coordinator.security.settings import AccessSettings
 from coordinator.security.store import SecurityStore, SqlSecurityStore
-from segments.errors import LakelogError, MalformedRequestError, PartialCommitError
+from coordinator.settings import COORDINATOR_MAX_REQUEST_BYTES
+from segments.errors import (
+    LakelogError,
+    MalformedRequestError,
+    PartialCommitError,
+    RequestTooLargeError,
+)
 from segments.store import ObjectInfo, ObjectStore, absolute_store_url
 
 if TYPE_CHECKING:
@@ -249,6 +259,76 @@ class _CountRequests:
             self.metrics.requests.labels(scope["method"], route).inc()
 
 
+class _BodyOverLimit(Exception):
+    """Raised from ``_BodyLimit``'s ``receive`` once the body passes the limit: not a
+    ``LakelogError``, so no handler inside the app answers it; ``_BodyLimit`` does."""
+
+
+class _BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes is answered 413
+    ``RequestTooLargeError``. A ``Content-Length`` over it is refused before anything is
+    read; otherwise (a chunked body) the bytes are counted as they are received and the
+    read stops at the limit, whoever reads: a route, FastAPI's JSON parsing (which would
+    make the cut-off a 400) or the access checks, which read a user's commit ahead of the
+    route. Outermost, so it also bounds what the access checks read."""
+
+    def __init__(self, app: ASGIApp, limit: int, metrics: _Metrics) -> None:
+        self.app = app
+        self.limit = limit
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._refuse(send)
+                return
+        received = 0
+        over = False
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    over = True
+                    raise _BodyOverLimit
+            return message
+
+        async def answer(message: Message) -> None:
+            nonlocal started
+            if over:  # whatever the app made of the cut-off body, it is a 413
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await self._refuse(send)
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, answer)
+        except _BodyOverLimit:
+            if started:  # an answer was under way before the body passed the limit
+                raise
+        if over and not started:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        exc = RequestTooLargeError(
+            f"request body over the coordinator's limit of {self.limit} bytes "
+            "(coordinator_max_request_bytes)"
+        )
+        self.metrics.errors.labels(type(exc).__name__).inc()
+        body = orjson.dumps(error_body(exc))
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": status_for(exc), "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
 class _Served:
     """What the operations are called on: ``coordinator`` for all but ``StoreView``'s,
     which the server answers from its object store."""
@@ -326,9 +406,10 @@ def create_app(
     *,
     security: SecurityStore | None = None,
     access: AccessSettings | None = None,
+    max_request_bytes: int = COORDINATOR_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """The coordinator's HTTP API over ``coordinator``; ``store`` enables ``find_orphans``
-    and the janitors' route.
+    and the janitors' route. A request body over ``max_request_bytes`` is a 413.
 
     ``location`` is what ``store_location`` tells Spark jobs (default: ``store``'s URL, made
     absolute for ``file://``). The caller owns the coordinator and the store and closes
@@ -353,6 +434,10 @@ def create_app(
             coordinator=coordinator,
             registry=metrics.registry,
         )
+    if max_request_bytes <= 0:
+        raise ValueError(f"max_request_bytes must be > 0, got {max_request_bytes}")
+    # Added last, so outermost: it bounds what AccessMiddleware reads too.
+    app.add_middleware(_BodyLimit, limit=max_request_bytes, metrics=metrics)
     if security is not None:
         install_security_routes(app, security, access)
 
@@ -476,6 +561,7 @@ def create_process_app(
     janitors: JanitorConfig | None,
     location: StoreLocation | None = None,
     access: AccessSettings | None = None,
+    max_request_bytes: int = COORDINATOR_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """The app ``lakelog coordinator`` serves: the API, and on its /metrics the consumer
     groups' lag and, with a store, the janitors' (whose runner, not started, is
@@ -489,6 +575,7 @@ def create_process_app(
         location,
         security=SqlSecurityStore(coordinator.db),
         access=access,
+        max_request_bytes=max_request_bytes,
     )
     app.state.metrics.registry.register(GroupLagCollector(coordinator.group_lag))
     app.state.metrics.registry.register(GroupCommitCollector(coordinator.store.group_commit_stats))
@@ -527,6 +614,7 @@ def run(
     access: AccessSettings | None = None,
     tls: tuple[str, str | None] | None = None,
     db_shards: Sequence[str] = (),
+    max_request_bytes: int = COORDINATOR_MAX_REQUEST_BYTES,
 ) -> None:
     """Serve a coordinator over ``db_url`` with uvicorn until interrupted (HTTPS with
     ``tls``: certificate and key files). ``db_shards``: shard databases (``db_url`` is
@@ -556,7 +644,7 @@ def run(
             if store_url
             else None
         )
-        app = create_process_app(coordinator, store, janitors, location, access)
+        app = create_process_app(coordinator, store, janitors, location, access, max_request_bytes)
         runner = app.state.janitor_runner
         if runner is not None:
             runner.start()

@@ -5,10 +5,13 @@ LocalCoordinator on the same database. Everything runs on SQLite and on PostgreS
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +19,13 @@ import httpx
 import msgspec
 import pytest
 
-from coordinator.api import MEDIA_TYPE
+from coordinator.api import MEDIA_TYPE, OPERATIONS
 from coordinator.client import ChunkCommit, Coordinator, StoreLocation
 from coordinator.http.client import HttpCoordinator, http_coordinator
 from coordinator.http.server import create_app, status_for
 from coordinator.local import LocalCoordinator
+from coordinator.log.producers import ProducerBatch, RequestKey
+from coordinator.settings import COORDINATOR_MAX_REQUEST_BYTES
 from segments.errors import (
     ERRORS_BY_NAME,
     CommitConflictError,
@@ -30,11 +35,12 @@ from segments.errors import (
     InvalidTopicNameError,
     LakelogError,
     PartitionNotFoundError,
+    RequestTooLargeError,
     TopicExistsError,
     TopicNotFoundError,
 )
 from segments.store import open_store
-from tests.coordinator_calls import answer, call
+from tests.coordinator_calls import answer, call, raw_post
 from tests.procs import start_coordinator
 from tests.unit.test_schema_store import SCENARIOS as SCHEMA_SCENARIOS
 
@@ -552,3 +558,170 @@ def test_schema_operations_statuses(api: TestClient, local: LocalCoordinator) ->
     r = call(api, "set_compatibility", {"subject": "s", "level": "nah"})
     assert (r.status_code, r.json()["error"]) == (422, "InvalidCompatibilityLevelError")
     assert local.get_compatibility("s") is None
+
+
+# -- the body limit ------------------------------------------------------------------
+
+#: A piece of a chunked body. The bodies sent are a few times the limit, not gigabytes,
+#: so that without the limit these tests fail instead of taking the machine's memory.
+_PIECE = b"\0" * 65536
+
+
+def _too_large(limit: int) -> dict[str, Any]:
+    return {
+        "error": "RequestTooLargeError",
+        "message": f"request body over the coordinator's limit of {limit} bytes "
+        "(coordinator_max_request_bytes)",
+        "retriable": False,
+    }
+
+
+def _commit_of(topic_id: bytes, partitions: int, key: str) -> dict[str, Any]:
+    """A commit of one chunk per partition, as the wire carries it."""
+    return {
+        "object_key": key,
+        "chunks": [_wire_chunk(topic_id, partition=p) for p in range(partitions)],
+    }
+
+
+def test_a_commit_over_the_limit_is_413_and_stores_nothing(local: LocalCoordinator) -> None:
+    """A commit body one byte over the limit (Content-Length says so) is 413
+    RequestTooLargeError and moves no high watermark; the same body at exactly the limit
+    is committed."""
+    t = local.create_topic("capped", 200)
+    args = _commit_of(t.topic_id, 200, "segments/aa/1.seg")
+    size = len(msgspec.msgpack.encode(args))
+    with TestClient(create_app(local, max_request_bytes=size - 1)) as capped:
+        r = call(capped, "commit", args)
+    assert (r.status_code, r.json()) == (413, _too_large(size - 1))
+    assert [local.offsets("capped", p).high_watermark for p in (0, 199)] == [0, 0]
+    assert local.committed_object_keys(["segments/aa/1.seg"]) == set()
+    with TestClient(create_app(local, max_request_bytes=size)) as exact:
+        assert _ok(call(exact, "commit", args)) == [0] * 200
+    assert [local.offsets("capped", p).high_watermark for p in (0, 199)] == [4, 4]
+
+
+def test_a_declared_length_over_the_limit_is_refused_unread(local: LocalCoordinator) -> None:
+    """A Content-Length over the limit is answered 413 before one byte of the body is read."""
+    app = create_app(local, max_request_bytes=1 << 20)
+    pieces = [_PIECE] * 32  # 2 MiB
+    headers = [(b"content-type", MEDIA_TYPE.encode()), (b"content-length", b"%d" % (2 << 20))]
+    status, body, pulled = raw_post(app, "/v2/commit", pieces, headers)
+    assert (status, body, pulled) == (413, _too_large(1 << 20), 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [("/v2/commit", MEDIA_TYPE), ("/v1/janitors/tier/run", "application/json")],
+)
+def test_a_chunked_body_is_cut_off_at_the_limit(
+    local: LocalCoordinator, path: str, content_type: str
+) -> None:
+    """A body without Content-Length (16 MiB, chunked) is counted as it is read and
+    answered 413 once it passes the limit: on an operation's route (MessagePack) and on a
+    JSON management route, where FastAPI would have made the cut-off a 400."""
+    limit = 1 << 20
+    app = create_app(local, open_store("memory://"), max_request_bytes=limit)
+    pieces = [_PIECE] * 256
+    status, body, pulled = raw_post(app, path, pieces, [(b"content-type", content_type.encode())])
+    assert (status, body) == (413, _too_large(limit))
+    assert pulled == limit // len(_PIECE) + 1  # read up to the limit, not one piece more
+    counted = app.state.metrics.registry.get_sample_value(
+        "lakelog_coordinator_errors_total", {"error": "RequestTooLargeError"}
+    )
+    assert counted == 1
+
+
+def test_the_client_raises_request_too_large_once(local: LocalCoordinator) -> None:
+    """Through the HTTP client a commit over the limit raises RequestTooLargeError (not
+    retriable) after one request: the commit's retries are for failures that may pass."""
+    t = local.create_topic("capped", 100)
+    chunks = [_chunk(t.topic_id, p, 3) for p in range(100)]
+    app = create_app(local, max_request_bytes=1024)
+    with TestClient(app) as client:
+        remote = http_coordinator("http://testserver", client=client)
+        with pytest.raises(RequestTooLargeError) as info:
+            remote.commit("segments/aa/1.seg", chunks)
+    assert info.value.retriable is False
+    assert "limit of 1024 bytes" in info.value.message
+    requests = app.state.metrics.registry.get_sample_value(
+        "lakelog_coordinator_errors_total", {"error": "RequestTooLargeError"}
+    )
+    assert requests == 1
+    assert local.offsets("capped", 0).high_watermark == 0
+
+
+def test_a_commit_of_10000_partitions_goes_through_under_the_default(
+    local: LocalCoordinator,
+) -> None:
+    """A flush to 10,000 partitions (a size users have), each chunk with an idempotent
+    producer's batch and a REST request key, commits under the default limit; its body is
+    ~4 MB, and one with 10 batches and 10 keys of the longest (255 characters) a chunk
+    stays under it too."""
+    t = local.create_topic("wide", 10_000)
+    producer, epoch = local.init_producer_id()
+    now = int(time.time() * 1000)
+    chunks = [
+        ChunkCommit(
+            t.topic_id,
+            p,
+            p * 100,
+            100,
+            5,
+            now,
+            now + 10,
+            (ProducerBatch(producer, epoch, 0, 5, 0),),
+            (RequestKey(f"key-{p}", f"{p:064x}", 0, 5, now, now + 86_400_000, 10_000),),
+        )
+        for p in range(10_000)
+    ]
+    commit = OPERATIONS["commit"]
+    assert len(commit.request(("segments/aa/1.seg", chunks), {})) < COORDINATOR_MAX_REQUEST_BYTES
+    with TestClient(create_app(local)) as client:
+        remote = http_coordinator("http://testserver", client=client)
+        assert remote.commit("segments/aa/1.seg", chunks) == [0] * 10_000
+    assert local.offsets("wide", 9_999).high_watermark == 5
+
+    heavy = [
+        replace(
+            c,
+            producer_batches=tuple(
+                ProducerBatch(producer + b, epoch, 0, 5, 5 * b) for b in range(10)
+            ),
+            request_keys=tuple(
+                RequestKey("k" * 255, f"{b:064x}", 5 * b, 5, now, now + 1, 10_000)
+                for b in range(10)
+            ),
+        )
+        for c in chunks
+    ]
+    assert len(commit.request(("segments/aa/2.seg", heavy), {})) < COORDINATOR_MAX_REQUEST_BYTES
+
+
+def test_a_coordinator_process_takes_its_limit_from_the_setting(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LAKELOG_COORDINATOR_MAX_REQUEST_BYTES`` reaches ``lakelog coordinator``: under
+    uvicorn a chunked body over it is 413 and the connection serves the next request; a
+    commit over it (Content-Length, answered before the body is read) raises
+    RequestTooLargeError in the client after one request and commits nothing."""
+    monkeypatch.setenv("LAKELOG_COORDINATOR_MAX_REQUEST_BYTES", "65536")
+    proc, url = start_coordinator(tmp_path, db_url)
+    try:
+        with http_coordinator(url) as remote:
+            t = remote.create_topic("capped", 1000)
+            chunks = [_chunk(t.topic_id, p, 3) for p in range(1000)]  # ~170 KB
+            with pytest.raises(RequestTooLargeError):
+                remote.commit("segments/aa/1.seg", chunks)
+            assert remote.offsets("capped", 0).high_watermark == 0
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'lakelog_coordinator_errors_total{error="RequestTooLargeError"} 1.0' in metrics
+        with httpx.Client(timeout=30) as client:
+            pieces = itertools.repeat(_PIECE, 64)  # 4 MiB, chunked
+            r = client.post(
+                f"{url}/v2/commit", content=pieces, headers={"content-type": MEDIA_TYPE}
+            )
+            assert (r.status_code, r.json()) == (413, _too_large(65536))
+            assert client.get(f"{url}/health").status_code == 200
+    finally:
+        proc.stop()

@@ -34,7 +34,7 @@ from coordinator.security.settings import AccessSettings
 from coordinator.security.store import SqlSecurityStore
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
 from segments.store import open_store
-from tests.coordinator_calls import answer, call
+from tests.coordinator_calls import answer, call, raw_post
 from tests.unit.test_security_store import CHEAP
 
 
@@ -267,3 +267,43 @@ def test_a_user_deleted_at_a_coordinator_is_refused_there_at_once(tmp_path: Path
             new_password = status("bob", "bob-password-2")
     assert [r.status_code for r in changes] == [204, 204], [r.text for r in changes]
     assert (before, after, new_password) == ([200, 200], [401, 401], 200)
+
+
+def test_the_body_limit_bounds_what_the_access_checks_read(tmp_path: Path) -> None:
+    """With ACLs on, a user's commit is read ahead of the route to see which topics it
+    names: the body limit bounds that read too (413 at the limit, not the whole body).
+    Authentication comes first: a caller without a credential is 401 before anything is
+    read; a Content-Length over the limit is 413 before either."""
+    limit = 1 << 20
+    piece = b"\0" * 65536
+    pieces = [piece] * 64  # 4 MiB, chunked
+    media = [(b"content-type", b"application/vnd.msgpack")]
+    with LocalCoordinator(f"sqlite:///{tmp_path}/m.db") as coord:
+        security = SqlSecurityStore(coord.db, CHEAP)
+        security.create_user("alice", "alice-password-1")
+        coord.create_topic("w", 1)
+        security.create_acls(
+            [
+                AclBinding(
+                    "User:alice",
+                    "*",
+                    ResourceType.TOPIC,
+                    "w",
+                    PatternType.LITERAL,
+                    Operation.WRITE,
+                    Permission.ALLOW,
+                )
+            ]
+        )
+        access = AccessSettings("basic", "s" * 32, "acl", frozenset())
+        app = create_app(coord, security=security, access=access, max_request_bytes=limit)
+        alice = [(b"authorization", _basic("alice", "alice-password-1").encode())]
+        user = raw_post(app, "/v2/commit", pieces, [*media, *alice])
+        anonymous = raw_post(app, "/v2/commit", pieces, media)
+        declared = [*media, (b"content-length", b"%d" % (4 << 20))]
+        declared_anonymous = raw_post(app, "/v2/commit", pieces, declared)
+        hw = coord.offsets("w", 0).high_watermark
+    assert (user[0], user[1]["error"], user[2]) == (413, "RequestTooLargeError", 17)
+    assert (anonymous[0], anonymous[1]["error"], anonymous[2]) == (401, "AuthenticationError", 0)
+    assert (declared_anonymous[0], declared_anonymous[2]) == (413, 0)
+    assert hw == 0

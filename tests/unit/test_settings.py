@@ -278,3 +278,39 @@ def test_the_development_default_listens_on_loopback() -> None:
     for cls in (Settings, CoordinatorSettings):
         settings = cls()
         assert (settings.host, settings.security_problems()) == ("127.0.0.1", []), cls
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "-67108864", "lots", "1.5", "64MiB", ""])
+def test_the_coordinator_body_limit_refuses_what_is_not_a_positive_count(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``coordinator_max_request_bytes`` is a whole number of bytes > 0: 0 would refuse
+    every request with a body, a negative one every request; both are typos, refused at
+    start with pydantic's message naming the setting, on the coordinator and on serve."""
+    monkeypatch.setenv("LAKELOG_COORDINATOR_MAX_REQUEST_BYTES", value)
+    for cls, process in ((CoordinatorSettings, "coordinator"), (Settings, "serve")):
+        with pytest.raises(ValidationError, match="coordinator_max_request_bytes") as info:
+            load(cls, process)
+        (error,) = info.value.errors()
+        assert error["type"] in ("greater_than", "int_parsing", "int_from_float"), error
+    result = CliRunner().invoke(app, ["coordinator"])
+    assert result.exit_code == 2, result.output
+    assert "invalid settings: " in result.output
+    assert "coordinator_max_request_bytes: " in result.output
+
+
+def test_the_coordinator_body_limit_default_and_where_it_goes(tmp_path: Path) -> None:
+    """64 MiB unless set; the config file's [coordinator] table sets it for the
+    coordinator only, and an app refuses a limit that is not > 0 as the setting does."""
+    from coordinator.http.server import create_app
+    from coordinator.local import LocalCoordinator
+
+    assert CoordinatorSettings().coordinator_max_request_bytes == 64 << 20
+    config = tmp_path / "lakelog.toml"
+    config.write_text("[coordinator]\ncoordinator_max_request_bytes = 1048576\n")
+    assert load(CoordinatorSettings, "coordinator", config).coordinator_max_request_bytes == 1 << 20
+    assert load(Settings, "serve", config).coordinator_max_request_bytes == 64 << 20
+    with LocalCoordinator(f"sqlite:///{tmp_path}/m.db") as coord:
+        for bad in (0, -1):
+            with pytest.raises(ValueError, match="max_request_bytes must be > 0"):
+                create_app(coord, max_request_bytes=bad)
