@@ -60,10 +60,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
 
-from coordinator.client import (
-    ChunkCommit,
-    TopicInfo,
-)
+from coordinator.client import ChunkCommit, TopicInfo  # noqa: E402
 from coordinator.http.client import HttpCoordinator, http_coordinator  # noqa: E402
 from tests.integration.topology import Topology, start_topology  # noqa: E402
 from tests.procs import Proc, start_coordinator, start_moto  # noqa: E402
