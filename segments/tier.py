@@ -514,9 +514,10 @@ class _RangedFile(io.RawIOBase):
 
 
 def _checked_tail(store: ObjectStore, key: str, size: int, counted: Callable[[int], None]) -> bytes:
-    """The object's tail from where its CRC coverage starts, the CRC verified: what
-    ``TierReader`` checks of a whole object, with one ranged GET (two when the footer is
-    bigger than ``TAIL_BYTES``)."""
+    """The object's tail, at least from where its CRC coverage starts, the CRC verified:
+    what ``TierReader`` checks of a whole object, with one ranged GET of the last
+    ``TAIL_BYTES`` (another from the footer's start when the footer begins before them,
+    and another from where the CRC's coverage starts when that does)."""
 
     def fetch(start: int) -> bytes:
         data = store.get_range(key, start, size - start)
