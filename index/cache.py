@@ -7,7 +7,7 @@ created again is another log. ``get`` answers only a contiguous run of entries f
 one holding the offset, as ``Coordinator.lookup`` does, so ``index.walk`` treats a hit
 and a lookup alike.
 
-Thread-safe, no I/O; imports ``segments`` (types) only. The reader that uses it is the
+Thread-safe, no I/O; imports ``ChunkRef`` only. The reader that uses it is the
 agent's ``service.read_cache.CachingLogReader``.
 """
 

@@ -17,7 +17,7 @@ said by arguments, not written again:
 Either way, entries that do not move the cursor (a hole the index should never have)
 raise ``IndexHoleError`` instead of asking again forever.
 
-Owns no state and does no I/O of its own; imports ``segments`` (types, errors) only.
+Owns no state and does no I/O of its own; imports ``ChunkRef`` and errors only.
 """
 
 from __future__ import annotations
