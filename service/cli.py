@@ -27,6 +27,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
+# kio (the Kafka protocol's messages) registers a Hypothesis strategy for each of its
+# types at import whenever Hypothesis can be imported, as in a development install, where
+# the tests use it. No command here uses those strategies, and in a process started in a
+# new directory they cost about 1 s and a 170 MiB peak (Hypothesis builds its character
+# tables, and leaves a .hypothesis/ folder behind): so a command's process hides
+# Hypothesis from kio. A process that imported it already (pytest) keeps it.
+if "hypothesis" not in sys.modules:
+    sys.modules["hypothesis"] = None  # type: ignore[assignment]
+
 import httpx
 import typer
 from pydantic import ValidationError
