@@ -119,6 +119,74 @@ class ChunkCommit:
     #: REST idempotency keys of requests with records in this chunk: stored by the
     #: commit with their offsets, refused at commit if already stored (live).
     request_keys: tuple[RequestKey, ...] = ()
+    #: Set on a chunk that is one transaction marker (a control batch of one record):
+    #: the commit closes the producer's transaction in this partition.
+    marker: TxnMarker | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMarker:
+    """A transaction's end in one partition: what the control batch of a marker chunk
+    says. Committed like data (``ChunkCommit.marker``), at its own offset."""
+
+    producer_id: int
+    epoch: int
+    commit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMarkers:
+    """A decided transaction whose markers are not all committed yet: the partitions
+    (topic id, partition) still open. Whoever holds it writes one marker chunk per
+    partition (``coordinator.log.markers.write_markers``), then calls
+    ``complete_transaction``. Writing the same markers twice is harmless: a marker for a
+    partition the transaction no longer holds open changes nothing but the offsets."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    commit: bool
+    partitions: tuple[tuple[bytes, int], ...]
+
+    def marker(self) -> TxnMarker:
+        return TxnMarker(self.producer_id, self.epoch, self.commit)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnProducer:
+    """InitProducerId's answer for a transactional id: its producer id and epoch, or the
+    markers of its previous transaction that must be committed first (then ask again)."""
+
+    producer_id: int
+    epoch: int
+    pending: PendingMarkers | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StableView:
+    """What a read_committed reader of one partition needs: the last stable offset
+    (below it every transaction is decided; the high watermark when none is open) and
+    the aborted transactions (producer id, first offset) whose records lie in the range
+    asked for, as Kafka's Fetch answers them."""
+
+    last_stable: int
+    aborted: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionInfo:
+    """A transactional id's state, for DescribeTransactions and ListTransactions."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    #: Kafka's names: Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit,
+    #: CompleteAbort.
+    state: str
+    timeout_ms: int
+    #: When the ongoing transaction began (ms since the epoch), -1 when none is.
+    started_ms: int
+    partitions: tuple[TopicPartition, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +373,89 @@ class Coordinator(Protocol):
     def request_key(self, topic_id: bytes, key: str, now_ms: int) -> StoredKey | None:
         """A REST idempotency key of a topic as its commit stored it; None when it was
         never stored or expired before ``now_ms``."""
+        ...
+
+    # -- transactions ---------------------------------------------------------
+    def init_transaction(
+        self, transactional_id: str, timeout_ms: int, producer_id: int = -1, epoch: int = -1
+    ) -> TxnProducer:
+        """InitProducerId with a transactional id: a new producer id at epoch 0 for a new
+        id; else the id's producer at the next epoch, which fences every older instance.
+        An ongoing transaction of the id is aborted first: the answer then carries its
+        markers as ``pending`` (the epoch is bumped already, so its zombie is fenced).
+        ``producer_id``/``epoch`` (KIP-360, -1: none) must be the id's current ones.
+        Raises InvalidTxnTimeoutError, TransactionFencedError (an older epoch),
+        InvalidProducerIdMappingError, ConcurrentTransactionsError (its markers are being
+        written)."""
+        ...
+
+    def add_txn_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        partitions: Sequence[TopicPartition],
+    ) -> None:
+        """AddPartitionsToTxn: the partitions join the transaction (which begins if it
+        was not ongoing); only then may the producer's transactional batches be
+        committed to them. All or nothing. Raises TransactionFencedError,
+        InvalidProducerIdMappingError, ConcurrentTransactionsError,
+        InvalidTxnStateError, Topic/PartitionNotFoundError."""
+        ...
+
+    def add_txn_group(
+        self, transactional_id: str, producer_id: int, epoch: int, group: str
+    ) -> None:
+        """AddOffsetsToTxn: the group's offsets may be committed in the transaction.
+        Raises as ``add_txn_partitions``."""
+        ...
+
+    def txn_commit_offsets(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        group: str,
+        offsets: Mapping[TopicPartition, tuple[int, str]],
+    ) -> None:
+        """TxnOffsetCommit: offsets (offset, metadata) held in the transaction, written to the group's
+        committed offsets (the table both doors share) when it commits, dropped when it
+        aborts. Raises as ``add_txn_partitions``; InvalidTxnStateError if the group was
+        not added."""
+        ...
+
+    def end_transaction(
+        self, transactional_id: str, producer_id: int, epoch: int, commit: bool
+    ) -> PendingMarkers | None:
+        """EndTxn: decide the ongoing transaction (durably: a commit's offsets are
+        written now), and return the markers to write, or None when it holds no
+        partition (it is complete already). The same call again returns the same
+        markers (a retry); the other decision is InvalidTxnStateError. Raises
+        TransactionFencedError (among others when the coordinator aborted it on its
+        timeout), InvalidProducerIdMappingError."""
+        ...
+
+    def complete_transaction(self, transactional_id: str, producer_id: int, epoch: int) -> bool:
+        """After the markers of a decided transaction are committed: it is complete
+        (CompleteCommit/CompleteAbort) and the id may begin another. Returns False
+        when a partition is still open (its marker is not committed): write it first.
+        Safe to repeat."""
+        ...
+
+    def stable_offsets(self, wants: Sequence[IndexWant]) -> dict[int, StableView]:
+        """For read_committed readers: each want's last stable offset and the aborted
+        transactions with records at or after its ``offset`` and below that offset, keyed
+        by its place in ``wants``. Unknown topics and partitions are left out."""
+        ...
+
+    def abort_expired_transactions(self, now_ms: int) -> list[PendingMarkers]:
+        """Ongoing transactions past their timeout are aborted (their epoch bumped, so
+        their producer is fenced); returns the markers of every decided transaction
+        still to write (those just aborted, and those whose writer went away)."""
+        ...
+
+    def list_transactions(self) -> list[TransactionInfo]:
+        """Every transactional id's state (ListTransactions, DescribeTransactions)."""
         ...
 
     # -- agents (the cluster's "brokers") -------------------------------------

@@ -44,6 +44,13 @@ Every layer raises these; only the web layer knows HTTP, through one table in
     │   ├── NonEmptyGroupError        deleting a group that has members
     │   ├── JanitorBusyError          retriable: another run holds the janitor's lease
     │   ├── ProducerConflictError     retriable: a batch's sequence clashed at commit
+    │   ├── TransactionError          a transactional producer's request its transaction refuses
+    │   │   ├── TransactionFencedError      a newer instance of the transactional id took over
+    │   │   ├── InvalidTxnStateError        not allowed in the transaction's state
+    │   │   ├── ConcurrentTransactionsError retriable: the previous transaction is still ending
+    │   │   ├── InvalidProducerIdMappingError  the producer id is not the transactional id's
+    │   │   ├── InvalidTxnTimeoutError      a transaction timeout over the cluster's maximum
+    │   │   └── TransactionalIdNotFoundError  no transaction state for that id
     │   ├── SchemaRegistryError       the schema registry's subjects, versions, schemas
     │   │   ├── SubjectNotFoundError
     │   │   ├── VersionNotFoundError
@@ -323,6 +330,40 @@ class ProducerConflictError(MetadataError):
     #: One request's doing, even when it breaks a shared transaction: a group commit
     #: runs its requests again one by one rather than failing them all.
     request_specific = True
+
+
+class TransactionError(MetadataError):
+    """A transactional producer's request that its transaction's state refuses."""
+
+
+class TransactionFencedError(TransactionError):
+    """The transactional id was taken over by a newer producer instance (its epoch is
+    newer), or the coordinator aborted the transaction on its timeout: Kafka's
+    PRODUCER_FENCED. Fatal to the producer instance that gets it."""
+
+
+class InvalidTxnStateError(TransactionError):
+    """A transactional request not allowed in the transaction's state (a batch for a
+    partition the transaction did not add, an EndTxn that contradicts the one before)."""
+
+
+class ConcurrentTransactionsError(TransactionError):
+    """The transactional id's previous transaction is still writing its markers: retry."""
+
+    retriable = True
+
+
+class InvalidProducerIdMappingError(TransactionError):
+    """A producer id that is not the one the transactional id holds (or no such id)."""
+
+
+class InvalidTxnTimeoutError(TransactionError):
+    """A transaction timeout that is not positive or is over
+    ``transaction.max.timeout.ms``."""
+
+
+class TransactionalIdNotFoundError(TransactionError):
+    """No transaction state for that transactional id."""
 
 
 class GroupProtocolConflictError(MetadataError):

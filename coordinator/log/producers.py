@@ -41,6 +41,9 @@ class ProducerBatch:
     base_sequence: int
     record_count: int
     relative_offset: int = 0  # records of the chunk before it
+    #: Part of a transaction: the commit checks that the transaction added the
+    #: partition at this epoch (KIP-890's verification, in the commit itself).
+    transactional: bool = False
 
     @property
     def last_sequence(self) -> int:

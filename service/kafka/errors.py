@@ -44,6 +44,13 @@ KAFKA_ERROR_TABLE: dict[type[e.LakelogError], ErrorCode] = {
     e.ProducerFencedError: ErrorCode.invalid_producer_epoch,
     # Every request of the flush gets it: a retriable code that means nothing else.
     e.ProducerConflictError: ErrorCode.request_timed_out,
+    e.TransactionError: ErrorCode.invalid_txn_state,
+    e.TransactionFencedError: ErrorCode.producer_fenced,
+    e.InvalidTxnStateError: ErrorCode.invalid_txn_state,
+    e.ConcurrentTransactionsError: ErrorCode.concurrent_transactions,
+    e.InvalidProducerIdMappingError: ErrorCode.invalid_producer_id_mapping,
+    e.InvalidTxnTimeoutError: ErrorCode.invalid_transaction_timeout,
+    e.TransactionalIdNotFoundError: ErrorCode.transactional_id_not_found,
     e.GroupProtocolConflictError: ErrorCode.inconsistent_group_protocol,
     e.RebalanceInProgressError: ErrorCode.rebalance_in_progress,
     e.NonEmptyGroupError: ErrorCode.non_empty_group,
