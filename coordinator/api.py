@@ -38,7 +38,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import msgspec
 
-from coordinator.client import Coordinator, StoreLocation
+from coordinator.client import Coordinator, StoreLocation, TransactionCoordinator
 from coordinator.groups.kafka import KafkaGroupCoordinator
 from coordinator.groups.model import GroupCoordinator
 from coordinator.schemas.model import SchemaStore
@@ -68,10 +68,15 @@ class StoreView(Protocol):
 
 
 class ServedCoordinator(
-    Coordinator, GroupCoordinator, KafkaGroupCoordinator, SchemaStore, Protocol
+    Coordinator,
+    TransactionCoordinator,
+    GroupCoordinator,
+    KafkaGroupCoordinator,
+    SchemaStore,
+    Protocol,
 ):
-    """What a coordinator's implementation serves (``coordinator.local``,
-    ``coordinator.shards``): the log, both doors' consumer groups, the schema registry."""
+    """What a coordinator's implementation serves (``coordinator.local``): the log, its
+    transactions, both doors' consumer groups, the schema registry."""
 
 
 class FullCoordinator(ServedCoordinator, StoreView, Protocol):
@@ -82,6 +87,7 @@ class FullCoordinator(ServedCoordinator, StoreView, Protocol):
 #: The protocols whose methods are the operations, in the order they are listed.
 PROTOCOLS: tuple[type, ...] = (
     Coordinator,
+    TransactionCoordinator,
     GroupCoordinator,
     KafkaGroupCoordinator,
     SchemaStore,
@@ -99,6 +105,7 @@ RETRY_UNSAFE = frozenset(
         "delete_topic",
         "add_partitions",
         "init_producer_id",
+        "init_transaction",
         "create_consumer",
         "delete_consumer",
         "delete_group",

@@ -375,7 +375,24 @@ class Coordinator(Protocol):
         never stored or expired before ``now_ms``."""
         ...
 
-    # -- transactions ---------------------------------------------------------
+    # -- agents (the cluster's "brokers") -------------------------------------
+    def heartbeat_agent(
+        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
+    ) -> int:
+        """Register or refresh an agent (and its Kafka listener, port 0 for none); returns
+        its stable integer broker id."""
+        ...
+
+    def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
+        """Agents heard from within ``max_age_s``, by broker id."""
+        ...
+
+
+class TransactionCoordinator(Protocol):
+    """Kafka's transaction coordinator (``coordinator.log.transactions``): the state of
+    each transactional id, and what read_committed readers need. Served by the same
+    coordinator as the log (agents reach it as ``AgentState.txns``)."""
+
     def init_transaction(
         self, transactional_id: str, timeout_ms: int, producer_id: int = -1, epoch: int = -1
     ) -> TxnProducer:
@@ -418,10 +435,10 @@ class Coordinator(Protocol):
         group: str,
         offsets: Mapping[TopicPartition, tuple[int, str]],
     ) -> None:
-        """TxnOffsetCommit: offsets (offset, metadata) held in the transaction, written to the group's
-        committed offsets (the table both doors share) when it commits, dropped when it
-        aborts. Raises as ``add_txn_partitions``; InvalidTxnStateError if the group was
-        not added."""
+        """TxnOffsetCommit: offsets (offset, metadata) held in the transaction, written
+        to the group's committed offsets (the table both doors share) when it commits,
+        dropped when it aborts. Raises as ``add_txn_partitions``; InvalidTxnStateError
+        if the group was not added."""
         ...
 
     def end_transaction(
@@ -456,16 +473,4 @@ class Coordinator(Protocol):
 
     def list_transactions(self) -> list[TransactionInfo]:
         """Every transactional id's state (ListTransactions, DescribeTransactions)."""
-        ...
-
-    # -- agents (the cluster's "brokers") -------------------------------------
-    def heartbeat_agent(
-        self, agent_id: str, host: str, port: int, kafka_host: str = "", kafka_port: int = 0
-    ) -> int:
-        """Register or refresh an agent (and its Kafka listener, port 0 for none); returns
-        its stable integer broker id."""
-        ...
-
-    def list_agents(self, max_age_s: float = 30.0) -> list[AgentInfo]:
-        """Agents heard from within ``max_age_s``, by broker id."""
         ...

@@ -634,6 +634,68 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE write_leases ADD COLUMN principal TEXT NOT NULL DEFAULT ''",
         ),
     ),
+    Migration(
+        22,
+        "transactions: transactional ids, their partitions, groups and offsets; open and "
+        "aborted transactions per partition",
+        (
+            # One row per transactional id (coordinator.log.transactions): its producer,
+            # epoch and the state of its current (or last) transaction.
+            """CREATE TABLE transactions (
+                transactional_id TEXT NOT NULL PRIMARY KEY,
+                producer_id {bigint} NOT NULL,
+                epoch INTEGER NOT NULL,
+                state TEXT NOT NULL,
+                is_commit INTEGER NOT NULL DEFAULT 0,
+                timeout_ms INTEGER NOT NULL,
+                started_at {double},
+                updated_at {double} NOT NULL
+            )""",
+            # The partitions of the current transaction (they get its markers).
+            """CREATE TABLE txn_members (
+                transactional_id TEXT NOT NULL,
+                topic_id {blob} NOT NULL,
+                partition INTEGER NOT NULL,
+                PRIMARY KEY (transactional_id, topic_id, partition)
+            )""",
+            # Groups added by AddOffsetsToTxn, and the offsets held until the end.
+            """CREATE TABLE txn_offsets (
+                transactional_id TEXT NOT NULL,
+                group_id TEXT NOT NULL,
+                topic TEXT NOT NULL,
+                partition INTEGER NOT NULL,
+                committed_offset {bigint} NOT NULL,
+                metadata TEXT NOT NULL,
+                PRIMARY KEY (transactional_id, group_id, topic, partition)
+            )""",
+            """CREATE TABLE txn_groups (
+                transactional_id TEXT NOT NULL,
+                group_id TEXT NOT NULL,
+                PRIMARY KEY (transactional_id, group_id)
+            )""",
+            # Partition data: a producer's transaction open in the partition (from
+            # AddPartitionsToTxn until its marker); first_offset is set by its first
+            # batch's commit and bounds the last stable offset.
+            """CREATE TABLE open_txns (
+                topic_id {blob} NOT NULL,
+                partition INTEGER NOT NULL,
+                producer_id {bigint} NOT NULL,
+                epoch INTEGER NOT NULL,
+                first_offset {bigint},
+                PRIMARY KEY (topic_id, partition, producer_id)
+            ){clustered}""",
+            # Aborted transactions with records in the partition: [first_offset,
+            # last_offset] where last_offset is the abort marker's offset.
+            """CREATE TABLE aborted_txns (
+                topic_id {blob} NOT NULL,
+                partition INTEGER NOT NULL,
+                last_offset {bigint} NOT NULL,
+                producer_id {bigint} NOT NULL,
+                first_offset {bigint} NOT NULL,
+                PRIMARY KEY (topic_id, partition, last_offset)
+            ){clustered}""",
+        ),
+    ),
 )
 
 _SCHEMA_VERSION_DDL = """CREATE TABLE IF NOT EXISTS schema_version (

@@ -10,7 +10,13 @@ from typing import Literal
 
 from coordinator import clock
 from coordinator.api import forward
-from coordinator.client import Coordinator, TopicPartition
+from coordinator.client import (
+    Coordinator,
+    IndexWant,
+    StableView,
+    TopicPartition,
+    TransactionCoordinator,
+)
 from coordinator.db import MetadataDatabase, WriteMode, open_database
 from coordinator.groups.kafka import (
     KafkaGroupCoordinator,
@@ -28,6 +34,7 @@ from coordinator.groups.model import (
 from coordinator.groups.store import GroupStore
 from coordinator.janitors.catalog import Catalog
 from coordinator.log.store import MetadataStore
+from coordinator.log.transactions import TransactionStore
 from coordinator.schemas.model import (
     SchemaStore,
 )
@@ -95,6 +102,7 @@ class LocalCoordinator:
             self._groups = GroupStore(self._db, now=now, bounds_of=bounds)
             self._kafka_groups = KafkaGroupStore(self._db, now=now)
             self._schemas = SchemaRegistryStore(self._db)
+            self._txns = TransactionStore(self._db, sharded=bool(shards))
         except BaseException:
             if self._sharded is not None:
                 self._sharded.close()
@@ -179,6 +187,30 @@ class LocalCoordinator:
     request_key = forward("_store", MetadataStore.request_key)
     heartbeat_agent = forward("_store", MetadataStore.heartbeat_agent)
     list_agents = forward("_store", MetadataStore.list_agents)
+
+    # -- transactions (coordinator.log.transactions) ------------------------------
+
+    init_transaction = forward("_txns", TransactionStore.init)
+    add_txn_partitions = forward("_txns", TransactionStore.add_partitions)
+    add_txn_group = forward("_txns", TransactionStore.add_group)
+    txn_commit_offsets = forward("_txns", TransactionStore.hold_offsets)
+    end_transaction = forward("_txns", TransactionStore.end)
+    complete_transaction = forward("_txns", TransactionStore.complete)
+    abort_expired_transactions = forward("_txns", TransactionStore.abort_expired)
+    list_transactions = forward("_txns", TransactionStore.list_all)
+
+    def stable_offsets(self, wants: Sequence[IndexWant]) -> dict[int, StableView]:
+        if self._sharded is None:
+            return self._txns.stable_offsets(wants)
+        # Sharded: no partition takes part in a transaction yet (add_txn_partitions
+        # refuses), so every partition is stable up to its high watermark.
+        found = self._store.offsets_many([TopicPartition(w.topic, w.partition) for w in wants])
+        out = {}
+        for i, w in enumerate(wants):
+            o = found.get(TopicPartition(w.topic, w.partition))
+            if o is not None and (w.topic_id is None or o.topic_id == w.topic_id):
+                out[i] = StableView(o.high_watermark)
+        return out
 
     # -- consumer groups: both doors' stores, one group id used by one door at a time --
 
@@ -284,6 +316,10 @@ class LocalCoordinator:
 
 def _conforms(c: LocalCoordinator) -> Coordinator:
     # mypy checks here that LocalCoordinator implements the protocol exactly.
+    return c
+
+
+def _conforms_txns(c: LocalCoordinator) -> TransactionCoordinator:
     return c
 
 

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, TransactionCoordinator
 from coordinator.groups.model import GroupCoordinator
 from coordinator.janitors.context import JanitorConfig
 from coordinator.schemas.model import SchemaStore
@@ -332,6 +332,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             broker_id=-1,
             cluster_id=cluster_id,
             groups=groups,
+            txns=cast(TransactionCoordinator, coordinator),
             reader=reader,
             notifier=notifier,
             consume_metrics=consume_metrics,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from coordinator.client import Coordinator
+from coordinator.client import Coordinator, TransactionCoordinator
 from coordinator.groups.model import GroupCoordinator
 from index.log import LogWriter
 from segments.store import ObjectStore
@@ -43,6 +43,8 @@ class AgentState:
     cluster_id: str
     #: The same client as ``coordinator``, seen through its consumer-group interface.
     groups: GroupCoordinator
+    #: The same client again, seen through its transactions' interface.
+    txns: TransactionCoordinator
     #: The read path: caching reader, fetch wake-ups, and their metrics.
     reader: CachingLogReader
     notifier: Notifier

@@ -40,6 +40,7 @@ from coordinator.client import (
 )
 from coordinator.db import POSTGRESQL, MetadataDatabase, fetch_each, rows_in
 from coordinator.iceberg.changes import PURGE_TABLE_FILES
+from coordinator.log import transactions
 from coordinator.log.group_commit import GroupCommitStats, GroupCommitter, PendingCommit
 from coordinator.log.producers import (
     ProducerPartitionState,
@@ -66,6 +67,7 @@ from segments.errors import (
     IndexHoleError,
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidTxnStateError,
     LakelogError,
     MetadataError,
     ObjectDeletedError,
@@ -117,6 +119,7 @@ _DELETE_TOPIC = (
     *PURGE_TABLE_FILES,
     "DELETE FROM index_entries WHERE topic_id = ?",
     "DELETE FROM producer_state WHERE topic_id = ?",
+    *transactions.PURGE_TOPIC,
     "DELETE FROM topic_configs WHERE topic_id = ?",
     "DELETE FROM partitions WHERE topic_id = ?",
     "DELETE FROM topics WHERE topic_id = ?",
@@ -834,7 +837,7 @@ class MetadataStore:
         pending = batch
         for _ in range(2):
             if self._db.dialect.name == POSTGRESQL.name and not any(
-                c.producer_batches or c.request_keys for r in pending for c in r.chunks
+                c.producer_batches or c.request_keys or c.marker for r in pending for c in r.chunks
             ):
                 unwritten = self._commit_batch_one_statement(pending)
             else:
@@ -894,6 +897,8 @@ class MetadataStore:
         with self._db.write(exclusive=False) as conn:
             hw = self._high_watermarks(conn, [c for r in batch for c in r.chunks], lock=True)
             producers = self._producer_states(conn, batch)
+            txns = transactions.open_rows(conn, q, [c for r in batch for c in r.chunks])
+            txn_steps: list[tuple[str, tuple[Any, ...]]] = []
             claimed: dict[tuple[bytes, str], tuple[RequestKey, list[tuple[int, int, int]]]] = {}
             changed: set[tuple[int, bytes, int]] = set()
             refused: list[int] = []
@@ -908,12 +913,15 @@ class MetadataStore:
                 bases = [hw[(c.topic_id, c.partition)] for c in r.chunks]
                 try:
                     judged = self._judge_producers(r.chunks, bases, producers)
+                    steps, opened = transactions.judge_transactional(r.chunks, bases, txns)
                     claimed.update(self._claim_request_keys(conn, r, bases, claimed))
-                except ProducerConflictError as e:
+                except (ProducerConflictError, InvalidTxnStateError) as e:
                     r.error = e
                     refused.append(row[0])
                     continue
                 producers.update(judged)
+                txns.update(opened)
+                txn_steps.extend(steps)
                 changed.update(judged)
                 for c, base in zip(r.chunks, bases, strict=True):
                     hw[(c.topic_id, c.partition)] = base + c.record_count
@@ -939,6 +947,8 @@ class MetadataStore:
             conn.executemany(q(_INSERT_ENTRY), entries)
             if claimed:
                 self._store_request_keys(conn, claimed)
+            for sql, params in txn_steps:
+                conn.execute(q(sql), params)
             if changed:
                 conn.executemany(
                     q(_UPSERT_PRODUCER_STATE),
