@@ -52,9 +52,11 @@ __all__ = [
     "BatchInfo",
     "check_batches",
     "compressed",
+    "control_batch",
     "encode_records",
     "fetch_batches",
     "iter_batches",
+    "read_marker",
 ]
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # 61 bytes
@@ -67,6 +69,14 @@ _MAX_CODEC = 4  # zstd
 _TIMESTAMP_TYPE = 0x08
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
+_CRC = struct.Struct(">I")
+_CRC_AT = 17
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_AT = 21
+_CONTROL_KEY = struct.Struct(">hh")  # ControlRecordType: version 0, type
+_END_TXN_MARKER = struct.Struct(">hi")  # EndTransactionMarker: version 0, coordinator epoch
+ABORT = 0
+COMMIT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +262,59 @@ def fetch_batches(
         out += view[pos:end]
         _BASE_OFFSET.pack_into(out, start, base_offset + relative)
     return True
+
+
+def control_batch(
+    producer_id: int,
+    epoch: int,
+    commit: bool,
+    timestamp_ms: int,
+    coordinator_epoch: int = 0,
+) -> bytes:
+    """One transaction marker, as Kafka writes it at the end of a transaction.
+
+    A v2 batch (base offset 0, leader epoch -1, no compression, base sequence -1) with
+    the transactional and control attributes and one record: its key is the
+    ControlRecordType (version 0, type 1 = COMMIT or 0 = ABORT), its value the
+    EndTransactionMarker (version 0, coordinator epoch). The marker takes one offset of
+    the partition; Fetch serves it as stored, and every decoder into records skips it.
+    """
+    # aiokafka's builder writes the transactional bit but has no control bit: it is set
+    # here and the CRC (which covers the attributes) computed again.
+    builder = DefaultRecordBatchBuilder(2, 0, 1, producer_id, epoch, -1, 1 << 20)
+    key = _CONTROL_KEY.pack(0, COMMIT if commit else ABORT)
+    value = _END_TXN_MARKER.pack(0, coordinator_epoch)
+    builder.append(0, timestamp_ms, key, value, [])
+    batch: bytearray = builder.build()
+    (attributes,) = _ATTRIBUTES.unpack_from(batch, _ATTRIBUTES_AT)
+    _ATTRIBUTES.pack_into(batch, _ATTRIBUTES_AT, attributes | _TRANSACTIONAL | _CONTROL)
+    _CRC.pack_into(batch, _CRC_AT, crc32c.crc32c(memoryview(batch)[_CRC_FROM:]))
+    return bytes(batch)
+
+
+def read_marker(batch: bytes | memoryview) -> tuple[int, int, bool] | None:
+    """(producer id, producer epoch, commit) of a control batch; None for a data batch.
+
+    Only the first batch of ``batch`` is read, and only its header and first record.
+
+    Raises:
+        CorruptSegmentError: a control batch whose record is not a transaction marker.
+    """
+    view = memoryview(batch)
+    if len(view) < HEADER_SIZE:
+        raise CorruptSegmentError("truncated batch header")
+    header = _HEADER.unpack_from(view, 0)
+    if not header[5] & _CONTROL:
+        return None
+    end = _LENGTH_FIELD_END + header[1]
+    records = list(DefaultRecordBatch(bytes(view[:end])))
+    key = records[0].key if records else None
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise CorruptSegmentError("a control batch without a control record key")
+    _, kind = _CONTROL_KEY.unpack_from(key)
+    if kind not in (ABORT, COMMIT):
+        raise CorruptSegmentError(f"a control record of unknown type {kind}")
+    return header[9], header[10], kind == COMMIT
 
 
 def encode_records(records: Iterable[ConsumedRecord], max_batch_bytes: int = 1 << 20) -> bytes:
