@@ -7,8 +7,10 @@ The batch layout is the one drawn at the top of ``segments.segment``; what matte
     12  i32  PartitionLeaderEpoch  not covered by the CRC; stored as -1
     16  i8   Magic                 2
     17  u32  CRC                   CRC-32C of bytes [21, 12 + Length)
-    21  i16  Attributes            codec in bits 0-2; bit 3 LogAppendTime, bit 4
-                                   transactional, bit 5 control (none of these accepted)
+    21  i16  Attributes            codec in bits 0-2; bit 3 LogAppendTime (refused from
+                                   producers), bit 4 transactional (accepted from
+                                   idempotent producers), bit 5 control (refused:
+                                   only lakelog writes markers)
     23  i32  LastOffsetDelta
     27  i64  FirstTimestamp
     35  i64  MaxTimestamp
@@ -23,6 +25,11 @@ offset deltas and timestamps are known and a batch that cannot be read back is r
 for a compacted topic, that every record has a key)
 and then stored byte for byte: neither decompressed into the store nor re-encoded. Only
 BaseOffset and PartitionLeaderEpoch, which the CRC does not cover, are ever rewritten.
+
+Transactions (issue 30): a transactional producer's batches are stored like any other;
+the coordinator ends each transaction with a marker, :func:`control_batch`, stored in the
+partition's log where it takes one offset. Fetch serves markers as stored (Kafka clients
+need them to drop aborted records); every decoder into records skips them.
 """
 
 from __future__ import annotations
@@ -91,11 +98,20 @@ class BatchInfo:
     producer_id: int
     producer_epoch: int
     base_sequence: int
-    codec: int
+    attributes: int
 
     @property
     def idempotent(self) -> bool:
         return self.producer_id >= 0
+
+    @property
+    def transactional(self) -> bool:
+        """Part of a transaction: its records wait for a commit or abort marker."""
+        return bool(self.attributes & _TRANSACTIONAL)
+
+    @property
+    def codec(self) -> int:
+        return self.attributes & _CODEC_MASK
 
 
 def check_batches(
@@ -113,7 +129,9 @@ def check_batches(
     Raises:
         CorruptRecordError: bad framing, magic, CRC, attributes, or records that do not
             decode or do not match the header (Kafka's CORRUPT_MESSAGE); also an empty
-            record set and transactional or control batches.
+            record set, a control batch (markers are written by lakelog, never by a
+            producer) and a transactional batch without a producer id (a transaction
+            belongs to an idempotent producer).
         RecordTooLargeError: a batch whose records take more than
             ``max_decompressed_bytes`` once decompressed (Kafka's MESSAGE_TOO_LARGE).
         InvalidRecordError: with ``keys_required``, a record without a key (Kafka's
@@ -136,11 +154,17 @@ def check_batches(
             raise CorruptRecordError(f"Batch at byte {pos}: length {length} overruns the data.")
         if magic != 2:
             raise CorruptRecordError(f"Batch at byte {pos}: magic {magic}; only v2 is accepted.")
-        if attributes & (_TRANSACTIONAL | _CONTROL):
+        if attributes & _CONTROL:
             raise CorruptRecordError(
-                f"Batch at byte {pos}: transactional and control batches are not supported."
+                f"Batch at byte {pos}: a control batch; only the transaction coordinator "
+                "writes markers."
             )
-        if attributes & ~_CODEC_MASK or attributes & _CODEC_MASK > _MAX_CODEC:
+        if attributes & _TRANSACTIONAL and pid < 0:
+            raise CorruptRecordError(
+                f"Batch at byte {pos}: a transactional batch without a producer id "
+                f"({pid}); transactions need an idempotent producer."
+            )
+        if attributes & ~(_CODEC_MASK | _TRANSACTIONAL) or attributes & _CODEC_MASK > _MAX_CODEC:
             raise CorruptRecordError(f"Batch at byte {pos}: unsupported attributes {attributes}.")
         if count < 1 or last_delta != count - 1:
             raise CorruptRecordError(
