@@ -7,8 +7,10 @@ The batch layout is the one drawn at the top of ``segments.segment``; what matte
     12  i32  PartitionLeaderEpoch  not covered by the CRC; stored as -1
     16  i8   Magic                 2
     17  u32  CRC                   CRC-32C of bytes [21, 12 + Length)
-    21  i16  Attributes            codec in bits 0-2; bit 3 LogAppendTime, bit 4
-                                   transactional, bit 5 control (none of these accepted)
+    21  i16  Attributes            codec in bits 0-2; bit 3 LogAppendTime (refused from
+                                   producers), bit 4 transactional (accepted from
+                                   idempotent producers), bit 5 control (refused:
+                                   only lakelog writes markers)
     23  i32  LastOffsetDelta
     27  i64  FirstTimestamp
     35  i64  MaxTimestamp
@@ -23,6 +25,11 @@ offset deltas and timestamps are known and a batch that cannot be read back is r
 for a compacted topic, that every record has a key)
 and then stored byte for byte: neither decompressed into the store nor re-encoded. Only
 BaseOffset and PartitionLeaderEpoch, which the CRC does not cover, are ever rewritten.
+
+Transactions (issue 30): a transactional producer's batches are stored like any other;
+the coordinator ends each transaction with a marker, :func:`control_batch`, stored in the
+partition's log where it takes one offset. Fetch serves markers as stored (Kafka clients
+need them to drop aborted records); every decoder into records skips them.
 """
 
 from __future__ import annotations
@@ -52,9 +59,11 @@ __all__ = [
     "BatchInfo",
     "check_batches",
     "compressed",
+    "control_batch",
     "encode_records",
     "fetch_batches",
     "iter_batches",
+    "read_marker",
 ]
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # 61 bytes
@@ -67,6 +76,14 @@ _MAX_CODEC = 4  # zstd
 _TIMESTAMP_TYPE = 0x08
 _TRANSACTIONAL = 0x10
 _CONTROL = 0x20
+_CRC = struct.Struct(">I")
+_CRC_AT = 17
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_AT = 21
+_CONTROL_KEY = struct.Struct(">hh")  # ControlRecordType: version 0, type
+_END_TXN_MARKER = struct.Struct(">hi")  # EndTransactionMarker: version 0, coordinator epoch
+ABORT = 0
+COMMIT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +98,20 @@ class BatchInfo:
     producer_id: int
     producer_epoch: int
     base_sequence: int
-    codec: int
+    attributes: int
 
     @property
     def idempotent(self) -> bool:
         return self.producer_id >= 0
+
+    @property
+    def transactional(self) -> bool:
+        """Part of a transaction: its records wait for a commit or abort marker."""
+        return bool(self.attributes & _TRANSACTIONAL)
+
+    @property
+    def codec(self) -> int:
+        return self.attributes & _CODEC_MASK
 
 
 def check_batches(
@@ -103,7 +129,9 @@ def check_batches(
     Raises:
         CorruptRecordError: bad framing, magic, CRC, attributes, or records that do not
             decode or do not match the header (Kafka's CORRUPT_MESSAGE); also an empty
-            record set and transactional or control batches.
+            record set, a control batch (markers are written by lakelog, never by a
+            producer) and a transactional batch without a producer id (a transaction
+            belongs to an idempotent producer).
         RecordTooLargeError: a batch whose records take more than
             ``max_decompressed_bytes`` once decompressed (Kafka's MESSAGE_TOO_LARGE).
         InvalidRecordError: with ``keys_required``, a record without a key (Kafka's
@@ -126,11 +154,17 @@ def check_batches(
             raise CorruptRecordError(f"Batch at byte {pos}: length {length} overruns the data.")
         if magic != 2:
             raise CorruptRecordError(f"Batch at byte {pos}: magic {magic}; only v2 is accepted.")
-        if attributes & (_TRANSACTIONAL | _CONTROL):
+        if attributes & _CONTROL:
             raise CorruptRecordError(
-                f"Batch at byte {pos}: transactional and control batches are not supported."
+                f"Batch at byte {pos}: a control batch; only the transaction coordinator "
+                "writes markers."
             )
-        if attributes & ~_CODEC_MASK or attributes & _CODEC_MASK > _MAX_CODEC:
+        if attributes & _TRANSACTIONAL and pid < 0:
+            raise CorruptRecordError(
+                f"Batch at byte {pos}: a transactional batch without a producer id "
+                f"({pid}); transactions need an idempotent producer."
+            )
+        if attributes & ~(_CODEC_MASK | _TRANSACTIONAL) or attributes & _CODEC_MASK > _MAX_CODEC:
             raise CorruptRecordError(f"Batch at byte {pos}: unsupported attributes {attributes}.")
         if count < 1 or last_delta != count - 1:
             raise CorruptRecordError(
@@ -252,6 +286,59 @@ def fetch_batches(
         out += view[pos:end]
         _BASE_OFFSET.pack_into(out, start, base_offset + relative)
     return True
+
+
+def control_batch(
+    producer_id: int,
+    epoch: int,
+    commit: bool,
+    timestamp_ms: int,
+    coordinator_epoch: int = 0,
+) -> bytes:
+    """One transaction marker, as Kafka writes it at the end of a transaction.
+
+    A v2 batch (base offset 0, leader epoch -1, no compression, base sequence -1) with
+    the transactional and control attributes and one record: its key is the
+    ControlRecordType (version 0, type 1 = COMMIT or 0 = ABORT), its value the
+    EndTransactionMarker (version 0, coordinator epoch). The marker takes one offset of
+    the partition; Fetch serves it as stored, and every decoder into records skips it.
+    """
+    # aiokafka's builder writes the transactional bit but has no control bit: it is set
+    # here and the CRC (which covers the attributes) computed again.
+    builder = DefaultRecordBatchBuilder(2, 0, 1, producer_id, epoch, -1, 1 << 20)
+    key = _CONTROL_KEY.pack(0, COMMIT if commit else ABORT)
+    value = _END_TXN_MARKER.pack(0, coordinator_epoch)
+    builder.append(0, timestamp_ms, key, value, [])
+    batch: bytearray = builder.build()
+    (attributes,) = _ATTRIBUTES.unpack_from(batch, _ATTRIBUTES_AT)
+    _ATTRIBUTES.pack_into(batch, _ATTRIBUTES_AT, attributes | _TRANSACTIONAL | _CONTROL)
+    _CRC.pack_into(batch, _CRC_AT, crc32c.crc32c(memoryview(batch)[_CRC_FROM:]))
+    return bytes(batch)
+
+
+def read_marker(batch: bytes | memoryview) -> tuple[int, int, bool] | None:
+    """(producer id, producer epoch, commit) of a control batch; None for a data batch.
+
+    Only the first batch of ``batch`` is read, and only its header and first record.
+
+    Raises:
+        CorruptSegmentError: a control batch whose record is not a transaction marker.
+    """
+    view = memoryview(batch)
+    if len(view) < HEADER_SIZE:
+        raise CorruptSegmentError("truncated batch header")
+    header = _HEADER.unpack_from(view, 0)
+    if not header[5] & _CONTROL:
+        return None
+    end = _LENGTH_FIELD_END + header[1]
+    records = list(DefaultRecordBatch(bytes(view[:end])))
+    key = records[0].key if records else None
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise CorruptSegmentError("a control batch without a control record key")
+    _, kind = _CONTROL_KEY.unpack_from(key)
+    if kind not in (ABORT, COMMIT):
+        raise CorruptSegmentError(f"a control record of unknown type {kind}")
+    return header[9], header[10], kind == COMMIT
 
 
 def encode_records(records: Iterable[ConsumedRecord], max_batch_bytes: int = 1 << 20) -> bytes:

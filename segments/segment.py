@@ -24,8 +24,9 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
                                      2 snappy, 3 lz4, 4 zstd); bit 3 LogAppendTime (set
                                      by the agent for topics with
                                      message.timestamp.type=LogAppendTime, with
-                                     MaxTimestamp the append time, as Kafka does); every
-                                     other bit 0 (producers set none: segments.batches)
+                                     MaxTimestamp the append time, as Kafka does); bit 4
+                                     transactional (a transactional producer's batch);
+                                     every other bit 0 (segments.batches checks producers')
       23  i32  LastOffsetDelta       record count - 1
       27  i64  FirstTimestamp        CreateTime of the first record (epoch ms)
       35  i64  MaxTimestamp
@@ -111,6 +112,7 @@ _RECORD_BATCH_MAGIC = 2
 _NO_LEADER_EPOCH = -1
 _CODEC_MASK = 0x07
 _LOG_APPEND_TIME = 0x08  # attributes bit 3: every record's timestamp is MaxTimestamp
+_TRANSACTIONAL = 0x10  # attributes bit 4: a transactional producer's batch
 _ATTRIBUTES_AT = 21
 _MAX_TIMESTAMP_AT = 35
 _I16 = struct.Struct(">h")
@@ -484,7 +486,7 @@ def iter_chunk(
             )
         header = _BATCH_HEADER.unpack_from(view, pos)
         attributes, last_delta, count = header[5], header[6], header[12]
-        if attributes & ~(_CODEC_MASK | _LOG_APPEND_TIME) or (
+        if attributes & ~(_CODEC_MASK | _LOG_APPEND_TIME | _TRANSACTIONAL) or (
             attributes & _CODEC_MASK > _CODEC_IDS["zstd"]
         ):
             raise CorruptSegmentError(f"batch at byte {pos}: unsupported attributes {attributes}")
