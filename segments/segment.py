@@ -113,6 +113,9 @@ _NO_LEADER_EPOCH = -1
 _CODEC_MASK = 0x07
 _LOG_APPEND_TIME = 0x08  # attributes bit 3: every record's timestamp is MaxTimestamp
 _TRANSACTIONAL = 0x10  # attributes bit 4: a transactional producer's batch
+#: An idempotent batch for the commit: (producer id, epoch, base sequence, record count,
+#: relative offset, transactional), ``coordinator.log.producers.ProducerBatch``'s fields.
+_ProducerBatch = tuple[int, int, int, int, int, bool]
 _ATTRIBUTES_AT = 21
 _MAX_TIMESTAMP_AT = 35
 _I16 = struct.Struct(">h")
@@ -262,11 +265,13 @@ class SegmentBuilder:
         producer: tuple[int, int, int] | None = None,
         *,
         log_append_time: bool = False,
+        transactional: bool = False,
     ) -> int:
         """Add one producer's RecordBatch, as it is, after the records of the chunk so far.
 
         ``producer``: (producer id, epoch, base sequence) of an idempotent producer's
-        batch, listed by :meth:`producer_batches` for the commit to check.
+        batch, listed by :meth:`producer_batches` for the commit to check; with
+        ``transactional``, the batch is part of that producer's transaction.
 
         The batch must have been checked (``segments.batches.check_batches`` gives the
         count and timestamps); it is stored byte for byte whatever its codec, with only
@@ -294,7 +299,7 @@ class SegmentBuilder:
         _LEADER_EPOCH.pack_into(data, _LEADER_EPOCH_AT, _NO_LEADER_EPOCH)
         chunk.batches.append(data)
         if producer is not None:
-            chunk.producer_batches.append((*producer, record_count, relative))
+            chunk.producer_batches.append((*producer, record_count, relative, transactional))
         chunk.closed_records += record_count
         chunk.record_count += record_count
         chunk.log_append_time = chunk.log_append_time or log_append_time
@@ -304,9 +309,9 @@ class SegmentBuilder:
         self._bytes += len(data)
         return relative
 
-    def producer_batches(self) -> dict[tuple[bytes, int], list[tuple[int, int, int, int, int]]]:
+    def producer_batches(self) -> dict[tuple[bytes, int], list[_ProducerBatch]]:
         """Idempotent batches per (topic id, partition): (producer id, epoch, base
-        sequence, record count, relative offset), in chunk order."""
+        sequence, record count, relative offset, transactional), in chunk order."""
         return {
             key: list(chunk.producer_batches)
             for key, chunk in self._chunks.items()
@@ -555,7 +560,7 @@ class _ChunkBuffer:
     record_count: int = 0
     min_ts: int = _INT64_MAX
     max_ts: int = -1
-    producer_batches: list[tuple[int, int, int, int, int]] = field(default_factory=list)
+    producer_batches: list[_ProducerBatch] = field(default_factory=list)
     log_append_time: bool = False
 
 

@@ -41,6 +41,7 @@ from service.consume.notify import Notifier
 from service.consume.sessions import ConsumerSessions
 from service.coordinator_api import start_coordinator_api
 from service.executors import ExecutorCollector, Executors, Kind
+from service.kafka import transactions
 from service.kafka.server import KafkaServer
 from service.metrics import Metrics
 from service.produce.batcher import Batcher
@@ -364,6 +365,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 per_connection=kafka_advertises_per_connection(settings),
             )
             stack.push_async_callback(kafka.close)  # before the batcher's flush-and-close
+            # Transactions come through the Kafka door: its agents abort those past their
+            # timeout and finish the markers of those whose writer went away.
+            expiry = asyncio.create_task(
+                transactions.expiry_loop(state), name="lakelog-transaction-expiry"
+            )
+
+            async def _stop_expiry() -> None:
+                expiry.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await expiry
+
+            stack.push_async_callback(_stop_expiry)
         try:
             await heartbeat_once(state)
         except LakelogError as e:

@@ -275,6 +275,12 @@ class Settings(
         description="How often consumer-protocol members heartbeat; each heartbeat moves a "
         "rebalance one step (Kafka's group.consumer.heartbeat.interval.ms).",
     )
+    kafka_transaction_abort_interval_ms: Annotated[int, Field(gt=0)] = Field(
+        default=10_000,
+        description="How often an agent with a Kafka listener aborts the transactions past "
+        "their timeout and writes the markers of decided transactions left unwritten "
+        "(Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms).",
+    )
 
     # -- topics and metadata -------------------------------------------------
     auto_create_topics: bool = Field(default=False, description="Create topics on first produce.")

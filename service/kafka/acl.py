@@ -58,7 +58,7 @@ AUTHENTICATED = Rule()
 #: api key -> what its handler checks. A served API without a rule is a bug: a unit test
 #: builds the list of served keys from the dispatcher's tables.
 RULES: dict[int, Rule] = {
-    0: Rule(topic=Op.WRITE),  # Produce
+    0: Rule(topic=Op.WRITE, transactional_id=Op.WRITE),  # Produce (+ its transactional id)
     1: Rule(topic=Op.READ),  # Fetch
     2: Rule(topic=Op.DESCRIBE),  # ListOffsets
     3: Rule(topic=Op.DESCRIBE),  # Metadata (+ CREATE to auto-create: may_create)
@@ -80,6 +80,12 @@ RULES: dict[int, Rule] = {
     # a transactional id needs WRITE on it.
     22: Rule(cluster=Op.IDEMPOTENT_WRITE, topic=Op.WRITE, transactional_id=Op.WRITE),
     23: Rule(topic=Op.DESCRIBE),  # OffsetForLeaderEpoch
+    # AddPartitionsToTxn: WRITE on the transactional id and the topics; v4+ (brokers):
+    # CLUSTER_ACTION on the cluster instead.
+    24: Rule(transactional_id=Op.WRITE, topic=Op.WRITE, cluster=Op.CLUSTER_ACTION),
+    25: Rule(transactional_id=Op.WRITE, group=Op.READ),  # AddOffsetsToTxn
+    26: Rule(transactional_id=Op.WRITE),  # EndTxn
+    28: Rule(transactional_id=Op.WRITE, group=Op.READ, topic=Op.READ),  # TxnOffsetCommit
     29: Rule(cluster=Op.DESCRIBE),  # DescribeAcls
     30: Rule(cluster=Op.ALTER),  # CreateAcls
     31: Rule(cluster=Op.ALTER),  # DeleteAcls
@@ -90,6 +96,8 @@ RULES: dict[int, Rule] = {
     42: Rule(group=Op.DELETE),  # DeleteGroups
     44: Rule(topic=Op.ALTER_CONFIGS, cluster=Op.ALTER_CONFIGS),  # IncrementalAlterConfigs
     60: AUTHENTICATED,  # DescribeCluster
+    65: Rule(transactional_id=Op.DESCRIBE, topic=Op.DESCRIBE),  # DescribeTransactions
+    66: Rule(transactional_id=Op.DESCRIBE),  # ListTransactions: those it may DESCRIBE
     # ConsumerGroupHeartbeat (KIP-848): READ on the group, DESCRIBE on each subscribed topic.
     68: Rule(group=Op.READ, topic=Op.DESCRIBE),
     # ConsumerGroupDescribe: DESCRIBE on the group.
@@ -100,6 +108,7 @@ RULES: dict[int, Rule] = {
 
 #: What a handler does with its rule beyond "each resource named" (README's table).
 NOTES: dict[int, str] = {
+    0: "transactional batches: WRITE on the request's transactional id",
     1: "per topic, at every Fetch",
     3: "all topics: lists those it may DESCRIBE; auto-creation: CREATE on the cluster or the topic",
     9: "all of a group's topics: lists those it may DESCRIBE",
@@ -108,10 +117,14 @@ NOTES: dict[int, str] = {
     19: "CREATE on the cluster or on the topic",
     22: "IDEMPOTENT_WRITE on the cluster or WRITE on any topic (KIP-679); a transactional id: "
     "WRITE on it",
+    24: "v4+ (broker to broker): CLUSTER_ACTION on the cluster instead",
+    28: "a topic it may not READ is not committed, the others are",
     32: "on the topic, or the cluster for a broker",
     33: "on the topic, or the cluster for a broker",
     44: "on the topic, or the cluster for a broker",
     60: "any authenticated client, as Kafka",
+    65: "lists the partitions of topics it may DESCRIBE",
+    66: "lists the transactional ids it may DESCRIBE",
 }
 
 

@@ -1,7 +1,8 @@
 """Kafka consumer-group APIs over the coordinator's group state (``coordinator.groups.kafka``).
 
-Every agent is a group coordinator (FindCoordinator answers with the agent asked):
-the group lives in the coordinator, so a member may reach any agent with any call.
+Every agent is a group coordinator, and a transaction coordinator (FindCoordinator
+answers with the agent asked, for a group or a transactional id): the group and the
+transaction live in the coordinator, so a client may reach any agent with any call.
 JoinGroup and SyncGroup wait for the round to complete by asking the coordinator
 again every ``POLL_S`` (the other members' calls may reach other agents); the wait
 ends at the rebalance timeout. Committed offsets are the ones REST consumers use.
@@ -77,9 +78,9 @@ async def find_coordinator(ctx: KafkaContext, req: Request, access: Access) -> A
         if body.key_type not in (GROUP_KEY, TRANSACTION_KEY):  # v6's share groups (KIP-932)
             code, message = ErrorCode.invalid_request, "Share groups are not supported."
         elif body.key_type == TRANSACTION_KEY:
-            code, message = ErrorCode.coordinator_not_available, "Transactions are not supported."
+            # Any agent coordinates any transactional id: its state is in the coordinator.
             if not access.transactional_id(key):
-                code, message = TRANSACTIONAL_ID_DENIED, None
+                code = TRANSACTIONAL_ID_DENIED
         elif not access.group(key):
             code = GROUP_DENIED
         return dict(

@@ -377,6 +377,11 @@ _KeyPartition = tuple[TopicKey, int]
 async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
     """Check every partition's batches, append the good ones to the shared batcher.
 
+    Transactional batches need WRITE on the request's transactional id: without it
+    every partition gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers; they
+    reach the commit marked so (``RawBatch.transactional``), which refuses those of a
+    partition their transaction did not add (INVALID_TXN_STATE).
+
     A partition of a topic the principal may not WRITE, an unknown topic or partition,
     a corrupt batch, a batch over ``max.message.bytes`` (as stored) or whose records
     decompress to more than ``lakelog.max.decompressed.bytes`` (MESSAGE_TOO_LARGE) gets its
@@ -426,6 +431,13 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
     throttle_ms = ctx.state.quotas.kafka_throttle_ms(
         req.header.client_id, PRODUCE, size, access.principal
     )
+    if any(b.transactional for _, _, infos in checked.values() for b in infos):
+        # Kafka: transactional batches need WRITE on the request's transactional id (and
+        # one named at all); else the whole request fails with it, storing nothing.
+        tid = getattr(body, "transactional_id", None)
+        if tid is None or not access.transactional_id(tid):
+            errors = dict.fromkeys(order, (TRANSACTIONAL_ID_DENIED, None))
+            checked = {}
     tickets, duplicates = await _admit_idempotent(ctx, checked, errors)
     for tp, (topic_id, view, infos) in checked.items():
         if tp in errors or tp in duplicates:
@@ -441,6 +453,7 @@ async def produce(ctx: KafkaContext, req: Request, access: Access) -> Any:
                 b.max_timestamp_ms,
                 (b.producer_id, b.producer_epoch, b.base_sequence) if b.idempotent else None,
                 log_append_time=tp in stamped,
+                transactional=b.transactional,
             )
             for b in infos
         )
@@ -498,7 +511,13 @@ async def _admit_idempotent(
                 topic_id,
                 tp[1],
                 [
-                    ProducerBatch(b.producer_id, b.producer_epoch, b.base_sequence, b.record_count)
+                    ProducerBatch(
+                        b.producer_id,
+                        b.producer_epoch,
+                        b.base_sequence,
+                        b.record_count,
+                        transactional=b.transactional,
+                    )
                     for b in infos
                 ],
             )
@@ -616,12 +635,14 @@ def _produce_response(
 
 
 async def init_producer_id(ctx: KafkaContext, req: Request, access: Access) -> Any:
-    """A new producer id at epoch 0 from the coordinator; transactions are not supported.
+    """A new producer id at epoch 0 from the coordinator, or a transactional id's producer.
 
     Without a transactional id the producer id and epoch the request carries are ignored,
     as Kafka's broker ignores them: an idempotent producer that asks again (after a
     sequence error, or on a restart with the ids it had) gets a new id, never
-    INVALID_PRODUCER_EPOCH. (Only a transactional id's epoch is bumped and fenced.)
+    INVALID_PRODUCER_EPOCH. A transactional id's producer is bumped to its next epoch,
+    fencing older instances (``service.kafka.transactions.init_transactional``); v6's
+    two-phase commit (KIP-939, ``enable2_pc``) is refused with INVALID_REQUEST.
     """
     body = req.body
     resp = response_cls(type(body))
@@ -634,14 +655,15 @@ async def init_producer_id(ctx: KafkaContext, req: Request, access: Access) -> A
     if denied is not None:
         return build(resp, throttle_time=0, error_code=denied, producer_id=-1, producer_epoch=-1)
     if body.transactional_id is not None:
-        # No transaction coordinator: say so plainly rather than pretend.
-        return build(
-            resp,
-            throttle_time=0,
-            error_code=ErrorCode.unsupported_version,
-            producer_id=-1,
-            producer_epoch=-1,
-        )
+        from service.kafka.transactions import init_transactional  # it imports this module
+
+        if getattr(body, "enable2_pc", False):
+            code, pid, epoch = ErrorCode.invalid_request, -1, -1
+        else:
+            code, pid, epoch = await init_transactional(
+                ctx, body.transactional_id, body, req.header.api_version
+            )
+        return build(resp, throttle_time=0, error_code=code, producer_id=pid, producer_epoch=epoch)
     try:
         pid, epoch = await call(ctx.state.coordinator.init_producer_id)
     except LakelogError as e:

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coordinator.security.model import ANONYMOUS
 from segments.errors import InvalidSecurityRequestError, LakelogError
-from service.kafka import acls, admin, groups
+from service.kafka import acls, admin, groups, transactions
 from service.kafka import handlers as h
 from service.kafka.acl import AUTHENTICATED, RULES, Access
 from service.kafka.framing import (
@@ -81,6 +81,14 @@ HANDLERS: dict[int, tuple[int, int, h.Handler]] = {
     21: (0, 2, admin.delete_records),
     22: (0, 6, h.init_producer_id),
     23: (2, 4, admin.offset_for_leader_epoch),
+    # Transactions (issue 30). AddPartitionsToTxn v4+ is Kafka's broker-to-broker batched
+    # form (verify_only, KIP-890); TxnOffsetCommit v5 adds the group itself (KIP-890 part 2).
+    24: (0, 5, transactions.add_partitions_to_txn),
+    25: (0, 4, transactions.add_offsets_to_txn),
+    26: (0, 5, transactions.end_txn),
+    28: (0, 5, transactions.txn_offset_commit),
+    65: (0, 0, transactions.describe_transactions),
+    66: (0, 2, transactions.list_transactions),  # v1: duration filter; v2: id pattern
     32: (1, 4, admin.describe_configs_api),
     33: (0, 2, admin.alter_configs),
     37: (0, 3, admin.create_partitions),
@@ -94,7 +102,7 @@ HANDLERS: dict[int, tuple[int, int, h.Handler]] = {
 
 #: api key -> why lakelog serves a lower maximum than Kafka's newest version of that API.
 #: Empty: every API lakelog serves goes up to Kafka's newest version. (APIs not served at
-#: all, the transactions' among them, are listed in the README with what a client gets.)
+#: all are listed in the README with what a client gets.)
 LOWER_MAXIMUM: dict[int, str] = {}
 
 #: api key -> (min version, max version): what ApiVersions advertises.

@@ -243,6 +243,9 @@ class RawBatch:
     producer: tuple[int, int, int] | None = None
     #: The topic has message.timestamp.type=LogAppendTime: stamped at the flush.
     log_append_time: bool = False
+    #: Part of the producer's transaction: the commit checks the transaction added the
+    #: partition (``ProducerBatch.transactional``).
+    transactional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +323,7 @@ class _BatchesPlacement:
                 b.max_timestamp_ms,
                 b.producer,
                 log_append_time=b.log_append_time,
+                transactional=b.transactional,
             )
             buf.counts[key] = buf.counts.get(key, 0) + b.record_count
             buf.records += b.record_count
