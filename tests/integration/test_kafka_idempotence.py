@@ -92,8 +92,7 @@ def test_a_retry_through_another_agent_is_stored_once(
     """Race: a producer's ack is lost and it retries the same batch through the other
     agent: the retry is answered with the first offsets and nothing is stored twice.
     A gap is OUT_OF_ORDER_SEQUENCE_NUMBER; an epoch older than the producer's latest is
-    INVALID_PRODUCER_EPOCH (after the epoch is bumped); a transactional id is refused
-    plainly."""
+    INVALID_PRODUCER_EPOCH (after the epoch is bumped)."""
     topic = unique_topic("retry")
     create_topic(kafka_cluster, topic, 1)
     a, b = kafka_cluster.kafka
@@ -130,8 +129,6 @@ def test_a_retry_through_another_agent_is_stored_once(
     stale = _raw_produce(a, topic, 0, _idempotent_batch(pid, 0, 8, 1))
     assert stale.error_code == ErrorCode.invalid_producer_epoch
     assert watermarks(kafka_cluster, topic) == (0, 10)
-    txn = kafka_call(a, replace(init, transactional_id="tx"))
-    assert txn.error_code == ErrorCode.unsupported_version
 
 
 def test_an_idempotent_producer_goes_on_when_its_topic_is_created_again(
