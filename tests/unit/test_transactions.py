@@ -147,6 +147,10 @@ def test_abort_keeps_the_aborted_range_for_readers(env: Env) -> None:
     c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 1)])
     _data(c, "t", 1, 1, (p.producer_id, p.epoch, 4))
     assert _stable(c, "t", 1).last_stable == 5
+    assert _stable(c, "t", 1).aborted == ((p.producer_id, 0),)
+    # DeleteRecords (and retention) past the abort marker forget the aborted range.
+    c.delete_records("t", 1, 5)
+    assert _stable(c, "t", 1).aborted == ()
 
 
 def test_transactional_batches_need_their_partition_added_at_their_epoch(env: Env) -> None:
