@@ -13,15 +13,25 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar, cast
 
 from ulid import ULID
 
-from coordinator.client import ChunkCommit, ChunkRef, Coordinator, PartitionOffsets
+from coordinator.client import (
+    ChunkCommit,
+    ChunkRef,
+    Coordinator,
+    PartitionOffsets,
+    PendingMarkers,
+    TransactionCoordinator,
+    TxnMarker,
+)
 from coordinator.log.producers import ProducerBatch, RequestKey
 from index.walk import seek_timestamp, walk
+from segments.batches import control_batch
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
 from segments.errors import (
+    CoordinatorUnavailableError,
     CorruptSegmentError,
     LakelogError,
     ObjectDeletedError,
@@ -29,6 +39,7 @@ from segments.errors import (
     PartialCommitError,
     PreconditionFailedError,
     ProducerConflictError,
+    TopicNotFoundError,
 )
 from segments.segment import SegmentBuilder, iter_chunk
 from segments.store import ObjectStore
@@ -96,6 +107,8 @@ class UploadedSegment:
     producer_batches: dict[tuple[bytes, int], list[ProducerBatch]] = field(default_factory=dict)
     #: REST idempotency keys per chunk, stored by the commit (set by the batcher).
     request_keys: dict[tuple[bytes, int], list[RequestKey]] = field(default_factory=dict)
+    #: Chunks that are one transaction marker each (``LogWriter.write_markers``).
+    markers: dict[tuple[bytes, int], TxnMarker] = field(default_factory=dict)
     #: The time stamped on the batches of LogAppendTime topics (ms; -1 unknown).
     append_time_ms: int = -1
 
@@ -178,6 +191,7 @@ class LogWriter:
                     uploaded.producer_batches.get((c.topic_id, c.partition), ())
                 ),
                 request_keys=tuple(uploaded.request_keys.get((c.topic_id, c.partition), ())),
+                marker=uploaded.markers.get((c.topic_id, c.partition)),
             )
             for c in uploaded.chunks
         ]
@@ -222,6 +236,55 @@ class LogWriter:
         )
         self._tell(result, uploaded.data)
         return result
+
+    def write_markers(self, pending: PendingMarkers) -> None:
+        """End a decided transaction: one object holding a marker (a control batch) for
+        each of its partitions, PUT and committed like data (each marker's commit closes
+        its partition's open transaction, in the transaction that gives it its offset),
+        then the transaction completed. Safe to repeat, by any agent: a marker for a
+        partition closed already changes no state.
+
+        Partitions of topics deleted meanwhile get no marker (their open rows went with
+        them).
+
+        Raises:
+            CoordinatorUnavailableError: a partition stayed open (try again later), or
+                what the store and coordinator raise after retries.
+        """
+        txns = cast(TransactionCoordinator, self.coordinator)  # both clients serve both
+        partitions = list(pending.partitions)
+        while partitions:
+            now_ms = time.time_ns() // 1_000_000
+            batch = control_batch(pending.producer_id, pending.epoch, pending.commit, now_ms)
+            builder = SegmentBuilder()
+            for topic_id, partition in partitions:
+                builder.append_batch(topic_id, partition, batch, 1, now_ms, now_ms)
+            uploaded = self.upload(builder)
+            marker = pending.marker()
+            try:
+                self.commit(replace(uploaded, markers=dict.fromkeys(partitions, marker)))
+                break
+            except TopicNotFoundError:
+                left = [tp for tp in partitions if self._topic_exists(tp[0])]
+                if left == partitions:
+                    raise
+                partitions = left
+        if not retry(
+            lambda: txns.complete_transaction(
+                pending.transactional_id, pending.producer_id, pending.epoch
+            )
+        ):
+            raise CoordinatorUnavailableError(
+                f"The markers of '{pending.transactional_id}' are committed but a partition "
+                "is still open: try again."
+            )
+
+    def _topic_exists(self, topic_id: bytes) -> bool:
+        try:
+            retry(lambda: self.coordinator.get_topic_by_id(topic_id))
+        except TopicNotFoundError:
+            return False
+        return True
 
     def _tell(self, result: WriteResult, data: bytes) -> None:
         """Hand a commit to the listeners (read cache, fetch wake-ups)."""

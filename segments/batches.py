@@ -264,6 +264,7 @@ def fetch_batches(
     out: bytearray,
     budget: int,
     first_may_exceed: bool = False,
+    until: int | None = None,
 ) -> bool:
     """Append a stored chunk's batches to ``out`` as a Fetch returns them.
 
@@ -272,14 +273,19 @@ def fetch_batches(
     it goes whole (clients skip the records before their position, as with Kafka).
     Batches are added while ``out`` stays within ``budget`` bytes; with
     ``first_may_exceed`` an empty ``out`` takes its first batch whatever its size.
+    ``until``: no batch from that offset on (a read_committed Fetch stops at the last
+    stable offset, which may fall inside a chunk: it is always a batch's base offset).
 
     Returns:
-        False once a batch did not fit (the caller stops), else True.
+        False once a batch did not fit or ``until`` was reached (the caller stops),
+        else True.
     """
     view = memoryview(chunk)
     for pos, end, relative, count in iter_batches(view):
         if base_offset + relative + count <= from_offset:
             continue
+        if until is not None and base_offset + relative >= until:
+            return False
         if len(out) + end - pos > budget and (out or not first_may_exceed):
             return False
         start = len(out)

@@ -114,6 +114,9 @@ _DROP_BELOW = (
     "DELETE FROM index_entries WHERE topic_id = ? AND partition = ? "
     "AND base_offset + record_count <= ? RETURNING object_id"
 )
+_DROP_ABORTED_BELOW = (
+    "DELETE FROM aborted_txns WHERE topic_id = ? AND partition = ? AND last_offset < ?"
+)
 _COUNT_ROWS = "SELECT COUNT(*) FROM index_entries"
 
 
@@ -318,6 +321,8 @@ class Catalog:
             if moved is None:
                 return None
             dropped = conn.execute(q(_DROP_BELOW), (topic_id, partition, log_start)).fetchall()
+            # Aborted transactions wholly below it: no reader can meet their records now.
+            conn.execute(q(_DROP_ABORTED_BELOW), (topic_id, partition, log_start))
             record_changes(conn, q, topic_id, partition, (), (r[0] for r in dropped))
             self._mark(conn, {r[0] for r in dropped}, now)
         return int(moved[0])

@@ -466,13 +466,13 @@ class TransactionStore:
     def abort_expired(self, now_ms: int) -> list[PendingMarkers]:
         now = now_ms / 1000
         with self._db.write() as conn:
+            out = []
             for (tid,) in conn.execute(self._q(_EXPIRED), (now,)).fetchall():
                 t = self._load(conn, tid)
                 if t is not None and t.expired(now):
                     self._abort_on_timeout(conn, t, now)
-            out = []
-            stale = now - STALE_DECISION_S
-            for (tid,) in conn.execute(self._q(_UNFINISHED), (stale,)).fetchall():
+                    out.append(self._pending(conn, t))
+            for (tid,) in conn.execute(self._q(_UNFINISHED), (now - STALE_DECISION_S,)).fetchall():
                 t = self._load(conn, tid)
                 if t is not None:
                     out.append(self._pending(conn, t))

@@ -19,11 +19,12 @@ import uuid
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
-from coordinator.client import ChunkRef, PartitionOffsets, TopicInfo, TopicPartition
+from coordinator.client import ChunkRef, IndexWant, PartitionOffsets, TopicInfo, TopicPartition
 from coordinator.log.producers import ProducerBatch
 from coordinator.log.topic_configs import (
     compacted,
@@ -69,6 +70,8 @@ LEADER_EPOCH = 0
 #: (KIP-405); v9's latest tiered (-5) and v11's earliest pending upload (-6) are the
 #: other negatives (see ``_offset_for``).
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL = -1, -2, -3, -4
+#: Fetch and ListOffsets isolation levels (0: read_uncommitted, the default).
+READ_COMMITTED = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -682,6 +685,10 @@ class _PartitionRead:
     high_watermark: int = -1
     log_start: int = -1
     records: bytearray = field(default_factory=bytearray)
+    #: read_committed: the last stable offset and the aborted transactions (producer
+    #: id, first offset) in the range read; None under read_uncommitted.
+    last_stable: int | None = None
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
@@ -715,6 +722,7 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
             wanted.append((info.name, p.partition, p.fetch_offset, p.partition_max_bytes, by_id))
             keys.append((named.key, p.partition))
             watches[(info.topic_id, p.partition)] = (info.name, p.fetch_offset)
+    read_committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
     max_wait_s = max(0, millis(body.max_wait)) / 1000
     deadline = time.monotonic() + max_wait_s
     # The agent's fetch.max.bytes caps what the request asks for (partitions' limits too).
@@ -722,7 +730,7 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     min_bytes = min(body.min_bytes, max_bytes)
     with st.notifier.watch(watches) as waiter:
         while True:
-            reads = await run(Kind.READ, _read_partitions, st, wanted, max_bytes)
+            reads = await run(Kind.READ, _read_partitions, st, wanted, max_bytes, read_committed)
             total = sum(len(r.records) for r in reads)
             remaining = deadline - time.monotonic()
             failed = unknown or any(r.error != ErrorCode.none for r in reads)
@@ -731,6 +739,7 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
             await st.notifier.wait(waiter, remaining)
     resp = response_cls(type(body))
     part_cls, topic_cls = nested(resp, "PartitionData"), nested(resp, "FetchableTopicResponse")
+    aborted_cls = nested(resp, "AbortedTransaction")
     by_topic: dict[TopicKey, list[Any]] = {}
     results = dict(zip(keys, reads, strict=True))
     for t in body.topics:
@@ -744,9 +753,14 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
                     partition_index=p.partition,
                     error_code=r.error,
                     high_watermark=r.high_watermark,
-                    last_stable_offset=r.high_watermark,
+                    last_stable_offset=r.high_watermark if r.last_stable is None else r.last_stable,
                     log_start_offset=r.log_start,
-                    aborted_transactions=None,
+                    aborted_transactions=None
+                    if r.last_stable is None
+                    else tuple(
+                        build(aborted_cls, producer_id=pid, first_offset=first)
+                        for pid, first in r.aborted
+                    ),
                     preferred_read_replica=-1,
                     records=r.records,  # written as is: no copy
                 )
@@ -775,13 +789,20 @@ def _offsets_or_none(st: AgentState, tp: TopicPartition) -> PartitionOffsets | N
 
 
 def _read_partitions(
-    st: AgentState, wanted: list[tuple[str, int, int, int, bytes | None]], max_bytes: int
+    st: AgentState,
+    wanted: list[tuple[str, int, int, int, bytes | None]],
+    max_bytes: int,
+    read_committed: bool = False,
 ) -> list[_PartitionRead]:
     """One pass over the fetched partitions (worker thread): offsets, then batches.
 
     A partition asked for by topic id (Fetch v13+) whose name now belongs to another
     topic (deleted and created again since the agent's metadata was read) answers
     UNKNOWN_TOPIC_ID: the log it named is gone.
+
+    ``read_committed``: each partition is read up to its last stable offset, and its
+    answer names the aborted transactions in the range (the client drops their records
+    when it meets their abort marker, as with Kafka).
     """
     known: dict[TopicPartition, PartitionOffsets] | None
     try:
@@ -810,6 +831,8 @@ def _read_partitions(
         except LakelogError as e:
             r.error = code_for(e)
         bounds.append(found)
+    if read_committed:
+        _stabilize(st, wanted, out, bounds)
     # The chunks the reads below start with, in few GETs (one per run of nearby chunks of
     # one object, not one per partition's chunk): at 1,000 partitions an object holds a
     # small chunk of each.
@@ -838,6 +861,33 @@ def _read_partitions(
     return out
 
 
+def _stabilize(
+    st: AgentState,
+    wanted: list[tuple[str, int, int, int, bytes | None]],
+    out: list[_PartitionRead],
+    bounds: list[PartitionOffsets | None],
+) -> None:
+    """read_committed: each readable partition's bounds cut at its last stable offset,
+    its answer given that offset and the aborted transactions from the fetch offset on."""
+    asked = [i for i, r in enumerate(out) if r.error == ErrorCode.none]
+    views = st.txns.stable_offsets(
+        [IndexWant(wanted[i][0], wanted[i][1], wanted[i][2], wanted[i][4]) for i in asked]
+    )
+    for n, i in enumerate(asked):
+        r, b, view = out[i], bounds[i], views.get(n)
+        if view is None:  # deleted (and created again?) since its offsets were read
+            r.error, bounds[i] = ErrorCode.unknown_topic_or_partition, None
+            continue
+        r.last_stable, r.aborted = view.last_stable, view.aborted
+        if b is not None:
+            offset = wanted[i][2]
+            bounds[i] = (
+                dataclasses.replace(b, high_watermark=view.last_stable)
+                if offset < view.last_stable
+                else None
+            )
+
+
 def _collect(
     st: AgentState,
     topic: str,
@@ -853,12 +903,16 @@ def _collect(
     # No read-ahead here: ``prefetch_partitions`` read this Fetch's chunks and started on
     # the next one's, a run of chunks of an object per GET (not a GET per chunk).
     entries = st.reader.entries(topic, partition, offset, bounds=bounds)
+    end = bounds.high_watermark  # the last stable offset under read_committed
     for ref, data, start in entries:
         if ref.kind == "segment":
-            if not fetch_batches(data, ref.base_offset, start, out, budget, first_may_exceed):
+            if not fetch_batches(
+                data, ref.base_offset, start, out, budget, first_may_exceed, until=end
+            ):
                 return
         else:  # a tier object: its rows from `start`, encoded as batches
-            for batch in _tier_batches(decode_entry(ref, data, topic, partition, start), budget):
+            rows = decode_entry(ref, data, topic, partition, start)
+            for batch in _tier_batches(takewhile(lambda rec: rec.offset < end, rows), budget):
                 if len(out) + len(batch) > budget and (out or not first_may_exceed):
                     return
                 out += batch
@@ -905,6 +959,7 @@ async def list_offsets(ctx: KafkaContext, req: Request, access: Access) -> Any:
                         t.name,
                         p.partition_index,
                         int(p.timestamp),
+                        getattr(body, "isolation_level", 0) == READ_COMMITTED,
                     )
                     code = ErrorCode.none
             except LakelogError as e:
@@ -924,9 +979,15 @@ async def list_offsets(ctx: KafkaContext, req: Request, access: Access) -> Any:
     return build(resp, throttle_time=0, topics=tuple(topics))
 
 
-def _offset_for(st: AgentState, topic: str, partition: int, timestamp: int) -> tuple[int, int]:
-    """(offset, timestamp) ListOffsets answers for one partition (worker thread)."""
+def _offset_for(
+    st: AgentState, topic: str, partition: int, timestamp: int, read_committed: bool = False
+) -> tuple[int, int]:
+    """(offset, timestamp) ListOffsets answers for one partition (worker thread); the
+    latest offset of a read_committed reader is the last stable offset."""
     offsets = st.coordinator.offsets(topic, partition)
+    if timestamp == LATEST and read_committed:
+        view = st.txns.stable_offsets([IndexWant(topic, partition, offsets.high_watermark)])
+        return (view[0].last_stable if 0 in view else offsets.high_watermark), -1
     if timestamp == LATEST:
         return offsets.high_watermark, -1
     if timestamp in (EARLIEST, EARLIEST_LOCAL):  # the whole log is as near as it gets

@@ -714,10 +714,13 @@ class _Producer:
         items: list[Item],
         keyed: KeyedProduce | None = None,
         idempotent: RestProducer | None = None,
+        *,
+        atomic: bool = False,
     ) -> list[dict[str, Any]]:
         """Produce a group of records with one batcher call: each one's delivery report
         (``error_code`` 200 with its offset, or its error), in order. With ``keyed``,
-        the group is one idempotent request (``service.produce.request_keys``)."""
+        the group is one idempotent request (``service.produce.request_keys``). With
+        ``atomic``, one record that fails its checks fails them all."""
         now_ms, sticky = int(time.time() * 1000), [-1]
         ticket = stored = None
         if keyed is not None:
@@ -727,7 +730,9 @@ class _Producer:
             now_ms = keyed.now_ms if stored is None else stored.created_ms
             sticky[0] = keyed.sticky_partition(self.topic.partitions)
         try:
-            return await self._produce_group(items, now_ms, sticky, keyed, stored, idempotent)
+            return await self._produce_group(
+                items, now_ms, sticky, keyed, stored, idempotent, atomic
+            )
         finally:
             release(self.state, ticket)
 
@@ -739,6 +744,7 @@ class _Producer:
         keyed: KeyedProduce | None,
         stored: StoredKey | None,
         idempotent: RestProducer | None = None,
+        atomic: bool = False,
     ) -> list[dict[str, Any]]:
         size = sum(len(i) for i in items if isinstance(i, bytes))
         offload = size >= self.state.settings.offload_parse_bytes
@@ -748,6 +754,13 @@ class _Producer:
             for r in parsed
         ]
         good = [r for r in results if isinstance(r, _Parsed)]
+        if atomic and len(good) < len(results):
+            bad = next(i for i, r in enumerate(results) if not isinstance(r, _Parsed))
+            refused = InvalidBatchError(
+                f"Not stored: entries[{bad}] failed and the batch is atomic (nothing of it "
+                "was stored)."
+            )
+            return [_error_report(r if isinstance(r, LakelogError) else refused) for r in results]
         offsets: Sequence[int | None] = []
         errors: Sequence[LakelogError | None] = []
         failure: LakelogError | None = None
@@ -768,7 +781,7 @@ class _Producer:
                         log_append_time=log_append_time(self.topic),
                     )
             except PartlyCommittedError as exc:  # some partitions' shard failed
-                if idempotent is None:
+                if idempotent is None and not atomic:
                     offsets, errors = exc.offsets, exc.errors
                 else:
                     failure = exc
@@ -975,6 +988,8 @@ class _BatchBody(msgspec.Struct):
 
     entries: list[msgspec.Raw]
     producer: _BatchProducer | None = None
+    #: lakelog's: all entries stored or none (see ``produce_records_batch``).
+    atomic: bool = False
 
 
 def _batch_ids(entries: list[msgspec.Raw], max_entries: int) -> list[str]:
@@ -1023,6 +1038,14 @@ async def produce_records_batch(
     """``{"entries": [{"id": ..., <a record>}, ...]}`` -> 207 with ``successes`` and
     ``failures`` (each by id, in input order). All entries go to the batcher in one call.
 
+    ``"atomic": true`` (lakelog's): all entries are stored or none. An entry that fails
+    its checks (a bad partition, bad base64, a schema it does not fit) fails every entry,
+    the others with 42208 naming it. The checked entries land in one flush, so in one
+    segment object, whose chunks one database transaction commits: across partitions,
+    all or nothing. (With sharded metadata each shard commits its partitions on its own,
+    so atomicity holds only across the partitions of one shard; a shard failing between
+    them is answered as a failure of every entry, though the other shards' records stay.)
+
     Request-level errors: 415 (not JSON), 404 40403 (unknown topic), 413 (body over
     ``max_request_bytes``), 400 (not a batch object), 422 42208 (empty, more than
     ``produce_batch_max_entries``, bad or repeated ids).
@@ -1052,7 +1075,9 @@ async def produce_records_batch(
             p.producer_epoch,
             {s.partition_id: s.sequence for s in p.sequences},
         )
-    reports = await producer.produce([bytes(raw) for raw in batch.entries], keyed, idempotent)
+    reports = await producer.produce(
+        [bytes(raw) for raw in batch.entries], keyed, idempotent, atomic=batch.atomic
+    )
     successes, failures = [], []
     for entry_id, report in zip(ids, reports, strict=True):
         if report["error_code"] == 200:

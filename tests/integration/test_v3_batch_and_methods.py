@@ -67,6 +67,49 @@ def test_records_batch_exact_bodies(
     assert offsets["latest_offset"] == 2
 
 
+def test_atomic_records_batch_stores_all_entries_or_none(
+    lakelog_cluster: Cluster, unique_topic: Callable[[str], str]
+) -> None:
+    """``"atomic": true``: one bad entry (a partition the topic lacks) and nothing of the
+    batch is stored, on any partition; without a bad entry, every entry across three
+    partitions is stored by one commit."""
+    cluster = lakelog_cluster
+    topic = unique_topic("atomic")
+    create_topic(cluster, topic, 3)
+
+    def entries(partitions: list[int]) -> list[dict[str, Any]]:
+        return [
+            {"id": str(i), "partition_id": p, "value": {"type": "STRING", "data": f"v{i}"}}
+            for i, p in enumerate(partitions)
+        ]
+
+    def latest(p: int) -> int:
+        url = f"{cluster.agents[1]}/v3/clusters/{cluster.cluster_id}/topics/{topic}/partitions"
+        return int(httpx.get(f"{url}/{p}/offset").json()["latest_offset"])
+
+    bad = httpx.post(
+        batch_url(cluster, topic), json={"atomic": True, "entries": entries([0, 1, 7, 2])}
+    )
+    assert bad.status_code == 207, bad.text
+    answer = bad.json()
+    assert answer["successes"] == []
+    failures = {f["id"]: f for f in answer["failures"]}
+    assert failures["2"]["error_code"] == 40402
+    for i in ("0", "1", "3"):
+        assert failures[i]["error_code"] == 42208
+        assert "entries[2]" in failures[i]["message"]
+    assert [latest(p) for p in range(3)] == [0, 0, 0]
+    # The same batch without "atomic" stores the good entries.
+    plain = httpx.post(batch_url(cluster, topic), json={"entries": entries([0, 1, 7, 2])})
+    assert len(plain.json()["successes"]) == 3
+    assert [latest(p) for p in range(3)] == [1, 1, 1]
+    good = httpx.post(
+        batch_url(cluster, topic), json={"atomic": True, "entries": entries([0, 1, 2, 0])}
+    )
+    assert [s["id"] for s in good.json()["successes"]] == ["0", "1", "2", "3"]
+    assert [latest(p) for p in range(3)] == [3, 2, 2]
+
+
 def test_records_batch_limits_and_request_errors(
     lakelog_cluster: Cluster, unique_topic: Callable[[str], str]
 ) -> None:

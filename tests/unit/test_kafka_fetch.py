@@ -307,3 +307,78 @@ def test_a_fetch_over_more_objects_than_one_lookup_page_reads_each_object_once(
     finally:
         reader.close()
         coordinator.close()
+
+
+def test_a_read_committed_fetch_stops_at_the_last_stable_offset_inside_a_chunk(
+    tmp_path: Path,
+) -> None:
+    """One chunk holds a plain batch (offsets 0-1), then an open transaction's batch
+    (2-4): a read_committed Fetch returns the first batch only and reports the last
+    stable offset 2; read_uncommitted returns both. Once the transaction aborts, the
+    answer names it (producer id, first offset 2) and holds its abort marker (5)."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    from coordinator.client import ChunkCommit, TopicPartition
+    from coordinator.log.producers import ProducerBatch
+    from service.kafka.handlers import LATEST, _offset_for
+
+    coordinator = LocalCoordinator(f"sqlite:///{tmp_path / 'meta.db'}")
+    store = open_store(f"file://{tmp_path / 'data'}")
+    writer = LogWriter(store, coordinator)
+    info = coordinator.create_topic("x", 1)
+    txn = coordinator.init_transaction("app", 60_000)
+    pid, epoch = txn.producer_id, txn.epoch
+    coordinator.add_txn_partitions("app", pid, epoch, [TopicPartition("x", 0)])
+
+    def raw(count: int, producer: tuple[int, int, int] | None) -> bytes:
+        p = producer or (-1, -1, -1)
+        b = DefaultRecordBatchBuilder(2, 0, int(producer is not None), *p, 1 << 20)
+        for i in range(count):
+            b.append(i, 1000, None, b"v", [])
+        return bytes(b.build())
+
+    seg = SegmentBuilder()
+    seg.append_batch(info.topic_id, 0, raw(2, None), 2, 1000, 1000)
+    seg.append_batch(info.topic_id, 0, raw(3, (pid, epoch, 0)), 3, 1000, 1000)
+    data, [chunk] = seg.build()
+    store.put("segments/aa/txn.seg", data)
+    coordinator.commit(
+        "segments/aa/txn.seg",
+        [
+            ChunkCommit(
+                info.topic_id,
+                0,
+                chunk.position,
+                chunk.length,
+                5,
+                1000,
+                1000,
+                producer_batches=(ProducerBatch(pid, epoch, 0, 3, 2, transactional=True),),
+            )
+        ],
+    )
+    reader = CachingLogReader(store, coordinator, RangeCache(1 << 20, 1 << 20), IndexCache(10, 60))
+    state = SimpleNamespace(coordinator=coordinator, reader=reader, txns=coordinator)
+    want = [("x", 0, 0, 1 << 20, None)]
+    try:
+        (committed,) = _read_partitions(state, want, 1 << 20, True)  # type: ignore[arg-type]
+        assert batch_offsets(bytes(committed.records)) == [(0, 1)]
+        assert (committed.high_watermark, committed.last_stable) == (5, 2)
+        assert committed.aborted == ()
+        (everything,) = _read_partitions(state, want, 1 << 20)  # type: ignore[arg-type]
+        assert batch_offsets(bytes(everything.records)) == [(0, 1), (2, 4)]
+        assert everything.last_stable is None
+        (at_lso,) = _read_partitions(state, [("x", 0, 2, 1 << 20, None)], 1 << 20, True)  # type: ignore[arg-type]
+        assert at_lso.error == ErrorCode.none and not at_lso.records
+        assert _offset_for(state, "x", 0, LATEST, True) == (2, -1)  # type: ignore[arg-type]
+        assert _offset_for(state, "x", 0, LATEST) == (5, -1)  # type: ignore[arg-type]
+
+        pending = coordinator.end_transaction("app", pid, epoch, False)
+        assert pending is not None
+        writer.write_markers(pending)
+        (after,) = _read_partitions(state, want, 1 << 20, True)  # type: ignore[arg-type]
+        assert batch_offsets(bytes(after.records)) == [(0, 1), (2, 4), (5, 5)]
+        assert (after.last_stable, after.aborted) == (6, ((pid, 2),))
+    finally:
+        reader.close()
+        coordinator.close()

@@ -1,0 +1,282 @@
+"""Transactions in the coordinator (``coordinator.log.transactions``) and their markers
+(``LogWriter.write_markers``), on each backend: epochs and fencing, the verification of
+transactional batches in the commit, last stable offsets and aborted ranges, offsets held
+until the decision, timeouts, and a topic deleted in the middle of a transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from coordinator import clock
+from coordinator.client import ChunkCommit, IndexWant, StableView, TopicPartition
+from coordinator.groups.model import CommittedOffset
+from coordinator.local import LocalCoordinator
+from coordinator.log.producers import ProducerBatch
+from coordinator.log.transactions import STALE_DECISION_S
+from index.log import LogWriter
+from segments.batches import read_marker
+from segments.errors import (
+    ConcurrentTransactionsError,
+    InvalidProducerIdMappingError,
+    InvalidTxnStateError,
+    InvalidTxnTimeoutError,
+    ProducerConflictError,
+    TransactionFencedError,
+)
+from segments.memory import MemoryStore
+from segments.segment import SegmentReader
+
+TIMEOUT_MS = 60_000
+Env = tuple[LocalCoordinator, LogWriter, MemoryStore]
+
+
+@pytest.fixture
+def env(coord: LocalCoordinator) -> Iterator[Env]:
+    store = MemoryStore()
+    coord.create_topic("t", 3)
+    coord.create_topic("u", 1)
+    yield coord, LogWriter(store, coord), store
+
+
+def _data(
+    c: LocalCoordinator,
+    topic: str,
+    partition: int,
+    count: int,
+    producer: tuple[int, int, int] | None = None,
+    *,
+    transactional: bool = True,
+) -> int:
+    """Commit ``count`` records (no object bytes: the coordinator never reads them);
+    returns their base offset."""
+    batches: tuple[ProducerBatch, ...] = ()
+    if producer is not None:
+        pid, epoch, seq = producer
+        batches = (ProducerBatch(pid, epoch, seq, count, 0, transactional),)
+    chunk = ChunkCommit(
+        c.get_topic(topic).topic_id, partition, 0, 100, count, 1, 2, producer_batches=batches
+    )
+    return c.commit(f"segments/x/{uuid.uuid4().hex}.seg", [chunk])[0]
+
+
+def _stable(c: LocalCoordinator, topic: str, partition: int, offset: int = 0) -> StableView:
+    return c.stable_offsets([IndexWant(topic, partition, offset)])[0]
+
+
+def test_init_gives_ids_and_bumps_the_epoch_of_a_known_one(env: Env) -> None:
+    c, _, _ = env
+    first = c.init_transaction("app", TIMEOUT_MS)
+    assert (first.epoch, first.pending) == (0, None)
+    again = c.init_transaction("app", TIMEOUT_MS)
+    assert (again.producer_id, again.epoch) == (first.producer_id, 1)
+    assert c.init_transaction("other", TIMEOUT_MS).producer_id != first.producer_id
+    # KIP-360: the current (id, epoch) may ask again; an older epoch is fenced.
+    assert c.init_transaction("app", TIMEOUT_MS, first.producer_id, 1).epoch == 2
+    with pytest.raises(TransactionFencedError):
+        c.init_transaction("app", TIMEOUT_MS, first.producer_id, 1)
+    with pytest.raises(InvalidProducerIdMappingError):
+        c.init_transaction("app", TIMEOUT_MS, first.producer_id + 1000, 2)
+    for bad in (0, -1, 900_001):
+        with pytest.raises(InvalidTxnTimeoutError):
+            c.init_transaction("app", bad)
+
+
+def test_commit_then_markers_move_the_last_stable_offset(env: Env) -> None:
+    c, writer, store = env
+    p = c.init_transaction("app", TIMEOUT_MS)
+    _data(c, "t", 0, 5, transactional=False)  # offsets 0-4, no transaction
+    c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 0)])
+    first = _data(c, "t", 0, 3, (p.producer_id, p.epoch, 0))
+    assert first == 5
+    _data(c, "t", 0, 2, transactional=False)  # 8-9: after the open transaction
+    assert _stable(c, "t", 0).last_stable == 5  # read_committed stops at the open one
+    assert c.offsets("t", 0).high_watermark == 10
+    _data(c, "t", 0, 2, (p.producer_id, p.epoch, 3))
+    assert _stable(c, "t", 0).last_stable == 5  # its first offset, not its last
+    [info] = c.list_transactions()
+    assert (info.state, info.partitions) == ("Ongoing", (TopicPartition("t", 0),))
+
+    pending = c.end_transaction("app", p.producer_id, p.epoch, True)
+    assert pending is not None and pending.commit
+    assert c.end_transaction("app", p.producer_id, p.epoch, True) == pending  # a retry
+    with pytest.raises(InvalidTxnStateError):
+        c.end_transaction("app", p.producer_id, p.epoch, False)
+    assert _stable(c, "t", 0).last_stable == 5  # undecided until the marker is in
+    assert not c.complete_transaction("app", p.producer_id, p.epoch)
+
+    writer.write_markers(pending)
+    hw = c.offsets("t", 0).high_watermark
+    assert hw == 13  # the marker took offset 12
+    assert _stable(c, "t", 0).last_stable == hw
+    assert _stable(c, "t", 0).aborted == ()
+    assert c.list_transactions()[0].state == "CompleteCommit"
+    # The marker is a control batch at its own offset, in an object like any other.
+    [ref] = c.lookup("t", 0, 12)
+    data = store.get(ref.object_key)
+    chunk = SegmentReader(data).chunks[0]
+    assert read_marker(data[chunk.position : chunk.position + chunk.length]) == (
+        p.producer_id,
+        p.epoch,
+        True,
+    )
+    writer.write_markers(pending)  # written twice: harmless
+    assert _stable(c, "t", 0).last_stable == c.offsets("t", 0).high_watermark == 14
+
+
+def test_abort_keeps_the_aborted_range_for_readers(env: Env) -> None:
+    c, writer, _ = env
+    p = c.init_transaction("app", TIMEOUT_MS)
+    c.add_txn_partitions(
+        "app", p.producer_id, p.epoch, [TopicPartition("t", 1), TopicPartition("u", 0)]
+    )
+    _data(c, "t", 1, 4, (p.producer_id, p.epoch, 0))  # 0-3; u-0 gets no record
+    pending = c.end_transaction("app", p.producer_id, p.epoch, False)
+    assert pending is not None and len(pending.partitions) == 2
+    writer.write_markers(pending)
+    assert c.offsets("t", 1).high_watermark == 5  # abort marker at 4
+    assert c.offsets("u", 0).high_watermark == 1  # a marker alone
+    view = _stable(c, "t", 1)
+    assert (view.last_stable, view.aborted) == (5, ((p.producer_id, 0),))
+    assert _stable(c, "t", 1, offset=4).aborted == ((p.producer_id, 0),)  # marker in range
+    assert _stable(c, "t", 1, offset=5).aborted == ()
+    assert _stable(c, "u", 0).aborted == ()  # no record, no aborted range
+    # The next transaction of the same producer starts afresh.
+    c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 1)])
+    _data(c, "t", 1, 1, (p.producer_id, p.epoch, 4))
+    assert _stable(c, "t", 1).last_stable == 5
+    assert _stable(c, "t", 1).aborted == ((p.producer_id, 0),)
+    # DeleteRecords (and retention) past the abort marker forget the aborted range.
+    c.delete_records("t", 1, 5)
+    assert _stable(c, "t", 1).aborted == ()
+
+
+def test_transactional_batches_need_their_partition_added_at_their_epoch(env: Env) -> None:
+    c, writer, _ = env
+    p = c.init_transaction("app", TIMEOUT_MS)
+    with pytest.raises(InvalidTxnStateError):
+        _data(c, "t", 2, 1, (p.producer_id, p.epoch, 0))  # never added
+    assert c.offsets("t", 2).high_watermark == 0  # nothing stored
+    c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 2)])
+    _data(c, "t", 2, 1, (p.producer_id, p.epoch, 0))
+    # A new instance takes over: the ongoing transaction is aborted at the next epoch.
+    new = c.init_transaction("app", TIMEOUT_MS)
+    assert new.pending is not None and not new.pending.commit
+    assert new.pending.epoch == p.epoch + 1
+    with pytest.raises(ConcurrentTransactionsError):
+        c.add_txn_partitions("app", p.producer_id, new.pending.epoch, [TopicPartition("t", 2)])
+    # The zombie is fenced at every step, and its late batch is refused by the commit.
+    with pytest.raises(TransactionFencedError):
+        c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 2)])
+    with pytest.raises(TransactionFencedError):
+        c.end_transaction("app", p.producer_id, p.epoch, True)
+    writer.write_markers(new.pending)
+    with pytest.raises((InvalidTxnStateError, ProducerConflictError)):
+        _data(c, "t", 2, 1, (p.producer_id, p.epoch, 1))
+    after = c.init_transaction("app", TIMEOUT_MS)
+    assert (after.epoch, after.pending) == (p.epoch + 2, None)
+    assert _stable(c, "t", 2).aborted == ((p.producer_id, 0),)
+
+
+def test_offsets_in_a_transaction_are_written_by_its_commit_only(env: Env) -> None:
+    c, _, _ = env
+    tp = TopicPartition("t", 0)
+    for commit, expected in ((False, {}), (True, {tp: CommittedOffset(42, "m")})):
+        p = c.init_transaction("app", TIMEOUT_MS)
+        with pytest.raises(InvalidTxnStateError):  # AddOffsetsToTxn first
+            c.txn_commit_offsets("app", p.producer_id, p.epoch, "g", {tp: (42, "m")})
+        c.add_txn_group("app", p.producer_id, p.epoch, "g")
+        c.txn_commit_offsets("app", p.producer_id, p.epoch, "g", {tp: (42, "m")})
+        assert c.kafka_committed("g") == {}  # held until the decision
+        assert c.end_transaction("app", p.producer_id, p.epoch, commit) is None  # no partition
+        assert c.kafka_committed("g") == expected
+        assert c.list_transactions()[0].state == ("CompleteCommit" if commit else "CompleteAbort")
+
+
+def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, writer, _ = env
+    p = c.init_transaction("app", 1_000)
+    c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 0)])
+    _data(c, "t", 0, 2, (p.producer_id, p.epoch, 0))
+    now = clock.now()
+    assert c.abort_expired_transactions(int(now * 1000)) == []  # not yet
+    later = now + 2
+    monkeypatch.setattr(clock, "now", lambda: later)
+    [pending] = c.abort_expired_transactions(int(later * 1000))
+    assert (pending.commit, pending.epoch) == (False, p.epoch + 1)
+    with pytest.raises(TransactionFencedError):
+        c.end_transaction("app", p.producer_id, p.epoch, True)
+    # Nobody wrote the markers (the sweeping agent died): handed out again once stale.
+    assert c.abort_expired_transactions(int(later * 1000)) == []
+    stale = later + STALE_DECISION_S + 1
+    monkeypatch.setattr(clock, "now", lambda: stale)
+    [again] = c.abort_expired_transactions(int(stale * 1000))
+    assert again == pending
+    writer.write_markers(again)
+    assert _stable(c, "t", 0).last_stable == c.offsets("t", 0).high_watermark == 3
+    assert _stable(c, "t", 0).aborted == ((p.producer_id, 0),)
+
+
+def test_end_of_a_timed_out_transaction_fences_without_the_sweep(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, _, _ = env
+    p = c.init_transaction("app", 1_000)
+    c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 0)])
+    later = clock.now() + 2
+    monkeypatch.setattr(clock, "now", lambda: later)
+    with pytest.raises(TransactionFencedError):
+        c.end_transaction("app", p.producer_id, p.epoch, True)
+    # The abort it decided is kept (the producer's request failed, the decision did not).
+    [info] = c.list_transactions()
+    assert (info.state, info.epoch) == ("PrepareAbort", p.epoch + 1)
+
+
+def test_a_topic_deleted_mid_transaction_gets_no_marker(env: Env) -> None:
+    c, writer, _ = env
+    p = c.init_transaction("app", TIMEOUT_MS)
+    c.add_txn_partitions(
+        "app", p.producer_id, p.epoch, [TopicPartition("t", 0), TopicPartition("u", 0)]
+    )
+    _data(c, "t", 0, 1, (p.producer_id, p.epoch, 0))
+    _data(c, "u", 0, 1, (p.producer_id, p.epoch, 0))
+    pending = c.end_transaction("app", p.producer_id, p.epoch, True)
+    assert pending is not None
+    c.delete_topic("u")
+    writer.write_markers(pending)
+    assert c.list_transactions()[0].state == "CompleteCommit"
+    assert _stable(c, "t", 0).last_stable == c.offsets("t", 0).high_watermark == 2
+    c.create_topic("u", 1)  # a new log: nothing of the old transaction
+    assert _stable(c, "u", 0).last_stable == 0
+
+
+def test_the_operations_over_the_coordinators_http_api(coord: LocalCoordinator) -> None:
+    """Every value crosses the wire typed: pending markers' (topic id, partition) pairs,
+    held offsets keyed by TopicPartition, the errors."""
+    from starlette.testclient import TestClient
+
+    from coordinator.http.client import http_coordinator
+    from coordinator.http.server import create_app
+
+    coord.create_topic("t", 2)
+    with TestClient(create_app(coord)) as client:
+        c = http_coordinator("http://testserver", client=client)
+        p = c.init_transaction("app", TIMEOUT_MS)
+        c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 1)])
+        c.add_txn_group("app", p.producer_id, p.epoch, "g")
+        c.txn_commit_offsets("app", p.producer_id, p.epoch, "g", {TopicPartition("t", 1): (7, "")})
+        with pytest.raises(TransactionFencedError):
+            c.end_transaction("app", p.producer_id, p.epoch - 1, True)
+        pending = c.end_transaction("app", p.producer_id, p.epoch, True)
+        assert pending is not None
+        assert pending.partitions == ((coord.get_topic("t").topic_id, 1),)
+        assert c.kafka_committed("g") == {TopicPartition("t", 1): CommittedOffset(7, "")}
+        LogWriter(MemoryStore(), c).write_markers(pending)
+        [info] = c.list_transactions()
+        assert (info.state, info.partitions) == ("CompleteCommit", ())
+        view = c.stable_offsets([IndexWant("t", 1, 0), IndexWant("nope", 0, 0)])
+        assert set(view) == {0} and view[0].last_stable == 1
