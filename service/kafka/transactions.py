@@ -106,8 +106,7 @@ async def write_markers(state: AgentState, pending: PendingMarkers) -> None:
             expiry task writes them.
     """
     try:
-        # LogWriter.write_markers is being written on branch txn: drop the ignore then.
-        await run(Kind.FLUSH, state.writer.write_markers, pending)  # type: ignore[attr-defined]
+        await run(Kind.FLUSH, state.writer.write_markers, pending)
     except LakelogError as e:
         log.warning(
             "markers of transaction %r (producer %d) not written: %s",
