@@ -1,0 +1,237 @@
+"""Kafka transactions with confluent-kafka's transactional producer against real agents
+(issue 30): commit and abort as read_committed and read_uncommitted consumers see them,
+fencing by a second instance of a transactional id, offsets sent to a transaction, and
+the agents' abort of a transaction past its timeout.
+
+The producer talks to one agent, consumers to the other: the transaction's state is in
+the coordinator and its markers in the object store, so every agent answers alike.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from tests.integration.conftest import Cluster, ClusterFactory
+from tests.integration.test_kafka_clients import create_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SENTINEL = b"sentinel"
+
+
+def txn_producer(bootstrap: str, transactional_id: str, **extra: Any) -> Producer:
+    p = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": transactional_id,
+            "linger.ms": 5,
+            **extra,
+        }
+    )
+    p.init_transactions(30)
+    return p
+
+
+def produce_committed(p: Producer, topic: str, partitions: int, value: bytes) -> None:
+    """One committed transaction holding ``value`` in each partition."""
+    p.begin_transaction()
+    for part in range(partitions):
+        p.produce(topic, value=value, partition=part)
+    p.commit_transaction(30)
+
+
+def read(
+    bootstrap: str, topic: str, partitions: int, isolation: str, *, until: bytes = SENTINEL
+) -> list[bytes]:
+    """Every value of ``topic`` from offset 0 up to the ``until`` record of each partition
+    (a committed transaction's, written last), with ``isolation.level`` = ``isolation``."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: list[bytes] = []
+    done: set[int] = set()
+    deadline = time.monotonic() + 30
+    try:
+        while len(done) < partitions and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            if m.value() == until:
+                done.add(m.partition())
+            else:
+                got.append(m.value())
+    finally:
+        c.close()
+    assert len(done) == partitions, f"the {until!r} records never arrived: {got}"
+    return got
+
+
+def test_a_committed_transaction_is_seen_by_read_committed_consumers_only_once_committed(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """While the transaction is open its records (acknowledged, so committed to the log)
+    are below no read_committed consumer's reach; after commit_transaction() returns,
+    every one of them is, through the other agent."""
+    topic = unique_topic("txn-commit")
+    create_topic(kafka_cluster, topic, 2)
+    producer_at, consumer_at = kafka_cluster.kafka
+    p = txn_producer(producer_at, f"tx-{topic}")
+    p.begin_transaction()
+    values = [b"v%d" % i for i in range(20)]
+    for i, v in enumerate(values):
+        p.produce(topic, value=v, partition=i % 2)
+    assert p.flush(30) == 0
+    early = Consumer(
+        {
+            "bootstrap.servers": consumer_at,
+            "group.id": "unused",
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    early.assign([TopicPartition(topic, part, 0) for part in range(2)])
+    try:
+        seen = [early.poll(0.5) for _ in range(4)]
+        assert [m for m in seen if m is not None and m.error() is None] == []
+        p.commit_transaction(30)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(values) and time.monotonic() < deadline:
+            m = early.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+    finally:
+        early.close()
+    assert sorted(got) == sorted(values)
+    produce_committed(p, topic, 2, SENTINEL)
+    assert sorted(read(consumer_at, topic, 2, "read_committed")) == sorted(values)
+
+
+def test_an_aborted_transaction_is_seen_by_read_uncommitted_consumers_only(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    topic = unique_topic("txn-abort")
+    create_topic(kafka_cluster, topic, 1)
+    producer_at, consumer_at = kafka_cluster.kafka
+    p = txn_producer(producer_at, f"tx-{topic}")
+    produce_committed(p, topic, 1, b"before")
+    p.begin_transaction()
+    for i in range(5):
+        p.produce(topic, value=b"aborted-%d" % i, partition=0)
+    assert p.flush(30) == 0
+    p.abort_transaction(30)
+    produce_committed(p, topic, 1, b"after")
+    produce_committed(p, topic, 1, SENTINEL)
+    assert read(consumer_at, topic, 1, "read_committed") == [b"before", b"after"]
+    assert read(consumer_at, topic, 1, "read_uncommitted") == [
+        b"before",
+        *(b"aborted-%d" % i for i in range(5)),
+        b"after",
+    ]
+
+
+def test_a_second_instance_fences_the_first(kafka_cluster: Cluster, unique_topic: Any) -> None:
+    """Race: a producer's instance is replaced (same transactional.id) mid-transaction.
+    The new instance's init_transactions() aborts what the old one left open; the old
+    one's commit fails with a fatal fencing error; none of its records is ever
+    read_committed."""
+    topic = unique_topic("txn-fence")
+    create_topic(kafka_cluster, topic, 1)
+    a, b = kafka_cluster.kafka
+    tid = f"tx-{topic}"
+    zombie = txn_producer(a, tid)
+    zombie.begin_transaction()
+    zombie.produce(topic, value=b"zombie", partition=0)
+    assert zombie.flush(30) == 0
+    fresh = txn_producer(b, tid)
+    with pytest.raises(KafkaException) as failed:
+        zombie.commit_transaction(30)
+    error = failed.value.args[0]
+    assert error.fatal(), error
+    assert error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED), error
+    produce_committed(fresh, topic, 1, b"fresh")
+    produce_committed(fresh, topic, 1, SENTINEL)
+    assert read(b, topic, 1, "read_committed") == [b"fresh"]
+
+
+def committed_offset(bootstrap: str, group: str, topic: str) -> int:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        (tp,) = c.committed([TopicPartition(topic, 0)], timeout=30)
+    finally:
+        c.close()
+    return int(tp.offset)
+
+
+def test_offsets_sent_to_a_transaction_are_committed_only_with_it(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """A consume-transform-produce step: send_offsets_to_transaction() then abort leaves
+    the group's committed offset as it was; then commit stores it."""
+    source, sink = unique_topic("txn-in"), unique_topic("txn-out")
+    create_topic(kafka_cluster, source, 1)
+    create_topic(kafka_cluster, sink, 1)
+    producer_at, consumer_at = kafka_cluster.kafka
+    group = f"g-{source}"
+    consumer = Consumer(
+        {"bootstrap.servers": consumer_at, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        metadata = consumer.consumer_group_metadata()
+        p = txn_producer(producer_at, f"tx-{source}")
+        assert committed_offset(consumer_at, group, source) < 0  # nothing committed yet
+        p.begin_transaction()
+        p.produce(sink, value=b"out-1", partition=0)
+        p.send_offsets_to_transaction([TopicPartition(source, 0, 7)], metadata, 30)
+        p.abort_transaction(30)
+        assert committed_offset(consumer_at, group, source) < 0
+        p.begin_transaction()
+        p.produce(sink, value=b"out-2", partition=0)
+        p.send_offsets_to_transaction([TopicPartition(source, 0, 9)], metadata, 30)
+        p.commit_transaction(30)
+        assert committed_offset(consumer_at, group, source) == 9
+    finally:
+        consumer.close()
+    produce_committed(p, sink, 1, SENTINEL)
+    assert read(consumer_at, sink, 1, "read_committed") == [b"out-2"]
+
+
+def test_a_transaction_past_its_timeout_is_aborted_by_the_agents(
+    cluster_factory: ClusterFactory, unique_topic: Any
+) -> None:
+    """Race: the producer stalls mid-transaction longer than transaction.timeout.ms. An
+    agent's sweep aborts it (its markers written, the last stable offset moves on) and
+    fences the producer: its commit fails, nothing of it is read_committed, and a new
+    instance of the id goes on."""
+    cluster = cluster_factory(
+        kafka=True, agent_env={"LAKELOG_KAFKA_TRANSACTION_ABORT_INTERVAL_MS": "300"}
+    )
+    topic = unique_topic("txn-timeout")
+    create_topic(cluster, topic, 1)
+    a, b = cluster.kafka
+    tid = f"tx-{topic}"
+    stalled = txn_producer(a, tid, **{"transaction.timeout.ms": 2000})
+    stalled.begin_transaction()
+    stalled.produce(topic, value=b"stalled", partition=0)
+    assert stalled.flush(30) == 0
+    time.sleep(4)  # past the timeout, and a few sweeps
+    with pytest.raises(KafkaException):
+        stalled.commit_transaction(30)
+    fresh = txn_producer(b, tid)
+    produce_committed(fresh, topic, 1, b"fresh")
+    produce_committed(fresh, topic, 1, SENTINEL)
+    assert read(b, topic, 1, "read_committed") == [b"fresh"]
+    assert read(b, topic, 1, "read_uncommitted") == [b"stalled", b"fresh"]
