@@ -71,8 +71,11 @@ STATES = frozenset(
 #: INVALID_PRODUCER_EPOCH, which their clients treat as fencing too. TxnOffsetCommit has
 #: no such version: Kafka's group coordinator answers it INVALID_PRODUCER_EPOCH.
 FENCED_SINCE = {22: 4, 24: 2, 25: 2, 26: 2, 28: 1 << 15}
-#: A transaction start time of "none" (-1 ms), for DescribeTransactions' non-null field.
+#: DescribeTransactions' start time of no transaction (-1 ms, as Kafka's coordinator
+#: answers it; the field is not nullable), and of an id answered with an error (0 ms, the
+#: field's default, as Kafka leaves it).
 NO_START = datetime.datetime.fromtimestamp(-0.001, tz=datetime.UTC)
+UNSET = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)
 
 
 def txn_code(exc: BaseException, api_key: int, version: int) -> ErrorCode:
@@ -484,7 +487,7 @@ async def describe_transactions(ctx: KafkaContext, req: Request, access: Access)
                     transactional_id=tid,
                     transaction_state="",
                     transaction_timeout=0,
-                    transaction_start_time=NO_START,
+                    transaction_start_time=UNSET,
                     producer_id=-1,
                     producer_epoch=-1,
                     topics=(),

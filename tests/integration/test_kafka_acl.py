@@ -37,6 +37,7 @@ from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
     KafkaError,
+    KafkaException,
     Producer,
     TopicPartition,
 )
@@ -485,6 +486,45 @@ MATRIX: dict[int, tuple[dict[str, Any], Callable[[Any], list[int]], list[int]]] 
         lambda r: _parts(r, "topics", "partitions"),
         [29],
     ),
+    # AddPartitionsToTxn as clients send it (v3, BY_NAME): WRITE on the transactional id
+    # first, every partition gets 53.
+    24: (
+        {
+            "v3_and_below_transactional_id": "tx-1",
+            "v3_and_below_producer_id": 1,
+            "v3_and_below_producer_epoch": 0,
+            "v3_and_below_topics": [{"name": T, "partitions": [0]}],
+        },
+        lambda r: [
+            int(p.partition_error_code)
+            for t in r.results_by_topic_v3_and_below
+            for p in t.results_by_partition
+        ],
+        [53],
+    ),
+    25: (
+        {"transactional_id": "tx-1", "producer_id": 1, "producer_epoch": 0, "group_id": G},
+        lambda r: [int(r.error_code)],
+        [53],
+    ),
+    26: (
+        {"transactional_id": "tx-1", "producer_id": 1, "producer_epoch": 0, "committed": True},
+        lambda r: [int(r.error_code)],
+        [53],
+    ),
+    28: (
+        {
+            "transactional_id": "tx-1",
+            "group_id": G,
+            "producer_id": 1,
+            "producer_epoch": 0,
+            "topics": [
+                {"name": T, "partitions": [{**TP, "committed_offset": 5, "committed_metadata": ""}]}
+            ],
+        },
+        lambda r: _parts(r, "topics", "partitions"),
+        [53],
+    ),
     29: (
         {
             "resource_type_filter": 1,
@@ -586,6 +626,13 @@ MATRIX: dict[int, tuple[dict[str, Any], Callable[[Any], list[int]], list[int]]] 
         lambda r: [int(r.error_code)],
         [30],
     ),
+    65: (
+        {"transactional_ids": ["tx-1"]},
+        lambda r: [int(t.error_code) for t in r.transaction_states],
+        [53],
+    ),
+    # ListTransactions lists only the ids the principal may DESCRIBE: none.
+    66: ({}, lambda r: [int(r.error_code), len(r.transaction_states)], [0, 0]),
     69: ({"group_ids": [G]}, lambda r: [int(g.error_code) for g in r.groups], [30]),
     75: (
         {"topics": [{"name": T}, {"name": "no-such-topic"}], "response_partition_limit": 100},
@@ -595,8 +642,9 @@ MATRIX: dict[int, tuple[dict[str, Any], Callable[[Any], list[int]], list[int]]] 
 }
 
 #: The matrix names topics by name: these APIs are sent at their newest version that
-#: does (topics by id: ``test_topic_ids_tell_nothing_to_a_user_without_acls``).
-BY_NAME = {0: 12, 1: 12, 8: 9, 9: 7, 20: 5}
+#: does (topics by id: ``test_topic_ids_tell_nothing_to_a_user_without_acls``); and
+#: AddPartitionsToTxn at the clients' newest (v4+ is brokers': CLUSTER_ACTION, below).
+BY_NAME = {0: 12, 1: 12, 8: 9, 9: 7, 20: 5, 24: 3}
 
 
 def test_the_matrix_covers_every_served_api() -> None:
@@ -697,9 +745,75 @@ def test_find_coordinator_and_init_producer_id_of_a_transactional_id(cluster: Cl
         assert raw.call(22, transactional_id="tx-1", transaction_timeout=60000).error_code == 53
         found = raw.call(10, key_type=1, coordinator_keys=["tx-1"])
         assert [c.error_code for c in found.coordinators] == [53]
+        # AddPartitionsToTxn v4+, the brokers' batched form, needs CLUSTER_ACTION.
+        batched = raw.call(24, transactions=[{"transactional_id": "tx-1", "topics": []}])
+        assert (batched.error_code, batched.results_by_transaction) == (31, ())
         assert raw.call(10, 3, key_type=0, key=G).error_code == 30  # before KIP-699 too
     finally:
         raw.close()
+
+
+def test_a_transactional_producer_with_the_acls_kafka_names(cluster: Cluster) -> None:
+    """tina may WRITE tina-t and tina-tx (the transactional id) and READ tina-g: her
+    transactional producer commits records and the group's offsets. Without WRITE on the
+    transactional id, init_transactions() fails with TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    and a Produce of transactional batches is refused whole."""
+    r = httpx.post(
+        f"{cluster.rest}/security/users",
+        json={"name": "tina", "password": "tina-password-Zq4"},
+        headers=basic(),
+    )
+    assert r.status_code == 201
+    r = httpx.post(
+        f"{cluster.rest}/v3/clusters/{cluster.cluster_id}/topics",
+        json={"topic_name": "tina-t", "partitions_count": 1},
+        headers=basic(),
+    )
+    assert r.status_code == 201, r.text
+    for rtype, name, op in (
+        ("TOPIC", "tina-t", "WRITE"),
+        ("TRANSACTIONAL_ID", "tina-tx", "WRITE"),
+        ("GROUP", "tina-g", "READ"),
+        ("TOPIC", T, "READ"),  # the offsets it commits are T's
+    ):
+        allow(cluster, "User:tina", rtype, name, op)
+    tina = sasl(cluster, "tina", "tina-password-Zq4")
+    p = Producer({**tina, "transactional.id": "tina-tx"})
+    p.init_transactions(20)
+    p.begin_transaction()
+    p.produce("tina-t", value=b"in a transaction", partition=0)
+    group = Consumer({**tina, "group.id": "tina-g", "enable.auto.commit": False})
+    p.send_offsets_to_transaction([TopicPartition(T, 0, 1)], group.consumer_group_metadata(), 20)
+    group.close()
+    p.commit_transaction(20)
+    assert consume_one(cluster, "admin", "tina-t", "tina-reader").value() == b"in a transaction"
+    admin = AdminClient(sasl(cluster, "admin"))
+    got = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("tina-g")])
+    assert [(t.topic, t.offset) for t in got["tina-g"].result().topic_partitions] == [(T, 1)]
+
+    denied = Producer({**tina, "transactional.id": "not-tinas"})
+    with pytest.raises(KafkaException) as failed:
+        denied.init_transactions(20)
+    assert failed.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    before = end_offset(cluster, "tina-t")
+    raw = Raw(cluster.bootstrap, "tina", "tina-password-Zq4")
+    try:
+        b = DefaultRecordBatchBuilder(2, 0, 1, 5, 0, 0, 1 << 20)  # transactional, producer 5
+        b.append(0, timestamp=int(time.time() * 1000), key=None, value=b"x", headers=[])
+        produced = raw.call(
+            0,
+            BY_NAME[0],
+            transactional_id="not-tinas",
+            acks=-1,
+            timeout=10000,
+            topic_data=[
+                {"name": "tina-t", "partition_data": [{"index": 0, "records": bytes(b.build())}]}
+            ],
+        )
+        assert _parts(produced, "responses", "partition_responses") == [53]
+    finally:
+        raw.close()
+    assert end_offset(cluster, "tina-t") == before
 
 
 def test_bad_password_and_no_sasl_store_nothing(cluster: Cluster) -> None:
