@@ -20,8 +20,8 @@ exactly the requests whose records it held, with a retriable error unless the st
 coordinator said otherwise, or unless it was an unexpected exception (a bug: answered
 with a non-retriable ``InternalError`` and logged with its traceback, so clients do not
 retry it forever); no request is answered twice. A commit that refuses one request (its
-idempotency key or producer sequence) fails that request alone: ``_split`` commits the
-others again, in append order, in new objects.
+idempotency key, producer sequence or transaction) fails that request alone: ``_split``
+commits the others again, in append order, in new objects.
 
 One request's records are buffered all or nothing (``SegmentBuilder.append_groups``
 checks every record before encoding any): a request that fails never leaves some of
@@ -48,6 +48,7 @@ from segments.errors import (
     BufferFullError,
     CoordinatorUnavailableError,
     InternalError,
+    InvalidTxnStateError,
     LakelogError,
     MetadataError,
     PartialCommitError,
@@ -728,9 +729,10 @@ class Batcher:
 
         A commit refused with a ProducerConflictError (an idempotency key stored
         meanwhile through another agent, an idempotent batch that is a duplicate or out
-        of order) is the doing of the requests that carry such things, not of the whole
-        flush: the buffer is split (``_split``) until the refused requests are alone,
-        and every other request is committed, in append order.
+        of order) or an InvalidTxnStateError (a transactional batch for a partition its
+        transaction did not add) is the doing of the requests that carry such things,
+        not of the whole flush: the buffer is split (``_split``) until the refused
+        requests are alone, and every other request is committed, in append order.
         """
         started = time.perf_counter()
         uploaded: UploadedSegment | None = None
@@ -742,7 +744,7 @@ class Batcher:
         except PartialCommitError as exc:
             assert uploaded is not None
             self._answer_partly(buf, uploaded, exc)
-        except ProducerConflictError as exc:
+        except (ProducerConflictError, InvalidTxnStateError) as exc:
             await self._split(buf.entries, exc)
         except Exception as exc:
             self._fail(buf, exc)
@@ -760,7 +762,9 @@ class Batcher:
                 if not future.done():
                     future.set_result(_shifted(buf, future, bases))
 
-    async def _split(self, entries: list[_Entry], error: ProducerConflictError) -> None:
+    async def _split(
+        self, entries: list[_Entry], error: ProducerConflictError | InvalidTxnStateError
+    ) -> None:
         """``entries`` were refused together: commit each half again in its own object,
         first half first (so append order is commit order), splitting again a half
         that is refused, until a refused request is alone and gets the error.

@@ -19,6 +19,7 @@ from segments.errors import (
     BufferFullError,
     CoordinatorUnavailableError,
     InternalError,
+    InvalidTxnStateError,
     LakelogError,
     PartialCommitError,
     RecordTooLargeError,
@@ -652,6 +653,36 @@ def test_a_refused_idempotent_batch_fails_only_its_request_and_the_rest_keep_ord
         (3, b"B2"),
     ]
     assert [r.value for r in reader.read("dup", 1, 0)] == [b"C"]
+
+
+def test_a_refused_transactional_batch_fails_only_its_request(
+    store: FlakyStore, coordinator: LocalCoordinator
+) -> None:
+    """One flush: a transactional producer's batch for a partition its transaction did
+    not add (refused only at commit: KIP-890's verification) and another client's plain
+    batch. The transactional request alone fails, with INVALID_TXN_STATE's error; the
+    other is committed (not failed with it, as one flush's commit is)."""
+    topic = coordinator.create_topic("txn-refused", 1)
+    txn = coordinator.init_transaction("tx", 60_000)
+
+    def raw(value: bytes, producer: tuple[int, int, int] | None = None) -> RawBatch:
+        data = encode_records([ConsumedRecord("txn-refused", 0, 0, None, value, 5, ())])
+        return RawBatch(
+            topic.topic_id, 0, data, 1, 5, 5, producer, transactional=producer is not None
+        )
+
+    async def body(b: Batcher) -> Any:
+        return await asyncio.gather(
+            b.append_batches([raw(b"not added", (txn.producer_id, txn.epoch, 0))]),
+            b.append_batches([raw(b"plain")]),
+            return_exceptions=True,
+        )
+
+    (refused, plain), _ = run(store, coordinator, BatcherConfig(linger_ms=50), body)
+    assert isinstance(refused, InvalidTxnStateError), refused
+    assert plain == [0], plain
+    reader = LogReader(store, coordinator)
+    assert [r.value for r in reader.read("txn-refused", 0, 0)] == [b"plain"]
 
 
 def test_grouped_append_answers_offsets_in_request_order(
