@@ -9,11 +9,14 @@ the coordinator and its markers in the object store, so every agent answers alik
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition as AIOTopicPartition
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.errors import ErrorCode
@@ -248,6 +251,50 @@ def test_offsets_sent_to_a_transaction_are_committed_only_with_it(
         consumer.close()
     produce_committed(p, sink, 1, SENTINEL)
     assert read(consumer_at, sink, 1, "read_committed") == [b"out-2"]
+
+
+def test_aiokafkas_transactional_producer_and_read_committed_consumer(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """aiokafka (its own protocol code, not librdkafka's): an aborted transaction then a
+    committed one; its read_committed consumer gets only the committed records."""
+    topic = unique_topic("txn-aio")
+    create_topic(kafka_cluster, topic, 1)
+    producer_at, consumer_at = kafka_cluster.kafka
+
+    async def main() -> list[bytes]:
+        p = AIOKafkaProducer(bootstrap_servers=producer_at, transactional_id=f"tx-{topic}")
+        await p.start()
+        try:
+            async with p.transaction():
+                await p.send_and_wait(topic, b"committed-1", partition=0)
+            await p.begin_transaction()
+            await p.send_and_wait(topic, b"aborted", partition=0)
+            await p.abort_transaction()
+            async with p.transaction():
+                await p.send_and_wait(topic, b"committed-2", partition=0)
+                await p.send_and_wait(topic, SENTINEL, partition=0)
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(
+            bootstrap_servers=consumer_at,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await c.start()
+        got: list[bytes] = []
+        try:
+            c.assign([AIOTopicPartition(topic, 0)])
+            async with asyncio.timeout(30):
+                while SENTINEL not in got:
+                    batch = await c.getmany(timeout_ms=500)
+                    got.extend(m.value for msgs in batch.values() for m in msgs)
+        finally:
+            await c.stop()
+        return got
+
+    assert asyncio.run(main()) == [b"committed-1", b"committed-2", SENTINEL]
 
 
 def test_a_transaction_past_its_timeout_is_aborted_by_the_agents(
