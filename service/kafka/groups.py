@@ -72,12 +72,13 @@ async def find_coordinator(ctx: KafkaContext, req: Request, access: Access) -> A
     resp = response_cls(type(body))
     me = ctx.state.broker_id
     keys = getattr(body, "coordinator_keys", None) or (getattr(body, "key", ""),)
+    key_type = getattr(body, "key_type", GROUP_KEY)  # v0 asks for groups only
 
     def found(key: str) -> dict[str, Any]:
         code, message = ErrorCode.none, None
-        if body.key_type not in (GROUP_KEY, TRANSACTION_KEY):  # v6's share groups (KIP-932)
+        if key_type not in (GROUP_KEY, TRANSACTION_KEY):  # v6's share groups (KIP-932)
             code, message = ErrorCode.invalid_request, "Share groups are not supported."
-        elif body.key_type == TRANSACTION_KEY:
+        elif key_type == TRANSACTION_KEY:
             # Any agent coordinates any transactional id: its state is in the coordinator.
             if not access.transactional_id(key):
                 code = TRANSACTIONAL_ID_DENIED

@@ -22,6 +22,7 @@ from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequ
 from kio.schema.end_txn.v1.request import EndTxnRequest as EndTxnV1
 from kio.schema.end_txn.v5.request import EndTxnRequest as EndTxnV5
 from kio.schema.errors import ErrorCode
+from kio.schema.find_coordinator.v0.request import FindCoordinatorRequest as FindCoordinatorV0
 from kio.schema.find_coordinator.v4.request import FindCoordinatorRequest
 from kio.schema.init_producer_id.v3.request import InitProducerIdRequest as InitV3
 from kio.schema.init_producer_id.v6.request import InitProducerIdRequest as InitV6
@@ -145,6 +146,13 @@ def test_find_coordinator_answers_this_agent_for_a_transactional_id() -> None:
         ErrorCode.transactional_id_authorization_failed,
         -1,
     )
+
+
+def test_find_coordinator_v0_asks_for_a_group() -> None:
+    """v0 has no key type (groups only): it was read as if it had one, and the connection
+    closed on the AttributeError."""
+    got = call(groups.find_coordinator, context(Txns()), FindCoordinatorV0(key="g"))
+    assert (got.error_code, got.node_id, got.port) == (ErrorCode.none, 3, 9092)
 
 
 def init_body(cls: Any = InitV6, **fields: Any) -> Any:
