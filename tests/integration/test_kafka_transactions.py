@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AIOTopicPartition
@@ -22,6 +23,8 @@ from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequ
 from kio.schema.errors import ErrorCode
 from kio.schema.list_transactions.v2.request import ListTransactionsRequest
 
+from coordinator.http.client import http_coordinator
+from coordinator.log.transactions import STALE_DECISION_S
 from tests.integration.conftest import Cluster, ClusterFactory
 from tests.integration.test_kafka_clients import create_topic, kafka_call
 
@@ -295,6 +298,68 @@ def test_aiokafkas_transactional_producer_and_read_committed_consumer(
         return got
 
     assert asyncio.run(main()) == [b"committed-1", b"committed-2", SENTINEL]
+
+
+def test_a_topic_deleted_mid_transaction(kafka_cluster: Cluster, unique_topic: Any) -> None:
+    """Race: one of a transaction's topics is deleted between its records and the commit.
+    The commit succeeds (the deleted topic's partition gets no marker: its log is gone)
+    and the other topic's records are read_committed."""
+    kept, doomed = unique_topic("txn-kept"), unique_topic("txn-doomed")
+    create_topic(kafka_cluster, kept, 1)
+    create_topic(kafka_cluster, doomed, 1)
+    producer_at, consumer_at = kafka_cluster.kafka
+    p = txn_producer(producer_at, f"tx-{kept}")
+    p.begin_transaction()
+    p.produce(kept, value=b"kept", partition=0)
+    p.produce(doomed, value=b"doomed", partition=0)
+    assert p.flush(30) == 0
+    r = httpx.delete(
+        f"{kafka_cluster.agents[0]}/v3/clusters/{kafka_cluster.cluster_id}/topics/{doomed}"
+    )
+    assert r.status_code == 204, r.text
+    p.commit_transaction(30)
+    produce_committed(p, kept, 1, SENTINEL)
+    assert read(consumer_at, kept, 1, "read_committed") == [b"kept"]
+
+
+def test_markers_left_unwritten_are_written_by_an_agents_sweep(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """Fault: the agent deciding a commit goes away before it writes the markers (modelled
+    by deciding it through the coordinator's API, as EndTxn does, and writing nothing).
+    The records stay below the last stable offset until an agent's sweep, finding the
+    decision stale (``coordinator.log.transactions.STALE_DECISION_S``), writes the
+    markers: then they are read_committed, the client's own commit (an EndTxn of the
+    same decision) succeeds, and the id begins its next transaction."""
+    topic = unique_topic("txn-orphaned")
+    create_topic(kafka_cluster, topic, 1)
+    producer_at, consumer_at = kafka_cluster.kafka
+    tid = f"tx-{topic}"
+    p = txn_producer(producer_at, tid)
+    p.begin_transaction()
+    p.produce(topic, value=b"decided", partition=0)
+    assert p.flush(30) == 0
+    (state,) = kafka_call(
+        consumer_at, DescribeTransactionsRequest(transactional_ids=(tid,))
+    ).transaction_states
+    coordinator = http_coordinator(kafka_cluster.coordinator_url)
+    try:
+        pending = coordinator.end_transaction(tid, state.producer_id, state.producer_epoch, True)
+    finally:
+        coordinator.close()
+    assert pending is not None and len(pending.partitions) == 1
+    deadline = time.monotonic() + STALE_DECISION_S + 30
+    listed = ListTransactionsRequest(transactional_id_pattern=tid)
+    while time.monotonic() < deadline:
+        states = kafka_call(consumer_at, listed).transaction_states
+        if [s.transaction_state for s in states] == ["CompleteCommit"]:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"the markers were never written: {states}")
+    p.commit_transaction(30)  # the client's own EndTxn: the same decision, answered as done
+    produce_committed(p, topic, 1, SENTINEL)
+    assert read(consumer_at, topic, 1, "read_committed") == [b"decided"]
 
 
 def test_a_transaction_past_its_timeout_is_aborted_by_the_agents(
