@@ -362,6 +362,35 @@ def test_markers_left_unwritten_are_written_by_an_agents_sweep(
     assert read(consumer_at, topic, 1, "read_committed") == [b"decided"]
 
 
+def test_a_transaction_goes_on_when_an_agent_is_killed(
+    cluster_factory: ClusterFactory, unique_topic: Any
+) -> None:
+    """Fault: the agent that coordinates a transaction (and leads some of its partitions)
+    is SIGKILLed mid-transaction. The producer finds the other agent (any agent is every
+    id's coordinator), retries what was unacknowledged there, and commits: every record
+    is read_committed exactly once."""
+    cluster = cluster_factory(kafka=True, agent_env={"LAKELOG_LINGER_MS": "20"})
+    topic = unique_topic("txn-kill")
+    create_topic(cluster, topic, 4)
+    p = txn_producer(
+        ",".join(cluster.kafka),
+        f"tx-{topic}",
+        **{"message.timeout.ms": 120_000, "transaction.timeout.ms": 180_000},
+    )
+    p.begin_transaction()
+    values = [b"r%d" % i for i in range(400)]
+    for i, v in enumerate(values):
+        p.produce(topic, value=v, partition=i % 4)
+        p.poll(0)
+        if i == 200:
+            assert p.flush(30) == 0
+            cluster.agent_procs[0].kill()
+    p.commit_transaction(120)
+    produce_committed(p, topic, 4, SENTINEL)
+    got = read(cluster.kafka[1], topic, 4, "read_committed")
+    assert sorted(got) == sorted(values)
+
+
 def test_a_transaction_past_its_timeout_is_aborted_by_the_agents(
     cluster_factory: ClusterFactory, unique_topic: Any
 ) -> None:
