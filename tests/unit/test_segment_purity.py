@@ -79,6 +79,7 @@ def test_source_imports_only_codec_modules() -> None:
     assert imported <= {
         "__future__",
         "struct",
+        "typing",
         "collections.abc",
         "dataclasses",
         "aiokafka.record.default_records",
