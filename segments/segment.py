@@ -66,8 +66,9 @@ at a batch boundary is caught too.
 
 from __future__ import annotations
 
+import bisect
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -92,6 +93,7 @@ __all__ = [
     "SegmentBuilder",
     "SegmentReader",
     "decode_chunk",
+    "drop_aborted",
     "iter_chunk",
     "iter_chunk_batches",
 ]
@@ -537,6 +539,49 @@ def iter_chunk_batches(
         data, base_offset, max_decompressed_bytes, record_count, True
     )
     return batches
+
+
+def drop_aborted(
+    batches: Iterable[ChunkBatch], aborted: Iterable[tuple[int, int, int]]
+) -> Iterator[tuple[int, Record]]:
+    """The records of ``batches`` that no aborted transaction holds, in order.
+
+    ``aborted``: (producer id, first offset, last offset) of each aborted transaction,
+    the last offset being its abort marker's. A record is dropped when its batch is
+    transactional, of that producer id, and its offset lies in [first, last]: Kafka's
+    read_committed consumers drop exactly these (a non-transactional batch is never
+    aborted). Markers give no record either way. With no aborted transaction this is
+    every record of the batches, so a reader may always call it. One producer's
+    transactions must not overlap (they do not: a producer ends one before it starts
+    the next).
+    """
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for producer_id, first, last in aborted:
+        spans.setdefault(producer_id, []).append((first, last))
+    for of_producer in spans.values():
+        of_producer.sort()
+    starts = {pid: [first for first, _ in of_producer] for pid, of_producer in spans.items()}
+    for batch in batches:
+        ranges = spans.get(batch.producer_id) if batch.transactional else None
+        if ranges is None:
+            yield from batch.records
+            continue
+        lo, hi = batch.base_offset, batch.last_offset
+        # The ranges holding part of the batch: one producer's transactions do not
+        # overlap, so they are the last ones starting at or before its end.
+        near = []
+        i = bisect.bisect_right(starts[batch.producer_id], hi) - 1
+        while i >= 0 and ranges[i][1] >= lo:
+            near.append(ranges[i])
+            i -= 1
+        if not near:
+            yield from batch.records
+        elif any(f <= lo and hi <= la for f, la in near):
+            continue  # wholly aborted: the usual case, a batch inside its transaction
+        else:
+            for offset, record in batch.records:
+                if not any(f <= offset <= la for f, la in near):
+                    yield offset, record
 
 
 def _decode(

@@ -21,9 +21,11 @@ from segments.batches import (
 )
 from segments.errors import CorruptRecordError, CorruptSegmentError
 from segments.segment import (
+    ChunkBatch,
     SegmentBuilder,
     SegmentReader,
     decode_chunk,
+    drop_aborted,
     iter_chunk,
     iter_chunk_batches,
 )
@@ -354,3 +356,63 @@ def test_iter_chunk_batches_says_who_wrote_each_batch() -> None:
     ]
     assert [(o - 100, r.value) for b in batches for o, r in b.records] == want
     assert batches[3].first_timestamp_ms == batches[3].max_timestamp_ms == 2_000
+
+
+# --- aborted transactions -----------------------------------------------------------------
+
+
+def aborted_segment() -> list[ChunkBatch]:
+    """Two chunks of one partition (offsets 0-11, 12-16) as their batches:
+
+    0-1 REST; 2-4 txn of 5 (aborted: 5, 2, 9); 5-6 txn of 6; 7 idempotent, not
+    transactional, of 5; 8 commit of 6; 9 abort of 5; 10-11 txn of 5; | 12 commit of 5;
+    13-14 txn of 5 (aborted: 5, 13, 15); 15 abort of 5; 16 REST.
+    """
+    one, two = SegmentBuilder(), SegmentBuilder()
+    one.append(TOPIC, 0, [Record(None, b"rest%d" % i, 900) for i in range(2)])
+    one.append_batch(TOPIC, 0, data_batch(3, 5, seq=0), 3, 1000, 1002)
+    one.append_batch(TOPIC, 0, data_batch(2, 6, seq=0), 2, 1000, 1001)
+    one.append_batch(TOPIC, 0, data_batch(1, 5, transactional=False, seq=3), 1, 1000, 1000)
+    one.append_batch(TOPIC, 0, marker(6, True, 1_000), 1, 1_000, 1_000)
+    one.append_batch(TOPIC, 0, marker(5, False, 1_000), 1, 1_000, 1_000)
+    one.append_batch(TOPIC, 0, data_batch(2, 5, seq=4), 2, 1000, 1001)
+    two.append_batch(TOPIC, 0, marker(5, True, 1_000), 1, 1_000, 1_000)
+    two.append_batch(TOPIC, 0, data_batch(2, 5, seq=6), 2, 1000, 1001)
+    two.append_batch(TOPIC, 0, marker(5, False, 1_000), 1, 1_000, 1_000)
+    two.append(TOPIC, 0, [Record(None, b"rest2", 900)])
+    out: list[ChunkBatch] = []
+    for seg, base, count in ((one, 0, 12), (two, 12, 5)):
+        data, (chunk,) = seg.build()
+        body = data[chunk.position : chunk.position + chunk.length]
+        out.extend(iter_chunk_batches(body, base, record_count=count))
+    return out
+
+
+def kept(batches: list[ChunkBatch], aborted: list[tuple[int, int, int]]) -> list[int]:
+    return [offset for offset, _ in drop_aborted(batches, aborted)]
+
+
+def test_drop_aborted_drops_the_records_of_aborted_transactions_only() -> None:
+    """An aborted transaction's records go; the records of other producers inside its
+    span, its producer's non-transactional batch, its producer's committed transaction
+    and every marker's offset are not records it drops (markers give none anyway)."""
+    batches = aborted_segment()
+    every = [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 13, 14, 16]
+    assert kept(batches, []) == every
+    values = [r.value for _, r in drop_aborted(batches, [])]
+    assert values[:5] == [b"rest0", b"rest1", b"p5-0", b"p5-1", b"p5-2"]
+    # Unsorted, with a producer that wrote nothing here.
+    aborted = [(5, 13, 15), (7, 0, 100), (5, 2, 9)]
+    assert kept(batches, aborted) == [0, 1, 5, 6, 7, 10, 11, 16]
+    assert kept(batches, [(6, 5, 8)]) == [0, 1, 2, 3, 4, 7, 10, 11, 13, 14, 16]
+    assert kept(iter(batches), iter(aborted)) == [0, 1, 5, 6, 7, 10, 11, 16]  # one pass each
+
+
+def test_drop_aborted_goes_by_record_when_a_span_cuts_a_batch() -> None:
+    """A record belongs to a transaction by its own offset: a span that starts or ends
+    inside a batch drops only the records inside it."""
+    batches = aborted_segment()
+    assert kept(batches, [(5, 3, 9)]) == [0, 1, 2, 5, 6, 7, 10, 11, 13, 14, 16]
+    assert kept(batches, [(5, 0, 3), (5, 11, 13)]) == [0, 1, 4, 5, 6, 7, 10, 14, 16]
+    # A span holding only a marker drops nothing.
+    assert kept(batches, [(5, 12, 12)]) == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 13, 14, 16]

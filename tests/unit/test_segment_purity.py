@@ -78,6 +78,7 @@ def test_source_imports_only_codec_modules() -> None:
             imported.add(node.module)
     assert imported <= {
         "__future__",
+        "bisect",
         "struct",
         "typing",
         "collections.abc",
