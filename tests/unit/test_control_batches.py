@@ -416,3 +416,22 @@ def test_drop_aborted_goes_by_record_when_a_span_cuts_a_batch() -> None:
     assert kept(batches, [(5, 0, 3), (5, 11, 13)]) == [0, 1, 4, 5, 6, 7, 10, 14, 16]
     # A span holding only a marker drops nothing.
     assert kept(batches, [(5, 12, 12)]) == [0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 13, 14, 16]
+
+
+def test_a_timestamp_seek_passes_a_chunk_whose_latest_is_a_marker(h: Harness) -> None:
+    """A marker is written after its transaction's records, so its timestamp is often its
+    chunk's latest, and the index's max timestamp: a seek to a time only the marker
+    reaches goes on to the next record, before and after tiering (it used to call the
+    chunk corrupt)."""
+    topic_id = h.coordinator.create_topic("t", 1).topic_id
+    seg = SegmentBuilder()
+    seg.append_batch(topic_id, 0, data_batch(3, 5, start_ts=1_000), 3, 1_000, 1_002)
+    seg.append_batch(topic_id, 0, marker(5, True, 5_000), 1, 5_000, 5_000)
+    h.writer.write(seg)
+    h.produce("t", 0, [Record(None, b"later", 3_000)])
+    for _ in range(2):
+        assert h.reader.offset_for_timestamp("t", 0, 1_001) == 1
+        assert h.reader.offset_for_timestamp("t", 0, 2_000) == 4
+        assert h.reader.offset_for_timestamp("t", 0, 4_000) is None
+        run_tiering(h.ctx(), h.config())
+    assert [r.kind for r in h.catalog.rows(topic_id, 0)] == ["parquet"]
