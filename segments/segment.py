@@ -12,7 +12,7 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
                      Chunks tile [0, footer start) in footer order: no gaps, no overlap.
 
     RecordBatch      (Kafka's layout, written by aiokafka; 61-byte header, then records)
-      0   i64  BaseOffset            RELATIVE: records of this chunk before this batch
+      0   i64  BaseOffset            RELATIVE: offsets of this chunk before this batch
                                      (first batch 0). NOT covered by the batch CRC, so a
                                      reader may patch it; we only check it for contiguity.
       8   i32  Length                bytes after this field; >= 49, inside the chunk
@@ -26,7 +26,9 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
                                      message.timestamp.type=LogAppendTime, with
                                      MaxTimestamp the append time, as Kafka does); bit 4
                                      transactional (a transactional producer's batch);
-                                     every other bit 0 (segments.batches checks producers')
+                                     bit 5 control (with bit 4: a transaction marker,
+                                     one uncompressed record); every other bit 0
+                                     (segments.batches checks producers')
       23  i32  LastOffsetDelta       record count - 1
       27  i64  FirstTimestamp        CreateTime of the first record (epoch ms)
       35  i64  MaxTimestamp
@@ -44,8 +46,9 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
         i32       partition            >= 0
         i64       position             byte offset of the chunk in the object
         i64       length               bytes of the chunk
-        i64       record count         >= 1
-        i64       min timestamp (ms)   over the chunk's records
+        i64       record count         >= 1: offsets the chunk takes, its records
+                                       and its transaction markers (one each)
+        i64       min timestamp (ms)   over the chunk's records and markers
         i64       max timestamp (ms)
 
     trailer          the object's last 16 bytes
@@ -58,6 +61,11 @@ Every byte is checked by something: batch bytes from Attributes on by the batch 
 BaseOffset by contiguity, Length by framing (and the CRC of the range it names),
 PartitionLeaderEpoch and Magic by value, footer and trailer by the trailer CRC and the
 tiling of chunks. One flipped byte therefore always raises ``CorruptSegmentError``.
+
+Transactions (issue 30): a control batch (attributes bit 5, with bit 4) is a transaction
+marker, written by ``segments.batches.control_batch`` and appended like a producer's
+batch. It takes one offset and is no record: every decoder here skips it (the offsets
+after it count it), and Kafka Fetch serves it as stored.
 
 A ranged GET of one chunk ([position, position + length)) decodes on its own with
 :func:`decode_chunk`; pass the record count from the index so that a chunk cut exactly
