@@ -4,10 +4,13 @@ decoders that skip markers while counting their offsets."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import crc32c
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from coordinator.client import ChunkRef
 from coordinator.janitors.tiering import run_tiering
@@ -435,3 +438,95 @@ def test_a_timestamp_seek_passes_a_chunk_whose_latest_is_a_marker(h: Harness) ->
         assert h.reader.offset_for_timestamp("t", 0, 4_000) is None
         run_tiering(h.ctx(), h.config())
     assert [r.kind for r in h.catalog.rows(topic_id, 0)] == ["parquet"]
+
+
+# --- properties ---------------------------------------------------------------------------
+
+PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# One batch of a chunk: ("rest", n) our own records, ("txn", n, producer id) a
+# transactional producer's batch, ("marker", producer id, commit).
+batch_st = st.one_of(
+    st.tuples(st.just("rest"), st.integers(1, 4)),
+    st.tuples(st.just("txn"), st.integers(1, 4), st.integers(0, 3)),
+    st.tuples(st.just("marker"), st.integers(0, 3), st.booleans()),
+)
+
+
+def build_mixed(items: list[tuple[Any, ...]]) -> tuple[bytes, ChunkInfo, list[tuple[int, bytes]]]:
+    seg = SegmentBuilder()
+    want: list[tuple[int, bytes]] = []
+    at = 0
+    for i, item in enumerate(items):
+        if item[0] == "rest":
+            values = [b"r%d-%d" % (i, j) for j in range(item[1])]
+            seg.append(TOPIC, 0, [Record(None, v, 1_000) for v in values])
+        elif item[0] == "txn":
+            values = [b"p%d-%d" % (item[2], i * 10 + j) for j in range(item[1])]
+            raw = data_batch(item[1], item[2], seq=i * 10)
+            seg.append_batch(TOPIC, 0, raw, item[1], 1_000, 1_000 + item[1] - 1)
+        else:
+            values = []
+            seg.append_batch(TOPIC, 0, marker(item[1], item[2], 2_000), 1, 2_000, 2_000)
+            at += 1
+        want.extend((at + j, v) for j, v in enumerate(values))
+        at += len(values)
+    data, (chunk,) = seg.build()
+    return data, chunk, want
+
+
+@PROPERTY
+@given(st.lists(batch_st, min_size=1, max_size=12), st.integers(0, 1 << 40))
+def test_any_mix_of_markers_and_data_decodes_at_the_right_offsets(
+    items: list[tuple[Any, ...]], base: int
+) -> None:
+    data, chunk, want = build_mixed(items)
+    body = data[chunk.position : chunk.position + chunk.length]
+    got = decode_chunk(body, base, chunk.record_count)
+    assert [(o - base, r.value) for o, r in got] == want
+    assert SegmentReader(data).records(chunk, base) == got
+    assert chunk.record_count == sum(1 if i[0] == "marker" else i[1] for i in items)
+    batches = list(iter_chunk_batches(body, base, record_count=chunk.record_count))
+    markers, at = [], 0
+    for item in items:
+        if item[0] == "marker":
+            markers.append(at)
+        at += 1 if item[0] == "marker" else item[1]
+    assert [b.base_offset - base for b in batches if b.control] == markers
+    assert list(drop_aborted(batches, [])) == got
+
+
+@PROPERTY
+@given(st.lists(batch_st, min_size=1, max_size=6), st.data())
+def test_a_flipped_byte_in_a_chunk_with_markers_is_refused(
+    items: list[tuple[Any, ...]], data: st.DataObject
+) -> None:
+    """Markers are checked like every batch: framing, contiguity, CRC."""
+    seg_data, chunk, want = build_mixed([*items, ("marker", 1, False)])
+    body = seg_data[chunk.position : chunk.position + chunk.length]
+    assert [(o, r.value) for o, r in decode_chunk(body, 0, chunk.record_count)] == want
+    index = data.draw(st.integers(0, len(body) - 1))
+    mask = data.draw(st.integers(1, 255))
+    flipped = bytearray(body)
+    flipped[index] ^= mask
+    with pytest.raises(CorruptSegmentError):
+        decode_chunk(bytes(flipped), 0)
+
+
+@PROPERTY
+@given(
+    st.integers(0, (1 << 63) - 1),
+    st.integers(0, (1 << 15) - 1),
+    st.booleans(),
+    st.integers(0, (1 << 63) - 1),
+    st.integers(-(1 << 31), (1 << 31) - 1),
+)
+def test_control_batch_round_trips(
+    producer_id: int, epoch: int, commit: bool, ts: int, coordinator_epoch: int
+) -> None:
+    raw = control_batch(producer_id, epoch, commit, ts, coordinator_epoch)
+    assert read_marker(raw) == (producer_id, epoch, commit)
+    (record,) = list(DefaultRecordBatch(raw))
+    assert record.timestamp == ts
+    assert int.from_bytes(record.value[2:], "big", signed=True) == coordinator_epoch
+    assert decode_chunk(raw, 0, 1) == []
