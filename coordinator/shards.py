@@ -1002,6 +1002,12 @@ class ShardedCatalog:
         shard = self._shard(topic_id, partition)
         return shard.call(lambda: Catalog(shard.db).rows(topic_id, partition))
 
+    def transactions(
+        self, topic_id: bytes, partition: int
+    ) -> tuple[int | None, list[tuple[int, int, int]]]:
+        shard = self._shard(topic_id, partition)
+        return shard.call(lambda: Catalog(shard.db).transactions(topic_id, partition))
+
     def index_row_count(self) -> int:
         return sum(s.call(s.catalog().index_row_count) for s in self._store.shards)
 

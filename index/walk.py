@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple, TypeVar
 
 from coordinator.client import ChunkRef
-from segments.errors import CorruptSegmentError, IndexHoleError, OffsetOutOfRangeError
+from segments.errors import IndexHoleError, OffsetOutOfRangeError
 
 __all__ = ["Span", "seek_timestamp", "walk"]
 
@@ -100,12 +100,10 @@ def seek_timestamp(
 
     ``lookup(start)``: the first index entry from ``start`` on whose max timestamp
     reaches the time (``Coordinator.lookup_timestamp``); ``first_at(entry, start)``: the
-    first of its records at or after ``start`` that does (the caller decodes). An entry
-    that straddles log-start may hold its recent records below it only: then the next.
-
-    Raises:
-        CorruptSegmentError: an entry past log-start whose records miss the time its
-            max timestamp (from those very records) says they reach.
+    first of its records at or after ``start`` that does (the caller decodes). The entry
+    found may hold no such record: one that straddles log-start may hold its recent
+    records below it only, and an entry's max timestamp counts its transaction markers
+    (issue 30), which are no records. Either way the next entry is read.
     """
     start = log_start
     while True:
@@ -115,9 +113,4 @@ def seek_timestamp(
         found = first_at(ref, start)
         if found is not None:
             return found
-        if ref.base_offset >= start:
-            raise CorruptSegmentError(
-                f"{ref.object_key}: no record reaches the time its index entry's max "
-                f"timestamp {ref.max_timestamp_ms} says"
-            )
         start = ref.end_offset

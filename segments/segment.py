@@ -12,7 +12,7 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
                      Chunks tile [0, footer start) in footer order: no gaps, no overlap.
 
     RecordBatch      (Kafka's layout, written by aiokafka; 61-byte header, then records)
-      0   i64  BaseOffset            RELATIVE: records of this chunk before this batch
+      0   i64  BaseOffset            RELATIVE: offsets of this chunk before this batch
                                      (first batch 0). NOT covered by the batch CRC, so a
                                      reader may patch it; we only check it for contiguity.
       8   i32  Length                bytes after this field; >= 49, inside the chunk
@@ -26,7 +26,9 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
                                      message.timestamp.type=LogAppendTime, with
                                      MaxTimestamp the append time, as Kafka does); bit 4
                                      transactional (a transactional producer's batch);
-                                     every other bit 0 (segments.batches checks producers')
+                                     bit 5 control (with bit 4: a transaction marker,
+                                     one uncompressed record); every other bit 0
+                                     (segments.batches checks producers')
       23  i32  LastOffsetDelta       record count - 1
       27  i64  FirstTimestamp        CreateTime of the first record (epoch ms)
       35  i64  MaxTimestamp
@@ -44,8 +46,9 @@ Byte layout (all integers big-endian; u = unsigned, i = signed)::
         i32       partition            >= 0
         i64       position             byte offset of the chunk in the object
         i64       length               bytes of the chunk
-        i64       record count         >= 1
-        i64       min timestamp (ms)   over the chunk's records
+        i64       record count         >= 1: offsets the chunk takes, its records
+                                       and its transaction markers (one each)
+        i64       min timestamp (ms)   over the chunk's records and markers
         i64       max timestamp (ms)
 
     trailer          the object's last 16 bytes
@@ -59,6 +62,11 @@ BaseOffset by contiguity, Length by framing (and the CRC of the range it names),
 PartitionLeaderEpoch and Magic by value, footer and trailer by the trailer CRC and the
 tiling of chunks. One flipped byte therefore always raises ``CorruptSegmentError``.
 
+Transactions (issue 30): a control batch (attributes bit 5, with bit 4) is a transaction
+marker, written by ``segments.batches.control_batch`` and appended like a producer's
+batch. It takes one offset and is no record: every decoder here skips it (the offsets
+after it count it), and Kafka Fetch serves it as stored.
+
 A ranged GET of one chunk ([position, position + length)) decodes on its own with
 :func:`decode_chunk`; pass the record count from the index so that a chunk cut exactly
 at a batch boundary is caught too.
@@ -66,9 +74,11 @@ at a batch boundary is caught too.
 
 from __future__ import annotations
 
+import bisect
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -87,10 +97,13 @@ __all__ = [
     "COMPRESSIONS",
     "FORMAT_VERSION",
     "MAGIC",
+    "ChunkBatch",
     "SegmentBuilder",
     "SegmentReader",
     "decode_chunk",
+    "drop_aborted",
     "iter_chunk",
+    "iter_chunk_batches",
 ]
 
 COMPRESSIONS: tuple[str, ...] = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -113,6 +126,7 @@ _NO_LEADER_EPOCH = -1
 _CODEC_MASK = 0x07
 _LOG_APPEND_TIME = 0x08  # attributes bit 3: every record's timestamp is MaxTimestamp
 _TRANSACTIONAL = 0x10  # attributes bit 4: a transactional producer's batch
+_CONTROL = 0x20  # attributes bit 5: a transaction marker (segments.batches.control_batch)
 #: An idempotent batch for the commit: (producer id, epoch, base sequence, record count,
 #: relative offset, transactional), ``coordinator.log.producers.ProducerBatch``'s fields.
 _ProducerBatch = tuple[int, int, int, int, int, bool]
@@ -410,6 +424,9 @@ class SegmentReader:
     def records(self, chunk: ChunkInfo, base_offset: int = 0) -> list[tuple[int, Record]]:
         """Decode one chunk of this object; offsets are ``base_offset`` + relative offset.
 
+        Markers give no record, but their timestamps count in the footer's (their batch
+        was appended like any other).
+
         Raises:
             CorruptSegmentError: the chunk's bytes fail any check of :func:`decode_chunk`,
                 lie outside the object, or disagree with the footer's timestamps.
@@ -419,8 +436,19 @@ class SegmentReader:
             raise CorruptSegmentError(
                 f"chunk [{chunk.position}, {end}) lies outside the {len(self._data)}-byte object"
             )
-        out = decode_chunk(self._data[chunk.position : end], base_offset, chunk.record_count)
-        timestamps = [record.timestamp_ms for _, record in out]
+        out: list[tuple[int, Record]] = []
+        markers: list[int] = []
+        for batch in iter_chunk_batches(
+            self._data[chunk.position : end], base_offset, record_count=chunk.record_count
+        ):
+            if batch.control:
+                # A marker's one record has the batch's timestamp, as the footer counted it.
+                if not batch.attributes & _LOG_APPEND_TIME:
+                    markers.append(batch.first_timestamp_ms)
+                markers.append(batch.max_timestamp_ms)
+            else:
+                out.extend(batch.records)
+        timestamps = [record.timestamp_ms for _, record in out] + markers
         if (min(timestamps), max(timestamps)) != (chunk.min_timestamp_ms, chunk.max_timestamp_ms):
             raise CorruptSegmentError("chunk timestamps disagree with the segment footer")
         return out
@@ -436,11 +464,14 @@ def decode_chunk(
 
     Every batch is checked (framing, magic 2, leader epoch -1, attributes, CRC-32C),
     relative offsets must run 0, 1, 2, ... across batches, every byte must be consumed
-    and, if ``record_count`` is given, the chunk must hold exactly that many records.
+    and, if ``record_count`` is given, the chunk must take exactly that many offsets.
     Without ``record_count`` a chunk cut exactly between two batches cannot be told
     from a shorter chunk: callers that know the count (the footer, the index) pass it.
     A batch whose records take more than ``max_decompressed_bytes`` once decompressed
     (the topic's ``lakelog.max.decompressed.bytes``) is not inflated past that bound.
+
+    Control batches (transaction markers) take their offset but give no record, so a
+    chunk may return fewer records than ``record_count``, or none.
 
     Returns:
         (base_offset + relative offset, record) pairs, in offset order.
@@ -449,30 +480,138 @@ def decode_chunk(
         BatchTooLargeError: a batch over ``max_decompressed_bytes``.
         CorruptSegmentError: on any inconsistency; never returns wrong records.
     """
-    out = list(iter_chunk(data, base_offset, max_decompressed_bytes))
-    if record_count is not None and len(out) != record_count:
-        raise CorruptSegmentError(f"chunk holds {len(out)} records, expected {record_count}")
-    return out
+    return list(iter_chunk(data, base_offset, max_decompressed_bytes, record_count))
 
 
 def iter_chunk(
     data: bytes | memoryview,
     base_offset: int,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    record_count: int | None = None,
 ) -> Iterator[tuple[int, Record]]:
     """:func:`decode_chunk` one batch at a time: a reader that stops early decompresses
     no further batch, so it holds one batch's records, not the chunk's. Each batch is
-    checked whole before any of its records is yielded; the chunk's record count is
-    the caller's to check.
+    checked whole before any of its records is yielded. ``record_count`` (offsets, as
+    the index counts them) is checked once the last batch is read: a reader that stops
+    early does not check it.
 
     Raises:
         BatchTooLargeError, CorruptSegmentError: as :func:`decode_chunk`.
     """
+    records: Iterator[tuple[int, Record]] = _decode(
+        data, base_offset, max_decompressed_bytes, record_count, False
+    )
+    return records
+
+
+class ChunkBatch(NamedTuple):
+    """One checked batch of a stored chunk and its records (:func:`iter_chunk_batches`)."""
+
+    #: Absolute offset of its first record (a marker's own offset).
+    base_offset: int
+    #: Offsets it takes: its record count (a marker takes one).
+    offset_count: int
+    #: -1 for a batch of a producer that is not idempotent (all of lakelog's own).
+    producer_id: int
+    producer_epoch: int
+    attributes: int
+    #: The header's FirstTimestamp and MaxTimestamp.
+    first_timestamp_ms: int
+    max_timestamp_ms: int
+    #: (offset, record) pairs; none for a control batch.
+    records: list[tuple[int, Record]]
+
+    @property
+    def transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL)
+
+    @property
+    def control(self) -> bool:
+        """A transaction marker: its offset is taken, its record is not data."""
+        return bool(self.attributes & _CONTROL)
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.offset_count - 1
+
+
+def iter_chunk_batches(
+    data: bytes | memoryview,
+    base_offset: int,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    record_count: int | None = None,
+) -> Iterator[ChunkBatch]:
+    """:func:`iter_chunk` by batch, with what the batch header says of its producer:
+    for readers that must know which producer wrote a record and whether it is part of
+    a transaction (``drop_aborted``), and that see markers (as batches without records).
+
+    Raises:
+        BatchTooLargeError, CorruptSegmentError: as :func:`decode_chunk`.
+    """
+    batches: Iterator[ChunkBatch] = _decode(
+        data, base_offset, max_decompressed_bytes, record_count, True
+    )
+    return batches
+
+
+def drop_aborted(
+    batches: Iterable[ChunkBatch], aborted: Iterable[tuple[int, int, int]]
+) -> Iterator[tuple[int, Record]]:
+    """The records of ``batches`` that no aborted transaction holds, in order.
+
+    ``aborted``: (producer id, first offset, last offset) of each aborted transaction,
+    the last offset being its abort marker's. A record is dropped when its batch is
+    transactional, of that producer id, and its offset lies in [first, last]: Kafka's
+    read_committed consumers drop exactly these (a non-transactional batch is never
+    aborted). Markers give no record either way. With no aborted transaction this is
+    every record of the batches, so a reader may always call it. One producer's
+    transactions must not overlap (they do not: a producer ends one before it starts
+    the next).
+    """
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for producer_id, first, last in aborted:
+        spans.setdefault(producer_id, []).append((first, last))
+    for of_producer in spans.values():
+        of_producer.sort()
+    starts = {pid: [first for first, _ in of_producer] for pid, of_producer in spans.items()}
+    for batch in batches:
+        ranges = spans.get(batch.producer_id) if batch.transactional else None
+        if ranges is None:
+            yield from batch.records
+            continue
+        lo, hi = batch.base_offset, batch.last_offset
+        # The ranges holding part of the batch: one producer's transactions do not
+        # overlap, so they are the last ones starting at or before its end.
+        near = []
+        i = bisect.bisect_right(starts[batch.producer_id], hi) - 1
+        while i >= 0 and ranges[i][1] >= lo:
+            near.append(ranges[i])
+            i -= 1
+        if not near:
+            yield from batch.records
+        elif any(f <= lo and hi <= la for f, la in near):
+            continue  # wholly aborted: the usual case, a batch inside its transaction
+        else:
+            for offset, record in batch.records:
+                if not any(f <= offset <= la for f, la in near):
+                    yield offset, record
+
+
+def _decode(
+    data: bytes | memoryview,
+    base_offset: int,
+    max_decompressed_bytes: int,
+    record_count: int | None,
+    by_batch: bool,
+) -> Iterator[Any]:
+    """The one chunk decoder: (offset, record) pairs, or with ``by_batch`` a ChunkBatch
+    per batch. One loop for both, so that the records' path pays one test per batch
+    for the other (a call per batch cost up to a tenth with one-record batches)."""
     view = _byte_view(data)
     size = len(view)
     if size == 0:
         raise CorruptSegmentError("empty chunk: a chunk holds at least one batch")
-    expected = 0  # relative offset of the next record
+    expected = 0  # offsets taken by the batches before this one
     pos = 0
     while pos < size:
         if size - pos < _BATCH_HEADER_SIZE:
@@ -491,60 +630,85 @@ def iter_chunk(
             )
         header = _BATCH_HEADER.unpack_from(view, pos)
         attributes, last_delta, count = header[5], header[6], header[12]
-        if attributes & ~(_CODEC_MASK | _LOG_APPEND_TIME | _TRANSACTIONAL) or (
+        if attributes & ~(_CODEC_MASK | _LOG_APPEND_TIME | _TRANSACTIONAL | _CONTROL) or (
             attributes & _CODEC_MASK > _CODEC_IDS["zstd"]
         ):
             raise CorruptSegmentError(f"batch at byte {pos}: unsupported attributes {attributes}")
         if count < 1 or last_delta != count - 1:
             raise CorruptSegmentError(f"batch at byte {pos}: bad record count {count}")
+        if attributes & _CONTROL and (
+            count != 1 or attributes & _CODEC_MASK or not attributes & _TRANSACTIONAL
+        ):
+            # segments.batches.control_batch writes every marker; producers' are refused.
+            raise CorruptSegmentError(
+                f"batch at byte {pos}: a control batch other than one uncompressed "
+                f"transactional record (attributes {attributes}, {count} records)"
+            )
         # The C batch reader trusts its input (a short buffer crashes it), so it only ever
         # sees a range whose header was checked above and whose CRC is checked first.
         if crc32c.crc32c(view[pos + _CRC_FROM : end]) != header[4]:
             raise CorruptSegmentError(f"batch at byte {pos}: CRC-32C mismatch")
-        # aiokafka inflates without a bound: it is handed the records already decompressed,
-        # by a decompression that stops at the bound.
-        try:
-            batch = DefaultRecordBatch(plain_batch(view[pos:end], max_decompressed_bytes))
-        except OverLimitError as err:
-            raise BatchTooLargeError(
-                f"batch at byte {pos} decompresses to more than {err.limit} bytes "
-                f"({DECOMPRESSED_CONFIG}); it is not read (raise the topic's "
-                f"{DECOMPRESSED_CONFIG} to read it)"
-            ) from None
-        except ValueError as err:
-            raise CorruptSegmentError(f"batch at byte {pos}: undecodable: {err}") from None
-        relative = batch_base  # == records of the chunk before this batch
         records: list[tuple[int, Record]] = []
-        append = records.append
-        # LogAppendTime: the decoder gives every record the batch's MaxTimestamp.
-        stamp_type = 1 if attributes & _LOG_APPEND_TIME else 0
-        try:
-            for record in batch:
-                if record.offset != relative:
-                    raise CorruptSegmentError(f"batch at byte {pos}: offsets not contiguous")
-                append(
-                    (
-                        base_offset + relative,
-                        Record(
-                            record.key,
-                            record.value,
-                            record.timestamp,
-                            tuple(record.headers),
-                            stamp_type,
-                        ),
+        if not attributes & _CONTROL:
+            # A marker takes its offset and is no record: the CRC covers its bytes, and
+            # readers of markers (segments.batches.read_marker) decode it themselves.
+            # aiokafka inflates without a bound: it is handed the records already
+            # decompressed, by a decompression that stops at the bound.
+            try:
+                batch = DefaultRecordBatch(plain_batch(view[pos:end], max_decompressed_bytes))
+            except OverLimitError as err:
+                raise BatchTooLargeError(
+                    f"batch at byte {pos} decompresses to more than {err.limit} bytes "
+                    f"({DECOMPRESSED_CONFIG}); it is not read (raise the topic's "
+                    f"{DECOMPRESSED_CONFIG} to read it)"
+                ) from None
+            except ValueError as err:
+                raise CorruptSegmentError(f"batch at byte {pos}: undecodable: {err}") from None
+            relative = batch_base  # == offsets taken before this batch
+            append = records.append
+            # LogAppendTime: the decoder gives every record the batch's MaxTimestamp.
+            stamp_type = 1 if attributes & _LOG_APPEND_TIME else 0
+            try:
+                for record in batch:
+                    if record.offset != relative:
+                        raise CorruptSegmentError(f"batch at byte {pos}: offsets not contiguous")
+                    append(
+                        (
+                            base_offset + relative,
+                            Record(
+                                record.key,
+                                record.value,
+                                record.timestamp,
+                                tuple(record.headers),
+                                stamp_type,
+                            ),
+                        )
                     )
-                )
-                relative += 1
-        except CorruptSegmentError:
-            raise
-        except Exception as err:  # each codec library raises its own types; all mean corrupt
-            raise CorruptSegmentError(f"batch at byte {pos}: undecodable: {err!r}") from err
-        del batch
+                    relative += 1
+            except CorruptSegmentError:
+                raise
+            except Exception as err:  # each codec library raises its own types: corrupt
+                raise CorruptSegmentError(f"batch at byte {pos}: undecodable: {err!r}") from err
+            del batch
+            if relative != expected + count:
+                raise CorruptSegmentError(f"batch at byte {pos}: holds fewer records than {count}")
+        if by_batch:
+            yield ChunkBatch(
+                base_offset + expected,
+                count,
+                header[9],
+                header[10],
+                attributes,
+                header[7],
+                header[8],
+                records,
+            )
+        else:
+            yield from records
         expected += count
-        if relative != expected:
-            raise CorruptSegmentError(f"batch at byte {pos}: holds fewer records than {count}")
         pos = end
-        yield from records
+    if record_count is not None and expected != record_count:
+        raise CorruptSegmentError(f"chunk takes {expected} offsets, expected {record_count}")
 
 
 @dataclass(slots=True, eq=False)

@@ -32,6 +32,7 @@ from coordinator.iceberg.changes import (
     record_changes,
 )
 from coordinator.log.topic_configs import topic_defaults
+from coordinator.log.transactions import partition_transactions
 from segments.errors import IndexHoleError
 
 _PARTITIONS = (
@@ -228,6 +229,14 @@ class Catalog:
         with self._db.read() as conn:
             found = conn.execute(self._q(_ROWS), (topic_id, partition)).fetchall()
         return [IndexRow(*r) for r in found]
+
+    def transactions(
+        self, topic_id: bytes, partition: int
+    ) -> tuple[int | None, list[tuple[int, int, int]]]:
+        """The partition's first open-transaction offset and its aborted transactions
+        (``coordinator.log.transactions.partition_transactions``)."""
+        with self._db.read() as conn:
+            return partition_transactions(conn, self._q, topic_id, partition)
 
     def index_row_count(self) -> int:
         """Index entries in the whole database (for benchmarks and reports)."""

@@ -72,7 +72,7 @@ from coordinator.janitors.context import JanitorConfig, JanitorContext, JanitorR
 from coordinator.log.topic_configs import effective_configs
 from segments.compression import DECOMPRESSED_CONFIG
 from segments.errors import CorruptSegmentError
-from segments.segment import decode_chunk
+from segments.segment import decode_chunk, drop_aborted, iter_chunk_batches
 from segments.tier import TierReader, encode_tier, tier_object_key
 from segments.types import ConsumedRecord, Record
 
@@ -110,13 +110,25 @@ def _runs(rows: Sequence[IndexRow], target_bytes: int) -> list[list[IndexRow]]:
 
 
 def tier_candidates(
-    rows: Sequence[IndexRow], log_start: int, config: JanitorConfig, now: float
+    rows: Sequence[IndexRow],
+    log_start: int,
+    config: JanitorConfig,
+    now: float,
+    stable: int | None = None,
 ) -> list[IndexRow]:
     """The segment entries to tier now: old enough, or all once the partition holds enough.
 
-    Entries wholly below log-start are retention's to drop, never tiered.
+    Entries wholly below log-start are retention's to drop, never tiered. ``stable``: the
+    first offset of a transaction still open; nothing from there on is tiered (tier rows
+    keep no producer id: an abort decided later could not drop them).
     """
-    segments = [r for r in rows if r.kind == "segment" and r.end_offset > log_start]
+    segments = [
+        r
+        for r in rows
+        if r.kind == "segment"
+        and r.end_offset > log_start
+        and (stable is None or r.end_offset <= stable)
+    ]
     if sum(r.length for r in segments) >= max(config.tier_untiered_bytes, 1):
         return segments
     cutoff = now - config.tier_age_s
@@ -129,6 +141,9 @@ class TierRun:
 
     part: PartitionState
     rows: tuple[IndexRow, ...]
+    #: The partition's aborted transactions (producer id, first offset, marker offset):
+    #: their records are left out of the tier object, as markers are.
+    aborted: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def source_bytes(self) -> int:
@@ -217,6 +232,10 @@ class _Stopped(Exception):
     """A worker saw the run stopping before its PUT (internal; never escapes)."""
 
 
+class _Nothing(Exception):
+    """A run that holds no record to tier."""
+
+
 @dataclass
 class _Written:
     row: NewRow
@@ -296,9 +315,11 @@ class Tierer:
     def plan_partition(self, part: PartitionState) -> list[TierRun]:
         """The runs to tier in one partition now, from a fresh read of its index."""
         rows = self.ctx.catalog.rows(part.topic_id, part.partition)
-        candidates = tier_candidates(rows, part.log_start, self.config, self.ctx.now())
+        stable, aborted = self.ctx.catalog.transactions(part.topic_id, part.partition)
+        candidates = tier_candidates(rows, part.log_start, self.config, self.ctx.now(), stable)
         return [
-            TierRun(part, tuple(run)) for run in _runs(candidates, self.config.tier_target_bytes)
+            TierRun(part, tuple(run), tuple(aborted))
+            for run in _runs(candidates, self.config.tier_target_bytes)
         ]
 
     def tier_partition(self, part: PartitionState, report: JanitorReport) -> None:
@@ -344,6 +365,11 @@ class Tierer:
             for run in wave
             for r in run.rows
         }
+        aborted = {
+            r: [a for a in run.aborted if a[1] < r.end_offset and a[2] >= r.base_offset]
+            for run in wave
+            for r in run.rows
+        }
         store = self.ctx.store
         futures = {pool.submit(store.get_range, f.object_key, f.start, f.length): f for f in plan}
         decoded: Decoded = {}
@@ -354,9 +380,15 @@ class Tierer:
                 report.bytes_read += len(data)
                 for r in fetch.rows:
                     try:
-                        decoded[r] = decode_chunk(
-                            fetch.chunk(data, r), r.base_offset, r.record_count, limits[r]
-                        )
+                        if aborted[r]:
+                            batches = iter_chunk_batches(
+                                fetch.chunk(data, r), r.base_offset, limits[r], r.record_count
+                            )
+                            decoded[r] = list(drop_aborted(batches, aborted[r]))
+                        else:
+                            decoded[r] = decode_chunk(
+                                fetch.chunk(data, r), r.base_offset, r.record_count, limits[r]
+                            )
                     except CorruptSegmentError as exc:
                         decoded[r] = exc
             return decoded
@@ -376,6 +408,10 @@ class Tierer:
             if isinstance(chunk, CorruptSegmentError):
                 raise chunk
             records.extend(chunk)
+        if not records:
+            # Only markers and aborted records: nothing for a tier object to hold (it
+            # needs a row). The entries stay; a later run joins them to newer records.
+            raise _Nothing
         key, data, put_at = self._put(run.part, records)
         rows = run.rows
         return _Written(
@@ -413,7 +449,7 @@ class Tierer:
                 run = futures[fut]
                 try:
                     written = fut.result()
-                except _Stopped:
+                except (_Stopped, _Nothing):
                     continue
                 except Exception as exc:
                     # Its PUT, if any, is an orphan for GC; the other runs go on.

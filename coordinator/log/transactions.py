@@ -514,6 +514,25 @@ class TransactionStore:
         return out
 
 
+# -- for the janitors --------------------------------------------------------------------
+
+_ABORTED_ALL = (
+    "SELECT producer_id, first_offset, last_offset FROM aborted_txns "
+    "WHERE topic_id = ? AND partition = ? ORDER BY first_offset"
+)
+
+
+def partition_transactions(
+    conn: Any, q: Any, topic_id: bytes, partition: int
+) -> tuple[int | None, list[tuple[int, int, int]]]:
+    """A partition's first offset of a transaction still open (None: none is; nothing
+    from there on may be tiered, its fate unknown) and its aborted transactions
+    (producer id, first offset, abort marker's offset)."""
+    first = conn.execute(q(_LAST_STABLE), (topic_id, partition)).fetchone()[0]
+    aborted = conn.execute(q(_ABORTED_ALL), (topic_id, partition)).fetchall()
+    return first, [(pid, f, last) for pid, f, last in aborted]
+
+
 # -- inside a commit (MetadataStore._commit_batch_steps) --------------------------------
 
 

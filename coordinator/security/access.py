@@ -174,6 +174,12 @@ def _partitions(r: Request) -> list[Check]:
     return [Check(Op.DESCRIBE, ResourceType.TOPIC, n) for n in sorted(names)]
 
 
+def _wants(r: Request) -> list[Check]:
+    """READ on the topic of every want (a read_committed read's stable offsets)."""
+    names = {w.topic for w in getattr(r.args, "wants", None) or ()}
+    return [Check(Op.READ, ResourceType.TOPIC, n) for n in sorted(names)]
+
+
 def _commit(r: Request) -> list[Check]:
     """WRITE on the topic of every chunk (named by id)."""
     ids = {c.topic_id for c in getattr(r.args, "chunks", None) or ()}
@@ -210,6 +216,7 @@ RULES: dict[tuple[str, str], Rule] = {
     _v2("offsets_many"): Rule(Caller.USER, _partitions, body=True, needs="DESCRIBE on each topic"),
     _v2("lookup"): _topic(Op.READ),
     _v2("lookup_timestamp"): _topic(Op.READ),
+    _v2("stable_offsets"): Rule(Caller.USER, _wants, body=True, needs="READ on each topic"),
     _v2("commit"): Rule(Caller.USER, _commit, body=True, needs="WRITE on each topic committed"),
     _v2("committed_object_keys"): USER,
     # A Spark write's tasks register their uploads and keep the job's write lease alive;

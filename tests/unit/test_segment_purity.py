@@ -78,7 +78,9 @@ def test_source_imports_only_codec_modules() -> None:
             imported.add(node.module)
     assert imported <= {
         "__future__",
+        "bisect",
         "struct",
+        "typing",
         "collections.abc",
         "dataclasses",
         "aiokafka.record.default_records",

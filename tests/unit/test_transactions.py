@@ -13,6 +13,7 @@ import pytest
 from coordinator import clock
 from coordinator.client import ChunkCommit, IndexWant, StableView, TopicPartition
 from coordinator.groups.model import CommittedOffset
+from coordinator.janitors.tiering import run_tiering
 from coordinator.local import LocalCoordinator
 from coordinator.log.producers import ProducerBatch
 from coordinator.log.transactions import STALE_DECISION_S
@@ -27,7 +28,9 @@ from segments.errors import (
     TransactionFencedError,
 )
 from segments.memory import MemoryStore
-from segments.segment import SegmentReader
+from segments.segment import SegmentBuilder, SegmentReader
+from segments.types import Record
+from tests.unit.janitor_helpers import Harness
 
 TIMEOUT_MS = 60_000
 Env = tuple[LocalCoordinator, LogWriter, MemoryStore]
@@ -280,3 +283,79 @@ def test_the_operations_over_the_coordinators_http_api(coord: LocalCoordinator) 
         assert (info.state, info.partitions) == ("CompleteCommit", ())
         view = c.stable_offsets([IndexWant("t", 1, 0), IndexWant("nope", 0, 0)])
         assert set(view) == {0} and view[0].last_stable == 1
+
+
+def _txn_batch(
+    c: LocalCoordinator, store: MemoryStore, topic: str, producer: tuple[int, int, int], n: int
+) -> int:
+    """``n`` records of a transactional producer in their own object, committed; returns
+    their base offset."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    pid, epoch, seq = producer
+    raw = DefaultRecordBatchBuilder(2, 0, 1, pid, epoch, seq, 1 << 20)
+    for i in range(n):
+        raw.append(i, 1000 + i, None, b"txn-%d-%d" % (pid, seq + i), [])
+    topic_id = c.get_topic(topic).topic_id
+    seg = SegmentBuilder()
+    seg.append_batch(topic_id, 0, bytes(raw.build()), n, 1000, 1000 + n - 1)
+    data, [chunk] = seg.build()
+    key = f"segments/tx/{uuid.uuid4().hex}.seg"
+    store.put(key, data)
+    batch = ProducerBatch(pid, epoch, seq, n, 0, transactional=True)
+    commit = ChunkCommit(topic_id, 0, chunk.position, chunk.length, n, 1000, 1000 + n - 1, (batch,))
+    return c.commit(key, [commit])[0]
+
+
+def test_tiering_keeps_committed_records_drops_aborted_ones_and_stops_at_an_open_one(
+    h: Harness,
+) -> None:
+    """Tier rows keep no producer id, so the tier must hold committed history only: the
+    records of an aborted transaction and every marker are left out (their offsets
+    become gaps, as compaction's), and nothing from an open transaction's first offset
+    on is tiered until it is decided."""
+    c = h.coordinator
+    c.create_topic("t", 1)
+    c.create_topic("u", 1)
+    plain = [Record(None, b"p%d" % i, 900 + i) for i in range(3)]
+    assert h.produce("t", 0, plain) == 0  # 0-2
+    a = c.init_transaction("a", TIMEOUT_MS)
+    c.add_txn_partitions("a", a.producer_id, a.epoch, [TopicPartition("t", 0)])
+    assert _txn_batch(c, h.store, "t", (a.producer_id, a.epoch, 0), 2) == 3  # 3-4
+    aborted = c.end_transaction("a", a.producer_id, a.epoch, False)
+    assert aborted is not None
+    h.writer.write_markers(aborted)  # 5
+    h.produce("t", 0, [Record(None, b"p6", 906)])  # 6
+    b = c.init_transaction("b", TIMEOUT_MS)
+    c.add_txn_partitions("b", b.producer_id, b.epoch, [TopicPartition("t", 0)])
+    assert _txn_batch(c, h.store, "t", (b.producer_id, b.epoch, 0), 1) == 7
+    committed = c.end_transaction("b", b.producer_id, b.epoch, True)
+    assert committed is not None
+    h.writer.write_markers(committed)  # 8
+    c.add_txn_partitions("b", b.producer_id, b.epoch, [TopicPartition("t", 0)])
+    assert _txn_batch(c, h.store, "t", (b.producer_id, b.epoch, 1), 1) == 9  # open
+    h.produce("t", 0, [Record(None, b"p10", 910)])  # 10
+    before = [r.offset for r in h.walk("t", 0)]
+    assert before == [0, 1, 2, 3, 4, 6, 7, 9, 10]  # read_uncommitted: markers never
+
+    run_tiering(h.ctx(), h.config())
+    topic_id = c.get_topic("t").topic_id
+    rows = h.catalog.rows(topic_id, 0)
+    assert [(r.kind, r.base_offset, r.end_offset) for r in rows] == [
+        ("parquet", 0, 9),
+        ("segment", 9, 10),
+        ("segment", 10, 11),
+    ]
+    after = h.walk("t", 0)
+    assert [r.offset for r in after] == [0, 1, 2, 6, 7, 9, 10]
+    assert after[4].value == b"txn-%d-0" % b.producer_id
+    assert [r.offset for r in h.reader.read("t", 0, 3)] == [6, 7, 9, 10]
+    # A partition holding only a marker is left as it is (a tier object needs a row).
+    u = c.init_transaction("u", TIMEOUT_MS)
+    c.add_txn_partitions("u", u.producer_id, u.epoch, [TopicPartition("u", 0)])
+    alone = c.end_transaction("u", u.producer_id, u.epoch, False)
+    assert alone is not None
+    h.writer.write_markers(alone)
+    run_tiering(h.ctx(), h.config())
+    [row] = h.catalog.rows(c.get_topic("u").topic_id, 0)
+    assert (row.kind, h.reader.read("u", 0, 0)) == ("segment", [])
