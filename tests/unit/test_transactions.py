@@ -142,15 +142,15 @@ def test_abort_keeps_the_aborted_range_for_readers(env: Env) -> None:
     assert c.offsets("t", 1).high_watermark == 5  # abort marker at 4
     assert c.offsets("u", 0).high_watermark == 1  # a marker alone
     view = _stable(c, "t", 1)
-    assert (view.last_stable, view.aborted) == (5, ((p.producer_id, 0),))
-    assert _stable(c, "t", 1, offset=4).aborted == ((p.producer_id, 0),)  # marker in range
+    assert (view.last_stable, view.aborted) == (5, ((p.producer_id, 0, 4),))
+    assert _stable(c, "t", 1, offset=4).aborted == ((p.producer_id, 0, 4),)  # marker in range
     assert _stable(c, "t", 1, offset=5).aborted == ()
     assert _stable(c, "u", 0).aborted == ()  # no record, no aborted range
     # The next transaction of the same producer starts afresh.
     c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 1)])
     _data(c, "t", 1, 1, (p.producer_id, p.epoch, 4))
     assert _stable(c, "t", 1).last_stable == 5
-    assert _stable(c, "t", 1).aborted == ((p.producer_id, 0),)
+    assert _stable(c, "t", 1).aborted == ((p.producer_id, 0, 4),)
     # DeleteRecords (and retention) past the abort marker forget the aborted range.
     c.delete_records("t", 1, 5)
     assert _stable(c, "t", 1).aborted == ()
@@ -180,7 +180,7 @@ def test_transactional_batches_need_their_partition_added_at_their_epoch(env: En
         _data(c, "t", 2, 1, (p.producer_id, p.epoch, 1))
     after = c.init_transaction("app", TIMEOUT_MS)
     assert (after.epoch, after.pending) == (p.epoch + 2, None)
-    assert _stable(c, "t", 2).aborted == ((p.producer_id, 0),)
+    assert _stable(c, "t", 2).aborted == ((p.producer_id, 0, 1),)
 
 
 def test_offsets_in_a_transaction_are_written_by_its_commit_only(env: Env) -> None:
@@ -221,7 +221,7 @@ def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(
     assert again == pending
     writer.write_markers(again)
     assert _stable(c, "t", 0).last_stable == c.offsets("t", 0).high_watermark == 3
-    assert _stable(c, "t", 0).aborted == ((p.producer_id, 0),)
+    assert _stable(c, "t", 0).aborted == ((p.producer_id, 0, 2),)
 
 
 def test_end_of_a_timed_out_transaction_fences_without_the_sweep(
