@@ -359,3 +359,61 @@ def test_tiering_keeps_committed_records_drops_aborted_ones_and_stops_at_an_open
     run_tiering(h.ctx(), h.config())
     [row] = h.catalog.rows(c.get_topic("u").topic_id, 0)
     assert (row.kind, h.reader.read("u", 0, 0)) == ("segment", [])
+
+
+def test_spark_reads_committed_records_by_default(h: Harness) -> None:
+    """A Spark batch read (planned and scanned without Spark) of a partition holding plain
+    records, an aborted and a committed transaction and an open one: by default
+    (read_committed) it ends at the last stable offset and leaves out the aborted
+    records and every marker; ``kafka.isolation.level=read_uncommitted`` reads every
+    record up to the high watermark. A stream's offsets stop at the same place."""
+    from spark.options import parse_options
+    from spark.plan import plan_read
+    from spark.scan import read_task
+    from spark.stream import current_offsets
+
+    c = h.coordinator
+    c.create_topic("t", 1)
+    h.produce("t", 0, [Record(None, b"p0", 900)])  # 0
+    a = c.init_transaction("a", TIMEOUT_MS)
+    c.add_txn_partitions("a", a.producer_id, a.epoch, [TopicPartition("t", 0)])
+    _txn_batch(c, h.store, "t", (a.producer_id, a.epoch, 0), 3)  # 1-3
+    h.produce("t", 0, [Record(None, b"p4", 904)])  # 4: between the aborted records
+    pending = c.end_transaction("a", a.producer_id, a.epoch, False)
+    assert pending is not None
+    h.writer.write_markers(pending)  # 5
+    b = c.init_transaction("b", TIMEOUT_MS)
+    c.add_txn_partitions("b", b.producer_id, b.epoch, [TopicPartition("t", 0)])
+    _txn_batch(c, h.store, "t", (b.producer_id, b.epoch, 0), 2)  # 6-7
+    pending = c.end_transaction("b", b.producer_id, b.epoch, True)
+    assert pending is not None
+    h.writer.write_markers(pending)  # 8
+    c.add_txn_partitions("b", b.producer_id, b.epoch, [TopicPartition("t", 0)])
+    _txn_batch(c, h.store, "t", (b.producer_id, b.epoch, 2), 1)  # 9: open
+    h.produce("t", 0, [Record(None, b"p10", 910)])  # 10
+
+    def read(**extra: str) -> tuple[list[int], tuple[int, int]]:
+        opts = parse_options({"subscribe": "t", "db": "sqlite:///x", "store": "memory://", **extra})
+        plan = plan_read(opts, c, h.store)
+        offsets = [
+            o
+            for task in plan.tasks
+            for batch in read_task(h.store, task, ("offset",))
+            for o in batch.column(0).to_pylist()
+        ]
+        return sorted(offsets), plan.snapshot[("t", 0)]
+
+    assert read() == ([0, 4, 6, 7], (0, 9))
+    assert read(**{"kafka.isolation.level": "read_uncommitted"}) == (
+        [0, 1, 2, 3, 4, 6, 7, 9, 10],
+        (0, 11),
+    )
+    with pytest.raises(ValueError, match="kafka.isolation.level"):
+        read(**{"kafka.isolation.level": "committed"})
+    stream = parse_options(
+        {"subscribe": "t", "db": "sqlite:///x", "store": "memory://"}, streaming=True
+    )
+    assert current_offsets(stream, c)[("t", 0)].high_watermark == 9
+    # Tiered, the same read gives the same records.
+    run_tiering(h.ctx(), h.config())
+    assert read() == ([0, 4, 6, 7], (0, 9))
