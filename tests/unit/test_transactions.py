@@ -361,17 +361,9 @@ def test_tiering_keeps_committed_records_drops_aborted_ones_and_stops_at_an_open
     assert (row.kind, h.reader.read("u", 0, 0)) == ("segment", [])
 
 
-def test_spark_reads_committed_records_by_default(h: Harness) -> None:
-    """A Spark batch read (planned and scanned without Spark) of a partition holding plain
-    records, an aborted and a committed transaction and an open one: by default
-    (read_committed) it ends at the last stable offset and leaves out the aborted
-    records and every marker; ``kafka.isolation.level=read_uncommitted`` reads every
-    record up to the high watermark. A stream's offsets stop at the same place."""
-    from spark.options import parse_options
-    from spark.plan import plan_read
-    from spark.scan import read_task
-    from spark.stream import current_offsets
-
+def _mixed_log(h: Harness) -> tuple[int, int]:
+    """Partition t-0: plain 0, aborted 1-3 with plain 4 among them, abort marker 5,
+    committed 6-7, commit marker 8, open 9, plain 10. Returns the two producer ids."""
     c = h.coordinator
     c.create_topic("t", 1)
     h.produce("t", 0, [Record(None, b"p0", 900)])  # 0
@@ -391,6 +383,44 @@ def test_spark_reads_committed_records_by_default(h: Harness) -> None:
     c.add_txn_partitions("b", b.producer_id, b.epoch, [TopicPartition("t", 0)])
     _txn_batch(c, h.store, "t", (b.producer_id, b.epoch, 2), 1)  # 9: open
     h.produce("t", 0, [Record(None, b"p10", 910)])  # 10
+    return a.producer_id, b.producer_id
+
+
+def test_rest_consumers_read_committed_records_and_move_past_markers(h: Harness) -> None:
+    """REST consumers (v2 instances, v3 reads, the group stream all read through
+    ``read_round_robin``): read_committed stops at the last stable offset and leaves
+    out aborted records; a partition read to its end moves past its markers, under
+    either isolation level."""
+    from service.v2.consumers import read_round_robin
+
+    _mixed_log(h)
+    tp = TopicPartition("t", 0)
+    records, new, _ = read_round_robin(h.reader, {tp: 0}, 1 << 20, read_committed=True)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([0, 4, 6, 7], 9)
+    records, new, _ = read_round_robin(h.reader, {tp: 5}, 1 << 20, read_committed=True)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([6, 7], 9)
+    records, new, _ = read_round_robin(h.reader, {tp: 0}, 1 << 20)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([0, 1, 2, 3, 4, 6, 7, 9, 10], 11)
+    # One record at a time: positions never pass a record not returned.
+    records, new, _ = read_round_robin(h.reader, {tp: 0}, 1, max_records=1, read_committed=True)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([0], 1)
+    records, new, _ = read_round_robin(h.reader, {tp: 1}, 1, max_records=1, read_committed=True)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([4], 5)
+
+
+def test_spark_reads_committed_records_by_default(h: Harness) -> None:
+    """A Spark batch read (planned and scanned without Spark) of a partition holding plain
+    records, an aborted and a committed transaction and an open one: by default
+    (read_committed) it ends at the last stable offset and leaves out the aborted
+    records and every marker; ``kafka.isolation.level=read_uncommitted`` reads every
+    record up to the high watermark. A stream's offsets stop at the same place."""
+    from spark.options import parse_options
+    from spark.plan import plan_read
+    from spark.scan import read_task
+    from spark.stream import current_offsets
+
+    c = h.coordinator
+    _mixed_log(h)
 
     def read(**extra: str) -> tuple[list[int], tuple[int, int]]:
         opts = parse_options({"subscribe": "t", "db": "sqlite:///x", "store": "memory://", **extra})
@@ -408,7 +438,7 @@ def test_spark_reads_committed_records_by_default(h: Harness) -> None:
         [0, 1, 2, 3, 4, 6, 7, 9, 10],
         (0, 11),
     )
-    with pytest.raises(ValueError, match="kafka.isolation.level"):
+    with pytest.raises(ValueError, match=r"kafka\.isolation\.level"):
         read(**{"kafka.isolation.level": "committed"})
     stream = parse_options(
         {"subscribe": "t", "db": "sqlite:///x", "store": "memory://"}, streaming=True
