@@ -166,11 +166,11 @@ class TxnProducer:
 class StableView:
     """What a read_committed reader of one partition needs: the last stable offset
     (below it every transaction is decided; the high watermark when none is open) and
-    the aborted transactions (producer id, first offset) whose records lie in the range
-    asked for, as Kafka's Fetch answers them."""
+    the aborted transactions (producer id, first offset, abort marker's offset) whose
+    records lie in the range asked for (Kafka's Fetch answers the first two)."""
 
     last_stable: int
-    aborted: tuple[tuple[int, int], ...] = ()
+    aborted: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

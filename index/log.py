@@ -41,7 +41,7 @@ from segments.errors import (
     ProducerConflictError,
     TopicNotFoundError,
 )
-from segments.segment import SegmentBuilder, iter_chunk
+from segments.segment import SegmentBuilder, drop_aborted, iter_chunk, iter_chunk_batches
 from segments.store import ObjectStore
 from segments.tier import TierReader
 from segments.types import ChunkInfo, ConsumedRecord
@@ -303,8 +303,12 @@ def decode_entry(
     partition: int,
     from_offset: int,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    aborted: Sequence[tuple[int, int, int]] = (),
 ) -> Iterator[ConsumedRecord]:
     """The records of one index entry's bytes at offsets >= ``from_offset``, in order.
+
+    ``aborted``: aborted transactions (producer id, first offset, marker offset) whose
+    records a read_committed reader leaves out (a tier object holds none of them).
 
     A ``"segment"`` entry is a chunk of RecordBatches, decoded one batch at a time (a
     reader that stops early inflates no further batch), none inflated past
@@ -318,7 +322,15 @@ def decode_entry(
     """
     if ref.kind == "segment":
         # The index counts offsets: a transaction marker takes one and gives no record.
-        records = iter_chunk(data, ref.base_offset, max_decompressed_bytes, ref.record_count)
+        inside = [a for a in aborted if a[1] < ref.end_offset and a[2] >= ref.base_offset]
+        records = (
+            drop_aborted(
+                iter_chunk_batches(data, ref.base_offset, max_decompressed_bytes, ref.record_count),
+                inside,
+            )
+            if inside
+            else iter_chunk(data, ref.base_offset, max_decompressed_bytes, ref.record_count)
+        )
         for off, rec in records:
             if off >= from_offset:
                 yield ConsumedRecord(
@@ -495,15 +507,27 @@ class LogReader:
         *,
         bounds: PartitionOffsets | None = None,
         read_ahead_bytes: int = 0,
+        aborted: Sequence[tuple[int, int, int]] = (),
     ) -> Iterator[ConsumedRecord]:
         """Committed records from ``offset`` on (from log-start if below it), up to the
-        high watermark, lazily; see ``entries``."""
+        high watermark, lazily; see ``entries``.
+
+        A read_committed reader passes ``bounds`` whose high watermark is the last stable
+        offset (it may fall inside a chunk: no record from there on is given) and the
+        aborted transactions whose records it leaves out (``decode_entry``).
+        """
+        if bounds is None:
+            bounds = self.coordinator.offsets(topic, partition)
+        end = bounds.high_watermark
         for ref, data, start in self.entries(
             topic, partition, offset, bounds=bounds, read_ahead_bytes=read_ahead_bytes
         ):
-            yield from decode_entry(
-                ref, data, topic, partition, start, self.decompressed_limit(topic)
-            )
+            for rec in decode_entry(
+                ref, data, topic, partition, start, self.decompressed_limit(topic), aborted
+            ):
+                if rec.offset >= end:
+                    return
+                yield rec
 
     def read(
         self, topic: str, partition: int, offset: int, *, max_bytes: int = 1 << 20

@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import cast
 
-from coordinator.client import ChunkRef, Coordinator
+from coordinator.client import ChunkRef, Coordinator, IndexWant, TransactionCoordinator
 from coordinator.log.topic_configs import max_decompressed_bytes
 from index.walk import walk
 from segments.compression import DEFAULT_MAX_DECOMPRESSED_BYTES
@@ -89,6 +90,10 @@ class Slice:
     cost: int = -1
     #: The topic's lakelog.max.decompressed.bytes: no batch is inflated past it.
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    #: A read_committed read of a segment chunk: the aborted transactions (producer id,
+    #: first offset, abort marker's offset) whose records it leaves out
+    #: (``segments.segment.drop_aborted``). Tier objects hold committed records only.
+    aborted: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.cost < 0:
@@ -163,6 +168,31 @@ def _slices(
         ) from None
     except OffsetOutOfRangeError as e:
         raise ValueError(f"{e}: records were deleted while planning; run the read again") from None
+
+
+def _with_aborted(
+    coordinator: Coordinator,
+    slices: list[Slice],
+    ranges: Mapping[tuple[str, int], tuple[int, int]],
+    topic_ids: Mapping[str, bytes] | None,
+) -> list[Slice]:
+    """``slices`` with the aborted transactions of their partitions that overlap them."""
+    keys = list(ranges)
+    wants = [
+        IndexWant(t, p, ranges[(t, p)][0], None if topic_ids is None else topic_ids.get(t))
+        for t, p in keys
+    ]
+    views = cast(TransactionCoordinator, coordinator).stable_offsets(wants) if wants else {}
+    aborted = {keys[i]: view.aborted for i, view in views.items() if view.aborted}
+    if not aborted:
+        return slices
+    out = []
+    for s in slices:
+        overlapping = tuple(
+            a for a in aborted.get((s.topic, s.partition), ()) if a[1] < s.hi and a[2] >= s.lo
+        )
+        out.append(replace(s, aborted=overlapping) if overlapping and s.kind == "segment" else s)
+    return out
 
 
 #: (first offset, last offset, compressed bytes) of each row group of a tier object.
@@ -245,6 +275,8 @@ def plan_tasks(
     bounds: Bounds,
     max_bytes_per_task: int,
     topic_ids: Mapping[str, bytes] | None = None,
+    *,
+    read_committed: bool = False,
 ) -> list[ScanTask]:
     """Scan tasks reading offsets [start, end) of each topic-partition (within the bounds).
 
@@ -252,6 +284,11 @@ def plan_tasks(
     each micro-batch: the same range gives the same records either way. ``topic_ids``:
     the id each topic had when the ranges were resolved; the index of a topic deleted
     (and created again) meanwhile is not read as if it were the same log.
+
+    ``read_committed``: the ranges end at or below each partition's last stable offset
+    (the caller's snapshot); each segment slice is given the aborted transactions whose
+    records it must leave out. Their ranges are final below that offset, so the same
+    range planned again (a micro-batch after a restart) reads the same records.
 
     Raises:
         ValueError: the index no longer holds a range's records (see :func:`_slices`).
@@ -270,6 +307,8 @@ def plan_tasks(
             slices.extend(
                 _slices(coordinator, topic, partition, start, end, bounds, limits[topic], topic_id)
             )
+    if read_committed:
+        slices = _with_aborted(coordinator, slices, ranges, topic_ids)
     # Object by object: a segment object holds a chunk of every partition its flush had,
     # and a task fetches the chunks of one object with one GET (the order of rows within
     # a task means nothing to Spark).

@@ -77,6 +77,7 @@ _READ = {
     "asoftimestamp",
     "asofsnapshot",
     "latestbykey",
+    "kafka.isolation.level",
 }
 # Streams have no end; batch reads take no trigger limit (as Spark's Kafka source).
 _BATCH_ONLY = {"endingoffsets", "endingtimestamp", "asoftimestamp", "asofsnapshot", "latestbykey"}
@@ -134,6 +135,9 @@ class ReadOptions:
     as_of_snapshot: int | None = None
     #: The latest record of each key (Kafka's compaction, tombstones applied).
     latest_by_key: bool = False
+    #: ``kafka.isolation.level`` (default read_committed, unlike Spark's Kafka source:
+    #: a job reads what transactions committed, never an aborted or undecided record).
+    read_committed: bool = True
 
     @property
     def from_table(self) -> bool:
@@ -219,6 +223,16 @@ def _bool(name: str, raw: str | None, default: bool) -> bool:
     if raw.strip().lower() in ("true", "false"):
         return raw.strip().lower() == "true"
     raise ValueError(f"{name} must be 'true' or 'false', not {raw!r}")
+
+
+def _isolation(raw: str | None) -> bool:
+    """``kafka.isolation.level``: True for read_committed (the default)."""
+    level = "read_committed" if raw is None else raw.strip().lower()
+    if level not in ("read_committed", "read_uncommitted"):
+        raise ValueError(
+            f"kafka.isolation.level must be 'read_committed' or 'read_uncommitted', not {raw!r}"
+        )
+    return level == "read_committed"
 
 
 def _positive(name: str, raw: str | None, default: int | None) -> int | None:
@@ -361,6 +375,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         as_of_timestamp=_timestamp("asOfTimestamp", opts.get("asoftimestamp")),
         as_of_snapshot=_snapshot_id(opts.get("asofsnapshot")),
         latest_by_key=_bool("latestByKey", opts.get("latestbykey"), False),
+        read_committed=_isolation(opts.get("kafka.isolation.level")),
     )
     if read.as_of_timestamp is not None and read.as_of_snapshot is not None:
         raise ValueError("set at most one of asOfTimestamp and asOfSnapshot")

@@ -12,10 +12,17 @@ No pyspark here: the bench and tests call it directly.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, cast
 
-from coordinator.client import Coordinator, TopicInfo
+from coordinator.client import (
+    Coordinator,
+    IndexWant,
+    PartitionOffsets,
+    TopicInfo,
+    TransactionCoordinator,
+)
 from index.plan import Bounds, ScanTask, plan_tasks
 from index.walk import seek_timestamp
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
@@ -193,6 +200,27 @@ def _resolve(
     return start, end
 
 
+def stable_snapshot(
+    opts: ReadOptions,
+    coordinator: Coordinator,
+    offsets: Mapping[tuple[str, int], PartitionOffsets],
+) -> dict[tuple[str, int], PartitionOffsets]:
+    """A read_committed read's snapshot: each partition's high watermark replaced by its
+    last stable offset (records from there on belong to undecided transactions). One
+    call for every partition. A read_uncommitted read's snapshot is ``offsets``."""
+    if not opts.read_committed or not offsets:
+        return dict(offsets)
+    keys = list(offsets)
+    views = cast(TransactionCoordinator, coordinator).stable_offsets(
+        # From the high watermark on: only the offset is wanted here, not aborted ranges.
+        [IndexWant(t, p, o.high_watermark, o.topic_id or None) for (t, p), o in offsets.items()]
+    )
+    return {
+        k: replace(offsets[k], high_watermark=views[i].last_stable) if i in views else offsets[k]
+        for i, k in enumerate(keys)
+    }
+
+
 def plan_read(
     opts: ReadOptions,
     coordinator: Coordinator,
@@ -211,18 +239,29 @@ def plan_read(
     snapshot: dict[tuple[str, int], tuple[int, int]] = {}
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     topic_ids: dict[str, bytes] = {}
+    found: dict[tuple[str, int], PartitionOffsets] = {}
     for info in _topics(opts, coordinator, bounds, access):
         topic_ids[info.name] = info.topic_id
         for partition in range(info.partitions):
             if bounds.partitions is not None and partition not in bounds.partitions:
                 continue
             try:
-                offsets = coordinator.offsets(info.name, partition)
+                found[(info.name, partition)] = coordinator.offsets(info.name, partition)
             except PartitionNotFoundError:
                 continue  # partitions being added right now: not in this snapshot
-            log_start, hw = offsets.log_start, offsets.high_watermark
-            snapshot[(info.name, partition)] = (log_start, hw)
-            start, end = _resolve(opts, coordinator, store, info.name, partition, log_start, hw)
-            ranges[(info.name, partition)] = (start, end)
-    tasks = plan_tasks(coordinator, store, ranges, bounds, opts.max_bytes_per_task, topic_ids)
+    for (topic, partition), offsets in stable_snapshot(opts, coordinator, found).items():
+        log_start, hw = offsets.log_start, offsets.high_watermark
+        snapshot[(topic, partition)] = (log_start, hw)
+        ranges[(topic, partition)] = _resolve(
+            opts, coordinator, store, topic, partition, log_start, hw
+        )
+    tasks = plan_tasks(
+        coordinator,
+        store,
+        ranges,
+        bounds,
+        opts.max_bytes_per_task,
+        topic_ids,
+        read_committed=opts.read_committed,
+    )
     return Plan(snapshot, ranges, tasks)

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from coordinator.client import ChunkRef
 from index.plan import Bounds, ScanTask, Slice
 from segments.errors import CorruptSegmentError, ObjectNotFoundError
-from segments.segment import decode_chunk
+from segments.segment import decode_chunk, drop_aborted, iter_chunk_batches
 from segments.store import ObjectStore
 from segments.tier import TIER_SCHEMA, group_stat, open_tier
 
@@ -132,7 +132,15 @@ def _segment_batch(
         types: list[int] = []
         headers: list[list[dict[str, Any]] | None] = []
         lo, hi = s.lo, s.hi
-        for off, rec in decode_chunk(chunk, s.base_offset, s.record_count, s.max_decompressed):
+        decoded = (
+            drop_aborted(
+                iter_chunk_batches(chunk, s.base_offset, s.max_decompressed, s.record_count),
+                s.aborted,
+            )
+            if s.aborted
+            else decode_chunk(chunk, s.base_offset, s.record_count, s.max_decompressed)
+        )
+        for off, rec in decoded:
             if off < lo or off >= hi:
                 continue
             ts = rec.timestamp_ms

@@ -394,7 +394,13 @@ class LakelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         store = get_store(location)
         tasks = plan_tasks(
-            coordinator, store, ranges, Bounds(), self.opts.max_bytes_per_task, self._topic_ids
+            coordinator,
+            store,
+            ranges,
+            Bounds(),
+            self.opts.max_bytes_per_task,
+            self._topic_ids,
+            read_committed=self.opts.read_committed,
         )
         if self.opts.trace:
             from spark.scan import append_trace

@@ -35,7 +35,7 @@ from coordinator.client import Coordinator, PartitionOffsets
 from segments.errors import PartitionNotFoundError, TopicNotFoundError
 from segments.store import ObjectStore
 from spark.options import EARLIEST, LATEST, ReadOptions
-from spark.plan import start_at_timestamp, subscribed_topics
+from spark.plan import stable_snapshot, start_at_timestamp, subscribed_topics
 
 if TYPE_CHECKING:
     from spark.access import TopicAccess
@@ -75,7 +75,8 @@ def current_offsets(
     missing_ok: bool = False,
 ) -> dict[tuple[str, int], PartitionOffsets]:
     """Log-start, high watermark and topic id of every partition the stream subscribes to
-    (and, with ``access``, may read), now. ``missing_ok``: a ``subscribe`` topic that
+    (and, with ``access``, may read), now; the high watermark is the last stable offset
+    for a read_committed stream (``stable_snapshot``). ``missing_ok``: a ``subscribe`` topic that
     does not exist (deleted while the query runs) is left out.
 
     Raises:
@@ -90,7 +91,7 @@ def current_offsets(
                 out[(info.name, p)] = coordinator.offsets(info.name, p)
             except (TopicNotFoundError, PartitionNotFoundError):
                 continue  # deleted or being added right now: not in this trigger
-    return out
+    return stable_snapshot(opts, coordinator, out)
 
 
 def initial_offsets(

@@ -56,8 +56,8 @@ class ConsumerConfig:
     assignor: str = "range"  # partition.assignment.strategy: range | roundrobin
     max_poll_interval_ms: int = 300_000  # max.poll.interval.ms: no fetch this long -> out
     max_poll_records: int = 0  # max.poll.records: most records a fetch answers; 0 = no limit
-    #: isolation.level: read_uncommitted | read_committed (the same here: nothing is
-    #: transactional, every committed record is readable under both).
+    #: isolation.level: read_uncommitted | read_committed (only records of committed
+    #: transactions, up to the last stable offset; ``read_round_robin``).
     isolation_level: str = "read_uncommitted"
     #: The principal that made the instance (set by the agent, never by the client): only
     #: it may use the instance. Empty for instances made before owners were kept.

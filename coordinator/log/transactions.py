@@ -151,8 +151,9 @@ _LAST_STABLE = (
     "AND first_offset IS NOT NULL"
 )
 _ABORTED_IN = (
-    "SELECT producer_id, first_offset FROM aborted_txns WHERE topic_id = ? AND partition = ? "
-    "AND last_offset >= ? AND first_offset < ? ORDER BY first_offset"
+    "SELECT producer_id, first_offset, last_offset FROM aborted_txns "
+    "WHERE topic_id = ? AND partition = ? AND last_offset >= ? AND first_offset < ? "
+    "ORDER BY first_offset"
 )
 _WANT = (
     "SELECT t.topic_id, p.high_watermark FROM topics t JOIN partitions p "
@@ -510,7 +511,7 @@ class TransactionStore:
                 aborted = conn.execute(
                     self._q(_ABORTED_IN), (topic_id, w.partition, w.offset, stable)
                 ).fetchall()
-                out[i] = StableView(stable, tuple((pid, f) for pid, f in aborted))
+                out[i] = StableView(stable, tuple((pid, f, last) for pid, f, last in aborted))
         return out
 
 

@@ -688,7 +688,7 @@ class _PartitionRead:
     #: read_committed: the last stable offset and the aborted transactions (producer
     #: id, first offset) in the range read; None under read_uncommitted.
     last_stable: int | None = None
-    aborted: tuple[tuple[int, int], ...] = ()
+    aborted: tuple[tuple[int, int, int], ...] = ()
 
 
 async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
@@ -759,7 +759,7 @@ async def fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
                     if r.last_stable is None
                     else tuple(
                         build(aborted_cls, producer_id=pid, first_offset=first)
-                        for pid, first in r.aborted
+                        for pid, first, _ in r.aborted
                     ),
                     preferred_read_replica=-1,
                     records=r.records,  # written as is: no copy

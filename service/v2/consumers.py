@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 import random
 import re
@@ -54,13 +55,18 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
 
-from coordinator.client import PartitionOffsets, TopicPartition
+from coordinator.client import (
+    IndexWant,
+    PartitionOffsets,
+    TopicPartition,
+    TransactionCoordinator,
+)
 from coordinator.groups.model import (
     ASSIGNORS,
     FORMATS,
@@ -718,11 +724,14 @@ def read_round_robin(
     start: int = 0,
     max_records: int = 0,
     bounds: dict[TopicPartition, PartitionOffsets] | None = None,
+    read_committed: bool = False,
 ) -> tuple[list[ConsumedRecord], dict[TopicPartition, int], int]:
     """Read ``positions`` record by record in turn, until ``max_bytes`` or nothing is left.
 
     Each partition is read up to its high watermark in ``bounds`` (its topic id and
-    offsets as the caller read them; asked for here when None).
+    offsets as the caller read them; asked for here when None); ``read_committed``: up
+    to its last stable offset, leaving out aborted transactions' records. A partition
+    read to that end moves its position there, past markers (offsets without records).
 
     At most ``max_records`` records (0: no limit: an instance's max.poll.records).
     A record that would take the total past ``max_bytes`` is not returned (unless
@@ -747,9 +756,21 @@ def read_round_robin(
             bounds = reader.coordinator.offsets_many(order) if order else {}
         except CoordinatorUnavailableError:
             bounds = {}  # a metadata shard is down: each partition asks for its own
+    aborted: dict[TopicPartition, tuple[tuple[int, int, int], ...]] = {}
+    if read_committed and order:
+        bounds, aborted = _stable(reader, order, positions, bounds)
+        # A partition without a last stable offset (its shard is down, or it was
+        # deleted) is not read this time: its high watermark alone could pass an
+        # undecided transaction.
+        order = [tp for tp in order if tp in bounds]
     streams = {
         tp: reader.records(
-            tp.topic, tp.partition, positions[tp], bounds=bounds.get(tp), read_ahead_bytes=share
+            tp.topic,
+            tp.partition,
+            positions[tp],
+            bounds=bounds.get(tp),
+            read_ahead_bytes=share,
+            aborted=aborted.get(tp, ()),
         )
         for tp in order
     }
@@ -772,6 +793,8 @@ def read_round_robin(
             failed.add(tp)
             continue
         if rec is None:
+            if tp in bounds:  # read to its end: past any marker or gap before it
+                new[tp] = max(new[tp], bounds[tp].high_watermark)
             continue
         n = record_size(rec)
         if size + n > max_bytes and (out or not at_least_one):
@@ -785,6 +808,36 @@ def read_round_robin(
     if unavailable is not None and len(failed) == len(order):
         raise unavailable  # none could be read: say why rather than answer empty
     return out, new, size
+
+
+def _stable(
+    reader: CachingLogReader,
+    order: list[TopicPartition],
+    positions: dict[TopicPartition, int],
+    bounds: dict[TopicPartition, PartitionOffsets],
+) -> tuple[
+    dict[TopicPartition, PartitionOffsets], dict[TopicPartition, tuple[tuple[int, int, int], ...]]
+]:
+    """read_committed bounds (each high watermark cut to the last stable offset) and each
+    partition's aborted transactions from its position on, of the partitions whose
+    bounds and stable offsets are known."""
+    known = [tp for tp in order if tp in bounds]
+    txns = cast(TransactionCoordinator, reader.coordinator)
+    views = txns.stable_offsets(
+        [
+            IndexWant(tp.topic, tp.partition, positions[tp], bounds[tp].topic_id or None)
+            for tp in known
+        ]
+    )
+    cut = {}
+    aborted = {}
+    for i, tp in enumerate(known):
+        view = views.get(i)
+        if view is None:
+            continue  # deleted meanwhile: its read says so
+        cut[tp] = dataclasses.replace(bounds[tp], high_watermark=view.last_stable)
+        aborted[tp] = view.aborted
+    return cut, aborted
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -1097,6 +1150,7 @@ async def _read(
                     at_least_one=not records,
                     start=first,
                     max_records=max_records - len(records) if max_records else 0,
+                    read_committed=st.config.isolation_level == "read_committed",
                 )
                 records += batch
                 size += got

@@ -88,6 +88,11 @@ async def read_partition_records(
         default=0, ge=0, description="Long-poll this long at the high watermark."
     ),
     format: str = Query(default="binary", description="binary, json, avro, jsonschema, protobuf"),
+    isolation_level: str = Query(
+        default="read_uncommitted",
+        pattern="^(read_uncommitted|read_committed)$",
+        description="read_committed: up to the last stable offset, no aborted record.",
+    ),
 ) -> Response:
     """Stateless read by offset; see the module docstring."""
     check_format(format)
@@ -130,6 +135,7 @@ async def read_partition_records(
                     {tp: start},
                     grant,
                     bounds={tp: await bounds()},
+                    read_committed=isolation_level == "read_committed",
                 )
                 remaining = deadline - time.monotonic()
                 if records or remaining <= 0:

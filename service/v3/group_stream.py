@@ -151,6 +151,9 @@ async def stream_group_records(
     format: str = Query(default="binary", description="binary, json, avro, jsonschema, protobuf"),
     keepalive_ms: int = Query(default=15000, ge=100, le=300000),
     commit_interval_ms: int = Query(default=1000, ge=0),
+    isolation_level: str = Query(
+        default="read_uncommitted", pattern="^(read_uncommitted|read_committed)$"
+    ),
     last_event_id: str | None = Header(default=None),
 ) -> Response:
     """See the module docstring."""
@@ -168,6 +171,7 @@ async def stream_group_records(
         state, group_id, names, auto_offset_reset, format, _wants_sse(request.headers.get("accept"))
     )
     stream.rights = rights(request)
+    stream.read_committed = isolation_level == "read_committed"
     await stream.add(partitions, resumed)
     stream.keepalive_s = keepalive_ms / 1000
     stream.commit_interval_s = commit_interval_ms / 1000
@@ -214,6 +218,7 @@ class _GroupStream:
         self._can_commit = True
         self._ended = False
         self.rights = Rights(None, "", "")
+        self.read_committed = False
 
     async def add(
         self, partitions: list[TopicPartition], resumed: dict[TopicPartition, int]
@@ -275,7 +280,11 @@ class _GroupStream:
     def _round(self) -> tuple[list[ConsumedRecord], dict[TopicPartition, int]]:
         """One round of records from the positions (worker thread)."""
         records, new, _ = read_round_robin(
-            self.state.reader, self.positions, ROUND_BYTES, bounds=self._bounds()
+            self.state.reader,
+            self.positions,
+            ROUND_BYTES,
+            bounds=self._bounds(),
+            read_committed=self.read_committed,
         )
         return records, new
 

@@ -378,7 +378,7 @@ def test_a_read_committed_fetch_stops_at_the_last_stable_offset_inside_a_chunk(
         writer.write_markers(pending)
         (after,) = _read_partitions(state, want, 1 << 20, True)  # type: ignore[arg-type]
         assert batch_offsets(bytes(after.records)) == [(0, 1), (2, 4), (5, 5)]
-        assert (after.last_stable, after.aborted) == (6, ((pid, 2),))
+        assert (after.last_stable, after.aborted) == (6, ((pid, 2, 5),))
     finally:
         reader.close()
         coordinator.close()

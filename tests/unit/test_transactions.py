@@ -142,15 +142,15 @@ def test_abort_keeps_the_aborted_range_for_readers(env: Env) -> None:
     assert c.offsets("t", 1).high_watermark == 5  # abort marker at 4
     assert c.offsets("u", 0).high_watermark == 1  # a marker alone
     view = _stable(c, "t", 1)
-    assert (view.last_stable, view.aborted) == (5, ((p.producer_id, 0),))
-    assert _stable(c, "t", 1, offset=4).aborted == ((p.producer_id, 0),)  # marker in range
+    assert (view.last_stable, view.aborted) == (5, ((p.producer_id, 0, 4),))
+    assert _stable(c, "t", 1, offset=4).aborted == ((p.producer_id, 0, 4),)  # marker in range
     assert _stable(c, "t", 1, offset=5).aborted == ()
     assert _stable(c, "u", 0).aborted == ()  # no record, no aborted range
     # The next transaction of the same producer starts afresh.
     c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 1)])
     _data(c, "t", 1, 1, (p.producer_id, p.epoch, 4))
     assert _stable(c, "t", 1).last_stable == 5
-    assert _stable(c, "t", 1).aborted == ((p.producer_id, 0),)
+    assert _stable(c, "t", 1).aborted == ((p.producer_id, 0, 4),)
     # DeleteRecords (and retention) past the abort marker forget the aborted range.
     c.delete_records("t", 1, 5)
     assert _stable(c, "t", 1).aborted == ()
@@ -180,7 +180,7 @@ def test_transactional_batches_need_their_partition_added_at_their_epoch(env: En
         _data(c, "t", 2, 1, (p.producer_id, p.epoch, 1))
     after = c.init_transaction("app", TIMEOUT_MS)
     assert (after.epoch, after.pending) == (p.epoch + 2, None)
-    assert _stable(c, "t", 2).aborted == ((p.producer_id, 0),)
+    assert _stable(c, "t", 2).aborted == ((p.producer_id, 0, 1),)
 
 
 def test_offsets_in_a_transaction_are_written_by_its_commit_only(env: Env) -> None:
@@ -221,7 +221,7 @@ def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(
     assert again == pending
     writer.write_markers(again)
     assert _stable(c, "t", 0).last_stable == c.offsets("t", 0).high_watermark == 3
-    assert _stable(c, "t", 0).aborted == ((p.producer_id, 0),)
+    assert _stable(c, "t", 0).aborted == ((p.producer_id, 0, 2),)
 
 
 def test_end_of_a_timed_out_transaction_fences_without_the_sweep(
@@ -359,3 +359,91 @@ def test_tiering_keeps_committed_records_drops_aborted_ones_and_stops_at_an_open
     run_tiering(h.ctx(), h.config())
     [row] = h.catalog.rows(c.get_topic("u").topic_id, 0)
     assert (row.kind, h.reader.read("u", 0, 0)) == ("segment", [])
+
+
+def _mixed_log(h: Harness) -> tuple[int, int]:
+    """Partition t-0: plain 0, aborted 1-3 with plain 4 among them, abort marker 5,
+    committed 6-7, commit marker 8, open 9, plain 10. Returns the two producer ids."""
+    c = h.coordinator
+    c.create_topic("t", 1)
+    h.produce("t", 0, [Record(None, b"p0", 900)])  # 0
+    a = c.init_transaction("a", TIMEOUT_MS)
+    c.add_txn_partitions("a", a.producer_id, a.epoch, [TopicPartition("t", 0)])
+    _txn_batch(c, h.store, "t", (a.producer_id, a.epoch, 0), 3)  # 1-3
+    h.produce("t", 0, [Record(None, b"p4", 904)])  # 4: between the aborted records
+    pending = c.end_transaction("a", a.producer_id, a.epoch, False)
+    assert pending is not None
+    h.writer.write_markers(pending)  # 5
+    b = c.init_transaction("b", TIMEOUT_MS)
+    c.add_txn_partitions("b", b.producer_id, b.epoch, [TopicPartition("t", 0)])
+    _txn_batch(c, h.store, "t", (b.producer_id, b.epoch, 0), 2)  # 6-7
+    pending = c.end_transaction("b", b.producer_id, b.epoch, True)
+    assert pending is not None
+    h.writer.write_markers(pending)  # 8
+    c.add_txn_partitions("b", b.producer_id, b.epoch, [TopicPartition("t", 0)])
+    _txn_batch(c, h.store, "t", (b.producer_id, b.epoch, 2), 1)  # 9: open
+    h.produce("t", 0, [Record(None, b"p10", 910)])  # 10
+    return a.producer_id, b.producer_id
+
+
+def test_rest_consumers_read_committed_records_and_move_past_markers(h: Harness) -> None:
+    """REST consumers (v2 instances, v3 reads, the group stream all read through
+    ``read_round_robin``): read_committed stops at the last stable offset and leaves
+    out aborted records; a partition read to its end moves past its markers, under
+    either isolation level."""
+    from service.v2.consumers import read_round_robin
+
+    _mixed_log(h)
+    tp = TopicPartition("t", 0)
+    records, new, _ = read_round_robin(h.reader, {tp: 0}, 1 << 20, read_committed=True)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([0, 4, 6, 7], 9)
+    records, new, _ = read_round_robin(h.reader, {tp: 5}, 1 << 20, read_committed=True)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([6, 7], 9)
+    records, new, _ = read_round_robin(h.reader, {tp: 0}, 1 << 20)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([0, 1, 2, 3, 4, 6, 7, 9, 10], 11)
+    # One record at a time: positions never pass a record not returned.
+    records, new, _ = read_round_robin(h.reader, {tp: 0}, 1, max_records=1, read_committed=True)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([0], 1)
+    records, new, _ = read_round_robin(h.reader, {tp: 1}, 1, max_records=1, read_committed=True)  # type: ignore[arg-type]
+    assert ([r.offset for r in records], new[tp]) == ([4], 5)
+
+
+def test_spark_reads_committed_records_by_default(h: Harness) -> None:
+    """A Spark batch read (planned and scanned without Spark) of a partition holding plain
+    records, an aborted and a committed transaction and an open one: by default
+    (read_committed) it ends at the last stable offset and leaves out the aborted
+    records and every marker; ``kafka.isolation.level=read_uncommitted`` reads every
+    record up to the high watermark. A stream's offsets stop at the same place."""
+    from spark.options import parse_options
+    from spark.plan import plan_read
+    from spark.scan import read_task
+    from spark.stream import current_offsets
+
+    c = h.coordinator
+    _mixed_log(h)
+
+    def read(**extra: str) -> tuple[list[int], tuple[int, int]]:
+        opts = parse_options({"subscribe": "t", "db": "sqlite:///x", "store": "memory://", **extra})
+        plan = plan_read(opts, c, h.store)
+        offsets = [
+            o
+            for task in plan.tasks
+            for batch in read_task(h.store, task, ("offset",))
+            for o in batch.column(0).to_pylist()
+        ]
+        return sorted(offsets), plan.snapshot[("t", 0)]
+
+    assert read() == ([0, 4, 6, 7], (0, 9))
+    assert read(**{"kafka.isolation.level": "read_uncommitted"}) == (
+        [0, 1, 2, 3, 4, 6, 7, 9, 10],
+        (0, 11),
+    )
+    with pytest.raises(ValueError, match=r"kafka\.isolation\.level"):
+        read(**{"kafka.isolation.level": "committed"})
+    stream = parse_options(
+        {"subscribe": "t", "db": "sqlite:///x", "store": "memory://"}, streaming=True
+    )
+    assert current_offsets(stream, c)[("t", 0)].high_watermark == 9
+    # Tiered, the same read gives the same records.
+    run_tiering(h.ctx(), h.config())
+    assert read() == ([0, 4, 6, 7], (0, 9))
