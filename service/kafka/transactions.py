@@ -2,7 +2,7 @@
 
 Every agent is every transactional id's transaction coordinator (FindCoordinator answers
 with the agent asked): a transaction's state lives in the coordinator
-(``Coordinator.init_transaction`` and the rest of its "transactions" section), so each
+(``coordinator.client.TransactionCoordinator``, reached as ``AgentState.txns``), so each
 call of a transactional producer may reach any agent.
 
 A decided transaction ends with a marker in each of its partitions. The agent that
