@@ -276,6 +276,17 @@ class Coordinator(Protocol):
         """
         ...
 
+    def commit_atomic(
+        self, objects: Sequence[tuple[str, Sequence[ChunkCommit]]]
+    ) -> list[list[int]]:
+        """``commit`` of several objects in ONE transaction: all of them or none (a
+        Spark stream's micro-batch, whose tasks each wrote objects). Returns each
+        object's base offsets. The same objects again (a retry) return the same
+        offsets; CommitConflictError when only some of them were committed before.
+        Raises what ``commit`` raises, for the whole call; InvalidBatchError when the
+        objects' partitions lie in more than one shard (sharded metadata)."""
+        ...
+
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         """Log-start offset and high watermark, with the id of the topic the name names
         now. Raises Topic/PartitionNotFoundError."""

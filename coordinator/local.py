@@ -172,6 +172,7 @@ class LocalCoordinator:
     broker_configs = forward("_store", MetadataStore.broker_configs)
     alter_broker_configs = forward("_store", MetadataStore.alter_broker_configs)
     commit = forward("_store", MetadataStore.commit)
+    commit_atomic = forward("_store", MetadataStore.commit_atomic)
     offsets = forward("_store", MetadataStore.offsets)
     offsets_many = forward("_store", MetadataStore.offsets_many)
     lookup = forward("_store", MetadataStore.lookup)

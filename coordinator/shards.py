@@ -86,6 +86,7 @@ from coordinator.log.topic_configs import topic_defaults
 from segments.errors import (
     CoordinatorUnavailableError,
     InternalError,
+    InvalidBatchError,
     LakelogError,
     MetadataError,
     PartialCommitError,
@@ -685,6 +686,25 @@ class ShardedStore:
                 failures,
             )
         return [b for b in bases if b is not None]
+
+    def commit_atomic(
+        self, objects: Sequence[tuple[str, Sequence[ChunkCommit]]]
+    ) -> list[list[int]]:
+        """``MetadataStore.commit_atomic`` in the one shard that holds every partition of
+        the objects; InvalidBatchError when they lie in several (one transaction cannot
+        span databases)."""
+        shards = {
+            self.shard_of(c.topic_id, c.partition).shard_id for _, chunks in objects for c in chunks
+        }
+        if len(shards) > 1:
+            raise InvalidBatchError(
+                f"An atomic commit of partitions in {len(shards)} metadata shards: one "
+                "transaction cannot span them."
+            )
+        if not shards:
+            return [[] for _ in objects]
+        shard = self._by_id[shards.pop()]
+        return shard.call(lambda: shard.store.commit_atomic(objects))
 
     def offsets(self, topic: str, partition: int) -> PartitionOffsets:
         topic_id, shard = self._resolve(topic, partition)

@@ -117,6 +117,25 @@ class UploadedSegment:
 WriteListener = Callable[[WriteResult, bytes], None]
 
 
+def chunk_commits(uploaded: UploadedSegment) -> list[ChunkCommit]:
+    """What the coordinator's commit is told of an uploaded object's chunks."""
+    return [
+        ChunkCommit(
+            topic_id=c.topic_id,
+            partition=c.partition,
+            position=c.position,
+            length=c.length,
+            record_count=c.record_count,
+            min_timestamp_ms=c.min_timestamp_ms,
+            max_timestamp_ms=c.max_timestamp_ms,
+            producer_batches=tuple(uploaded.producer_batches.get((c.topic_id, c.partition), ())),
+            request_keys=tuple(uploaded.request_keys.get((c.topic_id, c.partition), ())),
+            marker=uploaded.markers.get((c.topic_id, c.partition)),
+        )
+        for c in uploaded.chunks
+    ]
+
+
 class LogWriter:
     """Flush a SegmentBuilder as one object, then commit it (never the other way round).
 
@@ -178,23 +197,7 @@ class LogWriter:
 
     def commit(self, uploaded: UploadedSegment) -> WriteResult:
         """Step 2 of ``write``: commit an uploaded object's chunks; returns base offsets."""
-        commits = [
-            ChunkCommit(
-                topic_id=c.topic_id,
-                partition=c.partition,
-                position=c.position,
-                length=c.length,
-                record_count=c.record_count,
-                min_timestamp_ms=c.min_timestamp_ms,
-                max_timestamp_ms=c.max_timestamp_ms,
-                producer_batches=tuple(
-                    uploaded.producer_batches.get((c.topic_id, c.partition), ())
-                ),
-                request_keys=tuple(uploaded.request_keys.get((c.topic_id, c.partition), ())),
-                marker=uploaded.markers.get((c.topic_id, c.partition)),
-            )
-            for c in uploaded.chunks
-        ]
+        commits = chunk_commits(uploaded)
         # Safe to retry: the coordinator answers a repeated object key with the same offsets.
         try:
             offsets = retry(

@@ -82,7 +82,7 @@ _READ = {
 # Streams have no end; batch reads take no trigger limit (as Spark's Kafka source).
 _BATCH_ONLY = {"endingoffsets", "endingtimestamp", "asoftimestamp", "asofsnapshot", "latestbykey"}
 _STREAM_ONLY = {"maxoffsetspertrigger"}
-_WRITE = {"topic", "compression", "maxbytesperobject"}
+_WRITE = {"topic", "compression", "maxbytesperobject", "sinkid"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +154,9 @@ class WriteOptions:
     compression: str
     max_bytes_per_object: int
     connection: Connection
+    #: A stream's stable identity (``sinkId``, else its ``checkpointLocation``): each
+    #: micro-batch is then committed exactly once across restarts (``spark.write``).
+    sink_id: str | None = None
 
 
 def _offsets(name: str, raw: str, *, starting: bool, streaming: bool) -> OffsetSpec:
@@ -412,4 +415,5 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         compression=compression,
         max_bytes_per_object=size,
         connection=_connection(opts),
+        sink_id=(opts.get("sinkid") or opts.get("checkpointlocation") or "").strip() or None,
     )

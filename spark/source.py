@@ -29,6 +29,7 @@ the agent never does.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import math
 import os
@@ -488,7 +489,12 @@ class _Writer:
             )
         return LakelogCommitMessage(written)
 
-    def _commit(self, messages: Sequence[WriterCommitMessage | None], what: str) -> None:
+    def _commit(
+        self,
+        messages: Sequence[WriterCommitMessage | None],
+        what: str,
+        batch_key: str | None = None,
+    ) -> None:
         from spark.write import WriteLease, commit_objects
 
         written = [m.written if isinstance(m, LakelogCommitMessage) else None for m in messages]
@@ -500,7 +506,7 @@ class _Writer:
                 access.require(Operation.WRITE, {t for w in written if w for t in w.topics})
             lease = WriteLease(coordinator, self.lease_id)
             with lease:  # alive through a long commit; released once it is done
-                results = commit_objects(get_store(self.location), coordinator, written)
+                results = commit_objects(get_store(self.location), coordinator, written, batch_key)
             lease.release()
         records = sum(w.records for w in written if w is not None)
         log.info("%s: committed %d objects, %d records", what, len(results), records)
@@ -544,15 +550,23 @@ class LakelogWriter(_Writer, DataSourceArrowWriter):
 class LakelogStreamWriter(_Writer, DataSourceStreamArrowWriter):
     """``df.writeStream.format("lakelog")``: each micro-batch written like a batch write.
 
-    At least once, as Spark's Kafka sink: a micro-batch whose commit here succeeded but
-    which Spark did not record before a crash is written again on restart.
+    Exactly once when the query has a stable identity (option ``sinkId``, else its
+    ``checkpointLocation`` option): a micro-batch that Spark runs again after a crash
+    (its commit here done, not yet recorded by Spark) finds its objects' keys stored and
+    commits nothing twice (``spark.write.commit_objects``). Without one, at least once,
+    as Spark's Kafka sink.
     """
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         return self._write(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._commit(messages, f"micro-batch {batchId}")
+        sink = self.opts.sink_id
+        key = None
+        if sink is not None:
+            digest = hashlib.sha256(sink.encode()).hexdigest()[:24]
+            key = f"spark-sink:{digest}:{batchId}"
+        self._commit(messages, f"micro-batch {batchId}", key)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages, f"micro-batch {batchId}")

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.client import Coordinator, TopicInfo
+from coordinator.log.producers import RequestKey
 from coordinator.log.topic_configs import (
     BATCH_OVERHEAD,
     compacted,
@@ -55,7 +56,7 @@ from coordinator.log.topic_configs import (
     record_limit,
     record_too_large,
 )
-from index.log import LogWriter, UploadedSegment, WriteResult
+from index.log import LogWriter, UploadedSegment, WriteResult, chunk_commits, retry
 from segments.arrow_records import (
     HeaderBlobs,
     arange,
@@ -69,6 +70,7 @@ from segments.arrow_records import (
     record_offsets,
     record_sizes_estimate,
 )
+from segments.errors import ProducerConflictError
 from segments.segment import COMPRESSIONS, SegmentBuilder
 from segments.store import ObjectStore
 from segments.types import ChunkInfo
@@ -429,19 +431,75 @@ class TaskWriter:
 
 
 def commit_objects(
-    store: ObjectStore, coordinator: Coordinator, tasks: Iterable[ObjectsWritten | None]
+    store: ObjectStore,
+    coordinator: Coordinator,
+    tasks: Iterable[ObjectsWritten | None],
+    batch_key: str | None = None,
 ) -> list[WriteResult]:
     """The job commit: every task's objects to the coordinator, in task order.
 
     A repeated commit of an object key answers the offsets it already has, so running
     this again after a failure part way commits each object once.
+
+    ``batch_key``: a stream's micro-batch (its sink and batch id). Its objects are then
+    committed in one transaction (``Coordinator.commit_atomic``) with the key stored
+    beside their offsets (as a REST idempotency key is). A micro-batch that Spark runs
+    again after a crash (it committed here, Spark did not record it) finds its key
+    stored: its new objects are not committed (and are deleted), its records are there
+    once. Exactly once whatever rows each task of the rerun holds; keys are kept
+    ``SINK_KEY_TTL_S``.
     """
-    writer = LogWriter(store, coordinator)
-    results = []
-    for task in sorted((t for t in tasks if t is not None), key=lambda t: t.partition_id):
-        for key, size, chunks in task.objects:
-            results.append(writer.commit(UploadedSegment(key, size, list(chunks))))
-    return results
+    ordered = sorted((t for t in tasks if t is not None), key=lambda t: t.partition_id)
+    if batch_key is None:
+        writer = LogWriter(store, coordinator)
+        return [
+            writer.commit(UploadedSegment(key, size, list(chunks)))
+            for task in ordered
+            for key, size, chunks in task.objects
+        ]
+    objects = [obj for task in ordered for obj in task.objects]
+    if not objects:
+        return []
+    commits = []
+    for n, (key, size, chunks) in enumerate(objects):
+        uploaded = UploadedSegment(key, size, list(chunks))
+        if n == 0:  # the batch's key, on one chunk: stored with the whole commit
+            uploaded.request_keys.update(_sink_key(batch_key, chunks[0]))
+        commits.append((key, chunk_commits(uploaded)))
+    try:
+        bases = retry(lambda: coordinator.commit_atomic(commits), give_up=(ProducerConflictError,))
+    except ProducerConflictError:
+        first = objects[0][2][0]
+        now_ms = int(time.time() * 1000)
+        if coordinator.request_key(first.topic_id, batch_key, now_ms) is None:
+            raise
+        log.info("%s was committed by an earlier run: its rerun is not", batch_key)
+        for key, _, _ in objects:
+            _delete_quietly(store, key)
+        return []
+    return [
+        WriteResult(key, size, list(chunks), offsets)
+        for (key, size, chunks), offsets in zip(objects, bases, strict=True)
+    ]
+
+
+#: How long a stream's micro-batch keys are kept: a query restarted later than this with
+#: a micro-batch Spark did not record may write that batch twice.
+SINK_KEY_TTL_S = 7 * 24 * 3600
+
+
+def _sink_key(name: str, chunk: ChunkInfo) -> dict[tuple[bytes, int], list[RequestKey]]:
+    now_ms = int(time.time() * 1000)
+    expires = now_ms + SINK_KEY_TTL_S * 1000
+    key = RequestKey(name, name, 0, chunk.record_count, now_ms, expires)
+    return {(chunk.topic_id, chunk.partition): [key]}
+
+
+def _delete_quietly(store: ObjectStore, key: str) -> None:
+    try:
+        store.delete(key)
+    except Exception:  # an orphan then: garbage collection deletes it later
+        log.warning("could not delete %s", key, exc_info=True)
 
 
 def delete_objects(

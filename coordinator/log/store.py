@@ -411,6 +411,15 @@ def _split_alter(
     return sets, deletes
 
 
+class _NotAll(Exception):
+    """An atomic commit that could not commit every object: rolled back (``error``: the
+    first refusal, if one was refused; else some wrote nothing, see _resolve_unwritten)."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        super().__init__("atomic commit rolled back")
+        self.error = error
+
+
 def check_chunks(object_key: str, chunks: Sequence[ChunkCommit]) -> None:
     """Reject a malformed commit before touching the database.
 
@@ -821,6 +830,47 @@ class MetadataStore:
         checks a whole object once, then commits its part in each shard)."""
         return self._group.commit(PendingCommit(object_key, chunks, size))
 
+    def commit_atomic(
+        self, objects: Sequence[tuple[str, Sequence[ChunkCommit]]]
+    ) -> list[list[int]]:
+        """Several objects' chunks in ONE transaction: all of them or none.
+
+        Not through the group committer: its batches isolate each request's failure,
+        this one fails them together. A repeat of objects committed before answers
+        their offsets, as ``commit`` does.
+
+        Raises:
+            ValueError: malformed chunks, or an object key given twice.
+            CommitConflictError: some of the objects (not all) were committed before.
+            What ``commit`` raises, for the whole call.
+        """
+        pending = [PendingCommit(key, chunks) for key, chunks in objects]
+        if len({r.object_key for r in pending}) != len(pending):
+            raise ValueError("an atomic commit names an object twice")
+        for r in pending:
+            check_chunks(r.object_key, r.chunks)
+        if not pending:
+            return []
+        try:
+            unwritten = self._commit_batch_steps(pending, atomic=True)
+        except _NotAll as e:
+            if e.error is not None:
+                raise e.error from None
+            for r in pending:
+                r.bases = r.error = None
+            again = self._resolve_unwritten(pending)
+            for r in pending:
+                if r.error is not None:
+                    raise r.error from None
+            if again:  # some committed before, some not: not one atomic commit
+                raise CommitConflictError(
+                    f"{len(pending) - len(again)} of {len(pending)} objects were committed "
+                    "before, on their own: this cannot be one atomic commit."
+                ) from None
+        else:
+            assert not unwritten
+        return [r.outcome() for r in pending]
+
     @property
     def group_commit_stats(self) -> GroupCommitStats:
         """How commits were grouped so far (for /metrics)."""
@@ -878,7 +928,9 @@ class MetadataStore:
             out.update(((topic_id, p), hw) for p, hw in rows)
         return out
 
-    def _commit_batch_steps(self, batch: list[PendingCommit]) -> list[PendingCommit]:
+    def _commit_batch_steps(
+        self, batch: list[PendingCommit], *, atomic: bool = False
+    ) -> list[PendingCommit]:
         """``commit_batch`` as a few set-based statements in one write transaction: read
         (and on PostgreSQL lock) the touched partitions, insert the object rows, judge
         idempotent batches, then one ``executemany`` each for the high watermarks and
@@ -949,6 +1001,9 @@ class MetadataStore:
                 self._store_request_keys(conn, claimed)
             for sql, params in txn_steps:
                 conn.execute(q(sql), params)
+            if atomic and (unwritten or any(r.error is not None for r in batch)):
+                # Roll the whole transaction back: none of them, as one of them failed.
+                raise _NotAll(next((r.error for r in batch if r.error is not None), None))
             if changed:
                 conn.executemany(
                     q(_UPSERT_PRODUCER_STATE),

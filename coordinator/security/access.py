@@ -182,7 +182,9 @@ def _wants(r: Request) -> list[Check]:
 
 def _commit(r: Request) -> list[Check]:
     """WRITE on the topic of every chunk (named by id)."""
-    ids = {c.topic_id for c in getattr(r.args, "chunks", None) or ()}
+    chunks = list(getattr(r.args, "chunks", None) or ())
+    chunks += [c for _, of_object in getattr(r.args, "objects", None) or () for c in of_object]
+    ids = {c.topic_id for c in chunks}
     names = {n for n in (_topic_name(r, i) for i in ids) if n is not None}
     return [Check(Op.WRITE, ResourceType.TOPIC, n) for n in sorted(names)]
 
@@ -218,6 +220,9 @@ RULES: dict[tuple[str, str], Rule] = {
     _v2("lookup_timestamp"): _topic(Op.READ),
     _v2("stable_offsets"): Rule(Caller.USER, _wants, body=True, needs="READ on each topic"),
     _v2("commit"): Rule(Caller.USER, _commit, body=True, needs="WRITE on each topic committed"),
+    _v2("commit_atomic"): Rule(
+        Caller.USER, _commit, body=True, needs="WRITE on each topic committed"
+    ),
     _v2("committed_object_keys"): USER,
     # A Spark write's tasks register their uploads and keep the job's write lease alive;
     # the lease is the user's own (which keys others' leases hold is for agents only).

@@ -563,6 +563,48 @@ def test_write_stream_copies_a_topic(
     orjson.dumps(copied[0][4].decode())  # values are the source's bytes, not re-encoded
 
 
+def test_write_stream_rerun_of_a_recorded_batch_writes_nothing_twice(
+    spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str], tmp_path: Path
+) -> None:
+    """A copy query (checkpointLocation as an option: the sink's identity) runs to the
+    end; then its last micro-batch's entry in the checkpoint's commit log is removed, as
+    when the driver dies after the sink committed and before Spark recorded it. The
+    restarted query runs that micro-batch again: the copy still holds every record
+    once (the sink finds the batch's key stored and commits nothing)."""
+    source, target = topic_of(2), topic_of(2)
+    for p in range(2):
+        produce(lakelog_cluster, source, [{"value": b"%d-%d" % (p, i)} for i in range(200)], p)
+    checkpoint = tmp_path / "checkpoint"
+
+    def run() -> int:
+        query = (
+            read_stream(spark, lakelog_cluster, source, maxOffsetsPerTrigger="150")
+            .select("value")
+            .writeStream.format("lakelog")
+            .option("coordinator", lakelog_cluster.coordinator_url)
+            .option("topic", target)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180)
+        assert query.exception() is None
+        return sum(p["numInputRows"] for p in query.recentProgress)
+
+    assert run() == 400
+    expected = sorted(b"%d-%d" % (p, i) for p in range(2) for i in range(200))
+    assert sorted(r[4] for r in rest_view(lakelog_cluster.agents, target, 2, 400)) == expected
+    log = checkpoint / "commits"
+    batches = sorted(int(f.name) for f in log.iterdir() if f.name.isdigit())
+    assert len(batches) >= 2, batches  # several micro-batches
+    (log / str(batches[-1])).unlink()  # Spark will run the last one again
+    (log / f".{batches[-1]}.crc").unlink(missing_ok=True)
+    assert run() > 0  # the last micro-batch ran again, its rows written again
+    assert sorted(r[4] for r in rest_view(lakelog_cluster.agents, target, 2, 400)) == expected
+    with http_coordinator(lakelog_cluster.coordinator_url) as coordinator:
+        assert sum(coordinator.offsets(target, p).high_watermark for p in range(2)) == 400
+
+
 def test_writes_that_cannot_be_done_say_why(
     spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str]
 ) -> None:

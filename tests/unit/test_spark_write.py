@@ -19,7 +19,13 @@ from segments.errors import CoordinatorUnavailableError, InvalidRecordError
 from segments.partitioning import partition_for_key
 from segments.segment import SegmentReader
 from segments.store import ObjectStore, open_store
-from spark.write import TaskWriter, check_sink_schema, commit_objects, delete_objects
+from spark.write import (
+    ObjectsWritten,
+    TaskWriter,
+    check_sink_schema,
+    commit_objects,
+    delete_objects,
+)
 
 
 @pytest.fixture
@@ -237,3 +243,55 @@ def test_a_log_append_time_topic_gets_its_batches_stamped(
     got = [r for p in range(2) for r in reader.read("lat", p, 0, max_bytes=1 << 20)]
     assert len(got) == 3 and {r.timestamp_type for r in got} == {1}
     assert len({r.timestamp_ms for r in got}) == 1
+
+
+def test_a_stream_batch_run_again_after_a_crash_is_committed_once(
+    store: ObjectStore, coordinator: LocalCoordinator
+) -> None:
+    """A stream's micro-batch of three tasks (one writing several objects, two topics in
+    another) is committed in one transaction with its key. Spark runs the batch again
+    (its commit here done, not recorded by Spark before a crash), the rows split over
+    tasks another way: nothing is committed twice and the rerun's objects are deleted.
+    The next batch is new; a retried commit of the same objects answers the same
+    offsets; without a key (no sink id) a rerun writes every row again."""
+
+    def tasks(split: int) -> list[ObjectsWritten | None]:
+        out: list[ObjectsWritten | None] = []
+        rows = 120
+        per = rows // split
+        for p in range(split):
+            w = task(store, coordinator, topic=None, max_bytes=4096 if p == 0 else 1 << 20)
+            idx = range(p * per, (p + 1) * per)
+            w.add(
+                pa.RecordBatch.from_pydict(
+                    {
+                        "key": [b"k%d" % i for i in idx],
+                        "value": [b"%d" % i + os.urandom(200) * (p == 0) for i in idx],
+                        "topic": ["t" if i % 3 else "u" for i in idx],
+                    }
+                )
+            )
+            out.append(w.finish(p, 0))
+        return out
+
+    def count() -> int:
+        return len(all_records(store, coordinator, "t", 4)) + len(
+            all_records(store, coordinator, "u", 2)
+        )
+
+    first = tasks(3)
+    assert first[0] is not None and len(first[0].objects) >= 2
+    committed = commit_objects(store, coordinator, first, "spark-sink:q:7")
+    assert count() == 120
+    again = commit_objects(store, coordinator, first, "spark-sink:q:7")  # a retried commit
+    assert [r.base_offsets for r in again] == [r.base_offsets for r in committed]
+    rerun = tasks(2)  # Spark runs batch 7 again, its rows split in two tasks now
+    assert commit_objects(store, coordinator, rerun, "spark-sink:q:7") == []
+    assert count() == 120
+    keys = {o.key for o in store.list("segments/")}
+    assert not keys & {k for t in rerun if t for k, _, _ in t.objects}  # deleted
+    commit_objects(store, coordinator, tasks(3), "spark-sink:q:8")  # the next batch is new
+    assert count() == 240
+    commit_objects(store, coordinator, tasks(3), None)
+    commit_objects(store, coordinator, tasks(3), None)  # no sink id: at least once
+    assert count() == 480

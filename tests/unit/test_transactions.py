@@ -447,3 +447,34 @@ def test_spark_reads_committed_records_by_default(h: Harness) -> None:
     # Tiered, the same read gives the same records.
     run_tiering(h.ctx(), h.config())
     assert read() == ([0, 4, 6, 7], (0, 9))
+
+
+def test_commit_atomic_commits_every_object_or_none(coord: LocalCoordinator) -> None:
+    """Several objects in one transaction (a Spark micro-batch): one object naming a
+    partition the topic lacks and none is committed; the same objects again answer the
+    same offsets; objects of which only some were committed before are refused."""
+    from segments.errors import CommitConflictError, PartitionNotFoundError
+
+    coord.create_topic("a", 2)
+    tid = coord.get_topic("a").topic_id
+
+    def obj(partition: int, n: int = 2) -> tuple[str, list[ChunkCommit]]:
+        return (
+            f"segments/at/{uuid.uuid4().hex}.seg",
+            [ChunkCommit(tid, partition, 0, 10, n, 1, 2)],
+        )
+
+    good, bad = obj(0), obj(5)
+    with pytest.raises(PartitionNotFoundError):
+        coord.commit_atomic([good, bad])
+    assert coord.offsets("a", 0).high_watermark == 0  # the good one is not in either
+    second = obj(1, 3)
+    assert coord.commit_atomic([good, second]) == [[0], [0]]
+    assert coord.commit_atomic([good, second]) == [[0], [0]]  # a retry
+    third = obj(0)
+    coord.commit(*third)
+    with pytest.raises(CommitConflictError):
+        coord.commit_atomic([third, obj(1)])
+    assert coord.offsets("a", 1).high_watermark == 3
+    with pytest.raises(ValueError):
+        coord.commit_atomic([good, good])
