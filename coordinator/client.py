@@ -138,7 +138,7 @@ class TxnMarker:
 class PendingMarkers:
     """A decided transaction whose markers are not all committed yet: the partitions
     (topic id, partition) still open. Whoever holds it writes one marker chunk per
-    partition (``coordinator.log.markers.write_markers``), then calls
+    partition (``index.log.LogWriter.write_markers``), then calls
     ``complete_transaction``. Writing the same markers twice is harmless: a marker for a
     partition the transaction no longer holds open changes nothing but the offsets."""
 
