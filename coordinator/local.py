@@ -12,8 +12,6 @@ from coordinator import clock
 from coordinator.api import forward
 from coordinator.client import (
     Coordinator,
-    IndexWant,
-    StableView,
     TopicPartition,
     TransactionCoordinator,
 )
@@ -39,7 +37,13 @@ from coordinator.schemas.model import (
     SchemaStore,
 )
 from coordinator.schemas.store import SchemaRegistryStore
-from coordinator.shards import ShardedCatalog, ShardedStore, check_unsharded, open_shards
+from coordinator.shards import (
+    ShardedCatalog,
+    ShardedPartitions,
+    ShardedStore,
+    check_unsharded,
+    open_shards,
+)
 from segments.errors import GroupNotFoundError, GroupProtocolConflictError, NonEmptyGroupError
 
 
@@ -102,7 +106,9 @@ class LocalCoordinator:
             self._groups = GroupStore(self._db, now=now, bounds_of=bounds)
             self._kafka_groups = KafkaGroupStore(self._db, now=now)
             self._schemas = SchemaRegistryStore(self._db)
-            self._txns = TransactionStore(self._db, sharded=bool(shards))
+            self._txns = TransactionStore(
+                self._db, None if self._sharded is None else ShardedPartitions(self._sharded)
+            )
         except BaseException:
             if self._sharded is not None:
                 self._sharded.close()
@@ -200,18 +206,7 @@ class LocalCoordinator:
     abort_expired_transactions = forward("_txns", TransactionStore.abort_expired)
     list_transactions = forward("_txns", TransactionStore.list_all)
 
-    def stable_offsets(self, wants: Sequence[IndexWant]) -> dict[int, StableView]:
-        if self._sharded is None:
-            return self._txns.stable_offsets(wants)
-        # Sharded: no partition takes part in a transaction yet (add_txn_partitions
-        # refuses), so every partition is stable up to its high watermark.
-        found = self._store.offsets_many([TopicPartition(w.topic, w.partition) for w in wants])
-        out = {}
-        for i, w in enumerate(wants):
-            o = found.get(TopicPartition(w.topic, w.partition))
-            if o is not None and (w.topic_id is None or o.topic_id == w.topic_id):
-                out[i] = StableView(o.high_watermark)
-        return out
+    stable_offsets = forward("_txns", TransactionStore.stable_offsets)
 
     # -- consumer groups: both doors' stores, one group id used by one door at a time --
 

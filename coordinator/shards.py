@@ -141,6 +141,8 @@ _PURGE_TOPIC = (
     "DELETE FROM index_entries WHERE topic_id = ?",
     "DELETE FROM producer_state WHERE topic_id = ?",
     "DELETE FROM idempotency_keys WHERE topic_id = ?",
+    "DELETE FROM open_txns WHERE topic_id = ?",
+    "DELETE FROM aborted_txns WHERE topic_id = ?",
     "DELETE FROM partitions WHERE topic_id = ?",
     "DELETE FROM topics WHERE topic_id = ?",
 )
@@ -953,6 +955,34 @@ class ShardedStore:
         with self._db.read() as conn:
             rows = conn.execute(self._q(_ALL_ASSIGNED)).fetchall()
         return {(bytes(t), int(p)): str(s) for t, p, s in rows}
+
+
+class ShardedPartitions:
+    """``coordinator.log.transactions.PartitionData`` over shards: each partition's
+    transaction rows in its shard, beside the commit that checks them."""
+
+    def __init__(self, store: ShardedStore) -> None:
+        self._store = store
+
+    def each(
+        self,
+        topic_id: bytes,
+        partitions: Sequence[int],
+        fn: Callable[[Any, Callable[[str], str], list[int]], T],
+        *,
+        write: bool = False,
+    ) -> list[T]:
+        groups: dict[Shard, list[int]] = {}
+        for p in partitions:
+            groups.setdefault(self._store.shard_of(topic_id, p), []).append(p)
+        out = []
+        for shard, part in groups.items():
+
+            def run(conn: Any, shard: Shard = shard, part: list[int] = part) -> T:
+                return fn(conn, shard.q, part)
+
+            out.append(shard.write(run) if write else shard.read(run))
+        return out
 
 
 def purge_topic(shard: Shard, topic_id: bytes) -> None:

@@ -43,9 +43,9 @@ committed-offsets statement and ``segments.errors``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from coordinator import clock
 from coordinator.client import (
@@ -57,7 +57,7 @@ from coordinator.client import (
     TransactionInfo,
     TxnProducer,
 )
-from coordinator.db import MetadataDatabase, fetch_each
+from coordinator.db import MetadataDatabase, fetch_each, rows_in
 from coordinator.groups.store import _UPSERT_COMMITTED  # the one statement writing commits
 from segments.errors import (
     ConcurrentTransactionsError,
@@ -66,9 +66,10 @@ from segments.errors import (
     InvalidTxnTimeoutError,
     PartitionNotFoundError,
     TopicNotFoundError,
-    TransactionError,
     TransactionFencedError,
 )
+
+T = TypeVar("T")
 
 EMPTY = "Empty"
 ONGOING = "Ongoing"
@@ -121,10 +122,7 @@ _HELD_OFFSETS = (
     "WHERE transactional_id = ?"
 )
 _FORGET_OFFSETS = "DELETE FROM txn_offsets WHERE transactional_id = ?"
-_PARTITION = (
-    "SELECT t.topic_id, p.high_watermark FROM topics t "
-    "LEFT JOIN partitions p ON p.topic_id = t.topic_id AND p.partition = ? WHERE t.name = ?"
-)
+_TOPIC = "SELECT topic_id, partition_count FROM topics WHERE name = ?"
 _OPEN = (
     "INSERT INTO open_txns (topic_id, partition, producer_id, epoch) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (topic_id, partition, producer_id) DO UPDATE SET epoch = excluded.epoch"
@@ -143,21 +141,23 @@ _ABORTED = (
     "VALUES (?, ?, ?, ?, ?)"
 )
 _STILL_OPEN = (
-    "SELECT 1 FROM txn_members m JOIN open_txns o ON o.topic_id = m.topic_id "
-    "AND o.partition = m.partition AND o.producer_id = ? WHERE m.transactional_id = ? LIMIT 1"
+    "SELECT partition FROM open_txns WHERE topic_id = ? AND producer_id = ? "
+    "AND partition IN ({marks})"
+)
+_HIGH_WATERMARKS = (
+    "SELECT partition, high_watermark FROM partitions WHERE topic_id = ? AND partition IN ({marks})"
+)
+_FIRST_OPEN = (
+    "SELECT partition, MIN(first_offset) FROM open_txns WHERE topic_id = ? "
+    "AND first_offset IS NOT NULL GROUP BY partition"
+)
+_ABORTED_FROM = (
+    "SELECT partition, producer_id, first_offset, last_offset FROM aborted_txns "
+    "WHERE topic_id = ? AND last_offset >= ? ORDER BY partition, first_offset"
 )
 _LAST_STABLE = (
     "SELECT MIN(first_offset) FROM open_txns WHERE topic_id = ? AND partition = ? "
     "AND first_offset IS NOT NULL"
-)
-_ABORTED_IN = (
-    "SELECT producer_id, first_offset, last_offset FROM aborted_txns "
-    "WHERE topic_id = ? AND partition = ? AND last_offset >= ? AND first_offset < ? "
-    "ORDER BY first_offset"
-)
-_WANT = (
-    "SELECT t.topic_id, p.high_watermark FROM topics t JOIN partitions p "
-    "ON p.topic_id = t.topic_id AND p.partition = ? WHERE t.name = ?"
 )
 _EXPIRED = (
     "SELECT transactional_id FROM transactions WHERE state = 'Ongoing' AND started_at IS NOT "
@@ -203,17 +203,52 @@ class _Txn:
         )
 
 
-class TransactionStore:
-    """The transactional ids and their transactions, in one metadata database (the
-    ``Coordinator`` protocol's docstrings say what each operation does)."""
+class PartitionData(Protocol):
+    """Where partitions' rows live: the one metadata database, or each partition's
+    shard (``coordinator.shards.ShardedPartitions``). Open transactions and aborted
+    ones are partition data: the commit that checks them runs there."""
 
-    def __init__(self, db: MetadataDatabase, *, sharded: bool = False) -> None:
-        """``db``: the one metadata database, or the catalog when ``sharded`` (then no
-        partition may join a transaction yet: its open rows would have to live in the
-        partition's shard, beside the commit that checks them)."""
+    def each(
+        self,
+        topic_id: bytes,
+        partitions: Sequence[int],
+        fn: Callable[[Any, Callable[[str], str], list[int]], T],
+        *,
+        write: bool = False,
+    ) -> list[T]:
+        """``fn(connection, dialect's sql, partitions)`` once per database holding some
+        of ``partitions``, each in its own read (or write) transaction."""
+        ...
+
+
+class OneDatabase:
+    """``PartitionData`` of an unsharded coordinator: every partition in ``db``."""
+
+    def __init__(self, db: MetadataDatabase) -> None:
+        self._db = db
+
+    def each(
+        self,
+        topic_id: bytes,
+        partitions: Sequence[int],
+        fn: Callable[[Any, Callable[[str], str], list[int]], T],
+        *,
+        write: bool = False,
+    ) -> list[T]:
+        with self._db.write(exclusive=False) if write else self._db.read() as conn:
+            return [fn(conn, self._db.dialect.sql, list(partitions))]
+
+
+class TransactionStore:
+    """The transactional ids and their transactions (the ``TransactionCoordinator``
+    protocol's docstrings say what each operation does)."""
+
+    def __init__(self, db: MetadataDatabase, partitions: PartitionData | None = None) -> None:
+        """``db``: the one metadata database, or the catalog; ``partitions``: where the
+        partitions' rows are (None: in ``db``)."""
         self._db = db
         self._q = db.dialect.sql
-        self._sharded = sharded
+        self._data = partitions or OneDatabase(db)
 
     # -- reading and writing a transactional id's row ------------------------
     def _load(self, conn: Any, transactional_id: str) -> _Txn | None:
@@ -337,33 +372,37 @@ class TransactionStore:
         epoch: int,
         partitions: Sequence[TopicPartition],
     ) -> None:
-        if self._sharded:
-            raise TransactionError(
-                "Transactions are not supported yet with sharded metadata (--db-shard): "
-                "no partition can join one."
-            )
         now = clock.now()
+        resolved: dict[bytes, set[int]] = {}
         with self._db.write() as conn:
             t = self._owned(conn, transactional_id, producer_id, epoch)
-            resolved = []
             for tp in partitions:
-                row = conn.execute(self._q(_PARTITION), (tp[1], tp[0])).fetchone()
+                row = conn.execute(self._q(_TOPIC), (tp[0],)).fetchone()
                 if row is None:
                     raise TopicNotFoundError(f"Topic '{tp[0]}' not found.")
-                if row[1] is None:
+                if not 0 <= tp[1] < row[1]:
                     raise PartitionNotFoundError(f"Partition {tp[1]} of topic '{tp[0]}' not found.")
-                resolved.append((bytes(row[0]), tp[1]))
+                resolved.setdefault(bytes(row[0]), set()).add(tp[1])
             error = self._begin(conn, t, now)
             if error is None:
                 conn.executemany(
-                    self._q(_ADD_MEMBER), [(transactional_id, tid, p) for tid, p in resolved]
-                )
-                conn.executemany(
-                    self._q(_OPEN),
-                    [(tid, p, producer_id, epoch) for tid, p in sorted(resolved)],
+                    self._q(_ADD_MEMBER),
+                    [(transactional_id, tid, p) for tid, ps in resolved.items() for p in ps],
                 )
         if error is not None:
             raise error
+        # Then the partitions' open rows (in their shards), which the commit checks. The
+        # membership first: a member whose row is not written yet gets a marker that
+        # closes nothing; a row without membership could never be closed.
+        for topic_id, ps in sorted(resolved.items()):
+
+            def open_rows(
+                conn: Any, q: Callable[[str], str], part: list[int], topic_id: bytes = topic_id
+            ) -> None:
+                rows = [(topic_id, p, producer_id, epoch) for p in sorted(part)]
+                conn.executemany(q(_OPEN), rows)
+
+            self._data.each(topic_id, sorted(ps), open_rows, write=True)
 
     def add_group(self, transactional_id: str, producer_id: int, epoch: int, group: str) -> None:
         now = clock.now()
@@ -456,13 +495,31 @@ class TransactionStore:
                 )
             if t.state not in _PREPARED:
                 return t.state in (COMPLETE_COMMIT, COMPLETE_ABORT)
-            if conn.execute(self._q(_STILL_OPEN), (producer_id, transactional_id)).fetchone():
+            members = conn.execute(self._q(_MEMBERS), (transactional_id,)).fetchall()
+            if self._any_open(producer_id, members):
                 return False
             t.state = COMPLETE_COMMIT if t.is_commit else COMPLETE_ABORT
             t.started_at = None
             conn.execute(self._q(_FORGET_MEMBERS), (transactional_id,))
             self._save(conn, t, now)
             return True
+
+    def _any_open(self, producer_id: int, members: Sequence[tuple[Any, int]]) -> bool:
+        """Whether the producer still holds a transaction open in one of ``members``."""
+        by_topic: dict[bytes, list[int]] = {}
+        for tid, p in members:
+            by_topic.setdefault(bytes(tid), []).append(p)
+        for topic_id, ps in by_topic.items():
+
+            def still_open(
+                conn: Any, q: Callable[[str], str], part: list[int], topic_id: bytes = topic_id
+            ) -> bool:
+                found = rows_in(conn, q, _STILL_OPEN, part, (topic_id, producer_id))
+                return any(True for _ in found)
+
+            if any(self._data.each(topic_id, ps, still_open)):
+                return True
+        return False
 
     def abort_expired(self, now_ms: int) -> list[PendingMarkers]:
         now = now_ms / 1000
@@ -499,19 +556,60 @@ class TransactionStore:
             ]
 
     def stable_offsets(self, wants: Sequence[IndexWant]) -> dict[int, StableView]:
+        # A few statements per topic and database, whatever the partition count (a
+        # read_committed Fetch of 1,000 partitions asks for all of them at once).
+        by_topic: dict[str, list[int]] = {}
+        for i, w in enumerate(wants):
+            by_topic.setdefault(w.topic, []).append(i)
         out: dict[int, StableView] = {}
         with self._db.read() as conn:
-            for i, w in enumerate(wants):
-                row = conn.execute(self._q(_WANT), (w.partition, w.topic)).fetchone()
-                if row is None or (w.topic_id is not None and bytes(row[0]) != w.topic_id):
-                    continue
-                topic_id, high_watermark = bytes(row[0]), row[1]
-                first = conn.execute(self._q(_LAST_STABLE), (topic_id, w.partition)).fetchone()[0]
-                stable = high_watermark if first is None else min(first, high_watermark)
-                aborted = conn.execute(
-                    self._q(_ABORTED_IN), (topic_id, w.partition, w.offset, stable)
-                ).fetchall()
-                out[i] = StableView(stable, tuple((pid, f, last) for pid, f, last in aborted))
+            topics = {name: conn.execute(self._q(_TOPIC), (name,)).fetchone() for name in by_topic}
+        for name, idx in by_topic.items():
+            row = topics[name]
+            if row is None:
+                continue
+            topic_id, count = bytes(row[0]), row[1]
+            idx = [
+                i
+                for i in idx
+                if 0 <= wants[i].partition < count
+                and (wants[i].topic_id is None or wants[i].topic_id == topic_id)
+            ]
+            if idx:
+                out.update(self._stable_of_topic(topic_id, [(i, wants[i]) for i in idx]))
+        return out
+
+    def _stable_of_topic(
+        self, topic_id: bytes, wants: list[tuple[int, IndexWant]]
+    ) -> dict[int, StableView]:
+        def read(
+            conn: Any, q: Callable[[str], str], part: list[int]
+        ) -> tuple[dict[int, int], dict[int, int], list[tuple[int, int, int, int]]]:
+            hws = dict(rows_in(conn, q, _HIGH_WATERMARKS, part, (topic_id,)))
+            firsts = dict(conn.execute(q(_FIRST_OPEN), (topic_id,)).fetchall())
+            lowest = min(w.offset for _, w in wants)
+            aborted = conn.execute(q(_ABORTED_FROM), (topic_id, lowest)).fetchall()
+            return hws, firsts, aborted
+
+        hws: dict[int, int] = {}
+        firsts: dict[int, int] = {}
+        aborted: dict[int, list[tuple[int, int, int]]] = {}
+        for h, f, a in self._data.each(topic_id, sorted({w.partition for _, w in wants}), read):
+            hws.update(h)
+            firsts.update(f)
+            for p, pid, first_offset, last in a:
+                aborted.setdefault(p, []).append((pid, first_offset, last))
+        out = {}
+        for i, w in wants:
+            hw = hws.get(w.partition, 0)  # no row yet: a shard placed it while down
+            first = firsts.get(w.partition)
+            stable = hw if first is None else min(first, hw)
+            out[i] = StableView(
+                stable,
+                tuple(
+                    a for a in aborted.get(w.partition, ()) if a[2] >= w.offset and a[1] < stable
+                ),
+            )
         return out
 
 

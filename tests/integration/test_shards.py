@@ -938,3 +938,55 @@ def test_sixteen_writers_in_four_processes_over_shards(new_db: NewDb, tmp_path: 
     requests = _metric(metrics, "lakelog_coordinator_group_commit_requests_total")
     batches = _metric(metrics, "lakelog_coordinator_group_commit_batches_total")
     assert requests >= len(records) and batches < requests
+
+
+# -- transactions ----------------------------------------------------------------------
+
+
+def test_transactions_span_shards(new_db: NewDb) -> None:
+    """Transaction state in the catalog, each partition's open and aborted transactions
+    in its shard beside the commit that checks them: a transaction over partitions of
+    both shards holds back the last stable offset of each until its markers (one object,
+    committed per shard) close them; an abort leaves its range in each shard; a batch for
+    a partition the transaction did not add is refused by that partition's shard."""
+    from coordinator.log.producers import ProducerBatch
+    from index.log import LogWriter
+    from segments.errors import InvalidTxnStateError
+    from segments.memory import MemoryStore
+
+    with LocalCoordinator(new_db(), shards=[new_db(), new_db()]) as coord:
+        info = coord.create_topic("tx", 8)
+        by_shard = partitions_by_shard(coord, info.topic_id, 8)
+        assert all(by_shard), by_shard  # both shards hold some
+        parts = [by_shard[0][0], by_shard[1][0]]
+        writer = LogWriter(MemoryStore(), coord)
+
+        def txn_data(pid: int, epoch: int, p: int, seq: int, n: int = 2) -> int:
+            batch = ProducerBatch(pid, epoch, seq, n, 0, transactional=True)
+            c = ChunkCommit(info.topic_id, p, 0, 10, n, 1, 2, producer_batches=(batch,))
+            return coord.commit(f"segments/tx/{uuid.uuid4().hex}.seg", [c])[0]
+
+        def stable(p: int) -> Any:
+            return coord.stable_offsets([IndexWant("tx", p, 0)])[0]
+
+        for commit in (True, False):
+            t = coord.init_transaction("app", 60_000)
+            coord.add_txn_partitions(
+                "app", t.producer_id, t.epoch, [TopicPartition("tx", p) for p in parts]
+            )
+            firsts = {p: txn_data(t.producer_id, t.epoch, p, 0) for p in parts}
+            for p in parts:
+                coord.commit(f"segments/tx/{uuid.uuid4().hex}.seg", [chunk(info.topic_id, p)])
+                assert stable(p).last_stable == firsts[p]  # held back in both shards
+            pending = coord.end_transaction("app", t.producer_id, t.epoch, commit)
+            assert pending is not None and len(pending.partitions) == 2
+            assert not coord.complete_transaction("app", t.producer_id, t.epoch)
+            writer.write_markers(pending)
+            for p in parts:
+                view = stable(p)
+                assert view.last_stable == coord.offsets("tx", p).high_watermark
+                expected = () if commit else ((t.producer_id, firsts[p], firsts[p] + 3),)
+                assert view.aborted == expected
+        assert coord.list_transactions()[0].state == "CompleteAbort"
+        with pytest.raises(InvalidTxnStateError):
+            txn_data(t.producer_id, t.epoch, parts[1], 2)  # not added this time
