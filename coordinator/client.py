@@ -482,6 +482,12 @@ class TransactionCoordinator(Protocol):
         still to write (those just aborted, and those whose writer went away)."""
         ...
 
+    def held_offsets(self, group: str) -> list[TopicPartition]:
+        """The group's partitions whose offsets an ongoing transaction holds (committed
+        with it or dropped: OffsetFetch's ``require_stable`` answers them
+        UNSTABLE_OFFSET_COMMIT until then)."""
+        ...
+
     def list_transactions(self) -> list[TransactionInfo]:
         """Every transactional id's state (ListTransactions, DescribeTransactions)."""
         ...

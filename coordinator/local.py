@@ -205,6 +205,7 @@ class LocalCoordinator:
     complete_transaction = forward("_txns", TransactionStore.complete)
     abort_expired_transactions = forward("_txns", TransactionStore.abort_expired)
     list_transactions = forward("_txns", TransactionStore.list_all)
+    held_offsets = forward("_txns", TransactionStore.held_offsets)
 
     stable_offsets = forward("_txns", TransactionStore.stable_offsets)
 

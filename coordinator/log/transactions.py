@@ -122,6 +122,9 @@ _HELD_OFFSETS = (
     "WHERE transactional_id = ?"
 )
 _FORGET_OFFSETS = "DELETE FROM txn_offsets WHERE transactional_id = ?"
+_HELD_BY_GROUP = (
+    "SELECT DISTINCT topic, partition FROM txn_offsets WHERE group_id = ? ORDER BY topic, partition"
+)
 _TOPIC = "SELECT topic_id, partition_count FROM topics WHERE name = ?"
 _OPEN = (
     "INSERT INTO open_txns (topic_id, partition, producer_id, epoch) VALUES (?, ?, ?, ?) "
@@ -536,6 +539,11 @@ class TransactionStore:
                     out.append(self._pending(conn, t))
                     self._save(conn, t, now)  # the next sweep waits for this writer
             return out
+
+    def held_offsets(self, group: str) -> list[TopicPartition]:
+        with self._db.read() as conn:
+            rows = conn.execute(self._q(_HELD_BY_GROUP), (group,)).fetchall()
+        return [TopicPartition(t, p) for t, p in rows]
 
     def list_all(self) -> list[TransactionInfo]:
         with self._db.read() as conn:

@@ -317,14 +317,25 @@ async def offset_fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
     Per group: the named partitions (TOPIC_AUTHORIZATION_FAILED for topics the principal
     may not DESCRIBE; by id from v10, an unknown id UNKNOWN_TOPIC_ID) or all, less those
     topics; DESCRIBE on the group first. From v9 a consumer-protocol member names itself
-    (member id and epoch), checked as Kafka checks it.
+    (member id and epoch), checked as Kafka checks it. With ``require_stable`` (v7+,
+    what read_committed consumers send), a partition whose offset an ongoing transaction
+    holds answers UNSTABLE_OFFSET_COMMIT, and the client asks again.
     """
     body = req.body
     resp = response_cls(type(body))
     version = req.header.api_version
     groups = getattr(body, "groups", None)
     if groups is None:  # before v8: one group, its fields at the top
-        one = await _offset_fetch_group(ctx, access, version, body.group_id, None, -1, body.topics)
+        one = await _offset_fetch_group(
+            ctx,
+            access,
+            version,
+            body.group_id,
+            None,
+            -1,
+            body.topics,
+            getattr(body, "require_stable", False),
+        )
         part_cls, topic_cls = (
             nested(resp, "OffsetFetchResponsePartition"),
             nested(resp, "OffsetFetchResponseTopic"),
@@ -350,6 +361,7 @@ async def offset_fetch(ctx: KafkaContext, req: Request, access: Access) -> Any:
             getattr(g, "member_id", None),
             getattr(g, "member_epoch", -1),
             g.topics,
+            getattr(body, "require_stable", False),
         )
         out.append(
             build(
@@ -381,6 +393,7 @@ async def _offset_fetch_group(
     member_id: str | None,
     member_epoch: int,
     topics: Any,
+    require_stable: bool = False,
 ) -> _GroupOffsets:
     out = _GroupOffsets()
     named: dict[Any, NamedTopic] = {}
@@ -418,6 +431,13 @@ async def _offset_fetch_group(
         )
     except LakelogError as e:
         out.code = code_for(e)
+    unstable: set[TopicPartition] = set()
+    if require_stable and asked and out.code == ErrorCode.none:
+        # Offsets an ongoing transaction holds: the client asks again once it ended.
+        try:
+            unstable = set(await call(ctx.state.txns.held_offsets, group_id))
+        except LakelogError as e:
+            out.code = code_for(e)
     if topics is None:
         ids: dict[str, TopicInfo | None] = {}
         for tp in sorted(found):
@@ -436,8 +456,12 @@ async def _offset_fetch_group(
             info = await _topic_or_none(ctx, key)  # its id, for the answer (v10 has ids)
         rows = out.topics.setdefault(key, (info, []))[1]
         for p in t.partition_indexes:
-            c = found.get(TopicPartition(str(n.name), p)) if n.error == ErrorCode.none else None
-            rows.append((p, c, n.error))
+            tp = TopicPartition(str(n.name), p)
+            c = found.get(tp) if n.error == ErrorCode.none else None
+            if n.error == ErrorCode.none and tp in unstable:
+                rows.append((p, None, ErrorCode.unstable_offset_commit))
+            else:
+                rows.append((p, c, n.error))
     return out
 
 

@@ -59,7 +59,7 @@ class Txns:
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        def method(*args: Any) -> Any:
+        def method(*args: Any, **_kwargs: Any) -> Any:
             self.calls.append((name, args))
             answers = self.script.get(name, [None])
             answer = answers.pop(0) if len(answers) > 1 else answers[0]
@@ -561,3 +561,41 @@ def test_every_served_version_answers_and_encodes(api_key: int, version: int) ->
     answer = call(HANDLERS[api_key][2], context(txns), body)
     assert type(answer).__version__ == version
     assert len(encode_response(1, answer)) > 8
+
+
+def test_offset_fetch_require_stable_answers_offsets_a_transaction_holds_as_unstable() -> None:
+    """OffsetFetch with ``require_stable`` (what read_committed consumers send): a
+    partition whose offset an ongoing transaction holds answers UNSTABLE_OFFSET_COMMIT
+    (the client asks again), the others their committed offsets; without the flag the
+    coordinator is not asked."""
+    from kio.schema.offset_fetch.v8 import request as ofv8
+
+    from coordinator.groups.model import CommittedOffset
+
+    t0, t1 = TopicPartition("orders", 0), TopicPartition("orders", 1)
+    txns = Txns(
+        kafka_committed=[{t0: CommittedOffset(5), t1: CommittedOffset(9)}],
+        held_offsets=[[t1]],
+    )
+
+    def fetch(stable: bool) -> dict[int, tuple[int, int]]:
+        body = ofv8.OffsetFetchRequest(
+            groups=(
+                ofv8.OffsetFetchRequestGroup(
+                    group_id="g",
+                    topics=(
+                        ofv8.OffsetFetchRequestTopics(name="orders", partition_indexes=(0, 1)),
+                    ),
+                ),
+            ),
+            require_stable=stable,
+        )
+        got = call(groups.offset_fetch, context(txns), body)
+        [group] = got.groups
+        [topic] = group.topics
+        return {p.partition_index: (p.committed_offset, p.error_code) for p in topic.partitions}
+
+    assert fetch(True) == {0: (5, ErrorCode.none), 1: (-1, ErrorCode.unstable_offset_commit)}
+    assert txns.called("held_offsets") == [("g",)]
+    assert fetch(False) == {0: (5, ErrorCode.none), 1: (9, ErrorCode.none)}
+    assert len(txns.called("held_offsets")) == 1

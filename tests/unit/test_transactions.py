@@ -193,8 +193,10 @@ def test_offsets_in_a_transaction_are_written_by_its_commit_only(env: Env) -> No
         c.add_txn_group("app", p.producer_id, p.epoch, "g")
         c.txn_commit_offsets("app", p.producer_id, p.epoch, "g", {tp: (42, "m")})
         assert c.kafka_committed("g") == {}  # held until the decision
+        assert c.held_offsets("g") == [tp] and c.held_offsets("other") == []
         assert c.end_transaction("app", p.producer_id, p.epoch, commit) is None  # no partition
         assert c.kafka_committed("g") == expected
+        assert c.held_offsets("g") == []
         assert c.list_transactions()[0].state == ("CompleteCommit" if commit else "CompleteAbort")
 
 
