@@ -445,11 +445,17 @@ class TransactionCoordinator(Protocol):
         epoch: int,
         group: str,
         offsets: Mapping[TopicPartition, tuple[int, str]],
+        member_id: str = "",
+        generation: int = -1,
     ) -> None:
         """TxnOffsetCommit: offsets (offset, metadata) held in the transaction, written
         to the group's committed offsets (the table both doors share) when it commits,
-        dropped when it aborts. Raises as ``add_txn_partitions``; InvalidTxnStateError
-        if the group was not added."""
+        dropped when it aborts. With ``member_id`` (KIP-447: the consumer whose records
+        the transaction transformed), that member must be in the group at ``generation``
+        (its member epoch in a consumer-protocol group): a zombie that lost its
+        partitions in a rebalance cannot commit their offsets. Raises as
+        ``add_txn_partitions``; InvalidTxnStateError if the group was not added;
+        ConsumerNotFoundError, StaleGenerationError (StaleMemberEpochError)."""
         ...
 
     def end_transaction(

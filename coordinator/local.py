@@ -200,10 +200,24 @@ class LocalCoordinator:
     init_transaction = forward("_txns", TransactionStore.init)
     add_txn_partitions = forward("_txns", TransactionStore.add_partitions)
     add_txn_group = forward("_txns", TransactionStore.add_group)
-    txn_commit_offsets = forward("_txns", TransactionStore.hold_offsets)
     end_transaction = forward("_txns", TransactionStore.end)
     complete_transaction = forward("_txns", TransactionStore.complete)
     abort_expired_transactions = forward("_txns", TransactionStore.abort_expired)
+
+    def txn_commit_offsets(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        group: str,
+        offsets: Mapping[TopicPartition, tuple[int, str]],
+        member_id: str = "",
+        generation: int = -1,
+    ) -> None:
+        if member_id:
+            self._kafka_groups.check_member(group, member_id, generation)
+        self._txns.hold_offsets(transactional_id, producer_id, epoch, group, offsets)
+
     list_transactions = forward("_txns", TransactionStore.list_all)
     held_offsets = forward("_txns", TransactionStore.held_offsets)
 

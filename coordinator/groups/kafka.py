@@ -856,6 +856,25 @@ class KafkaGroupStore:
         with self._db.read() as conn:
             return [r[0] for r in conn.execute(self._q(_ALL_GROUPS))]
 
+    def check_member(self, group: str, member_id: str, generation: int) -> None:
+        """That ``member_id`` is in the group and, given a ``generation`` >= 0, at that
+        generation (its member epoch in a consumer-protocol group): Kafka's check of a
+        TxnOffsetCommit (KIP-447).
+
+        Raises:
+            ConsumerNotFoundError, StaleGenerationError.
+        """
+        with self._db.read() as conn:
+            g = self._load(conn, group)
+        m = g.members.get(member_id)
+        if m is None:
+            raise ConsumerNotFoundError(f"Member {member_id} is not in group '{group}'.")
+        now = m.consumer.epoch if g.group_type == CONSUMER and m.consumer else g.generation
+        if generation >= 0 and generation != now:
+            raise StaleGenerationError(
+                f"Member {member_id} of group '{group}' is at generation {now}, not {generation}."
+            )
+
     def has_members(self, group: str) -> bool:
         g = self.describe(group)
         return g is not None and bool(g.members)

@@ -380,7 +380,14 @@ async def txn_offset_commit(ctx: KafkaContext, req: Request, access: Access) -> 
         try:
             if version >= 5:
                 await call(coordinator.add_txn_group, *ids, body.group_id)
-            await call(coordinator.txn_commit_offsets, *ids, body.group_id, offsets)
+            await call(
+                coordinator.txn_commit_offsets,
+                *ids,
+                body.group_id,
+                offsets,
+                getattr(body, "member_id", ""),  # v3+ (KIP-447)
+                getattr(body, "generation_id", -1),
+            )
         except LakelogError as e:
             code = txn_code(e, 28, version)
         codes.update({(tp.topic, tp.partition): code for tp in offsets})

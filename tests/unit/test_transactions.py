@@ -480,3 +480,31 @@ def test_commit_atomic_commits_every_object_or_none(coord: LocalCoordinator) -> 
     assert coord.offsets("a", 1).high_watermark == 3
     with pytest.raises(ValueError):
         coord.commit_atomic([good, good])
+
+
+def test_txn_offsets_of_a_group_member_need_it_in_the_group_at_its_generation(
+    env: Env,
+) -> None:
+    """KIP-447: TxnOffsetCommit names the consumer whose records the transaction
+    transformed; a member that left (or a zombie of an older generation) cannot commit
+    its old partitions' offsets. Without a member id nothing is checked."""
+    from segments.errors import ConsumerNotFoundError, StaleGenerationError
+
+    c, _, _ = env
+    tp = TopicPartition("t", 0)
+    joined = c.kafka_join("g", "m-1", protocols=[("range", b"")], require_member_id=False)
+    assert joined.status == "done"
+    p = c.init_transaction("app", TIMEOUT_MS)
+    c.add_txn_group("app", p.producer_id, p.epoch, "g")
+    c.txn_commit_offsets(
+        "app", p.producer_id, p.epoch, "g", {tp: (3, "")}, "m-1", joined.generation
+    )
+    with pytest.raises(StaleGenerationError):
+        c.txn_commit_offsets(
+            "app", p.producer_id, p.epoch, "g", {tp: (4, "")}, "m-1", joined.generation - 1
+        )
+    with pytest.raises(ConsumerNotFoundError):
+        c.txn_commit_offsets("app", p.producer_id, p.epoch, "g", {tp: (4, "")}, "gone", 1)
+    c.txn_commit_offsets("app", p.producer_id, p.epoch, "g", {tp: (5, "")})  # no member named
+    assert c.end_transaction("app", p.producer_id, p.epoch, True) is None
+    assert c.kafka_committed("g") == {tp: CommittedOffset(5, "")}
