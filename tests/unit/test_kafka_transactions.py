@@ -359,7 +359,8 @@ def commit_v5(offsets: dict[str, dict[int, int]]) -> Any:
 
 def test_txn_offset_commit_holds_the_known_partitions_offsets() -> None:
     """v5 adds the group to the transaction itself (KIP-890 part 2); an unknown topic or
-    partition, or one the principal may not READ, gets its error, the others are held."""
+    partition, or one the principal may not READ, gets its error, the others are held,
+    with the member and generation the request names (KIP-447's check)."""
     txns = Txns()
     body = commit_v5({"t": {0: 10, 4: 1}, "u": {0: 3}, "nope": {0: 1}})
     acl = access(28, (Operation.READ, ResourceType.TOPIC, "u"))
@@ -373,7 +374,7 @@ def test_txn_offset_commit_holds_the_known_partitions_offsets() -> None:
     }
     assert [n for n, _ in txns.calls] == ["add_txn_group", "txn_commit_offsets"]
     assert txns.called("txn_commit_offsets") == [
-        ("tx", 7, 1, "g", {TopicPartition("t", 0): (10, "")})
+        ("tx", 7, 1, "g", {TopicPartition("t", 0): (10, "")}, "m", 3)
     ]
 
 
