@@ -417,3 +417,43 @@ def test_a_transaction_past_its_timeout_is_aborted_by_the_agents(
     produce_committed(fresh, topic, 1, SENTINEL)
     assert read(b, topic, 1, "read_committed") == [b"fresh"]
     assert read(b, topic, 1, "read_uncommitted") == [b"stalled", b"fresh"]
+
+
+def test_tiered_aborted_transactions_do_not_hide_later_committed_records(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """Found by the whole-system checker: two transactional ids alternate aborted and
+    committed transactions, tiering rewrites them (aborted records and markers left out),
+    more transactions follow. A read_committed consumer from offset 0 reads every
+    committed record. Before the fix the aborted transactions were still named in Fetch
+    answers while their markers were gone, and librdkafka, waiting for those markers,
+    dropped the producers' later committed batches (12 of 24 missing)."""
+    topic = unique_topic("tiertxn")
+    create_topic(kafka_cluster, topic, 1)
+    at, reader_at = kafka_cluster.kafka
+    producers = {n: txn_producer(at, f"{n}-{topic}") for n in ("p", "q")}
+    committed: list[bytes] = []
+
+    def rounds(first: int, last: int) -> None:
+        for i in range(first, last):
+            for name, p in producers.items():
+                values = [f"{name}{i}-{j}".encode() for j in range(3)]
+                p.begin_transaction()
+                for v in values:
+                    p.produce(topic, value=v, partition=0)
+                assert p.flush(30) == 0
+                if i % 2:
+                    p.commit_transaction(30)
+                    committed.extend(values)
+                else:
+                    p.abort_transaction(30)
+
+    rounds(0, 4)
+    r = httpx.post(
+        f"{kafka_cluster.coordinator_url}/v1/janitors/tier/run", json={"tier_age_s": 0}, timeout=60
+    )
+    assert r.status_code == 200, r.text
+    rounds(4, 8)
+    produce_committed(producers["p"], topic, 1, SENTINEL)
+    got = read(reader_at, topic, 1, "read_committed")
+    assert got == committed

@@ -339,8 +339,13 @@ def test_tiering_keeps_committed_records_drops_aborted_ones_and_stops_at_an_open
     h.produce("t", 0, [Record(None, b"p10", 910)])  # 10
     before = [r.offset for r in h.walk("t", 0)]
     assert before == [0, 1, 2, 3, 4, 6, 7, 9, 10]  # read_uncommitted: markers never
+    assert _stable(c, "t", 0).aborted == ((a.producer_id, 3, 5),)
 
     run_tiering(h.ctx(), h.config())
+    # Its records and its marker are gone from the log: no reader is told of it (a Kafka
+    # consumer told of it would wait for the marker, dropping the producer's later
+    # batches).
+    assert _stable(c, "t", 0).aborted == ()
     topic_id = c.get_topic("t").topic_id
     rows = h.catalog.rows(topic_id, 0)
     assert [(r.kind, r.base_offset, r.end_offset) for r in rows] == [
