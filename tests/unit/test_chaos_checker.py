@@ -907,3 +907,23 @@ def test_a_read_committed_reader_skips_no_committed_record() -> None:
     assert kinds(h) == {"poll_skip"}
     skipped["records"] = [[0, 6, v4[0]]]
     assert kinds(h) == {"poll_nonmonotonic", "poll_skip"}
+
+
+def test_the_log_as_stored_holds_markers_and_may_lose_aborted_records() -> None:
+    """In the read_uncommitted final log of a transactional topic, markers' offsets hold
+    no record (no ``gap``) and an aborted transaction's records may be gone (tiering
+    leaves them out); a committed one's may not (``lost``)."""
+    h, v = _txn_history()
+    for e in h.events:
+        if e["op"] == "final_read" and e["partition"] == 0:
+            e["records"] = [r for r in e["records"] if r[2] != v["a2"][0]]
+    assert kinds(h) == set()
+    for e in h.events:
+        if e["op"] == "final_read" and e["partition"] == 0:
+            e["records"] = [r for r in e["records"] if r[2] != v["c1"][0]]
+    assert kinds(h) == {"lost"}
+    h, _ = _txn_history()
+    for e in h.events:
+        if e["op"] == "final_read":
+            e["markers"] = False
+    assert kinds(h) == {"gap"}
