@@ -55,7 +55,8 @@ Operations (fields beyond the common ones):
   ``{transactional_id, fences?: txn op, settle?: true}``: a new instance of the id.
   ``txn_poll`` ok ``{consumer, topic, isolation, records: [[partition, offset, value],
   ...]}``: a Kafka reader of the topic. ``final_txn_read`` ok ``{topic, partition,
-  isolation: read_committed, last_stable, reached_end, records: [[offset, value], ...]}``;
+  isolation: read_committed, last_stable, reached_end, errors, records: [[offset, value],
+  ...]}`` (``errors``: what the reader got instead of records; it never resets a position);
   ``final_txn_offsets`` ok ``{group, topic, offsets: {partition: offset}}``.
 - ``storage`` (a lone ``info``, last: once the topology stopped) ``{referenced, listed:
   {key: modified}, rows: {key: unreferenced since | null}, now, grace_s, slack_s,

@@ -751,6 +751,8 @@ class Run:
                     "enable.auto.commit": False,
                     "isolation.level": isolation,
                     "fetch.wait.max.ms": 100,
+                    # A reset goes back to the start: poll_nonmonotonic, not a silent jump.
+                    "auto.offset.reset": "earliest",
                 }
             )
         )
@@ -813,6 +815,8 @@ class Run:
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",
                     "fetch.wait.max.ms": 100,
+                    # A position reset would jump over records silently: an error instead.
+                    "auto.offset.reset": "error",
                 }
             )
         )
@@ -823,6 +827,7 @@ class Run:
             }
             consumer.assign([TopicPartition(TXN_TOPIC, p, OFFSET_BEGINNING) for p in range(n)])
             got: dict[int, list[list[Any]]] = {p: [] for p in range(n)}
+            errors: list[str] = []
             done: set[int] = {p for p, end in ends.items() if end <= 0}
             deadline = time.monotonic() + 120
             idle_since = time.monotonic()
@@ -833,6 +838,8 @@ class Run:
                     if m.error() is None:
                         got[m.partition()].append([m.offset(), m.value().decode()])
                         idle_since = time.monotonic()
+                    elif len(errors) < 20:
+                        errors.append(f"{m.partition()}: {m.error()}")
                 for tp in consumer.position([TopicPartition(TXN_TOPIC, p) for p in range(n)]):
                     if tp.offset >= ends[tp.partition]:
                         done.add(tp.partition)
@@ -848,6 +855,7 @@ class Run:
                     isolation="read_committed",
                     last_stable=ends[p],
                     reached_end=p in done,
+                    errors=errors,
                     records=got[p],
                 )
         except Exception as e:
