@@ -57,6 +57,41 @@ Anomalies (``kind``):
 - ``commit_past_hw``: a committed offset beyond the final high watermark;
   ``committed_unknown``: the group's final committed offset is none that was ever
   committed.
+
+The transactional workload (``txn`` ops; ``_check_txns``). A transaction's outcome is
+``committed`` (the commit returned), ``aborted`` (surely: the abort returned, or a
+commit failed into an abort that returned, or a zombie's commit was refused once the
+instance fencing it had begun, or no commit was ever asked) or ``unknown`` (a commit
+that failed or timed out may still have been decided): the final read_committed read,
+after every transactional id was settled by a last ``init_transactions``, decides an
+unknown one (none of its records there: aborted; all: committed). Its records are
+sends like any produce's (in the log as stored whatever the outcome, so ``lost``,
+``duplicate``, ``wrong_offset`` hold), required at the end only when committed (tiering
+leaves aborted records out); markers' offsets are no ``gap``.
+
+- ``aborted_read`` (Elle's G1a): a record of an aborted transaction read under
+  read_committed, by a reader during the run or at the final read.
+- ``intermediate_read`` (G1b): a record read under read_committed before its
+  transaction's commit was asked (its ``txn_end``).
+- ``txn_lost``: a record of a transaction whose commit returned ok, missing from the
+  final read_committed read; ``txn_partial``: a transaction (any outcome) some of
+  whose records the final read holds and some not (atomic visibility).
+- ``txn_write_order`` (G0 within one transactional id): in a partition of the final
+  read_committed log, one id's transactions out of their order (or one transaction's
+  records out of the order sent). Across ids Kafka promises no order (concurrent
+  transactions interleave in partitions; write cycles between them are allowed), so
+  none is checked.
+- ``poll_nonmonotonic`` / ``poll_skip`` for a ``txn_poll`` reader: offsets of a
+  partition not increasing; under read_committed, a record of the final
+  read_committed log skipped between two consecutive ones (a committed transaction's
+  records in a partition are seen together). Whether a reader saw a transaction in
+  all its partitions at once is not checked: Kafka's read_committed is per partition.
+- ``zombie_commit``: a commit that returned ok after a second instance of its
+  transactional id had finished ``init_transactions`` (the zombie was not fenced).
+- ``txn_offsets_aborted`` / ``txn_offsets_wrong``: a group's final committed offset of
+  a partition (``final_txn_offsets``) is one only aborted transactions sent; or it is
+  neither that of the last transaction committed ok that sent one nor that of a later
+  one not aborted (stale, nobody's, or missing though a commit returned ok).
 """
 
 from __future__ import annotations
@@ -107,6 +142,9 @@ class FinalPart:
     high_watermark: int
     compacted: bool
     records: list[tuple[int, str | None, str]]
+    #: Transaction markers take offsets no record holds (and tiering drops aborted
+    #: records): holes are no gap.
+    markers: bool = False
 
 
 @dataclass
@@ -120,6 +158,30 @@ class _Batch:
     epoch: int
     sequence: int
     count: int
+
+
+@dataclass
+class Txn:
+    """One transaction of the transactional workload (a ``txn`` op). ``status``: its
+    completion as written (``pending``: none); ``outcome``: ``committed`` (the commit
+    returned), ``aborted`` (surely: the abort returned; the commit was refused once the
+    instance fencing it had begun; or the commit was never asked) or ``unknown`` (a
+    commit that failed may still have been decided), which the final read may decide."""
+
+    op: int
+    topic: str
+    tid: str
+    n: int
+    values: list[str]
+    intent: str
+    status: str
+    outcome: str
+    group: str | None
+    #: {partition of the source topic: offset} sent with it (send_offsets_to_transaction).
+    offsets: dict[int, int]
+    zombie: bool
+    #: A zombie's: the ``txn_init`` op of the instance that fenced it (returned ok).
+    fenced_by: int | None
 
 
 @dataclass
@@ -162,6 +224,8 @@ class _Checker:
         self.finals: dict[tuple[str, int], FinalPart] = {}
         self.live: dict[str, str] = {}  # topic -> topic id of the final read
         self.located: dict[str, tuple[str, str, int, int]] = {}  # value -> (topic, id, p, o)
+        self.txn_of: dict[str, tuple[Txn, int]] = {}  # value -> (its transaction, index)
+        self.txn_ends: dict[int, float] = {}  # txn op -> when its commit or abort was asked
 
     # -- building the model ---------------------------------------------------------
 
@@ -198,6 +262,7 @@ class _Checker:
         self._check_commits(invokes, completions)
         self._check_streams(invokes, completions)
         self._check_producers(invokes, completions)
+        self._check_txns(invokes, completions)
         for e in self.events:
             if e["type"] == "info" and e["op"] == "storage":
                 self._check_storage(e)
@@ -263,6 +328,8 @@ class _Checker:
     ) -> None:
         rec = self.report.records
         for op_id, inv in invokes.items():
+            if inv["op"] == "txn":
+                self._txn_sends(inv, completions.get(op_id))
             if inv["op"] != "produce":
                 continue
             done = completions.get(op_id)
@@ -287,6 +354,26 @@ class _Checker:
                     s.incarnation = self._attribute(s.topic, s.t0, s.t1)
                 self.sends[value] = s
 
+    def _txn_sends(self, inv: dict[str, Any], done: dict[str, Any] | None) -> None:
+        """A transaction's records as sends: each acknowledged one at its offset (stored
+        in the log whatever the transaction's fate), required in the final log only when
+        the commit returned (tiering leaves aborted records out)."""
+        results = (done or {}).get("results") or [None] * len(inv["values"])
+        committed = done is not None and done["type"] == "ok" and inv["intent"] == "commit"
+        committed = committed and not inv.get("zombie")
+        for i, value in enumerate(inv["values"]):
+            s = Send(inv["id"], inv["topic"], "txn", value, inv["t"])
+            s.t1 = done["t"] if done is not None else math.inf
+            s.status = "ok" if committed else "info"
+            if results[i] is not None:
+                s.pos = (results[i][0], results[i][1])
+            else:
+                s.partition = inv["partitions"][i]
+            self.report.records["txn_sent"] += 1
+            if s.status == "ok":
+                s.incarnation = self._attribute(s.topic, s.t0, s.t1)
+            self.sends[value] = s
+
     def _finals(self) -> None:
         for e in self.events:
             if e["op"] == "final_read" and e["type"] == "ok":
@@ -298,6 +385,7 @@ class _Checker:
                     e["high_watermark"],
                     bool(e.get("compacted")),
                     [(r[0], r[1], r[2]) for r in e["records"]],
+                    bool(e.get("markers")),
                 )
                 self.finals[(part.topic_id, part.partition)] = part
                 self.live[part.topic] = part.topic_id
@@ -375,7 +463,8 @@ class _Checker:
                     log_start=part.log_start,
                     high_watermark=part.high_watermark,
                 )
-            if not part.compacted and offs != list(range(part.log_start, part.high_watermark)):
+            contiguous = not part.compacted and not part.markers
+            if contiguous and offs != list(range(part.log_start, part.high_watermark)):
                 missing = sorted(set(range(part.log_start, part.high_watermark)) - set(offs))
                 self.report.anomaly(
                     "gap",
@@ -898,6 +987,261 @@ class _Checker:
                             committed=bound,
                             skipped=skipped[:20],
                         )
+
+    # -- transactions -------------------------------------------------------------------
+
+    def _txns(
+        self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
+    ) -> dict[int, Txn]:
+        """The ``txn`` ops as transactions, each with its outcome as the client knows it
+        (see ``Txn``)."""
+        ends: dict[int, str] = {}
+        for e in self.events:
+            if e["op"] == "txn_end" and e["type"] == "info":
+                ends[e["op_id"]] = e["action"]
+                self.txn_ends[e["op_id"]] = e["t"]
+        txns: dict[int, Txn] = {}
+        for op_id, inv in invokes.items():
+            if inv["op"] != "txn":
+                continue
+            done = completions.get(op_id)
+            status = done["type"] if done is not None else "pending"
+            if status == "ok" and inv.get("zombie"):
+                outcome = "unknown"  # a zombie's commit that succeeded: zombie_commit
+            elif status == "ok":
+                outcome = "committed" if inv["intent"] == "commit" else "aborted"
+            elif status == "fail" or ends.get(op_id) != "commit":
+                # Refused after its fencing instance's init returned, aborted after an
+                # abortable error, or never asked to commit: nothing can commit it.
+                outcome = "aborted"
+            else:
+                outcome = "unknown"  # a commit that failed may still have been decided
+            t = Txn(
+                op=op_id,
+                topic=inv["topic"],
+                tid=inv["transactional_id"],
+                n=inv["n"],
+                values=inv["values"],
+                intent=inv["intent"],
+                status=status,
+                outcome=outcome,
+                group=inv.get("group"),
+                offsets={int(p): o for p, o in (inv.get("offsets") or {}).items()},
+                zombie=bool(inv.get("zombie")),
+                fenced_by=(done or {}).get("fenced_by"),
+            )
+            txns[op_id] = t
+            for i, v in enumerate(t.values):
+                self.txn_of[v] = (t, i)
+        return txns
+
+    def _check_txns(
+        self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
+    ) -> None:
+        """The transactional workload (Elle's G0 and G1 for Kafka transactions, as far as
+        a log shows them); the kinds are listed in the module docstring. The final
+        read_committed read (``final_txn_read``, after every transactional id was
+        settled by a last ``init_transactions``) decides the transactions the client
+        could not: none of its records there, it was aborted; all, committed."""
+        txns = self._txns(invokes, completions)
+        if not txns:
+            return
+        rec = self.report.records
+        final: dict[tuple[str, int], list[tuple[int, str]]] = {}
+        for e in self.events:
+            if e["op"] == "final_txn_read" and e["type"] == "ok":
+                final[(e["topic"], e["partition"])] = [(r[0], r[1]) for r in e["records"]]
+        visible = {v for recs in final.values() for _, v in recs}
+        for t in txns.values():
+            if final and t.outcome == "unknown":
+                seen = [v in visible for v in t.values]
+                if not any(seen) or all(seen):
+                    t.outcome = "committed" if all(seen) else "aborted"
+                    rec[f"txn_unknown_{t.outcome}"] += 1
+            rec[f"txn_{t.outcome}"] += 1
+            if t.zombie:
+                rec["txn_zombies"] += 1
+                if t.status == "ok" and t.fenced_by is not None:
+                    self.report.anomaly(
+                        "zombie_commit", op=t.op, transactional_id=t.tid, fenced_by=t.fenced_by
+                    )
+        for (topic, p), recs in sorted(final.items()):
+            where = f"final_txn_read {topic}/{p}"
+            self._check_txn_records(where, topic, p, recs, math.inf, "read_committed")
+            self._check_txn_order(where, topic, p, recs)
+        if final:
+            self._check_txn_final(txns, visible)
+        self._check_txn_polls(completions, final)
+        self._check_txn_offsets(txns)
+
+    def _check_txn_records(
+        self,
+        where: str,
+        topic: str,
+        p: int,
+        records: list[tuple[int, str]],
+        t: float,
+        isolation: str,
+    ) -> None:
+        """Records a transactional topic served at time ``t``: sent there, at their
+        offsets; under read_committed, of no aborted transaction (``aborted_read``) and
+        of none whose commit was not yet asked (``intermediate_read``)."""
+        for o, v in records:
+            self._check_value(where, topic, p, o, v)
+            got = self.txn_of.get(v)
+            if got is None or isolation != "read_committed":
+                continue
+            txn = got[0]
+            if txn.outcome == "aborted":
+                self.report.anomaly(
+                    "aborted_read",
+                    where=where,
+                    topic=topic,
+                    partition=p,
+                    offset=o,
+                    value=v,
+                    op=txn.op,
+                    status=txn.status,
+                )
+            elif t < self.txn_ends.get(txn.op, math.inf):
+                self.report.anomaly(
+                    "intermediate_read",
+                    where=where,
+                    topic=topic,
+                    partition=p,
+                    offset=o,
+                    value=v,
+                    op=txn.op,
+                    commit_asked_at=self.txn_ends.get(txn.op),
+                )
+
+    def _check_txn_order(
+        self, where: str, topic: str, p: int, records: list[tuple[int, str]]
+    ) -> None:
+        """G0 within one transactional id: its transactions are sequential (a new
+        instance settles the last one's before it begins), so in a partition of the
+        read_committed log they appear in their order, each one's records as sent."""
+        last: dict[str, tuple[int, int, int]] = {}  # id -> (txn number, index, offset)
+        for o, v in records:
+            got = self.txn_of.get(v)
+            if got is None:
+                continue
+            txn, i = got
+            prev = last.get(txn.tid)
+            if prev is not None and (txn.n, i) <= prev[:2]:
+                self.report.anomaly(
+                    "txn_write_order",
+                    where=where,
+                    topic=topic,
+                    partition=p,
+                    offset=o,
+                    value=v,
+                    op=txn.op,
+                    after=list(prev),
+                )
+            last[txn.tid] = (txn.n, i, o)
+
+    def _check_txn_final(self, txns: dict[int, Txn], visible: set[str]) -> None:
+        for t in txns.values():
+            seen = [v for v in t.values if v in visible]
+            missing = [v for v in t.values if v not in visible]
+            if t.outcome == "committed" and t.status == "ok" and missing:
+                self.report.anomaly(
+                    "txn_lost", op=t.op, topic=t.topic, value=missing[0], missing=missing
+                )
+            elif seen and missing:
+                self.report.anomaly(
+                    "txn_partial",
+                    op=t.op,
+                    topic=t.topic,
+                    value=seen[0],
+                    visible=seen,
+                    missing=missing,
+                    status=t.status,
+                )
+
+    def _check_txn_polls(
+        self,
+        completions: dict[int, dict[str, Any]],
+        final: dict[tuple[str, int], list[tuple[int, str]]],
+    ) -> None:
+        """The transactional topic's readers (``txn_poll``): their records as
+        ``_check_txn_records`` says, offsets of a partition increasing, and under
+        read_committed no record of the final read_committed log skipped between two
+        consecutive ones (a committed transaction's records in a partition seen
+        together). Whether a reader saw a transaction in all its partitions at once is
+        not checked: Kafka's read_committed is per partition."""
+        last: dict[tuple[str, str, int], int] = {}
+        held = {k: [o for o, _ in recs] for k, recs in final.items()}
+        for e in sorted(completions.values(), key=lambda e: e["t"]):
+            if e["op"] != "txn_poll" or e["type"] != "ok":
+                continue
+            c, topic, isolation = e["consumer"], e["topic"], e["isolation"]
+            where = f"txn_poll op {e['id']} by {c}"
+            by_p: dict[int, list[tuple[int, str]]] = defaultdict(list)
+            for p, o, v in e["records"]:
+                self.report.records[f"txn_polled_{isolation}"] += 1
+                by_p[p].append((o, v))
+                prev = last.get((c, topic, p))
+                if prev is not None and o <= prev:
+                    self.report.anomaly(
+                        "poll_nonmonotonic",
+                        where=where,
+                        consumer=c,
+                        topic=topic,
+                        partition=p,
+                        offset=o,
+                        after=prev,
+                    )
+                elif prev is not None and isolation == "read_committed":
+                    skipped = [x for x in held.get((topic, p), []) if prev < x < o]
+                    if skipped:
+                        self.report.anomaly(
+                            "poll_skip",
+                            where=where,
+                            consumer=c,
+                            topic=topic,
+                            partition=p,
+                            offset=o,
+                            after=prev,
+                            skipped=skipped[:20],
+                        )
+                last[(c, topic, p)] = o
+            for p, recs in by_p.items():
+                self._check_txn_records(where, topic, p, recs, e["t"], isolation)
+
+    def _check_txn_offsets(self, txns: dict[int, Txn]) -> None:
+        """A group's final committed offsets (``final_txn_offsets``) against the offsets
+        its transactions sent (``send_offsets_to_transaction``): per partition, the last
+        transaction committed ok that sent one, or a later one not aborted (one of
+        unknown outcome may have committed), else ``txn_offsets_aborted`` (only aborted
+        transactions sent it) or ``txn_offsets_wrong`` (a stale offset, one nobody sent,
+        or none though a transaction committed one)."""
+        for e in self.events:
+            if e["op"] != "final_txn_offsets" or e["type"] != "ok":
+                continue
+            group, topic = e["group"], e["topic"]
+            sent = sorted((t for t in txns.values() if t.group == group), key=lambda t: t.op)
+            parts = {p for t in sent for p in t.offsets} | {int(p) for p in e["offsets"]}
+            for p in sorted(parts):
+                got = e["offsets"].get(str(p))
+                mine = [t for t in sent if p in t.offsets]
+                ok = [t for t in mine if t.outcome == "committed" and t.status == "ok"]
+                after = ok[-1].op if ok else -1
+                allowed = {t.offsets[p] for t in mine if t.op >= after and t.outcome != "aborted"}
+                if got in allowed or (got is None and not ok):
+                    self.report.records["txn_offsets_checked"] += 1
+                    continue
+                aborted = {t.offsets[p] for t in mine if t.outcome == "aborted"}
+                self.report.anomaly(
+                    "txn_offsets_aborted" if got in aborted else "txn_offsets_wrong",
+                    group=group,
+                    topic=topic,
+                    partition=p,
+                    offset=got,
+                    allowed=sorted(allowed)[-10:],
+                    last_committed_op=ok[-1].op if ok else None,
+                )
 
 
 def _touches(op: list[dict[str, Any]], topic: str | None, partition: int | None) -> bool:

@@ -41,8 +41,23 @@ Operations (fields beyond the common ones):
   offset}}`` (the group's committed offsets, read twice alike); ``stream_error`` (a
   lone ``info``) ``{consumer, error}``: the connection broke.
 - ``final_read`` ok ``{topic, topic_id, partition, log_start, high_watermark,
-  records: [[offset, key, value], ...], compacted}``: the whole log after quiescence.
+  records: [[offset, key, value], ...], compacted, markers}``: the whole log after
+  quiescence (``markers``: a transactional topic, whose markers take offsets).
 - ``final_committed`` ok ``{group, topic, topic_id, offsets: {partition: offset}}``.
+- ``txn`` (a transaction of a transactional producer) invoke ``{topic, transactional_id,
+  n, values, partitions (each value's), intent: commit|abort, group, source, offsets:
+  {partition: offset} | null (sent with it, of topic ``source``), zombie}``, completion
+  ``{results}`` as a produce's (the delivery reports: stored, whatever the outcome)
+  and, for a zombie, ``fenced_by`` (the ``txn_init`` of the instance that fenced it):
+  ``ok`` the intended end returned, ``fail`` surely aborted (see
+  ``tests.chaos.run.Run.txn_round``), ``info`` unknown; ``txn_end`` (a lone ``info``)
+  ``{op_id, action}``: its commit or abort is asked now. ``txn_init`` invoke
+  ``{transactional_id, fences?: txn op, settle?: true}``: a new instance of the id.
+  ``txn_poll`` ok ``{consumer, topic, isolation, records: [[partition, offset, value],
+  ...]}``: a Kafka reader of the topic. ``final_txn_read`` ok ``{topic, partition,
+  isolation: read_committed, last_stable, reached_end, errors, records: [[offset, value],
+  ...]}`` (``errors``: what the reader got instead of records; it never resets a position);
+  ``final_txn_offsets`` ok ``{group, topic, offsets: {partition: offset}}``.
 - ``storage`` (a lone ``info``, last: once the topology stopped) ``{referenced, listed:
   {key: modified}, rows: {key: unreferenced since | null}, now, grace_s, slack_s,
   gc_pass_started}``:

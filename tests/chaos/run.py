@@ -11,14 +11,21 @@ faults, restarts what is down, waits for the janitors, reads every partition who
 (``final_read``) and the groups' committed offsets, and checks the history.
 
 Clients: REST and Kafka producers, v3 readers, a v2 consumer instance, Kafka group
-members, a group stream (``Run.group_stream``) and, in runs of ``SPARK_MIN_MINUTES`` or
-more, a Spark process (``Run.spark_loop``, ``tests.chaos.spark_client``).
+members, a group stream (``Run.group_stream``), transactional producers
+(``Run.txn_producer``: confluent-kafka, a ``transactional.id`` each, committing or
+aborting at random, some transactions carrying offsets of ``stable`` consumed
+read_committed, now and then a zombie instance that must be fenced) with a
+read_committed and a read_uncommitted Kafka reader of their topic (``Run.txn_reader``)
+and, in runs of ``SPARK_MIN_MINUTES`` or more, a Spark process (``Run.spark_loop``,
+``tests.chaos.spark_client``).
 
 Topics: ``stable`` (3 partitions; the consumers read it), ``retained``
 (``retention.ms`` of seconds, changed at random), ``compacted``
 (``cleanup.policy=compact``, keys from a small set), ``churn`` (deleted and created
 again under the same name, partitions added, DeleteRecords), ``reborn`` (the
-reincarnation probe's: ``Run.reincarnate``).
+reincarnation probe's: ``Run.reincarnate``), ``txn`` (transactions only; at the end every
+transactional id is settled by a last instance, ``Run.txn_settle``, and the topic read
+whole read_committed too, ``Run.final_txn``).
 
 Targeted probes, each aimed at one defect a random mix rarely reaches: ``reincarnate``
 (an agent's cache outliving a topic's incarnation) and the idempotent REST producer's
@@ -79,7 +86,21 @@ TOPICS: dict[str, tuple[int, dict[str, str]]] = {
     "compacted": (2, {"cleanup.policy": "compact"}),
     "churn": (2, {}),
     "reborn": (1, {}),
+    "txn": (3, {}),
 }
+#: The transactional workload (``Run.txn_producer``, ``Run.txn_reader``): its topic (only
+#: transactions write it), the topic its consume-transform-produce side reads, its
+#: producers (each its own ``transactional.id``), how often a round is a zombie's.
+TXN_TOPIC = "txn"
+TXN_SOURCE = "stable"
+TXN_PRODUCERS = ("txn-1", "txn-2")
+TXN_ID_PREFIX = "chaos-"
+TXN_ZOMBIE_P = 0.08
+#: transaction.timeout.ms: a transaction left open by a frozen or replaced producer is
+#: aborted by the agents' sweep within a run.
+TXN_TIMEOUT_MS = 20000
+#: How long a transactional client call may run past its own timeout (``_bounded``).
+TXN_CALL_LIMIT_S = 45.0
 #: Runs this long or longer have a Spark client (``Run.spark_loop``): a JVM is no part of
 #: the short in-suite run.
 SPARK_MIN_MINUTES = 5.0
@@ -516,6 +537,352 @@ class Run:
                 producer = new_producer()
             time.sleep(rng.uniform(0, 0.2))
         producer.flush(30)
+
+    # -- transactions -------------------------------------------------------------------
+
+    def txn_conf(self, transactional_id: str) -> dict[str, Any]:
+        """A transactional producer's configuration: a timeout the agents' sweep acts on
+        within a run (a producer frozen by a fault is aborted, not waited for)."""
+        return self.kafka_conf(
+            **{
+                "transactional.id": transactional_id,
+                "transaction.timeout.ms": TXN_TIMEOUT_MS,
+                "message.timeout.ms": TXN_TIMEOUT_MS - 5000,
+                "linger.ms": 5,
+            }
+        )
+
+    def txn_init(self, proc: str, transactional_id: str, **fields: Any) -> tuple[Any, int] | None:
+        """A new instance of ``transactional_id`` (``init_transactions``: its earlier
+        instance is fenced and a transaction it left open aborted): (the producer, the
+        ``txn_init`` op id), or None when it did not answer ok."""
+        from confluent_kafka import Producer
+
+        op = self.hist.invoke(proc, "txn_init", transactional_id=transactional_id, **fields)
+        try:
+            producer = Producer(self.txn_conf(transactional_id))
+            producer.init_transactions(30)
+        except Exception as e:
+            self.hist.complete(op, proc, "txn_init", "info", error=repr(e)[:300])
+            return None
+        self.hist.complete(op, proc, "txn_init", "ok")
+        return producer, op
+
+    def txn_producer(self, proc: str) -> None:
+        """A transactional producer (``transactional.id`` = ``TXN_ID_PREFIX + proc``) on
+        topic ``txn``; see ``txn_round``. A new instance after any outcome it cannot
+        account for (a fatal error, a timeout): its ``init_transactions`` settles what the
+        last one left open."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        rng = self.rng(proc)
+        tid = TXN_ID_PREFIX + proc
+        group = f"g-{proc}"
+        # The consume side of consume-transform-produce: ``stable`` read_committed from
+        # the group's committed offsets (only transactions commit them), never sought back.
+        source = Consumer(
+            self.kafka_conf(
+                **{
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed",
+                }
+            )
+        )
+        source.assign([TopicPartition(TXN_SOURCE, p) for p in range(TOPICS[TXN_SOURCE][0])])
+        producer: Any = None
+        n = itertools.count(1)
+        try:
+            while not self.stop.is_set():
+                if producer is None:
+                    got = self.txn_init(proc, tid)
+                    if got is None:
+                        self.stop.wait(1)
+                        continue
+                    producer = got[0]
+                try:
+                    producer = self.txn_round(proc, tid, group, producer, source, rng, next(n))
+                except Exception:
+                    self.errors.append(f"{proc}: {traceback.format_exc()}")
+                    producer = None
+                self.stop.wait(rng.uniform(0, 0.2))
+        finally:
+            with contextlib.suppress(Exception):
+                source.close()
+
+    def txn_round(
+        self,
+        proc: str,
+        tid: str,
+        group: str,
+        producer: Any,
+        source: Any,
+        rng: random.Random,
+        n: int,
+    ) -> Any:
+        """One transaction of ``producer``: 2-8 records over 1-3 partitions of ``txn`` (each
+        value ``txn|proc|n|i``), in some the offsets of records just consumed from
+        ``stable`` (``send_offsets_to_transaction``), then committed or aborted as drawn.
+        Now and then a zombie round: a second instance of the id is started after the
+        records are acknowledged, and only then the first commits (it must be fenced).
+        Returns the producer to go on with (None: a new instance is needed).
+
+        The ``txn`` op's outcome: ``ok`` the intended end returned; ``fail`` the
+        transaction was surely aborted (``abort_transaction`` returned after an abortable
+        error, or the zombie's commit refused after the fencing instance's init returned);
+        ``info`` anything else. A ``txn_end`` info is written right before the commit or
+        abort is asked: a read_committed reader that got a record earlier read it
+        uncommitted."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        zombie = rng.random() < TXN_ZOMBIE_P
+        intent = "commit" if zombie or rng.random() < 0.7 else "abort"
+        parts = rng.sample(range(TOPICS[TXN_TOPIC][0]), rng.randint(1, 3))
+        placed = [rng.choice(parts) for _ in range(rng.randint(2, 8))]
+        values = [f"{TXN_TOPIC}|{proc}|{n}|{i}" for i in range(len(placed))]
+        offsets: dict[str, int] = {}
+        if rng.random() < 0.4:
+            offsets = self._txn_consume(proc, source)
+        op = self.hist.invoke(
+            proc,
+            "txn",
+            topic=TXN_TOPIC,
+            transactional_id=tid,
+            n=n,
+            values=values,
+            partitions=placed,
+            intent=intent,
+            group=group if offsets else None,
+            source=TXN_SOURCE,
+            offsets=offsets or None,
+            zombie=zombie,
+        )
+        results: list[Any] = [None] * len(values)
+
+        def report(i: int) -> Callable[[Any, Any], None]:
+            def cb(err: Any, msg: Any) -> None:
+                if err is None:
+                    results[i] = [msg.partition(), msg.offset()]
+
+            return cb
+
+        fenced_by: int | None = None
+        try:
+            producer.begin_transaction()
+            for i, (p, v) in enumerate(zip(placed, values, strict=True)):
+                producer.produce(
+                    TXN_TOPIC, v.encode(), v.encode(), partition=p, on_delivery=report(i)
+                )
+            if producer.flush(30):
+                raise KafkaException("records unacknowledged after 30 s")
+            if offsets:
+                metadata = source.consumer_group_metadata()
+                _bounded(
+                    lambda: producer.send_offsets_to_transaction(
+                        [TopicPartition(TXN_SOURCE, int(p), o) for p, o in offsets.items()],
+                        metadata,
+                        30,
+                    ),
+                    TXN_CALL_LIMIT_S,
+                )
+            if zombie:
+                fresh = self.txn_init(proc, tid, fences=op)
+                if fresh is None:  # the zombie may or may not be fenced: nothing is known
+                    self.hist.complete(op, proc, "txn", "info", results=results, error="fence")
+                    return None
+                fenced_by = fresh[1]
+                self.hist.info(proc, "txn_end", op_id=op, action="commit")
+                try:
+                    producer.commit_transaction(30)
+                except KafkaException as e:
+                    self.hist.complete(
+                        op, proc, "txn", "fail", results=results, fenced_by=fenced_by, error=str(e)
+                    )
+                    return fresh[0]
+                self.hist.complete(op, proc, "txn", "ok", results=results, fenced_by=fenced_by)
+                return fresh[0]
+            self.hist.info(proc, "txn_end", op_id=op, action=intent)
+            if intent == "commit":
+                producer.commit_transaction(30)
+            else:
+                producer.abort_transaction(30)
+            self.hist.complete(op, proc, "txn", "ok", results=results)
+            return producer
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if hasattr(err, "txn_requires_abort") and err.txn_requires_abort():
+                try:
+                    producer.abort_transaction(30)
+                except KafkaException as e2:
+                    self.hist.complete(op, proc, "txn", "info", results=results, error=str(e2))
+                    return None
+                self.hist.complete(op, proc, "txn", "fail", results=results, error=str(e))
+                return producer
+            self.hist.complete(op, proc, "txn", "info", results=results, error=str(e))
+            return None
+        except Exception as e:  # BufferError, ...: nothing is known
+            self.hist.complete(op, proc, "txn", "info", results=results, error=repr(e))
+            return None
+
+    def _txn_consume(self, proc: str, source: Any) -> dict[str, int]:
+        """A few records of ``stable`` read_committed (a ``poll`` of the consumer
+        ``<proc>-in``); {partition: the offset after the last} for those read."""
+        msgs = source.consume(50, 0.5)
+        recs = [[m.partition(), m.offset(), m.value().decode()] for m in msgs if m.error() is None]
+        if not recs:
+            return {}
+        op = self.hist.invoke(proc, "poll", consumer=f"{proc}-in")
+        self.hist.complete(
+            op, proc, "poll", "ok", consumer=f"{proc}-in", topic=TXN_SOURCE, records=recs
+        )
+        return {str(p): o + 1 for p, o, _ in recs}
+
+    def txn_reader(self, proc: str, isolation: str) -> None:
+        """A Kafka consumer of every partition of ``txn`` from its start with
+        ``isolation.level`` = ``isolation``, never committing nor seeking: each batch it
+        gets is a ``txn_poll`` with its records (partition, offset, value)."""
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        consumer = Consumer(
+            self.kafka_conf(
+                **{
+                    "group.id": f"g-{proc}",
+                    "enable.auto.commit": False,
+                    "isolation.level": isolation,
+                    "fetch.wait.max.ms": 100,
+                    # A reset goes back to the start: poll_nonmonotonic, not a silent jump.
+                    "auto.offset.reset": "earliest",
+                }
+            )
+        )
+        n = TOPICS[TXN_TOPIC][0]
+        consumer.assign([TopicPartition(TXN_TOPIC, p, OFFSET_BEGINNING) for p in range(n)])
+        try:
+            while not self.stop.is_set():
+                msgs = consumer.consume(100, 0.5)
+                recs = [
+                    [m.partition(), m.offset(), m.value().decode()]
+                    for m in msgs
+                    if m.error() is None
+                ]
+                if recs:
+                    op = self.hist.invoke(proc, "txn_poll", consumer=proc)
+                    self.hist.complete(
+                        op,
+                        proc,
+                        "txn_poll",
+                        "ok",
+                        consumer=proc,
+                        topic=TXN_TOPIC,
+                        isolation=isolation,
+                        records=recs,
+                    )
+        except Exception:
+            self.errors.append(f"{proc}: {traceback.format_exc()}")
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
+
+    def txn_settle(self) -> None:
+        """A last instance of every transactional id (``txn_init``, retried): whatever a
+        producer left open is aborted, so the final read_committed read sees each
+        transaction decided."""
+        for proc in TXN_PRODUCERS:
+            for _ in range(5):
+                if self.txn_init("final", TXN_ID_PREFIX + proc, settle=True) is not None:
+                    break
+                time.sleep(2)
+
+    def final_txn(self) -> None:
+        """``txn`` read whole read_committed (a ``final_txn_read`` per partition), and the
+        transactional producers' groups' committed offsets on ``stable``
+        (``final_txn_offsets``)."""
+        from confluent_kafka import (
+            OFFSET_BEGINNING,
+            Consumer,
+            ConsumerGroupTopicPartitions,
+            TopicPartition,
+        )
+        from confluent_kafka.admin import AdminClient
+
+        proc = "final"
+        n = TOPICS[TXN_TOPIC][0]
+        consumer = Consumer(
+            self.kafka_conf(
+                **{
+                    "group.id": "g-final-txn",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 100,
+                    # A position reset would jump over records silently: an error instead.
+                    "auto.offset.reset": "error",
+                }
+            )
+        )
+        try:
+            ends = {
+                p: consumer.get_watermark_offsets(TopicPartition(TXN_TOPIC, p), 15, False)[1]
+                for p in range(n)
+            }
+            consumer.assign([TopicPartition(TXN_TOPIC, p, OFFSET_BEGINNING) for p in range(n)])
+            got: dict[int, list[list[Any]]] = {p: [] for p in range(n)}
+            errors: list[str] = []
+            done: set[int] = {p for p, end in ends.items() if end <= 0}
+            deadline = time.monotonic() + 120
+            idle_since = time.monotonic()
+            while len(done) < n and time.monotonic() < deadline:
+                if time.monotonic() - idle_since > 10:  # the rest are markers or aborted
+                    break
+                for m in consumer.consume(500, 0.5):
+                    if m.error() is None:
+                        got[m.partition()].append([m.offset(), m.value().decode()])
+                        idle_since = time.monotonic()
+                    elif len(errors) < 20:
+                        errors.append(f"{m.partition()}: {m.error()}")
+                for tp in consumer.position([TopicPartition(TXN_TOPIC, p) for p in range(n)]):
+                    if tp.offset >= ends[tp.partition]:
+                        done.add(tp.partition)
+            for p in range(n):
+                op = self.hist.invoke(proc, "final_txn_read", topic=TXN_TOPIC, partition=p)
+                self.hist.complete(
+                    op,
+                    proc,
+                    "final_txn_read",
+                    "ok",
+                    topic=TXN_TOPIC,
+                    partition=p,
+                    isolation="read_committed",
+                    last_stable=ends[p],
+                    reached_end=p in done,
+                    errors=errors,
+                    records=got[p],
+                )
+        except Exception as e:
+            self.hist.info(proc, "final_txn_error", error=repr(e)[:300])
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
+        admin = AdminClient(self.kafka_conf())
+        for proc_ in TXN_PRODUCERS:
+            group = f"g-{proc_}"
+            try:
+                fut = admin.list_consumer_group_offsets(
+                    [ConsumerGroupTopicPartitions(group)], request_timeout=15
+                )[group]
+                res = fut.result(timeout=20)
+            except Exception as e:
+                self.hist.info(proc, "final_committed_error", group=group, error=repr(e))
+                continue
+            offsets = {
+                str(tp.partition): tp.offset
+                for tp in res.topic_partitions
+                if tp.topic == TXN_SOURCE and tp.offset >= 0
+            }
+            op = self.hist.invoke(proc, "final_txn_offsets", group=group)
+            self.hist.complete(
+                op, proc, "final_txn_offsets", "ok", group=group, topic=TXN_SOURCE, offsets=offsets
+            )
 
     # -- readers ------------------------------------------------------------------------
 
@@ -1365,6 +1732,8 @@ class Run:
             high_watermark=hw,
             records=records,
             compacted=TOPICS[topic][1].get("cleanup.policy") == "compact",
+            # Transaction markers take offsets no record holds; tiering drops aborted ones.
+            markers=topic == TXN_TOPIC,
         )
 
     def _final_committed(self, proc: str, groups: Iterable[str]) -> None:
@@ -1533,6 +1902,36 @@ def _decode_cursor(cursor: str) -> dict[str, int]:
     return {k.split(":", 1)[0]: v for k, v in doc.items() if k.split(":", 1)[1] == "stable"}
 
 
+class _Abandoned(Exception):
+    """A client call that outlived its own timeout; its instance is given up."""
+
+
+def _bounded(fn: Callable[[], Any], limit: float) -> Any:
+    """``fn()`` in a thread of its own, given up after ``limit`` s (``_Abandoned``).
+
+    librdkafka's ``send_offsets_to_transaction`` ignores its timeout when the group
+    coordinator it cached goes away (confluentinc/librdkafka#5456, #5511: an agent killed
+    here), and would hang its worker for the rest of the run; the thread left behind
+    holds only the abandoned instance, which the next instance of the id fences."""
+    box: list[Any] = []
+
+    def call() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:
+            box.append((False, e))
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(limit)
+    if not box:
+        raise _Abandoned(f"no answer in {limit} s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 def _outcome(status: int) -> str:
     """A 4xx refused before anything happened; a 5xx (or 408/429) may or may not have."""
     return "fail" if status < 500 and status not in (408, 429) else "info"
@@ -1618,6 +2017,9 @@ def run(params: Params) -> dict[str, Any]:
             threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-1",)),
             threading.Thread(target=r.kafka_consumer, args=("kafka-consumer-2",)),
             threading.Thread(target=r.group_stream, args=("group-stream-1",)),
+            *(threading.Thread(target=r.txn_producer, args=(p,)) for p in TXN_PRODUCERS),
+            threading.Thread(target=r.txn_reader, args=("txn-reader-rc", "read_committed")),
+            threading.Thread(target=r.txn_reader, args=("txn-reader-ru", "read_uncommitted")),
             threading.Thread(target=r.admin_loop),
             *(
                 [threading.Thread(target=r.spark_loop, args=("spark-1",))]
@@ -1636,7 +2038,9 @@ def run(params: Params) -> dict[str, Any]:
             if w.is_alive():
                 errors.append(f"a client thread did not stop: {w.name}")
         r.quiesce()
+        r.txn_settle()
         r.final_reads()
+        r.final_txn()
         errors += r.errors
         finished = True
     finally:

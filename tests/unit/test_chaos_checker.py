@@ -77,6 +77,7 @@ class H:
         p: int = 0,
         compacted: bool = False,
         keys: dict[int, str] | None = None,
+        markers: bool = False,
     ) -> None:
         self.t += 1
         self.events.append(
@@ -92,6 +93,7 @@ class H:
                 "log_start": log_start,
                 "high_watermark": hw if hw is not None else log_start + len(records),
                 "compacted": compacted,
+                "markers": markers,
                 "records": [[o, (keys or {}).get(o), v] for o, v in records],
             }
         )
@@ -646,3 +648,282 @@ def test_a_spark_write_is_found_in_its_partitions() -> None:
     h.events[-1]["records"].append([1, None, "w0"])  # stored in partition 1
     h.events[-1]["high_watermark"] = 2
     assert kinds(h) == {"lost", "wrong_offset"}
+
+
+# -- the transactional workload ----------------------------------------------------------
+
+
+class TxnH(H):
+    """A history of the transactional workload on topic ``txn`` (partitions 0 and 1): each
+    transaction's records take the next offsets of their partitions, and one marker per
+    partition follows once it is decided (markers take offsets no record holds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.create("txn", "T1")
+        self.next_offset = {0: 0, 1: 0}
+        self.log: dict[int, list[tuple[int, str]]] = {0: [], 1: []}
+
+    def event(self, **e: Any) -> int:
+        self.t += 1
+        if "id" not in e:
+            e["id"] = self.next_id
+            self.next_id += 1
+        self.events.append({"t": self.t, "proc": "p", **e})
+        return int(e["id"])
+
+    def txn(
+        self,
+        n: int,
+        parts: list[int],
+        intent: str = "commit",
+        outcome: str | None = "ok",
+        asked: bool = True,
+        tid: str = "chaos-txn-1",
+        offsets: dict[str, int] | None = None,
+        zombie: bool = False,
+        **done: Any,
+    ) -> tuple[int, list[str]]:
+        """A transaction writing a record to each of ``parts`` (stored, acknowledged),
+        then ``intent`` asked (``asked``: a ``txn_end``), completed ``outcome``."""
+        values = [f"txn|{tid}|{n}|{i}" for i in range(len(parts))]
+        op = self.event(
+            type="invoke",
+            op="txn",
+            topic="txn",
+            transactional_id=tid,
+            n=n,
+            values=values,
+            partitions=parts,
+            intent=intent,
+            group="g-txn" if offsets else None,
+            offsets=offsets,
+            zombie=zombie,
+        )
+        results = []
+        for p, v in zip(parts, values, strict=True):
+            results.append([p, self.next_offset[p]])
+            self.log[p].append((self.next_offset[p], v))
+            self.next_offset[p] += 1
+        if asked:
+            self.event(type="info", op="txn_end", op_id=op, action=intent)
+        for p in set(parts):  # its marker
+            self.next_offset[p] += 1
+        if outcome is not None:
+            self.event(id=op, type=outcome, op="txn", results=results, **done)
+        return op, values
+
+    def poll(self, isolation: str, records: list[list[Any]], consumer: str = "r") -> int:
+        op = self.event(type="invoke", op="txn_poll", consumer=consumer)
+        self.event(
+            id=op,
+            type="ok",
+            op="txn_poll",
+            consumer=consumer,
+            topic="txn",
+            isolation=isolation,
+            records=records,
+        )
+        return op
+
+    def finish(self, committed: list[str], offsets: dict[str, int] | None = None) -> None:
+        """The final reads: the log as stored (read_uncommitted, markers' offsets empty),
+        ``committed`` read_committed, and the group's committed ``offsets``."""
+        for p in (0, 1):
+            self.final("txn", "T1", self.log[p], p=p, hw=self.next_offset[p], markers=True)
+            recs = [[o, v] for o, v in self.log[p] if v in committed]
+            self.event(type="ok", op="final_txn_read", topic="txn", partition=p, records=recs)
+        if offsets is not None:
+            self.event(
+                type="ok", op="final_txn_offsets", group="g-txn", topic="stable", offsets=offsets
+            )
+
+
+def _txn_history(
+    committed: list[str] | None = None,
+    offsets: dict[str, int] | None = None,
+    polls: list[tuple[str, list[list[Any]]]] = (),  # type: ignore[assignment]
+) -> tuple[TxnH, dict[str, list[str]]]:
+    """A valid history: ``c1`` committed (offset 5 of the group), ``a2`` aborted (offset 7
+    sent), ``u3`` a commit of unknown outcome that the final read shows committed
+    (offset 9), ``u4`` one that it shows aborted, ``f5`` a commit that failed into an
+    abort; then ``polls`` and the final reads (``committed`` overrides what the
+    read_committed one holds, ``offsets`` the group's)."""
+    h = TxnH()
+    v: dict[str, list[str]] = {}
+    _, v["c1"] = h.txn(1, [0, 1], offsets={"0": 5})
+    _, v["a2"] = h.txn(2, [0], intent="abort", offsets={"0": 7})
+    _, v["u3"] = h.txn(3, [0, 1], outcome="info", offsets={"0": 9})
+    _, v["u4"] = h.txn(4, [1], outcome="info")
+    _, v["f5"] = h.txn(5, [0, 1], outcome="fail")
+    for isolation, records in polls:
+        h.poll(isolation, records, consumer=isolation)
+    committed = v["c1"] + v["u3"] if committed is None else committed
+    h.finish(committed, {"0": 9} if offsets is None else offsets)
+    return h, v
+
+
+def test_a_valid_transactional_history_has_no_anomaly() -> None:
+    c1, a2 = "txn|chaos-txn-1|1|", "txn|chaos-txn-1|2|"
+    h, _ = _txn_history(
+        polls=[
+            ("read_committed", [[0, 0, c1 + "0"]]),
+            ("read_committed", [[1, 0, c1 + "1"]]),
+            ("read_uncommitted", [[0, 0, c1 + "0"], [0, 2, a2 + "0"]]),
+        ]
+    )
+    report = check(h.events)
+    assert report.anomalies == []
+    r = report.records
+    assert (r["txn_committed"], r["txn_aborted"], r["txn_unknown_committed"]) == (2, 3, 1)
+    assert r["txn_unknown_aborted"] == 1 and r["txn_offsets_checked"] == 1
+    assert r["acked_found"] == 2  # c1's records in the log as stored; no gap for markers
+
+
+def test_a_record_of_an_aborted_transaction_read_committed() -> None:
+    """G1a: the client saw the abort (a2), or the commit fail into an abort (f5), or the
+    outcome was unknown and the final read holds none of it (u4): no read_committed
+    reader may ever get its records, during the run or at the end."""
+    _, v = _txn_history()
+    a2, u4, f5 = v["a2"][0], v["u4"][0], v["f5"][0]
+    for value, p, o in ((a2, 0, 2), (u4, 1, 4), (f5, 0, 6)):
+        h, _ = _txn_history(polls=[("read_committed", [[p, o, value]])])
+        assert kinds(h) == {"aborted_read"}, value
+        h, _ = _txn_history(polls=[("read_uncommitted", [[p, o, value]])])
+        assert kinds(h) == set(), value
+    h, _ = _txn_history(committed=[*v["c1"], *v["u3"], a2])
+    assert kinds(h) == {"aborted_read"}
+
+
+def test_a_transaction_never_asked_to_commit_is_aborted() -> None:
+    """A client that gave up before asking for the commit (a fatal error mid-produce)
+    left a transaction nothing can commit: its records read_committed are G1a."""
+    h = TxnH()
+    _, v = h.txn(1, [0], outcome="info", asked=False)
+    h.poll("read_committed", [[0, 0, v[0]]])
+    h.finish([])
+    assert kinds(h) == {"aborted_read"}
+
+
+def test_a_record_read_committed_before_its_commit_was_asked() -> None:
+    """G1b: a read_committed reader got a record of a transaction still open (its
+    ``txn_end`` after the poll): the last stable offset did not hold it back."""
+    h = TxnH()
+    values = ["txn|chaos-txn-1|1|0"]
+    op = h.event(
+        type="invoke",
+        op="txn",
+        topic="txn",
+        transactional_id="chaos-txn-1",
+        n=1,
+        values=values,
+        partitions=[0],
+        intent="commit",
+        group=None,
+        offsets=None,
+        zombie=False,
+    )
+    h.log[0].append((0, values[0]))
+    h.next_offset[0] = 2
+    h.poll("read_committed", [[0, 0, values[0]]])
+    h.event(type="info", op="txn_end", op_id=op, action="commit")
+    h.event(id=op, type="ok", op="txn", results=[[0, 0]])
+    h.finish(values)
+    assert kinds(h) == {"intermediate_read"}
+
+
+def test_a_committed_transactions_records_all_visible_at_the_end() -> None:
+    """A commit the client saw succeed: every record of it read_committed at the end
+    (``txn_lost``); any transaction: all its records or none (``txn_partial``)."""
+    _, v = _txn_history()
+    h, _ = _txn_history(committed=[v["c1"][0], *v["u3"]])
+    assert kinds(h) == {"txn_lost"}
+    h, _ = _txn_history(committed=[*v["c1"], v["u3"][1]])
+    assert kinds(h) == {"txn_partial"}
+
+
+def test_one_transactional_ids_transactions_in_order_in_every_partition() -> None:
+    """G0 within one transactional id: its transactions are sequential, so transaction 2
+    stored before transaction 1 in a partition is a write out of order; two ids'
+    transactions may interleave."""
+    h = TxnH()
+    _, v2 = h.txn(2, [0, 0])
+    _, v1 = h.txn(1, [0, 1])
+    h.finish(v2 + v1)
+    assert kinds(h) == {"txn_write_order"}
+    h = TxnH()
+    _, v2 = h.txn(2, [0, 0], tid="chaos-txn-2")
+    _, v1 = h.txn(1, [0, 1])
+    h.finish(v2 + v1)
+    assert kinds(h) == set()
+
+
+def test_a_zombie_that_commits_after_its_fencing_instance_began() -> None:
+    h = TxnH()
+    fence = h.event(type="invoke", op="txn_init", transactional_id="chaos-txn-1", fences=1)
+    h.event(id=fence, type="ok", op="txn_init")
+    _, v = h.txn(1, [0], zombie=True, fenced_by=fence)
+    h.finish(v)
+    assert kinds(h) == {"zombie_commit"}
+    h = TxnH()
+    _, v = h.txn(1, [0], zombie=True, outcome="fail", fenced_by=fence)
+    h.finish([])
+    assert kinds(h) == set()
+
+
+def test_offsets_sent_to_a_transaction_are_committed_with_it() -> None:
+    """The group's final committed offset: the last transaction committed ok that sent
+    one (c1: 5) or a later one that may have committed (u3: 9); never only an aborted
+    one's (a2: 7), nor an older or missing one."""
+    h, _ = _txn_history(offsets={"0": 7})
+    assert kinds(h) == {"txn_offsets_aborted"}
+    h, _ = _txn_history(offsets={"0": 3})
+    assert kinds(h) == {"txn_offsets_wrong"}
+    h, _ = _txn_history(offsets={})
+    assert kinds(h) == {"txn_offsets_wrong"}
+    _, v = _txn_history()
+    h, _ = _txn_history(committed=v["c1"], offsets={"0": 9})  # u3 decided aborted
+    assert kinds(h) == {"txn_offsets_aborted"}
+    h, _ = _txn_history(committed=v["c1"], offsets={"0": 5})
+    assert kinds(h) == set()
+
+
+def test_a_read_committed_reader_skips_no_committed_record() -> None:
+    """A read_committed reader of a partition gets every committed record between two
+    it got (a transaction's records in a partition are seen together), offsets rising;
+    aborted records and markers between are no skip."""
+    h = TxnH()
+    _, v1 = h.txn(1, [0])
+    h.txn(2, [0], intent="abort")
+    _, v3 = h.txn(3, [0])
+    _, v4 = h.txn(4, [0])
+    h.poll("read_committed", [[0, 0, v1[0]]])
+    h.poll("read_committed", [[0, 4, v3[0]]])
+    h.poll("read_committed", [[0, 6, v4[0]]])
+    h.finish(v1 + v3 + v4)
+    assert kinds(h) == set()
+    skipped = [e for e in h.events if e["op"] == "txn_poll" and e["type"] == "ok"][1]
+    skipped["records"] = []
+    assert kinds(h) == {"poll_skip"}
+    skipped["records"] = [[0, 6, v4[0]]]
+    assert kinds(h) == {"poll_nonmonotonic", "poll_skip"}
+
+
+def test_the_log_as_stored_holds_markers_and_may_lose_aborted_records() -> None:
+    """In the read_uncommitted final log of a transactional topic, markers' offsets hold
+    no record (no ``gap``) and an aborted transaction's records may be gone (tiering
+    leaves them out); a committed one's may not (``lost``)."""
+    h, v = _txn_history()
+    for e in h.events:
+        if e["op"] == "final_read" and e["partition"] == 0:
+            e["records"] = [r for r in e["records"] if r[2] != v["a2"][0]]
+    assert kinds(h) == set()
+    for e in h.events:
+        if e["op"] == "final_read" and e["partition"] == 0:
+            e["records"] = [r for r in e["records"] if r[2] != v["c1"][0]]
+    assert kinds(h) == {"lost"}
+    h, _ = _txn_history()
+    for e in h.events:
+        if e["op"] == "final_read":
+            e["markers"] = False
+    assert kinds(h) == {"gap"}
