@@ -31,8 +31,9 @@ SQLite coordinator, S3 on moto; ``bench/kafka.py``'s ``Lakelog``). Sections
   (same partition, its original timestamp) in a transaction committed every
   ``--e2e-commit-ms`` with ``send_offsets_to_transaction``; a read_committed consumer of
   B measures the time from the record's produce timestamp (CreateTime, set by the
-  client) to its arrival: p50/p99/max (records produced after a 1 s warm-up), the same
-  up to the loop's consume (``to_loop_*``), and the loop's commit latency
+  client) to its arrival: p50/p99/max (records produced after a 1 s warm-up); the
+  parts: the agent's ack of A's records (``source_ack_*``, ``Message.latency()``), their
+  arrival in the loop (``to_loop_*``), and the loop's commit latency
   (``send_offsets_to_transaction`` + ``commit_transaction``).
 
 Measured lines carry the load average before and after; produce and catch-up lines the
@@ -335,8 +336,10 @@ def section_e2e(agent: Lakelog, args: argparse.Namespace) -> None:
             open_since: float | None = None
             every = args.e2e_commit_ms / 1000
             while not stop.is_set():
-                wait = 0.05 if open_since is None else open_since + every - time.monotonic()
-                for m in c.consume(1000, max(0.0, wait)):
+                # consume() returns when it has its 1,000 records or at its timeout: a short
+                # one, so a record is taken (and its transaction begun) as it arrives.
+                wait = 0.005 if open_since is None else open_since + every - time.monotonic()
+                for m in c.consume(1000, min(0.005, max(0.0, wait))):
                     if m.error() is not None:
                         continue
                     if m.timestamp()[1] >= measure_from_ms:
@@ -388,6 +391,12 @@ def section_e2e(agent: Lakelog, args: argparse.Namespace) -> None:
     producer = Producer(
         {"bootstrap.servers": agent.bootstrap, "linger.ms": 5, "enable.idempotence": True}
     )
+    acked: list[float] = []  # s from produce() to the agent's ack, of A's records
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            acked.append(msg.latency() or 0.0)
+
     value = os.urandom(RECORD_BYTES)
     log(f"e2e: {args.e2e_rate} records/s for {args.duration:g} s (+1 s warm-up)")
     before = load_avg()
@@ -397,7 +406,9 @@ def section_e2e(agent: Lakelog, args: argparse.Namespace) -> None:
     while time.monotonic() - started < args.duration + 1 and not failures:
         ticks += 1
         while sent < int(ticks * tick * args.e2e_rate):
-            producer.produce(source, value=value, key=sent.to_bytes(8, "big"))
+            producer.produce(
+                source, value=value, key=sent.to_bytes(8, "big"), on_delivery=on_delivery
+            )
             sent += 1
         producer.poll(0)
         time.sleep(max(0.0, started + ticks * tick - time.monotonic()))
@@ -424,6 +435,8 @@ def section_e2e(agent: Lakelog, args: argparse.Namespace) -> None:
         p50_ms=pct_ms(latencies, 0.5),
         p99_ms=pct_ms(latencies, 0.99),
         max_ms=pct_ms(latencies, 1.0),
+        source_ack_p50_ms=ms(acked, 0.5),
+        source_ack_p99_ms=ms(acked, 0.99),
         to_loop_p50_ms=pct_ms(consumed, 0.5),
         to_loop_p99_ms=pct_ms(consumed, 0.99),
         transactions=len(commits),
