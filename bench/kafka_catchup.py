@@ -99,8 +99,15 @@ def wait_alone(agent: Lakelog, timeout: float = 60.0) -> None:
         time.sleep(0.5)
 
 
-def catch_up(agent: Lakelog, topic: str, partitions: int, expected: int) -> dict[str, Any]:
-    """A fresh consumer reads every partition from offset 0 through ``agent``."""
+def catch_up(
+    agent: Lakelog,
+    topic: str,
+    partitions: int,
+    expected: int,
+    isolation: str = "read_committed",
+) -> dict[str, Any]:
+    """A fresh consumer reads every partition from offset 0 through ``agent``, with
+    ``isolation.level`` = ``isolation`` (librdkafka's default is read_committed)."""
     from confluent_kafka import Consumer, TopicPartition
 
     stats: list[str] = []
@@ -113,6 +120,7 @@ def catch_up(agent: Lakelog, topic: str, partitions: int, expected: int) -> dict
             "max.partition.fetch.bytes": 8 << 20,
             "statistics.interval.ms": 500,
             "stats_cb": stats.append,
+            "isolation.level": isolation,
         }
     )
     # The topic's metadata first, outside the timing: after assign(), librdkafka asks for

@@ -1,7 +1,7 @@
-"""Kafka transactions with confluent-kafka's transactional producer against real agents
-(issue 30): commit and abort as read_committed and read_uncommitted consumers see them,
-fencing by a second instance of a transactional id, offsets sent to a transaction, and
-the agents' abort of a transaction past its timeout.
+"""Kafka transactions with confluent-kafka's transactional producer (and aiokafka's and
+kafka-python's) against real agents (issue 30): commit and abort as read_committed and
+read_uncommitted consumers see them, fencing by a second instance of a transactional id,
+offsets sent to a transaction, and the agents' abort of a transaction past its timeout.
 
 The producer talks to one agent, consumers to the other: the transaction's state is in
 the coordinator and its markers in the object store, so every agent answers alike.
@@ -19,6 +19,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AIOTopicPartition
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTopicPartition
 from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
 from kio.schema.errors import ErrorCode
 from kio.schema.list_transactions.v2.request import ListTransactionsRequest
@@ -298,6 +300,66 @@ def test_aiokafkas_transactional_producer_and_read_committed_consumer(
         return got
 
     assert asyncio.run(main()) == [b"committed-1", b"committed-2", SENTINEL]
+
+
+def test_kafka_pythons_transactional_producer_and_read_committed_consumer(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """kafka-python (its own protocol code, synchronous): a committed transaction, an
+    aborted one whose records were acknowledged (so in the log) before the abort, then a
+    committed one; its read_committed consumer gets exactly the committed records, its
+    read_uncommitted consumer the aborted ones too."""
+    topic = unique_topic("txn-kafka-python")
+    create_topic(kafka_cluster, topic, 2)
+    producer_at, consumer_at = kafka_cluster.kafka
+    p = KafkaProducer(bootstrap_servers=producer_at, transactional_id=f"tx-{topic}")
+    try:
+        p.init_transactions()
+        p.begin_transaction()
+        committed = [p.send(topic, b"committed-%d" % i, partition=i % 2) for i in range(6)]
+        p.commit_transaction()
+        assert all(f.succeeded() for f in committed)
+        p.begin_transaction()
+        aborted = [p.send(topic, b"aborted-%d" % i, partition=i % 2) for i in range(4)]
+        p.flush()
+        assert all(f.succeeded() for f in aborted)
+        p.abort_transaction()
+        p.begin_transaction()
+        p.send(topic, b"committed-6", partition=0)
+        for part in range(2):
+            p.send(topic, SENTINEL, partition=part)
+        p.commit_transaction()
+    finally:
+        p.close()
+
+    def read_all(isolation: str) -> list[bytes]:
+        c = KafkaConsumer(
+            bootstrap_servers=consumer_at,
+            isolation_level=isolation,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        c.assign([KTopicPartition(topic, part) for part in range(2)])
+        got: list[bytes] = []
+        done: set[int] = set()
+        deadline = time.monotonic() + 30
+        try:
+            while len(done) < 2 and time.monotonic() < deadline:
+                for tp, records in c.poll(timeout_ms=500).items():
+                    for r in records:
+                        if r.value == SENTINEL:
+                            done.add(tp.partition)
+                        else:
+                            got.append(r.value)
+        finally:
+            c.close()
+        assert len(done) == 2, f"the sentinels never arrived: {got}"
+        return sorted(got)
+
+    assert read_all("read_committed") == [b"committed-%d" % i for i in range(7)]
+    assert read_all("read_uncommitted") == sorted(
+        [*(b"committed-%d" % i for i in range(7)), *(b"aborted-%d" % i for i in range(4))]
+    )
 
 
 def test_a_topic_deleted_mid_transaction(kafka_cluster: Cluster, unique_topic: Any) -> None:
