@@ -115,10 +115,6 @@ _DROP_BELOW = (
     "DELETE FROM index_entries WHERE topic_id = ? AND partition = ? "
     "AND base_offset + record_count <= ? RETURNING object_id"
 )
-_DROP_ABORTED_IN = (
-    "DELETE FROM aborted_txns WHERE topic_id = ? AND partition = ? "
-    "AND last_offset >= ? AND last_offset < ?"
-)
 _DROP_ABORTED_BELOW = (
     "DELETE FROM aborted_txns WHERE topic_id = ? AND partition = ? AND last_offset < ?"
 )
@@ -310,13 +306,6 @@ class Catalog:
                     )
                 record_changes(conn, q, topic_id, partition, added, (r.object_id for r in old))
                 self._mark(conn, {r.object_id for r in old}, now)
-                # Tier objects hold neither aborted records nor markers: an aborted
-                # transaction whose marker was in the swapped span is gone from the log.
-                # Still named to read_committed Kafka consumers, it would keep them
-                # waiting for its marker, dropping the producer's later (committed)
-                # batches.
-                for lo, end in _spans(old):
-                    conn.execute(q(_DROP_ABORTED_IN), (topic_id, partition, lo, end))
         except SwapAborted:
             return False
         return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import struct
 import time
 import uuid
 import zlib
@@ -38,6 +39,7 @@ from segments.batches import (
     BatchInfo,
     check_batches,
     compressed,
+    control_batch,
     encode_records,
     fetch_batches,
 )
@@ -851,7 +853,7 @@ def _read_partitions(
             continue
         try:
             budget = min(partition_max, remaining)
-            _collect(st, topic, partition, offset, b, budget, empty, r.records)
+            _collect(st, topic, partition, offset, b, budget, empty, r.records, r.aborted)
         except LakelogError as e:
             r.error = code_for(e)
             r.records.clear()
@@ -897,9 +899,17 @@ def _collect(
     budget: int,
     first_may_exceed: bool,
     out: bytearray,
+    aborted: Sequence[tuple[int, int, int]] = (),
 ) -> None:
     """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``, up to
-    the high watermark of ``bounds`` (the one this Fetch reports) and of its topic id."""
+    the high watermark of ``bounds`` (the one this Fetch reports) and of its topic id.
+
+    ``aborted`` (read_committed): the aborted transactions this answer names. A tier
+    object holds neither their records nor their markers; a consumer told of one waits
+    for its marker, dropping that producer's batches until then (its later, committed
+    ones too). So where a tier object served here spans a marker's offset, the marker
+    is sent again, as a control batch at that offset (``_tier_batches``).
+    """
     # No read-ahead here: ``prefetch_partitions`` read this Fetch's chunks and started on
     # the next one's, a run of chunks of an object per GET (not a GET per chunk).
     entries = st.reader.entries(topic, partition, offset, bounds=bounds)
@@ -912,7 +922,10 @@ def _collect(
                 return
         else:  # a tier object: its rows from `start`, encoded as batches
             rows = decode_entry(ref, data, topic, partition, start)
-            for batch in _tier_batches(takewhile(lambda rec: rec.offset < end, rows), budget):
+            stop = min(end, ref.end_offset)
+            markers = sorted((last, pid) for pid, _, last in aborted if start <= last < stop)
+            rows = takewhile(lambda rec: rec.offset < end, rows)
+            for batch in _tier_batches(rows, budget, markers, ref.max_timestamp_ms):
                 if len(out) + len(batch) > budget and (out or not first_may_exceed):
                     return
                 out += batch
@@ -920,18 +933,49 @@ def _collect(
             return
 
 
-def _tier_batches(records: Any, budget: int) -> list[bytes]:
-    """Rows of a tier object as batches of about 1 MiB, no more than ``budget`` in all."""
+def _tier_batches(
+    records: Any,
+    budget: int,
+    markers: Sequence[tuple[int, int]] = (),
+    marker_timestamp_ms: int = -1,
+) -> list[bytes]:
+    """Rows of a tier object as batches, no more than about ``budget`` bytes in all.
+
+    ``markers``: (offset, producer id) of abort markers the tier object's span held,
+    sent as control batches at their offsets, in offset order among the rows (a marker
+    follows every row before it; none is sent past the last row sent unless every row
+    was). Consumers match an abort marker to its transaction by producer id; the epoch
+    sent is 0.
+    """
+    out: list[bytes] = []
     rows: list[ConsumedRecord] = []
+    pending = list(markers)
     size = 0
+
+    def flush_rows() -> None:
+        if rows:
+            out.append(encode_records(rows))
+            rows.clear()
+
+    def marker(offset: int, producer_id: int) -> bytes:
+        batch = bytearray(control_batch(producer_id, 0, False, marker_timestamp_ms))
+        struct.pack_into(">q", batch, 0, offset)  # the base offset: not under the CRC
+        return bytes(batch)
+
+    exhausted = True
     for rec in records:
+        while pending and pending[0][0] < rec.offset:
+            flush_rows()
+            out.append(marker(*pending.pop(0)))
         rows.append(rec)
         size += len(rec.key or b"") + len(rec.value or b"") + 16
         if size >= budget:
+            exhausted = False
             break
-    if not rows:
-        return []
-    return [encode_records(rows)]
+    flush_rows()
+    if exhausted:
+        out.extend(marker(*m) for m in pending)
+    return out
 
 
 # -- ListOffsets -------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -342,10 +343,10 @@ def test_tiering_keeps_committed_records_drops_aborted_ones_and_stops_at_an_open
     assert _stable(c, "t", 0).aborted == ((a.producer_id, 3, 5),)
 
     run_tiering(h.ctx(), h.config())
-    # Its records and its marker are gone from the log: no reader is told of it (a Kafka
-    # consumer told of it would wait for the marker, dropping the producer's later
-    # batches).
-    assert _stable(c, "t", 0).aborted == ()
+    # Kept: an agent may still serve the old segment from its index cache, whose records
+    # a read_committed Kafka consumer must be told to drop (a Fetch of the tier object
+    # sends the marker again instead, test below).
+    assert _stable(c, "t", 0).aborted == ((a.producer_id, 3, 5),)
     topic_id = c.get_topic("t").topic_id
     rows = h.catalog.rows(topic_id, 0)
     assert [(r.kind, r.base_offset, r.end_offset) for r in rows] == [
@@ -513,3 +514,36 @@ def test_txn_offsets_of_a_group_member_need_it_in_the_group_at_its_generation(
     c.txn_commit_offsets("app", p.producer_id, p.epoch, "g", {tp: (5, "")})  # no member named
     assert c.end_transaction("app", p.producer_id, p.epoch, True) is None
     assert c.kafka_committed("g") == {tp: CommittedOffset(5, "")}
+
+
+def test_a_read_committed_fetch_of_a_tier_object_sends_its_abort_markers_again(
+    h: Harness,
+) -> None:
+    """Tiering leaves aborted records and markers out; a read_committed Kafka consumer is
+    still told of the aborted transaction (an agent may serve the old segment from its
+    cache), and would wait for its marker, dropping that producer's later batches. So a
+    Fetch of the tier object sends the abort marker at its offset, among the rows."""
+    import struct
+
+    from index.cache import IndexCache
+    from segments.batches import iter_batches
+    from service.kafka.handlers import _read_partitions
+    from service.read_cache import CachingLogReader, RangeCache
+
+    a_pid, _ = _mixed_log(h)
+    run_tiering(h.ctx(), h.config())
+    reader = CachingLogReader(
+        h.store, h.coordinator, RangeCache(1 << 20, 1 << 20), IndexCache(100, 60.0)
+    )
+    state = SimpleNamespace(coordinator=h.coordinator, reader=reader, txns=h.coordinator)
+    try:
+        (read,) = _read_partitions(state, [("t", 0, 0, 1 << 20, None)], 1 << 20, True)  # type: ignore[arg-type]
+    finally:
+        reader.close()
+    data = bytes(read.records)
+    batches = []
+    for pos, end, _, count in iter_batches(data):
+        base = struct.unpack_from(">q", data, pos)[0]
+        batches.append((base, count, read_marker(data[pos:end])))
+    assert batches == [(0, 2, None), (5, 1, (a_pid, 0, False)), (6, 2, None)]  # rows 0, 4 | 6, 7
+    assert (read.last_stable, read.aborted) == (9, ((a_pid, 1, 5),))
