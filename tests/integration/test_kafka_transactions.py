@@ -519,3 +519,81 @@ def test_tiered_aborted_transactions_do_not_hide_later_committed_records(
     produce_committed(producers["p"], topic, 1, SENTINEL)
     got = read(reader_at, topic, 1, "read_committed")
     assert got == committed
+
+
+def test_a_consume_transform_produce_loop_writes_each_record_once_across_a_crash(
+    kafka_cluster: Cluster, unique_topic: Any
+) -> None:
+    """The exactly-once loop (as Kafka Streams runs it): a group member consumes
+    read_committed, produces each record transformed and sends its offsets in the same
+    transaction; every third transaction aborts (the member rewinds to its committed
+    offsets and does the work again). Half-way the process "crashes" in the middle of a
+    transaction (records produced, offsets sent, nothing committed); a new instance (same
+    transactional id, same group) fences it, aborting what it left, and carries on from
+    the committed offsets. The output holds every input record transformed exactly once."""
+    source, sink = unique_topic("ctp-in"), unique_topic("ctp-out")
+    create_topic(kafka_cluster, source, 2)
+    create_topic(kafka_cluster, sink, 2)
+    producer_at, consumer_at = kafka_cluster.kafka
+    plain = Producer({"bootstrap.servers": producer_at, "enable.idempotence": True})
+    inputs = [b"r%03d" % i for i in range(120)]
+    for i, v in enumerate(inputs):
+        plain.produce(source, value=v, partition=i % 2)
+    assert plain.flush(30) == 0
+    group, tid = f"g-{source}", f"tx-{source}"
+
+    def member() -> tuple[Consumer, Producer]:
+        c = Consumer(
+            {
+                "bootstrap.servers": consumer_at,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            }
+        )
+        c.subscribe([source])
+        return c, txn_producer(producer_at, tid)
+
+    def rewind(c: Consumer) -> None:
+        """Back to the group's committed offsets (after an abort)."""
+        for tp in c.committed(c.assignment(), 30):
+            c.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
+
+    def run(c: Consumer, p: Producer, rounds: int, crash: bool) -> int:
+        done = n = idle = 0
+        deadline = time.monotonic() + 90
+        while done < rounds and idle < 3 and time.monotonic() < deadline:
+            msgs = [m for m in c.consume(10, 1.0) if m.error() is None]
+            if not msgs:
+                idle += done > 0  # the input is exhausted once work was done
+                continue
+            idle = 0
+            n += 1
+            p.begin_transaction()
+            for m in msgs:
+                p.produce(sink, value=b"T:" + m.value(), partition=m.partition())
+            positions = [tp for tp in c.position(c.assignment()) if tp.offset >= 0]
+            p.send_offsets_to_transaction(positions, c.consumer_group_metadata(), 30)
+            if crash and done == rounds - 1:
+                assert p.flush(30) == 0
+                return done  # dies mid-transaction: never commits nor aborts
+            if n % 3 == 0:
+                p.abort_transaction(30)
+                rewind(c)
+                continue
+            p.commit_transaction(30)
+            done += 1
+        return done
+
+    c, p = member()
+    run(c, p, 4, crash=True)
+    c.close()  # the group moves on; the producer is simply abandoned
+    c, p2 = member()  # fences the first instance, aborts its open transaction
+    try:
+        run(c, p2, 1000, crash=False)  # until the input is exhausted
+    finally:
+        c.close()
+    produce_committed(p2, sink, 2, SENTINEL)
+    out = read(consumer_at, sink, 2, "read_committed")
+    assert sorted(out) == sorted(b"T:" + v for v in inputs)
