@@ -255,8 +255,11 @@ class Story:
 
     def _read(self) -> None:
         assert self.shell.stdout is not None
-        for line in self.shell.stdout:
-            self.lines.put(line)
+        try:
+            for line in self.shell.stdout:
+                self.lines.put(line)
+        except ValueError:  # the story's end closed the pipe while a line was awaited
+            return
 
     def _send(self, text: str) -> None:
         assert self.shell.stdin is not None
