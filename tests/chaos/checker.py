@@ -96,10 +96,11 @@ leaves aborted records out); markers' offsets are no ``gap``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +199,12 @@ class Report:
         self.counts[kind] += 1
         if self.counts[kind] <= MAX_LISTED:
             self.anomalies.append({"kind": kind, **detail})
+
+    def at(self, **place: Any) -> Callable[..., None]:
+        """``anomaly`` with the details every anomaly of one place has (``where``,
+        ``topic``, ``partition``, ...) given once: ``flag = report.at(where=w, topic=t)``,
+        then ``flag("gap", missing=m)``."""
+        return functools.partial(self.anomaly, **place)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -394,102 +401,40 @@ class _Checker:
 
     def _check_value(self, where: str, topic: str, p: int, o: int, value: str) -> None:
         """What holds wherever a value is served: it was sent, to this topic, here."""
+        flag = self.report.at(where=where, topic=topic, partition=p, offset=o, value=value)
         s = self.sends.get(value)
         if s is None:
-            self.report.anomaly(
-                "phantom", where=where, topic=topic, partition=p, offset=o, value=value
-            )
+            flag("phantom")
             return
         if s.topic != topic:
-            self.report.anomaly(
-                "wrong_topic",
-                where=where,
-                topic=topic,
-                partition=p,
-                offset=o,
-                value=value,
-                sent_to=s.topic,
-                op=s.op,
-            )
+            flag("wrong_topic", sent_to=s.topic, op=s.op)
         elif s.pos is not None and s.pos != (p, o):
-            self.report.anomaly(
-                "wrong_offset",
-                where=where,
-                topic=topic,
-                partition=p,
-                offset=o,
-                value=value,
-                acked_at=list(s.pos),
-                op=s.op,
-                mode=s.mode,
-            )
+            flag("wrong_offset", acked_at=list(s.pos), op=s.op, mode=s.mode)
         elif s.partition is not None and s.partition != p:
-            self.report.anomaly(
-                "wrong_offset",
-                where=where,
-                topic=topic,
-                partition=p,
-                offset=o,
-                value=value,
-                acked_in_partition=s.partition,
-                op=s.op,
-                mode=s.mode,
-            )
+            flag("wrong_offset", acked_in_partition=s.partition, op=s.op, mode=s.mode)
         if s.status == "fail":
-            self.report.anomaly(
-                "failed_write_visible",
-                where=where,
-                topic=topic,
-                partition=p,
-                offset=o,
-                value=value,
-                op=s.op,
-            )
+            flag("failed_write_visible", op=s.op)
 
     def _check_finals(self) -> None:
         seen: dict[str, list[tuple[str, str, int, int]]] = defaultdict(list)
         for (tid, p), part in sorted(self.finals.items()):
             where = f"final {part.topic}/{p}"
+            flag = self.report.at(where=where, topic_id=tid)
+            bounds = {"log_start": part.log_start, "high_watermark": part.high_watermark}
             offs = [o for o, _, _ in part.records]
             if any(b <= a for a, b in itertools.pairwise(offs)):
-                self.report.anomaly("offset_order", where=where, topic_id=tid, offsets=offs[:50])
+                flag("offset_order", offsets=offs[:50])
             outside = [o for o in offs if o < part.log_start or o >= part.high_watermark]
             if outside:
-                self.report.anomaly(
-                    "outside_log",
-                    where=where,
-                    topic_id=tid,
-                    offsets=outside[:20],
-                    log_start=part.log_start,
-                    high_watermark=part.high_watermark,
-                )
+                flag("outside_log", offsets=outside[:20], **bounds)
             contiguous = not part.compacted and not part.markers
             if contiguous and offs != list(range(part.log_start, part.high_watermark)):
                 missing = sorted(set(range(part.log_start, part.high_watermark)) - set(offs))
-                self.report.anomaly(
-                    "gap",
-                    where=where,
-                    topic_id=tid,
-                    missing=missing[:20],
-                    missing_count=len(missing),
-                    log_start=part.log_start,
-                    high_watermark=part.high_watermark,
-                )
+                flag("gap", missing=missing[:20], missing_count=len(missing), **bounds)
             for o, _key, value in part.records:
                 self.report.records["final"] += 1
                 self._check_value(where, part.topic, p, o, value)
-                s = self.sends.get(value)
-                if s is not None and s.incarnation is not None and s.incarnation != tid:
-                    self.report.anomaly(
-                        "wrong_incarnation",
-                        where=where,
-                        topic_id=tid,
-                        partition=p,
-                        offset=o,
-                        value=value,
-                        acked_in=s.incarnation,
-                        op=s.op,
-                    )
+                self._check_incarnation(flag, tid, value, partition=p, offset=o)
                 seen[value].append((part.topic, tid, p, o))
                 self.located[value] = (part.topic, tid, p, o)
         for value, places in seen.items():
@@ -541,19 +486,25 @@ class _Checker:
             ):
                 rec["acked_compacted_away"] += 1
             else:
-                self.report.anomaly(
-                    "lost",
-                    topic=s.topic,
-                    topic_id=s.incarnation,
-                    partition=p,
-                    offset=o,
-                    value=value,
-                    op=s.op,
-                    mode=s.mode,
-                    log_start=part.log_start,
-                    high_watermark=part.high_watermark,
-                    found_there=final_at.get((s.incarnation, p, o)),
-                )
+                self._lost(value, s, part, p, o, found_there=final_at.get((s.incarnation, p, o)))
+
+    def _lost(
+        self, value: str, s: Send, part: FinalPart, p: int | None, o: int | None, **detail: Any
+    ) -> None:
+        """An acknowledged record missing from ``part``, the final log it belongs in."""
+        self.report.anomaly(
+            "lost",
+            topic=s.topic,
+            topic_id=s.incarnation,
+            partition=p,
+            offset=o,
+            value=value,
+            op=s.op,
+            mode=s.mode,
+            log_start=part.log_start,
+            high_watermark=part.high_watermark,
+            **detail,
+        )
 
     def _check_placed(self, value: str, s: Send) -> None:
         """An acknowledged record whose partition alone is known (a Spark write): found
@@ -572,18 +523,7 @@ class _Checker:
         elif part.log_start > 0 or part.compacted:
             rec["acked_unplaced_unverified"] += 1
         else:
-            self.report.anomaly(
-                "lost",
-                topic=s.topic,
-                topic_id=s.incarnation,
-                partition=s.partition,
-                offset=None,
-                value=value,
-                op=s.op,
-                mode=s.mode,
-                log_start=part.log_start,
-                high_watermark=part.high_watermark,
-            )
+            self._lost(value, s, part, s.partition, None)
 
     def _against_final(
         self, where: str, topic: str, p: int, records: list[tuple[int, str]]
@@ -595,77 +535,50 @@ class _Checker:
             if part is None:
                 continue
             held = {o: v for o, _, v in part.records}
+            flag = self.report.at(where=where, topic=topic, partition=p)
             for o, v in records:
                 if o >= part.log_start and o in held and held[o] != v:
-                    self.report.anomaly(
-                        "inconsistent_read",
-                        where=where,
-                        topic=topic,
-                        partition=p,
-                        offset=o,
-                        read=v,
-                        final=held[o],
-                    )
+                    flag("inconsistent_read", offset=o, read=v, final=held[o])
 
     def _check_read(self, inv: dict[str, Any], done: dict[str, Any]) -> None:
         topic, p = inv["topic"], inv["partition"]
         where = f"read op {inv['id']}"
+        flag = self.report.at(where=where, topic=topic, partition=p)
         records = [(r[0], r[1]) for r in done["records"]]
         offs = [o for o, _ in records]
         if any(b <= a for a, b in itertools.pairwise(offs)):
-            self.report.anomaly(
-                "offset_order", where=where, topic=topic, partition=p, offsets=offs[:50]
-            )
+            flag("offset_order", offsets=offs[:50])
         hw = done.get("high_watermark")
         if hw is not None and offs and offs[-1] >= hw:
-            self.report.anomaly(
-                "past_hw", where=where, topic=topic, partition=p, offset=offs[-1], high_watermark=hw
-            )
+            flag("past_hw", offset=offs[-1], high_watermark=hw)
         asked = inv.get("offset")
         if asked is not None and offs and offs[0] < asked:
-            self.report.anomaly(
-                "read_before_offset",
-                where=where,
-                topic=topic,
-                partition=p,
-                offset=offs[0],
-                asked=asked,
-            )
+            flag("read_before_offset", offset=offs[0], asked=asked)
         # A read wholly inside one incarnation's life serves that incarnation only.
         served = self._attribute(topic, inv["t"], done["t"])
         for o, v in records:
             self.report.records["read"] += 1
             self._check_value(where, topic, p, o, v)
             self._check_located(where, topic, p, o, v)
-            s = self.sends.get(v)
-            if served and s is not None and s.incarnation and s.incarnation != served:
-                self.report.anomaly(
-                    "wrong_incarnation",
-                    where=where,
-                    topic=topic,
-                    partition=p,
-                    offset=o,
-                    value=v,
-                    served_by=served,
-                    acked_in=s.incarnation,
-                    op=s.op,
-                )
+            if served:
+                self._check_incarnation(flag, served, v, offset=o, served_by=served)
         self._against_final(where, topic, p, records)
+
+    def _check_incarnation(
+        self, flag: Callable[..., None], served: str, value: str, **detail: Any
+    ) -> None:
+        """``wrong_incarnation``: served by incarnation ``served``, acknowledged in another."""
+        s = self.sends.get(value)
+        if s is not None and s.incarnation is not None and s.incarnation != served:
+            flag("wrong_incarnation", value=value, **detail, acked_in=s.incarnation, op=s.op)
 
     def _check_located(self, where: str, topic: str, p: int, o: int, v: str) -> None:
         loc = self.located.get(v)
         if loc is not None and loc[0] == topic and (loc[2], loc[3]) != (p, o):
             s = self.sends.get(v)
             if s is None or s.pos is None:  # else _check_value reported it already
-                self.report.anomaly(
-                    "wrong_offset",
-                    where=where,
-                    topic=topic,
-                    partition=p,
-                    offset=o,
-                    value=v,
-                    final_at=[loc[2], loc[3]],
-                )
+                flag = self.report.at(where=where, topic=topic, partition=p, offset=o, value=v)
+                flag("wrong_offset", final_at=[loc[2], loc[3]])
 
     def _check_polls(self, completions: dict[int, dict[str, Any]]) -> None:
         # consumer -> (topic, partition) -> (last offset, incarnation of the last value)
@@ -680,6 +593,7 @@ class _Checker:
                 continue
             c, topic = e["consumer"], e["topic"]
             where = f"poll op {e['id']} by {c}"
+            flag = self.report.at(where=where, consumer=c, topic=topic)
             by_p: dict[int, list[tuple[int, str]]] = defaultdict(list)
             for p, o, v in e["records"]:
                 self.report.records["polled" if e["op"] == "poll" else "streamed"] += 1
@@ -690,25 +604,14 @@ class _Checker:
                 prev = last[c].get((topic, p))
                 if prev is not None:
                     if o <= prev[0]:
-                        self.report.anomaly(
-                            "poll_nonmonotonic",
-                            where=where,
-                            consumer=c,
-                            topic=topic,
-                            partition=p,
-                            offset=o,
-                            after=prev[0],
-                        )
+                        flag("poll_nonmonotonic", partition=p, offset=o, after=prev[0])
                     elif o > prev[0] + 1 and tid is not None and tid == prev[1]:
                         part = self.finals.get((tid, p))
                         if part is not None:
                             skipped = [x for x, _, _ in part.records if prev[0] < x < o]
                             if skipped:
-                                self.report.anomaly(
+                                flag(
                                     "poll_skip",
-                                    where=where,
-                                    consumer=c,
-                                    topic=topic,
                                     partition=p,
                                     offset=o,
                                     after=prev[0],
@@ -745,32 +648,22 @@ class _Checker:
                 if first is None:
                     continue
                 o, v = first
-                where = f"stream {conn} op {inv['id']}"
+                flag = self.report.at(
+                    where=f"stream {conn} op {inv['id']}",
+                    group=inv["group"],
+                    topic=inv["topic"],
+                    partition=int(p_s),
+                    offset=o,
+                    cursor=at,
+                )
                 if o < at:
-                    self.report.anomaly(
-                        "stream_duplicate",
-                        where=where,
-                        group=inv["group"],
-                        topic=inv["topic"],
-                        partition=int(p_s),
-                        offset=o,
-                        cursor=at,
-                    )
+                    flag("stream_duplicate")
                     continue
                 tid = self.located[v][1] if v in self.located else None
                 part = self.finals.get((tid, int(p_s))) if tid else None
                 skipped = [x for x, _, _ in part.records if at <= x < o] if part else []
                 if skipped:
-                    self.report.anomaly(
-                        "stream_skip",
-                        where=where,
-                        group=inv["group"],
-                        topic=inv["topic"],
-                        partition=int(p_s),
-                        offset=o,
-                        cursor=at,
-                        skipped=skipped[:20],
-                    )
+                    flag("stream_skip", skipped=skipped[:20])
         # The committed offsets' floor per (group, partition), in history order.
         floor: dict[tuple[str, int], tuple[int, str]] = {}
         group_of = {conn: inv["group"] for conn, inv in opens.items()}
@@ -851,18 +744,12 @@ class _Checker:
             for b in bs:
                 if b.status != "ok":
                     continue
+                flag = self.report.at(
+                    op=b.op, producer_id=pid, topic_id=inc, partition=p, epoch=b.epoch
+                )
                 newer = [x for x in bs if x.status == "ok" and x.epoch > b.epoch and x.t1 < b.t0]
                 if newer:
-                    self.report.anomaly(
-                        "zombie_write",
-                        op=b.op,
-                        producer_id=pid,
-                        topic_id=inc,
-                        partition=p,
-                        epoch=b.epoch,
-                        fenced_by=newer[0].op,
-                        newer_epoch=newer[0].epoch,
-                    )
+                    flag("zombie_write", fenced_by=newer[0].op, newer_epoch=newer[0].epoch)
                 # A partition with no state of the producer takes any sequence (Kafka's
                 # rule: a topic created again); it surely held state once a batch of
                 # the producer was acknowledged there before this one began.
@@ -876,18 +763,10 @@ class _Checker:
                     )
                 )
                 if not follows:
-                    self.report.anomaly(
-                        "out_of_sequence_write",
-                        op=b.op,
-                        producer_id=pid,
-                        topic_id=inc,
-                        partition=p,
-                        epoch=b.epoch,
-                        sequence=b.sequence,
-                        before=sorted(
-                            x.sequence + x.count for x in bs if x.epoch == b.epoch and x is not b
-                        )[-5:],
+                    ends = sorted(
+                        x.sequence + x.count for x in bs if x.epoch == b.epoch and x is not b
                     )
+                    flag("out_of_sequence_write", sequence=b.sequence, before=ends[-5:])
 
     def _check_commits(
         self, invokes: dict[int, dict[str, Any]], completions: dict[int, dict[str, Any]]
@@ -923,25 +802,12 @@ class _Checker:
             if e["op"] == "final_committed" and e["type"] == "ok" and e["topic"] not in deleted:
                 for p_s, o in e["offsets"].items():
                     k = (e["group"], e["topic"], int(p_s))
+                    flag = self.report.at(group=k[0], topic=k[1], partition=k[2], offset=o)
                     part = self.finals.get((e["topic_id"], int(p_s)))
                     if part is not None and o > part.high_watermark:
-                        self.report.anomaly(
-                            "commit_past_hw",
-                            group=e["group"],
-                            topic=e["topic"],
-                            partition=int(p_s),
-                            offset=o,
-                            high_watermark=part.high_watermark,
-                        )
+                        flag("commit_past_hw", high_watermark=part.high_watermark)
                     if o >= 0 and o not in committed[k]:
-                        self.report.anomaly(
-                            "committed_unknown",
-                            group=e["group"],
-                            topic=e["topic"],
-                            partition=int(p_s),
-                            offset=o,
-                            committed=sorted(committed[k])[-10:],
-                        )
+                        flag("committed_unknown", committed=sorted(committed[k])[-10:])
         self._check_resumes(completions, history, deleted)
 
     def _check_resumes(
@@ -1086,34 +952,18 @@ class _Checker:
         """Records a transactional topic served at time ``t``: sent there, at their
         offsets; under read_committed, of no aborted transaction (``aborted_read``) and
         of none whose commit was not yet asked (``intermediate_read``)."""
+        flag = self.report.at(where=where, topic=topic, partition=p)
         for o, v in records:
             self._check_value(where, topic, p, o, v)
             got = self.txn_of.get(v)
             if got is None or isolation != "read_committed":
                 continue
             txn = got[0]
+            asked = self.txn_ends.get(txn.op)  # None: never asked
             if txn.outcome == "aborted":
-                self.report.anomaly(
-                    "aborted_read",
-                    where=where,
-                    topic=topic,
-                    partition=p,
-                    offset=o,
-                    value=v,
-                    op=txn.op,
-                    status=txn.status,
-                )
-            elif t < self.txn_ends.get(txn.op, math.inf):
-                self.report.anomaly(
-                    "intermediate_read",
-                    where=where,
-                    topic=topic,
-                    partition=p,
-                    offset=o,
-                    value=v,
-                    op=txn.op,
-                    commit_asked_at=self.txn_ends.get(txn.op),
-                )
+                flag("aborted_read", offset=o, value=v, op=txn.op, status=txn.status)
+            elif t < (math.inf if asked is None else asked):
+                flag("intermediate_read", offset=o, value=v, op=txn.op, commit_asked_at=asked)
 
     def _check_txn_order(
         self, where: str, topic: str, p: int, records: list[tuple[int, str]]
@@ -1122,6 +972,7 @@ class _Checker:
         instance settles the last one's before it begins), so in a partition of the
         read_committed log they appear in their order, each one's records as sent."""
         last: dict[str, tuple[int, int, int]] = {}  # id -> (txn number, index, offset)
+        flag = self.report.at(where=where, topic=topic, partition=p)
         for o, v in records:
             got = self.txn_of.get(v)
             if got is None:
@@ -1129,16 +980,7 @@ class _Checker:
             txn, i = got
             prev = last.get(txn.tid)
             if prev is not None and (txn.n, i) <= prev[:2]:
-                self.report.anomaly(
-                    "txn_write_order",
-                    where=where,
-                    topic=topic,
-                    partition=p,
-                    offset=o,
-                    value=v,
-                    op=txn.op,
-                    after=list(prev),
-                )
+                flag("txn_write_order", offset=o, value=v, op=txn.op, after=list(prev))
             last[txn.tid] = (txn.n, i, o)
 
     def _check_txn_final(self, txns: dict[int, Txn], visible: set[str]) -> None:
@@ -1178,34 +1020,18 @@ class _Checker:
                 continue
             c, topic, isolation = e["consumer"], e["topic"], e["isolation"]
             where = f"txn_poll op {e['id']} by {c}"
+            flag = self.report.at(where=where, consumer=c, topic=topic)
             by_p: dict[int, list[tuple[int, str]]] = defaultdict(list)
             for p, o, v in e["records"]:
                 self.report.records[f"txn_polled_{isolation}"] += 1
                 by_p[p].append((o, v))
                 prev = last.get((c, topic, p))
                 if prev is not None and o <= prev:
-                    self.report.anomaly(
-                        "poll_nonmonotonic",
-                        where=where,
-                        consumer=c,
-                        topic=topic,
-                        partition=p,
-                        offset=o,
-                        after=prev,
-                    )
+                    flag("poll_nonmonotonic", partition=p, offset=o, after=prev)
                 elif prev is not None and isolation == "read_committed":
                     skipped = [x for x in held.get((topic, p), []) if prev < x < o]
                     if skipped:
-                        self.report.anomaly(
-                            "poll_skip",
-                            where=where,
-                            consumer=c,
-                            topic=topic,
-                            partition=p,
-                            offset=o,
-                            after=prev,
-                            skipped=skipped[:20],
-                        )
+                        flag("poll_skip", partition=p, offset=o, after=prev, skipped=skipped[:20])
                 last[(c, topic, p)] = o
             for p, recs in by_p.items():
                 self._check_txn_records(where, topic, p, recs, e["t"], isolation)
