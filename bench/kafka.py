@@ -47,6 +47,7 @@ import boto3  # noqa: E402
 from produce import (  # noqa: E402
     TANSU_BUCKET,
     CpuMeter,
+    KeyedLoad,
     emit,
     load_avg,
     log,
@@ -227,46 +228,9 @@ def spy_samples(
 def produce_load(bootstrap: str, topic: str, duration: float, inflight: int) -> dict[str, Any]:
     """Keyed 1 KiB records for ``duration`` s, at most ``inflight`` unacknowledged."""
     producer = kafka_producer(bootstrap, 2 * inflight, **{"log.connection.close": False})
-    latencies: list[float] = []
-    errors = 0
-    outstanding = 0
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        nonlocal errors, outstanding
-        outstanding -= 1
-        if err is not None:
-            errors += 1
-        else:
-            latencies.append(msg.latency() or 0.0)
-
-    value = os.urandom(RECORD_BYTES)
-    keys = [os.urandom(8) for _ in range(4096)]
-    producer.produce(topic, value=value, key=keys[0])
-    producer.flush(60)  # metadata and connections before the clock starts
-    started = time.monotonic()
-    deadline = started + duration
-    produced = 0
-    while time.monotonic() < deadline:
-        if outstanding + 1000 <= inflight:
-            for _ in range(1000):
-                try:
-                    producer.produce(
-                        topic, value=value, key=keys[produced & 4095], on_delivery=on_delivery
-                    )
-                except BufferError:
-                    producer.poll(0.01)
-                    continue
-                produced += 1
-                outstanding += 1
-            producer.poll(0)
-        else:
-            producer.poll(0.002)
-    left = producer.flush(120)
-    return {
-        "latencies": sorted(latencies),
-        "errors": errors + left,
-        "seconds": time.monotonic() - started,
-    }
+    load = KeyedLoad(producer, topic, inflight)
+    errors, seconds = load.run_for(duration)
+    return {"latencies": sorted(load.latencies), "errors": errors, "seconds": seconds}
 
 
 def section_produce(

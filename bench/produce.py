@@ -661,11 +661,71 @@ def wait_tcp(port: int, proc: Proc, timeout: float = 20.0) -> None:
     raise RuntimeError(f"tansu did not listen on 127.0.0.1:{port} within {timeout}s")
 
 
+class KeyedLoad:
+    """Keyed 1 KiB records sent by a confluent-kafka ``producer`` in bursts of ``burst``,
+    with at most ``inflight`` unacknowledged; the acknowledged ones' latencies and the
+    failed ones' count, from the delivery reports."""
+
+    def __init__(self, producer: Any, topic: str, inflight: int, burst: int = 1000) -> None:
+        self.producer, self.topic, self.inflight, self.burst = producer, topic, inflight, burst
+        self.value = os.urandom(RECORD_BYTES)
+        self.keys = [os.urandom(8) for _ in range(4096)]
+        self.latencies: list[float] = []
+        self.errors = self.outstanding = self.produced = 0
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        self.outstanding -= 1
+        if err is not None:
+            self.errors += 1
+        else:
+            self.latencies.append(msg.latency() or 0.0)
+
+    def warm_up(self) -> None:
+        """One record, flushed: metadata and connections before the clock starts."""
+        self.producer.produce(self.topic, value=self.value, key=self.keys[0])
+        self.producer.flush(60)
+
+    def step(self, most: int | None = None) -> None:
+        """A burst (of at most ``most`` records) if it fits under ``inflight``, else a short
+        wait for delivery reports."""
+        if self.outstanding + self.burst > self.inflight:
+            self.producer.poll(0.002)
+            return
+        for _ in range(self.burst if most is None else min(self.burst, most)):
+            try:
+                self.producer.produce(
+                    self.topic,
+                    value=self.value,
+                    key=self.keys[self.produced & 4095],
+                    on_delivery=self.on_delivery,
+                )
+            except BufferError:
+                self.producer.poll(0.01)
+                continue
+            self.produced += 1
+            self.outstanding += 1
+        self.producer.poll(0)
+
+    def finish(self) -> int:
+        """Waits for what is outstanding; the errors (one not delivered in time is one)."""
+        return self.errors + self.producer.flush(120)
+
+    def run_for(self, duration: float) -> tuple[int, float]:
+        """The warm-up, bursts for ``duration`` s, then the wait for the rest: (errors,
+        seconds from the clock's start to the last delivery report)."""
+        self.warm_up()
+        started = time.monotonic()
+        while time.monotonic() < started + duration:
+            self.step()
+        errors = self.finish()
+        return errors, time.monotonic() - started
+
+
 def tansu_load(
     bootstrap: str, topic: str, duration: float, inflight: int, linger_ms: int
 ) -> dict[str, Any]:
     """Produce 1 KiB keyed records for ``duration`` s with at most ``inflight`` unacked."""
-    from confluent_kafka import KafkaError, Message, Producer
+    from confluent_kafka import Producer
 
     producer = Producer(
         {
@@ -682,42 +742,13 @@ def tansu_load(
             "log.connection.close": False,
         }
     )
-    latencies: list[float] = []
-    errors = 0
-    outstanding = 0
-
-    def on_delivery(err: KafkaError | None, msg: Message) -> None:
-        nonlocal errors, outstanding
-        outstanding -= 1
-        if err is not None:
-            errors += 1
-        else:
-            latencies.append(msg.latency() or 0.0)
-
-    value = os.urandom(RECORD_BYTES)
-    keys = [os.urandom(8) for _ in range(4096)]
-    # Warm-up: metadata and connections before the clock starts.
-    producer.produce(topic, value=value, key=keys[0])
-    producer.flush(60)
-    started = time.monotonic()
-    deadline = started + duration
-    i = 0
-    while time.monotonic() < deadline:
-        if outstanding + RECORDS_PER_REQUEST <= inflight:
-            for _ in range(RECORDS_PER_REQUEST):
-                producer.produce(topic, value=value, key=keys[i & 4095], on_delivery=on_delivery)
-                i += 1
-            outstanding += RECORDS_PER_REQUEST
-            producer.poll(0)
-        else:
-            producer.poll(0.002)
-    left = producer.flush(120)
-    seconds = time.monotonic() - started
+    load = KeyedLoad(producer, topic, inflight, burst=RECORDS_PER_REQUEST)
+    errors, seconds = load.run_for(duration)
     return {
-        "latencies": latencies,
-        "errors": errors + left,
+        "latencies": load.latencies,
+        "errors": errors,
         "seconds": seconds,
-        "produced": i,
+        "produced": load.produced,
     }
 
 

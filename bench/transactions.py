@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import boto3  # noqa: E402
 import kafka  # noqa: E402
+import produce  # noqa: E402
 from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic  # noqa: E402
 from kafka_catchup import catch_up, wait_alone  # noqa: E402
 from produce import CpuMeter, emit, load_avg, log, moto_put_count, percentile  # noqa: E402
@@ -102,18 +103,9 @@ def produce_load(
     if commit_every is not None:
         extra["transactional.id"] = f"bench-{uuid.uuid4().hex[:8]}"
     producer = kafka.kafka_producer(bootstrap, 2 * inflight, **extra)
-    latencies: list[float] = []
+    load = produce.KeyedLoad(producer, topic, inflight)
     commits: list[float] = []
     end_txns: list[float] = []
-    errors = outstanding = 0
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        nonlocal errors, outstanding
-        outstanding -= 1
-        if err is not None:
-            errors += 1
-        else:
-            latencies.append(msg.latency() or 0.0)
 
     def commit() -> None:
         t0 = time.monotonic()
@@ -124,49 +116,32 @@ def produce_load(
         commits.append(t2 - t0)
         end_txns.append(t2 - t1)
 
-    value = os.urandom(RECORD_BYTES)
-    keys = [os.urandom(8) for _ in range(4096)]
-    # Metadata, connections, the producer id (and a first transaction) before the clock.
+    # The producer id (and a first transaction) before the clock too.
     if commit_every is not None:
         producer.init_transactions(60)
         producer.begin_transaction()
-    producer.produce(topic, value=value, key=keys[0])
-    producer.flush(60)
+    load.warm_up()
     if commit_every is not None:
         producer.commit_transaction(60)
         producer.begin_transaction()
     limit = count if count is not None else 1 << 62
     started = txn_started = time.monotonic()
     deadline = started + duration
-    produced = 0
-    while produced < limit and time.monotonic() < deadline:
+    while load.produced < limit and time.monotonic() < deadline:
         if commit_every is not None and time.monotonic() - txn_started >= commit_every:
             commit()
             producer.begin_transaction()
             txn_started = time.monotonic()
-        if outstanding + 1000 <= inflight:
-            for _ in range(min(1000, limit - produced)):
-                try:
-                    producer.produce(
-                        topic, value=value, key=keys[produced & 4095], on_delivery=on_delivery
-                    )
-                except BufferError:
-                    producer.poll(0.01)
-                    continue
-                produced += 1
-                outstanding += 1
-            producer.poll(0)
-        else:
-            producer.poll(0.002)
+        load.step(limit - load.produced)
     if commit_every is not None:
         commit()
-    left = producer.flush(120)
+    errors = load.finish()
     seconds = time.monotonic() - started
     return {
-        "records": len(latencies),
-        "errors": errors + left,
+        "records": len(load.latencies),
+        "errors": errors,
         "seconds": seconds,
-        "latencies": latencies,
+        "latencies": load.latencies,
         "commits": commits,
         "end_txns": end_txns,
     }
