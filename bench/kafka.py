@@ -173,6 +173,40 @@ def raw_gets(endpoint: str, prefix: str) -> tuple[int, int, dict[int, float]]:
     return len(keys), total, rates
 
 
+def emit_raw_gets(
+    endpoint: str, prefix: str, catchup_mb_per_s: float, ratio: str, **extra: Any
+) -> None:
+    """A ``raw_get`` line per thread count of ``raw_gets``, with the catch-up's MB/s as a
+    fraction of theirs (named ``ratio``)."""
+    objects, total, rates = raw_gets(endpoint, prefix)
+    for threads, rate in rates.items():
+        emit(
+            bench="raw_get",
+            **extra,
+            threads=threads,
+            objects=objects,
+            mb=round(total / 1e6, 1),
+            mb_per_s=round(rate, 1),
+            **{ratio: round(catchup_mb_per_s / rate, 2)},
+            load_avg=load_avg(),
+        )
+
+
+def consume_until(consumer: Any, expected: int, deadline: float) -> tuple[int, int, float | None]:
+    """Consumes until ``expected`` records came or ``deadline`` (``time.monotonic()``)
+    passed: (records, their value bytes, when the first came: None if none did)."""
+    got = value_bytes = 0
+    first = None
+    while got < expected and time.monotonic() < deadline:
+        for m in consumer.consume(10_000, 0.5):
+            if m.error() is None:
+                got += 1
+                value_bytes += len(m.value() or b"")
+        if got and first is None:
+            first = time.monotonic()
+    return got, value_bytes, first
+
+
 def create_topic(bootstrap: str, name: str, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -325,15 +359,8 @@ def section_consume(tmp: Path, endpoint: str, moto: Proc, args: argparse.Namespa
         gets0 = metric_sum(reader.base, "lakelog_store_gets_total")
         cpu = CpuMeter({"broker": reader.pid, "moto": moto.popen.pid})
         cpu.start()
-        got = 0
-        value_bytes = 0
         started = time.monotonic()
-        deadline = started + 300
-        while got < produced and time.monotonic() < deadline:
-            for m in consumer.consume(10_000, 0.5):
-                if m.error() is None:
-                    got += 1
-                    value_bytes += len(m.value() or b"")
+        got, value_bytes, _ = consume_until(consumer, produced, started + 300)
         seconds = time.monotonic() - started
         cores = cpu.stop()
         consumer.close()
@@ -350,16 +377,7 @@ def section_consume(tmp: Path, endpoint: str, moto: Proc, args: argparse.Namespa
             load_avg=load_avg(),
         )
 
-        objects, total, rates = raw_gets(endpoint, prefix)
-        for threads, raw in rates.items():
-            emit(
-                bench="raw_get",
-                threads=threads,
-                objects=objects,
-                mb=round(total / 1e6, 1),
-                mb_per_s=round(raw, 1),
-                catchup_ratio=round(mbps / raw, 2),
-            )
+        emit_raw_gets(endpoint, prefix, mbps, "catchup_ratio")
 
         # Tailing: a consumer at the end while a producer writes through the same agent.
         tail = Consumer(

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import boto3  # noqa: E402
 import kafka  # noqa: E402
-from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic, raw_gets  # noqa: E402
+from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic  # noqa: E402
 from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
 
 from tests.procs import start_moto  # noqa: E402
@@ -131,17 +131,9 @@ def catch_up(
     cpu = CpuMeter({"agent": agent.pid})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     cpu.start()
-    got = value_bytes = 0
     started = time.monotonic()
-    first = None
     deadline = started + 300
-    while got < expected and time.monotonic() < deadline:
-        for m in consumer.consume(10_000, 0.5):
-            if m.error() is None:
-                got += 1
-                value_bytes += len(m.value() or b"")
-        if got and first is None:
-            first = time.monotonic() - started
+    got, value_bytes, first = kafka.consume_until(consumer, expected, deadline)
     seconds = time.monotonic() - started
     cores = cpu.stop()
     stats.clear()
@@ -156,7 +148,7 @@ def catch_up(
         "expected": expected,
         "seconds": round(seconds, 2),
         "mb_per_s": round(value_bytes / 1e6 / seconds, 1),
-        "first_record_s": None if first is None else round(first, 2),
+        "first_record_s": None if first is None else round(first - started, 2),
         "fetch_requests": fetches,
         "store_gets": int(metric_sum(agent.base, "lakelog_store_gets_total") - gets0),
         "cpu_cores": cores,
@@ -252,18 +244,8 @@ def run_case(tmp: Path, endpoint: str, partitions: int, args: argparse.Namespace
         timed("cold", reader)
     finally:
         reader.stop()
-    objects, total, rates = raw_gets(endpoint, prefix)
-    for threads, rate in rates.items():
-        emit(
-            bench="raw_get",
-            partitions=partitions,
-            threads=threads,
-            objects=objects,
-            mb=round(total / 1e6, 1),
-            mb_per_s=round(rate, 1),
-            cold_catchup_ratio=round(rows["cold"]["mb_per_s"] / rate, 2),
-            load_avg=load_avg(),
-        )
+    cold = rows["cold"]["mb_per_s"]
+    kafka.emit_raw_gets(endpoint, prefix, cold, "cold_catchup_ratio", partitions=partitions)
     return rows
 
 
