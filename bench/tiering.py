@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -46,6 +45,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.spark_scan import best_of
 from coordinator.janitors.catalog import Catalog, PartitionState
 from coordinator.janitors.context import JanitorConfig, JanitorContext
 from coordinator.janitors.gc import run_gc
@@ -110,15 +110,6 @@ def semi_random_value(rng: random.Random, size: int) -> bytes:
         parts.append(part)
         n += len(part) + 1
     return b" ".join(parts)[:size]
-
-
-def best_of(runs: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
-    return best
 
 
 def phases(store: ObjectStore, catalog: Catalog, parts: list[PartitionState]) -> dict[str, float]:
