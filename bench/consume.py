@@ -46,7 +46,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
 
-from tests.procs import Proc, free_port, start_moto, wait_http  # noqa: E402
+from tests.procs import Proc, free_port, start_moto  # noqa: E402
 
 RECORD_BYTES = 1024
 RECORDS_PER_REQUEST = 100
@@ -84,11 +84,7 @@ class Agent:
         self.proc = Proc(
             command, self.home / "agent.log", env={"PYTHONPATH": str(ROOT)}, cwd=self.home
         )
-        try:
-            wait_http(f"{self.base}/health", proc=self.proc.popen)
-        except Exception:
-            self.proc.stop()
-            raise RuntimeError(f"lakelog serve did not start:\n{self.proc.output()}") from None
+        self.proc.wait_ready(f"{self.base}/health", "lakelog serve")
 
     @property
     def pid(self) -> int:

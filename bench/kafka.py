@@ -58,7 +58,7 @@ from produce import (  # noqa: E402
     wait_tcp,
 )
 
-from tests.procs import Proc, free_port, start_moto, wait_http  # noqa: E402
+from tests.procs import Proc, free_port, start_moto  # noqa: E402
 
 RECORD_BYTES = 1024
 BUCKET = "bench-lakelog-kafka"
@@ -100,11 +100,7 @@ class Lakelog:
         ]
         log(f"starting lakelog serve on {self.base}, Kafka on {self.bootstrap}")
         self.proc = Proc(command, home / "agent.log", env={"PYTHONPATH": str(ROOT)}, cwd=home)
-        try:
-            wait_http(f"{self.base}/health", timeout=60, proc=self.proc.popen)
-        except Exception:
-            self.proc.stop()
-            raise RuntimeError(f"lakelog did not start:\n{self.proc.output()}") from None
+        self.proc.wait_ready(f"{self.base}/health", "lakelog", timeout=60)
 
     @property
     def pid(self) -> int:

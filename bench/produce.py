@@ -184,11 +184,7 @@ class Agent:
             *("--coordinator-port", "0"),
         ]
         self.proc = Proc(command, home / "agent.log", env={"PYTHONPATH": str(ROOT)}, cwd=home)
-        try:
-            wait_http(f"{self.base}/health", proc=self.proc.popen)
-        except Exception:
-            self.proc.stop()
-            raise RuntimeError(f"lakelog serve did not start:\n{self.proc.output()}") from None
+        self.proc.wait_ready(f"{self.base}/health", "lakelog serve")
         clusters = httpx.get(f"{self.base}/v3/clusters").json()
         self.cluster_id: str = clusters["data"][0]["cluster_id"]
 

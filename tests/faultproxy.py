@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from tests.procs import Proc, free_port, wait_http
+from tests.procs import Proc, free_port
 
 CONTROL = "/__faults__"
 ACTIONS = ("status", "reset", "delay")
@@ -349,11 +349,7 @@ class FaultProxy:
             env={"PYTHONPATH": root},
         )
         url = f"http://127.0.0.1:{port}"
-        try:
-            wait_http(f"{url}{CONTROL}/stats", proc=proc.popen)
-        except Exception:
-            proc.stop()
-            raise RuntimeError(f"fault proxy did not start:\n{proc.output()}") from None
+        proc.wait_ready(f"{url}{CONTROL}/stats", "fault proxy")
         return cls(proc, url)
 
     def set_rules(self, *rules: dict[str, Any]) -> dict[str, Any]:

@@ -107,6 +107,15 @@ class Proc:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def wait_ready(self, url: str, what: str, timeout: float = 20.0) -> None:
+        """``wait_http(url)``; if it fails, stops the process and raises a RuntimeError
+        saying ``what`` did not start, with the process's output."""
+        try:
+            wait_http(url, timeout=timeout, proc=self.popen)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"{what} did not start:\n{self.output()}") from None
+
 
 def lakelog_cmd(*args: str) -> list[str]:
     """The ``lakelog`` CLI of this interpreter, whatever the PATH."""
@@ -211,9 +220,5 @@ def start_coordinator(
         cmd += ["--store-endpoint", store_endpoint]
     proc = Proc(cmd, tmp / f"coordinator-{port}.log", env={"PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/health", proc=proc.popen)
-    except Exception:
-        proc.stop()
-        raise RuntimeError(f"coordinator did not start:\n{proc.output()}") from None
+    proc.wait_ready(f"{url}/health", "coordinator")
     return proc, url
