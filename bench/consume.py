@@ -46,7 +46,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
 
-from tests.procs import Proc, free_port, start_moto  # noqa: E402
+from tests.procs import Proc, fake_aws_credentials, free_port, start_moto  # noqa: E402
 
 RECORD_BYTES = 1024
 RECORDS_PER_REQUEST = 100
@@ -55,9 +55,7 @@ PARTITIONS = 8
 V2 = {"Content-Type": "application/vnd.kafka.v2+json"}
 BINARY = "application/vnd.kafka.binary.v2+json"
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 
 
 class Agent:

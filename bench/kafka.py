@@ -58,15 +58,13 @@ from produce import (  # noqa: E402
     wait_tcp,
 )
 
-from tests.procs import Proc, free_port, start_moto  # noqa: E402
+from tests.procs import Proc, fake_aws_credentials, free_port, start_moto  # noqa: E402
 
 RECORD_BYTES = 1024
 BUCKET = "bench-lakelog-kafka"
 SECTIONS = ("produce", "consume", "profile")
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 
 
 class Lakelog:

@@ -50,11 +50,9 @@ import kafka  # noqa: E402
 from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic  # noqa: E402
 from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
 
-from tests.procs import start_moto  # noqa: E402
+from tests.procs import fake_aws_credentials, start_moto  # noqa: E402
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 
 
 def produce_exactly(bootstrap: str, topic: str, count: int) -> float:

@@ -75,7 +75,7 @@ import boto3  # noqa: E402
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 
-from tests.procs import Proc, free_port, start_moto, wait_http  # noqa: E402
+from tests.procs import Proc, fake_aws_credentials, free_port, start_moto, wait_http  # noqa: E402
 
 RECORD_BYTES = 1024
 RECORDS_PER_REQUEST = 100
@@ -84,9 +84,7 @@ SECTIONS = ("main", "sweep", "raw", "tansu", "workers")
 TANSU_BUCKET = "bench-tansu"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 
 
 def log(msg: str) -> None:

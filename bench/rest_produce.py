@@ -55,7 +55,7 @@ import orjson  # noqa: E402
 from kafka import BUCKET, Lakelog, create_topic, produce_load  # noqa: E402
 from produce import CLK_TCK, CpuMeter, RawConn, emit, load_avg, log, percentile  # noqa: E402
 
-from tests.procs import start_moto  # noqa: E402
+from tests.procs import fake_aws_credentials, start_moto  # noqa: E402
 
 RECORD_BYTES = 1024
 RECORDS = 100  # per request
@@ -65,9 +65,7 @@ V2_TYPES = {
     "json": "application/vnd.kafka.json.v2+json",
 }
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 
 
 def json_value(i: int) -> dict[str, Any]:

@@ -63,11 +63,9 @@ import psycopg  # noqa: E402
 from coordinator.client import ChunkCommit, TopicInfo  # noqa: E402
 from coordinator.http.client import HttpCoordinator, http_coordinator  # noqa: E402
 from tests.integration.topology import Topology, start_topology  # noqa: E402
-from tests.procs import Proc, start_coordinator, start_moto  # noqa: E402
+from tests.procs import Proc, fake_aws_credentials, start_coordinator, start_moto  # noqa: E402
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PARTITIONS = 12

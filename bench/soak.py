@@ -38,7 +38,6 @@ import asyncio
 import base64
 import json
 import multiprocessing
-import os
 import random
 import socket
 import statistics
@@ -58,11 +57,9 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 
 from tests.integration.conftest import Cluster, start_cluster  # noqa: E402
-from tests.procs import start_moto  # noqa: E402
+from tests.procs import fake_aws_credentials, start_moto  # noqa: E402
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 
 V2 = "application/vnd.kafka.v2+json"
 BINARY = "application/vnd.kafka.binary.v2+json"

@@ -65,14 +65,12 @@ from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic  # noqa: E402
 from kafka_catchup import catch_up, wait_alone  # noqa: E402
 from produce import CpuMeter, emit, load_avg, log, moto_put_count, percentile  # noqa: E402
 
-from tests.procs import Proc, start_moto  # noqa: E402
+from tests.procs import Proc, fake_aws_credentials, start_moto  # noqa: E402
 
 SECTIONS = ("produce", "catchup", "e2e")
 PARTITIONS = 8
 
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 
 
 def ms(seconds: list[float], q: float) -> float | None:

@@ -14,12 +14,10 @@ import psycopg
 import pytest
 
 from coordinator.db import POSTGRESQL
-from tests.procs import start_moto
+from tests.procs import fake_aws_credentials, start_moto
 
 # boto3 inside tests and in child processes: fake credentials, never a real account.
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+fake_aws_credentials()
 # Agents started by tests (and their children) keep off the shared machine's ports 9092
 # and 8083 (lakelog serve's coordinator API); tests of those pass --kafka-port or
 # --coordinator-port explicitly.

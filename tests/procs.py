@@ -33,6 +33,14 @@ def _port_range() -> range:
     return range(start, start + _PORTS_PER_RANGE)
 
 
+def fake_aws_credentials() -> None:
+    """Fake AWS credentials (and region) for boto3 here and in child processes, unless
+    some are set: moto takes any, and no test or benchmark may reach a real account."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
 _ports = _port_range()
 _next_port = [_ports.start + (os.getpid() * 7919) % len(_ports)]  # processes start apart
 
