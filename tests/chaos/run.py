@@ -167,6 +167,13 @@ class Run:
             **extra,
         }
 
+    def consumer(self, group: str, conf: dict[str, Any]) -> Any:
+        """A Kafka consumer in ``group`` that commits only when told (``conf`` adds to
+        ``kafka_conf``)."""
+        from confluent_kafka import Consumer
+
+        return Consumer(self.kafka_conf(**{"group.id": group, "enable.auto.commit": False, **conf}))
+
     # -- admin --------------------------------------------------------------------------
 
     def topic_id(self, topic: str) -> str | None:
@@ -414,14 +421,7 @@ class Run:
                         again = client.post(
                             f"{url or self.topo.url}/topics/{topic}", content=body, headers=headers
                         )
-                        self.hist.info(
-                            proc,
-                            "resend",
-                            op_id=op,
-                            status=again.status_code,
-                            same=_same_offsets(results, again),
-                            answer=again.text[:2000],
-                        )
+                        self._resent(proc, op, again, _same_offsets(results, again))
                 return None not in results
             last = f"{r.status_code} {r.text[:200]}"
             tries.append(last)
@@ -573,22 +573,15 @@ class Run:
         topic ``txn``; see ``txn_round``. A new instance after any outcome it cannot
         account for (a fatal error, a timeout): its ``init_transactions`` settles what the
         last one left open."""
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
         rng = self.rng(proc)
         tid = TXN_ID_PREFIX + proc
         group = f"g-{proc}"
         # The consume side of consume-transform-produce: ``stable`` read_committed from
         # the group's committed offsets (only transactions commit them), never sought back.
-        source = Consumer(
-            self.kafka_conf(
-                **{
-                    "group.id": group,
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "isolation.level": "read_committed",
-                }
-            )
+        source = self.consumer(
+            group, {"auto.offset.reset": "earliest", "isolation.level": "read_committed"}
         )
         source.assign([TopicPartition(TXN_SOURCE, p) for p in range(TOPICS[TXN_SOURCE][0])])
         producer: Any = None
@@ -742,19 +735,16 @@ class Run:
         """A Kafka consumer of every partition of ``txn`` from its start with
         ``isolation.level`` = ``isolation``, never committing nor seeking: each batch it
         gets is a ``txn_poll`` with its records (partition, offset, value)."""
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        consumer = Consumer(
-            self.kafka_conf(
-                **{
-                    "group.id": f"g-{proc}",
-                    "enable.auto.commit": False,
-                    "isolation.level": isolation,
-                    "fetch.wait.max.ms": 100,
-                    # A reset goes back to the start: poll_nonmonotonic, not a silent jump.
-                    "auto.offset.reset": "earliest",
-                }
-            )
+        consumer = self.consumer(
+            f"g-{proc}",
+            {
+                "isolation.level": isolation,
+                "fetch.wait.max.ms": 100,
+                # A reset goes back to the start: poll_nonmonotonic, not a silent jump.
+                "auto.offset.reset": "earliest",
+            },
         )
         n = TOPICS[TXN_TOPIC][0]
         consumer.assign([TopicPartition(TXN_TOPIC, p, OFFSET_BEGINNING) for p in range(n)])
@@ -798,27 +788,18 @@ class Run:
         """``txn`` read whole read_committed (a ``final_txn_read`` per partition), and the
         transactional producers' groups' committed offsets on ``stable``
         (``final_txn_offsets``)."""
-        from confluent_kafka import (
-            OFFSET_BEGINNING,
-            Consumer,
-            ConsumerGroupTopicPartitions,
-            TopicPartition,
-        )
-        from confluent_kafka.admin import AdminClient
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         proc = "final"
         n = TOPICS[TXN_TOPIC][0]
-        consumer = Consumer(
-            self.kafka_conf(
-                **{
-                    "group.id": "g-final-txn",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "fetch.wait.max.ms": 100,
-                    # A position reset would jump over records silently: an error instead.
-                    "auto.offset.reset": "error",
-                }
-            )
+        consumer = self.consumer(
+            "g-final-txn",
+            {
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 100,
+                # A position reset would jump over records silently: an error instead.
+                "auto.offset.reset": "error",
+            },
         )
         try:
             ends = {
@@ -863,26 +844,8 @@ class Run:
         finally:
             with contextlib.suppress(Exception):
                 consumer.close()
-        admin = AdminClient(self.kafka_conf())
-        for proc_ in TXN_PRODUCERS:
-            group = f"g-{proc_}"
-            try:
-                fut = admin.list_consumer_group_offsets(
-                    [ConsumerGroupTopicPartitions(group)], request_timeout=15
-                )[group]
-                res = fut.result(timeout=20)
-            except Exception as e:
-                self.hist.info(proc, "final_committed_error", group=group, error=repr(e))
-                continue
-            offsets = {
-                str(tp.partition): tp.offset
-                for tp in res.topic_partitions
-                if tp.topic == TXN_SOURCE and tp.offset >= 0
-            }
-            op = self.hist.invoke(proc, "final_txn_offsets", group=group)
-            self.hist.complete(
-                op, proc, "final_txn_offsets", "ok", group=group, topic=TXN_SOURCE, offsets=offsets
-            )
+        groups = [f"g-{p}" for p in TXN_PRODUCERS]
+        self._final_committed(proc, groups, TXN_SOURCE, "final_txn_offsets")
 
     # -- readers ------------------------------------------------------------------------
 
@@ -1016,22 +979,19 @@ class Run:
 
     def kafka_consumer(self, proc: str) -> None:
         """Members of one Kafka group on ``stable``; each now and then leaves (a rebalance)."""
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         rng = self.rng(proc)
         group = "g-kafka"
         while not self.stop.is_set():
             name = f"{proc}-{uuid.uuid4().hex[:6]}"
-            consumer = Consumer(
-                self.kafka_conf(
-                    **{
-                        "group.id": group,
-                        "enable.auto.commit": False,
-                        "auto.offset.reset": "earliest",
-                        "session.timeout.ms": 6000,
-                        "heartbeat.interval.ms": 1000,
-                    }
-                )
+            consumer = self.consumer(
+                group,
+                {
+                    "auto.offset.reset": "earliest",
+                    "session.timeout.ms": 6000,
+                    "heartbeat.interval.ms": 1000,
+                },
             )
 
             def on_assign(_c: Any, parts: list[Any], name: str = name) -> None:
@@ -1486,14 +1446,14 @@ class Run:
                 content=content,
                 headers={"Content-Type": "application/json"},
             )
-            self.hist.info(
-                proc,
-                "resend",
-                op_id=op,
-                status=again.status_code,
-                same=_same_batch_offsets(results, again),
-                answer=again.text[:2000],
-            )
+            self._resent(proc, op, again, _same_batch_offsets(results, again))
+
+    def _resent(self, proc: str, op: int, again: httpx.Response, same: bool | None) -> None:
+        """The answer to produce op ``op``'s request sent again with its Idempotency-Key
+        (``same``: whether it gave the same offsets), as a ``resend`` info."""
+        self.hist.info(
+            proc, "resend", op_id=op, status=again.status_code, same=same, answer=again.text[:2000]
+        )
 
     def init_producer(
         self, c: httpx.Client, proc: str, state: IdempotentState, bump: bool = False
@@ -1699,7 +1659,7 @@ class Run:
                 for part in r.json()["data"]:
                     p = part["partition_id"]
                     self._final_partition(c, proc, topic, tid, p)
-            self._final_committed(proc, groups)
+            self._final_committed(proc, groups, "stable", topic_id=self.topic_id("stable"))
 
     def _final_partition(self, c: httpx.Client, proc: str, topic: str, tid: str, p: int) -> None:
         url = f"{self.v3}/topics/{topic}/partitions/{p}/records"
@@ -1736,12 +1696,20 @@ class Run:
             markers=topic == TXN_TOPIC,
         )
 
-    def _final_committed(self, proc: str, groups: Iterable[str]) -> None:
+    def _final_committed(
+        self,
+        proc: str,
+        groups: Iterable[str],
+        topic: str,
+        name: str = "final_committed",
+        **detail: Any,
+    ) -> None:
+        """Each group's committed offsets on ``topic`` (those set), as a ``name`` op with
+        ``detail``."""
         from confluent_kafka import ConsumerGroupTopicPartitions
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(self.kafka_conf())
-        tid = self.topic_id("stable")
         for group in groups:
             try:
                 fut = admin.list_consumer_group_offsets(
@@ -1754,18 +1722,11 @@ class Run:
             offsets = {
                 str(tp.partition): tp.offset
                 for tp in res.topic_partitions
-                if tp.topic == "stable" and tp.offset >= 0
+                if tp.topic == topic and tp.offset >= 0
             }
-            op = self.hist.invoke(proc, "final_committed", group=group)
+            op = self.hist.invoke(proc, name, group=group)
             self.hist.complete(
-                op,
-                proc,
-                "final_committed",
-                "ok",
-                group=group,
-                topic="stable",
-                topic_id=tid,
-                offsets=offsets,
+                op, proc, name, "ok", group=group, topic=topic, **detail, offsets=offsets
             )
 
 
