@@ -61,6 +61,7 @@ from index.log import LogWriter  # noqa: E402
 from segments.segment import SegmentBuilder  # noqa: E402
 from segments.store import ObjectStore, open_store  # noqa: E402
 from segments.types import Record  # noqa: E402
+from tests import procs  # noqa: E402
 from tests.procs import Proc, free_port, wait_http  # noqa: E402
 
 PARTITIONS = 4
@@ -230,20 +231,7 @@ def start_spark() -> Any:
     """A local[2] SparkSession (2 GiB driver) with the lakelog source registered (this
     checkout's: an editable install is not listed)."""
     progress("starting Spark local[2]")
-    from pyspark.sql import SparkSession
-
-    import spark as lakelog_spark
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    lakelog_spark.register(session)
-    return session
+    return procs.start_spark({"spark.driver.memory": "2g"})
 
 
 def embedded(prefix: str) -> tuple[Path, str, LocalCoordinator, ObjectStore]:

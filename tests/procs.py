@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -192,6 +193,20 @@ def start_lakelog(
             proc.stop()
             raise
     return proc
+
+
+def start_spark(conf: dict[str, str]) -> Any:
+    """A local[2] SparkSession (its UI off, only errors logged) with this tree's lakelog
+    source registered (an editable install is not listed); ``conf``: its other settings."""
+    from pyspark.sql import SparkSession
+
+    import spark as lakelog_spark
+
+    quiet = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}
+    session = SparkSession.builder.master("local[2]").config(map={**quiet, **conf}).getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    lakelog_spark.register(session)
+    return session
 
 
 def start_moto(tmp: Path) -> tuple[Proc, str]:

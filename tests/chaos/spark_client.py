@@ -23,29 +23,22 @@ from typing import Any
 
 import orjson
 
+from tests.procs import start_spark
+
 DRIVER_MEMORY = "512m"
 
 
 def session() -> Any:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    import spark as lakelog_spark
-
-    s = (
-        SparkSession.builder.master("local[2]")
-        .appName("lakelog-chaos")
-        .config("spark.driver.memory", DRIVER_MEMORY)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.python.filterPushdown.enabled", "true")
-        .getOrCreate()
+    return start_spark(
+        {
+            "spark.app.name": "lakelog-chaos",
+            "spark.driver.memory": DRIVER_MEMORY,
+            "spark.sql.shuffle.partitions": "2",
+            "spark.sql.python.filterPushdown.enabled": "true",
+        }
     )
-    s.sparkContext.setLogLevel("ERROR")
-    lakelog_spark.register(s)
-    return s
 
 
 def serve(s: Any, cmd: dict[str, Any]) -> dict[str, Any]:
