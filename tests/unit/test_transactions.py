@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from coordinator import clock
-from coordinator.client import ChunkCommit, IndexWant, StableView, TopicPartition
+from coordinator.client import ChunkCommit, IndexWant, StableView, TopicPartition, TxnProducer
 from coordinator.groups.model import CommittedOffset
 from coordinator.janitors.tiering import run_tiering
 from coordinator.local import LocalCoordinator
@@ -64,6 +64,15 @@ def _data(
         c.get_topic(topic).topic_id, partition, 0, 100, count, 1, 2, producer_batches=batches
     )
     return c.commit(f"segments/x/{uuid.uuid4().hex}.seg", [chunk])[0]
+
+
+def _begin(
+    c: LocalCoordinator, *parts: TopicPartition, timeout_ms: int = TIMEOUT_MS
+) -> TxnProducer:
+    """A transaction of a new ``app`` instance with ``parts`` added; its producer."""
+    p = c.init_transaction("app", timeout_ms)
+    c.add_txn_partitions("app", p.producer_id, p.epoch, list(parts))
+    return p
 
 
 def _stable(c: LocalCoordinator, topic: str, partition: int, offset: int = 0) -> StableView:
@@ -132,10 +141,7 @@ def test_commit_then_markers_move_the_last_stable_offset(env: Env) -> None:
 
 def test_abort_keeps_the_aborted_range_for_readers(env: Env) -> None:
     c, writer, _ = env
-    p = c.init_transaction("app", TIMEOUT_MS)
-    c.add_txn_partitions(
-        "app", p.producer_id, p.epoch, [TopicPartition("t", 1), TopicPartition("u", 0)]
-    )
+    p = _begin(c, TopicPartition("t", 1), TopicPartition("u", 0))
     _data(c, "t", 1, 4, (p.producer_id, p.epoch, 0))  # 0-3; u-0 gets no record
     pending = c.end_transaction("app", p.producer_id, p.epoch, False)
     assert pending is not None and len(pending.partitions) == 2
@@ -205,8 +211,7 @@ def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c, writer, _ = env
-    p = c.init_transaction("app", 1_000)
-    c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 0)])
+    p = _begin(c, TopicPartition("t", 0), timeout_ms=1_000)
     _data(c, "t", 0, 2, (p.producer_id, p.epoch, 0))
     now = clock.now()
     assert c.abort_expired_transactions(int(now * 1000)) == []  # not yet
@@ -231,8 +236,7 @@ def test_end_of_a_timed_out_transaction_fences_without_the_sweep(
     env: Env, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     c, _, _ = env
-    p = c.init_transaction("app", 1_000)
-    c.add_txn_partitions("app", p.producer_id, p.epoch, [TopicPartition("t", 0)])
+    p = _begin(c, TopicPartition("t", 0), timeout_ms=1_000)
     later = clock.now() + 2
     monkeypatch.setattr(clock, "now", lambda: later)
     with pytest.raises(TransactionFencedError):
@@ -244,10 +248,7 @@ def test_end_of_a_timed_out_transaction_fences_without_the_sweep(
 
 def test_a_topic_deleted_mid_transaction_gets_no_marker(env: Env) -> None:
     c, writer, _ = env
-    p = c.init_transaction("app", TIMEOUT_MS)
-    c.add_txn_partitions(
-        "app", p.producer_id, p.epoch, [TopicPartition("t", 0), TopicPartition("u", 0)]
-    )
+    p = _begin(c, TopicPartition("t", 0), TopicPartition("u", 0))
     _data(c, "t", 0, 1, (p.producer_id, p.epoch, 0))
     _data(c, "u", 0, 1, (p.producer_id, p.epoch, 0))
     pending = c.end_transaction("app", p.producer_id, p.epoch, True)
