@@ -229,17 +229,18 @@ def no_partition_twice(members: list[Member]) -> set[tuple[bytes, int]]:
     return seen
 
 
-def new_topic(c: LocalCoordinator, partitions: int) -> tuple[str, bytes]:
+def new_topic_and_group(c: LocalCoordinator, partitions: int) -> tuple[str, bytes, str]:
+    """A new topic (name, id) and a new group name: tests on the shared coordinator each
+    use their own."""
     name = f"t-{uuid.uuid4().hex[:8]}"
-    return name, c.create_topic(name, partitions).topic_id
+    return name, c.create_topic(name, partitions).topic_id, f"g-{uuid.uuid4().hex[:8]}"
 
 
 def test_two_members_split_a_topic_and_a_leave_gives_all_back(
     shared: tuple[LocalCoordinator, Clock],
 ) -> None:
     c, _ = shared
-    topic, tid = new_topic(c, 6)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, tid, group = new_topic_and_group(c, 6)
     a = Member(c, group, [topic])
     first = a.beat()
     assert first.member_epoch >= 1 and first.assignment == {tid: (0, 1, 2, 3, 4, 5)}
@@ -267,8 +268,7 @@ def test_no_partition_is_ever_owned_twice_whatever_the_heartbeat_order(
     requests reach the coordinator through different agents); at every step no partition
     is owned by two, and once all have heartbeated enough each owns its fair share."""
     c, _ = shared
-    topic, tid = new_topic(c, 10)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, tid, group = new_topic_and_group(c, 10)
     members = [Member(c, group, [topic]) for _ in range(4)]
     joined: list[Member] = []
     for i in order:
@@ -289,8 +289,7 @@ def test_session_expiry_and_revocation_timeout_move_partitions(
     """A member silent past its session leaves; one that never gives up revoked
     partitions is removed after its rebalance timeout: the others get them."""
     c, clock = shared
-    topic, tid = new_topic(c, 4)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, tid, group = new_topic_and_group(c, 4)
     a, b = Member(c, group, [topic]), Member(c, group, [topic])
     settle([a, b])
     for _ in range(2):  # 12 s: past b's 10 s session; a heartbeats meanwhile
@@ -321,8 +320,7 @@ def test_session_expiry_and_revocation_timeout_move_partitions(
 
 def test_epochs_are_checked(shared: tuple[LocalCoordinator, Clock]) -> None:
     c, _ = shared
-    topic, _ = new_topic(c, 2)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, _, group = new_topic_and_group(c, 2)
     a = Member(c, group, [topic])
     a.beat()
     with pytest.raises(FencedMemberEpochError):
@@ -355,8 +353,7 @@ def test_one_protocol_at_a_time_and_empty_groups_convert(
     protocol refuses the other (GROUP_ID_NOT_FOUND / INCONSISTENT_GROUP_PROTOCOL); once
     empty it converts, its committed offsets kept. REST consumers exclude both."""
     c, _ = shared
-    topic, _ = new_topic(c, 2)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, _, group = new_topic_and_group(c, 2)
     joined = c.kafka_join(group, "classic-1", protocols=[("range", b"")], require_member_id=False)
     assert joined.status == "done"
     with pytest.raises(GroupNotFoundError, match="not a consumer group"):
@@ -386,8 +383,7 @@ def test_topic_changes_start_a_new_epoch(shared: tuple[LocalCoordinator, Clock])
     """New partitions, and a topic deleted and created again (a new id), reach the members
     on their next heartbeats, at a new epoch."""
     c, _ = shared
-    topic, tid = new_topic(c, 2)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, tid, group = new_topic_and_group(c, 2)
     a = Member(c, group, [topic])
     settle([a])
     epoch = a.epoch
@@ -404,8 +400,7 @@ def test_static_member_comes_back_with_its_partitions(
     shared: tuple[LocalCoordinator, Clock],
 ) -> None:
     c, _ = shared
-    topic, tid = new_topic(c, 4)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, tid, group = new_topic_and_group(c, 4)
     a = Member(c, group, [topic], instance_id="a")
     b = Member(c, group, [topic], instance_id="b")
     settle([a, b])
@@ -431,8 +426,7 @@ def test_a_lost_answer_is_asked_again_at_the_previous_epoch(
     was given), and the answer carries the new epoch and assignment. An older epoch, or
     the previous one claiming partitions it was never given, is fenced."""
     c, _ = shared
-    topic, tid = new_topic(c, 2)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, tid, group = new_topic_and_group(c, 2)
     a = Member(c, group, [topic])
     settle([a])
     old_epoch, old_owned = a.epoch, dict(a.owned)
@@ -452,8 +446,7 @@ def test_a_group_at_the_size_of_a_big_topic(shared: tuple[LocalCoordinator, Cloc
     than any test above): each partition owned once, the counts within one of each other,
     and a member leaving hands its partitions to the others without moving the rest."""
     c, _ = shared
-    topic, tid = new_topic(c, 2500)
-    group = f"g-{uuid.uuid4().hex[:8]}"
+    topic, tid, group = new_topic_and_group(c, 2500)
     members = [Member(c, group, [topic]) for _ in range(7)]
     settle(members, rounds=4)
     assert no_partition_twice(members) == {(tid, p) for p in range(2500)}
