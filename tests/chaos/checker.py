@@ -431,10 +431,11 @@ class _Checker:
             if contiguous and offs != list(range(part.log_start, part.high_watermark)):
                 missing = sorted(set(range(part.log_start, part.high_watermark)) - set(offs))
                 flag("gap", missing=missing[:20], missing_count=len(missing), **bounds)
+            at_p = self.report.at(where=where, topic_id=tid, partition=p)
             for o, _key, value in part.records:
                 self.report.records["final"] += 1
                 self._check_value(where, part.topic, p, o, value)
-                self._check_incarnation(flag, tid, value, partition=p, offset=o)
+                self._check_incarnation(at_p, tid, o, value)
                 seen[value].append((part.topic, tid, p, o))
                 self.located[value] = (part.topic, tid, p, o)
         for value, places in seen.items():
@@ -561,16 +562,23 @@ class _Checker:
             self._check_value(where, topic, p, o, v)
             self._check_located(where, topic, p, o, v)
             if served:
-                self._check_incarnation(flag, served, v, offset=o, served_by=served)
+                self._check_incarnation(flag, served, o, v, served_by=served)
         self._against_final(where, topic, p, records)
 
     def _check_incarnation(
-        self, flag: Callable[..., None], served: str, value: str, **detail: Any
+        self, flag: Callable[..., None], served: str, o: int, value: str, **detail: Any
     ) -> None:
         """``wrong_incarnation``: served by incarnation ``served``, acknowledged in another."""
         s = self.sends.get(value)
         if s is not None and s.incarnation is not None and s.incarnation != served:
-            flag("wrong_incarnation", value=value, **detail, acked_in=s.incarnation, op=s.op)
+            flag(
+                "wrong_incarnation",
+                offset=o,
+                value=value,
+                **detail,
+                acked_in=s.incarnation,
+                op=s.op,
+            )
 
     def _check_located(self, where: str, topic: str, p: int, o: int, v: str) -> None:
         loc = self.located.get(v)
