@@ -9,18 +9,10 @@ from types import TracebackType
 from typing import Literal
 
 from coordinator import clock
-from coordinator.api import forward
-from coordinator.client import (
-    Coordinator,
-    TopicPartition,
-    TransactionCoordinator,
-)
+from coordinator.api import ServedCoordinator, forward
+from coordinator.client import TopicPartition
 from coordinator.db import MetadataDatabase, WriteMode, open_database
-from coordinator.groups.kafka import (
-    KafkaGroupCoordinator,
-    KafkaGroupStore,
-    kafka_group_info,
-)
+from coordinator.groups.kafka import KafkaGroupStore, kafka_group_info
 from coordinator.groups.model import (
     CommittedOffset,
     ConsumerConfig,
@@ -33,9 +25,7 @@ from coordinator.groups.store import GroupStore
 from coordinator.janitors.catalog import Catalog
 from coordinator.log.store import MetadataStore
 from coordinator.log.transactions import TransactionStore
-from coordinator.schemas.model import (
-    SchemaStore,
-)
+from coordinator.schemas.model import SchemaStore
 from coordinator.schemas.store import SchemaRegistryStore
 from coordinator.shards import (
     ShardedCatalog,
@@ -325,29 +315,13 @@ class LocalCoordinator:
     delete_compatibility = forward("_schemas", SchemaRegistryStore.delete_compatibility)
 
 
-def _conforms(c: LocalCoordinator) -> Coordinator:
-    # mypy checks here that LocalCoordinator implements the protocol exactly.
-    return c
-
-
-def _conforms_txns(c: LocalCoordinator) -> TransactionCoordinator:
-    return c
-
-
-def _conforms_groups(c: LocalCoordinator) -> GroupCoordinator:
+def _conforms(c: LocalCoordinator) -> ServedCoordinator:
+    # mypy checks here that LocalCoordinator implements every served protocol exactly.
     return c
 
 
 def _store_conforms_groups(s: GroupStore) -> GroupCoordinator:
     return s
-
-
-def _conforms_kafka_groups(c: LocalCoordinator) -> KafkaGroupCoordinator:
-    return c
-
-
-def _conforms_schemas(c: LocalCoordinator) -> SchemaStore:
-    return c
 
 
 def _store_conforms_schemas(s: SchemaRegistryStore) -> SchemaStore:
