@@ -97,7 +97,9 @@ class LocalCoordinator:
             self._kafka_groups = KafkaGroupStore(self._db, now=now)
             self._schemas = SchemaRegistryStore(self._db)
             self._txns = TransactionStore(
-                self._db, None if self._sharded is None else ShardedPartitions(self._sharded)
+                self._db,
+                self._kafka_groups.check_member,
+                None if self._sharded is None else ShardedPartitions(self._sharded),
             )
         except BaseException:
             if self._sharded is not None:
@@ -194,20 +196,7 @@ class LocalCoordinator:
     complete_transaction = forward("_txns", TransactionStore.complete)
     abort_expired_transactions = forward("_txns", TransactionStore.abort_expired)
 
-    def txn_commit_offsets(
-        self,
-        transactional_id: str,
-        producer_id: int,
-        epoch: int,
-        group: str,
-        offsets: Mapping[TopicPartition, tuple[int, str]],
-        member_id: str = "",
-        generation: int = -1,
-    ) -> None:
-        if member_id:
-            self._kafka_groups.check_member(group, member_id, generation)
-        self._txns.hold_offsets(transactional_id, producer_id, epoch, group, offsets)
-
+    txn_commit_offsets = forward("_txns", TransactionStore.hold_offsets)
     list_transactions = forward("_txns", TransactionStore.list_all)
     held_offsets = forward("_txns", TransactionStore.held_offsets)
 
