@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from coordinator.log.producers import ProducerBatch, ProducerPartitionState, RequestKey, StoredKey
+from segments.types import ChunkInfo
 
 
 class TopicPartition(NamedTuple):
@@ -103,16 +104,10 @@ class StoreLocation:
 
 
 @dataclass(frozen=True, slots=True)
-class ChunkCommit:
-    """One chunk of a flushed segment object, as the agent reports it at commit."""
+class ChunkCommit(ChunkInfo):
+    """One chunk of a flushed segment object, as the agent reports it at commit: its
+    footer entry, and what the commit checks and stores with it."""
 
-    topic_id: bytes
-    partition: int
-    position: int
-    length: int
-    record_count: int
-    min_timestamp_ms: int
-    max_timestamp_ms: int
     #: Idempotent producers' batches in this chunk, in chunk order: their sequences
     #: are checked inside the commit (``coordinator.log.producers``).
     producer_batches: tuple[ProducerBatch, ...] = ()

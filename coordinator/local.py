@@ -9,18 +9,10 @@ from types import TracebackType
 from typing import Literal
 
 from coordinator import clock
-from coordinator.api import forward
-from coordinator.client import (
-    Coordinator,
-    TopicPartition,
-    TransactionCoordinator,
-)
+from coordinator.api import ServedCoordinator, forward
+from coordinator.client import TopicPartition
 from coordinator.db import MetadataDatabase, WriteMode, open_database
-from coordinator.groups.kafka import (
-    KafkaGroupCoordinator,
-    KafkaGroupStore,
-    kafka_group_info,
-)
+from coordinator.groups.kafka import KafkaGroupStore, kafka_group_info
 from coordinator.groups.model import (
     CommittedOffset,
     ConsumerConfig,
@@ -33,9 +25,7 @@ from coordinator.groups.store import GroupStore
 from coordinator.janitors.catalog import Catalog
 from coordinator.log.store import MetadataStore
 from coordinator.log.transactions import TransactionStore
-from coordinator.schemas.model import (
-    SchemaStore,
-)
+from coordinator.schemas.model import SchemaStore
 from coordinator.schemas.store import SchemaRegistryStore
 from coordinator.shards import (
     ShardedCatalog,
@@ -107,7 +97,9 @@ class LocalCoordinator:
             self._kafka_groups = KafkaGroupStore(self._db, now=now)
             self._schemas = SchemaRegistryStore(self._db)
             self._txns = TransactionStore(
-                self._db, None if self._sharded is None else ShardedPartitions(self._sharded)
+                self._db,
+                self._kafka_groups.check_member,
+                None if self._sharded is None else ShardedPartitions(self._sharded),
             )
         except BaseException:
             if self._sharded is not None:
@@ -204,20 +196,7 @@ class LocalCoordinator:
     complete_transaction = forward("_txns", TransactionStore.complete)
     abort_expired_transactions = forward("_txns", TransactionStore.abort_expired)
 
-    def txn_commit_offsets(
-        self,
-        transactional_id: str,
-        producer_id: int,
-        epoch: int,
-        group: str,
-        offsets: Mapping[TopicPartition, tuple[int, str]],
-        member_id: str = "",
-        generation: int = -1,
-    ) -> None:
-        if member_id:
-            self._kafka_groups.check_member(group, member_id, generation)
-        self._txns.hold_offsets(transactional_id, producer_id, epoch, group, offsets)
-
+    txn_commit_offsets = forward("_txns", TransactionStore.hold_offsets)
     list_transactions = forward("_txns", TransactionStore.list_all)
     held_offsets = forward("_txns", TransactionStore.held_offsets)
 
@@ -325,29 +304,13 @@ class LocalCoordinator:
     delete_compatibility = forward("_schemas", SchemaRegistryStore.delete_compatibility)
 
 
-def _conforms(c: LocalCoordinator) -> Coordinator:
-    # mypy checks here that LocalCoordinator implements the protocol exactly.
-    return c
-
-
-def _conforms_txns(c: LocalCoordinator) -> TransactionCoordinator:
-    return c
-
-
-def _conforms_groups(c: LocalCoordinator) -> GroupCoordinator:
+def _conforms(c: LocalCoordinator) -> ServedCoordinator:
+    # mypy checks here that LocalCoordinator implements every served protocol exactly.
     return c
 
 
 def _store_conforms_groups(s: GroupStore) -> GroupCoordinator:
     return s
-
-
-def _conforms_kafka_groups(c: LocalCoordinator) -> KafkaGroupCoordinator:
-    return c
-
-
-def _conforms_schemas(c: LocalCoordinator) -> SchemaStore:
-    return c
 
 
 def _store_conforms_schemas(s: SchemaRegistryStore) -> SchemaStore:

@@ -54,7 +54,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from coordinator import clock
 from coordinator.api import forward
@@ -69,7 +69,7 @@ from coordinator.client import (
 )
 from coordinator.db import POSTGRESQL, MetadataDatabase, open_database, rows_in
 from coordinator.iceberg.changes import PURGE_TABLE_FILES, TableFiles
-from coordinator.janitors.catalog import Catalog, IndexRow, NewRow, PartitionState
+from coordinator.janitors.catalog import Catalog, PartitionState
 from coordinator.log.group_commit import GroupCommitStats
 from coordinator.log.producers import ProducerPartitionState, StoredKey
 from coordinator.log.store import (
@@ -97,6 +97,7 @@ from segments.errors import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_P = ParamSpec("_P")
 
 #: Seconds between probes of a shard marked down.
 PROBE_INTERVAL_S = 0.5
@@ -997,6 +998,27 @@ def purge_topic(shard: Shard, topic_id: bytes) -> None:
     shard.write(purge)
 
 
+def _in_shard(
+    method: Callable[Concatenate[Catalog, bytes, int, _P], T],
+) -> Callable[Concatenate[ShardedCatalog, bytes, int, _P], T]:
+    """``Catalog``'s ``method`` of one partition, run on the shard that owns it."""
+
+    def call(
+        self: ShardedCatalog,
+        topic_id: bytes,
+        partition: int,
+        /,
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> T:
+        shard = self._store.shard_of(topic_id, partition)
+        return shard.call(lambda: method(Catalog(shard.db), topic_id, partition, *args, **kwargs))
+
+    call.__name__ = call.__qualname__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
 class ShardedCatalog:
     """The janitors' ``Catalog`` over a catalog and its shards: per partition in its
     shard; objects in every shard (see ``forget_objects``)."""
@@ -1005,9 +1027,6 @@ class ShardedCatalog:
         self._store = store
         self._db = store._db
         self._q = self._db.dialect.sql
-
-    def _shard(self, topic_id: bytes, partition: int) -> Shard:
-        return self._store.shard_of(topic_id, partition)
 
     @property
     def catalog_db(self) -> MetadataDatabase:
@@ -1048,37 +1067,13 @@ class ShardedCatalog:
         out.sort(key=lambda s: (s.topic, s.partition))
         return out
 
-    def rows(self, topic_id: bytes, partition: int) -> list[IndexRow]:
-        shard = self._shard(topic_id, partition)
-        return shard.call(lambda: Catalog(shard.db).rows(topic_id, partition))
-
-    def transactions(
-        self, topic_id: bytes, partition: int
-    ) -> tuple[int | None, list[tuple[int, int, int]]]:
-        shard = self._shard(topic_id, partition)
-        return shard.call(lambda: Catalog(shard.db).transactions(topic_id, partition))
+    rows = _in_shard(Catalog.rows)
+    transactions = _in_shard(Catalog.transactions)
+    swap = _in_shard(Catalog.swap)
+    advance_log_start = _in_shard(Catalog.advance_log_start)
 
     def index_row_count(self) -> int:
         return sum(s.call(s.catalog().index_row_count) for s in self._store.shards)
-
-    def swap(
-        self,
-        topic_id: bytes,
-        partition: int,
-        old: Sequence[IndexRow],
-        new: Sequence[NewRow],
-        now: float,
-    ) -> bool:
-        shard = self._shard(topic_id, partition)
-        return shard.call(lambda: Catalog(shard.db).swap(topic_id, partition, old, new, now))
-
-    def advance_log_start(
-        self, topic_id: bytes, partition: int, log_start: int, now: float
-    ) -> int | None:
-        shard = self._shard(topic_id, partition)
-        return shard.call(
-            lambda: Catalog(shard.db).advance_log_start(topic_id, partition, log_start, now)
-        )
 
     def purge_deleted_topics(self) -> int:
         """Drop rows of deleted topics from every shard (left where a shard was down when

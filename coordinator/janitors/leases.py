@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -94,16 +94,16 @@ class RunRecord:
     summary: dict[str, object]
 
 
+@dataclass(eq=False)
 class Lease:
     """A held lease. ``check()`` raises LeaseLostError once it is lost or expired."""
 
-    def __init__(self, leases: LeaseStore, name: str, holder: str, token: int, expires_at: float):
-        self.leases = leases
-        self.name = name
-        self.holder = holder
-        self.token = token
-        self.expires_at = expires_at
-        self.lost = False
+    leases: LeaseStore
+    name: str
+    holder: str
+    token: int
+    expires_at: float
+    lost: bool = field(default=False, init=False)
 
     def check(self) -> None:
         """Raises LeaseLostError if the lease is lost or past its expiry by our clock."""

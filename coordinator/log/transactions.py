@@ -246,11 +246,19 @@ class TransactionStore:
     """The transactional ids and their transactions (the ``TransactionCoordinator``
     protocol's docstrings say what each operation does)."""
 
-    def __init__(self, db: MetadataDatabase, partitions: PartitionData | None = None) -> None:
-        """``db``: the one metadata database, or the catalog; ``partitions``: where the
-        partitions' rows are (None: in ``db``)."""
+    def __init__(
+        self,
+        db: MetadataDatabase,
+        check_member: Callable[[str, str, int], None],
+        partitions: PartitionData | None = None,
+    ) -> None:
+        """``db``: the one metadata database, or the catalog; ``check_member(group,
+        member_id, generation)``: the Kafka groups' check of a TxnOffsetCommit's member
+        (``KafkaGroupStore.check_member``); ``partitions``: where the partitions' rows are
+        (None: in ``db``)."""
         self._db = db
         self._q = db.dialect.sql
+        self._check_member = check_member
         self._data = partitions or OneDatabase(db)
 
     # -- reading and writing a transactional id's row ------------------------
@@ -424,7 +432,11 @@ class TransactionStore:
         epoch: int,
         group: str,
         offsets: Mapping[TopicPartition, tuple[int, str]],
+        member_id: str = "",
+        generation: int = -1,
     ) -> None:
+        if member_id:
+            self._check_member(group, member_id, generation)
         with self._db.write() as conn:
             t = self._owned(conn, transactional_id, producer_id, epoch)
             if (

@@ -342,22 +342,18 @@ class SchemaRegistryStore:
                     raise version_not_found(version)
                 row = found[0]
             v, _, deleted = row
-            if permanent:
-                if not deleted:
-                    raise VersionNotSoftDeletedError(
-                        f"Subject '{subject}' Version {v} was not deleted first before being "
-                        "permanently deleted"
-                    )
-                self._check_unreferenced(conn, subject, v, True)
-                conn.execute(self._q(_HARD_DELETE), (subject, v))
-                return v
-            if deleted:
+            if permanent and not deleted:
+                raise VersionNotSoftDeletedError(
+                    f"Subject '{subject}' Version {v} was not deleted first before being "
+                    "permanently deleted"
+                )
+            if deleted and not permanent:
                 raise VersionSoftDeletedError(
                     f"Subject '{subject}' Version {v} was soft deleted.Set permanent=true to "
                     "delete permanently"
                 )
-            self._check_unreferenced(conn, subject, v, False)
-            conn.execute(self._q(_SOFT_DELETE), (subject, v))
+            self._check_unreferenced(conn, subject, v, permanent)
+            conn.execute(self._q(_HARD_DELETE if permanent else _SOFT_DELETE), (subject, v))
             return v
 
     # -- compatibility levels ----------------------------------------------------

@@ -14,13 +14,14 @@ No HTTP here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -216,6 +217,30 @@ class Logins:
             self._cache.clear()
             self._generation += 1
 
+    @contextlib.asynccontextmanager
+    async def verifying(self, keys: Sequence[str], door: str) -> AsyncIterator[None]:
+        """One verification of a login throttled by ``keys`` (``login_keys``): admitted by
+        the throttle first, its slot given back after; a refusal and a wrong credential
+        (AuthenticationError) are counted on ``/metrics``.
+
+        Raises:
+            LoginThrottledError: not admitted (nothing is verified).
+        """
+        try:
+            await self.throttle.admit(keys)
+        except LoginThrottledError:
+            self.metrics.failures.labels(door, "throttled").inc()
+            raise
+        failed = False
+        try:
+            yield
+        except AuthenticationError:
+            failed = True
+            self.metrics.failures.labels(door, "invalid").inc()
+            raise
+        finally:
+            await self.throttle.done(keys, failed=failed)
+
     async def authenticate(self, name: str, secret: str, address: str, door: str) -> str:
         """The principal of ``name``/``secret``.
 
@@ -238,28 +263,18 @@ class Logins:
             except AuthenticationError:
                 self.metrics.failures.labels(door, "invalid").inc()
                 raise
-        keys = login_keys(name, address)
-        try:
-            await self.throttle.admit(keys)
-        except LoginThrottledError:
-            self.metrics.failures.labels(door, "throttled").inc()
-            raise
-        verdict: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._pending[digest] = verdict
-        generation = self._generation
-        failed = False
-        try:
-            principal: str = await self._run(self.store.authenticate, name, secret)
-        except BaseException as e:
-            failed = isinstance(e, AuthenticationError)
-            verdict.set_exception(e)
-            verdict.exception()  # retrieved: the waiters (if any) raise it themselves
-            if failed:
-                self.metrics.failures.labels(door, "invalid").inc()
-            raise
-        finally:
-            del self._pending[digest]
-            await self.throttle.done(keys, failed=failed)
+        async with self.verifying(login_keys(name, address), door):
+            verdict: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self._pending[digest] = verdict
+            generation = self._generation
+            try:
+                principal: str = await self._run(self.store.authenticate, name, secret)
+            except BaseException as e:
+                verdict.set_exception(e)
+                verdict.exception()  # retrieved: the waiters (if any) raise it themselves
+                raise
+            finally:
+                del self._pending[digest]
         verdict.set_result(principal)
         with self._lock:
             if generation != self._generation:  # forgotten meanwhile: verify it again

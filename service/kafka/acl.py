@@ -28,7 +28,7 @@ With authorization off every question is answered yes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
 
@@ -145,6 +145,7 @@ def rules_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(eq=False, slots=True)
 class Access:
     """What one request's principal may do, by its API's rule (see the module doc).
 
@@ -155,22 +156,13 @@ class Access:
         host: the client's address.
     """
 
-    __slots__ = ("authorizer", "credential", "host", "principal", "rule")
-
-    def __init__(
-        self,
-        rule: Rule,
-        authorizer: Authorizer | None = None,
-        principal: str = ANONYMOUS,
-        host: str = "",
-    ) -> None:
-        self.rule = rule
-        self.authorizer = authorizer
-        self.principal = principal
-        self.host = host
-        #: The connection's own credential (``service.kafka.sasl``), which ACL changes
-        #: forward to a coordinator process; None for a certificate or OAuth principal.
-        self.credential: str | None = None
+    rule: Rule
+    authorizer: Authorizer | None = None
+    principal: str = ANONYMOUS
+    host: str = ""
+    #: The connection's own credential (``service.kafka.sasl``), which ACL changes
+    #: forward to a coordinator process; None for a certificate or OAuth principal.
+    credential: str | None = field(default=None, init=False)
 
     def _allowed(self, op: Operation | None, rtype: ResourceType, name: str) -> bool:
         if op is None:  # a handler asking what its rule does not say: a bug, so no

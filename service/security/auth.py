@@ -69,21 +69,8 @@ class Authenticator(Logins):
         if self.bearer is None:
             self.metrics.failures.labels(door, "malformed").inc()
             raise AuthenticationError("Bearer tokens are not accepted here.")
-        keys = login_keys(None, address)
-        try:
-            await self.throttle.admit(keys)
-        except LoginThrottledError:
-            self.metrics.failures.labels(door, "throttled").inc()
-            raise
-        failed = False
-        try:
+        async with self.verifying(login_keys(None, address), door):
             principal = await call(self.bearer.principal, token)
-        except AuthenticationError:
-            failed = True
-            self.metrics.failures.labels(door, "invalid").inc()
-            raise
-        finally:
-            await self.throttle.done(keys, failed=failed)
         self.metrics.successes.labels(door, "false").inc()
         return principal
 
