@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 Change = tuple[str, str]  # (type, path)
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class PathDiffs:
@@ -28,6 +30,26 @@ class PathDiffs:
             yield
         finally:
             self.path.pop()
+
+    def matched(
+        self,
+        old: Mapping[K, V],
+        new: Mapping[K, V],
+        removed: str,
+        added: str,
+        keys: Iterable[K] | None = None,
+    ) -> Iterator[tuple[V, V]]:
+        """Each key of ``old`` and ``new`` (in ``keys``' order; by default old's, then
+        new's), at its path part: ``removed`` for a key only ``old`` has, ``added`` for one
+        only ``new`` has; the two values of a key both have, to compare there."""
+        for key in dict.fromkeys([*old, *new]) if keys is None else keys:
+            with self.at(str(key)):
+                if key not in new:
+                    self.add(removed)
+                elif key not in old:
+                    self.add(added)
+                else:
+                    yield old[key], new[key]
 
     def compatible(self) -> bool:
         return all(kind in self.compatible_kinds for kind, _ in self.diffs)
