@@ -38,18 +38,17 @@ class PathDiffs:
         removed: str,
         added: str,
         keys: Iterable[K] | None = None,
-    ) -> Iterator[tuple[V, V]]:
+    ) -> Iterator[tuple[K, V, V]]:
         """Each key of ``old`` and ``new`` (in ``keys``' order; by default old's, then
-        new's), at its path part: ``removed`` for a key only ``old`` has, ``added`` for one
-        only ``new`` has; the two values of a key both have, to compare there."""
+        new's): ``removed`` at a key only ``old`` has, ``added`` at one only ``new`` has;
+        a key both have, with its two values, to compare."""
         for key in dict.fromkeys([*old, *new]) if keys is None else keys:
-            with self.at(str(key)):
-                if key not in new:
-                    self.add(removed)
-                elif key not in old:
-                    self.add(added)
-                else:
-                    yield old[key], new[key]
+            if key not in new:
+                self.add(removed, str(key))
+            elif key not in old:
+                self.add(added, str(key))
+            else:
+                yield key, old[key], new[key]
 
     def compatible(self) -> bool:
         return all(kind in self.compatible_kinds for kind, _ in self.diffs)

@@ -720,23 +720,24 @@ def _object(ctx: _Ctx, original: Node, update: Node) -> None:
             with ctx.at(name):
                 _property(ctx, name, original, update, o_uneval, u_uneval)
     with ctx.at("dependencies"):
-        for was, now in ctx.matched(
+        for name, was, now in ctx.matched(
             o["deps_props"], u["deps_props"], "DEPENDENCY_ARRAY_REMOVED", "DEPENDENCY_ARRAY_ADDED"
         ):
             if was != now:
                 if now >= was:
-                    ctx.add("DEPENDENCY_ARRAY_EXTENDED")
+                    ctx.add("DEPENDENCY_ARRAY_EXTENDED", name)
                 elif was >= now:
-                    ctx.add("DEPENDENCY_ARRAY_NARROWED")
+                    ctx.add("DEPENDENCY_ARRAY_NARROWED", name)
                 else:
-                    ctx.add("DEPENDENCY_ARRAY_CHANGED")
-        for was_s, now_s in ctx.matched(
+                    ctx.add("DEPENDENCY_ARRAY_CHANGED", name)
+        for name, was_s, now_s in ctx.matched(
             o["deps_schemas"],
             u["deps_schemas"],
             "DEPENDENCY_SCHEMA_REMOVED",
             "DEPENDENCY_SCHEMA_ADDED",
         ):
-            _compare(ctx, was_s, now_s)
+            with ctx.at(name):
+                _compare(ctx, was_s, now_s)
     _additional(ctx, "additionalProperties", "ADDITIONAL_PROPERTIES", o, u)
     _unevaluated(ctx, "unevaluatedProperties", "UNEVALUATED_PROPERTIES", o_uneval, u_uneval)
     _bound(ctx, "maxProperties", "MAX_PROPERTIES", o["maxProperties"], u["maxProperties"])

@@ -155,23 +155,27 @@ def _compare_types(
     news = [m for m in new_msgs if not m.options.map_entry]
     old_index = {m.name: (i, m) for i, m in enumerate(olds)}
     new_index = {m.name: (i, m) for i, m in enumerate(news)}
-    for (i, was), (j, now) in ctx.matched(old_index, new_index, "MESSAGE_REMOVED", "MESSAGE_ADDED"):
-        _compare_message(ctx, was, now)
-        if i != j:
-            ctx.add("MESSAGE_MOVED")
+    for name, (i, was), (j, now) in ctx.matched(
+        old_index, new_index, "MESSAGE_REMOVED", "MESSAGE_ADDED"
+    ):
+        with ctx.at(name):
+            _compare_message(ctx, was, now)
+            if i != j:
+                ctx.add("MESSAGE_MOVED")
     old_e = {e.name: e for e in old_enums}
     new_e = {e.name: e for e in new_enums}
-    for was_e, now_e in ctx.matched(old_e, new_e, "ENUM_REMOVED", "ENUM_ADDED"):
-        _compare_enum(ctx, was_e, now_e)
+    for name, was_e, now_e in ctx.matched(old_e, new_e, "ENUM_REMOVED", "ENUM_ADDED"):
+        with ctx.at(name):
+            _compare_enum(ctx, was_e, now_e)
 
 
 def _compare_enum(ctx: _Ctx, old: EnumDescriptorProto, new: EnumDescriptorProto) -> None:
     olds = {v.number: v.name for v in old.value}
     news = {v.number: v.name for v in new.value}
     numbers = sorted({*olds, *news})
-    for was, now in ctx.matched(olds, news, "ENUM_CONST_REMOVED", "ENUM_CONST_ADDED", numbers):
+    for n, was, now in ctx.matched(olds, news, "ENUM_CONST_REMOVED", "ENUM_CONST_ADDED", numbers):
         if was != now:
-            ctx.add("ENUM_CONST_CHANGED")
+            ctx.add("ENUM_CONST_CHANGED", str(n))
 
 
 def _oneofs(msg: DescriptorProto) -> tuple[dict[int, _F], dict[int, str], dict[str, list[int]]]:
