@@ -199,25 +199,27 @@ def _offsets(name: str, raw: str, *, starting: bool, streaming: bool) -> OffsetS
     return out
 
 
-def _timestamp(name: str, raw: str | None) -> int | None:
+def _integer(
+    name: str, raw: str | None, default: int | None, what: str, minimum: int | None = None
+) -> int | None:
+    """Option ``name``'s integer (``default`` when it is not set), at least ``minimum``."""
     if raw is None:
-        return None
+        return default
     try:
-        ts = int(raw.strip())
+        value = int(raw.strip())
     except ValueError:
-        raise ValueError(f"{name} must be epoch milliseconds, not {raw!r}") from None
-    if ts < 0:
-        raise ValueError(f"{name} must be >= 0, not {ts}")
-    return ts
+        raise ValueError(f"{name} must be {what}, not {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    return value
+
+
+def _timestamp(name: str, raw: str | None) -> int | None:
+    return _integer(name, raw, None, "epoch milliseconds", minimum=0)
 
 
 def _snapshot_id(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return int(raw.strip())
-    except ValueError:
-        raise ValueError(f"asOfSnapshot must be a snapshot id (an integer), not {raw!r}") from None
+    return _integer("asOfSnapshot", raw, None, "a snapshot id (an integer)")
 
 
 def _bool(name: str, raw: str | None, default: bool) -> bool:
@@ -239,15 +241,7 @@ def _isolation(raw: str | None) -> bool:
 
 
 def _positive(name: str, raw: str | None, default: int | None) -> int | None:
-    if raw is None:
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, not {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, not {value}")
-    return value
+    return _integer(name, raw, default, "an integer", minimum=1)
 
 
 def _lowered(options: Mapping[str, str], known: set[str]) -> dict[str, str]:

@@ -198,6 +198,21 @@ def v3_json_span(record: bytes, what: str) -> bytes | None:
     return None if part is None else _text(part.data)
 
 
+def json_object(body: bytes) -> dict[str, Any]:
+    """A v2 request body, which must be one JSON object.
+
+    Raises:
+        MalformedRequestError: malformed JSON, or JSON that is not an object (400).
+    """
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise MalformedRequestError("Bad Request: malformed JSON.") from None
+    if not isinstance(doc, dict):
+        raise MalformedRequestError("Bad Request: the body must be a JSON object.")
+    return doc
+
+
 def json_fragment(data: bytes | None, what: str) -> orjson.Fragment | None:
     """A stored JSON key/value to embed in a response as it is (no float round trip).
 

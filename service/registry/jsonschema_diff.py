@@ -720,28 +720,24 @@ def _object(ctx: _Ctx, original: Node, update: Node) -> None:
             with ctx.at(name):
                 _property(ctx, name, original, update, o_uneval, u_uneval)
     with ctx.at("dependencies"):
-        for name in dict.fromkeys([*o["deps_props"], *u["deps_props"]]):
-            was, now = o["deps_props"].get(name), u["deps_props"].get(name)
-            if now is None:
-                ctx.add("DEPENDENCY_ARRAY_REMOVED", name)
-            elif was is None:
-                ctx.add("DEPENDENCY_ARRAY_ADDED", name)
-            elif was != now:
+        for name, was, now in ctx.matched(
+            o["deps_props"], u["deps_props"], "DEPENDENCY_ARRAY_REMOVED", "DEPENDENCY_ARRAY_ADDED"
+        ):
+            if was != now:
                 if now >= was:
                     ctx.add("DEPENDENCY_ARRAY_EXTENDED", name)
                 elif was >= now:
                     ctx.add("DEPENDENCY_ARRAY_NARROWED", name)
                 else:
                     ctx.add("DEPENDENCY_ARRAY_CHANGED", name)
-        for name in dict.fromkeys([*o["deps_schemas"], *u["deps_schemas"]]):
-            was_s, now_s = o["deps_schemas"].get(name), u["deps_schemas"].get(name)
-            if now_s is None:
-                ctx.add("DEPENDENCY_SCHEMA_REMOVED", name)
-            elif was_s is None:
-                ctx.add("DEPENDENCY_SCHEMA_ADDED", name)
-            else:
-                with ctx.at(name):
-                    _compare(ctx, was_s, now_s)
+        for name, was_s, now_s in ctx.matched(
+            o["deps_schemas"],
+            u["deps_schemas"],
+            "DEPENDENCY_SCHEMA_REMOVED",
+            "DEPENDENCY_SCHEMA_ADDED",
+        ):
+            with ctx.at(name):
+                _compare(ctx, was_s, now_s)
     _additional(ctx, "additionalProperties", "ADDITIONAL_PROPERTIES", o, u)
     _unevaluated(ctx, "unevaluatedProperties", "UNEVALUATED_PROPERTIES", o_uneval, u_uneval)
     _bound(ctx, "maxProperties", "MAX_PROPERTIES", o["maxProperties"], u["maxProperties"])
@@ -754,16 +750,7 @@ def _property(
     o, u = original.attrs, update.attrs
     old, new = o["properties"].get(name), u["properties"].get(name)
     if new is None:
-        if _open(u, u_uneval):
-            ctx.add("PROPERTY_REMOVED_FROM_OPEN_CONTENT_MODEL")
-            return
-        covering = _partial(u, u_uneval, name)
-        if covering is not None:
-            _covered(ctx, "PROPERTY_REMOVED", old, covering)
-        elif old is not None and _deref(old).kind == "false":
-            ctx.add("PROPERTY_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL")
-        else:
-            ctx.add("PROPERTY_REMOVED_FROM_CLOSED_CONTENT_MODEL")
+        _removed(ctx, "PROPERTY", old, u, u_uneval, name)
         return
     if old is None:
         required = name in u["required"]
@@ -851,7 +838,7 @@ def _array(ctx: _Ctx, original: Node, update: Node) -> None:
             if i < len(olds) and i < len(news):
                 _compare(ctx, olds[i], news[i])
             elif i < len(olds):
-                _item_removed(ctx, olds[i], u, u_uneval)
+                _removed(ctx, "ITEM", olds[i], u, u_uneval, None)
             else:
                 _item_added(ctx, news[i], o, o_uneval)
     _additional(ctx, "additionalItems", "ADDITIONAL_ITEMS", o, u)
@@ -871,17 +858,21 @@ def _array(ctx: _Ctx, original: Node, update: Node) -> None:
         )
 
 
-def _item_removed(ctx: _Ctx, old: Node, u: dict[str, Any], u_uneval: Node | None) -> None:
+def _removed(
+    ctx: _Ctx, kind: str, old: Node, u: dict[str, Any], u_uneval: Node | None, name: str | None
+) -> None:
+    """A property (``kind`` PROPERTY, ``name`` its name) or a tuple item (ITEM, None) that
+    the update no longer has, by what the update's content model lets in instead."""
     if _open(u, u_uneval):
-        ctx.add("ITEM_REMOVED_FROM_OPEN_CONTENT_MODEL")
+        ctx.add(f"{kind}_REMOVED_FROM_OPEN_CONTENT_MODEL")
         return
-    covering = _partial(u, u_uneval, None)
+    covering = _partial(u, u_uneval, name)
     if covering is not None:
-        _covered(ctx, "ITEM_REMOVED", old, covering)
+        _covered(ctx, f"{kind}_REMOVED", old, covering)
     elif _deref(old).kind == "false":
-        ctx.add("ITEM_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL")
+        ctx.add(f"{kind}_WITH_FALSE_REMOVED_FROM_CLOSED_CONTENT_MODEL")
     else:
-        ctx.add("ITEM_REMOVED_FROM_CLOSED_CONTENT_MODEL")
+        ctx.add(f"{kind}_REMOVED_FROM_CLOSED_CONTENT_MODEL")
 
 
 def _item_added(ctx: _Ctx, new: Node, o: dict[str, Any], o_uneval: Node | None) -> None:

@@ -153,41 +153,29 @@ def _compare_types(
 ) -> None:
     olds = [m for m in old_msgs if not m.options.map_entry]
     news = [m for m in new_msgs if not m.options.map_entry]
-    old_index = {m.name: i for i, m in enumerate(olds)}
-    new_index = {m.name: i for i, m in enumerate(news)}
-    for name in dict.fromkeys([*old_index, *new_index]):
+    old_index = {m.name: (i, m) for i, m in enumerate(olds)}
+    new_index = {m.name: (i, m) for i, m in enumerate(news)}
+    for name, (i, was), (j, now) in ctx.matched(
+        old_index, new_index, "MESSAGE_REMOVED", "MESSAGE_ADDED"
+    ):
         with ctx.at(name):
-            if name not in new_index:
-                ctx.add("MESSAGE_REMOVED")
-            elif name not in old_index:
-                ctx.add("MESSAGE_ADDED")
-            else:
-                _compare_message(ctx, olds[old_index[name]], news[new_index[name]])
-                if old_index[name] != new_index[name]:
-                    ctx.add("MESSAGE_MOVED")
+            _compare_message(ctx, was, now)
+            if i != j:
+                ctx.add("MESSAGE_MOVED")
     old_e = {e.name: e for e in old_enums}
     new_e = {e.name: e for e in new_enums}
-    for name in dict.fromkeys([*old_e, *new_e]):
+    for name, was_e, now_e in ctx.matched(old_e, new_e, "ENUM_REMOVED", "ENUM_ADDED"):
         with ctx.at(name):
-            if name not in new_e:
-                ctx.add("ENUM_REMOVED")
-            elif name not in old_e:
-                ctx.add("ENUM_ADDED")
-            else:
-                _compare_enum(ctx, old_e[name], new_e[name])
+            _compare_enum(ctx, was_e, now_e)
 
 
 def _compare_enum(ctx: _Ctx, old: EnumDescriptorProto, new: EnumDescriptorProto) -> None:
     olds = {v.number: v.name for v in old.value}
     news = {v.number: v.name for v in new.value}
-    for number in sorted({*olds, *news}):
-        with ctx.at(str(number)):
-            if number not in news:
-                ctx.add("ENUM_CONST_REMOVED")
-            elif number not in olds:
-                ctx.add("ENUM_CONST_ADDED")
-            elif olds[number] != news[number]:
-                ctx.add("ENUM_CONST_CHANGED")
+    numbers = sorted({*olds, *news})
+    for n, was, now in ctx.matched(olds, news, "ENUM_CONST_REMOVED", "ENUM_CONST_ADDED", numbers):
+        if was != now:
+            ctx.add("ENUM_CONST_CHANGED", str(n))
 
 
 def _oneofs(msg: DescriptorProto) -> tuple[dict[int, _F], dict[int, str], dict[str, list[int]]]:

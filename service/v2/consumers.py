@@ -97,7 +97,7 @@ from service.consume.notify import PartitionKey
 from service.delivery import DeliveryResponse, DisconnectWatch
 from service.errors import V2_CONTENT_TYPE
 from service.executors import Kind, run
-from service.produce.formats import json_fragment
+from service.produce.formats import json_fragment, json_object
 from service.read_cache import CachingLogReader
 from service.registry.rest import SCHEMA_TYPE_OF_FORMAT
 from service.registry.rest import render_records as render_schema_records
@@ -178,15 +178,7 @@ async def json_body(request: Request) -> dict[str, Any] | None:
     """
     check_content_type(request)
     raw = await request.body()
-    if not raw.strip():
-        return None
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise MalformedRequestError("Bad Request: malformed JSON.") from None
-    if not isinstance(doc, dict):
-        raise MalformedRequestError("Bad Request: the body must be a JSON object.")
-    return doc
+    return json_object(raw) if raw.strip() else None
 
 
 def _is_int(v: object) -> bool:

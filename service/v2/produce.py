@@ -68,6 +68,7 @@ from service.produce.formats import (
     binary_hint,
     check_v2_accept,
     decode_base64,
+    json_object,
     read_body,
     v2_format,
     v2_json_spans,
@@ -367,12 +368,7 @@ def _parse_body(body: bytes, fmt: str, content_type: str | None = None) -> list[
 def _parse_checked(body: bytes, fmt: str, content_type: str | None = None) -> list[_Parsed]:
     """``_parse_body`` without the binary fast path: every check, in order, each error
     with its message."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise MalformedRequestError("Bad Request: malformed JSON.") from None
-    if not isinstance(doc, dict):
-        raise MalformedRequestError("Bad Request: the body must be a JSON object.")
+    doc = json_object(body)
     unknown = doc.keys() - _BODY_FIELDS
     if unknown:
         raise UnprocessableRequestError(f"Unrecognized field: {sorted(unknown)[0]}")
