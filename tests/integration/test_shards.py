@@ -60,6 +60,7 @@ from tests.integration.test_group_commit import (
 from tests.integration.test_kafka_clients import consume_all as kafka_consume_all
 from tests.integration.test_metadata_concurrency import PARTITIONS, TOPICS
 from tests.procs import start_coordinator
+from tests.threads import run_threads
 
 pytestmark = pytest.mark.integration
 
@@ -261,27 +262,17 @@ def test_concurrent_writers_get_contiguous_offsets_on_every_shard(new_db: NewDb)
         topic = coord.create_topic("busy", 6)
         got: list[tuple[int, int, int]] = []  # (partition, base, count)
         lock = threading.Lock()
-        errors: list[BaseException] = []
 
         def write(w: int) -> None:
-            try:
-                for n in range(commits):
-                    chunks = [chunk(topic.topic_id, p, count=1 + (w + n + p) % 3) for p in range(6)]
-                    bases = coord.commit(f"segments/w{w}/{n}.seg", chunks)
-                    with lock:
-                        got.extend(
-                            (c.partition, b, c.record_count)
-                            for c, b in zip(chunks, bases, strict=True)
-                        )
-            except BaseException as e:
-                errors.append(e)
+            for n in range(commits):
+                chunks = [chunk(topic.topic_id, p, count=1 + (w + n + p) % 3) for p in range(6)]
+                bases = coord.commit(f"segments/w{w}/{n}.seg", chunks)
+                with lock:
+                    got.extend(
+                        (c.partition, b, c.record_count) for c, b in zip(chunks, bases, strict=True)
+                    )
 
-        threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
+        run_threads(write, range(writers))
         for p in range(6):
             runs = sorted((b, n) for q, b, n in got if q == p)
             end = 0
