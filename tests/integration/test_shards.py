@@ -57,7 +57,7 @@ from tests.integration.test_group_commit import (
     _metric,
     run_http_writers,
 )
-from tests.integration.test_kafka_clients import consume_all as kafka_consume_all
+from tests.integration.test_kafka_clients import produce_and_read_back
 from tests.integration.test_metadata_concurrency import PARTITIONS, TOPICS
 from tests.procs import start_coordinator
 from tests.threads import run_threads
@@ -841,23 +841,8 @@ def test_rest_cluster_across_shards_with_one_shard_down(
             "partitioner": "murmur2_random",
         }
     )
-    reports: list[tuple[Any, int, int]] = []
-    for i in range(300):
-        producer.produce(
-            kafka_topic,
-            key=b"key-%d" % (i % 23),
-            value=b"v-%d" % i,
-            on_delivery=lambda e, m: reports.append((e, m.partition(), m.offset())),
-        )
-    assert producer.flush(30) == 0
-    assert all(e is None for e, _, _ in reports), reports[:3]
-    got_kafka = kafka_consume_all(cluster.kafka[1], kafka_topic, 6, 300)
-    assert sorted(m.value() for m in got_kafka) == sorted(b"v-%d" % i for i in range(300))
-    acked_kafka = {(part, off) for _, part, off in reports}
-    assert {(m.partition(), m.offset()) for m in got_kafka} == acked_kafka
-    for part in range(6):
-        offsets = sorted(o for pa, o in acked_kafka if pa == part)
-        assert offsets == list(range(len(offsets)))
+    records = [{"key": b"key-%d" % (i % 23), "value": b"v-%d" % i} for i in range(300)]
+    got_kafka = produce_and_read_back(producer, cluster.kafka[1], kafka_topic, 6, records)
 
     # Janitors across shards: tier everything, then gc asks every shard.
     report = run_janitor(cluster, "tier", tier_age_s=0)
