@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import io
 import socket
 import struct
 import subprocess
@@ -25,11 +24,12 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kio.schema.errors import ErrorCode
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_consumer_api import BINARY, b64
 from tests.integration.test_consumer_api import Consumer as RestConsumer
+from tests.kafka_wire import request_frame
 from tests.procs import lakelog_cmd
 
 pytestmark = pytest.mark.integration
@@ -306,21 +306,8 @@ def kafka_call(addr: str, body: Any) -> Any:
     from kio.index import load_response_from_request
 
     host, port = addr.split(":")
-    header_cls: Any = body.__header_schema__
-    out = io.BytesIO()
-    entity_writer(header_cls)(
-        out,
-        header_cls(
-            request_api_key=body.__api_key__,
-            request_api_version=body.__version__,
-            correlation_id=1,
-            client_id="test",
-        ),
-    )
-    entity_writer(type(body))(out, body)
-    payload = out.getvalue()
     with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(struct.pack(">i", len(payload)) + payload)
+        s.sendall(request_frame(body, 1, "test"))
         data = _read_frame(s)
     resp_cls: Any = load_response_from_request(type(body))
     _, used = entity_reader(resp_cls.__header_schema__)(data, 0)
