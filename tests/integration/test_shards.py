@@ -841,8 +841,8 @@ def test_rest_cluster_across_shards_with_one_shard_down(
             "partitioner": "murmur2_random",
         }
     )
-    records = [{"key": b"key-%d" % (i % 23), "value": b"v-%d" % i} for i in range(300)]
-    got_kafka = produce_and_read_back(producer, cluster.kafka[1], kafka_topic, 6, records)
+    sent = [{"key": b"key-%d" % (i % 23), "value": b"v-%d" % i} for i in range(300)]
+    got_kafka = produce_and_read_back(producer, cluster.kafka[1], kafka_topic, 6, sent)
 
     # Janitors across shards: tier everything, then gc asks every shard.
     report = run_janitor(cluster, "tier", tier_age_s=0)
