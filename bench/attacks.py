@@ -31,7 +31,6 @@ Run: ``.venv/bin/python bench/attacks.py [attack ...]`` (about four minutes for 
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import socket
@@ -48,8 +47,11 @@ from typing import Any
 
 import httpx
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
-from kio.index import load_response_from_request
-from kio.serial import entity_reader, entity_writer
+
+# This tree's tests/ (its Kafka framing); the agents run the current directory's code.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.kafka_wire import read_answer, request_frame
 
 ROOT = Path.cwd()
 USER, PASSWORD = "bench", "bench-password-1"
@@ -158,23 +160,6 @@ class Watch:
         return self.peak
 
 
-def frame(api_key: int, version: int, correlation: int, body: Any) -> bytes:
-    cls = type(body)
-    out = io.BytesIO()
-    header_cls = cls.__header_schema__
-    entity_writer(header_cls)(
-        out,
-        header_cls(
-            request_api_key=api_key,
-            request_api_version=version,
-            correlation_id=correlation,
-            client_id="bench",
-        ),
-    )
-    entity_writer(cls)(out, body)
-    return struct.pack(">i", out.tell()) + out.getvalue()
-
-
 class Conn:
     def __init__(self, agent: Agent, receive_buffer: int = 0) -> None:
         self.sock = socket.socket()
@@ -184,34 +169,21 @@ class Conn:
         self.sock.connect(("127.0.0.1", agent.kport))
         self.correlation = 0
 
-    def send(self, body: Any, api_key: int, version: int) -> None:
+    def send(self, body: Any) -> None:
         self.correlation += 1
-        self.sock.sendall(frame(api_key, version, self.correlation, body))
+        self.sock.sendall(request_frame(body, self.correlation, "bench"))
 
-    def call(self, body: Any, api_key: int, version: int) -> Any:
-        self.send(body, api_key, version)
-        size = struct.unpack(">i", self._read(4))[0]
-        data = self._read(size)
-        resp = load_response_from_request(type(body))
-        _, used = entity_reader(resp.__header_schema__)(data, 0)
-        return entity_reader(resp)(data, used)[0]
+    def call(self, body: Any) -> Any:
+        self.send(body)
+        return read_answer(self.sock, type(body), self.correlation)
 
     def login(self) -> None:
         from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
         from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
-        assert self.call(SaslHandshakeRequest(mechanism="PLAIN"), 17, 1).error_code == 0
+        assert self.call(SaslHandshakeRequest(mechanism="PLAIN")).error_code == 0
         token = b"\0" + USER.encode() + b"\0" + PASSWORD.encode()
-        assert self.call(SaslAuthenticateRequest(auth_bytes=token), 36, 2).error_code == 0
-
-    def _read(self, n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = self.sock.recv(min(n - len(data), MiB))
-            if not chunk:
-                raise ConnectionError("closed")
-            data += chunk
-        return bytes(data)
+        assert self.call(SaslAuthenticateRequest(auth_bytes=token)).error_code == 0
 
     def close(self) -> None:
         self.sock.close()
@@ -230,7 +202,7 @@ def produce(conn: Conn, topic: str, batch: bytes) -> int:
             ),
         ),
     )
-    answer = conn.call(body, 0, 9)
+    answer = conn.call(body)
     return int(answer.responses[0].partition_responses[0].error_code)
 
 
@@ -325,7 +297,7 @@ def frames_before_sasl(agent: Agent) -> dict[str, Any]:
 
 def apiversions_unread(agent: Agent) -> dict[str, Any]:
     conn = Conn(agent, receive_buffer=64 * 1024)
-    req = frame(18, 3, 1, api_versions())
+    req = request_frame(api_versions(), 1, "bench")
     n, sent = 1_000_000, 0
     # The agent read nothing for this long: it stopped reading (on a loaded machine an
     # agent that reads everything can be slower than that: give it more).
@@ -349,7 +321,7 @@ def fetch_unread(agent: Agent) -> dict[str, Any]:
     sent = 0
     try:
         for _ in range(10):
-            conn.send(fetch_request("fill", 2**31 - 1), 1, 12)
+            conn.send(fetch_request("fill", 2**31 - 1))
             sent += 1
     except OSError:
         pass
@@ -366,7 +338,7 @@ def idle_connections(agent: Agent) -> dict[str, Any]:
         try:
             c = Conn(agent)
             if i % 2:
-                c.call(SaslHandshakeRequest(mechanism="PLAIN"), 17, 1)
+                c.call(SaslHandshakeRequest(mechanism="PLAIN"))
             conns.append(c)
         except OSError:
             pass

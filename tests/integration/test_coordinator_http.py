@@ -9,7 +9,6 @@ import itertools
 import json
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from fastapi.testclient import TestClient
 
 from coordinator.api import MEDIA_TYPE, OPERATIONS
 from coordinator.client import ChunkCommit, Coordinator, StoreLocation
@@ -43,11 +43,6 @@ from segments.store import open_store
 from tests.coordinator_calls import answer, call, raw_post
 from tests.procs import start_coordinator
 from tests.unit.test_schema_store import SCENARIOS as SCHEMA_SCENARIOS
-
-with warnings.catch_warnings():
-    # Starlette 1.x warns at import that it prefers httpx2 to httpx; the client works the same.
-    warnings.filterwarnings("ignore", message=".*httpx2")
-    from fastapi.testclient import TestClient
 
 pytestmark = pytest.mark.integration
 

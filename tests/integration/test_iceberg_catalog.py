@@ -25,7 +25,6 @@ from typing import Any
 
 import boto3
 import httpx
-import pyarrow as pa
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
@@ -37,6 +36,7 @@ from coordinator.iceberg.tables import TopicTables, changes_of
 from tests.integration import test_shards
 from tests.integration.test_security_processes import ROOT, run_cli, start_secured_serve
 from tests.procs import Proc, lakelog_cmd, start_coordinator, start_moto
+from tests.unit.janitor_helpers import table_rows
 
 pytestmark = pytest.mark.integration
 
@@ -192,15 +192,6 @@ def _door(served: Served, topic: str, partitions: int, ends: dict[int, int]) -> 
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
-def _table_rows(table: pa.Table) -> list[tuple]:
-    out = []
-    for r in table.to_pylist():
-        hs = tuple((h["key"], h["value"]) for h in r["headers"] or ())
-        ts = int(r["timestamp"].timestamp() * 1000)
-        out.append((r["partition"], r["offset"], r["key"], r["value"], ts, hs))
-    return sorted(out, key=lambda t: (t[0], t[1]))
-
-
 def test_pyiceberg_lists_loads_and_scans_equal_to_the_kafka_door(served: Served) -> None:
     """pyiceberg's RestCatalog against ``lakelog serve``: the namespace, the tables, and a
     scan equal record for record to what the Kafka door reads of the tiered range."""
@@ -209,7 +200,7 @@ def test_pyiceberg_lists_loads_and_scans_equal_to_the_kafka_door(served: Served)
     assert set(catalog.list_tables("topics")) >= {("topics", TOPIC), ("topics", SECRET_TOPIC)}
     table = catalog.load_table(("topics", TOPIC))
     assert table.metadata.properties["lakelog.read-only"] == "true"
-    rows = _table_rows(table.scan().to_arrow())
+    rows = table_rows(table.scan().to_arrow())
     assert len(rows) == RECORDS
     ends = {p: 1 + max(r[1] for r in rows if r[0] == p) for p in (0, 1)}
     assert _door(served, TOPIC, 2, ends) == rows

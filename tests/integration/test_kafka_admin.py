@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -21,7 +21,7 @@ from kafka.admin import KafkaAdminClient
 from kafka.admin import NewTopic as KNewTopic
 
 from tests.integration.conftest import Cluster
-from tests.integration.test_kafka_clients import _batch, _raw_produce
+from tests.integration.test_kafka_clients import _batch, _raw_produce, plain_consumer
 
 pytestmark = pytest.mark.integration
 
@@ -134,14 +134,7 @@ def test_delete_records_moves_log_start(kafka_cluster: Cluster, unique_topic: An
     assert err.value.args[0].code() == 1  # OFFSET_OUT_OF_RANGE
     # Position 0 is now out of range: the consumer resets to the earliest offset, 12; the
     # batch holding 12 comes whole and the client skips the records before it.
-    c = Consumer(
-        {
-            "bootstrap.servers": kafka_cluster.kafka[1],
-            "group.id": "unused",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    c = plain_consumer(kafka_cluster.kafka[1], {"auto.offset.reset": "earliest"})
     c.assign([TopicPartition(topic, 0, 0)])
     offsets: list[int] = []
     deadline = time.monotonic() + 30

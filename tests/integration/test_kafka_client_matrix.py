@@ -301,16 +301,34 @@ def wait_group_ready(
     )
 
 
-def _threaded_consume(
-    members: int,
-    expected: int,
-    ready: Callable[[], None],
-    make: Callable[[], Any],
-    poll: Callable[[Any], list[Record]],
-    close: Callable[[Any], None],
-) -> list[Record]:
+@dataclass
+class Members:
+    """A client's members of one group: ``count`` of them, each made by ``make`` (and
+    closed by its close()); ``poll`` returns the records one poll of a member gave."""
+
+    count: int
+    make: Callable[[], Any]
+    poll: Callable[[Any], list[Record]]
+
+
+class Settle:
+    """When a group's consumption may end: 1.5 s after it first had all it expected and
+    its ``ready`` had returned, time for a record read twice to show."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.until: float | None = None
+
+    def __call__(self, got: int, ready: bool) -> bool:
+        if got < self.expected or not ready:
+            return False
+        self.until = self.until or time.monotonic() + 1.5
+        return time.monotonic() > self.until
+
+
+def _threaded_consume(members: Members, expected: int, ready: Callable[[], None]) -> list[Record]:
     """Members polled in turn on this thread; ``ready`` on another once they are in."""
-    consumers = [make() for _ in range(members)]
+    consumers = [members.make() for _ in range(members.count)]
     got: list[Record] = []
     signalled = threading.Event()
     failed: list[BaseException] = []
@@ -325,20 +343,16 @@ def _threaded_consume(
     waiter = threading.Thread(target=signal, daemon=True)
     waiter.start()
     deadline = time.monotonic() + WAIT_S
-    settle_until = None
+    settled = Settle(expected)
     try:
         while time.monotonic() < deadline:
             for c in consumers:
-                got += poll(c)
-            if failed:
+                got += members.poll(c)
+            if failed or settled(len(got), signalled.is_set()):
                 break
-            if len(got) >= expected and signalled.is_set():
-                settle_until = settle_until or time.monotonic() + 1.5
-                if time.monotonic() > settle_until:
-                    break
     finally:
         for c in consumers:
-            close(c)
+            c.close()
         waiter.join(WAIT_S)
     if failed:
         raise failed[0]
@@ -353,16 +367,9 @@ def _threaded_consume(
 POLL_MS_KAFKA_PYTHON = 5_000
 
 
-def _member_threads(
-    members: int,
-    expected: int,
-    ready: Callable[[], None],
-    make: Callable[[], Any],
-    poll: Callable[[Any], list[Record]],
-    close: Callable[[Any], None],
-) -> list[Record]:
+def _member_threads(members: Members, expected: int, ready: Callable[[], None]) -> list[Record]:
     """Each member polled on a thread of its own; ``ready`` on another once they are in."""
-    consumers = [make() for _ in range(members)]
+    consumers = [members.make() for _ in range(members.count)]
     got: list[Record] = []
     lock = threading.Lock()
     stop = threading.Event()
@@ -371,7 +378,7 @@ def _member_threads(
     def run(c: Any) -> None:
         try:
             while not stop.is_set():
-                records = poll(c)
+                records = members.poll(c)
                 with lock:
                     got.extend(records)
         except BaseException as e:  # raised below, on the test's thread
@@ -383,21 +390,19 @@ def _member_threads(
     try:
         ready()
         deadline = time.monotonic() + WAIT_S
-        settle_until = None
+        settled = Settle(expected)
         while time.monotonic() < deadline and not failed:
             with lock:
                 n = len(got)
-            if n >= expected:
-                settle_until = settle_until or time.monotonic() + 1.5
-                if time.monotonic() > settle_until:
-                    break
+            if settled(n, True):
+                break
             time.sleep(0.1)
     finally:
         stop.set()
         for th in threads:
             th.join(WAIT_S)
         for c in consumers:
-            close(c)
+            c.close()
     if failed:
         raise failed[0]
     return list(got)
@@ -451,7 +456,7 @@ class Confluent(Client):
                 return []
             return [(m.value().decode(), m.partition(), m.offset())]
 
-        return _threaded_consume(members, expected, ready, make, poll, lambda c: c.close())
+        return _threaded_consume(Members(members, make, poll), expected, ready)
 
     def describe_configs(self, t, topic, broker):  # type: ignore[no-untyped-def]
         admin = AdminClient({"bootstrap.servers": t.bootstrap})
@@ -461,6 +466,16 @@ class Confluent(Client):
             (entries,) = [f.result(30) for f in futures.values()]
             out.append({k: e.value for k, e in entries.items()})
         return out[0], out[1]
+
+
+#: kafka-python's and aiokafka's group members' settings (the same names in both).
+MEMBER_SETTINGS: dict[str, Any] = {
+    "auto_offset_reset": "earliest",
+    "session_timeout_ms": 10_000,
+    "heartbeat_interval_ms": 500,
+    "fetch_max_wait_ms": 100,
+    "auto_commit_interval_ms": 200,
+}
 
 
 class KafkaPython(Client):
@@ -487,15 +502,7 @@ class KafkaPython(Client):
 
     def consume(self, t, topic, group, members, expected, ready):  # type: ignore[no-untyped-def]
         def make() -> Any:
-            c = KafkaConsumer(
-                bootstrap_servers=t.kafka,
-                group_id=group,
-                auto_offset_reset="earliest",
-                session_timeout_ms=10_000,
-                heartbeat_interval_ms=500,
-                fetch_max_wait_ms=100,
-                auto_commit_interval_ms=200,
-            )
+            c = KafkaConsumer(bootstrap_servers=t.kafka, group_id=group, **MEMBER_SETTINGS)
             # A leader that joined before it knew the topic's partitions rejoins when the
             # metadata arrives, a rejoin kafka-python 3.0.12 drops if it outlasts one
             # poll(); known partitions before the first join keep that path away.
@@ -509,7 +516,7 @@ class KafkaPython(Client):
                 out += [(r.value.decode(), r.partition, r.offset) for r in records]
             return out
 
-        return _member_threads(members, expected, ready, make, poll, lambda c: c.close())
+        return _member_threads(Members(members, make, poll), expected, ready)
 
     def describe_configs(self, t, topic, broker):  # type: ignore[no-untyped-def]
         admin = KafkaAdminClient(bootstrap_servers=t.kafka)
@@ -555,14 +562,7 @@ class AioKafka(Client):
         async def run() -> list[Record]:
             consumers = [
                 AIOKafkaConsumer(
-                    topic,
-                    bootstrap_servers=t.bootstrap,
-                    group_id=group,
-                    auto_offset_reset="earliest",
-                    session_timeout_ms=10_000,
-                    heartbeat_interval_ms=500,
-                    fetch_max_wait_ms=100,
-                    auto_commit_interval_ms=200,
+                    topic, bootstrap_servers=t.bootstrap, group_id=group, **MEMBER_SETTINGS
                 )
                 for _ in range(members)
             ]
@@ -571,16 +571,14 @@ class AioKafka(Client):
             waiter = asyncio.get_running_loop().run_in_executor(None, ready)
             got: list[Record] = []
             deadline = time.monotonic() + WAIT_S
-            settle_until = None
+            settled = Settle(expected)
             try:
                 while time.monotonic() < deadline:
                     for c in consumers:
                         for records in (await c.getmany(timeout_ms=100)).values():
                             got += [(r.value.decode(), r.partition, r.offset) for r in records]
-                    if len(got) >= expected and waiter.done():
-                        settle_until = settle_until or time.monotonic() + 1.5
-                        if time.monotonic() > settle_until:
-                            break
+                    if settled(len(got), waiter.done()):
+                        break
             finally:
                 for c in consumers:
                     await c.stop()
@@ -1033,6 +1031,13 @@ def test_a_recreated_topic_has_a_new_id_everywhere(target: Target) -> None:
         )
         return kafka_call(addr, body).topics[0]
 
+    def delete(tid: uuid.UUID) -> Any:
+        body = DeleteTopicsRequest(
+            topics=(DeleteTopicState(name=None, topic_id=tid),),
+            timeout=datetime.timedelta(seconds=30),
+        )
+        return kafka_call(addr, body).responses[0]
+
     old = topic_id_by_name()
     assert by_id(old).name == topic and uuid.UUID(str(describe().topic_id)) == old
     answer = fetch(old)
@@ -1049,22 +1054,9 @@ def test_a_recreated_topic_has_a_new_id_everywhere(target: Target) -> None:
     assert fetch(old).partitions[0].error_code == ErrorCode.unknown_topic_id
     assert fetch(new).partitions[0].records in (None, b"")  # the new topic is empty
     # DeleteTopics by the old id never deletes the new topic.
-    res = kafka_call(
-        addr,
-        DeleteTopicsRequest(
-            topics=(DeleteTopicState(name=None, topic_id=old),),
-            timeout=datetime.timedelta(seconds=30),
-        ),
-    ).responses[0]
-    assert res.error_code == ErrorCode.unknown_topic_id
+    assert delete(old).error_code == ErrorCode.unknown_topic_id
     assert topic_id_by_name() == new
-    res = kafka_call(
-        addr,
-        DeleteTopicsRequest(
-            topics=(DeleteTopicState(name=None, topic_id=new),),
-            timeout=datetime.timedelta(seconds=30),
-        ),
-    ).responses[0]
+    res = delete(new)
     assert (res.error_code, res.name) == (ErrorCode.none, topic)
     assert httpx.get(target.v3(f"/topics/{topic}")).status_code == 404
 

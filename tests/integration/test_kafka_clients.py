@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import io
 import socket
 import struct
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -24,11 +24,12 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kio.schema.errors import ErrorCode
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_consumer_api import BINARY, b64
 from tests.integration.test_consumer_api import Consumer as RestConsumer
+from tests.kafka_wire import request_frame
 from tests.procs import lakelog_cmd
 
 pytestmark = pytest.mark.integration
@@ -44,28 +45,66 @@ def create_topic(cluster: Cluster, name: str, partitions: int = 3, **configs: st
     assert r.status_code == 201, r.text
 
 
-def consume_all(bootstrap: str, topic: str, partitions: int, want: int) -> list[Any]:
-    """Every record of ``topic`` from offset 0 with confluent-kafka (assign, no group)."""
-    c = Consumer(
+def plain_consumer(bootstrap: str, config: dict[str, Any] | None = None) -> Consumer:
+    """A confluent-kafka consumer to assign() partitions to: it joins no group and
+    commits nothing; ``config`` adds to its settings or overrides them."""
+    return Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": "unused",
             "enable.auto.commit": False,
             "fetch.wait.max.ms": 100,
+            **(config or {}),
         }
     )
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+
+
+def poll_records(
+    c: Consumer, enough: Callable[[list[Any]], bool], timeout_s: float = 30, poll_s: float = 0.5
+) -> list[Any]:
+    """The records ``c`` polls until ``enough`` of them (or ``timeout_s`` has passed);
+    an error event fails the test."""
     got: list[Any] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout_s
+    while not enough(got) and time.monotonic() < deadline:
+        m = c.poll(poll_s)
+        if m is None:
+            continue
+        assert m.error() is None, m.error()
+        got.append(m)
+    return got
+
+
+def consume_all(bootstrap: str, topic: str, partitions: int, want: int) -> list[Any]:
+    """Every record of ``topic`` from offset 0 with confluent-kafka (assign, no group)."""
+    c = plain_consumer(bootstrap)
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     try:
-        while len(got) < want and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            assert m.error() is None, m.error()
-            got.append(m)
+        return poll_records(c, lambda got: len(got) >= want)
     finally:
         c.close()
+
+
+def produce_and_read_back(
+    p: Producer, bootstrap: str, topic: str, partitions: int, records: list[dict[str, Any]]
+) -> list[Any]:
+    """Each of ``records`` (produce()'s keyword arguments) through ``p``, every one
+    acknowledged, then read back from ``bootstrap``: each at the offset it was acked at,
+    nothing else, each partition's offsets contiguous from 0. Returns what was read."""
+    reports: list[tuple[Any, int, int]] = []
+    for r in records:
+        p.produce(
+            topic, **r, on_delivery=lambda e, m: reports.append((e, m.partition(), m.offset()))
+        )
+    assert p.flush(30) == 0
+    assert all(e is None for e, _, _ in reports), reports[:3]
+    got = consume_all(bootstrap, topic, partitions, len(records))
+    assert sorted(m.value() for m in got) == sorted(r["value"] for r in records)
+    acked = {(part, off) for _, part, off in reports}
+    assert {(m.partition(), m.offset()) for m in got} == acked
+    for part in range(partitions):
+        offsets = sorted(o for pa, o in acked if pa == part)
+        assert offsets == list(range(len(offsets)))  # contiguous from 0
     return got
 
 
@@ -85,26 +124,15 @@ def test_confluent_kafka_produce_and_consume_every_codec(
             "partitioner": "murmur2_random",
         }
     )
-    reports: list[tuple[Any, int, int]] = []
-    for i in range(300):
-        p.produce(
-            topic,
-            key=b"key-%d" % (i % 17),
-            value=b"value-%d-" % i + b"x" * 200,
-            headers=[("h", b"%d" % i)],
-            on_delivery=lambda e, m: reports.append((e, m.partition(), m.offset())),
-        )
-    assert p.flush(30) == 0
-    assert all(e is None for e, _, _ in reports), reports[:3]
-    got = consume_all(kafka_cluster.kafka[1], topic, 3, 300)
-    assert sorted(m.value() for m in got) == sorted(
-        b"value-%d-" % i + b"x" * 200 for i in range(300)
-    )
-    acked = {(part, off) for _, part, off in reports}
-    assert {(m.partition(), m.offset()) for m in got} == acked
-    for part in range(3):
-        offsets = sorted(o for pa, o in acked if pa == part)
-        assert offsets == list(range(len(offsets)))  # contiguous from 0
+    records = [
+        {
+            "key": b"key-%d" % (i % 17),
+            "value": b"value-%d-" % i + b"x" * 200,
+            "headers": [("h", b"%d" % i)],
+        }
+        for i in range(300)
+    ]
+    got = produce_and_read_back(p, kafka_cluster.kafka[1], topic, 3, records)
     m = got[0]
     assert dict(m.headers() or [])["h"] == m.value().split(b"-")[1]
 
@@ -278,21 +306,8 @@ def kafka_call(addr: str, body: Any) -> Any:
     from kio.index import load_response_from_request
 
     host, port = addr.split(":")
-    header_cls: Any = body.__header_schema__
-    out = io.BytesIO()
-    entity_writer(header_cls)(
-        out,
-        header_cls(
-            request_api_key=body.__api_key__,
-            request_api_version=body.__version__,
-            correlation_id=1,
-            client_id="test",
-        ),
-    )
-    entity_writer(type(body))(out, body)
-    payload = out.getvalue()
     with socket.create_connection((host, int(port)), timeout=30) as s:
-        s.sendall(struct.pack(">i", len(payload)) + payload)
+        s.sendall(request_frame(body, 1, "test"))
         data = _read_frame(s)
     resp_cls: Any = load_response_from_request(type(body))
     _, used = entity_reader(resp_cls.__header_schema__)(data, 0)
@@ -426,14 +441,7 @@ def test_fetch_below_log_start_is_offset_out_of_range(
     topic = unique_topic("oor")
     create_topic(kafka_cluster, topic, 1)
     _raw_produce(kafka_cluster.kafka[0], topic, 0, _batch(5))
-    c = Consumer(
-        {
-            "bootstrap.servers": kafka_cluster.kafka[1],
-            "group.id": "unused",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "error",
-        }
-    )
+    c = plain_consumer(kafka_cluster.kafka[1], {"auto.offset.reset": "error"})
     c.assign([TopicPartition(topic, 0, 10)])
     err = None
     deadline = time.monotonic() + 20

@@ -31,17 +31,19 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FAST = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 300}
 
 
-def _consumer(bootstrap: str, group: str, **extra: Any) -> Consumer:
-    return Consumer(
+def _member(bootstrap: str, group: str, topic: str) -> Consumer:
+    """A member of ``group`` subscribed to ``topic`` (it joins on its first polls)."""
+    c = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": group,
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             **FAST,
-            **extra,
         }
     )
+    c.subscribe([topic])
+    return c
 
 
 def _until(cond: Callable[[], bool], consumers: list[Consumer], timeout: float = 40) -> None:
@@ -87,8 +89,7 @@ def test_rebalance_on_join_leave_and_death(kafka_cluster: Cluster, unique_topic:
     group = unique_topic("g")
     create_topic(kafka_cluster, topic, 6)
     _produce(kafka_cluster, topic, 60)
-    c1 = _consumer(kafka_cluster.kafka[0], group)
-    c1.subscribe([topic])
+    c1 = _member(kafka_cluster.kafka[0], group, topic)
     _until(lambda: _assigned(c1) == 6, [c1])
 
     # A member in another process, through the other agent: joins, then is killed.
@@ -109,8 +110,7 @@ def test_rebalance_on_join_leave_and_death(kafka_cluster: Cluster, unique_topic:
         proc.wait(10)
     _until(lambda: _assigned(c1) == 6, [c1])  # death: after its session timeout
 
-    c3 = _consumer(kafka_cluster.kafka[1], group)
-    c3.subscribe([topic])
+    c3 = _member(kafka_cluster.kafka[1], group, topic)
     _until(lambda: _assigned(c1) == 3 and _assigned(c3) == 3, [c1, c3])
     c3.close()  # leave: no session timeout to wait for
     started = time.monotonic()
@@ -157,8 +157,7 @@ def test_commits_survive_restarts_and_are_one_model_with_rest(
     group = unique_topic("g")
     create_topic(kafka_cluster, topic, 1)
     _produce(kafka_cluster, topic, 100)
-    c = _consumer(kafka_cluster.kafka[0], group)
-    c.subscribe([topic])
+    c = _member(kafka_cluster.kafka[0], group, topic)
     seen: list[Any] = []
     deadline = time.monotonic() + 30
     while len(seen) < 40 and time.monotonic() < deadline:
@@ -179,8 +178,7 @@ def test_commits_survive_restarts_and_are_one_model_with_rest(
     assert lag.status_code == 200 and lag.json()["current_offset"] == 40, lag.text
     c.close()
 
-    again = _consumer(kafka_cluster.kafka[1], group)  # another agent, a new process's view
-    again.subscribe([topic])
+    again = _member(kafka_cluster.kafka[1], group, topic)  # another agent, a new process's view
     first = None
     deadline = time.monotonic() + 30
     while first is None and time.monotonic() < deadline:

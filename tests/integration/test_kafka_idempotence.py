@@ -27,6 +27,34 @@ from tests.integration.test_kafka_clients import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+def idempotent_producer(cluster: Cluster, message_timeout_ms: int, **extra: Any) -> Producer:
+    """librdkafka's idempotent producer, given every agent of ``cluster`` to bootstrap from."""
+    return Producer(
+        {
+            "bootstrap.servers": ",".join(cluster.kafka),
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": message_timeout_ms,
+            **extra,
+        }
+    )
+
+
+class Deliveries:
+    """An on_delivery callback: the (value, partition, offset) of each message acknowledged,
+    in the order of the acknowledgements, and the errors of the others."""
+
+    def __init__(self) -> None:
+        self.acked: list[tuple[bytes, int, int]] = []
+        self.errors: list[Any] = []
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(err)
+        else:
+            self.acked.append((msg.value(), msg.partition(), msg.offset()))
+
+
 def test_idempotent_producer_survives_agent_sigkill(
     cluster_factory: ClusterFactory, unique_topic: Any
 ) -> None:
@@ -37,24 +65,8 @@ def test_idempotent_producer_survives_agent_sigkill(
     cluster = cluster_factory(kafka=True, agent_env={"LAKELOG_LINGER_MS": "20"})
     topic = unique_topic("idem")
     create_topic(cluster, topic, 4)
-    p = Producer(
-        {
-            "bootstrap.servers": ",".join(cluster.kafka),
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "message.timeout.ms": 120_000,
-            "partitioner": "murmur2_random",
-        }
-    )
-    acked: list[tuple[bytes, int, int]] = []
-    errors: list[Any] = []
-
-    def report(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(err)
-        else:
-            acked.append((msg.value(), msg.partition(), msg.offset()))
-
+    p = idempotent_producer(cluster, 120_000, partitioner="murmur2_random")
+    report = Deliveries()
     total = 3000
     for i in range(total):
         p.produce(topic, key=b"%d" % (i % 97), value=b"rec-%d" % i, on_delivery=report)
@@ -62,18 +74,18 @@ def test_idempotent_producer_survives_agent_sigkill(
         if i == total // 2:
             # Half sent, some acknowledged, the rest in flight: kill agent 0 now.
             deadline = time.monotonic() + 60
-            while len(acked) < 300 and time.monotonic() < deadline:
+            while len(report.acked) < 300 and time.monotonic() < deadline:
                 p.poll(0.05)
-            assert len(acked) >= 300, "no acknowledgement before the kill"
+            assert len(report.acked) >= 300, "no acknowledgement before the kill"
             cluster.agent_procs[0].kill()
     assert p.flush(150) == 0, "records still unacknowledged"
-    assert errors == []
-    assert len(acked) == total
+    assert report.errors == []
+    assert len(report.acked) == total
     got = consume_all(cluster.kafka[1], topic, 4, total)
     values = Counter(m.value() for m in got)
     assert [v for v, n in values.items() if n > 1] == []  # nothing stored twice
     assert set(values) == {b"rec-%d" % i for i in range(total)}  # nothing lost
-    assert {(m.value(), m.partition(), m.offset()) for m in got} == set(acked)
+    assert {(m.value(), m.partition(), m.offset()) for m in got} == set(report.acked)
     for part in range(4):
         offsets = sorted(m.offset() for m in got if m.partition() == part)
         assert offsets == list(range(len(offsets)))
@@ -142,26 +154,11 @@ def test_an_idempotent_producer_goes_on_when_its_topic_is_created_again(
     showed on the recreated ``churn`` topic)."""
     topic = unique_topic("again")
     create_topic(kafka_cluster, topic, 1)
-    p = Producer(
-        {
-            "bootstrap.servers": ",".join(kafka_cluster.kafka),
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "message.timeout.ms": 60_000,
-        }
-    )
-    errors: list[Any] = []
-    acked: list[tuple[bytes, int]] = []
-
-    def report(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(err)
-        else:
-            acked.append((msg.value(), msg.offset()))
-
+    p = idempotent_producer(kafka_cluster, 60_000)
+    report = Deliveries()
     for i in range(40):
         p.produce(topic, value=b"first-%d" % i, partition=0, on_delivery=report)
-    assert p.flush(60) == 0 and errors == []
+    assert p.flush(60) == 0 and report.errors == []
     r = httpx.delete(
         f"{kafka_cluster.agents[0]}/v3/clusters/{kafka_cluster.cluster_id}/topics/{topic}"
     )
@@ -171,7 +168,7 @@ def test_an_idempotent_producer_goes_on_when_its_topic_is_created_again(
         p.produce(topic, value=b"second-%d" % i, partition=0, on_delivery=report)
         p.poll(0)
     assert p.flush(90) == 0
-    assert errors == []
-    assert acked[40:] == [(b"second-%d" % i, i) for i in range(40)]
+    assert report.errors == []
+    assert report.acked[40:] == [(b"second-%d" % i, 0, i) for i in range(40)]
     got = consume_all(kafka_cluster.kafka[1], topic, 1, 40)
-    assert [(m.value(), m.offset()) for m in got] == acked[40:]
+    assert [(m.value(), m.partition(), m.offset()) for m in got] == report.acked[40:]

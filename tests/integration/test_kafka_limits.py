@@ -29,8 +29,9 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from confluent_kafka import Producer
 
 from service.kafka.framing import request_class
-from tests.integration.test_kafka_acl import batch, make, read_answer, request_frame
+from tests.integration.test_kafka_acl import batch
 from tests.integration.test_security_processes import start_secured_serve
+from tests.kafka_wire import make, read_answer, request_frame
 from tests.procs import Proc
 
 PASSWORD = "limits-user-password-1"

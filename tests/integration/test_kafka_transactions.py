@@ -28,7 +28,12 @@ from kio.schema.list_transactions.v2.request import ListTransactionsRequest
 from coordinator.http.client import http_coordinator
 from coordinator.log.transactions import STALE_DECISION_S
 from tests.integration.conftest import Cluster, ClusterFactory
-from tests.integration.test_kafka_clients import create_topic, kafka_call
+from tests.integration.test_kafka_clients import (
+    create_topic,
+    kafka_call,
+    plain_consumer,
+    poll_records,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,6 +53,23 @@ def txn_producer(bootstrap: str, transactional_id: str, **extra: Any) -> Produce
     return p
 
 
+def open_transaction(
+    bootstrap: str,
+    transactional_id: str,
+    topic: str,
+    value: bytes,
+    partition: int = 0,
+    **extra: Any,
+) -> Producer:
+    """A transactional producer whose transaction is left open after ``value`` was
+    stored (acknowledged) in ``partition``."""
+    p = txn_producer(bootstrap, transactional_id, **extra)
+    p.begin_transaction()
+    p.produce(topic, value=value, partition=partition)
+    assert p.flush(30) == 0
+    return p
+
+
 def produce_committed(p: Producer, topic: str, partitions: int, value: bytes) -> None:
     """One committed transaction holding ``value`` in each partition."""
     p.begin_transaction()
@@ -61,32 +83,21 @@ def read(
 ) -> list[bytes]:
     """Every value of ``topic`` from offset 0 up to the ``until`` record of each partition
     (a committed transaction's, written last), with ``isolation.level`` = ``isolation``."""
-    c = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "isolation.level": isolation,
-            "fetch.wait.max.ms": 100,
-        }
+    c = plain_consumer(
+        bootstrap,
+        {"group.id": f"reader-{uuid.uuid4().hex[:8]}", "isolation.level": isolation},
     )
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    got: list[bytes] = []
-    done: set[int] = set()
-    deadline = time.monotonic() + 30
+
+    def done(got: list[Any]) -> set[int]:
+        return {m.partition() for m in got if m.value() == until}
+
     try:
-        while len(done) < partitions and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            assert m.error() is None, m.error()
-            if m.value() == until:
-                done.add(m.partition())
-            else:
-                got.append(m.value())
+        records = poll_records(c, lambda got: len(done(got)) == partitions)
     finally:
         c.close()
-    assert len(done) == partitions, f"the {until!r} records never arrived: {got}"
+    got = [m.value() for m in records if m.value() != until]
+    assert len(done(records)) == partitions, f"the {until!r} records never arrived: {got}"
     return got
 
 
@@ -163,10 +174,7 @@ def test_a_second_instance_fences_the_first(kafka_cluster: Cluster, unique_topic
     create_topic(kafka_cluster, topic, 1)
     a, b = kafka_cluster.kafka
     tid = f"tx-{topic}"
-    zombie = txn_producer(a, tid)
-    zombie.begin_transaction()
-    zombie.produce(topic, value=b"zombie", partition=0)
-    assert zombie.flush(30) == 0
+    zombie = open_transaction(a, tid, topic, b"zombie")
     fresh = txn_producer(b, tid)
     with pytest.raises(KafkaException) as failed:
         zombie.commit_transaction(30)
@@ -188,10 +196,7 @@ def test_describe_and_list_transactions_show_the_coordinators_state(
     create_topic(kafka_cluster, topic, 2)
     producer_at, other = kafka_cluster.kafka
     tid = f"tx-{topic}"
-    p = txn_producer(producer_at, tid)
-    p.begin_transaction()
-    p.produce(topic, value=b"x", partition=1)
-    assert p.flush(30) == 0
+    p = open_transaction(producer_at, tid, topic, b"x", partition=1)
     describe = DescribeTransactionsRequest(transactional_ids=(tid, "no-such-id"))
     ongoing, unknown = kafka_call(other, describe).transaction_states
     assert (ongoing.error_code, ongoing.transaction_state) == (ErrorCode.none, "Ongoing")
@@ -397,10 +402,7 @@ def test_markers_left_unwritten_are_written_by_an_agents_sweep(
     create_topic(kafka_cluster, topic, 1)
     producer_at, consumer_at = kafka_cluster.kafka
     tid = f"tx-{topic}"
-    p = txn_producer(producer_at, tid)
-    p.begin_transaction()
-    p.produce(topic, value=b"decided", partition=0)
-    assert p.flush(30) == 0
+    p = open_transaction(producer_at, tid, topic, b"decided")
     (state,) = kafka_call(
         consumer_at, DescribeTransactionsRequest(transactional_ids=(tid,))
     ).transaction_states
@@ -467,10 +469,7 @@ def test_a_transaction_past_its_timeout_is_aborted_by_the_agents(
     create_topic(cluster, topic, 1)
     a, b = cluster.kafka
     tid = f"tx-{topic}"
-    stalled = txn_producer(a, tid, **{"transaction.timeout.ms": 2000})
-    stalled.begin_transaction()
-    stalled.produce(topic, value=b"stalled", partition=0)
-    assert stalled.flush(30) == 0
+    stalled = open_transaction(a, tid, topic, b"stalled", **{"transaction.timeout.ms": 2000})
     time.sleep(4)  # past the timeout, and a few sweeps
     with pytest.raises(KafkaException):
         stalled.commit_transaction(30)

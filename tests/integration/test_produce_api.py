@@ -74,6 +74,11 @@ def post_v2(
     return httpx.post(url, content=orjson.dumps(body), headers=headers, timeout=30)
 
 
+def assert_error(r: httpx.Response, status: int, error_code: int, message: str) -> None:
+    """``r`` is an error answer: ``status``, and exactly this body."""
+    assert (r.status_code, r.json()) == (status, {"error_code": error_code, "message": message})
+
+
 def segment_objects(cluster: Cluster) -> int:
     s3 = boto3.client("s3", endpoint_url=cluster.store_endpoint)
     pages = s3.get_paginator("list_objects_v2").paginate(
@@ -192,22 +197,13 @@ def test_v2_unknown_topic_and_partition(cluster: Cluster, create_topic: Callable
     body = {"records": [{"value": b64(b"x")}]}
     for url in (f"{agent}/topics/no-such-topic", f"{agent}/topics/no-such-topic/partitions/0"):
         r = post_v2(url, body)
-        assert (r.status_code, r.json()) == (
-            404,
-            {"error_code": 40401, "message": "Topic 'no-such-topic' not found."},
-        )
+        assert_error(r, 404, 40401, "Topic 'no-such-topic' not found.")
         assert r.headers["content-type"] == V2
     topic = create_topic(partitions=2)
     r = post_v2(f"{agent}/topics/{topic}/partitions/2", body)
-    assert (r.status_code, r.json()) == (
-        404,
-        {"error_code": 40402, "message": f"Partition 2 of topic '{topic}' not found."},
-    )
+    assert_error(r, 404, 40402, f"Partition 2 of topic '{topic}' not found.")
     r = post_v2(f"{agent}/topics/{topic}", {"records": [{"value": b64(b"x"), "partition": 5}]})
-    assert (r.status_code, r.json()) == (
-        404,
-        {"error_code": 40402, "message": f"Partition 5 of topic '{topic}' not found."},
-    )
+    assert_error(r, 404, 40402, f"Partition 5 of topic '{topic}' not found.")
 
 
 @pytest.mark.parametrize(
@@ -252,7 +248,7 @@ def test_v2_bad_bodies(
     r = httpx.post(
         f"{cluster.agents[0]}/topics/{topic}", content=raw, headers={"Content-Type": BINARY}
     )
-    assert (r.status_code, r.json()) == (status, {"error_code": code, "message": message})
+    assert_error(r, status, code, message)
     assert reader.read(topic, 0, 0) == []  # nothing of a refused request is stored
 
 
@@ -280,15 +276,14 @@ def test_v2_json_values_sent_as_binary_name_the_assumed_type_and_the_others(
         content=b'{"records":[{"value":{"n":1}}]}',
         headers=headers,
     )
-    assert (r.status_code, r.json()) == (
+    assert_error(
+        r,
         400,
-        {
-            "error_code": 400,
-            "message": "Bad Request: records[0].value must be a base64 string or null. "
-            f"{assumed} means binary: keys and values are base64 strings. For JSON keys and "
-            "values send application/vnd.kafka.json.v2+json; the v2 produce types are "
-            "application/vnd.kafka.{binary,json,avro,jsonschema,protobuf}.v2+json.",
-        },
+        400,
+        "Bad Request: records[0].value must be a base64 string or null. "
+        f"{assumed} means binary: keys and values are base64 strings. For JSON keys and "
+        "values send application/vnd.kafka.json.v2+json; the v2 produce types are "
+        "application/vnd.kafka.{binary,json,avro,jsonschema,protobuf}.v2+json.",
     )
     assert reader.read(topic, 0, 0) == []
 
@@ -335,10 +330,7 @@ def test_v2_accept_header(cluster: Cluster, create_topic: Callable[..., str]) ->
     body = {"records": [{"value": "eA=="}]}
     assert post_v2(url, body, accept=f"{V2}, */*;q=0.1").status_code == 200
     r = post_v2(url, body, accept="application/octet-stream")
-    assert (r.status_code, r.json()) == (
-        406,
-        {"error_code": 406, "message": "HTTP 406 Not Acceptable"},
-    )
+    assert_error(r, 406, 406, "HTTP 406 Not Acceptable")
 
 
 def test_v2_record_over_max_message_bytes(
@@ -543,26 +535,18 @@ def test_v3_streaming_reports_arrive_while_the_request_is_still_open(
 def test_v3_request_level_errors(cluster: Cluster, create_topic: Callable[..., str]) -> None:
     topic = create_topic()
     r = httpx.post(v3_url(cluster, "no-such-topic"), json={})
-    assert (r.status_code, r.json()) == (
+    assert_error(
+        r,
         404,
-        {
-            "error_code": 40403,
-            "message": "This server does not host this topic-partition. "
-            "Topic 'no-such-topic' not found.",
-        },
+        40403,
+        "This server does not host this topic-partition. Topic 'no-such-topic' not found.",
     )
     r = httpx.post(v3_url(cluster, topic), content=b"{}", headers={"Content-Type": "text/plain"})
-    assert (r.status_code, r.json()) == (
-        415,
-        {"error_code": 415, "message": "HTTP 415 Unsupported Media Type"},
-    )
+    assert_error(r, 415, 415, "HTTP 415 Unsupported Media Type")
     r = httpx.post(
         v3_url(cluster, topic), content=b" \n ", headers={"Content-Type": "application/json"}
     )
-    assert (r.status_code, r.json()) == (
-        422,
-        {"error_code": 42206, "message": "Payload error. Request body is empty. Data is required."},
-    )
+    assert_error(r, 422, 42206, "Payload error. Request body is empty. Data is required.")
 
 
 def test_v3_record_over_max_message_bytes_is_a_per_record_413(

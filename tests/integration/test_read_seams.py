@@ -21,6 +21,7 @@ from coordinator.http.client import http_coordinator
 from tests.conftest import sql_rows
 from tests.integration.conftest import Cluster, start_cluster
 from tests.integration.test_consumer_api import Consumer, produce, unb64
+from tests.integration.test_kafka_clients import plain_consumer, poll_records
 
 pytestmark = pytest.mark.integration
 
@@ -59,42 +60,20 @@ def v3_read(cluster: Cluster, topic: str, offset: int, **params: Any) -> httpx.R
     )
 
 
-def kafka_consumer(cluster: Cluster, **config: Any) -> KafkaConsumer:
-    return KafkaConsumer(
-        {
-            "bootstrap.servers": cluster.kafka[0],
-            "group.id": "unused",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
-            "topic.metadata.refresh.interval.ms": 500,
-            **config,
-        }
-    )
+def kafka_consumer(cluster: Cluster) -> KafkaConsumer:
+    return plain_consumer(cluster.kafka[0], {"topic.metadata.refresh.interval.ms": 500})
 
 
 def kafka_read(cluster: Cluster, topic: str, want: int, timeout_s: float = 15.0) -> list[Any]:
     """Records of partition 0 from offset 0 through the Kafka door (confluent-kafka)."""
     c = kafka_consumer(cluster)
     c.assign([TopicPartition(topic, 0, 0)])
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout_s
     try:
-        while len(got) < want and time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is None:
-                continue
-            assert m.error() is None, m.error()
-            got.append(m)
+        got = poll_records(c, lambda got: len(got) >= want, timeout_s, poll_s=0.2)
         # A little longer: whatever else the partition serves would show now.
-        end = time.monotonic() + 1.0
-        while time.monotonic() < end:
-            m = c.poll(0.2)
-            if m is not None:
-                assert m.error() is None, m.error()
-                got.append(m)
+        return got + poll_records(c, lambda _: False, timeout_s=1.0, poll_s=0.2)
     finally:
         c.close()
-    return got
 
 
 # -- defect 2: a recreated topic is a new log ----------------------------------------------

@@ -57,9 +57,10 @@ from tests.integration.test_group_commit import (
     _metric,
     run_http_writers,
 )
-from tests.integration.test_kafka_clients import consume_all as kafka_consume_all
+from tests.integration.test_kafka_clients import produce_and_read_back
 from tests.integration.test_metadata_concurrency import PARTITIONS, TOPICS
 from tests.procs import start_coordinator
+from tests.threads import run_threads
 
 pytestmark = pytest.mark.integration
 
@@ -261,27 +262,17 @@ def test_concurrent_writers_get_contiguous_offsets_on_every_shard(new_db: NewDb)
         topic = coord.create_topic("busy", 6)
         got: list[tuple[int, int, int]] = []  # (partition, base, count)
         lock = threading.Lock()
-        errors: list[BaseException] = []
 
         def write(w: int) -> None:
-            try:
-                for n in range(commits):
-                    chunks = [chunk(topic.topic_id, p, count=1 + (w + n + p) % 3) for p in range(6)]
-                    bases = coord.commit(f"segments/w{w}/{n}.seg", chunks)
-                    with lock:
-                        got.extend(
-                            (c.partition, b, c.record_count)
-                            for c, b in zip(chunks, bases, strict=True)
-                        )
-            except BaseException as e:
-                errors.append(e)
+            for n in range(commits):
+                chunks = [chunk(topic.topic_id, p, count=1 + (w + n + p) % 3) for p in range(6)]
+                bases = coord.commit(f"segments/w{w}/{n}.seg", chunks)
+                with lock:
+                    got.extend(
+                        (c.partition, b, c.record_count) for c, b in zip(chunks, bases, strict=True)
+                    )
 
-        threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors
+        run_threads(write, range(writers))
         for p in range(6):
             runs = sorted((b, n) for q, b, n in got if q == p)
             end = 0
@@ -850,23 +841,8 @@ def test_rest_cluster_across_shards_with_one_shard_down(
             "partitioner": "murmur2_random",
         }
     )
-    reports: list[tuple[Any, int, int]] = []
-    for i in range(300):
-        producer.produce(
-            kafka_topic,
-            key=b"key-%d" % (i % 23),
-            value=b"v-%d" % i,
-            on_delivery=lambda e, m: reports.append((e, m.partition(), m.offset())),
-        )
-    assert producer.flush(30) == 0
-    assert all(e is None for e, _, _ in reports), reports[:3]
-    got_kafka = kafka_consume_all(cluster.kafka[1], kafka_topic, 6, 300)
-    assert sorted(m.value() for m in got_kafka) == sorted(b"v-%d" % i for i in range(300))
-    acked_kafka = {(part, off) for _, part, off in reports}
-    assert {(m.partition(), m.offset()) for m in got_kafka} == acked_kafka
-    for part in range(6):
-        offsets = sorted(o for pa, o in acked_kafka if pa == part)
-        assert offsets == list(range(len(offsets)))
+    sent = [{"key": b"key-%d" % (i % 23), "value": b"v-%d" % i} for i in range(300)]
+    got_kafka = produce_and_read_back(producer, cluster.kafka[1], kafka_topic, 6, sent)
 
     # Janitors across shards: tier everything, then gc asks every shard.
     report = run_janitor(cluster, "tier", tier_age_s=0)

@@ -157,6 +157,26 @@ def python_with_only(packages: Path, tmp_path: Path) -> tuple[list[str], dict[st
     return [sys.executable, "-S"], env
 
 
+def run_job(
+    source: str, packages: Path, tmp_path: Path, args: list[str], timeout: float
+) -> tuple[Any, str]:
+    """``source`` run as a script in ``tmp_path`` by ``python_with_only(packages)`` with
+    ``args``, which must succeed: the JSON of its last line out, and its error output."""
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    python, env = python_with_only(packages, tmp_path)
+    proc = subprocess.run(
+        [*python, str(script), *args],
+        cwd=tmp_path,  # nothing of this tree on the path but ``packages``
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
 FRESH_SESSION = """
 import json, sys
 from pyspark.sql import SparkSession
@@ -196,26 +216,15 @@ def test_a_fresh_session_needs_no_registration(
     topic = topic_of(2)
     for p in range(2):
         produce(lakelog_cluster, topic, [{"value": f"{p}-{i}".encode()} for i in range(8)], p)
-    script = tmp_path / "job.py"
-    script.write_text(FRESH_SESSION)
-    python, env = python_with_only(installed, tmp_path)
-    proc = subprocess.run(
-        [*python, str(script), lakelog_cluster.coordinator_url, topic],
-        cwd=tmp_path,  # nothing of this tree on the path but the installed copy
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    args = [lakelog_cluster.coordinator_url, topic]
+    result, stderr = run_job(FRESH_SESSION, installed, tmp_path, args, timeout=240)
     assert result["pushdown"] == "false"
     assert result["schema"].startswith("struct<key:binary,value:binary,topic:string,")
     assert result["count"] == 16
     assert result["rows"] == [[1, i, f"1-{i}"] for i in range(3, 8)]
     assert result["registered"] == [False, False]
     assert result["count_after"] == 16
-    assert "registered data source" not in proc.stderr, proc.stderr[-4000:]
+    assert "registered data source" not in stderr, stderr[-4000:]
 
 
 REGISTER_TWICE = """
@@ -248,21 +257,10 @@ def test_register_registers_a_source_spark_did_not_find_once(
     path.mkdir()
     for package in ("service", "spark", "segments", "index", "coordinator"):
         (path / package).symlink_to(installed / package)
-    script = tmp_path / "job.py"
-    script.write_text(REGISTER_TWICE)
-    python, env = python_with_only(path, tmp_path)
-    proc = subprocess.run(
-        [*python, str(script), lakelog_cluster.coordinator_url, topic],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    args = [lakelog_cluster.coordinator_url, topic]
+    result, stderr = run_job(REGISTER_TWICE, path, tmp_path, args, timeout=600)
     assert result == {"registered": [True, False], "count": 5}
-    assert "registered data source" not in proc.stderr, proc.stderr[-4000:]
+    assert "registered data source" not in stderr, stderr[-4000:]
 
 
 # --- streams ---------------------------------------------------------------------------

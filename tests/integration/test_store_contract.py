@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -337,63 +338,57 @@ def fake_s3(request: pytest.FixtureRequest) -> Iterator[_FakeS3]:
         thread.join(5)
 
 
-def _fake_store(server: _FakeS3, max_attempts: int) -> S3Store:
+@contextmanager
+def _fake_store(server: _FakeS3, max_attempts: int) -> Iterator[S3Store]:
+    """An S3Store of ``server``'s, closed afterwards."""
     host, port = server.server_address[:2]
-    return S3Store(
+    store = S3Store(
         "bucket",
         endpoint_url=f"http://{host!s}:{port}",
         max_attempts=max_attempts,
         connect_timeout=1,
         read_timeout=1,
     )
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("fake_s3", [(503, "SlowDown", 1000)], indirect=True)
 def test_s3_5xx_is_retried_then_unavailable(fake_s3: _FakeS3) -> None:
     """Every answer is 503: botocore tries max_attempts times, then StorageUnavailableError."""
-    store = _fake_store(fake_s3, max_attempts=3)
-    try:
+    with _fake_store(fake_s3, max_attempts=3) as store:
         with pytest.raises(StorageUnavailableError) as info:
             store.get("k")
         assert fake_s3.requests == 3
         assert "SlowDown" in str(info.value)
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize("fake_s3", [(500, "InternalError", 2)], indirect=True)
 def test_s3_5xx_retried_until_success(fake_s3: _FakeS3) -> None:
     """Two 500s then 200: the caller sees only the object."""
-    store = _fake_store(fake_s3, max_attempts=3)
-    try:
+    with _fake_store(fake_s3, max_attempts=3) as store:
         assert store.get("k") == b"ok"
         assert fake_s3.requests == 3
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize("fake_s3", [(403, "AccessDenied", 1000)], indirect=True)
 def test_s3_access_denied_is_not_retried(fake_s3: _FakeS3) -> None:
     """A 403 is final: one request, a plain StorageError naming the code."""
-    store = _fake_store(fake_s3, max_attempts=3)
-    try:
+    with _fake_store(fake_s3, max_attempts=3) as store:
         with pytest.raises(StorageError) as info:
             store.put("k", b"x")
         assert type(info.value) is StorageError
         assert "AccessDenied" in str(info.value)
         assert fake_s3.requests == 1
-    finally:
-        store.close()
 
 
 @pytest.mark.parametrize("fake_s3", [(500, "InternalError", 0)], indirect=True)
 def test_s3_delete_many_raises_for_keys_s3_refused(fake_s3: _FakeS3) -> None:
     """DeleteObjects answers 200 with per-key errors: StorageError names the first key and
     the count, so garbage collection keeps its record of objects still there."""
-    store = _fake_store(fake_s3, max_attempts=1)
-    try:
+    with _fake_store(fake_s3, max_attempts=1) as store:
         with pytest.raises(StorageError) as info:
             store.delete_many(["a", "b"])
         assert "AccessDenied" in str(info.value) and "1 of 2 keys failed" in str(info.value)
-    finally:
-        store.close()

@@ -258,49 +258,50 @@ def start_topology(
     proxy = FaultProxy.start(tmp, moto_endpoint, seed=seed) if faults else None
     s3_endpoint = proxy.url if proxy is not None else moto_endpoint
     started: list[Service] = []
+
+    def lakelog(command: str, i: int, environment: dict[str, str]) -> Service:
+        """The ``i``-th ``lakelog <command>`` of compose, on a port of its own, with what
+        every one of them is given (moto's credentials, the security settings, the
+        store) and ``environment``."""
+        port = free_port()
+        return Service(
+            name=f"{command}-{i}",
+            command=[command],
+            environment={
+                **S3_ENV,
+                **SECURITY_ENV,
+                "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
+                "LAKELOG_HOST": "127.0.0.1",
+                "LAKELOG_PORT": str(port),
+                "LAKELOG_STORE": store_url,
+                "LAKELOG_STORE_ENDPOINT": s3_endpoint,
+                **environment,
+            },
+            url=f"http://127.0.0.1:{port}",
+            log=tmp / f"{command}-{i}.log",
+        )
+
     try:
-        coords = []
-        for i in range(1, coordinators + 1):
-            port = free_port()
-            coords.append(
-                Service(
-                    name=f"coordinator-{i}",
-                    command=["coordinator"],
-                    environment={
-                        **S3_ENV,
-                        **SECURITY_ENV,
-                        "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
-                        "LAKELOG_HOST": "127.0.0.1",
-                        "LAKELOG_PORT": str(port),
-                        "LAKELOG_DB": db_url,
-                        "LAKELOG_STORE": store_url,
-                        "LAKELOG_STORE_ENDPOINT": s3_endpoint,
-                        "LAKELOG_JANITORS": "all",
-                        **(coordinator_env or {}),
-                    },
-                    url=f"http://127.0.0.1:{port}",
-                    log=tmp / f"coordinator-{i}.log",
-                )
+        coords = [
+            lakelog(
+                "coordinator",
+                i,
+                {"LAKELOG_DB": db_url, "LAKELOG_JANITORS": "all", **(coordinator_env or {})},
             )
+            for i in range(1, coordinators + 1)
+        ]
         lb_port = free_port()
         lb_url = f"http://127.0.0.1:{lb_port}"
         agent_list = []
         for i in range(1, agents + 1):
-            port, kafka_port = free_port(), free_port()
+            kafka_port = free_port()
             agent_list.append(
-                Service(
-                    name=f"agent-{i}",
-                    command=["agent"],
-                    environment={
-                        **S3_ENV,
-                        **SECURITY_ENV,
-                        "HEALTHCHECK_URL": f"http://127.0.0.1:{port}/health",
+                lakelog(
+                    "agent",
+                    i,
+                    {
                         "LAKELOG_COORDINATOR": ",".join(c.url for c in coords),
                         "LAKELOG_ALLOW_PLAINTEXT_COORDINATOR": "true",
-                        "LAKELOG_STORE": store_url,
-                        "LAKELOG_STORE_ENDPOINT": s3_endpoint,
-                        "LAKELOG_HOST": "127.0.0.1",
-                        "LAKELOG_PORT": str(port),
                         "LAKELOG_ADVERTISED_URL": lb_url,
                         "LAKELOG_FORWARDED_ALLOW_IPS": "127.0.0.1",  # the test's nginx
                         "LAKELOG_AUTO_CREATE_TOPICS": "false",
@@ -312,8 +313,6 @@ def start_topology(
                         "LAKELOG_KAFKA_ADVERTISED": f"127.0.0.1:{kafka_port}",
                         **(agent_env or {}),
                     },
-                    url=f"http://127.0.0.1:{port}",
-                    log=tmp / f"agent-{i}.log",
                 )
             )
         lb = Service(

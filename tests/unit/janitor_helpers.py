@@ -1,4 +1,5 @@
-"""Shared pieces of the janitor tests: a clocked memory store and a small harness."""
+"""Shared pieces of the janitor tests: a clocked memory store, a small harness, and the
+rows of the Iceberg tables the tiering janitor writes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator.janitors.catalog import Catalog
 from coordinator.janitors.context import JanitorConfig, JanitorContext
@@ -15,6 +17,9 @@ from segments.memory import MemoryStore
 from segments.segment import SegmentBuilder
 from segments.store import ObjectInfo
 from segments.types import ConsumedRecord, Record
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class FakeClock:
@@ -119,3 +124,13 @@ def records(n: int, start_ts: int, key_mod: int | None = None, tag: str = "") ->
         headers = (("h", f"{i}".encode()), ("n", None)) if i % 3 == 0 else ()
         out.append(Record(key, value, start_ts + i, headers))
     return out
+
+
+def table_rows(table: pa.Table) -> list[tuple[object, ...]]:
+    """A table's rows as comparable tuples, by partition and offset."""
+    out = []
+    for r in table.to_pylist():
+        headers = tuple((h["key"], h["value"]) for h in r["headers"] or ())
+        ts = int(r["timestamp"].timestamp() * 1000)
+        out.append((r["partition"], r["offset"], r["key"], r["value"], ts, headers))
+    return sorted(out, key=lambda t: (t[0], t[1]))

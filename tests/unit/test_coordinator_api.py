@@ -4,7 +4,6 @@ operation unsafe to repeat is never sent twice; ``principal`` is the server's to
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -12,6 +11,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 import pytest
+from fastapi.testclient import TestClient
 
 from coordinator.api import (
     OPERATIONS,
@@ -25,10 +25,6 @@ from coordinator.http.server import create_app
 from coordinator.local import LocalCoordinator
 from segments.errors import CoordinatorUnavailableError, MalformedRequestError
 from tests.coordinator_calls import answer, call
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message=".*httpx2")
-    from fastapi.testclient import TestClient
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from coordinator.iceberg.schema import CHANGES_PROPERTY
@@ -22,7 +21,7 @@ from coordinator.local import LocalCoordinator
 from index.log import LogReader, LogWriter
 from segments.segment import SegmentBuilder
 from segments.types import ConsumedRecord
-from tests.unit.janitor_helpers import ClockedStore, FakeClock, Harness, records
+from tests.unit.janitor_helpers import ClockedStore, FakeClock, Harness, records, table_rows
 
 DAY_MS = 86_400_000
 
@@ -62,16 +61,6 @@ def _fill(h: Harness, topic: str, flushes: int, per: int = 20, partitions: int =
             h.produce(topic, p, records(per, now_ms + f * 1000, tag=f"{f}.{p}."))
 
 
-def _rows(table: pa.Table) -> list[tuple[object, ...]]:
-    """A table's rows as comparable tuples, by partition and offset."""
-    out = []
-    for r in table.to_pylist():
-        headers = tuple((h["key"], h["value"]) for h in r["headers"] or ())
-        ts = int(r["timestamp"].timestamp() * 1000)
-        out.append((r["partition"], r["offset"], r["key"], r["value"], ts, headers))
-    return sorted(out, key=lambda t: (t[0], t[1]))
-
-
 def _log_rows(recs: list[ConsumedRecord]) -> list[tuple[object, ...]]:
     return sorted(
         ((r.partition, r.offset, r.key, r.value, r.timestamp_ms, r.headers) for r in recs),
@@ -94,7 +83,9 @@ def test_tiering_publishes_its_objects_as_one_snapshot_equal_to_the_log(hb: Harn
     keys = {r.object_key for p in (0, 1) for r in h.catalog.rows(topic_id, p)}
     assert {k.split("/")[0] for k in keys} == {"tiered"}
     assert files == {tables.io.location(k) for k in keys}
-    assert _rows(table.scan().to_arrow()) == _log_rows([r for p in (0, 1) for r in h.walk("t", p)])
+    assert table_rows(table.scan().to_arrow()) == _log_rows(
+        [r for p in (0, 1) for r in h.walk("t", p)]
+    )
     snapshot = table.current_snapshot()
     assert snapshot is not None and changes_of(snapshot) == {"main": 2}
     assert check_table(tables, "t") == []
@@ -124,9 +115,9 @@ def test_retention_removes_files_in_a_new_snapshot_and_old_snapshots_keep_them_f
     report = run_janitor("retention", h.ctx(), h.config())
     assert report.rows_dropped == 1 and report.snapshots_published == 1
     table = tables.iceberg.load_table("topics.r")
-    now_rows = _rows(table.scan().to_arrow())
+    now_rows = table_rows(table.scan().to_arrow())
     assert [r[1] for r in now_rows] == list(range(30, 60))
-    then = _rows(table.scan(snapshot_id=first.snapshot_id).to_arrow())
+    then = table_rows(table.scan(snapshot_id=first.snapshot_id).to_arrow())
     assert [r[1] for r in then] == list(range(30))
     old_key = tables.io.key(
         next(iter(t.file.file_path for t in table.scan(snapshot_id=first.snapshot_id).plan_files()))
@@ -141,7 +132,7 @@ def test_retention_removes_files_in_a_new_snapshot_and_old_snapshots_keep_them_f
     assert report.snapshots_expired >= 1
     table = tables.iceberg.load_table("topics.r")
     assert table.snapshot_by_id(first.snapshot_id) is None
-    assert _rows(table.scan().to_arrow()) == now_rows
+    assert table_rows(table.scan().to_arrow()) == now_rows
     run_gc(h.ctx(), 60.0)  # released now: unreferenced, not yet past its grace
     assert old_key in h.store.key_set()
     h.clock.advance(61)
@@ -175,8 +166,8 @@ def test_compaction_replaces_files_in_one_overwrite(h: Harness) -> None:
     table = tables.iceberg.load_table("topics.c")
     snapshot = table.current_snapshot()
     assert snapshot is not None and snapshot.summary.operation.value == "overwrite"
-    assert _rows(table.scan().to_arrow()) == _log_rows(h.walk("c", 0))
-    assert len(_rows(table.scan().to_arrow())) == 5
+    assert table_rows(table.scan().to_arrow()) == _log_rows(h.walk("c", 0))
+    assert len(table_rows(table.scan().to_arrow())) == 5
 
 
 def test_a_file_added_and_removed_between_snapshots_never_reaches_the_table(h: Harness) -> None:
@@ -222,7 +213,7 @@ def test_delete_records_is_published_by_the_table_janitor(h: Harness) -> None:
     report = run_janitor("table", h.ctx(), h.config())
     assert report.snapshots_published == 1
     table = _tables(h).iceberg.load_table("topics.d")
-    assert [r[1] for r in _rows(table.scan().to_arrow())] == list(range(10, 20))
+    assert [r[1] for r in table_rows(table.scan().to_arrow())] == list(range(10, 20))
 
 
 def test_deleting_a_topic_drops_its_table_and_lets_gc_take_everything(h: Harness) -> None:

@@ -45,6 +45,7 @@ from service.kafka.acl import RULES, Access
 from service.kafka.framing import Request, RequestHeader, encode_response, request_class
 from service.kafka.handlers import KafkaContext, init_producer_id
 from service.kafka.server import HANDLERS
+from tests.kafka_wire import make
 
 TOPICS = {"t": TopicInfo("t", uuid.uuid4().bytes, 2), "u": TopicInfo("u", uuid.uuid4().bytes, 1)}
 PENDING = PendingMarkers("tx", 7, 1, False, ((TOPICS["t"].topic_id, 0),))
@@ -518,31 +519,6 @@ def test_the_sweep_writes_every_decided_transactions_markers() -> None:
 # -- every version ---------------------------------------------------------------------------
 
 
-def neutral(cls: type, **given: Any) -> Any:
-    """A kio message of ``cls``: the ``given`` fields, every other required one neutral."""
-    import dataclasses
-
-    from service.kafka.framing import build
-
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in given:
-            values[f.name] = given[f.name]
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            kind, text = str(f.metadata.get("kafka_type", "")), str(f.type)
-            if "None" in text:
-                values[f.name] = None
-            elif text.startswith("tuple"):
-                values[f.name] = ()
-            elif kind == "string":
-                values[f.name] = "tx"
-            elif kind == "bool":
-                values[f.name] = False
-            else:
-                values[f.name] = 1
-    return build(cls, **values)
-
-
 @pytest.mark.parametrize(
     ("api_key", "version"),
     [
@@ -558,7 +534,7 @@ def test_every_served_version_answers_and_encodes(api_key: int, version: int) ->
     listed = [TransactionInfo("tx", 1, 0, "Ongoing", 60_000, 1_000, (TopicPartition("t", 0),))]
     txns = Txns(init_transaction=[Producer(1, 0)], list_transactions=[listed])
     given = {22: {"transactional_id": "tx"}, 65: {"transactional_ids": ("tx",)}}
-    body = neutral(cls, **given.get(api_key, {}))
+    body = make(cls, string="tx", number=1, **given.get(api_key, {}))
     answer = call(HANDLERS[api_key][2], context(txns), body)
     assert type(answer).__version__ == version
     assert len(encode_response(1, answer)) > 8

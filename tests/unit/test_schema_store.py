@@ -6,7 +6,6 @@ runs the same ones through ``HttpCoordinator`` against a coordinator process.
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
@@ -29,6 +28,7 @@ from segments.errors import (
     VersionSoftDeletedError,
 )
 from tests.conftest import sql_rows
+from tests.threads import run_threads
 
 
 def _subject(prefix: str = "s") -> str:
@@ -206,20 +206,7 @@ def test_concurrent_registrations_get_distinct_versions(
     """Race: 8 threads register 8 different schemas in one subject at once. Expected: 8
     versions 1..8, each with its own id, none lost (the writer lock serialises them)."""
     s = _subject()
-    errors: list[BaseException] = []
-
-    def register(n: int) -> None:
-        try:
-            coord.register_schema(s, "AVRO", _avro(f"R{n}"))
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=register, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    run_threads(lambda n: coord.register_schema(s, "AVRO", _avro(f"R{n}")), range(8))
     sql = "SELECT version, schema_id FROM subject_versions WHERE subject = ?"
     rows = sql_rows(db_url, sql, [s])
     assert sorted(v for v, _ in rows) == list(range(1, 9))

@@ -17,6 +17,7 @@ from segments.localfs import FileStore
 from segments.memory import MemoryStore
 from segments.s3 import S3Store
 from segments.store import ObjectStore, open_store
+from tests.threads import run_threads
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -213,7 +214,6 @@ def race_conditional_puts(store: ObjectStore, key: str, n: int) -> tuple[list[in
     barrier = threading.Barrier(n)
     winners: list[int] = []
     losers: list[int] = []
-    errors: list[BaseException] = []
 
     def attempt(i: int) -> None:
         barrier.wait()
@@ -222,15 +222,8 @@ def race_conditional_puts(store: ObjectStore, key: str, n: int) -> tuple[list[in
             winners.append(i)
         except PreconditionFailedError:
             losers.append(i)
-        except BaseException as e:
-            errors.append(e)
 
-    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    run_threads(attempt, range(n))
     return winners, losers
 
 
