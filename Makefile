@@ -47,7 +47,7 @@ lint: $(VENV)/.dev  ## ruff and mypy (installs the dev tools)
 # Two test processes (modules stay whole: they share clusters), then the tests that
 # restart PostgreSQL, alone.
 test: lint  ## lint, then the whole test suite
-	$(BIN)/pytest -n 2 --dist loadfile -m "not serial" --durations=40
+	$(BIN)/pytest -n 3 --dist loadfile -m "not serial" --durations=40
 	$(BIN)/pytest -m serial
 
 bench: $(VENV)/.dev  ## run every benchmark (prints JSON lines)
