@@ -212,7 +212,8 @@ class ObjectSplitter:
                 whole = _WHOLE.match(buf, pos, end)
                 while whole is not None:
                     at, pos = whole.span(1)
-                    _garbage(buf, start, at, out)
+                    if at > start:  # mostly the values are back to back
+                        _garbage(buf, start, at, out)
                     if pos - at > self.max_value_bytes:
                         out.append(self._too_large())
                         return out
@@ -482,12 +483,28 @@ def _placed(
     return _Parsed(partition, record, key_report, value_report)
 
 
-# -- the fast path of one record ----------------------------------------------------------
+# -- the fast path: common records by one typed decode ----------------------------------
+#
+# The common record (BINARY, JSON or STRING keys and values, no schema) is decoded by
+# msgspec in one pass: fields, types, and (the key/value types being the tags of a union,
+# exact and upper case) base64, in C; JSON data is kept as the exact text sent. Where that
+# decode fails (a lower-case type, a schema, anything off), ``parse_record``'s checked
+# path runs every check and names the error.
 
 
-class _FastData(msgspec.Struct, forbid_unknown_fields=True):
-    type: str
+class _FastBinary(msgspec.Struct, tag_field="type", tag="BINARY", forbid_unknown_fields=True):
+    data: bytes | None = None  # msgspec decodes base64 (standard alphabet, padded)
+
+
+class _FastJson(msgspec.Struct, tag_field="type", tag="JSON", forbid_unknown_fields=True):
     data: msgspec.Raw = _NULL_RAW
+
+
+class _FastString(msgspec.Struct, tag_field="type", tag="STRING", forbid_unknown_fields=True):
+    data: str | None = None
+
+
+_FastData = _FastBinary | _FastJson | _FastString
 
 
 class _FastRecord(msgspec.Struct, forbid_unknown_fields=True):
@@ -499,41 +516,31 @@ class _FastRecord(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _FAST_RECORD = msgspec.json.Decoder(_FastRecord)
-_BYTES = msgspec.json.Decoder(bytes)  # a JSON string of base64 -> its bytes
-_STR = msgspec.json.Decoder(str)
-_FAST_KINDS = frozenset({"BINARY", "JSON", "STRING"})
 
 
 def _fast_data(part: _FastData | None) -> tuple[bytes | None, dict[str, Any] | None]:
-    """A BINARY, JSON or STRING key/value of the fast path (a ValueError otherwise)."""
+    """A decoded key/value: its bytes and its report ``{type, size}``."""
     if part is None:
         return None, None
-    kind = part.type.upper()
-    if kind not in _FAST_KINDS:
-        raise ValueError(kind)
-    raw = part.data
     out: bytes | None
-    if raw == _NULL_RAW:
-        out = None
-    elif kind == "BINARY":
-        out = _BYTES.decode(raw)
-    elif kind == "JSON":
-        out = bytes(raw)  # the exact text sent
+    if type(part) is _FastBinary:
+        out, kind = part.data, "BINARY"
+    elif type(part) is _FastJson:
+        out, kind = (None if part.data == _NULL_RAW else bytes(part.data)), "JSON"
     else:
-        out = _STR.decode(raw).encode("utf-8")
+        assert type(part) is _FastString
+        out, kind = (None if part.data is None else part.data.encode("utf-8")), "STRING"
     return out, {"type": kind, "size": len(out) if out is not None else 0}
 
 
 def _parse_fast(text: bytes, now_ms: int) -> tuple[Record, _FastRecord, Any, Any] | None:
-    """The common record (BINARY, JSON or STRING keys and values, no schema) by one typed
-    msgspec decode: fields, types and base64 in C, JSON data as the exact text sent. None
-    when anything is off: ``parse_record`` then runs every check and names the error.
+    """The common record ``text``; None when it is not one.
 
     Where this accepts, the checked path takes the same record: both keep the last of
     duplicate members, msgspec's base64 accepts a subset of ``binascii``'s strict mode
     with the same bytes, ``int`` takes no bool, and a key/value with only ``type`` and
     ``data`` (type BINARY, JSON or STRING) names no schema (tests/unit/test_v3_records.py
-    compares the two paths).
+    compares the paths).
     """
     try:
         doc = _FAST_RECORD.decode(text)
