@@ -116,6 +116,10 @@ def catch_up(
             "enable.auto.commit": False,
             "fetch.max.bytes": 64 << 20,
             "max.partition.fetch.bytes": 8 << 20,
+            # librdkafka fetches ahead only while its queue holds less than this (64 MiB by
+            # default: one answer of fetch.max.bytes fills it, and the next Fetch waits
+            # for the application to drain it); a catch-up wants the next answer on its way.
+            "queued.max.messages.kbytes": 256 << 10,
             "statistics.interval.ms": 500,
             "stats_cb": stats.append,
             "isolation.level": isolation,

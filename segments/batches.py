@@ -57,6 +57,7 @@ from segments.types import ConsumedRecord
 
 __all__ = [
     "BatchInfo",
+    "Pieces",
     "check_batches",
     "compressed",
     "control_batch",
@@ -84,6 +85,58 @@ _CONTROL_KEY = struct.Struct(">hh")  # ControlRecordType: version 0, type
 _END_TXN_MARKER = struct.Struct(">hi")  # EndTransactionMarker: version 0, coordinator epoch
 ABORT = 0
 COMMIT = 1
+
+
+#: Pieces shorter than this are copied into one buffer rather than kept by reference.
+SMALL_PIECE = 16 << 10
+
+
+class Pieces:
+    """Bytes kept as the pieces they are made of, in order, never joined.
+
+    A Fetch answer of many MiB is mostly views of chunks the read cache holds: kept as
+    views, they reach the socket with no copy in Python (joining them, then encoding the
+    answer around them, cost two copies of every byte served). A piece shorter than
+    ``SMALL_PIECE`` is copied into a buffer shared with its short neighbours, so that
+    many small batches do not become many small writes.
+    """
+
+    __slots__ = ("_tail", "parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | bytearray | memoryview] = []
+        self.size = 0
+        self._tail: bytearray | None = None
+
+    def __iadd__(self, data: bytes | bytearray | memoryview) -> Pieces:
+        n = len(data)
+        if isinstance(data, Pieces):
+            for part in data.parts:
+                self += part
+            return self
+        if n < SMALL_PIECE:
+            if self._tail is None:
+                self._tail = bytearray()
+                self.parts.append(self._tail)
+            self._tail += data
+        else:
+            self.parts.append(data)
+            self._tail = None
+        self.size += n
+        return self
+
+    write = __iadd__  # a file-like target for encoders (kio's writers)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+    def clear(self) -> None:
+        self.parts.clear()
+        self.size = 0
+        self._tail = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,14 +314,15 @@ def fetch_batches(
     chunk: bytes | memoryview,
     base_offset: int,
     from_offset: int,
-    out: bytearray,
+    out: Pieces,
     budget: int,
     first_may_exceed: bool = False,
     until: int | None = None,
 ) -> bool:
     """Append a stored chunk's batches to ``out`` as a Fetch returns them.
 
-    Each gets its absolute base offset; nothing else of a batch changes, so its CRC
+    Each gets its absolute base offset (a piece of its own: the rest of the batch goes
+    as a view of ``chunk``, not a copy); nothing else of a batch changes, so its CRC
     still holds. Batches wholly below ``from_offset`` are left out; the batch holding
     it goes whole (clients skip the records before their position, as with Kafka).
     Batches are added while ``out`` stays within ``budget`` bytes; with
@@ -288,9 +342,8 @@ def fetch_batches(
             return False
         if len(out) + end - pos > budget and (out or not first_may_exceed):
             return False
-        start = len(out)
-        out += view[pos:end]
-        _BASE_OFFSET.pack_into(out, start, base_offset + relative)
+        out += _BASE_OFFSET.pack(base_offset + relative)
+        out += view[pos + _BASE_OFFSET.size : end]
     return True
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import io
 import struct
 import sys
 from dataclasses import dataclass
@@ -36,6 +35,8 @@ from typing import Any
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
+
+from segments.batches import Pieces
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -216,20 +217,23 @@ def decode_request(frame: bytes, supported: dict[int, tuple[int, int]]) -> Reque
     )
 
 
-def encode_response(correlation_id: int, body: Any) -> memoryview:
+def encode_response(correlation_id: int, body: Any) -> Pieces:
     """One response frame: size, the header kio's type asks for, then ``body``.
 
-    A view of the encoded bytes, not a copy (a Fetch answer may be many MiB).
+    As pieces (``segments.batches.Pieces``): the records of a Fetch answer, which may be
+    many MiB, stay the views of cached chunks they were read as; only the fields around
+    them are encoded into buffers.
     """
-    out = io.BytesIO()
-    out.write(b"\0\0\0\0")
+    out = Pieces()
+    out += bytes(_SIZE.size)
     header_cls: Any = type(body).__header_schema__
     _writer(header_cls)(out, header_cls(correlation_id=correlation_id))
     body_cls: Any = type(body)
     _writer(body_cls)(out, body)
-    data = out.getbuffer()
-    _SIZE.pack_into(data, 0, len(data) - _SIZE.size)
-    return data.toreadonly()
+    first = out.parts[0]
+    assert isinstance(first, bytearray)  # the size and header: short, so copied together
+    _SIZE.pack_into(first, 0, len(out) - _SIZE.size)
+    return out
 
 
 # -- building kio messages across versions ----------------------------------------------

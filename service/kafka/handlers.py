@@ -37,6 +37,7 @@ from coordinator.log.topic_configs import (
 from index.log import PartitionWant, decode_entry
 from segments.batches import (
     BatchInfo,
+    Pieces,
     check_batches,
     compressed,
     control_batch,
@@ -686,7 +687,7 @@ class _PartitionRead:
     error: ErrorCode = ErrorCode.none
     high_watermark: int = -1
     log_start: int = -1
-    records: bytearray = field(default_factory=bytearray)
+    records: Pieces = field(default_factory=Pieces)
     #: read_committed: the last stable offset and the aborted transactions (producer
     #: id, first offset) in the range read; None under read_uncommitted.
     last_stable: int | None = None
@@ -898,7 +899,7 @@ def _collect(
     bounds: PartitionOffsets,
     budget: int,
     first_may_exceed: bool,
-    out: bytearray,
+    out: Pieces,
     aborted: Sequence[tuple[int, int, int]] = (),
 ) -> None:
     """Append whole batches from ``offset`` to ``out`` while they fit in ``budget``, up to

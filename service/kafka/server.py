@@ -533,10 +533,11 @@ async def _send(writer: asyncio.StreamWriter, outbox: _Outbox) -> None:
                     continue
                 body = encode_response(correlation_id, body)
             # In slices, so that a slow reader of a big answer still counts as active.
-            for at in range(0, len(body), _WRITE_SLICE):
-                writer.write(body[at : at + _WRITE_SLICE])
-                await writer.drain()
-                outbox.written_at = loop.time()
+            for piece in body.parts:
+                for at in range(0, len(piece), _WRITE_SLICE):
+                    writer.write(piece[at : at + _WRITE_SLICE])
+                    await writer.drain()
+                    outbox.written_at = loop.time()
             del body
         finally:
             outbox.done(cost)

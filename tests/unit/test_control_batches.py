@@ -16,6 +16,7 @@ from coordinator.client import ChunkRef
 from coordinator.janitors.tiering import run_tiering
 from index.log import decode_entry
 from segments.batches import (
+    Pieces,
     check_batches,
     control_batch,
     fetch_batches,
@@ -168,8 +169,9 @@ def test_a_chunk_with_markers_between_and_after_data_batches() -> None:
     assert records == got
     assert (chunk.min_timestamp_ms, chunk.max_timestamp_ms) == (900, 2_000)
     # Kafka clients need the markers: Fetch sends them, absolute offsets patched in.
-    out = bytearray()
-    assert fetch_batches(body, 100, 0, out, 1 << 20)
+    pieces = Pieces()
+    assert fetch_batches(body, 100, 0, pieces, 1 << 20)
+    out = bytes(pieces)
     assert len(out) == len(body)
     batches = []
     pos = 0

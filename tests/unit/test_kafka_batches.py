@@ -7,7 +7,7 @@ import os
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from segments.batches import check_batches, encode_records, fetch_batches
+from segments.batches import Pieces, check_batches, encode_records, fetch_batches
 from segments.errors import CorruptRecordError, InvalidRecordError
 from segments.segment import COMPRESSIONS, SegmentBuilder, SegmentReader, decode_chunk
 from segments.types import ConsumedRecord, Record
@@ -50,17 +50,18 @@ def test_producer_batches_of_every_codec_are_stored_byte_for_byte(codec: int) ->
     assert [o for o, _ in records] == list(range(100, 132))
     assert records[1][1].key == b"k0" and records[-1][1].value == b"rest2"
     # Fetch: base offsets absolute, everything else as stored; the CRC still holds.
-    out = bytearray()
-    assert fetch_batches(body, 100, 101, out, 1 << 20)
+    pieces = Pieces()
+    assert fetch_batches(body, 100, 101, pieces, 1 << 20)
+    out = bytes(pieces)
     second_at = 12 + int.from_bytes(out[8:12], "big")
     first = DefaultRecordBatch(bytes(out[:second_at]))  # the REST batch before 101 is left out
     assert first.base_offset == 101 and first.validate_crc()
     second = DefaultRecordBatch(bytes(out[second_at:]))
     assert second.base_offset == 131 and second.validate_crc()
     assert second_at + 12 + int.from_bytes(out[second_at + 8 : second_at + 12], "big") == len(out)
-    small = bytearray()
+    small = Pieces()
     assert not fetch_batches(body, 100, 0, small, 10)  # nothing fits the budget
-    assert small == b""
+    assert bytes(small) == b""
     assert not fetch_batches(body, 100, 0, small, 10, first_may_exceed=True)
     assert DefaultRecordBatch(bytes(small)).base_offset == 100  # but the first goes in
 

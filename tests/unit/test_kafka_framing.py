@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import struct
 
@@ -14,6 +15,7 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
 
+from segments.batches import Pieces
 from service.kafka.framing import (
     FrameDecoder,
     FrameTooLargeError,
@@ -137,7 +139,7 @@ def test_unknown_api_and_version_are_refused_with_the_correlation_id() -> None:
 
 def test_api_versions_answer_uses_header_v0_and_lists_every_supported_api() -> None:
     resp = api_versions_response(ApiVersionsRequest, 0)
-    frame = encode_response(5, resp)
+    frame = bytes(encode_response(5, resp))
     (size,) = struct.unpack_from(">i", frame)
     assert size == len(frame) - 4
     (correlation_id,) = struct.unpack_from(">i", frame, 4)
@@ -145,6 +147,52 @@ def test_api_versions_answer_uses_header_v0_and_lists_every_supported_api() -> N
     body, used = entity_reader(type(resp))(frame, 8)  # no tagged fields in header v0
     assert used == len(frame) - 8
     assert {k.api_key: (k.min_version, k.max_version) for k in body.api_keys} == SUPPORTED
+
+
+def test_a_fetch_answer_keeps_its_records_as_the_views_it_was_read_as() -> None:
+    """A Fetch answer of many MiB is not copied to be encoded: the records' big pieces
+    are the frame's own pieces (the very views of the cached chunks), small ones are
+    gathered into one buffer with the fields around them; the frame reads back whole."""
+    from kio.schema.fetch.v12.response import (
+        FetchableTopicResponse,
+        FetchResponse,
+        PartitionData,
+    )
+
+    chunk = bytes(range(256)) * (12 << 10)  # 3 MiB: over SMALL_PIECE and the write slice
+    big = memoryview(chunk)[100:]
+    records = Pieces()
+    records += b"head"
+    records += big
+    records += b"t" * 10
+    records += b"ail"
+    assert len(records.parts) == 3 and records.parts[1] is big
+    part = PartitionData(
+        partition_index=0,
+        error_code=ErrorCode.none,
+        high_watermark=1,
+        last_stable_offset=1,
+        log_start_offset=0,
+        aborted_transactions=None,
+        preferred_read_replica=-1,
+        records=records,  # type: ignore[arg-type]
+    )
+    answer = FetchResponse(
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode.none,
+        session_id=0,
+        responses=(FetchableTopicResponse(topic="t", partitions=(part,)),),
+    )
+    frame = encode_response(7, answer)
+    assert any(p is big for p in frame.parts)
+    assert sum(len(p) for p in frame.parts) == len(frame)
+    data = bytes(frame)
+    (size,) = struct.unpack_from(">i", data)
+    assert size == len(data) - 4
+    _, used = entity_reader(type(answer).__header_schema__)(data, 4)
+    body, _ = entity_reader(type(answer))(data, 4 + used)
+    got = body.responses[0].partitions[0].records
+    assert bytes(got) == b"head" + chunk[100:] + b"t" * 10 + b"ail"
 
 
 def test_every_lakelog_error_has_a_kafka_code() -> None:
