@@ -103,9 +103,11 @@ def catch_up(
     partitions: int,
     expected: int,
     isolation: str = "read_committed",
+    moto_pid: int | None = None,
 ) -> dict[str, Any]:
     """A fresh consumer reads every partition from offset 0 through ``agent``, with
-    ``isolation.level`` = ``isolation`` (librdkafka's default is read_committed)."""
+    ``isolation.level`` = ``isolation`` (librdkafka's default is read_committed); the CPU
+    of moto's process too when its pid is given."""
     from confluent_kafka import Consumer, TopicPartition
 
     stats: list[str] = []
@@ -130,7 +132,7 @@ def catch_up(
     # debug log idle for that second), which is the client's, not the catch-up's.
     consumer.list_topics(topic, timeout=30)
     gets0 = metric_sum(agent.base, "lakelog_store_gets_total")
-    cpu = CpuMeter({"agent": agent.pid})
+    cpu = CpuMeter({"agent": agent.pid} | ({} if moto_pid is None else {"moto": moto_pid}))
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     cpu.start()
     started = time.monotonic()
@@ -207,7 +209,9 @@ def py_spy() -> str:
     return found
 
 
-def run_case(tmp: Path, endpoint: str, partitions: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_case(
+    tmp: Path, endpoint: str, moto_pid: int, partitions: int, args: argparse.Namespace
+) -> dict[str, Any]:
     prefix = f"catchup{partitions}-{uuid.uuid4().hex[:6]}"
     topic = "catchup"
     profile_dir = Path(args.profile).resolve() if args.profile else None
@@ -218,7 +222,7 @@ def run_case(tmp: Path, endpoint: str, partitions: int, args: argparse.Namespace
         """One catch-up through ``agent`` (sampled with py-spy under --profile)."""
         p = Profiled(spy, profile_dir, f"{case}-{partitions}")
         p.start(agent)
-        rows[case] = catch_up(agent, topic, partitions, args.records)
+        rows[case] = catch_up(agent, topic, partitions, args.records, moto_pid=moto_pid)
         p.stop()
         emit(bench="kafka_catchup", case=case, partitions=partitions, **rows[case])
 
@@ -266,7 +270,7 @@ def main() -> None:
         try:
             boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
             for partitions in args.partitions:
-                results[partitions] = run_case(tmp, endpoint, partitions, args)
+                results[partitions] = run_case(tmp, endpoint, moto.popen.pid, partitions, args)
         finally:
             moto.stop()
     lo, hi = min(results), max(results)
