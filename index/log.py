@@ -332,7 +332,9 @@ def decode_entry(
                 inside,
             )
             if inside
-            else iter_chunk(data, ref.base_offset, max_decompressed_bytes, ref.record_count)
+            else iter_chunk(
+                data, ref.base_offset, max_decompressed_bytes, ref.record_count, from_offset
+            )
         )
         for off, rec in records:
             if off >= from_offset:

@@ -488,6 +488,7 @@ def iter_chunk(
     base_offset: int,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
     record_count: int | None = None,
+    from_offset: int = 0,
 ) -> Iterator[tuple[int, Record]]:
     """:func:`decode_chunk` one batch at a time: a reader that stops early decompresses
     no further batch, so it holds one batch's records, not the chunk's. Each batch is
@@ -495,11 +496,15 @@ def iter_chunk(
     the index counts them) is checked once the last batch is read: a reader that stops
     early does not check it.
 
+    ``from_offset``: only records from that offset on are yielded; a batch wholly below
+    it is framed and its CRC checked, but not decompressed or decoded (a reader resuming
+    inside a chunk, as every fetch after the first does, pays for what it reads).
+
     Raises:
         BatchTooLargeError, CorruptSegmentError: as :func:`decode_chunk`.
     """
     records: Iterator[tuple[int, Record]] = _decode(
-        data, base_offset, max_decompressed_bytes, record_count, False
+        data, base_offset, max_decompressed_bytes, record_count, False, from_offset
     )
     return records
 
@@ -603,10 +608,12 @@ def _decode(
     max_decompressed_bytes: int,
     record_count: int | None,
     by_batch: bool,
+    from_offset: int = 0,
 ) -> Iterator[Any]:
-    """The one chunk decoder: (offset, record) pairs, or with ``by_batch`` a ChunkBatch
-    per batch. One loop for both, so that the records' path pays one test per batch
-    for the other (a call per batch cost up to a tenth with one-record batches)."""
+    """The one chunk decoder: (offset, record) pairs from ``from_offset`` on, or with
+    ``by_batch`` a ChunkBatch per batch. One loop for both, so that the records' path
+    pays one test per batch for the other (a call per batch cost up to a tenth with
+    one-record batches)."""
     view = _byte_view(data)
     size = len(view)
     if size == 0:
@@ -649,7 +656,9 @@ def _decode(
         if crc32c.crc32c(view[pos + _CRC_FROM : end]) != header[4]:
             raise CorruptSegmentError(f"batch at byte {pos}: CRC-32C mismatch")
         records: list[tuple[int, Record]] = []
-        if not attributes & _CONTROL:
+        if not by_batch and base_offset + expected + count <= from_offset:
+            pass  # wholly below the reader's offset: checked, not decoded
+        elif not attributes & _CONTROL:
             # A marker takes its offset and is no record: the CRC covers its bytes, and
             # readers of markers (segments.batches.read_marker) decode it themselves.
             # aiokafka inflates without a bound: it is handed the records already
@@ -672,18 +681,19 @@ def _decode(
                 for record in batch:
                     if record.offset != relative:
                         raise CorruptSegmentError(f"batch at byte {pos}: offsets not contiguous")
-                    append(
-                        (
-                            base_offset + relative,
-                            Record(
-                                record.key,
-                                record.value,
-                                record.timestamp,
-                                tuple(record.headers),
-                                stamp_type,
-                            ),
+                    if base_offset + relative >= from_offset:
+                        append(
+                            (
+                                base_offset + relative,
+                                Record(
+                                    record.key,
+                                    record.value,
+                                    record.timestamp,
+                                    tuple(record.headers),
+                                    stamp_type,
+                                ),
+                            )
                         )
-                    )
                     relative += 1
             except CorruptSegmentError:
                 raise

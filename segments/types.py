@@ -27,9 +27,12 @@ class Record(NamedTuple):
     timestamp_type: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumedRecord:
-    """A committed record as a reader sees it: a Record plus where it sits."""
+class ConsumedRecord(NamedTuple):
+    """A committed record as a reader sees it: a Record plus where it sits.
+
+    A NamedTuple, as Record: every read builds one per record (a REST fetch of 8 MiB,
+    8,000 of them).
+    """
 
     topic: str
     partition: int

@@ -43,6 +43,7 @@ from service.registry.rest import render_records as render_schema_records
 from service.state import AgentState, StateDep
 from service.v2.consumers import (
     FETCH_MIN_GRANT,
+    encode_records,
     fetch_limit,
     read_round_robin,
     record_size,
@@ -178,7 +179,7 @@ async def _stream(
             while end < len(records) and (end == at or size < STREAM_SLICE_BYTES):
                 size += record_size(records[end])
                 end += 1
-            piece = orjson.dumps(render_records(records[at:end], "binary"))[1:-1]
+            piece = encode_records(records[at:end], "binary")[1:-1]
             records[at:end] = [None] * (end - at)  # type: ignore[list-item]
             yield piece if first else b"," + piece
             first, at = False, end

@@ -50,7 +50,7 @@ import binascii
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import orjson
@@ -73,7 +73,7 @@ from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run
 from service.security.acl import Rights, rights
 from service.state import AgentState, StateDep
-from service.v2.consumers import read_round_robin
+from service.v2.consumers import JSON_ENCODER, BinaryRecord, binary_records, read_round_robin
 from service.v3.consume import check_format, render
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ router = APIRouter(tags=["v3 consume (lakelog)"])
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
 #: Key + value bytes read per round (one round is rendered and sent at once).
-ROUND_BYTES = 1 << 20
+ROUND_BYTES = 4 << 20
 
 
 _SSE_EXAMPLE = (
@@ -324,7 +324,13 @@ class _GroupStream:
             try:
                 await self._authorized()
                 records, new = await run(Kind.READ, self._round)
-                rendered = await render(state, records, self.fmt) if records else []
+                rendered: Sequence[dict[str, Any] | BinaryRecord] = (
+                    binary_records(records)
+                    if self.fmt == "binary"
+                    else await render(state, records, self.fmt)
+                    if records
+                    else []
+                )
             except LakelogError as e:
                 yield self._end(e)
                 return
@@ -369,10 +375,12 @@ class _GroupStream:
         self._ended = True
         return self._error(exc)
 
-    def _frame(self, doc: dict[str, Any], cursor: str) -> bytes:
+    def _frame(self, doc: dict[str, Any] | BinaryRecord, cursor: str) -> bytes:
+        data = JSON_ENCODER.encode(doc) if isinstance(doc, BinaryRecord) else orjson.dumps(doc)
         if self.sse:
-            return b"id: %s\nevent: record\ndata: %s\n\n" % (cursor.encode(), orjson.dumps(doc))
-        return orjson.dumps({**doc, "cursor": cursor}) + b"\n"
+            return b"id: %s\nevent: record\ndata: %s\n\n" % (cursor.encode(), data)
+        # The record's fields, then its cursor (URL-safe base64: nothing to escape).
+        return b'%s,"cursor":"%s"}\n' % (data[:-1], cursor.encode())
 
     def _error(self, exc: LakelogError) -> bytes:
         """The error in the REST door's shape, as the stream's last event."""

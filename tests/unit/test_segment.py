@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import uuid
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -382,6 +383,30 @@ def test_batches_split_at_max_batch_bytes() -> None:
         assert length <= 4096
         pos += length
     assert SegmentReader(data).records(infos[0]) == list(enumerate(recs))
+
+
+def test_a_reader_from_an_offset_decodes_no_batch_below_it() -> None:
+    """A reader resuming inside a chunk (every fetch after the first) decodes only what it
+    reads: a batch wholly below its offset is framed and CRC-checked, never decoded, and
+    the records of the batch holding the offset come from it on. Shown with a first
+    batch whose records are garbage under a valid CRC: reading from the second batch
+    works, reading from the start meets the garbage."""
+    recs = [Record(b"k%05d" % i, bytes([i % 256]) * 1024, i) for i in range(9)]
+    builder = SegmentBuilder("none", max_batch_bytes=4096)
+    builder.append(TOPIC_A, 0, recs)
+    data, infos = builder.build()
+    chunk = bytearray(chunk_bytes(data, infos[0]))
+    assert [base for base, _, _ in batch_headers(bytes(chunk))] == [0, 3, 6]
+    chunk[61:63] = b"\xff\xff"  # the first record's length varint: never ends
+    struct.pack_into(">I", chunk, 17, crc32c.crc32c(bytes(chunk[21 : 12 + batch_len(chunk)])))
+    got = list(segment.iter_chunk(bytes(chunk), 100, record_count=9, from_offset=104))
+    assert got == [(100 + i, recs[i]) for i in range(4, 9)]
+    with pytest.raises(CorruptSegmentError, match="undecodable"):
+        list(segment.iter_chunk(bytes(chunk), 100, record_count=9, from_offset=102))
+
+
+def batch_len(chunk: bytes | bytearray) -> int:
+    return int(struct.unpack_from(">i", chunk, 8)[0])
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS[1:])
