@@ -9,6 +9,7 @@ the same agent (its read cache warm with what it wrote, as far as it holds):
 - ``kafka``: a fresh confluent-kafka consumer (``bench/kafka_catchup.py``'s);
 - ``v2``: one REST v2 consumer instance (binary), fetches of ``max_bytes`` 8 MiB;
 - ``v3_read``: the stateless v3 read by offset, partition after partition, 8 MiB a read;
+  ``v3_read_4``: the same, four partitions at a time (four client threads);
 - ``group_stream``: the v3 group stream (NDJSON), until every record came.
 
 Each line: MB/s of record values, the agent's and this process's CPU (cores), the load
@@ -31,6 +32,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +84,12 @@ def read_v2(base: str, topic: str, expected: int) -> int:
         return size
 
 
-def read_v3(base: str, cluster: str, topic: str, expected: int) -> int:
-    got = size = 0
-    with httpx.Client(base_url=base, timeout=60) as http:
-        for p in range(PARTITIONS):
-            offset = 0
+def read_v3(base: str, cluster: str, topic: str, expected: int, threads: int = 1) -> int:
+    """Every partition read to its end by offset, ``threads`` partitions at a time."""
+
+    def read_partition(p: int) -> tuple[int, int]:
+        got = size = offset = 0
+        with httpx.Client(base_url=base, timeout=60) as http:
             while True:
                 r = http.get(
                     f"/v3/clusters/{cluster}/topics/{topic}/partitions/{p}/records",
@@ -98,10 +101,14 @@ def read_v3(base: str, cluster: str, topic: str, expected: int) -> int:
                 size += value_bytes(doc["records"])
                 offset = doc["next_offset"]
                 if offset >= doc["high_watermark"]:
-                    break
+                    return got, size
+
+    with ThreadPoolExecutor(threads) as pool:
+        done = list(pool.map(read_partition, range(PARTITIONS)))
+    got = sum(n for n, _ in done)
     if got != expected:
         raise RuntimeError(f"v3 read {got} records, expected {expected}")
-    return size
+    return sum(b for _, b in done)
 
 
 def read_group_stream(base: str, cluster: str, topic: str, expected: int) -> int:
@@ -163,6 +170,7 @@ def main() -> None:
                 readers: dict[str, Callable[[], int]] = {
                     "v2": lambda: read_v2(agent.base, topic, args.records),
                     "v3_read": lambda: read_v3(agent.base, cluster, topic, args.records),
+                    "v3_read_4": lambda: read_v3(agent.base, cluster, topic, args.records, 4),
                     "group_stream": lambda: read_group_stream(
                         agent.base, cluster, topic, args.records
                     ),
