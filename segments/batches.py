@@ -108,7 +108,7 @@ class Pieces:
         self.size = 0
         self._tail: bytearray | None = None
 
-    def __iadd__(self, data: bytes | bytearray | memoryview) -> Pieces:
+    def __iadd__(self, data: bytes | bytearray | memoryview | Pieces) -> Pieces:
         n = len(data)
         if isinstance(data, Pieces):
             for part in data.parts:
