@@ -11,12 +11,12 @@ fresh confluent-kafka consumer (assign every partition at offset 0) reads everyt
 - ``cold``: through a freshly started agent on the same database and bucket (nothing
   cached: every chunk is fetched from the store).
 
-Each line: MB/s of record values, Fetch requests the client sent, store GETs the agent
-sent (``lakelog_store_gets_total``), CPU (cores) of the agent, moto and this process, load
-average. Then ``raw_get`` lines: the same segment objects read whole with boto3 (1 thread,
-then 4) and the ratio of the cold catch-up to them, and a ``catchup_scaling`` line: the
-rate at the largest partition count over the rate at the smallest (issue 29's target
->= 0.5).
+Each line: MB/s of record values, Fetch requests the client sent, store GETs the agent sent
+(``lakelog_store_gets_total``), CPU (cores) of the agent, moto and this process, the
+agent's peak resident set during the catch-up, load average. Then ``raw_get`` lines: the
+same segment objects read whole with boto3 (1 thread, then 4) and the ratio of the cold
+catch-up to them, and a ``catchup_scaling`` line: the rate at the largest partition count
+over the rate at the smallest (issue 29's target >= 0.5).
 
 ``--profile DIR``: py-spy (``PY_SPY``, else on the PATH or next to this interpreter)
 samples every thread of the agent during each catch-up; the top functions by own time and
@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import boto3  # noqa: E402
 import kafka  # noqa: E402
 from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic  # noqa: E402
-from produce import CpuMeter, emit, load_avg, log, metric_sum  # noqa: E402
+from produce import CpuMeter, PeakRss, emit, load_avg, log, metric_sum  # noqa: E402
 
 from tests.procs import fake_aws_credentials, start_moto  # noqa: E402
 
@@ -134,6 +134,8 @@ def catch_up(
     gets0 = metric_sum(agent.base, "lakelog_store_gets_total")
     cpu = CpuMeter({"agent": agent.pid} | ({} if moto_pid is None else {"moto": moto_pid}))
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    peak = PeakRss(agent.pid)
+    peak.start()
     cpu.start()
     started = time.monotonic()
     deadline = started + 300
@@ -156,6 +158,7 @@ def catch_up(
         "fetch_requests": fetches,
         "store_gets": int(metric_sum(agent.base, "lakelog_store_gets_total") - gets0),
         "cpu_cores": cores,
+        "agent_peak_rss_mib": peak.stop(),
         "load_avg": load_avg(),
     }
 

@@ -119,6 +119,28 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+class PeakRss:
+    """The most memory a process held (resident set, MiB) between start() and stop(): the
+    kernel's peak (``VmHWM``), reset at start (``/proc/<pid>/clear_refs``: 5)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def start(self) -> None:
+        # Where it cannot be reset, stop() reports the peak since the process began.
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+
+    def stop(self) -> float | None:
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+        except OSError:
+            pass
+        return None
+
+
 class CpuMeter:
     """CPU cores used by named processes (and this one) between start() and stop()."""
 

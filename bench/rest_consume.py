@@ -12,10 +12,11 @@ the same agent (its read cache warm with what it wrote, as far as it holds):
   ``v3_read_4``: the same, four partitions at a time (four client threads);
 - ``group_stream``: the v3 group stream (NDJSON), until every record came.
 
-Each line: MB/s of record values, the agent's and this process's CPU (cores), the load
-average; then ``ratio`` lines (each REST reader over the Kafka door; the issue's target is
->= 0.5). The REST clients parse every answer (orjson) and count the bytes of the values
-without decoding them (base64 is 4/3 of the value).
+Each line: MB/s of record values, the agent's and this process's CPU (cores), the agent's
+peak resident set during the read, the load average; then ``ratio`` lines (each REST
+reader over the Kafka door; the issue's target is >= 0.5). The REST clients parse every
+answer (orjson) and count the bytes of the values without decoding them (base64 is 4/3 of
+the value).
 
 ``--profile DIR``: py-spy samples the agent during each REST reader (as
 ``bench/kafka_catchup.py``'s): the top functions go to stderr, the samples to DIR.
@@ -45,7 +46,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 from kafka import BUCKET, RECORD_BYTES, Lakelog, create_topic  # noqa: E402
 from kafka_catchup import Profiled, catch_up, produce_exactly, py_spy  # noqa: E402
-from produce import CpuMeter, emit, load_avg, log  # noqa: E402
+from produce import CpuMeter, PeakRss, emit, load_avg, log  # noqa: E402
 
 from tests.procs import fake_aws_credentials, start_moto  # noqa: E402
 
@@ -134,6 +135,8 @@ def read_group_stream(base: str, cluster: str, topic: str, expected: int) -> int
 
 def timed(agent: Lakelog, read: Callable[[], int]) -> dict[str, Any]:
     cpu = CpuMeter({"agent": agent.pid})
+    peak = PeakRss(agent.pid)
+    peak.start()
     cpu.start()
     started = time.monotonic()
     size = read()
@@ -142,6 +145,7 @@ def timed(agent: Lakelog, read: Callable[[], int]) -> dict[str, Any]:
         "seconds": round(seconds, 2),
         "mb_per_s": round(size / 1e6 / seconds, 1),
         "cpu_cores": cpu.stop(),
+        "agent_peak_rss_mib": peak.stop(),
         "load_avg": load_avg(),
     }
 
@@ -177,7 +181,8 @@ def main() -> None:
                 }
                 log("kafka: a fresh confluent-kafka consumer")
                 kafka_row = catch_up(agent, topic, PARTITIONS, args.records)
-                rows["kafka"] = {k: kafka_row[k] for k in ("seconds", "mb_per_s", "cpu_cores")}
+                kept = ("seconds", "mb_per_s", "cpu_cores", "agent_peak_rss_mib")
+                rows["kafka"] = {k: kafka_row[k] for k in kept}
                 emit(bench="rest_consume", reader="kafka", records=args.records, **rows["kafka"])
                 for name, read in readers.items():
                     log(f"{name}")

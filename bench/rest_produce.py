@@ -16,9 +16,10 @@ client does not starve the agent it measures); every body is encoded before the 
 starts. Each line: records/s, MB/s of values, p50/p99 request latency, the agent's CPU in
 cores and **per record** (``agent_us_per_record``: the agent process's user + system CPU,
 flush PUTs and commits included, divided by the records acknowledged), moto's and this
-client's CPU, the load average. Then one ``rest_vs_kafka`` line per REST case (records/s
-and CPU per record against the Kafka door's, the issue's targets: <= 10 us binary,
-<= 15 us JSON, >= 0.5x the Kafka door's records/s).
+client's CPU, the agent's peak resident set during the case, the load average. Then one
+``rest_vs_kafka`` line per REST case (records/s and CPU per record against the Kafka
+door's, the issue's targets: <= 10 us binary, <= 15 us JSON, >= 0.5x the Kafka door's
+records/s).
 
 ``--profile FILE`` runs the agent under cProfile (bench/tools/profiled_agent.py: its main
 thread, the event loop that serves requests, while the measured cases run, all of them
@@ -53,7 +54,16 @@ import boto3  # noqa: E402
 import httpx  # noqa: E402
 import orjson  # noqa: E402
 from kafka import BUCKET, Lakelog, create_topic, produce_load  # noqa: E402
-from produce import CLK_TCK, CpuMeter, RawConn, emit, load_avg, log, percentile  # noqa: E402
+from produce import (  # noqa: E402
+    CLK_TCK,
+    CpuMeter,
+    PeakRss,
+    RawConn,
+    emit,
+    load_avg,
+    log,
+    percentile,
+)
 
 from tests.procs import fake_aws_credentials, start_moto  # noqa: E402
 
@@ -216,6 +226,8 @@ def run_case(agent: Lakelog, moto_pid: int, topic: str, case: str, args: Any) ->
         os.kill(agent.pid, signal.SIGUSR1)
     flushes = agent.flushes()
     threads = thread_cpu(agent.pid)
+    peak = PeakRss(agent.pid)
+    peak.start()
     cpu.start()
     result = load(agent, topic, case, args.duration, args)
     lat, seconds = result["latencies"], result["seconds"]
@@ -247,6 +259,7 @@ def run_case(agent: Lakelog, moto_pid: int, topic: str, case: str, args: Any) ->
             for t, c in top
         },
         "cpu_cores": cores,
+        "agent_peak_rss_mib": peak.stop(),
         "load_avg": load_avg(),
     }
     emit(**row)
