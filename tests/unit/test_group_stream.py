@@ -17,6 +17,7 @@ from segments.segment import SegmentBuilder
 from segments.types import Record
 from service.app import create_app
 from service.settings import Settings
+from service.v3 import group_stream
 from service.v3.group_stream import NDJSON, SSE, decode_cursor, encode_cursor
 
 
@@ -97,12 +98,16 @@ def _stream_scope(path: str, query: str) -> dict[str, Any]:
     }
 
 
-def test_a_round_cut_short_by_a_hang_up_is_not_committed(tmp_path: Path) -> None:
+def test_a_round_cut_short_by_a_hang_up_is_not_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 22 defect 9. Race: the client hangs up while the stream sends a round of
     ~1,000 records (after its first MiB). Expected: the group's committed offset does not
     move (nothing was delivered), and a client reconnecting without a cursor gets that
     round again from offset 0. A client that hangs up in its second round: the first
-    round, delivered, is what the group commits."""
+    round, delivered, is what the group commits. (Rounds of 1 MiB here, for three of them
+    in 3,000 records of 1 KiB.)"""
+    monkeypatch.setattr(group_stream, "ROUND_BYTES", 1 << 20)
     db = f"sqlite:///{tmp_path / 'm.db'}"
     app = create_app(Settings(store="memory://stream", db=db, janitors="none"))
     tp = TopicPartition("s", 0)
