@@ -843,29 +843,27 @@ def _json_value(data: bytes | None, what: str) -> Any:
 
 
 def render_records(records: list[ConsumedRecord], fmt: str) -> list[dict[str, Any]]:
-    """Records as v2 JSON: binary keys/values base64, json ones embedded.
+    """Records as v2 JSON: binary keys/values base64 (the shape of ``BinaryRecord``), json
+    ones embedded.
 
     Raises:
         UnprocessableRequestError: a json consumer met a key or value that is not JSON.
     """
-    out = []
-    for r in records:
-        if fmt == "json":
-            key, value = _json_value(r.key, "key"), _json_value(r.value, "value")
-        else:
-            key, value = _b64(r.key), _b64(r.value)
-        out.append(
-            {
-                "topic": r.topic,
-                "key": key,
-                "value": value,
-                "partition": r.partition,
-                "offset": r.offset,
-                "timestamp": r.timestamp_ms,
-                "headers": [{"key": k, "value": _b64(v)} for k, v in r.headers],
-            }
-        )
-    return out
+    if fmt != "json":
+        rendered: list[dict[str, Any]] = msgspec.to_builtins(binary_records(records))
+        return rendered
+    return [
+        {
+            "topic": r.topic,
+            "key": _json_value(r.key, "key"),
+            "value": _json_value(r.value, "value"),
+            "partition": r.partition,
+            "offset": r.offset,
+            "timestamp": r.timestamp_ms,
+            "headers": [{"key": k, "value": _b64(v)} for k, v in r.headers],
+        }
+        for r in records
+    ]
 
 
 class BinaryHeader(msgspec.Struct):

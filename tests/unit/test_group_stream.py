@@ -224,3 +224,42 @@ def test_a_cursor_outside_the_log_is_reset_by_auto_offset_reset(tmp_path: Path) 
             assert (await first_line(path, f"topics=c&cursor={inside}"))["offset"] == 3
 
     asyncio.run(main())
+
+
+def test_a_stream_reads_across_rounds_of_its_full_size(tmp_path: Path) -> None:
+    """More records than one round holds (``ROUND_BYTES``, 4 MiB) in batches of 1,000
+    over two partitions, so rounds end inside batches: every record comes once, in offset
+    order per partition, and the group commits the round it delivered whole."""
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    app = create_app(Settings(store="memory://rounds", db=db, janitors="none"))
+    per_partition = group_stream.ROUND_BYTES // 1024 * 3 // 4  # 1.5 rounds in all
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            state = app.state.agent
+            info = state.coordinator.create_topic("s", 2)
+            for p in (0, 1):
+                for first in range(0, per_partition, 1000):
+                    b = SegmentBuilder()
+                    count = min(1000, per_partition - first)
+                    b.append(info.topic_id, p, [Record(None, b"x" * 1024, 1) for _ in range(count)])
+                    state.writer.write(b)
+            path = f"/v3/clusters/{state.cluster_id}/consumer-groups/g/records"
+            client = _Client(lambda bodies: b"".join(bodies).count(b"\n") >= 2 * per_partition)
+            scope = _stream_scope(path, "topics=s&commit_interval_ms=0")
+            await asyncio.wait_for(app(scope, client.receive, client.send), 60)
+            docs = [orjson.loads(line) for line in b"".join(client.bodies).splitlines()]
+            assert len(client.bodies) > 2  # more than one round's chunk
+            for p in (0, 1):
+                assert [d["offset"] for d in docs if d["partition"] == p] == list(
+                    range(per_partition)
+                )
+            committed = state.groups.committed_offsets(
+                "g", [TopicPartition("s", 0), TopicPartition("s", 1)]
+            )
+            # The first round is delivered; the client hung up in the second's last chunk.
+            first_round = group_stream.ROUND_BYTES // 1024
+            assert sum(c.offset for c in committed.values()) == first_round
+            assert all(0 < c.offset < per_partition for c in committed.values())
+
+    asyncio.run(main())
