@@ -33,6 +33,10 @@ have no REST or Kafka members (those own its offsets); the stream then only read
 stream is not a member: two streams of one group both read everything (a group stream
 is one reader that can resume, not a balanced group).
 
+Each round reads up to 4 MiB of keys and values, granted from the agent's fetch memory
+(``consumer_fetch_memory_bytes``, shared with the v2 and v3 fetches) until its chunk is
+handed on; while none is left, the stream sends keepalives.
+
 With authorization on, READ on the group and on each topic is checked when the stream
 opens (``service.security.acl``) and again before every round it sends, with the agent's ACL
 copy: a READ revoked while the stream is open ends it within the agents' staleness bound.
@@ -73,7 +77,13 @@ from service.errors import error_code_for, error_message_for
 from service.executors import Kind, call, run
 from service.security.acl import Rights, rights
 from service.state import AgentState, StateDep
-from service.v2.consumers import JSON_ENCODER, BinaryRecord, binary_records, read_round_robin
+from service.v2.consumers import (
+    FETCH_MIN_GRANT,
+    JSON_ENCODER,
+    BinaryRecord,
+    binary_records,
+    read_round_robin,
+)
 from service.v3.consume import check_format, render
 
 log = logging.getLogger(__name__)
@@ -81,7 +91,8 @@ router = APIRouter(tags=["v3 consume (lakelog)"])
 
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
-#: Key + value bytes read per round (one round is rendered and sent at once).
+#: Key + value bytes read per round at most (one round is rendered and sent at once), as
+#: the agent's fetch memory budget grants them.
 ROUND_BYTES = 4 << 20
 
 
@@ -277,12 +288,12 @@ class _GroupStream:
                 )
         return bounds
 
-    def _round(self) -> tuple[list[ConsumedRecord], dict[TopicPartition, int]]:
+    def _round(self, max_bytes: int) -> tuple[list[ConsumedRecord], dict[TopicPartition, int]]:
         """One round of records from the positions (worker thread)."""
         records, new, _ = read_round_robin(
             self.state.reader,
             self.positions,
-            ROUND_BYTES,
+            max_bytes,
             bounds=self._bounds(),
             read_committed=self.read_committed,
         )
@@ -319,35 +330,49 @@ class _GroupStream:
         """Rounds of records (or keepalives) until the client goes, an error (the last
         chunk, and ``_ended``), or partitions were added (taken, with their cursors)."""
         state = self.state
+        budget = state.consumers.budget
+        keepalive = b": keepalive\n\n" if self.sse else b'{"keepalive":true}\n'
         last_commit = last_check = time.monotonic()
         while not watch.disconnected:
+            # A round's records count against the agent's fetch memory (shared with the v2
+            # and v3 fetches) from its read until its chunk is handed on.
+            grant = await budget.acquire(ROUND_BYTES, FETCH_MIN_GRANT, self.keepalive_s)
+            if not grant:
+                yield keepalive
+                continue
             try:
-                await self._authorized()
-                records, new = await run(Kind.READ, self._round)
-                rendered: Sequence[dict[str, Any] | BinaryRecord] = (
-                    binary_records(records)
-                    if self.fmt == "binary"
-                    else await render(state, records, self.fmt)
-                    if records
-                    else []
-                )
-            except LakelogError as e:
-                yield self._end(e)
-                return
-            if records:
-                out = []
-                for rec, doc in zip(records, rendered, strict=True):
-                    # The cursor after each record: one dict updated in place.
-                    cursor[cursor_key(TopicPartition(rec.topic, rec.partition))] = rec.offset + 1
-                    out.append(self._frame(doc, _encode_doc(cursor)))
-                self.positions.update(new)
-                for tp, off in new.items():
-                    waiter.update((self.ids[tp], tp.partition), off)
-                state.consume_metrics.consumed_records.inc(len(records))
-                self._pending = dict(new)
-                yield b"".join(out)
-            elif not await state.notifier.wait(waiter, self.keepalive_s):
-                yield b": keepalive\n\n" if self.sse else b'{"keepalive":true}\n'
+                try:
+                    await self._authorized()
+                    records, new = await run(Kind.READ, self._round, grant)
+                    rendered: Sequence[dict[str, Any] | BinaryRecord] = (
+                        binary_records(records)
+                        if self.fmt == "binary"
+                        else await render(state, records, self.fmt)
+                        if records
+                        else []
+                    )
+                except LakelogError as e:
+                    yield self._end(e)
+                    return
+                idle = not records
+                if records:
+                    out = []
+                    for rec, doc in zip(records, rendered, strict=True):
+                        # The cursor after each record: one dict updated in place.
+                        tp = TopicPartition(rec.topic, rec.partition)
+                        cursor[cursor_key(tp)] = rec.offset + 1
+                        out.append(self._frame(doc, _encode_doc(cursor)))
+                    self.positions.update(new)
+                    for tp, off in new.items():
+                        waiter.update((self.ids[tp], tp.partition), off)
+                    state.consume_metrics.consumed_records.inc(len(records))
+                    self._pending = dict(new)
+                    del records, rendered
+                    yield b"".join(out)
+            finally:
+                await budget.release(grant)
+            if idle and not await state.notifier.wait(waiter, self.keepalive_s):
+                yield keepalive
             if time.monotonic() - last_commit >= self.commit_interval_s:
                 await self._commit()
                 last_commit = time.monotonic()

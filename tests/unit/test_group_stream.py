@@ -263,3 +263,44 @@ def test_a_stream_reads_across_rounds_of_its_full_size(tmp_path: Path) -> None:
             assert all(0 < c.offset < per_partition for c in committed.values())
 
     asyncio.run(main())
+
+
+def test_a_streams_rounds_are_held_against_the_agents_fetch_memory(tmp_path: Path) -> None:
+    """With the agent's fetch memory at 2 MiB (``consumer_fetch_memory_bytes``, shared with
+    the v2 and v3 fetches), a stream's rounds are granted from it: no round holds more,
+    the grant is in use while a round is sent, given back after, and every record comes."""
+    db = f"sqlite:///{tmp_path / 'm.db'}"
+    settings = Settings(
+        store="memory://budget", db=db, janitors="none", consumer_fetch_memory_bytes=2 << 20
+    )
+    app = create_app(settings)
+    total = 5000
+
+    async def main() -> None:
+        async with app.router.lifespan_context(app):
+            state = app.state.agent
+            budget = state.consumers.budget
+            info = state.coordinator.create_topic("s", 1)
+            for _ in range(total // 1000):
+                b = SegmentBuilder()
+                b.append(info.topic_id, 0, [Record(None, b"x" * 1024, 1) for _ in range(1000)])
+                state.writer.write(b)
+            in_use: list[int] = []
+
+            def seen(bodies: list[bytes]) -> bool:
+                in_use.append(budget.in_use)
+                return b"".join(bodies).count(b"\n") >= total
+
+            client = _Client(seen)
+            path = f"/v3/clusters/{state.cluster_id}/consumer-groups/g/records"
+            scope = _stream_scope(path, "topics=s&commit_interval_ms=0")
+            await asyncio.wait_for(app(scope, client.receive, client.send), 60)
+            offsets = [
+                orjson.loads(line)["offset"] for line in b"".join(client.bodies).splitlines()
+            ]
+            assert offsets == list(range(total))
+            assert max(body.count(b"\n") for body in client.bodies) <= 2048  # 2 MiB a round
+            assert 0 < max(in_use) <= 2 << 20
+            assert budget.in_use == 0
+
+    asyncio.run(main())
