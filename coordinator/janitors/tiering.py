@@ -322,10 +322,6 @@ class Tierer:
             for run in _runs(candidates, self.config.tier_target_bytes)
         ]
 
-    def tier_partition(self, part: PartitionState, report: JanitorReport) -> None:
-        """Tier one partition's eligible segment chunks."""
-        self.tier_runs(self.plan_partition(part), report)
-
     def tier_runs(self, runs: Sequence[TierRun], report: JanitorReport) -> None:
         """Fetch, rewrite and swap ``runs``, wave by wave (see the module docstring).
 
