@@ -257,6 +257,11 @@ def _describe_group(t: Target, group: str) -> Any:
 def group_view(t: Target, group: str, protocol: str) -> tuple[Any, int, int]:
     """(REST state, REST member count, partitions held) of ``group``.
 
+    The view takes several requests; the state is read before and after them, and a
+    group whose state moved in between shows as ``"CHANGING"``: a member joining after
+    the first read would otherwise pair a Stable state with two members of which one
+    still holds every partition of the generation before.
+
     A consumer-protocol group's holdings are read with ConsumerGroupDescribe: librdkafka's
     member ids are base64 and may hold "/", which no REST v3 consumer path can carry."""
     g = t.group(group)
@@ -272,24 +277,31 @@ def group_view(t: Target, group: str, protocol: str) -> tuple[Any, int, int]:
         url = t.v3(f"/consumer-groups/{group}/consumers/{c['consumer_id']}/assignments")
         r = httpx.get(url)
         held += len(r.json()["data"]) if r.status_code == 200 else 0
-    return g.get("state"), len(consumers), held
+    state = g.get("state")
+    if t.group(group).get("state") != state:
+        state = "CHANGING"
+    return state, len(consumers), held
 
 
 def wait_group_ready(
     t: Target, group: str, members: int, partitions: int, protocol: str = "classic"
 ) -> None:
-    """Until REST shows ``members`` members of ``group``, Stable, holding all ``partitions``
-    (a REST answer lost to the machine's load is asked again). The members must be polled
-    meanwhile (on another thread): clients give up revoked partitions in their poll."""
+    """Until REST shows ``members`` members of ``group``, Stable, holding all ``partitions``,
+    twice in a row (a REST answer lost to the machine's load is asked again). The members
+    must be polled meanwhile (on another thread): clients give up revoked partitions in
+    their poll. Records produced before the group is ready are read in a generation that
+    ends: a member whose commit then fails rejoins, and the group reads them again."""
     deadline = time.monotonic() + WAIT_S
     seen: Any = None
+    ready = 0
     while time.monotonic() < deadline:
         try:
             seen = group_view(t, group, protocol)
         except (httpx.HTTPError, OSError) as e:
             seen = e
             continue
-        if seen == ("STABLE", members, partitions):
+        ready = ready + 1 if seen == ("STABLE", members, partitions) else 0
+        if ready == 2:
             return
         time.sleep(0.2)
     try:
