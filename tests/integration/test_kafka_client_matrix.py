@@ -887,11 +887,14 @@ def test_group_of_two_reads_everything_once_commits_and_restarts_reading_nothing
     assert sorted(v for v, _, _ in got) == sorted(sent), f"{client.events}\n{target.logs()[-3000:]}"
     assert len({(p, o) for _, p, o in got}) == len(got) == 200  # exactly once
     deadline = time.monotonic() + WAIT_S
+    every = {(topic, p) for p in range(4)}
     lags = target.lags(group)
-    while any(c != end for c, end in lags.values()) and time.monotonic() < deadline:
+    while (set(lags) != every or any(c != end for c, end in lags.values())) and (
+        time.monotonic() < deadline
+    ):
         time.sleep(0.2)  # a commit on close may still be on its way
         lags = target.lags(group)
-    assert set(lags) == {(topic, p) for p in range(4)}
+    assert set(lags) == every, target.logs()[-3000:]
     assert all(c == end for c, end in lags.values()), lags
     assert sum(end for _, end in lags.values()) == 200
     later: set[str] = set()
