@@ -27,7 +27,6 @@ import pytest
 
 from coordinator.http.client import http_coordinator
 from segments.partitioning import partition_for_key
-from segments.segment import SegmentReader
 from segments.store import open_store
 from tests.integration.conftest import Cluster
 from tests.integration.test_consumer_api import BINARY, create_topic, request
@@ -465,27 +464,22 @@ def test_write_then_read_back_over_rest(
 def test_a_killed_write_task_leaves_nothing_visible_twice(
     spark: Any, lakelog_cluster: Cluster, topic_of: Callable[[int], str]
 ) -> None:
-    """Race: the first attempt of one write task dies (its Python worker is killed) after
-    its writer uploaded an object; Spark retries the task, the retry writes it all.
+    """Race: the first attempt of one write task dies mid-write (the Python worker of its
+    value UDF exits at row 800); the attempt's writer has uploaded the rows it was given
+    (checked below: the kill was mid-write); Spark retries the task, the retry writes it
+    all.
 
     Expected: every row visible exactly once over REST; the killed attempt's objects
     are in the bucket but were never committed (orphans, for garbage collection).
+
+    (The UDF exits at once: its rows reach the writer only in whole batches, so a UDF
+    that waited for the attempt's first upload waited in vain until its deadline.)
     """
     topic = topic_of(2)
     store = open_store(lakelog_cluster.store_url, endpoint_url=lakelog_cluster.store_endpoint)
     before = {o.key for o in store.list("segments/")}
-    store_url, endpoint = lakelog_cluster.store_url, lakelog_cluster.store_endpoint
 
     from pyspark.sql import functions as F
-
-    def uploaded_by_this_task(watched: Any) -> bool:
-        """Whether a new object holds rows of task 0 (ids below 1000)."""
-        for key in {o.key for o in watched.list("segments/")} - before:
-            reader = SegmentReader(watched.get(key))
-            for chunk in reader.chunks:
-                if any(int(rec.value[1:7]) < 1000 for _, rec in reader.records(chunk)):
-                    return True
-        return False
 
     @F.udf("binary", useArrow=False)  # type: ignore[misc]
     def value(i: int) -> bytes:
@@ -493,11 +487,6 @@ def test_a_killed_write_task_leaves_nothing_visible_twice(
 
         context = TaskContext.get()
         if context.partitionId() == 0 and context.attemptNumber() == 0 and i == 800:
-            # Die once this task's writer has put an object in the bucket.
-            watched = open_store(store_url, endpoint_url=endpoint)
-            deadline = time.monotonic() + 60
-            while not uploaded_by_this_task(watched) and time.monotonic() < deadline:
-                time.sleep(0.05)
             os._exit(1)
         # 1 KiB values: the JVM's 64 KiB socket buffers pass rows on to the writer.
         return b"v%06d" % i + PAD
