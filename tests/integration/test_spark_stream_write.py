@@ -339,7 +339,7 @@ def test_stream_stopped_and_restarted_reads_every_record_once(
             placed = produce(lakelog_cluster, topic, [{"value": v} for v in values], i % 3)
             produced.update(zip(placed, values, strict=True))
             i += 60
-            time.sleep(0.02)
+            time.sleep(0.1)  # a steady trickle: the drain reads it all, 400 a batch
 
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
 
