@@ -83,7 +83,7 @@ def build_coordinator(settings: Settings) -> Coordinator:
     urls = settings.coordinator_urls()
     if urls:
         from coordinator.http.client import http_coordinator
-        from coordinator.security.http import secret_headers
+        from coordinator.security.wire import secret_headers
 
         return http_coordinator(
             urls,

@@ -513,7 +513,7 @@ def _run_remote(name: str, settings: JanitorCommandSettings, topic: str | None) 
 
     import orjson
 
-    from coordinator.security.http import secret_headers
+    from coordinator.security.wire import secret_headers
 
     body: dict[str, Any] = {"topic": topic}
     for key in ("tier_age_s", "tier_untiered_bytes", "gc_grace_s"):

@@ -7,13 +7,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from coordinator import clock
-from coordinator.janitors.catalog import Catalog
-from segments.store import ObjectStore
 
 if TYPE_CHECKING:
+    from coordinator.janitors.catalog import Catalog
     from coordinator.log.store import MetadataStore
     from coordinator.shards import ShardedCatalog, ShardedStore
-from segments.tier import DEFAULT_ROW_GROUP_BYTES
+    from segments.store import ObjectStore
 
 JANITORS = ("tier", "retention", "compact", "gc", "table")
 
@@ -33,6 +32,15 @@ DEFAULT_INTERVALS_S = {
 
 def _default_intervals() -> dict[str, float]:
     return dict(DEFAULT_INTERVALS_S)
+
+
+def _default_row_group_bytes() -> int:
+    """``segments.tier``'s row-group size, imported when a config is made: the settings
+    that make one are read by every command, most of which never tier (and need not
+    load pyarrow to start)."""
+    from segments.tier import DEFAULT_ROW_GROUP_BYTES
+
+    return DEFAULT_ROW_GROUP_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +71,7 @@ class JanitorConfig:
     tier_untiered_bytes: int = 256 * MiB
     tier_target_bytes: int = 64 * MiB
     tier_compression: str = "zstd"
-    tier_row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES
+    tier_row_group_bytes: int = field(default_factory=_default_row_group_bytes)
     gc_grace_s: float = 600.0
     lease_ttl_s: float = 60.0
     tick_s: float = 1.0

@@ -40,7 +40,7 @@ their own credentials. An agent's management calls forward its client's credenti
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,24 +57,26 @@ from coordinator.security.store import (
     SecurityStore,
     UserInfo,
 )
+from coordinator.security.wire import (
+    acl_from_json,
+    acl_to_json,
+    check_from_json,
+    check_to_json,
+    filter_from_json,
+    filter_to_json,
+    key_from_json,
+    key_to_json,
+    scram_from_json,
+    scram_to_json,
+    user_from_json,
+    user_to_json,
+)
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from coordinator.http.client import HttpCoordinator
-
-#: An ACL's fields as every JSON form names them (the v3 API's too).
-ACL_KEYS = (
-    "principal",
-    "host",
-    "resource_type",
-    "resource_name",
-    "pattern_type",
-    "operation",
-    "permission",
-)
-
 
 #: What ``POST /v1/security/authorize`` answers to a credential without one.
 NO_CREDENTIAL = (
@@ -91,92 +93,6 @@ class Authorized:
     principal: str
     authorization: str
     allowed: tuple[bool, ...]
-
-
-def secret_headers(secret: str | None) -> dict[str, str]:
-    """The headers an agent sends so a coordinator with ``secret`` serves it."""
-    return {"authorization": f"Bearer {secret}"} if secret else {}
-
-
-# -- wire format ----------------------------------------------------------------------
-
-
-def user_to_json(u: UserInfo) -> dict[str, Any]:
-    return {"name": u.name, "created_at": u.created_at}
-
-
-def user_from_json(d: Mapping[str, Any]) -> UserInfo:
-    return UserInfo(str(d["name"]), float(d["created_at"]))
-
-
-def key_to_json(k: ApiKeyInfo) -> dict[str, Any]:
-    return {
-        "key_id": k.key_id,
-        "owner": k.owner,
-        "description": k.description,
-        "created_at": k.created_at,
-    }
-
-
-def key_from_json(d: Mapping[str, Any]) -> ApiKeyInfo:
-    return ApiKeyInfo(
-        str(d["key_id"]), str(d["owner"]), str(d["description"]), float(d["created_at"])
-    )
-
-
-def scram_to_json(c: ScramCredential) -> dict[str, Any]:
-    return {
-        "salt": c.salt.hex(),
-        "stored_key": c.stored_key.hex(),
-        "server_key": c.server_key.hex(),
-        "iterations": c.iterations,
-    }
-
-
-def scram_from_json(d: Mapping[str, Any]) -> ScramCredential:
-    return ScramCredential(
-        bytes.fromhex(d["salt"]),
-        bytes.fromhex(d["stored_key"]),
-        bytes.fromhex(d["server_key"]),
-        int(d["iterations"]),
-    )
-
-
-def acl_to_json(b: AclBinding) -> dict[str, str]:
-    return dict(zip(ACL_KEYS, b.row(), strict=True))
-
-
-def acl_from_json(d: Any) -> AclBinding:
-    if not isinstance(d, dict):
-        raise InvalidSecurityRequestError(f"an ACL is an object, not {d!r}")
-    return AclBinding.of(*(d.get(k) for k in ACL_KEYS))
-
-
-def filter_to_json(f: AclFilter) -> dict[str, str | None]:
-    def text(v: object) -> str | None:
-        return None if v is None else str(v)
-
-    return {k: text(getattr(f, k)) for k in ACL_KEYS}
-
-
-def filter_from_json(d: Any) -> AclFilter:
-    if not isinstance(d, dict):
-        raise InvalidSecurityRequestError(f"an ACL filter is an object, not {d!r}")
-    return AclFilter.of(*(d.get(k) for k in ACL_KEYS))
-
-
-def check_to_json(c: Check) -> dict[str, str]:
-    return {
-        "operation": c.operation.value,
-        "resource_type": c.resource_type.value,
-        "resource_name": c.name,
-    }
-
-
-def check_from_json(d: Any) -> Check:
-    if not isinstance(d, dict):
-        raise InvalidSecurityRequestError(f"a check is an object, not {d!r}")
-    return Check.of(d.get("operation"), d.get("resource_type"), d.get("resource_name"))
 
 
 def _field(body: Any, key: str) -> str:

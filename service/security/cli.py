@@ -21,13 +21,6 @@ from urllib.parse import quote
 
 import typer
 
-from coordinator.security.http import (
-    ACL_KEYS,
-    acl_from_json,
-    acl_to_json,
-    key_from_json,
-    user_from_json,
-)
 from coordinator.security.model import AclBinding, AclFilter
 from coordinator.security.store import (
     ApiKeyInfo,
@@ -35,6 +28,13 @@ from coordinator.security.store import (
     SecurityStore,
     SqlSecurityStore,
     UserInfo,
+)
+from coordinator.security.wire import (
+    ACL_KEYS,
+    acl_from_json,
+    acl_to_json,
+    key_from_json,
+    user_from_json,
 )
 from segments.errors import LakelogError
 

@@ -22,8 +22,8 @@ from typing import Any
 from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import JSONResponse
 
-from coordinator.security.http import key_to_json, user_to_json
 from coordinator.security.store import ApiKeySecret
+from coordinator.security.wire import key_to_json, user_to_json
 from segments.errors import InvalidSecurityRequestError
 from service.executors import call
 from service.security.install import SuperUserStore

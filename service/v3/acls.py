@@ -14,8 +14,8 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Body, Request, Response
 from fastapi.responses import JSONResponse
 
-from coordinator.security.http import acl_from_json, acl_to_json
 from coordinator.security.model import AclBinding, AclFilter
+from coordinator.security.wire import acl_from_json, acl_to_json
 from segments.errors import InvalidSecurityRequestError
 from service.executors import call
 from service.security.install import AuthorizerStore

@@ -36,7 +36,7 @@ from confluent_kafka.error import KafkaException
 
 from coordinator.client import ChunkCommit
 from coordinator.http.client import http_coordinator
-from coordinator.security.http import secret_headers
+from coordinator.security.wire import secret_headers
 from segments.errors import AuthenticationError, AuthorizationError
 from tests.coordinator_calls import answer, call
 from tests.procs import Proc, agent_args, create_user, free_port, run_cli, start_lakelog

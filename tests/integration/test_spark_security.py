@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from coordinator.http.client import HttpCoordinator, http_coordinator
-from coordinator.security.http import HttpSecurityStore, secret_headers
+from coordinator.security.http import HttpSecurityStore
 from coordinator.security.model import AclBinding, Check, Operation, ResourceType, basic
+from coordinator.security.wire import secret_headers
 from segments.errors import AuthenticationError, InvalidSecurityRequestError
 from spark.options import parse_options, parse_write_options
 from tests.integration.test_security_processes import run_cli

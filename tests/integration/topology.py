@@ -652,7 +652,7 @@ def check_log(topo: Topology, topic: str, partitions: int, load: ProduceLoad) ->
     nothing is in the log that was not sent; no two acks share an offset.
     """
     from coordinator.http.client import http_coordinator
-    from coordinator.security.http import secret_headers
+    from coordinator.security.wire import secret_headers
     from index.log import LogReader
     from segments.store import open_store
 

@@ -198,7 +198,7 @@ def test_an_acl_granted_at_a_coordinator_is_answered_there_at_once(tmp_path: Pat
     the same coordinator, and her next listing shows it: the coordinator's ACL snapshot
     (kept ``ACL_TTL_S``) is dropped on every ACL change it serves. Before, the grant was
     invisible there for up to a second, and a fast client was answered without it."""
-    from coordinator.security.http import acl_to_json
+    from coordinator.security.wire import acl_to_json
 
     with LocalCoordinator(f"sqlite:///{tmp_path}/m.db") as coord:
         security = SqlSecurityStore(coord.db, CHEAP)
