@@ -7,7 +7,9 @@
   for agents and coordinators alike;
 - ``settings``: the security settings of every process;
 - ``access``: who may call which route of the coordinator's HTTP API;
-- ``http``: the security routes of that API and the agents' client of them.
+- ``http``: the security routes of that API and the agents' client of them;
+- ``wire``: the JSON form of users, keys, credentials and ACLs on those routes (no web
+  framework: the ``lakelog`` command uses it and starts quickly).
 
 May import: ``coordinator.db``, ``coordinator.clock``, ``coordinator.client`` (the
 protocol it extends) and ``coordinator.http.asgi`` (middleware pieces); nothing of the
