@@ -31,7 +31,9 @@ record not returned; it long-polls up to ``timeout`` for a wake-up
 Before answering it confirms that no seek or rebalance moved the positions it
 read from (else it reads again from the new ones); the new positions are stored
 only once the answer was written to a client still connected
-(``service.delivery``), so an answer its client never got is fetched again.
+(``service.delivery``), so an answer its client never got is fetched again (and
+stored again through a short coordinator outage, which would otherwise deliver the
+answer a second time once the lease lapsed).
 With auto-commit, a fetch first commits the positions: what earlier fetches
 delivered (Kafka's at-least-once auto-commit).
 
@@ -127,6 +129,10 @@ FETCH_MIN_GRANT = 1 << 20
 #: Answers with fewer key+value bytes are rendered on the event loop; bigger ones in a
 #: thread (base64 and JSON of 64 MiB take ~0.2 s of CPU).
 RENDER_INLINE_BYTES = 256 << 10
+#: Waits before storing a delivered fetch's positions again while the metadata database
+#: cannot be reached (a killed connection, a restart): positions not stored are
+#: delivered again once the lease lapses, so a transient failure is worth riding out.
+END_FETCH_BACKOFF_S = (0.05, 0.25, 1.0)
 _RESET_ALIASES = {"smallest": "earliest", "largest": "latest"}
 _ASSIGNOR_ALIASES = {
     "org.apache.kafka.clients.consumer.rangeassignor": "range",
@@ -962,6 +968,19 @@ class _Fetch:
             await asyncio.sleep(min(delay, remaining, max(lease.busy_for_s, 0.005)))
             delay = min(delay * 2, 0.25)
 
+    async def _end(self, token: str, positions: dict[TopicPartition, int] | None) -> None:
+        """``end_fetch``, sent again after ``END_FETCH_BACKOFF_S`` while the coordinator is
+        unavailable. A repeat after an attempt that did store is harmless: the lease is
+        gone, and an end under a token no longer held changes nothing."""
+        for backoff in (*END_FETCH_BACKOFF_S, None):
+            try:
+                await call(self.state.groups.end_fetch, self.group, self.instance, token, positions)
+                return
+            except CoordinatorUnavailableError:
+                if backoff is None:
+                    raise
+                await asyncio.sleep(backoff)
+
     async def release(self, positions: dict[TopicPartition, int] | None) -> None:
         """Free the lease (storing ``positions`` if given), the budget and the lock."""
         token, self.token = self.token, None
@@ -969,7 +988,7 @@ class _Fetch:
         self.served.wake = None
         try:
             if token is not None:
-                await call(self.state.groups.end_fetch, self.group, self.instance, token, positions)
+                await self._end(token, positions)
         except LakelogError as e:
             # The lease lapses by itself; positions not stored are fetched again.
             log.warning("end of fetch on %s/%s failed: %s", self.group, self.instance, e)

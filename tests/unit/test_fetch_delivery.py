@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from segments.errors import CoordinatorUnavailableError
 from service.consume.sessions import ConsumerSessions, FetchBudget
 from service.delivery import SLICE_BYTES, DeliveryResponse, DisconnectWatch
+from service.v2.consumers import END_FETCH_BACKOFF_S, _Fetch
 
 
 def run(coro: Any) -> Any:
@@ -170,3 +172,51 @@ def test_heartbeat_forgets_instances_the_coordinator_no_longer_has(gone: str) ->
         assert len(sessions) == (1 if gone == "g" else 2)
 
     run(main())
+
+
+class _FlakyGroups:
+    """A coordinator whose metadata database drops the first ``failures`` calls of
+    ``end_fetch`` (a killed connection, a restart), as PostgreSQL did under the chaos
+    checker's pg_kill."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+        self.stored: list[dict[Any, int] | None] = []
+
+    def end_fetch(self, group: str, name: str, token: str, positions: Any) -> None:
+        self.calls += 1
+        if self.failures:
+            self.failures -= 1
+            raise CoordinatorUnavailableError("metadata database failed: AdminShutdown")
+        self.stored.append(positions)
+
+
+def _releasing_fetch(groups: _FlakyGroups) -> _Fetch:
+    """A ``_Fetch`` that holds a lease, as it is when its answer has gone out."""
+    fetch = object.__new__(_Fetch)
+    fetch.state = SimpleNamespace(  # type: ignore[assignment]
+        groups=groups, consumers=SimpleNamespace(budget=FetchBudget(1 << 20))
+    )
+    fetch.group, fetch.instance, fetch.token, fetch.grant = "g", "x", "lease", 0
+    fetch.served = SimpleNamespace(token="lease", wake=None)  # type: ignore[assignment]
+    fetch.lock = None
+    return fetch
+
+
+def test_a_delivered_fetch_stores_its_positions_through_a_short_coordinator_outage() -> None:
+    """Fault: the metadata database drops the connection as the agent stores a delivered
+    fetch's positions (the chaos checker's poll_nonmonotonic: PostgreSQL, pg_kill, the
+    instance's next fetch delivered the same records again once the lease lapsed).
+    Expected: the agent stores them once the database answers again; after a longer
+    outage it gives up, and the lease lapsing is what is left."""
+    positions = {("t", 0): 5}
+    groups = _FlakyGroups(failures=len(END_FETCH_BACKOFF_S))
+    run(_releasing_fetch(groups).release(positions))  # type: ignore[arg-type]
+    assert groups.stored == [positions]
+    assert groups.calls == len(END_FETCH_BACKOFF_S) + 1
+
+    down = _FlakyGroups(failures=len(END_FETCH_BACKOFF_S) + 1)
+    fetch = _releasing_fetch(down)
+    run(fetch.release(positions))  # type: ignore[arg-type]  # logged, not raised
+    assert down.stored == [] and fetch.token is None and fetch.served.token is None
