@@ -43,7 +43,10 @@ Anomalies (``kind``):
   in the bucket after quiescence; ``leaked_object``: an object in the bucket (under
   ``segments/`` or ``tiered/``) nothing references, unreferenced (or, never committed,
   written) so long ago that it was due (GC grace) before a GC pass that finished began,
-  or longer ago than GC grace and a stall bound: garbage collection missed it.
+  or longer ago than GC grace and a stall bound: garbage collection missed it. An upload
+  that a write lease still held during that GC pass is not one (invariant 9: a Spark job
+  whose abort could not reach a coordinator leaves its uploads pending until its lease
+  lapses).
 - ``zombie_write``: an idempotent producer's batch acknowledged on a partition at an
   epoch older than one of its batches acknowledged there before (a fenced producer
   wrote); ``out_of_sequence_write``: one acknowledged whose sequence neither starts its
@@ -295,6 +298,13 @@ class _Checker:
             since = rows.get(key, modified)  # no row: an orphan, as old as its PUT
             if since is None or since > cutoff:
                 self.report.records["objects_pending_gc"] += 1
+                continue
+            leased_until = e.get("pending", {}).get(key)
+            if (
+                leased_until is not None
+                and leased_until >= (e["now"] if started is None else started) - GC_CLOCK_SLACK_S
+            ):
+                self.report.records["objects_held_by_write_leases"] += 1
                 continue
             self.report.anomaly(
                 "leaked_object",

@@ -1750,6 +1750,10 @@ _REFERENCED = (
     " OR EXISTS (SELECT 1 FROM table_files f WHERE f.object_id = o.object_id)"
 )
 _OBJECT_ROWS = "SELECT object_key, unreferenced_at FROM objects"
+_PENDING = (
+    "SELECT p.object_key, l.expires_at FROM pending_objects p"
+    " JOIN write_leases l ON l.lease_id = p.lease_id"
+)
 
 
 def _query(url: str, sql: str) -> list[tuple[Any, ...]]:
@@ -1772,7 +1776,8 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
     janitor caught between its steps (GC drops an object's row, then the object) can
     fake an anomaly. ``referenced``: keys an index entry or an Iceberg table holds;
     ``listed``: key -> modified; ``rows``: key -> unreferenced since (None: not stamped);
-    ``gc_pass_started``: when the last GC pass that finished ok began (None: none did).
+    ``gc_pass_started``: when the last GC pass that finished ok began (None: none did);
+    ``pending``: key -> when the write lease holding that upload lapses.
     """
     import boto3
 
@@ -1791,6 +1796,10 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
         for (started,) in _query(url, _GC_PASS_STARTED)
         if started is not None
     ]
+    pending: dict[str, float] = {}
+    for url in db_urls:
+        for key, expires in _query(url, _PENDING):
+            pending[key] = max(float(expires), pending.get(key, 0.0))
     prefix = topo.store_url.split("/", 3)[3].strip("/") + "/"
     s3 = boto3.client("s3", endpoint_url=topo.moto_endpoint)
     listed: dict[str, float] = {}
@@ -1807,6 +1816,7 @@ def storage_snapshot(topo: Topology, db_urls: list[str], stopped_at: float) -> d
         "grace_s": float(COORDINATOR_ENV["LAKELOG_GC_GRACE_S"]),
         "slack_s": GC_SLACK_S,
         "gc_pass_started": max(passes, default=None),
+        "pending": pending,
     }
 
 

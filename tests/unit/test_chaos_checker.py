@@ -520,6 +520,24 @@ def test_an_object_due_before_a_finished_gc_pass_began_is_a_leak() -> None:
     assert kinds(late) == {"leaked_object"}
 
 
+def test_an_upload_a_write_lease_held_through_the_gc_pass_is_no_leak() -> None:
+    """A Spark job whose abort could not reach a coordinator (killed) leaves its uploads
+    pending under its write lease until the lease lapses (invariant 9; the PostgreSQL
+    run of seed 43 met it). Held through the last finished GC pass: not a leak. Lapsed
+    before that pass began: the pass should have deleted it, a leak."""
+    listed = {"segments/held.seg": 1.0, "segments/lapsed.seg": 1.0}
+    h = _storage(
+        valid(),
+        listed=listed,
+        rows={},
+        gc_pass_started=990.0,
+        pending={"segments/held.seg": 1500.0, "segments/lapsed.seg": 600.0},
+    )
+    report = check(h.events)
+    assert [a["key"] for a in report.anomalies] == ["segments/lapsed.seg"], report.anomalies
+    assert report.records["objects_held_by_write_leases"] == 1
+
+
 #: Each deliberately broken build: (LAKELOG_CHAOS_BREAK name, module, flag).
 BREAKS = [
     ("dedupe", "service.produce.request_keys", "_BROKEN_DEDUPE"),
